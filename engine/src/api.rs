@@ -1,0 +1,484 @@
+//! The gRPC API (`belay.v1`): thin adapters from requests to the
+//! [`Coordinator`], plus the standard health and reflection services.
+//!
+//! Architecture Invariant: this is the one place where errors become
+//! `tonic::Status`; database details never reach clients (they are logged).
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use belay_proto::v1::{
+    self,
+    definition_service_server::{DefinitionService, DefinitionServiceServer},
+    run_service_server::{RunService, RunServiceServer},
+    tenant_service_server::{TenantService, TenantServiceServer},
+    worker_service_server::{WorkerService, WorkerServiceServer},
+};
+use futures_util::Stream;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status};
+
+use crate::coordinator::{Coordinator, CoordinatorError, StartRun};
+use crate::definitions::SourceFile;
+use crate::machine::FailureClass;
+use crate::store::{DefinitionRow, EventRow, RunRow};
+
+impl From<CoordinatorError> for Status {
+    fn from(e: CoordinatorError) -> Status {
+        match e {
+            CoordinatorError::NotFound(what) => Status::not_found(format!("{what} not found")),
+            CoordinatorError::InvalidArgument(msg) => Status::invalid_argument(msg),
+            CoordinatorError::Definitions(errors) => {
+                let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                Status::invalid_argument(format!(
+                    "bundle refused, nothing was registered; {} error(s):\n{}",
+                    errors.len(),
+                    lines.join("\n")
+                ))
+            }
+            CoordinatorError::FailedPrecondition(msg) => Status::failed_precondition(msg),
+            CoordinatorError::Store(e) => {
+                tracing::error!(error = %e, "store error");
+                Status::unavailable("the engine's database is unavailable or failed; retry later")
+            }
+        }
+    }
+}
+
+fn ts(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+fn run_msg(r: RunRow) -> v1::Run {
+    v1::Run {
+        run_id: r.run_id.to_string(),
+        tenant: r.tenant,
+        workflow: r.workflow,
+        workflow_version: r.workflow_version as u32,
+        status: r.status,
+        status_reason: r.status_reason,
+        input_json: r.input.to_string(),
+        output_json: r.output.map(|o| o.to_string()).unwrap_or_default(),
+        idempotency_key: r.idempotency_key,
+        caller: r.caller,
+        last_seq: r.last_seq as u64,
+        created_at: ts(&r.created_at),
+        updated_at: ts(&r.updated_at),
+    }
+}
+
+fn event_msg(e: EventRow) -> v1::RunEvent {
+    v1::RunEvent {
+        run_id: e.run_id.to_string(),
+        seq: e.seq as u64,
+        kind: e.kind,
+        payload_json: e.payload.to_string(),
+        recorded_at: ts(&e.recorded_at),
+    }
+}
+
+fn definition_msg(d: DefinitionRow, created: bool) -> v1::Definition {
+    v1::Definition {
+        kind: d.kind,
+        name: d.name,
+        version: d.version as u32,
+        content_hash: d.content_hash,
+        created_at: ts(&d.created_at),
+        created,
+    }
+}
+
+/// Whether an event kind ends the run (closes a `WatchRun` stream).
+pub fn is_final_event(kind: &str) -> bool {
+    matches!(kind, "run_completed" | "run_failed" | "run_cancelled")
+}
+
+/// Implements every `belay.v1` service over one coordinator.
+#[derive(Debug, Clone)]
+pub struct Api {
+    coord: Arc<Coordinator>,
+}
+
+impl Api {
+    /// An API over `coord`.
+    pub fn new(coord: Arc<Coordinator>) -> Api {
+        Api { coord }
+    }
+}
+
+#[tonic::async_trait]
+impl RunService for Api {
+    async fn start_run(
+        &self,
+        req: Request<v1::StartRunRequest>,
+    ) -> Result<Response<v1::StartRunResponse>, Status> {
+        let r = req.into_inner();
+        let (run, created) = self
+            .coord
+            .start_run(StartRun {
+                tenant: r.tenant,
+                workflow: r.workflow,
+                input_json: r.input_json,
+                idempotency_key: r.idempotency_key,
+                caller: r.caller,
+                caller_grants: r.caller_grants,
+            })
+            .await?;
+        Ok(Response::new(v1::StartRunResponse {
+            run: Some(run_msg(run)),
+            created,
+        }))
+    }
+
+    async fn get_run(
+        &self,
+        req: Request<v1::GetRunRequest>,
+    ) -> Result<Response<v1::GetRunResponse>, Status> {
+        let r = req.into_inner();
+        let run = self.coord.get_run(&r.tenant, &r.run_id).await?;
+        Ok(Response::new(v1::GetRunResponse {
+            run: Some(run_msg(run)),
+        }))
+    }
+
+    async fn list_runs(
+        &self,
+        req: Request<v1::ListRunsRequest>,
+    ) -> Result<Response<v1::ListRunsResponse>, Status> {
+        let r = req.into_inner();
+        let (runs, next) = self
+            .coord
+            .list_runs(&r.tenant, &r.status, r.page_size, &r.page_token)
+            .await?;
+        Ok(Response::new(v1::ListRunsResponse {
+            runs: runs.into_iter().map(run_msg).collect(),
+            next_page_token: next,
+        }))
+    }
+
+    async fn list_run_events(
+        &self,
+        req: Request<v1::ListRunEventsRequest>,
+    ) -> Result<Response<v1::ListRunEventsResponse>, Status> {
+        let r = req.into_inner();
+        let events = self
+            .coord
+            .list_events(&r.tenant, &r.run_id, r.after_seq, r.limit)
+            .await?;
+        Ok(Response::new(v1::ListRunEventsResponse {
+            events: events.into_iter().map(event_msg).collect(),
+        }))
+    }
+
+    type WatchRunStream =
+        Pin<Box<dyn Stream<Item = Result<v1::RunEvent, Status>> + Send + 'static>>;
+
+    async fn watch_run(
+        &self,
+        req: Request<v1::WatchRunRequest>,
+    ) -> Result<Response<Self::WatchRunStream>, Status> {
+        let r = req.into_inner();
+        // Validates tenant and run before the stream starts.
+        let run = self.coord.get_run(&r.tenant, &r.run_id).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let coord = Arc::clone(&self.coord);
+        tokio::spawn(async move {
+            let mut wake = coord.subscribe_run_events();
+            let mut after = r.after_seq;
+            loop {
+                let events = match coord
+                    .store()
+                    .list_events(run.run_id, after as i64, 500)
+                    .await
+                {
+                    Ok(events) => events,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(CoordinatorError::Store(e)))).await;
+                        return;
+                    }
+                };
+                let mut finished = false;
+                let got = events.len();
+                for e in events {
+                    after = e.seq as u64;
+                    finished |= is_final_event(&e.kind);
+                    if tx.send(Ok(event_msg(e))).await.is_err() {
+                        return; // client went away
+                    }
+                }
+                if finished {
+                    return;
+                }
+                if got == 0 {
+                    // Wait for a signal for this run, re-checking every second
+                    // in case the LISTEN connection dropped one.
+                    let deadline = tokio::time::sleep(std::time::Duration::from_secs(1));
+                    tokio::pin!(deadline);
+                    loop {
+                        tokio::select! {
+                            _ = &mut deadline => break,
+                            _ = tx.closed() => return,
+                            msg = wake.recv() => match msg {
+                                Ok(id) if id == run.run_id => break,
+                                Ok(_) => continue,
+                                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                            },
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_run(
+        &self,
+        req: Request<v1::CancelRunRequest>,
+    ) -> Result<Response<v1::CancelRunResponse>, Status> {
+        let r = req.into_inner();
+        let run = self
+            .coord
+            .cancel_run(&r.tenant, &r.run_id, &r.reason)
+            .await?;
+        Ok(Response::new(v1::CancelRunResponse {
+            run: Some(run_msg(run)),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl DefinitionService for Api {
+    async fn register_bundle(
+        &self,
+        req: Request<v1::RegisterBundleRequest>,
+    ) -> Result<Response<v1::RegisterBundleResponse>, Status> {
+        let r = req.into_inner();
+        let files = r
+            .files
+            .into_iter()
+            .map(|f| SourceFile {
+                path: f.path,
+                content: f.content,
+            })
+            .collect();
+        let rows = self.coord.register_bundle(&r.tenant, files).await?;
+        Ok(Response::new(v1::RegisterBundleResponse {
+            definitions: rows
+                .into_iter()
+                .map(|(d, created)| definition_msg(d, created))
+                .collect(),
+        }))
+    }
+
+    async fn list_definitions(
+        &self,
+        req: Request<v1::ListDefinitionsRequest>,
+    ) -> Result<Response<v1::ListDefinitionsResponse>, Status> {
+        let r = req.into_inner();
+        if r.tenant.is_empty() {
+            return Err(Status::invalid_argument("`tenant` is required"));
+        }
+        let kind = match r.kind.as_str() {
+            "" => None,
+            k @ ("tool" | "agent" | "workflow") => Some(k),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown kind `{other}`; one of tool, agent, workflow"
+                )));
+            }
+        };
+        let rows = self
+            .coord
+            .store()
+            .list_definitions(&r.tenant, kind)
+            .await
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(v1::ListDefinitionsResponse {
+            definitions: rows.into_iter().map(|d| definition_msg(d, false)).collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl TenantService for Api {
+    async fn set_tenant_grants(
+        &self,
+        req: Request<v1::SetTenantGrantsRequest>,
+    ) -> Result<Response<v1::SetTenantGrantsResponse>, Status> {
+        let r = req.into_inner();
+        if r.tenant.is_empty() {
+            return Err(Status::invalid_argument("`tenant` is required"));
+        }
+        if let Some(bad) = r
+            .grants
+            .iter()
+            .find(|g| g.trim().is_empty() || g.contains(char::is_whitespace))
+        {
+            return Err(Status::invalid_argument(format!(
+                "grant {bad:?} is empty or contains whitespace"
+            )));
+        }
+        let grants = self
+            .coord
+            .store()
+            .set_tenant_grants(&r.tenant, &r.grants)
+            .await
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(v1::SetTenantGrantsResponse { grants }))
+    }
+
+    async fn get_tenant_grants(
+        &self,
+        req: Request<v1::GetTenantGrantsRequest>,
+    ) -> Result<Response<v1::GetTenantGrantsResponse>, Status> {
+        let r = req.into_inner();
+        let grants = self
+            .coord
+            .store()
+            .tenant_grants(&r.tenant)
+            .await
+            .map_err(CoordinatorError::from)?;
+        Ok(Response::new(v1::GetTenantGrantsResponse { grants }))
+    }
+}
+
+fn failure_class(raw: i32) -> Result<FailureClass, Status> {
+    match v1::FailureClass::try_from(raw) {
+        Ok(v1::FailureClass::NotSent) => Ok(FailureClass::NotSent),
+        Ok(v1::FailureClass::MayHaveActed) => Ok(FailureClass::MayHaveActed),
+        Ok(v1::FailureClass::Rejected) => Ok(FailureClass::Rejected),
+        // Unspecified means the worker does not know: assume the worst.
+        Ok(v1::FailureClass::Unspecified) => Ok(FailureClass::MayHaveActed),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown failure class {raw}"
+        ))),
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerService for Api {
+    async fn claim_tasks(
+        &self,
+        req: Request<v1::ClaimTasksRequest>,
+    ) -> Result<Response<v1::ClaimTasksResponse>, Status> {
+        let r = req.into_inner();
+        let lease_ms = self.coord.lease_ms();
+        let tasks = self
+            .coord
+            .claim(&r.worker_id, r.max_tasks, r.wait_ms)
+            .await?;
+        Ok(Response::new(v1::ClaimTasksResponse {
+            tasks: tasks
+                .into_iter()
+                .map(|t| v1::Task {
+                    task_id: t.task_id.to_string(),
+                    run_id: t.run_id.to_string(),
+                    tenant: t.tenant,
+                    kind: t.kind,
+                    attempt: t.attempt as u32,
+                    lease_ms,
+                    spec_json: t.spec.to_string(),
+                    idempotency_key: t.idempotency_key,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<v1::HeartbeatRequest>,
+    ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        let r = req.into_inner();
+        let leases: Vec<(String, u32)> = r
+            .leases
+            .into_iter()
+            .map(|l| (l.task_id, l.attempt))
+            .collect();
+        let lease_ms = self.coord.lease_ms();
+        let out = self.coord.heartbeat(&r.worker_id, &leases).await?;
+        Ok(Response::new(v1::HeartbeatResponse {
+            leases: out
+                .into_iter()
+                .map(|(task_id, attempt, held)| v1::LeaseStatus {
+                    task_id,
+                    attempt,
+                    held,
+                    lease_ms,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn dispatch_tool_call(
+        &self,
+        req: Request<v1::DispatchToolCallRequest>,
+    ) -> Result<Response<v1::DispatchToolCallResponse>, Status> {
+        let r = req.into_inner();
+        self.coord
+            .dispatch(&r.worker_id, &r.task_id, r.attempt)
+            .await?;
+        Ok(Response::new(v1::DispatchToolCallResponse {}))
+    }
+
+    async fn complete_task(
+        &self,
+        req: Request<v1::CompleteTaskRequest>,
+    ) -> Result<Response<v1::CompleteTaskResponse>, Status> {
+        let r = req.into_inner();
+        self.coord
+            .complete(&r.worker_id, &r.task_id, r.attempt, &r.result_json)
+            .await?;
+        Ok(Response::new(v1::CompleteTaskResponse {}))
+    }
+
+    async fn fail_task(
+        &self,
+        req: Request<v1::FailTaskRequest>,
+    ) -> Result<Response<v1::FailTaskResponse>, Status> {
+        let r = req.into_inner();
+        let class = failure_class(r.class)?;
+        self.coord
+            .fail(&r.worker_id, &r.task_id, r.attempt, &r.error, class)
+            .await?;
+        Ok(Response::new(v1::FailTaskResponse {}))
+    }
+}
+
+/// Serve every service on `listener` until `shutdown` completes.
+///
+/// Errors: reflection setup or the transport failing.
+pub async fn serve(
+    coord: Arc<Coordinator>,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let api = Api::new(coord);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<RunServiceServer<Api>>().await;
+    health_reporter
+        .set_serving::<WorkerServiceServer<Api>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(belay_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?addr, "gRPC serving");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(RunServiceServer::new(api.clone()))
+        .add_service(DefinitionServiceServer::new(api.clone()))
+        .add_service(TenantServiceServer::new(api.clone()))
+        // Results up to MAX_JSON_BYTES plus framing; tonic's default is 4 MiB.
+        .add_service(
+            WorkerServiceServer::new(api)
+                .max_decoding_message_size(crate::coordinator::MAX_JSON_BYTES + 1024 * 1024),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,833 @@
+//! The coordinator: drives the pure [`machine`](crate::machine) through the
+//! [`store`](crate::store). Resolves definitions into a run plan at start,
+//! fences every task change by attempt, long-polls claims on `LISTEN/NOTIFY`,
+//! and sweeps expired leases.
+//!
+//! Architecture Invariant: holds no state that PostgreSQL does not; any
+//! number of coordinators may run against one database.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use belay_proto::wire::ModelCallResult;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::postgres::PgListener;
+use tokio::sync::{Notify, broadcast};
+use uuid::Uuid;
+
+use crate::definitions::model::{AgentDef, NodeKind, ToolDef, WorkflowDef};
+use crate::definitions::{self, DefinitionError, RegisteredNames, SourceFile};
+use crate::machine::{self, FailureClass, Input, MachineError, Pinned, RunPlan};
+use crate::store::{
+    ClaimedTask, DefinitionRow, EventRow, RunRow, Store, StoreError, TaskRow, TransitionError,
+};
+
+/// Most bytes accepted in a run input or a task result.
+pub const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
+
+/// Errors of coordinator operations; the API maps each to one status code.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The named thing does not exist (for this tenant).
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The request is malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Definitions were refused; every error is listed.
+    #[error("{} definition error(s)", .0.len())]
+    Definitions(Vec<DefinitionError>),
+    /// The request is well-formed but the state does not allow it (stale
+    /// attempt, finished run, refused dispatch).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<TransitionError<CoordinatorError>> for CoordinatorError {
+    fn from(e: TransitionError<CoordinatorError>) -> Self {
+        match e {
+            TransitionError::Store(StoreError::NotFound(what)) => CoordinatorError::NotFound(what),
+            TransitionError::Store(e) => CoordinatorError::Store(e),
+            TransitionError::Refused(e) => e,
+        }
+    }
+}
+
+impl From<MachineError> for CoordinatorError {
+    fn from(e: MachineError) -> Self {
+        match e {
+            MachineError::InvalidPlan(msg) => {
+                CoordinatorError::Store(StoreError::Corrupt(format!("invalid plan: {msg}")))
+            }
+            other => CoordinatorError::FailedPrecondition(other.to_string()),
+        }
+    }
+}
+
+/// Tunables, all durations in ms.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Lease granted by a claim or a heartbeat.
+    pub lease_ms: u64,
+    /// How often expired leases are looked for.
+    pub sweep_interval_ms: u64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            lease_ms: 30_000,
+            sweep_interval_ms: 1_000,
+        }
+    }
+}
+
+/// The coordinator; share it with `Arc`.
+#[derive(Debug)]
+pub struct Coordinator {
+    store: Store,
+    config: CoordinatorConfig,
+    tasks_ready: Notify,
+    run_events: broadcast::Sender<Uuid>,
+}
+
+/// A request to start a run.
+#[derive(Debug, Clone)]
+pub struct StartRun {
+    /// Tenant.
+    pub tenant: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// Input JSON text.
+    pub input_json: String,
+    /// Idempotency key (required).
+    pub idempotency_key: String,
+    /// Caller.
+    pub caller: String,
+    /// Caller's permissions.
+    pub caller_grants: Vec<String>,
+}
+
+fn require(field: &str, value: &str) -> Result<(), CoordinatorError> {
+    if value.trim().is_empty() {
+        Err(CoordinatorError::InvalidArgument(format!(
+            "`{field}` is required"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn parse_uuid(field: &str, value: &str) -> Result<Uuid, CoordinatorError> {
+    Uuid::parse_str(value).map_err(|e| {
+        CoordinatorError::InvalidArgument(format!("`{field}` is not a UUID ({e}): {value:?}"))
+    })
+}
+
+fn decode<T: serde::de::DeserializeOwned>(row: &DefinitionRow) -> Result<T, CoordinatorError> {
+    serde_json::from_value(row.body.clone()).map_err(|e| {
+        CoordinatorError::Store(StoreError::Corrupt(format!(
+            "{} `{}` v{} does not decode: {e}",
+            row.kind, row.name, row.version
+        )))
+    })
+}
+
+fn pinned<T>(row: &DefinitionRow, def: T) -> Pinned<T> {
+    Pinned {
+        version: row.version as u32,
+        content_hash: row.content_hash.clone(),
+        def,
+    }
+}
+
+impl Coordinator {
+    /// A coordinator over `store`.
+    pub fn new(store: Store, config: CoordinatorConfig) -> Arc<Coordinator> {
+        let (run_events, _) = broadcast::channel(1024);
+        Arc::new(Coordinator {
+            store,
+            config,
+            tasks_ready: Notify::new(),
+            run_events,
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Lease length in ms.
+    pub fn lease_ms(&self) -> u64 {
+        self.config.lease_ms
+    }
+
+    // ---- definitions -------------------------------------------------------
+
+    /// Parse, validate and register a bundle; refused whole on any error.
+    pub async fn register_bundle(
+        &self,
+        tenant: &str,
+        files: Vec<SourceFile>,
+    ) -> Result<Vec<(DefinitionRow, bool)>, CoordinatorError> {
+        require("tenant", tenant)?;
+        if files.is_empty() {
+            return Err(CoordinatorError::InvalidArgument(
+                "the bundle has no files".into(),
+            ));
+        }
+        let registered = RegisteredNames {
+            tools: self
+                .store
+                .definition_names(tenant, "tool")
+                .await?
+                .into_iter()
+                .collect(),
+            agents: self
+                .store
+                .definition_names(tenant, "agent")
+                .await?
+                .into_iter()
+                .collect(),
+        };
+        let bundle = definitions::parse_bundle(&files, &registered)
+            .map_err(CoordinatorError::Definitions)?;
+        let mut defs = Vec::new();
+        let mut push =
+            |kind: &str, name: &str, file: &str, body: Result<Value, serde_json::Error>| {
+                let body = body.map_err(|e| {
+                    CoordinatorError::InvalidArgument(format!("{kind} `{name}`: {e}"))
+                })?;
+                let hash = hex::encode(Sha256::digest(body.to_string().as_bytes()));
+                defs.push((
+                    kind.to_owned(),
+                    name.to_owned(),
+                    hash,
+                    body,
+                    file.to_owned(),
+                ));
+                Ok::<(), CoordinatorError>(())
+            };
+        for t in &bundle.tools {
+            push("tool", &t.name, &t.source_file, serde_json::to_value(t))?;
+        }
+        for a in &bundle.agents {
+            push("agent", &a.name, &a.source_file, serde_json::to_value(a))?;
+        }
+        for w in &bundle.workflows {
+            push("workflow", &w.name, &w.source_file, serde_json::to_value(w))?;
+        }
+        Ok(self.store.register_definitions(tenant, &defs).await?)
+    }
+
+    /// Resolve the newest versions of a workflow and everything it reaches.
+    async fn resolve_plan(
+        &self,
+        tenant: &str,
+        workflow: &str,
+    ) -> Result<RunPlan, CoordinatorError> {
+        let row = self
+            .store
+            .latest_definition(tenant, "workflow", workflow)
+            .await?
+            .ok_or_else(|| CoordinatorError::NotFound(format!("workflow `{workflow}`")))?;
+        let wf: WorkflowDef = decode(&row)?;
+        let mut agents = BTreeMap::new();
+        let mut tools = BTreeMap::new();
+        for node in &wf.nodes {
+            let NodeKind::Agent { agent } = &node.kind;
+            if agents.contains_key(agent) {
+                continue;
+            }
+            let arow = self
+                .store
+                .latest_definition(tenant, "agent", agent)
+                .await?
+                .ok_or_else(|| {
+                    CoordinatorError::FailedPrecondition(format!(
+                        "agent `{agent}` of workflow `{workflow}` is not registered"
+                    ))
+                })?;
+            let adef: AgentDef = decode(&arow)?;
+            for tool in &adef.tools {
+                if tools.contains_key(tool) {
+                    continue;
+                }
+                let trow = self
+                    .store
+                    .latest_definition(tenant, "tool", tool)
+                    .await?
+                    .ok_or_else(|| {
+                        CoordinatorError::FailedPrecondition(format!(
+                            "tool `{tool}` of agent `{agent}` is not registered"
+                        ))
+                    })?;
+                let tdef: ToolDef = decode(&trow)?;
+                tools.insert(tool.clone(), pinned(&trow, tdef));
+            }
+            agents.insert(agent.clone(), pinned(&arow, adef));
+        }
+        Ok(RunPlan {
+            workflow: pinned(&row, wf),
+            agents,
+            tools,
+        })
+    }
+
+    // ---- runs ---------------------------------------------------------------
+
+    /// Start a run, or return the run its idempotency key already names.
+    pub async fn start_run(&self, req: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
+        require("tenant", &req.tenant)?;
+        require("workflow", &req.workflow)?;
+        require("idempotency_key", &req.idempotency_key)?;
+        if let Some(run) = self
+            .store
+            .run_by_idempotency_key(&req.tenant, &req.idempotency_key)
+            .await?
+        {
+            return Ok((run, false));
+        }
+        let input_text = if req.input_json.trim().is_empty() {
+            "{}"
+        } else {
+            req.input_json.as_str()
+        };
+        if input_text.len() > MAX_JSON_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`input_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                input_text.len()
+            )));
+        }
+        let input: Value = serde_json::from_str(input_text).map_err(|e| {
+            CoordinatorError::InvalidArgument(format!("`input_json` is not valid JSON: {e}"))
+        })?;
+        let input = machine::normalize::strip_nul_value(input);
+        let plan = self.resolve_plan(&req.tenant, &req.workflow).await?;
+        if let Some(schema) = &plan.workflow.def.input_schema {
+            definitions::validate_json(schema, &input).map_err(|errors| {
+                CoordinatorError::InvalidArgument(format!(
+                    "input does not match workflow `{}`'s input schema: {}",
+                    req.workflow,
+                    errors.join("; ")
+                ))
+            })?;
+        }
+        let tenant_grants = self.store.tenant_grants(&req.tenant).await?;
+        let run_id = Uuid::now_v7();
+        let workflow_version = plan.workflow.version as i32;
+        let decision = machine::decide(
+            &machine::RunState::default(),
+            Input::Start {
+                run_id: run_id.to_string(),
+                tenant: req.tenant.clone(),
+                caller: req.caller.clone(),
+                caller_grants: req.caller_grants.clone(),
+                tenant_grants,
+                input: input.clone(),
+                plan: Box::new(plan),
+            },
+        )?;
+        let (row, created) = self
+            .store
+            .create_run(
+                run_id,
+                &req.tenant,
+                &req.workflow,
+                workflow_version,
+                &input,
+                &req.idempotency_key,
+                &req.caller,
+                &decision,
+            )
+            .await?;
+        if created {
+            tracing::info!(%run_id, tenant = %req.tenant, workflow = %req.workflow, "run started");
+        }
+        Ok((row, created))
+    }
+
+    /// One run of a tenant.
+    pub async fn get_run(&self, tenant: &str, run_id: &str) -> Result<RunRow, CoordinatorError> {
+        require("tenant", tenant)?;
+        let id = parse_uuid("run_id", run_id)?;
+        self.store
+            .get_run(tenant, id)
+            .await?
+            .ok_or_else(|| CoordinatorError::NotFound(format!("run {run_id}")))
+    }
+
+    /// A page of runs; the page token is `<created_at RFC 3339>|<run_id>` of the last run.
+    pub async fn list_runs(
+        &self,
+        tenant: &str,
+        status: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<(Vec<RunRow>, String), CoordinatorError> {
+        require("tenant", tenant)?;
+        const STATUSES: [&str; 7] = [
+            "pending",
+            "running",
+            "paused",
+            "waiting",
+            "completed",
+            "failed",
+            "cancelled",
+        ];
+        let status = if status.is_empty() {
+            None
+        } else if STATUSES.contains(&status) {
+            Some(status)
+        } else {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "unknown status `{status}`; one of {}",
+                STATUSES.join(", ")
+            )));
+        };
+        let size = match page_size {
+            0 => 50,
+            n if n > 500 => {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "`page_size` {n} is more than 500"
+                )));
+            }
+            n => n,
+        };
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            let bad = || {
+                CoordinatorError::InvalidArgument(format!(
+                    "`page_token` {page_token:?} is not a token from ListRuns"
+                ))
+            };
+            let (ts, id) = page_token.split_once('|').ok_or_else(bad)?;
+            let ts = chrono::DateTime::parse_from_rfc3339(ts)
+                .map_err(|_| bad())?
+                .with_timezone(&chrono::Utc);
+            let id = Uuid::parse_str(id).map_err(|_| bad())?;
+            Some((ts, id))
+        };
+        let rows = self
+            .store
+            .list_runs(tenant, status, after, size as i64 + 1)
+            .await?;
+        let mut rows = rows;
+        let next = if rows.len() > size as usize {
+            rows.truncate(size as usize);
+            rows.last()
+                .map(|r| {
+                    format!(
+                        "{}|{}",
+                        r.created_at
+                            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                        r.run_id
+                    )
+                })
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((rows, next))
+    }
+
+    /// Events of a run of a tenant after `after_seq`.
+    pub async fn list_events(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, CoordinatorError> {
+        let run = self.get_run(tenant, run_id).await?;
+        let limit = match limit {
+            0 => 1000,
+            n if n > 1000 => {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "`limit` {n} is more than 1000"
+                )));
+            }
+            n => n,
+        };
+        Ok(self
+            .store
+            .list_events(run.run_id, after_seq as i64, limit as i64)
+            .await?)
+    }
+
+    /// Subscribe to "run X has new events" signals (any run).
+    pub fn subscribe_run_events(&self) -> broadcast::Receiver<Uuid> {
+        self.run_events.subscribe()
+    }
+
+    /// Cancel a run that has not finished.
+    pub async fn cancel_run(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        reason: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        let run = self.get_run(tenant, run_id).await?;
+        let reason = if reason.trim().is_empty() {
+            "cancelled by request".to_owned()
+        } else {
+            reason.to_owned()
+        };
+        self.store
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, Input::Cancel { reason }).map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(run_id = %run.run_id, "run cancelled");
+        self.get_run(tenant, run_id).await
+    }
+
+    // ---- tasks -------------------------------------------------------------
+
+    /// Long-poll claim: returns as soon as a task is claimed, or empty after `wait_ms`.
+    pub async fn claim(
+        &self,
+        worker_id: &str,
+        max: u32,
+        wait_ms: u32,
+    ) -> Result<Vec<ClaimedTask>, CoordinatorError> {
+        require("worker_id", worker_id)?;
+        if !(1..=64).contains(&max) {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`max_tasks` must be 1..=64, got {max}"
+            )));
+        }
+        if wait_ms > 30_000 {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`wait_ms` must be at most 30000, got {wait_ms}"
+            )));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+        loop {
+            // Register interest before looking, so a notify between the
+            // query and the wait is not missed.
+            let notified = self.tasks_ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let tasks = self
+                .store
+                .claim_tasks(worker_id, max as i64, self.config.lease_ms as i64)
+                .await?;
+            if !tasks.is_empty() {
+                for t in &tasks {
+                    tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task claimed");
+                }
+                return Ok(tasks);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            // Wake on NOTIFY, on the earliest delayed retry, or at the
+            // deadline; re-check at least every second in case a
+            // notification was lost while the listener reconnected.
+            let mut wait = deadline - now;
+            if let Some(ms) = self.store.next_ready_in_ms().await? {
+                wait = wait.min(Duration::from_millis(ms as u64 + 5));
+            }
+            wait = wait.min(Duration::from_secs(1));
+            let _ = tokio::time::timeout(wait, notified).await;
+        }
+    }
+
+    /// Extend the leases a worker holds; returns `(task, attempt, held)`.
+    pub async fn heartbeat(
+        &self,
+        worker_id: &str,
+        leases: &[(String, u32)],
+    ) -> Result<Vec<(String, u32, bool)>, CoordinatorError> {
+        require("worker_id", worker_id)?;
+        let mut parsed = Vec::with_capacity(leases.len());
+        for (task, attempt) in leases {
+            parsed.push((parse_uuid("task_id", task)?, *attempt as i32));
+        }
+        let held = self
+            .store
+            .heartbeat(worker_id, &parsed, self.config.lease_ms as i64)
+            .await?;
+        Ok(parsed
+            .into_iter()
+            .map(|(id, attempt)| {
+                (
+                    id.to_string(),
+                    attempt as u32,
+                    held.contains(&(id, attempt)),
+                )
+            })
+            .collect())
+    }
+
+    async fn task_run(&self, task_id: &str) -> Result<(Uuid, Uuid), CoordinatorError> {
+        let task = parse_uuid("task_id", task_id)?;
+        let run = self
+            .store
+            .task_run(task)
+            .await?
+            .ok_or_else(|| CoordinatorError::NotFound(format!("task {task_id}")))?;
+        Ok((task, run))
+    }
+
+    /// Allow the side effect of a tool call attempt to start; records
+    /// `ToolCallDispatched`. Any error means: do not act.
+    pub async fn dispatch(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+    ) -> Result<(), CoordinatorError> {
+        require("worker_id", worker_id)?;
+        let (task, run) = self.task_run(task_id).await?;
+        let worker = worker_id.to_owned();
+        self.store
+            .transition(run, Some(task), |state, row| {
+                let row = fenced(row, attempt)?;
+                if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
+                    return Err(CoordinatorError::InvalidArgument(format!(
+                        "task {task_id} is not a tool call"
+                    )));
+                }
+                if row.status != "leased" {
+                    return Err(CoordinatorError::FailedPrecondition(format!(
+                        "task {task_id} is {}, not leased",
+                        row.status
+                    )));
+                }
+                if row.lease_expired {
+                    return Err(CoordinatorError::FailedPrecondition(format!(
+                        "the lease of task {task_id} attempt {attempt} has expired"
+                    )));
+                }
+                machine::decide(
+                    state,
+                    Input::DispatchToolCall {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        worker_id: worker,
+                    },
+                )
+                .map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(%task, attempt, worker_id, "tool call dispatched");
+        Ok(())
+    }
+
+    /// Record a task's result.
+    pub async fn complete(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+        result_json: &str,
+    ) -> Result<(), CoordinatorError> {
+        require("worker_id", worker_id)?;
+        if result_json.len() > MAX_JSON_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`result_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                result_json.len()
+            )));
+        }
+        let value: Value = serde_json::from_str(result_json).map_err(|e| {
+            CoordinatorError::InvalidArgument(format!("`result_json` is not valid JSON: {e}"))
+        })?;
+        let value = machine::normalize::strip_nul_value(value);
+        let (task, run) = self.task_run(task_id).await?;
+        self.store
+            .transition(run, Some(task), |state, row| {
+                let row = fenced(row, attempt)?;
+                if row.status == "completed" {
+                    // The same attempt reporting again (its reply was lost).
+                    return Ok(machine::Decision::default());
+                }
+                if row.status != "leased" {
+                    return Err(CoordinatorError::FailedPrecondition(format!(
+                        "task {task_id} is {}, not leased",
+                        row.status
+                    )));
+                }
+                let input = if row.kind == belay_proto::wire::TASK_KIND_MODEL_CALL {
+                    let result: ModelCallResult = serde_json::from_value(value).map_err(|e| {
+                        CoordinatorError::InvalidArgument(format!(
+                            "`result_json` is not a model call result: {e}"
+                        ))
+                    })?;
+                    Input::ModelCallCompleted {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        result,
+                    }
+                } else {
+                    Input::ToolCallCompleted {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        result: value,
+                    }
+                };
+                machine::decide(state, input).map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(%task, attempt, worker_id, "task completed");
+        Ok(())
+    }
+
+    /// Record a task's failure.
+    pub async fn fail(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+        error: &str,
+        class: FailureClass,
+    ) -> Result<(), CoordinatorError> {
+        require("worker_id", worker_id)?;
+        let (task, run) = self.task_run(task_id).await?;
+        let error = machine::normalize::truncate_str(error, 16 * 1024).to_owned();
+        self.store
+            .transition(run, Some(task), |state, row| {
+                let row = fenced(row, attempt)?;
+                if row.status != "leased" {
+                    return Err(CoordinatorError::FailedPrecondition(format!(
+                        "task {task_id} is {}, not leased",
+                        row.status
+                    )));
+                }
+                machine::decide(
+                    state,
+                    Input::TaskFailed {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        error,
+                        class,
+                        dispatched: row.dispatched,
+                    },
+                )
+                .map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(%task, attempt, worker_id, ?class, "task failed");
+        Ok(())
+    }
+
+    /// Judge every expired lease once. Returns how many were handled.
+    pub async fn sweep_expired_leases(&self) -> Result<usize, CoordinatorError> {
+        let expired = self.store.expired_leases(100).await?;
+        let mut handled = 0;
+        for lease in expired {
+            let attempt = lease.attempt as u32;
+            let result = self
+                .store
+                .transition(lease.run_id, Some(lease.task_id), |state, row| {
+                    let row = fenced(row, attempt)?;
+                    if row.status != "leased" || !row.lease_expired {
+                        // Another replica got there first, or a heartbeat won.
+                        return Ok(machine::Decision::default());
+                    }
+                    machine::decide(
+                        state,
+                        Input::LeaseExpired {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            dispatched: row.dispatched,
+                        },
+                    )
+                    .map_err(CoordinatorError::from)
+                })
+                .await;
+            match result {
+                Ok(applied) if applied.events > 0 => {
+                    handled += 1;
+                    tracing::warn!(task_id = %lease.task_id, attempt, run_status = applied.status, "lease expired");
+                }
+                Ok(_) => {}
+                Err(TransitionError::Refused(e)) => {
+                    // The run finished meanwhile: the lease no longer matters.
+                    tracing::debug!(task_id = %lease.task_id, error = %e, "expired lease skipped");
+                    self.store
+                        .end_orphan_task(lease.task_id, lease.attempt)
+                        .await?;
+                }
+                Err(TransitionError::Store(e)) => return Err(e.into()),
+            }
+        }
+        Ok(handled)
+    }
+
+    /// Background loops: LISTEN/NOTIFY relay and the lease sweeper. They run
+    /// until the returned handles are aborted.
+    pub fn spawn_background(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        let listen = {
+            let this = Arc::clone(self);
+            tokio::spawn(async move { this.listen_loop().await })
+        };
+        let sweep = {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(
+                    this.config.sweep_interval_ms.max(10),
+                ));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = this.sweep_expired_leases().await {
+                        tracing::warn!(error = %e, "lease sweep failed");
+                    }
+                }
+            })
+        };
+        vec![listen, sweep]
+    }
+
+    async fn listen_loop(&self) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.listen_once().await {
+                Ok(()) => {}
+                Err(e) => tracing::warn!(error = %e, "LISTEN connection lost; reconnecting"),
+            }
+            // Wake everyone: notifications may have been missed.
+            self.tasks_ready.notify_waiters();
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn listen_once(&self) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(self.store.pool()).await?;
+        listener
+            .listen_all([crate::store::TASKS_CHANNEL, crate::store::EVENTS_CHANNEL])
+            .await?;
+        loop {
+            let n = listener.recv().await?;
+            if n.channel() == crate::store::TASKS_CHANNEL {
+                self.tasks_ready.notify_waiters();
+            } else if let Ok(run) = Uuid::parse_str(n.payload()) {
+                let _ = self.run_events.send(run);
+            }
+        }
+    }
+}
+
+/// Fencing: the task row must exist and carry exactly `attempt`.
+fn fenced(row: Option<&TaskRow>, attempt: u32) -> Result<&TaskRow, CoordinatorError> {
+    let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
+    if row.attempt as u32 != attempt {
+        tracing::warn!(task_id = %row.task_id, attempt, current = row.attempt, "stale attempt refused");
+        return Err(CoordinatorError::FailedPrecondition(format!(
+            "stale attempt: task {} is at attempt {}, not {attempt}",
+            row.task_id, row.attempt
+        )));
+    }
+    Ok(row)
+}

@@ -1,0 +1,644 @@
+//! Definitions: parse and validate a bundle of `.tools.abl` files (tools) and
+//! YAML files (agents and workflows) into a [`model::Bundle`], reporting every
+//! error of every file with its line and column.
+//!
+//! Architecture invariant: pure code. No I/O, no clock, no async: callers
+//! hand in file contents and get values or errors back, so registration can
+//! refuse a bundle before anything is stored ("never half-registered").
+
+pub mod model;
+
+mod abl;
+mod schema;
+mod signature;
+mod yaml;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Longest tool, agent, workflow or node name. Model providers cap function
+/// names at 64 characters (OpenAI: `^[a-zA-Z0-9_-]{1,64}$`), and tool names
+/// are sent to them verbatim.
+const MAX_NAME_LEN: usize = 64;
+
+/// Longest permission or grant.
+const MAX_PERMISSION_LEN: usize = 128;
+
+/// One file of a bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    /// Bundle-relative path; its extension selects the parser.
+    pub path: String,
+    /// The file's text.
+    pub content: String,
+}
+
+/// One problem in one file, 1-based line and column.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}:{column}: {message}")]
+pub struct DefinitionError {
+    /// Bundle-relative path of the file.
+    pub file: String,
+    /// 1-based line.
+    pub line: u32,
+    /// 1-based column (characters, not bytes).
+    pub column: u32,
+    /// What is wrong, in words an author can act on.
+    pub message: String,
+}
+
+impl DefinitionError {
+    fn new(file: &str, line: u32, column: u32, message: impl Into<String>) -> Self {
+        DefinitionError {
+            file: file.to_string(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+}
+
+/// Names already registered for the tenant (so a bundle may reference them).
+#[derive(Debug, Clone, Default)]
+pub struct RegisteredNames {
+    /// Tool names.
+    pub tools: BTreeSet<String>,
+    /// Agent names.
+    pub agents: BTreeSet<String>,
+}
+
+/// A name (or a reference to one) and where it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NameAt {
+    name: String,
+    line: u32,
+    column: u32,
+}
+
+/// How a file is parsed, from its name.
+enum FileKind {
+    Tools,
+    Yaml,
+}
+
+fn file_kind(path: &str) -> Option<FileKind> {
+    let lower = path.to_ascii_lowercase();
+    if lower.ends_with(".tools.abl") {
+        Some(FileKind::Tools)
+    } else if lower.ends_with(".yaml") || lower.ends_with(".yml") {
+        Some(FileKind::Yaml)
+    } else {
+        None
+    }
+}
+
+/// Parse and validate a whole bundle. Every error of every file is returned
+/// (not just the first); Ok only if there are none.
+///
+/// Errors come in bundle file order, then by line and column. References
+/// (an agent's tools, a node's agent) may name definitions of this bundle or
+/// of `registered`; names must be unique across the bundle.
+pub fn parse_bundle(
+    files: &[SourceFile],
+    registered: &RegisteredNames,
+) -> Result<model::Bundle, Vec<DefinitionError>> {
+    let mut bundle = model::Bundle::default();
+    let mut errors: Vec<DefinitionError> = Vec::new();
+    // (file, name) of every declaration, for duplicate and reference checks.
+    let mut tools_declared: Vec<(&str, NameAt)> = Vec::new();
+    let mut agents_declared: Vec<(&str, NameAt)> = Vec::new();
+    let mut workflows_declared: Vec<(&str, NameAt)> = Vec::new();
+    let mut tool_refs: Vec<(&str, NameAt)> = Vec::new();
+    let mut agent_refs: Vec<(&str, NameAt)> = Vec::new();
+    let mut paths: BTreeSet<&str> = BTreeSet::new();
+
+    for file in files {
+        let path = file.path.as_str();
+        if !paths.insert(path) {
+            errors.push(DefinitionError::new(
+                path,
+                1,
+                1,
+                "this file appears twice in the bundle",
+            ));
+            continue;
+        }
+        match file_kind(path) {
+            Some(FileKind::Tools) => {
+                let out = abl::parse_tools_file(path, &file.content);
+                bundle.tools.extend(out.tools);
+                tools_declared.extend(out.declared.into_iter().map(|n| (path, n)));
+                errors.extend(out.errors);
+            }
+            Some(FileKind::Yaml) => {
+                let out = yaml::parse_yaml_file(path, &file.content);
+                bundle.agents.extend(out.agents);
+                bundle.workflows.extend(out.workflows);
+                agents_declared.extend(out.declared_agents.into_iter().map(|n| (path, n)));
+                workflows_declared.extend(out.declared_workflows.into_iter().map(|n| (path, n)));
+                tool_refs.extend(out.tool_refs.into_iter().map(|n| (path, n)));
+                agent_refs.extend(out.agent_refs.into_iter().map(|n| (path, n)));
+                errors.extend(out.errors);
+            }
+            None => errors.push(DefinitionError::new(
+                path,
+                1,
+                1,
+                format!(
+                    "`{path}` is not a definition file: expected `*.tools.abl` (tools) or `*.yaml` / `*.yml` (agents and workflows)"
+                ),
+            )),
+        }
+    }
+
+    let tool_names = check_unique("tool", &tools_declared, &mut errors);
+    let agent_names = check_unique("agent", &agents_declared, &mut errors);
+    check_unique("workflow", &workflows_declared, &mut errors);
+    for (file, r) in &tool_refs {
+        if !tool_names.contains(r.name.as_str()) && !registered.tools.contains(&r.name) {
+            errors.push(DefinitionError::new(
+                file,
+                r.line,
+                r.column,
+                format!(
+                    "unknown tool `{}`: not declared in this bundle nor registered",
+                    r.name
+                ),
+            ));
+        }
+    }
+    for (file, r) in &agent_refs {
+        if !agent_names.contains(r.name.as_str()) && !registered.agents.contains(&r.name) {
+            errors.push(DefinitionError::new(
+                file,
+                r.line,
+                r.column,
+                format!(
+                    "unknown agent `{}`: not declared in this bundle nor registered",
+                    r.name
+                ),
+            ));
+        }
+    }
+
+    if errors.is_empty() {
+        return Ok(bundle);
+    }
+    // Deterministic order: as the files were given, then top to bottom.
+    let order: BTreeMap<&str, usize> = files
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, f)| (f.path.as_str(), i))
+        .collect();
+    errors.sort_by_key(|e| {
+        (
+            order.get(e.file.as_str()).copied().unwrap_or(usize::MAX),
+            e.line,
+            e.column,
+        )
+    });
+    Err(errors)
+}
+
+/// Report every declaration of a name after its first; return all names.
+fn check_unique<'a>(
+    kind: &str,
+    declared: &'a [(&'a str, NameAt)],
+    errors: &mut Vec<DefinitionError>,
+) -> BTreeSet<&'a str> {
+    let mut first: BTreeMap<&str, (&str, u32)> = BTreeMap::new();
+    for (file, n) in declared {
+        if let Some((first_file, first_line)) = first.get(n.name.as_str()) {
+            errors.push(DefinitionError::new(
+                file,
+                n.line,
+                n.column,
+                format!(
+                    "{kind} `{}` is already declared at {first_file}:{first_line}",
+                    n.name
+                ),
+            ));
+        } else {
+            first.insert(&n.name, (file, n.line));
+        }
+    }
+    first.into_keys().collect()
+}
+
+/// Validate `value` against a JSON Schema; Err lists each violation as
+/// "<json pointer>: <message>".
+///
+/// The root is shown as `/`. Formats such as `date` are asserted, remote
+/// `$ref`s are refused, and each message is capped in length (they quote the
+/// offending value). An invalid schema gives one error, `invalid schema: ...`.
+pub fn validate_json(
+    schema: &serde_json::Value,
+    value: &serde_json::Value,
+) -> Result<(), Vec<String>> {
+    schema::validate_json(schema, value)
+}
+
+/// `Some(message)` when `name` is not a valid `kind` name:
+/// `^[a-z][a-z0-9_]*$`, at most [`MAX_NAME_LEN`] characters.
+fn check_name(kind: &str, name: &str) -> Option<String> {
+    let mut chars = name.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if name.is_empty() {
+        Some(format!("{kind} name must not be empty"))
+    } else if !valid {
+        Some(format!(
+            "{kind} name `{name}` must be lower case letters, digits and `_`, starting with a letter"
+        ))
+    } else if name.len() > MAX_NAME_LEN {
+        Some(format!(
+            "{kind} name `{name}` is longer than {MAX_NAME_LEN} characters"
+        ))
+    } else {
+        None
+    }
+}
+
+/// `Some(message)` when `value` is not a usable permission or grant: it is
+/// compared verbatim at every call, so invisible differences (spaces,
+/// control characters) would make a grant silently never match.
+fn check_permission(kind: &str, value: &str) -> Option<String> {
+    if value.is_empty() {
+        Some(format!("{kind} must not be empty"))
+    } else if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some(format!("{kind} `{value}` must not contain whitespace"))
+    } else if value.chars().count() > MAX_PERMISSION_LEN {
+        Some(format!(
+            "{kind} is longer than {MAX_PERMISSION_LEN} characters"
+        ))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::model::{LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef};
+    use super::*;
+    use serde_json::json;
+
+    fn file(path: &str, content: &str) -> SourceFile {
+        SourceFile {
+            path: path.into(),
+            content: content.into(),
+        }
+    }
+
+    /// Errors rendered through `Display`.
+    fn rendered(errors: Vec<DefinitionError>) -> Vec<String> {
+        errors.iter().map(ToString::to_string).collect()
+    }
+
+    const ONBOARDING_TOOLS: &str = r#"# Tools of the onboarding example.
+TOOLS:
+  lookup_customer(email: string) -> {found: boolean, customer_id?: string, name?: string}
+    description: "Find a customer by email"
+    type: http
+    endpoint: "https://crm.example.com/customers/lookup"
+    method: GET
+    timeout: 5s
+    permission: crm.read
+    repeat_safety: idempotent
+
+  create_account(email: string, name: string, plan: string = "starter") -> {account_id: string}
+    description: "Create the customer's account"
+    type: http
+    endpoint: "/accounts"
+    method: POST
+    headers:
+      X-Api-Version: "2024-01"
+    permission: crm.write
+    repeat_safety: reconcile
+
+  send_welcome_email(email: string, account_id: string) -> {message_id: string}
+    description: "Send the welcome email"
+    type: http
+    endpoint: /emails/welcome
+    permission: email.send
+    repeat_safety: idempotent
+"#;
+
+    const ONBOARDING_YAML: &str = r#"kind: agent
+name: onboarding_agent
+model: scripted-onboarding
+instructions: |
+  You onboard new customers.
+tools: [lookup_customer, create_account, send_welcome_email]
+grants: [crm.read, crm.write, email.send]
+loop:
+  type: bounded_loop
+  max_model_steps: 8
+  max_tool_calls: 10
+budget:
+  max_tokens: 100000
+limits:
+  max_argument_bytes: 65536
+  max_result_bytes: 16384
+  max_model_attempts: 5
+  max_tool_attempts: 5
+max_output_tokens: 1024
+---
+kind: workflow
+name: onboarding
+input_schema: {type: object, required: [email], properties: {email: {type: string}}}
+start: intake
+nodes:
+  - id: intake
+    type: agent
+    agent: onboarding_agent
+    grants: []
+    next: null
+"#;
+
+    #[test]
+    fn onboarding_bundle() {
+        let bundle = parse_bundle(
+            &[
+                file("tools/onboarding.tools.abl", ONBOARDING_TOOLS),
+                file("onboarding.yaml", ONBOARDING_YAML),
+            ],
+            &RegisteredNames::default(),
+        )
+        .unwrap();
+
+        assert_eq!(bundle.tools.len(), 3);
+        let lookup = &bundle.tools[0];
+        assert_eq!(lookup.name, "lookup_customer");
+        assert_eq!(lookup.description, "Find a customer by email");
+        assert_eq!(lookup.permission, "crm.read");
+        assert_eq!(lookup.repeat_safety, RepeatSafety::Idempotent);
+        assert_eq!(lookup.source_file, "tools/onboarding.tools.abl");
+        assert_eq!(lookup.source_line, 3);
+        assert_eq!(
+            lookup.input_schema,
+            json!({
+                "type": "object",
+                "properties": {"email": {"type": "string"}},
+                "required": ["email"],
+                "additionalProperties": false
+            })
+        );
+        assert_eq!(
+            lookup.output_schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "found": {"type": "boolean"},
+                    "customer_id": {"type": "string"},
+                    "name": {"type": "string"}
+                },
+                "required": ["found"],
+                "additionalProperties": true
+            })
+        );
+        assert_eq!(
+            lookup.binding,
+            ToolBindingDef::Http {
+                endpoint: "https://crm.example.com/customers/lookup".into(),
+                method: "GET".into(),
+                headers: BTreeMap::new(),
+                timeout_ms: 5_000,
+            }
+        );
+
+        let create = &bundle.tools[1];
+        assert_eq!(create.repeat_safety, RepeatSafety::Reconcile);
+        assert_eq!(create.permission, "crm.write");
+        assert_eq!(create.source_line, 12);
+        assert_eq!(
+            create.input_schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "email": {"type": "string"},
+                    "name": {"type": "string"},
+                    "plan": {"type": "string", "default": "starter"}
+                },
+                "required": ["email", "name"],
+                "additionalProperties": false
+            })
+        );
+        assert_eq!(
+            create.output_schema,
+            json!({
+                "type": "object",
+                "properties": {"account_id": {"type": "string"}},
+                "required": ["account_id"],
+                "additionalProperties": true
+            })
+        );
+        assert_eq!(
+            create.binding,
+            ToolBindingDef::Http {
+                endpoint: "/accounts".into(),
+                method: "POST".into(),
+                headers: BTreeMap::from([("X-Api-Version".into(), "2024-01".into())]),
+                timeout_ms: 30_000,
+            }
+        );
+
+        let send = &bundle.tools[2];
+        assert_eq!(send.name, "send_welcome_email");
+        assert_eq!(send.repeat_safety, RepeatSafety::Idempotent);
+        assert_eq!(
+            send.input_schema["required"],
+            json!(["email", "account_id"])
+        );
+        assert_eq!(
+            send.binding,
+            ToolBindingDef::Http {
+                endpoint: "/emails/welcome".into(),
+                method: "POST".into(),
+                headers: BTreeMap::new(),
+                timeout_ms: 30_000,
+            }
+        );
+
+        assert_eq!(bundle.agents.len(), 1);
+        let agent = &bundle.agents[0];
+        assert_eq!(agent.name, "onboarding_agent");
+        assert_eq!(agent.model, "scripted-onboarding");
+        assert_eq!(agent.instructions, "You onboard new customers.\n");
+        assert_eq!(
+            agent.tools,
+            ["lookup_customer", "create_account", "send_welcome_email"]
+        );
+        assert_eq!(agent.grants, ["crm.read", "crm.write", "email.send"]);
+        assert_eq!(
+            agent.loop_policy,
+            LoopPolicy::BoundedLoop {
+                max_model_steps: 8,
+                max_tool_calls: 10
+            }
+        );
+        assert_eq!(agent.budget.max_tokens, Some(100_000));
+        assert_eq!(agent.max_output_tokens, Some(1024));
+        assert_eq!(agent.source_file, "onboarding.yaml");
+
+        assert_eq!(bundle.workflows.len(), 1);
+        let wf = &bundle.workflows[0];
+        assert_eq!(wf.name, "onboarding");
+        assert_eq!(wf.start, "intake");
+        assert_eq!(wf.source_line, 21);
+        assert_eq!(wf.nodes.len(), 1);
+        assert_eq!(
+            wf.nodes[0].kind,
+            NodeKind::Agent {
+                agent: "onboarding_agent".into()
+            }
+        );
+        assert_eq!(wf.nodes[0].next, None);
+        assert_eq!(wf.nodes[0].source_line, 26);
+
+        // The pieces fit together: the workflow's input schema and each
+        // tool's input schema validate real arguments.
+        let input_schema = wf.input_schema.as_ref().unwrap();
+        assert_eq!(
+            validate_json(input_schema, &json!({"email": "a@b.c"})),
+            Ok(())
+        );
+        assert_eq!(
+            validate_json(input_schema, &json!({})),
+            Err(vec!["/: \"email\" is a required property".to_string()])
+        );
+        assert_eq!(
+            validate_json(
+                &create.input_schema,
+                &json!({"email": "a@b.c", "name": "Ada", "plan": "pro"})
+            ),
+            Ok(())
+        );
+
+        // The bundle round-trips through its persisted JSON form.
+        let stored = serde_json::to_value(&bundle).unwrap();
+        let back: model::Bundle = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, bundle);
+    }
+
+    #[test]
+    fn references_may_use_registered_names() {
+        let yaml = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [old_tool]\n---\nkind: workflow\nname: w\nnodes:\n  - {id: n, type: agent, agent: old_agent}\n";
+        let files = [file("a.yaml", yaml)];
+        assert_eq!(
+            rendered(parse_bundle(&files, &RegisteredNames::default()).unwrap_err()),
+            vec![
+                "a.yaml:5:9: unknown tool `old_tool`: not declared in this bundle nor registered",
+                "a.yaml:10:33: unknown agent `old_agent`: not declared in this bundle nor registered",
+            ]
+        );
+        let registered = RegisteredNames {
+            tools: BTreeSet::from(["old_tool".to_string()]),
+            agents: BTreeSet::from(["old_agent".to_string()]),
+        };
+        let bundle = parse_bundle(&files, &registered).unwrap();
+        assert_eq!(bundle.agents[0].tools, ["old_tool"]);
+    }
+
+    #[test]
+    fn every_error_of_every_file_in_order() {
+        let tools_a = "TOOLS:\n  dup(x: string) -> string\n    type: http\n    endpoint: /a\n    permission: p\n    repeat_safety: never\n";
+        let tools_b = "TOOLS:\n  dup() -> string\n    type: http\n    endpoint: /b\n    permission: p\n    repeat_safety: never\n  broken(x: nope) -> string\n    permission: p\n";
+        let yaml = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [broken, dup, ghost]\nextra: 1\n---\nkind: agent\nname: a\nmodel: m\ninstructions: i\n";
+        let errors = parse_bundle(
+            &[
+                file("z.yaml", yaml),
+                file("a.tools.abl", tools_a),
+                file("b.tools.abl", tools_b),
+                file("notes.txt", "hello"),
+                file("a.tools.abl", tools_a),
+            ],
+            &RegisteredNames::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            rendered(errors),
+            vec![
+                // `broken` has errors of its own but is declared, so the
+                // agent listing it gets no extra error; `ghost` does.
+                "z.yaml:5:22: unknown tool `ghost`: not declared in this bundle nor registered",
+                "z.yaml:6:1: unknown key `extra` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens)",
+                "z.yaml:9:7: agent `a` is already declared at z.yaml:2",
+                "a.tools.abl:1:1: this file appears twice in the bundle",
+                "b.tools.abl:2:3: tool `dup` is already declared at a.tools.abl:2",
+                "b.tools.abl:7:3: tool `broken` is missing `type: http` (how the tool is called)",
+                "b.tools.abl:7:3: tool `broken` is missing `repeat_safety:` (`never`, `idempotent` or `reconcile`)",
+                "b.tools.abl:7:13: unknown type `nope` (expected string, number, boolean, date, object, or `type[]`)",
+                "notes.txt:1:1: `notes.txt` is not a definition file: expected `*.tools.abl` (tools) or `*.yaml` / `*.yml` (agents and workflows)",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_tool_in_one_file() {
+        let tool = "  f() -> string\n    type: http\n    endpoint: /f\n    permission: p\n    repeat_safety: never\n";
+        let content = format!("TOOLS:\n{tool}{tool}");
+        assert_eq!(
+            rendered(
+                parse_bundle(
+                    &[file("t.tools.abl", &content)],
+                    &RegisteredNames::default()
+                )
+                .unwrap_err()
+            ),
+            vec!["t.tools.abl:7:3: tool `f` is already declared at t.tools.abl:2"]
+        );
+    }
+
+    #[test]
+    fn file_kinds() {
+        assert!(matches!(file_kind("x/A.TOOLS.ABL"), Some(FileKind::Tools)));
+        assert!(matches!(file_kind("a.yml"), Some(FileKind::Yaml)));
+        assert!(matches!(file_kind("a.YAML"), Some(FileKind::Yaml)));
+        assert!(file_kind("a.abl").is_none());
+        assert!(file_kind("tools.abl.yaml.txt").is_none());
+    }
+
+    #[test]
+    fn empty_bundle_is_empty() {
+        assert_eq!(
+            parse_bundle(&[], &RegisteredNames::default()),
+            Ok(model::Bundle::default())
+        );
+    }
+
+    #[test]
+    fn names_and_permissions() {
+        assert_eq!(check_name("tool", "a_1"), None);
+        assert_eq!(
+            check_name("tool", ""),
+            Some("tool name must not be empty".into())
+        );
+        assert_eq!(
+            check_name("agent", "1a"),
+            Some("agent name `1a` must be lower case letters, digits and `_`, starting with a letter".into())
+        );
+        assert!(check_name("agent", "a-b").is_some());
+        assert!(check_name("agent", "é").is_some());
+        assert_eq!(check_name("agent", &"a".repeat(64)), None);
+        assert_eq!(check_permission("grant", "crm.write"), None);
+        assert_eq!(
+            check_permission("grant", ""),
+            Some("grant must not be empty".into())
+        );
+        assert_eq!(
+            check_permission("grant", "a\u{7}"),
+            Some("grant `a\u{7}` must not contain whitespace".into())
+        );
+        assert_eq!(
+            check_permission("grant", &"p".repeat(129)),
+            Some("grant is longer than 128 characters".into())
+        );
+    }
+
+    #[test]
+    fn error_display() {
+        let e = DefinitionError::new("a.yaml", 3, 7, "boom");
+        assert_eq!(e.to_string(), "a.yaml:3:7: boom");
+    }
+}

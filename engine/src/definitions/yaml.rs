@@ -1,0 +1,1335 @@
+//! Agents and workflows from YAML files (`kind: agent` / `kind: workflow`
+//! documents, several per file separated by `---`).
+//!
+//! Each document is first read into a generic tree whose every node and key
+//! carries its line and column (serde-saphyr's `Spanned`), then decoded by
+//! hand. Decoding by hand rather than with `#[derive(Deserialize)]` is what
+//! lets a file report every error (serde stops at the first) and point each
+//! one at the offending key or list entry.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+use serde_saphyr::{MessageFormatter, Spanned};
+
+use super::model::{AgentDef, Budget, LoopPolicy, NodeDef, NodeKind, WorkflowDef};
+use super::{DefinitionError, NameAt, check_name, check_permission, schema};
+
+/// Defaults documented on [`AgentDef`] and the `loop:` brief.
+const DEFAULT_MAX_MODEL_STEPS: u32 = 10;
+const DEFAULT_MAX_TOOL_CALLS: u32 = 20;
+const DEFAULT_MAX_ARGUMENT_BYTES: u32 = 65_536;
+const DEFAULT_MAX_RESULT_BYTES: u32 = 16_384;
+const DEFAULT_MAX_MODEL_ATTEMPTS: u32 = 5;
+const DEFAULT_MAX_TOOL_ATTEMPTS: u32 = 5;
+
+const AGENT_KEYS: &[&str] = &[
+    "kind",
+    "name",
+    "model",
+    "instructions",
+    "tools",
+    "grants",
+    "loop",
+    "budget",
+    "limits",
+    "max_output_tokens",
+];
+const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes"];
+const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "grants", "next"];
+const LOOP_KEYS: &[&str] = &["type", "max_model_steps", "max_tool_calls"];
+const BUDGET_KEYS: &[&str] = &["max_tokens"];
+const LIMIT_KEYS: &[&str] = &[
+    "max_argument_bytes",
+    "max_result_bytes",
+    "max_model_attempts",
+    "max_tool_attempts",
+];
+/// Node types of DESIGN.md that are not implemented yet.
+const PLANNED_NODE_TYPES: &[&str] = &[
+    "wait", "approval", "branch", "tool", "workflow", "set", "fail", "succeed",
+];
+
+/// What one YAML file yields.
+#[derive(Debug, Default)]
+pub(super) struct YamlOutput {
+    /// Agents without errors.
+    pub agents: Vec<AgentDef>,
+    /// Workflows without errors.
+    pub workflows: Vec<WorkflowDef>,
+    /// Every agent name declared (valid definition or not).
+    pub declared_agents: Vec<NameAt>,
+    /// Every workflow name declared (valid definition or not).
+    pub declared_workflows: Vec<NameAt>,
+    /// Tool names listed by agents, to resolve against the bundle.
+    pub tool_refs: Vec<NameAt>,
+    /// Agent names used by workflow nodes, to resolve against the bundle.
+    pub agent_refs: Vec<NameAt>,
+    /// Every problem found.
+    pub errors: Vec<DefinitionError>,
+}
+
+/// A YAML value with its position.
+type Node = Spanned<Val>;
+
+/// A YAML value, in the shapes YAML can produce.
+#[derive(Debug)]
+enum Val {
+    Null,
+    Bool(bool),
+    Int(i64),
+    /// Integers above `i64::MAX`.
+    UInt(u64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    /// Entries in file order; keys are nodes too, so they have positions.
+    Map(Vec<(Node, Node)>),
+}
+
+impl<'de> Deserialize<'de> for Val {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Val;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any YAML value")
+            }
+            fn visit_unit<E>(self) -> Result<Val, E> {
+                Ok(Val::Null)
+            }
+            fn visit_none<E>(self) -> Result<Val, E> {
+                Ok(Val::Null)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Val, D::Error> {
+                Val::deserialize(d)
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Val, E> {
+                Ok(Val::Bool(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Val, E> {
+                Ok(Val::Int(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Val, E> {
+                Ok(i64::try_from(v).map_or(Val::UInt(v), Val::Int))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Val, E> {
+                Ok(Val::Float(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Val, E> {
+                Ok(Val::Str(v.to_string()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Val, E> {
+                Ok(Val::Str(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Val, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Val::Seq(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Val, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Val::Map(entries))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+fn pos(node: &Node) -> (u32, u32) {
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX).max(1);
+    (
+        clamp(node.referenced.line()),
+        clamp(node.referenced.column()),
+    )
+}
+
+fn type_name(v: &Val) -> &'static str {
+    match v {
+        Val::Null => "null",
+        Val::Bool(_) => "a boolean",
+        Val::Int(_) | Val::UInt(_) | Val::Float(_) => "a number",
+        Val::Str(_) => "a string",
+        Val::Seq(_) => "a list",
+        Val::Map(_) => "a mapping",
+    }
+}
+
+/// Parse one YAML file.
+pub(super) fn parse_yaml_file(file: &str, content: &str) -> YamlOutput {
+    let mut cx = Cx {
+        file,
+        out: YamlOutput::default(),
+    };
+    let mut options = serde_saphyr::Options::default();
+    // YAML 1.2 booleans only: with the YAML 1.1 default, a node id `n` or a
+    // grant `on` would silently turn into `false` / `true`.
+    options.strict_booleans = true;
+    // Errors are reported with line and column; the source snippet is not used.
+    options.with_snippet = false;
+    match serde_saphyr::from_multiple_with_options::<Node>(content, options) {
+        Ok(docs) => {
+            for doc in &docs {
+                parse_document(doc, &mut cx);
+            }
+        }
+        Err(e) => {
+            let (line, column) = e.location().map_or((1, 1), |l| {
+                let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX).max(1);
+                (clamp(l.line()), clamp(l.column()))
+            });
+            // The bare message: the location goes into DefinitionError, and
+            // the default rendering adds a multi-line source snippet.
+            let message = serde_saphyr::DefaultMessageFormatter.format_message(e.without_snippet());
+            let message: String = message
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            cx.error(line, column, format!("invalid YAML: {message}"));
+        }
+    }
+    cx.out
+}
+
+struct Cx<'a> {
+    file: &'a str,
+    out: YamlOutput,
+}
+
+impl Cx<'_> {
+    fn error(&mut self, line: u32, column: u32, message: impl Into<String>) {
+        self.out
+            .errors
+            .push(DefinitionError::new(self.file, line, column, message));
+    }
+
+    fn error_at(&mut self, node: &Node, message: impl Into<String>) {
+        let (line, column) = pos(node);
+        self.error(line, column, message);
+    }
+}
+
+/// A mapping being decoded: remembers which keys were read so the rest can
+/// be reported as unknown.
+struct MapView<'n> {
+    node: &'n Node,
+    entries: Vec<(String, &'n Node, &'n Node)>,
+    used: Vec<bool>,
+}
+
+impl<'n> MapView<'n> {
+    /// `None` (with an error) when `node` is not a mapping.
+    fn new(node: &'n Node, what: &str, cx: &mut Cx<'_>) -> Option<Self> {
+        let Val::Map(entries) = &node.value else {
+            cx.error_at(
+                node,
+                format!("{what} must be a mapping, found {}", type_name(&node.value)),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for (k, v) in entries {
+            match key_string(k) {
+                Some(name) => out.push((name, k, v)),
+                None => cx.error_at(
+                    k,
+                    format!("keys must be strings, found {}", type_name(&k.value)),
+                ),
+            }
+        }
+        let used = vec![false; out.len()];
+        Some(MapView {
+            node,
+            entries: out,
+            used,
+        })
+    }
+
+    fn get(&mut self, key: &str) -> Option<&'n Node> {
+        let i = self.entries.iter().position(|(k, _, _)| k == key)?;
+        self.used[i] = true;
+        Some(self.entries[i].2)
+    }
+
+    /// Like [`MapView::get`], but an explicit `null` counts as absent.
+    fn get_present(&mut self, key: &str) -> Option<&'n Node> {
+        self.get(key).filter(|n| !matches!(n.value, Val::Null))
+    }
+
+    /// Report every key not read, naming the keys allowed in `what`.
+    fn finish(self, what: &str, allowed: &[&str], cx: &mut Cx<'_>) {
+        for ((key, key_node, _), used) in self.entries.iter().zip(&self.used) {
+            if !used {
+                cx.error_at(
+                    key_node,
+                    format!(
+                        "unknown key `{key}` in {what} (expected one of: {})",
+                        allowed.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Scalar keys as text (`1:` is the key "1"); `None` for null and collections.
+fn key_string(k: &Node) -> Option<String> {
+    match &k.value {
+        Val::Str(s) => Some(s.clone()),
+        Val::Bool(b) => Some(b.to_string()),
+        Val::Int(i) => Some(i.to_string()),
+        Val::UInt(u) => Some(u.to_string()),
+        Val::Float(f) => Some(f.to_string()),
+        Val::Null | Val::Seq(_) | Val::Map(_) => None,
+    }
+}
+
+fn parse_document(doc: &Node, cx: &mut Cx<'_>) {
+    let Some(mut map) = MapView::new(doc, "a document", cx) else {
+        return;
+    };
+    let Some(kind_node) = map.get("kind") else {
+        cx.error_at(doc, "missing `kind:` (`agent` or `workflow`)");
+        return;
+    };
+    match &kind_node.value {
+        Val::Str(k) if k == "agent" => parse_agent(doc, map, cx),
+        Val::Str(k) if k == "workflow" => parse_workflow(doc, map, cx),
+        Val::Str(k) => cx.error_at(
+            kind_node,
+            format!("unknown kind `{k}` (expected `agent` or `workflow`)"),
+        ),
+        other => cx.error_at(
+            kind_node,
+            format!(
+                "`kind` must be `agent` or `workflow`, found {}",
+                type_name(other)
+            ),
+        ),
+    }
+}
+
+fn string(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<String> {
+    match &node.value {
+        Val::Str(s) => Some(s.clone()),
+        other => {
+            cx.error_at(
+                node,
+                format!("`{key}` must be a string, found {}", type_name(other)),
+            );
+            None
+        }
+    }
+}
+
+fn required<'n>(map: &mut MapView<'n>, key: &str, what: &str, cx: &mut Cx<'_>) -> Option<&'n Node> {
+    let node = map.get_present(key);
+    if node.is_none() {
+        cx.error_at(map.node, format!("{what} is missing `{key}:`"));
+    }
+    node
+}
+
+fn non_empty_string(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<String> {
+    let s = string(node, key, cx)?;
+    if s.trim().is_empty() {
+        cx.error_at(node, format!("`{key}` must not be empty"));
+        return None;
+    }
+    Some(s)
+}
+
+/// A definition or node name, checked against the naming rule.
+fn name(node: &Node, key: &str, kind: &str, cx: &mut Cx<'_>) -> Option<NameAt> {
+    let s = string(node, key, cx)?;
+    if let Some(message) = check_name(kind, &s) {
+        cx.error_at(node, message);
+        return None;
+    }
+    let (line, column) = pos(node);
+    Some(NameAt {
+        name: s,
+        line,
+        column,
+    })
+}
+
+/// The entries of a list value (absent or `null`: no entries).
+fn list<'n>(node: Option<&'n Node>, key: &str, cx: &mut Cx<'_>) -> Option<&'n [Node]> {
+    match node.map(|n| (n, &n.value)) {
+        None | Some((_, Val::Null)) => Some(&[]),
+        Some((_, Val::Seq(items))) => Some(items),
+        Some((n, other)) => {
+            cx.error_at(
+                n,
+                format!("`{key}` must be a list, found {}", type_name(other)),
+            );
+            None
+        }
+    }
+}
+
+/// Names in a list (`tools`, `grants`), each checked by `check`, without
+/// duplicates.
+fn names_list(
+    node: Option<&Node>,
+    key: &str,
+    check: impl Fn(&str) -> Option<String>,
+    cx: &mut Cx<'_>,
+) -> Vec<NameAt> {
+    let Some(items) = list(node, key, cx) else {
+        return Vec::new();
+    };
+    let mut out: Vec<NameAt> = Vec::new();
+    for item in items {
+        let Val::Str(s) = &item.value else {
+            cx.error_at(
+                item,
+                format!(
+                    "each entry of `{key}` must be a string, found {}",
+                    type_name(&item.value)
+                ),
+            );
+            continue;
+        };
+        let s = s.clone();
+        if let Some(message) = check(&s) {
+            cx.error_at(item, message);
+            continue;
+        }
+        let (line, column) = pos(item);
+        if let Some(first) = out.iter().find(|n| n.name == s) {
+            cx.error(
+                line,
+                column,
+                format!(
+                    "`{s}` is listed twice in `{key}` (first on line {})",
+                    first.line
+                ),
+            );
+            continue;
+        }
+        out.push(NameAt {
+            name: s,
+            line,
+            column,
+        });
+    }
+    out
+}
+
+/// A whole number of at least 1 that fits `T`.
+fn positive<T: TryFrom<u64>>(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<T> {
+    let n = match node.value {
+        Val::Int(i) => u64::try_from(i).ok().filter(|&n| n >= 1),
+        Val::UInt(u) => Some(u),
+        Val::Float(f) if f.fract() == 0.0 && f >= 1.0 => {
+            cx.error_at(
+                node,
+                format!("`{key}` must be a whole number, written without a decimal point"),
+            );
+            return None;
+        }
+        _ => {
+            cx.error_at(
+                node,
+                format!(
+                    "`{key}` must be a whole number of at least 1, found {}",
+                    show(&node.value)
+                ),
+            );
+            return None;
+        }
+    };
+    let Some(n) = n else {
+        cx.error_at(
+            node,
+            format!("`{key}` must be at least 1, found {}", show(&node.value)),
+        );
+        return None;
+    };
+    match T::try_from(n) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            cx.error_at(node, format!("`{key}` is too large: {n}"));
+            None
+        }
+    }
+}
+
+/// A short rendering of a scalar for messages.
+fn show(v: &Val) -> String {
+    match v {
+        Val::Null => "null".into(),
+        Val::Bool(b) => b.to_string(),
+        Val::Int(i) => i.to_string(),
+        Val::UInt(u) => u.to_string(),
+        Val::Float(f) => f.to_string(),
+        Val::Str(s) => format!("\"{}\"", s.chars().take(40).collect::<String>()),
+        other => type_name(other).into(),
+    }
+}
+
+fn opt_positive<T: TryFrom<u64>>(
+    map: &mut MapView<'_>,
+    key: &str,
+    default: T,
+    cx: &mut Cx<'_>,
+) -> T {
+    map.get_present(key)
+        .and_then(|n| positive(n, key, cx))
+        .unwrap_or(default)
+}
+
+fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
+    let errors_before = cx.out.errors.len();
+    let name_at =
+        required(&mut map, "name", "agent", cx).and_then(|n| name(n, "name", "agent", cx));
+    if let Some(n) = &name_at {
+        cx.out.declared_agents.push(n.clone());
+    }
+    let model =
+        required(&mut map, "model", "agent", cx).and_then(|n| non_empty_string(n, "model", cx));
+    let instructions = required(&mut map, "instructions", "agent", cx)
+        .and_then(|n| non_empty_string(n, "instructions", cx));
+    let tools = names_list(map.get("tools"), "tools", |s| check_name("tool", s), cx);
+    let grants = names_list(
+        map.get("grants"),
+        "grants",
+        |s| check_permission("grant", s),
+        cx,
+    );
+    let loop_policy = parse_loop(map.get_present("loop"), cx);
+    let budget = parse_budget(map.get_present("budget"), cx);
+    let limits = parse_limits(map.get_present("limits"), cx);
+    let max_output_tokens = map
+        .get_present("max_output_tokens")
+        .and_then(|n| positive::<u32>(n, "max_output_tokens", cx));
+    map.finish("an agent", AGENT_KEYS, cx);
+    cx.out.tool_refs.extend(tools.iter().cloned());
+
+    if cx.out.errors.len() > errors_before {
+        return;
+    }
+    let (Some(name_at), Some(model), Some(instructions)) = (name_at, model, instructions) else {
+        return;
+    };
+    cx.out.agents.push(AgentDef {
+        name: name_at.name,
+        model,
+        instructions,
+        tools: tools.into_iter().map(|n| n.name).collect(),
+        grants: grants.into_iter().map(|n| n.name).collect(),
+        loop_policy,
+        budget,
+        max_argument_bytes: limits.max_argument_bytes,
+        max_result_bytes: limits.max_result_bytes,
+        max_model_attempts: limits.max_model_attempts,
+        max_tool_attempts: limits.max_tool_attempts,
+        max_output_tokens,
+        source_file: cx.file.to_string(),
+        source_line: pos(doc).0,
+    });
+}
+
+fn parse_loop(node: Option<&Node>, cx: &mut Cx<'_>) -> LoopPolicy {
+    let default = LoopPolicy::BoundedLoop {
+        max_model_steps: DEFAULT_MAX_MODEL_STEPS,
+        max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
+    };
+    let Some(node) = node else { return default };
+    let Some(mut map) = MapView::new(node, "`loop`", cx) else {
+        return default;
+    };
+    // `type` may be left out: there is only one loop policy to mean.
+    if let Some(t) = map.get_present("type") {
+        match string(t, "type", cx).as_deref() {
+            Some("bounded_loop") | None => {}
+            Some("exactly_one_call") => {
+                cx.error_at(t, "loop type `exactly_one_call` is not supported yet");
+                return default;
+            }
+            Some(other) => {
+                cx.error_at(
+                    t,
+                    format!("unknown loop type `{other}` (expected `bounded_loop`)"),
+                );
+                return default;
+            }
+        }
+    }
+    let max_model_steps = opt_positive(&mut map, "max_model_steps", DEFAULT_MAX_MODEL_STEPS, cx);
+    let max_tool_calls = opt_positive(&mut map, "max_tool_calls", DEFAULT_MAX_TOOL_CALLS, cx);
+    map.finish("`loop`", LOOP_KEYS, cx);
+    LoopPolicy::BoundedLoop {
+        max_model_steps,
+        max_tool_calls,
+    }
+}
+
+fn parse_budget(node: Option<&Node>, cx: &mut Cx<'_>) -> Budget {
+    let mut budget = Budget { max_tokens: None };
+    let Some(node) = node else { return budget };
+    let Some(mut map) = MapView::new(node, "`budget`", cx) else {
+        return budget;
+    };
+    budget.max_tokens = map
+        .get_present("max_tokens")
+        .and_then(|n| positive::<u64>(n, "max_tokens", cx));
+    map.finish("`budget`", BUDGET_KEYS, cx);
+    budget
+}
+
+struct Limits {
+    max_argument_bytes: u32,
+    max_result_bytes: u32,
+    max_model_attempts: u32,
+    max_tool_attempts: u32,
+}
+
+fn parse_limits(node: Option<&Node>, cx: &mut Cx<'_>) -> Limits {
+    let mut limits = Limits {
+        max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
+        max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+        max_model_attempts: DEFAULT_MAX_MODEL_ATTEMPTS,
+        max_tool_attempts: DEFAULT_MAX_TOOL_ATTEMPTS,
+    };
+    let Some(node) = node else { return limits };
+    let Some(mut map) = MapView::new(node, "`limits`", cx) else {
+        return limits;
+    };
+    limits.max_argument_bytes = opt_positive(
+        &mut map,
+        "max_argument_bytes",
+        limits.max_argument_bytes,
+        cx,
+    );
+    limits.max_result_bytes =
+        opt_positive(&mut map, "max_result_bytes", limits.max_result_bytes, cx);
+    limits.max_model_attempts = opt_positive(
+        &mut map,
+        "max_model_attempts",
+        limits.max_model_attempts,
+        cx,
+    );
+    limits.max_tool_attempts =
+        opt_positive(&mut map, "max_tool_attempts", limits.max_tool_attempts, cx);
+    map.finish("`limits`", LIMIT_KEYS, cx);
+    limits
+}
+
+/// A node as read, before the graph checks.
+struct ParsedNode {
+    id: Option<NameAt>,
+    next: Option<NameAt>,
+    def: Option<NodeDef>,
+}
+
+fn parse_workflow(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
+    let errors_before = cx.out.errors.len();
+    let name_at =
+        required(&mut map, "name", "workflow", cx).and_then(|n| name(n, "name", "workflow", cx));
+    if let Some(n) = &name_at {
+        cx.out.declared_workflows.push(n.clone());
+    }
+    let input_schema = map.get_present("input_schema").and_then(|n| {
+        let value = to_json(n, cx)?;
+        if let Err(message) = schema::compile(&value) {
+            cx.error_at(
+                n,
+                format!("`input_schema` is not a valid JSON Schema: {message}"),
+            );
+            return None;
+        }
+        Some(value)
+    });
+    let start = map
+        .get_present("start")
+        .and_then(|n| name(n, "start", "node id", cx));
+    let nodes_node = required(&mut map, "nodes", "workflow", cx);
+    let mut nodes: Vec<ParsedNode> = Vec::new();
+    if let Some(items) = list(nodes_node, "nodes", cx) {
+        if items.is_empty()
+            && let Some(n) = nodes_node
+        {
+            cx.error_at(n, "a workflow needs at least one node");
+        }
+        for item in items {
+            nodes.push(parse_node(item, cx));
+        }
+    }
+    map.finish("a workflow", WORKFLOW_KEYS, cx);
+
+    // Ids, including those of nodes with other errors, so one bad node does
+    // not also make every `next` pointing at it an error.
+    let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let Some(id) = &node.id else { continue };
+        if let Some(&first) = ids.get(id.name.as_str()) {
+            let first_line = nodes[first].id.as_ref().map_or(0, |f| f.line);
+            cx.error(
+                id.line,
+                id.column,
+                format!(
+                    "duplicate node id `{}` (first on line {first_line})",
+                    id.name
+                ),
+            );
+        } else {
+            ids.insert(&id.name, i);
+        }
+    }
+    let unknown_node = |r: &NameAt, key: &str, cx: &mut Cx<'_>| {
+        cx.error(
+            r.line,
+            r.column,
+            format!("`{key}` names no node of this workflow: `{}`", r.name),
+        );
+    };
+    if let Some(s) = &start
+        && !ids.contains_key(s.name.as_str())
+    {
+        unknown_node(s, "start", cx);
+    }
+    for node in &nodes {
+        if let Some(next) = &node.next
+            && !ids.contains_key(next.name.as_str())
+        {
+            unknown_node(next, "next", cx);
+        }
+    }
+    check_cycles(&nodes, &ids, cx);
+
+    if cx.out.errors.len() > errors_before {
+        return;
+    }
+    let Some(name_at) = name_at else { return };
+    let defs: Vec<NodeDef> = nodes.into_iter().filter_map(|n| n.def).collect();
+    let Some(start) = start
+        .map(|s| s.name)
+        .or_else(|| defs.first().map(|n| n.id.clone()))
+    else {
+        return;
+    };
+    cx.out.workflows.push(WorkflowDef {
+        name: name_at.name,
+        start,
+        nodes: defs,
+        input_schema,
+        source_file: cx.file.to_string(),
+        source_line: pos(doc).0,
+    });
+}
+
+fn parse_node(item: &Node, cx: &mut Cx<'_>) -> ParsedNode {
+    let mut parsed = ParsedNode {
+        id: None,
+        next: None,
+        def: None,
+    };
+    let Some(mut map) = MapView::new(item, "a node", cx) else {
+        return parsed;
+    };
+    let errors_before = cx.out.errors.len();
+    parsed.id = required(&mut map, "id", "node", cx).and_then(|n| name(n, "id", "node id", cx));
+    let Some(type_node) = required(&mut map, "type", "node", cx) else {
+        return parsed;
+    };
+    let Some(node_type) = string(type_node, "type", cx) else {
+        return parsed;
+    };
+    if node_type != "agent" {
+        // The keys of other node types are not known yet, so they are not
+        // reported as unknown: the type error says all there is to say.
+        let message = if PLANNED_NODE_TYPES.contains(&node_type.as_str()) {
+            format!("node type `{node_type}` is not supported yet")
+        } else {
+            format!("unknown node type `{node_type}` (expected `agent`)")
+        };
+        cx.error_at(type_node, message);
+        parsed.next = map
+            .get_present("next")
+            .and_then(|n| name(n, "next", "node id", cx));
+        return parsed;
+    }
+    let agent = required(&mut map, "agent", "an agent node", cx)
+        .and_then(|n| name(n, "agent", "agent", cx));
+    if let Some(a) = &agent {
+        cx.out.agent_refs.push(a.clone());
+    }
+    let grants = names_list(
+        map.get("grants"),
+        "grants",
+        |s| check_permission("grant", s),
+        cx,
+    );
+    parsed.next = map
+        .get_present("next")
+        .and_then(|n| name(n, "next", "node id", cx));
+    map.finish("an agent node", AGENT_NODE_KEYS, cx);
+    if cx.out.errors.len() > errors_before {
+        return parsed;
+    }
+    if let (Some(id), Some(agent)) = (&parsed.id, agent) {
+        parsed.def = Some(NodeDef {
+            id: id.name.clone(),
+            kind: NodeKind::Agent { agent: agent.name },
+            grants: grants.into_iter().map(|g| g.name).collect(),
+            next: parsed.next.as_ref().map(|n| n.name.clone()),
+            source_line: pos(item).0,
+        });
+    }
+    parsed
+}
+
+/// With only `next` edges, a cycle means a run that can never finish.
+fn check_cycles(nodes: &[ParsedNode], ids: &BTreeMap<&str, usize>, cx: &mut Cx<'_>) {
+    let next_of = |i: usize| -> Option<usize> {
+        let next = nodes[i].next.as_ref()?;
+        ids.get(next.name.as_str()).copied()
+    };
+    // Each node has at most one successor, so following `next` from any
+    // node either ends or enters exactly one cycle.
+    let mut reported: BTreeSet<usize> = BTreeSet::new();
+    let mut done: BTreeSet<usize> = BTreeSet::new();
+    for start in 0..nodes.len() {
+        let mut path: Vec<usize> = Vec::new();
+        let mut cur = Some(start);
+        while let Some(i) = cur {
+            if done.contains(&i) {
+                break;
+            }
+            if let Some(at) = path.iter().position(|&p| p == i) {
+                let cycle = &path[at..];
+                if cycle.iter().all(|c| !reported.contains(c)) {
+                    reported.extend(cycle.iter().copied());
+                    // Report at the `next` of the cycle's first node in file order.
+                    let first = cycle.iter().copied().min().unwrap_or(i);
+                    let mut names: Vec<&str> = Vec::new();
+                    let rot = cycle.iter().position(|&c| c == first).unwrap_or(0);
+                    for &c in cycle[rot..].iter().chain(&cycle[..rot]) {
+                        names.push(nodes[c].id.as_ref().map_or("?", |n| n.name.as_str()));
+                    }
+                    names.push(names[0]);
+                    if let Some(next) = &nodes[first].next {
+                        cx.error(
+                            next.line,
+                            next.column,
+                            format!(
+                                "nodes form a cycle ({}); with only `next` links the workflow could never finish",
+                                names.join(" -> ")
+                            ),
+                        );
+                    }
+                }
+                break;
+            }
+            path.push(i);
+            cur = next_of(i);
+        }
+        done.extend(path);
+    }
+}
+
+/// The JSON of a YAML value (for `input_schema`).
+fn to_json(node: &Node, cx: &mut Cx<'_>) -> Option<Value> {
+    Some(match &node.value {
+        Val::Null => Value::Null,
+        Val::Bool(b) => Value::Bool(*b),
+        Val::Int(i) => Value::from(*i),
+        Val::UInt(u) => Value::from(*u),
+        Val::Float(f) => match serde_json::Number::from_f64(*f) {
+            Some(n) => Value::Number(n),
+            None => {
+                cx.error_at(node, "JSON has no infinity or NaN");
+                return None;
+            }
+        },
+        Val::Str(s) => Value::String(s.clone()),
+        Val::Seq(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            let mut ok = true;
+            for item in items {
+                match to_json(item, cx) {
+                    Some(v) => out.push(v),
+                    None => ok = false,
+                }
+            }
+            if !ok {
+                return None;
+            }
+            Value::Array(out)
+        }
+        Val::Map(entries) => {
+            let mut out = serde_json::Map::new();
+            let mut ok = true;
+            for (k, v) in entries {
+                let Some(key) = key_string(k) else {
+                    cx.error_at(
+                        k,
+                        format!("keys must be strings, found {}", type_name(&k.value)),
+                    );
+                    ok = false;
+                    continue;
+                };
+                match to_json(v, cx) {
+                    Some(v) => {
+                        out.insert(key, v);
+                    }
+                    None => ok = false,
+                }
+            }
+            if !ok {
+                return None;
+            }
+            Value::Object(out)
+        }
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const FILE: &str = "agents/onboarding.yaml";
+
+    fn parse(content: &str) -> YamlOutput {
+        parse_yaml_file(FILE, content)
+    }
+
+    /// Errors as `line:column: message`.
+    fn errors(content: &str) -> Vec<String> {
+        let mut out = parse(content);
+        // parse_bundle sorts; per file, errors come in decoding order.
+        out.errors.sort_by_key(|e| (e.line, e.column));
+        out.errors
+            .iter()
+            .map(|e| {
+                assert_eq!(e.file, FILE);
+                format!("{}:{}: {}", e.line, e.column, e.message)
+            })
+            .collect()
+    }
+
+    fn agent(extra: &str) -> String {
+        format!("kind: agent\nname: a\nmodel: m\ninstructions: do it\n{extra}")
+    }
+
+    fn workflow(nodes: &str) -> String {
+        format!("kind: workflow\nname: w\nnodes:\n{nodes}")
+    }
+
+    #[test]
+    fn full_agent() {
+        let out = parse(
+            r#"# leading comment
+kind: agent
+name: onboarding_agent
+model: scripted-onboarding
+instructions: |
+  You onboard new customers.
+tools: [lookup_customer, create_account, send_welcome_email]
+grants: [crm.read, crm.write, email.send]
+loop:
+  type: bounded_loop
+  max_model_steps: 8
+  max_tool_calls: 10
+budget:
+  max_tokens: 100000
+limits:
+  max_argument_bytes: 1000
+  max_result_bytes: 2000
+  max_model_attempts: 3
+  max_tool_attempts: 4
+max_output_tokens: 1024
+"#,
+        );
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(
+            out.agents,
+            vec![AgentDef {
+                name: "onboarding_agent".into(),
+                model: "scripted-onboarding".into(),
+                instructions: "You onboard new customers.\n".into(),
+                tools: vec![
+                    "lookup_customer".into(),
+                    "create_account".into(),
+                    "send_welcome_email".into()
+                ],
+                grants: vec!["crm.read".into(), "crm.write".into(), "email.send".into()],
+                loop_policy: LoopPolicy::BoundedLoop {
+                    max_model_steps: 8,
+                    max_tool_calls: 10
+                },
+                budget: Budget {
+                    max_tokens: Some(100_000)
+                },
+                max_argument_bytes: 1000,
+                max_result_bytes: 2000,
+                max_model_attempts: 3,
+                max_tool_attempts: 4,
+                max_output_tokens: Some(1024),
+                source_file: FILE.into(),
+                source_line: 2,
+            }]
+        );
+        assert_eq!(
+            out.declared_agents,
+            vec![NameAt {
+                name: "onboarding_agent".into(),
+                line: 3,
+                column: 7
+            }]
+        );
+        let refs: Vec<(String, u32, u32)> = out
+            .tool_refs
+            .iter()
+            .map(|r| (r.name.clone(), r.line, r.column))
+            .collect();
+        assert_eq!(
+            refs,
+            vec![
+                ("lookup_customer".to_string(), 7, 9),
+                ("create_account".to_string(), 7, 26),
+                ("send_welcome_email".to_string(), 7, 42)
+            ]
+        );
+    }
+
+    #[test]
+    fn agent_defaults() {
+        let out = parse(&agent(""));
+        assert_eq!(out.errors, vec![]);
+        let a = &out.agents[0];
+        assert_eq!(a.tools, Vec::<String>::new());
+        assert_eq!(a.grants, Vec::<String>::new());
+        assert_eq!(
+            a.loop_policy,
+            LoopPolicy::BoundedLoop {
+                max_model_steps: 10,
+                max_tool_calls: 20
+            }
+        );
+        assert_eq!(a.budget, Budget { max_tokens: None });
+        assert_eq!(
+            (
+                a.max_argument_bytes,
+                a.max_result_bytes,
+                a.max_model_attempts,
+                a.max_tool_attempts
+            ),
+            (65_536, 16_384, 5, 5)
+        );
+        assert_eq!(a.max_output_tokens, None);
+        assert_eq!(a.source_line, 1);
+        // A loop without `type`, with one bound, keeps the other default;
+        // explicit nulls mean "not set".
+        let out = parse(&agent(
+            "loop:\n  max_tool_calls: 3\nbudget: ~\nmax_output_tokens: null\ntools:\n",
+        ));
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(
+            out.agents[0].loop_policy,
+            LoopPolicy::BoundedLoop {
+                max_model_steps: 10,
+                max_tool_calls: 3
+            }
+        );
+    }
+
+    #[test]
+    fn agent_missing_required_keys() {
+        assert_eq!(
+            errors("kind: agent\ntools: [x]\n"),
+            vec![
+                "1:1: agent is missing `name:`",
+                "1:1: agent is missing `model:`",
+                "1:1: agent is missing `instructions:`",
+            ]
+        );
+        assert_eq!(
+            errors("kind: agent\nname: a\nmodel: \"\"\ninstructions: 5\n"),
+            vec![
+                "3:8: `model` must not be empty",
+                "4:15: `instructions` must be a string, found a number",
+            ]
+        );
+    }
+
+    #[test]
+    fn agent_value_errors() {
+        assert_eq!(
+            errors(&agent(
+                "tools: [Lookup, ok_tool, ok_tool, 3]\ngrants: [crm read, crm.read, crm.read]\nloop:\n  type: exactly_one_call\nbudget:\n  max_tokens: 0\n  max_cost: 1\nlimits:\n  max_argument_bytes: -1\n  max_result_bytes: 1.5\n  max_model_attempts: 4294967296\n  max_tool_attempts: 2.0\n  max_tool_retries: 1\nmax_output_tokens: lots\ncolour: blue\n"
+            )),
+            vec![
+                "5:9: tool name `Lookup` must be lower case letters, digits and `_`, starting with a letter",
+                "5:26: `ok_tool` is listed twice in `tools` (first on line 5)",
+                "5:35: each entry of `tools` must be a string, found a number",
+                "6:10: grant `crm read` must not contain whitespace",
+                "6:30: `crm.read` is listed twice in `grants` (first on line 6)",
+                "8:9: loop type `exactly_one_call` is not supported yet",
+                "10:15: `max_tokens` must be at least 1, found 0",
+                "11:3: unknown key `max_cost` in `budget` (expected one of: max_tokens)",
+                "13:23: `max_argument_bytes` must be at least 1, found -1",
+                "14:21: `max_result_bytes` must be a whole number of at least 1, found 1.5",
+                "15:23: `max_model_attempts` is too large: 4294967296",
+                "16:22: `max_tool_attempts` must be a whole number, written without a decimal point",
+                "17:3: unknown key `max_tool_retries` in `limits` (expected one of: max_argument_bytes, max_result_bytes, max_model_attempts, max_tool_attempts)",
+                "18:20: `max_output_tokens` must be a whole number of at least 1, found \"lots\"",
+                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens)",
+            ]
+        );
+        assert_eq!(
+            errors(&agent(
+                "loop:\n  type: forever\n  max_steps: 3\ntools: x\nlimits: 5\n"
+            )),
+            vec![
+                "6:9: unknown loop type `forever` (expected `bounded_loop`)",
+                "8:8: `tools` must be a list, found a string",
+                "9:9: `limits` must be a mapping, found a number",
+            ]
+        );
+        assert_eq!(
+            errors(&agent("loop:\n  max_model_steps: 0\n  max_steps: 3\n")),
+            vec![
+                "6:20: `max_model_steps` must be at least 1, found 0",
+                "7:3: unknown key `max_steps` in `loop` (expected one of: type, max_model_steps, max_tool_calls)",
+            ]
+        );
+    }
+
+    #[test]
+    fn full_workflow() {
+        let out = parse(
+            r#"kind: workflow
+name: onboarding
+input_schema: {type: object, required: [email], properties: {email: {type: string}}}
+start: intake
+nodes:
+  - id: intake
+    type: agent
+    agent: onboarding_agent
+    grants: [crm.admin]
+    next: review
+  - id: review
+    type: agent
+    agent: reviewer
+    next: null
+"#,
+        );
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(
+            out.workflows,
+            vec![WorkflowDef {
+                name: "onboarding".into(),
+                start: "intake".into(),
+                nodes: vec![
+                    NodeDef {
+                        id: "intake".into(),
+                        kind: NodeKind::Agent {
+                            agent: "onboarding_agent".into()
+                        },
+                        grants: vec!["crm.admin".into()],
+                        next: Some("review".into()),
+                        source_line: 6,
+                    },
+                    NodeDef {
+                        id: "review".into(),
+                        kind: NodeKind::Agent {
+                            agent: "reviewer".into()
+                        },
+                        grants: vec![],
+                        next: None,
+                        source_line: 11,
+                    },
+                ],
+                input_schema: Some(json!({
+                    "type": "object",
+                    "required": ["email"],
+                    "properties": {"email": {"type": "string"}}
+                })),
+                source_file: FILE.into(),
+                source_line: 1,
+            }]
+        );
+        let refs: Vec<(&str, u32)> = out
+            .agent_refs
+            .iter()
+            .map(|r| (r.name.as_str(), r.line))
+            .collect();
+        assert_eq!(refs, vec![("onboarding_agent", 8), ("reviewer", 13)]);
+    }
+
+    #[test]
+    fn start_defaults_to_the_first_node() {
+        let out = parse(&workflow(
+            "  - {id: b, type: agent, agent: x, next: a}\n  - {id: a, type: agent, agent: x}\n",
+        ));
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(out.workflows[0].start, "b");
+        assert_eq!(out.workflows[0].input_schema, None);
+    }
+
+    #[test]
+    fn node_errors() {
+        assert_eq!(
+            errors(&workflow(
+                "  - id: wait_docs\n    type: wait\n    duration: 7d\n  - id: x\n    type: teleport\n  - id: BadId\n    type: agent\n    agent: a\n  - type: agent\n    agent: a\n    retries: 3\n  - id: y\n  - just a string\n"
+            )),
+            vec![
+                "5:11: node type `wait` is not supported yet",
+                "8:11: unknown node type `teleport` (expected `agent`)",
+                "9:9: node id name `BadId` must be lower case letters, digits and `_`, starting with a letter",
+                "12:5: node is missing `id:`",
+                "14:5: unknown key `retries` in an agent node (expected one of: id, type, agent, grants, next)",
+                "15:5: node is missing `type:`",
+                "16:5: a node must be a mapping, found a string",
+            ]
+        );
+        assert_eq!(
+            errors(&workflow("  - id: a\n    type: agent\n")),
+            vec!["4:5: an agent node is missing `agent:`"]
+        );
+    }
+
+    #[test]
+    fn graph_errors() {
+        assert_eq!(
+            errors(
+                "kind: workflow\nname: w\nstart: nowhere\nnodes:\n  - {id: a, type: agent, agent: x, next: b}\n  - {id: b, type: agent, agent: x, next: missing}\n  - {id: a, type: agent, agent: x}\n"
+            ),
+            vec![
+                "3:8: `start` names no node of this workflow: `nowhere`",
+                "6:42: `next` names no node of this workflow: `missing`",
+                "7:10: duplicate node id `a` (first on line 5)",
+            ]
+        );
+        assert_eq!(
+            errors(&workflow(
+                "  - {id: a, type: agent, agent: x, next: b}\n  - {id: b, type: agent, agent: x, next: c}\n  - {id: c, type: agent, agent: x, next: b}\n  - {id: d, type: agent, agent: x, next: d}\n"
+            )),
+            vec![
+                "5:42: nodes form a cycle (b -> c -> b); with only `next` links the workflow could never finish",
+                "7:42: nodes form a cycle (d -> d); with only `next` links the workflow could never finish",
+            ]
+        );
+        assert_eq!(
+            errors("kind: workflow\nname: w\nnodes: []\n"),
+            vec!["3:8: a workflow needs at least one node"]
+        );
+        assert_eq!(
+            errors("kind: workflow\nname: w\n"),
+            vec!["1:1: workflow is missing `nodes:`"]
+        );
+    }
+
+    #[test]
+    fn input_schema_must_be_a_schema() {
+        let e = errors(&format!(
+            "kind: workflow\nname: w\ninput_schema:\n  type: banana\n{}",
+            "nodes:\n  - {id: a, type: agent, agent: x}\n"
+        ));
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("4:3: `input_schema` is not a valid JSON Schema: "),
+            "{e:?}"
+        );
+        assert_eq!(
+            errors(
+                "kind: workflow\nname: w\ninput_schema: {maximum: .inf}\nnodes:\n  - {id: a, type: agent, agent: x}\n"
+            ),
+            vec!["3:25: invalid YAML: non-finite float `.inf` rejected by the configured policy"]
+        );
+        assert_eq!(
+            errors("kind: workflow\nname: w\ninput_schema: {$ref: \"https://evil.example/s.json\"}\nnodes:\n  - {id: a, type: agent, agent: x}\n")
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn documents_and_kinds() {
+        let out = parse(&format!(
+            "{}---\n# second\n{}---\n",
+            agent(""),
+            workflow("  - id: n\n    type: agent\n    agent: a\n")
+        ));
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(out.agents.len(), 1);
+        assert_eq!(out.workflows.len(), 1);
+        assert_eq!(out.workflows[0].source_line, 7);
+        assert_eq!(out.workflows[0].nodes[0].source_line, 10);
+        assert_eq!(
+            errors("kind: agent\n---\nkind: robot\n---\n- a\n---\nname: x\n---\nkind: [agent]\n"),
+            vec![
+                "1:1: agent is missing `name:`",
+                "1:1: agent is missing `model:`",
+                "1:1: agent is missing `instructions:`",
+                "3:7: unknown kind `robot` (expected `agent` or `workflow`)",
+                "5:1: a document must be a mapping, found a list",
+                "7:1: missing `kind:` (`agent` or `workflow`)",
+                "9:7: `kind` must be `agent` or `workflow`, found a list",
+            ]
+        );
+        // An empty file declares nothing, without error.
+        let out = parse("# nothing yet\n");
+        assert_eq!((out.errors.len(), out.agents.len()), (0, 0));
+    }
+
+    #[test]
+    fn yaml_syntax_errors_have_positions() {
+        assert_eq!(
+            errors("kind: agent\nname: [a\nmodel: x\n"),
+            vec!["3:6: invalid YAML: illegal placement of ':' indicator"]
+        );
+        let e = errors("kind: agent\nname: a\nname: b\n");
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("3:1: invalid YAML: duplicate mapping key: name"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_stay_strings() {
+        let out = parse(&format!(
+            "{}---\n{}",
+            agent("grants: [on, yes]\n"),
+            workflow("  - {id: n, type: agent, agent: y}\n")
+        ));
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(
+            out.agents[0].grants,
+            vec!["on".to_string(), "yes".to_string()]
+        );
+        assert_eq!(out.workflows[0].nodes[0].id, "n");
+        assert_eq!(
+            out.workflows[0].nodes[0].kind,
+            NodeKind::Agent { agent: "y".into() }
+        );
+    }
+
+    #[test]
+    fn non_string_keys() {
+        assert_eq!(
+            errors(&agent("? [a]\n: b\n")),
+            vec!["5:3: keys must be strings, found a list"]
+        );
+        // Scalar keys are read as text, so `1:` is an unknown key "1".
+        assert_eq!(
+            errors(&agent("1: b\n")),
+            vec![
+                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens)"
+            ]
+        );
+    }
+}

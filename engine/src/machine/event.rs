@@ -1,0 +1,235 @@
+//! The events of a run's history. Persisted as JSON in `events.payload`;
+//! internally tagged with `type`, which is also stored in `events.kind`.
+//!
+//! Append-only rules: variants and fields are only ever added (new fields with
+//! `#[serde(default)]`), never renamed or removed once stored.
+
+use belay_proto::wire::{ToolUse, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::plan::RunPlan;
+use crate::definitions::model::RepeatSafety;
+
+/// How a failure relates to the effect, as reported by the worker or implied
+/// by a lost lease (mirror of proto `FailureClass`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// Provably nothing was sent: safe to retry.
+    NotSent,
+    /// The effect may have happened: repeat safety decides.
+    MayHaveActed,
+    /// The tool or provider answered with a definite error: no retry.
+    Rejected,
+}
+
+/// One entry of a run's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The run was created; `plan` pins every definition it will use.
+    RunStarted {
+        /// Run id (uuid text), so the fold can mint idempotency keys.
+        run_id: String,
+        /// Tenant owning the run.
+        tenant: String,
+        /// Who started it.
+        caller: String,
+        /// Permissions the caller holds.
+        caller_grants: Vec<String>,
+        /// Permissions of the tenant when the run started.
+        tenant_grants: Vec<String>,
+        /// Run input.
+        input: Value,
+        /// Workflow, agents and tools, resolved and pinned.
+        plan: Box<RunPlan>,
+    },
+    /// A node began.
+    NodeStarted {
+        /// Node id.
+        node: String,
+        /// Its input.
+        input: Value,
+    },
+    /// A model call task was created.
+    ModelCallScheduled {
+        /// Node id.
+        node: String,
+        /// Call id, unique in the run (`<node>.m<step>`).
+        call_id: String,
+        /// 1-based model step within the node.
+        step: u32,
+    },
+    /// One attempt of a model call failed.
+    ModelCallAttemptFailed {
+        /// Call id.
+        call_id: String,
+        /// Attempt that failed.
+        attempt: u32,
+        /// What went wrong.
+        error: String,
+        /// Whether the engine will try again.
+        will_retry: bool,
+    },
+    /// The model answered.
+    ModelCallCompleted {
+        /// Call id.
+        call_id: String,
+        /// Attempt whose result this is.
+        attempt: u32,
+        /// Answer text.
+        content: Option<String>,
+        /// Proposed tool calls, ids made unique, arguments as the model wrote them.
+        tool_calls: Vec<ToolUse>,
+        /// Tokens used.
+        usage: Usage,
+    },
+    /// A proposed tool call failed one of the four checks; `reason` went
+    /// back to the model as the call's result.
+    ToolCallRefused {
+        /// Node id.
+        node: String,
+        /// The model's tool_use id.
+        tool_use_id: String,
+        /// Tool name as the model wrote it.
+        tool: String,
+        /// Which check failed (`not_on_list`, `invalid_arguments`, `permission`, `budget`).
+        check: String,
+        /// Message for the model.
+        reason: String,
+    },
+    /// A proposed tool call passed the checks; a tool call task was created.
+    ToolCallScheduled {
+        /// Node id.
+        node: String,
+        /// Call id (`<node>.t<n>`).
+        call_id: String,
+        /// The model's tool_use id.
+        tool_use_id: String,
+        /// Tool name.
+        tool: String,
+        /// Tool definition version.
+        tool_version: u32,
+        /// Arguments exactly as validated and as they will be sent.
+        arguments: Value,
+        /// Idempotency key of the call (same for every attempt).
+        idempotency_key: String,
+        /// The tool's repeat safety.
+        repeat_safety: RepeatSafety,
+    },
+    /// A worker was allowed to start the side effect of an attempt.
+    ToolCallDispatched {
+        /// Call id.
+        call_id: String,
+        /// Attempt dispatched.
+        attempt: u32,
+        /// Worker that asked.
+        worker_id: String,
+    },
+    /// An attempt of a tool call failed (reported, or its lease expired).
+    ToolCallAttemptFailed {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// What went wrong.
+        error: String,
+        /// Whether the effect may have happened.
+        class: FailureClass,
+        /// Whether this attempt had been dispatched.
+        dispatched: bool,
+        /// Whether another attempt will run.
+        will_retry: bool,
+    },
+    /// The tool call succeeded.
+    ToolCallCompleted {
+        /// Call id.
+        call_id: String,
+        /// Attempt whose result this is.
+        attempt: u32,
+        /// The tool's result, whole (the model sees it truncated).
+        result: Value,
+    },
+    /// The tool call failed for good; the model sees `error`.
+    ToolCallFailed {
+        /// Call id.
+        call_id: String,
+        /// Last attempt.
+        attempt: u32,
+        /// Message for the model.
+        error: String,
+    },
+    /// A lease expired before the worker reported.
+    TaskLeaseExpired {
+        /// Call id.
+        call_id: String,
+        /// Attempt whose lease expired.
+        attempt: u32,
+        /// Whether that attempt had been dispatched.
+        dispatched: bool,
+    },
+    /// A reconcile-class call's outcome is unknown; an uncertain-outcome
+    /// record was written.
+    UncertainOutcomeRecorded {
+        /// Call id.
+        call_id: String,
+        /// Last attempt.
+        attempt: u32,
+        /// Why the outcome is unknown.
+        reason: String,
+    },
+    /// The run stopped until someone acts.
+    RunPaused {
+        /// Why.
+        reason: String,
+    },
+    /// A node finished.
+    NodeCompleted {
+        /// Node id.
+        node: String,
+        /// Its output.
+        output: Value,
+    },
+    /// The run finished with an output.
+    RunCompleted {
+        /// Output of the last node.
+        output: Value,
+    },
+    /// The run failed.
+    RunFailed {
+        /// Why.
+        error: String,
+    },
+    /// The run was cancelled.
+    RunCancelled {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Event {
+    /// The snake_case `type` tag, stored in `events.kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::RunStarted { .. } => "run_started",
+            Event::NodeStarted { .. } => "node_started",
+            Event::ModelCallScheduled { .. } => "model_call_scheduled",
+            Event::ModelCallAttemptFailed { .. } => "model_call_attempt_failed",
+            Event::ModelCallCompleted { .. } => "model_call_completed",
+            Event::ToolCallRefused { .. } => "tool_call_refused",
+            Event::ToolCallScheduled { .. } => "tool_call_scheduled",
+            Event::ToolCallDispatched { .. } => "tool_call_dispatched",
+            Event::ToolCallAttemptFailed { .. } => "tool_call_attempt_failed",
+            Event::ToolCallCompleted { .. } => "tool_call_completed",
+            Event::ToolCallFailed { .. } => "tool_call_failed",
+            Event::TaskLeaseExpired { .. } => "task_lease_expired",
+            Event::UncertainOutcomeRecorded { .. } => "uncertain_outcome_recorded",
+            Event::RunPaused { .. } => "run_paused",
+            Event::NodeCompleted { .. } => "node_completed",
+            Event::RunCompleted { .. } => "run_completed",
+            Event::RunFailed { .. } => "run_failed",
+            Event::RunCancelled { .. } => "run_cancelled",
+        }
+    }
+}

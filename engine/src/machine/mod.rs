@@ -1,0 +1,1020 @@
+//! The pure run machine: events in, decisions out. No I/O, no clock, no
+//! randomness; the coordinator feeds it an [`Input`] and the run's folded
+//! [`RunState`], writes the returned events and performs the returned
+//! [`Command`]s in one transaction.
+//!
+//! Every transition is a match arm in [`decide`]; follow-up work (the next
+//! model call, the next node, the end of the run) is derived in `advance`
+//! from the state alone, so replaying a history reaches the same decisions.
+
+pub mod event;
+pub mod normalize;
+pub mod plan;
+pub mod state;
+
+use belay_proto::wire::{
+    ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, ToolBinding, ToolCallSpec,
+    ToolSchema, ToolUse,
+};
+use serde_json::{Map, Value};
+
+pub use event::{Event, FailureClass};
+pub use plan::{Pinned, RunPlan};
+pub use state::{CallStatus, RunState, RunStatus};
+
+use crate::definitions::model::{LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef};
+
+/// Kind of a task row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskKind {
+    /// A call to a model provider.
+    ModelCall,
+    /// A call to a tool.
+    ToolCall,
+}
+
+impl TaskKind {
+    /// Database / wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskKind::ModelCall => belay_proto::wire::TASK_KIND_MODEL_CALL,
+            TaskKind::ToolCall => belay_proto::wire::TASK_KIND_TOOL_CALL,
+        }
+    }
+}
+
+/// Terminal status the store sets on a task row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// Result recorded.
+    Completed,
+    /// Failed for good.
+    Failed,
+    /// Outcome unknown, an uncertain-outcome record exists.
+    Uncertain,
+}
+
+/// Effects the coordinator performs in the same transaction as the events.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Insert a task row, ready to claim.
+    ScheduleTask {
+        /// Call id (unique per run).
+        call_id: String,
+        /// Kind.
+        kind: TaskKind,
+        /// `ModelCallSpec` or `ToolCallSpec` as JSON.
+        spec: Value,
+        /// Idempotency key of the call.
+        idempotency_key: String,
+        /// Repeat safety for tool calls.
+        repeat_safety: Option<RepeatSafety>,
+    },
+    /// Put a task back to ready after `delay_ms`, keeping its attempt counter.
+    RetryTask {
+        /// Call id.
+        call_id: String,
+        /// Delay before it can be claimed again, ms.
+        delay_ms: u64,
+    },
+    /// Mark the current attempt of a tool call task as dispatched.
+    MarkDispatched {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+    },
+    /// Close a task.
+    EndTask {
+        /// Call id.
+        call_id: String,
+        /// How it ended.
+        end: TaskEnd,
+    },
+    /// Write an uncertain-outcome record for a tool call.
+    RecordUncertainOutcome {
+        /// Call id.
+        call_id: String,
+        /// Node id.
+        node: String,
+        /// Tool name.
+        tool: String,
+        /// Tool version.
+        tool_version: u32,
+        /// Arguments sent.
+        arguments: Value,
+        /// Idempotency key.
+        idempotency_key: String,
+        /// Attempt whose outcome is unknown.
+        attempt: u32,
+        /// Why.
+        reason: String,
+    },
+    /// Cancel every open task of the run.
+    CancelOpenTasks,
+}
+
+/// What the machine decided for one input.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decision {
+    /// Events to append, in order.
+    pub events: Vec<Event>,
+    /// Effects to perform in the same transaction.
+    pub commands: Vec<Command>,
+}
+
+/// Something that happened to a run, fed to [`decide`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Create the run.
+    Start {
+        /// Run id.
+        run_id: String,
+        /// Tenant.
+        tenant: String,
+        /// Caller.
+        caller: String,
+        /// Caller permissions.
+        caller_grants: Vec<String>,
+        /// Tenant permissions.
+        tenant_grants: Vec<String>,
+        /// Input.
+        input: Value,
+        /// Pinned definitions.
+        plan: Box<RunPlan>,
+    },
+    /// A worker reported a model result.
+    ModelCallCompleted {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Result.
+        result: ModelCallResult,
+    },
+    /// A worker asks to start a tool's side effect.
+    DispatchToolCall {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Worker.
+        worker_id: String,
+    },
+    /// A worker reported a tool result.
+    ToolCallCompleted {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Result (normalised).
+        result: Value,
+    },
+    /// A worker reported a failure (model or tool call).
+    TaskFailed {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Message.
+        error: String,
+        /// Classification.
+        class: FailureClass,
+        /// Whether this attempt was dispatched (from the task row).
+        dispatched: bool,
+    },
+    /// A lease expired before the worker reported.
+    LeaseExpired {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Whether this attempt was dispatched.
+        dispatched: bool,
+    },
+    /// Cancel the run.
+    Cancel {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Why an input was refused; nothing is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MachineError {
+    /// The run is not in a state that accepts this input.
+    #[error("run is {status}: {detail}")]
+    WrongStatus {
+        /// Current status.
+        status: &'static str,
+        /// What was attempted.
+        detail: String,
+    },
+    /// The input names a call that is not open.
+    #[error("call `{call_id}` is not open: {detail}")]
+    CallNotOpen {
+        /// Call id.
+        call_id: String,
+        /// Details.
+        detail: String,
+    },
+    /// A dispatch that the tool's repeat safety forbids.
+    #[error("dispatch refused for `{call_id}`: {detail}")]
+    DispatchRefused {
+        /// Call id.
+        call_id: String,
+        /// Why.
+        detail: String,
+    },
+    /// The run's plan is inconsistent (should have been caught at registration).
+    #[error("invalid plan: {0}")]
+    InvalidPlan(String),
+}
+
+/// Retry delay for attempt number `failed` (1-based), ms: 500 · 2^(n-1), at most 30 s.
+pub fn retry_delay_ms(failed: u32) -> u64 {
+    let exp = failed.saturating_sub(1).min(16);
+    (500u64 << exp).min(30_000)
+}
+
+/// Idempotency key of a call: belongs to run + call, never to an attempt.
+pub fn idempotency_key(run_id: &str, call_id: &str) -> String {
+    format!("{run_id}/{call_id}")
+}
+
+/// Decide what happens for `input` given the run's `state`.
+pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> {
+    let mut m = Step {
+        state: state.clone(),
+        out: Decision::default(),
+    };
+    match input {
+        Input::Start {
+            run_id,
+            tenant,
+            caller,
+            caller_grants,
+            tenant_grants,
+            input,
+            plan,
+        } => {
+            if m.state.status != RunStatus::New {
+                return Err(m.wrong_status("start"));
+            }
+            m.emit(Event::RunStarted {
+                run_id,
+                tenant,
+                caller,
+                caller_grants,
+                tenant_grants,
+                input,
+                plan,
+            });
+        }
+        Input::ModelCallCompleted {
+            call_id,
+            attempt,
+            result,
+        } => {
+            m.require_active("model result")?;
+            m.require_open_model_call(&call_id)?;
+            m.on_model_result(call_id, attempt, result)?;
+        }
+        Input::DispatchToolCall {
+            call_id,
+            attempt,
+            worker_id,
+        } => {
+            m.require_running("dispatch")?;
+            m.on_dispatch(call_id, attempt, worker_id)?;
+        }
+        Input::ToolCallCompleted {
+            call_id,
+            attempt,
+            result,
+        } => {
+            m.require_active("tool result")?;
+            m.require_open_tool_call(&call_id)?;
+            m.emit(Event::ToolCallCompleted {
+                call_id: call_id.clone(),
+                attempt,
+                result,
+            });
+            m.command(Command::EndTask {
+                call_id,
+                end: TaskEnd::Completed,
+            });
+        }
+        Input::TaskFailed {
+            call_id,
+            attempt,
+            error,
+            class,
+            dispatched,
+        } => {
+            m.require_active("failure report")?;
+            m.on_failure(call_id, attempt, error, class, dispatched, false)?;
+        }
+        Input::LeaseExpired {
+            call_id,
+            attempt,
+            dispatched,
+        } => {
+            // A paused run can still have leases expire (its tasks were
+            // claimed before it paused); judge them the same way.
+            if m.state.status.is_terminal() || m.state.status == RunStatus::New {
+                return Err(m.wrong_status("lease expiry"));
+            }
+            let class = if dispatched {
+                FailureClass::MayHaveActed
+            } else {
+                FailureClass::NotSent
+            };
+            let error = format!("lease of attempt {attempt} expired before a result was reported");
+            m.on_failure(call_id, attempt, error, class, dispatched, true)?;
+        }
+        Input::Cancel { reason } => {
+            if m.state.status.is_terminal() || m.state.status == RunStatus::New {
+                return Err(m.wrong_status("cancel"));
+            }
+            m.emit(Event::RunCancelled { reason });
+            m.command(Command::CancelOpenTasks);
+        }
+    }
+    m.advance()?;
+    Ok(m.out)
+}
+
+/// Working copy of the state plus the decision being built.
+struct Step {
+    state: RunState,
+    out: Decision,
+}
+
+impl Step {
+    fn emit(&mut self, event: Event) {
+        self.state.apply(&event);
+        self.out.events.push(event);
+    }
+
+    fn command(&mut self, command: Command) {
+        self.out.commands.push(command);
+    }
+
+    fn wrong_status(&self, detail: &str) -> MachineError {
+        MachineError::WrongStatus {
+            status: self.state.status.as_str(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn require_running(&self, what: &str) -> Result<(), MachineError> {
+        if self.state.status == RunStatus::Running {
+            Ok(())
+        } else {
+            Err(self.wrong_status(what))
+        }
+    }
+
+    /// Results and failures are recorded while the run is paused too: a
+    /// result that arrives is never thrown away.
+    fn require_active(&self, what: &str) -> Result<(), MachineError> {
+        if matches!(self.state.status, RunStatus::Running | RunStatus::Paused) {
+            Ok(())
+        } else {
+            Err(self.wrong_status(what))
+        }
+    }
+
+    fn require_open_model_call(&self, call_id: &str) -> Result<(), MachineError> {
+        let open = self
+            .state
+            .node
+            .as_ref()
+            .and_then(|n| n.model_call.as_ref())
+            .is_some_and(|c| c.call_id == call_id);
+        if open {
+            Ok(())
+        } else {
+            Err(MachineError::CallNotOpen {
+                call_id: call_id.to_owned(),
+                detail: "no such open model call".into(),
+            })
+        }
+    }
+
+    fn require_open_tool_call(&self, call_id: &str) -> Result<&state::ToolCallState, MachineError> {
+        match self.state.tool_calls.get(call_id) {
+            Some(call) if call.status == CallStatus::Open => Ok(call),
+            Some(call) => Err(MachineError::CallNotOpen {
+                call_id: call_id.to_owned(),
+                detail: format!("it is {:?}", call.status).to_lowercase(),
+            }),
+            None => Err(MachineError::CallNotOpen {
+                call_id: call_id.to_owned(),
+                detail: "no such tool call".into(),
+            }),
+        }
+    }
+
+    fn plan(&self) -> Result<&RunPlan, MachineError> {
+        self.state
+            .plan
+            .as_ref()
+            .ok_or_else(|| MachineError::InvalidPlan("run has no plan".into()))
+    }
+
+    /// The model answered: record it, then check each proposed call in order.
+    fn on_model_result(
+        &mut self,
+        call_id: String,
+        attempt: u32,
+        result: ModelCallResult,
+    ) -> Result<(), MachineError> {
+        let step = self.state.node.as_ref().map(|n| n.model_steps).unwrap_or(0);
+        // Tool-use ids must be unique within the turn so each gets exactly one result.
+        let mut seen = std::collections::BTreeSet::new();
+        let tool_calls: Vec<ToolUse> = result
+            .tool_calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, tu)| {
+                let id = normalize::strip_nul(&tu.id);
+                let id = if id.is_empty() || seen.contains(&id) {
+                    format!("belay_{step}_{i}")
+                } else {
+                    id
+                };
+                seen.insert(id.clone());
+                ToolUse {
+                    id,
+                    name: normalize::strip_nul(&tu.name),
+                    arguments: normalize::strip_nul(&tu.arguments),
+                }
+            })
+            .collect();
+        self.emit(Event::ModelCallCompleted {
+            call_id: call_id.clone(),
+            attempt,
+            content: result.content.map(|c| normalize::strip_nul(&c)),
+            tool_calls: tool_calls.clone(),
+            usage: result.usage,
+        });
+        self.command(Command::EndTask {
+            call_id,
+            end: TaskEnd::Completed,
+        });
+        for tool_use in tool_calls {
+            self.check_and_schedule(tool_use)?;
+        }
+        Ok(())
+    }
+
+    /// The four checks of DESIGN.md, in order; the first failure refuses the call.
+    fn check_and_schedule(&mut self, tool_use: ToolUse) -> Result<(), MachineError> {
+        let node = self
+            .state
+            .node
+            .as_ref()
+            .ok_or_else(|| MachineError::InvalidPlan("no node is running".into()))?;
+        let node_id = node.id.clone();
+        let plan = self.plan()?;
+        let agent = plan.agents.get(&node.agent).ok_or_else(|| {
+            MachineError::InvalidPlan(format!("agent `{}` not pinned", node.agent))
+        })?;
+        let node_def = plan.workflow.def.nodes.iter().find(|n| n.id == node_id);
+        let refuse = |check: &str, reason: String| Event::ToolCallRefused {
+            node: node_id.clone(),
+            tool_use_id: tool_use.id.clone(),
+            tool: tool_use.name.clone(),
+            check: check.to_owned(),
+            reason,
+        };
+
+        // 1. On the node's list.
+        let tool = match (
+            agent.def.tools.iter().any(|t| t == &tool_use.name),
+            plan.tools.get(&tool_use.name),
+        ) {
+            (true, Some(tool)) => tool,
+            _ => {
+                let event = refuse(
+                    "not_on_list",
+                    format!(
+                        "tool `{}` is not available here; available tools: {}",
+                        tool_use.name,
+                        agent.def.tools.join(", ")
+                    ),
+                );
+                self.emit(event);
+                return Ok(());
+            }
+        };
+
+        // 2. Arguments decode into the input type within the size limit.
+        let limit = agent.def.max_argument_bytes as usize;
+        let arguments = match decode_arguments(&tool_use.arguments, limit, &tool.def.input_schema) {
+            Ok(args) => args,
+            Err(reason) => {
+                let event = refuse("invalid_arguments", reason);
+                self.emit(event);
+                return Ok(());
+            }
+        };
+
+        // 3. Permission granted to node, caller and tenant.
+        let permission = &tool.def.permission;
+        let node_has = agent.def.grants.contains(permission)
+            || node_def.is_some_and(|n| n.grants.contains(permission));
+        let missing: Vec<&str> = [
+            ("node", node_has),
+            ("caller", self.state.caller_grants.contains(permission)),
+            ("tenant", self.state.tenant_grants.contains(permission)),
+        ]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(who, _)| who)
+        .collect();
+        if !missing.is_empty() {
+            let event = refuse(
+                "permission",
+                format!(
+                    "tool `{}` needs permission `{permission}`, which is not granted to the {}",
+                    tool_use.name,
+                    missing.join(", ")
+                ),
+            );
+            self.emit(event);
+            return Ok(());
+        }
+
+        // 4. Budget has room.
+        let LoopPolicy::BoundedLoop { max_tool_calls, .. } = agent.def.loop_policy;
+        let node_state = self
+            .state
+            .node
+            .as_ref()
+            .ok_or_else(|| MachineError::InvalidPlan("no node is running".into()))?;
+        if node_state.tool_calls >= max_tool_calls {
+            let event = refuse(
+                "budget",
+                format!(
+                    "the tool call budget of this agent is used up ({max_tool_calls} calls); answer with what you have"
+                ),
+            );
+            self.emit(event);
+            return Ok(());
+        }
+        if let Some(max_tokens) = agent.def.budget.max_tokens
+            && node_state.tokens >= max_tokens
+        {
+            let event = refuse(
+                "budget",
+                format!("the token budget of this agent is used up ({max_tokens} tokens)"),
+            );
+            self.emit(event);
+            return Ok(());
+        }
+
+        let call_id = format!("{node_id}.t{}", node_state.tool_calls + 1);
+        let key = idempotency_key(&self.state.run_id, &call_id);
+        let ToolBindingDef::Http {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+        } = &tool.def.binding;
+        let spec = ToolCallSpec {
+            tool: tool.def.name.clone(),
+            tool_version: tool.version,
+            arguments: arguments.clone(),
+            binding: ToolBinding::Http(HttpBinding {
+                endpoint: endpoint.clone(),
+                method: method.clone(),
+                headers: headers.clone(),
+                timeout_ms: *timeout_ms,
+            }),
+            idempotency_key: key.clone(),
+        };
+        let repeat_safety = tool.def.repeat_safety;
+        let event = Event::ToolCallScheduled {
+            node: node_id,
+            call_id: call_id.clone(),
+            tool_use_id: tool_use.id.clone(),
+            tool: tool.def.name.clone(),
+            tool_version: tool.version,
+            arguments,
+            idempotency_key: key.clone(),
+            repeat_safety,
+        };
+        let spec = serde_json::to_value(&spec)
+            .map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))?;
+        self.emit(event);
+        self.command(Command::ScheduleTask {
+            call_id,
+            kind: TaskKind::ToolCall,
+            spec,
+            idempotency_key: key,
+            repeat_safety: Some(repeat_safety),
+        });
+        Ok(())
+    }
+
+    fn on_dispatch(
+        &mut self,
+        call_id: String,
+        attempt: u32,
+        worker_id: String,
+    ) -> Result<(), MachineError> {
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        if call.dispatched_attempt == Some(attempt) {
+            // The same attempt asking again (its reply was lost): already recorded.
+            return Ok(());
+        }
+        if call.ever_dispatched && call.repeat_safety != RepeatSafety::Idempotent {
+            return Err(MachineError::DispatchRefused {
+                call_id,
+                detail: format!(
+                    "a `{}` tool is dispatched at most once",
+                    call.repeat_safety.as_str()
+                ),
+            });
+        }
+        // Permission and budget again: grants are pinned at start, but the
+        // check is cheap and guards against a plan that changed under us.
+        let plan = self.plan()?;
+        let permission = plan
+            .tools
+            .get(&call.tool)
+            .map(|t| t.def.permission.clone())
+            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
+        if !self.state.caller_grants.contains(&permission)
+            || !self.state.tenant_grants.contains(&permission)
+        {
+            return Err(MachineError::DispatchRefused {
+                call_id,
+                detail: format!("permission `{permission}` is no longer granted"),
+            });
+        }
+        self.emit(Event::ToolCallDispatched {
+            call_id: call_id.clone(),
+            attempt,
+            worker_id,
+        });
+        self.command(Command::MarkDispatched { call_id, attempt });
+        Ok(())
+    }
+
+    /// A failed attempt, reported or implied by a lost lease: the table of
+    /// DESIGN.md, "The tool call, exactly".
+    fn on_failure(
+        &mut self,
+        call_id: String,
+        attempt: u32,
+        error: String,
+        class: FailureClass,
+        dispatched: bool,
+        lease_expired: bool,
+    ) -> Result<(), MachineError> {
+        let error = normalize::strip_nul(&error);
+        let agent = self
+            .state
+            .current_agent()
+            .cloned()
+            .ok_or_else(|| MachineError::InvalidPlan("no agent is running".into()))?;
+
+        // Model calls: no side effects, retried like idempotent tools.
+        if self
+            .state
+            .node
+            .as_ref()
+            .and_then(|n| n.model_call.as_ref())
+            .is_some_and(|c| c.call_id == call_id)
+        {
+            let failed = self
+                .state
+                .node
+                .as_ref()
+                .and_then(|n| n.model_call.as_ref())
+                .map(|c| c.failed_attempts + 1)
+                .unwrap_or(1);
+            let will_retry = failed < agent.max_model_attempts;
+            self.emit(Event::ModelCallAttemptFailed {
+                call_id: call_id.clone(),
+                attempt,
+                error: error.clone(),
+                will_retry,
+            });
+            if will_retry {
+                self.command(Command::RetryTask {
+                    call_id,
+                    delay_ms: retry_delay_ms(failed),
+                });
+            } else {
+                self.command(Command::EndTask {
+                    call_id: call_id.clone(),
+                    end: TaskEnd::Failed,
+                });
+                self.emit(Event::RunFailed {
+                    error: format!(
+                        "model call `{call_id}` failed {failed} times; last error: {error}"
+                    ),
+                });
+                self.command(Command::CancelOpenTasks);
+            }
+            return Ok(());
+        }
+
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        if lease_expired {
+            self.emit(Event::TaskLeaseExpired {
+                call_id: call_id.clone(),
+                attempt,
+                dispatched,
+            });
+        }
+        let failed = call.failed_attempts + 1;
+        let within_attempts = failed < agent.max_tool_attempts;
+        // What may happen next, by class and repeat safety.
+        enum Next {
+            Retry,
+            Fail(String),
+            Uncertain,
+        }
+        let next = match (class, dispatched, call.repeat_safety) {
+            (FailureClass::Rejected, _, _) => {
+                Next::Fail(format!("tool `{}` failed: {error}", call.tool))
+            }
+            (FailureClass::NotSent, _, _) | (_, false, _) => {
+                if within_attempts {
+                    Next::Retry
+                } else {
+                    Next::Fail(format!(
+                        "tool `{}` failed after {failed} attempts; last error: {error}",
+                        call.tool
+                    ))
+                }
+            }
+            (FailureClass::MayHaveActed, true, RepeatSafety::Never) => Next::Fail(format!(
+                "tool `{}` may or may not have acted ({error}); it is not repeated because its repeat safety is `never`",
+                call.tool
+            )),
+            (FailureClass::MayHaveActed, true, RepeatSafety::Idempotent) => {
+                if within_attempts {
+                    Next::Retry
+                } else {
+                    Next::Fail(format!(
+                        "tool `{}` failed after {failed} attempts; last error: {error}",
+                        call.tool
+                    ))
+                }
+            }
+            (FailureClass::MayHaveActed, true, RepeatSafety::Reconcile) => Next::Uncertain,
+        };
+        if !lease_expired {
+            self.emit(Event::ToolCallAttemptFailed {
+                call_id: call_id.clone(),
+                attempt,
+                error: error.clone(),
+                class,
+                dispatched,
+                will_retry: matches!(next, Next::Retry),
+            });
+        }
+        match next {
+            Next::Retry => self.command(Command::RetryTask {
+                call_id,
+                delay_ms: retry_delay_ms(failed),
+            }),
+            Next::Fail(message) => {
+                self.emit(Event::ToolCallFailed {
+                    call_id: call_id.clone(),
+                    attempt,
+                    error: message,
+                });
+                self.command(Command::EndTask {
+                    call_id,
+                    end: TaskEnd::Failed,
+                });
+            }
+            Next::Uncertain => {
+                let reason = format!(
+                    "outcome of `{}` call `{call_id}` (attempt {attempt}) is unknown: {error}",
+                    call.tool
+                );
+                let tool_version = self
+                    .plan()?
+                    .tools
+                    .get(&call.tool)
+                    .map(|t| t.version)
+                    .unwrap_or(0);
+                self.emit(Event::UncertainOutcomeRecorded {
+                    call_id: call_id.clone(),
+                    attempt,
+                    reason: reason.clone(),
+                });
+                self.command(Command::EndTask {
+                    call_id: call_id.clone(),
+                    end: TaskEnd::Uncertain,
+                });
+                self.command(Command::RecordUncertainOutcome {
+                    call_id,
+                    node: call.node.clone(),
+                    tool: call.tool.clone(),
+                    tool_version,
+                    arguments: call.arguments.clone(),
+                    idempotency_key: call.idempotency_key.clone(),
+                    attempt,
+                    reason: reason.clone(),
+                });
+                if self.state.status == RunStatus::Running {
+                    self.emit(Event::RunPaused {
+                        reason: format!("uncertain outcome: {reason}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Derive follow-up work from the state until nothing more can happen now.
+    fn advance(&mut self) -> Result<(), MachineError> {
+        loop {
+            if self.state.status != RunStatus::Running {
+                return Ok(());
+            }
+            let Some(node) = self.state.node.clone() else {
+                // Between nodes: start the next one or finish the run.
+                let plan = self.plan()?.clone();
+                let next = match self.state.completed_nodes.last() {
+                    None => Some(plan.workflow.def.start.clone()),
+                    Some((last, _)) => plan
+                        .workflow
+                        .def
+                        .nodes
+                        .iter()
+                        .find(|n| &n.id == last)
+                        .and_then(|n| n.next.clone()),
+                };
+                match next {
+                    Some(id) => {
+                        let input = match self.state.completed_nodes.last() {
+                            None => self.state.input.clone(),
+                            Some((_, output)) => output.clone(),
+                        };
+                        if !plan.workflow.def.nodes.iter().any(|n| n.id == id) {
+                            return Err(MachineError::InvalidPlan(format!("no node `{id}`")));
+                        }
+                        self.emit(Event::NodeStarted { node: id, input });
+                    }
+                    None => {
+                        let output = self
+                            .state
+                            .completed_nodes
+                            .last()
+                            .map(|(_, o)| o.clone())
+                            .unwrap_or(Value::Null);
+                        self.emit(Event::RunCompleted { output });
+                    }
+                }
+                continue;
+            };
+            if node.model_call.is_some() || !node.pending.is_empty() {
+                return Ok(()); // waiting for a worker
+            }
+            let plan = self.plan()?;
+            let agent = plan
+                .agents
+                .get(&node.agent)
+                .ok_or_else(|| {
+                    MachineError::InvalidPlan(format!("agent `{}` not pinned", node.agent))
+                })?
+                .def
+                .clone();
+            let Some(node_def) = plan.workflow.def.nodes.iter().find(|n| n.id == node.id) else {
+                return Err(MachineError::InvalidPlan(format!("no node `{}`", node.id)));
+            };
+            let NodeKind::Agent { .. } = &node_def.kind;
+            match node.transcript.last() {
+                Some(ChatMessage::Assistant {
+                    content,
+                    tool_calls,
+                }) if tool_calls.is_empty() => {
+                    // A final answer: JSON if it parses, text otherwise.
+                    let text = content.clone().unwrap_or_default();
+                    let output =
+                        serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+                    self.emit(Event::NodeCompleted {
+                        node: node.id.clone(),
+                        output,
+                    });
+                }
+                _ => {
+                    let LoopPolicy::BoundedLoop {
+                        max_model_steps, ..
+                    } = agent.loop_policy;
+                    if node.model_steps >= max_model_steps {
+                        self.emit(Event::RunFailed {
+                            error: format!(
+                                "agent `{}` in node `{}` reached its bound of {max_model_steps} model steps without a final answer",
+                                agent.name, node.id
+                            ),
+                        });
+                        self.command(Command::CancelOpenTasks);
+                        continue;
+                    }
+                    if let Some(max_tokens) = agent.budget.max_tokens
+                        && node.tokens >= max_tokens
+                    {
+                        self.emit(Event::RunFailed {
+                            error: format!(
+                                "agent `{}` in node `{}` used its token budget ({} of {max_tokens} tokens)",
+                                agent.name, node.id, node.tokens
+                            ),
+                        });
+                        self.command(Command::CancelOpenTasks);
+                        continue;
+                    }
+                    let step = node.model_steps + 1;
+                    let call_id = format!("{}.m{step}", node.id);
+                    let tools = agent
+                        .tools
+                        .iter()
+                        .filter_map(|name| plan.tools.get(name))
+                        .map(|t| ToolSchema {
+                            name: t.def.name.clone(),
+                            description: t.def.description.clone(),
+                            parameters: t.def.input_schema.clone(),
+                        })
+                        .collect();
+                    let spec = ModelCallSpec {
+                        model: agent.model.clone(),
+                        messages: node.transcript.clone(),
+                        tools,
+                        max_output_tokens: agent.max_output_tokens,
+                    };
+                    let spec = serde_json::to_value(&spec)
+                        .map_err(|e| MachineError::InvalidPlan(format!("model spec: {e}")))?;
+                    let key = idempotency_key(&self.state.run_id, &call_id);
+                    self.emit(Event::ModelCallScheduled {
+                        node: node.id.clone(),
+                        call_id: call_id.clone(),
+                        step,
+                    });
+                    self.command(Command::ScheduleTask {
+                        call_id,
+                        kind: TaskKind::ModelCall,
+                        spec,
+                        idempotency_key: key,
+                        repeat_safety: None,
+                    });
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Check 2: the arguments are JSON within `limit` bytes, an object, and valid
+/// against the tool's input schema once its defaults are filled in.
+fn decode_arguments(raw: &str, limit: usize, schema: &Value) -> Result<Value, String> {
+    if raw.len() > limit {
+        return Err(format!(
+            "arguments are {} bytes, more than the limit of {limit} bytes",
+            raw.len()
+        ));
+    }
+    let raw = if raw.trim().is_empty() { "{}" } else { raw };
+    let value: Value = serde_json::from_str(raw)
+        .map_err(|e| format!("arguments are not valid JSON ({e}); send a JSON object"))?;
+    let Value::Object(mut map) = normalize::strip_nul_value(value) else {
+        return Err("arguments must be a JSON object".into());
+    };
+    fill_defaults(&mut map, schema);
+    let value = Value::Object(map);
+    crate::definitions::validate_json(schema, &value).map_err(|errors| {
+        format!(
+            "arguments do not match the tool's input schema: {}",
+            errors.join("; ")
+        )
+    })?;
+    Ok(value)
+}
+
+/// Fill absent top-level properties that declare a `default`, so the value
+/// that is validated is the value that is persisted and sent.
+fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (name, prop) in props {
+        if !map.contains_key(name)
+            && let Some(default) = prop.get("default")
+        {
+            map.insert(name.clone(), default.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

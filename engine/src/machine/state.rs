@@ -1,0 +1,433 @@
+//! A run's state: the fold of its events. `apply` is the only way state
+//! changes, so replaying a recorded history always gives the same state.
+
+use std::collections::BTreeMap;
+
+use belay_proto::wire::{ChatMessage, ToolUse};
+use serde_json::Value;
+
+use super::event::Event;
+use super::plan::RunPlan;
+use crate::definitions::model::{AgentDef, RepeatSafety};
+
+/// Lifecycle status of a run, as stored in `runs.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    /// No `RunStarted` applied yet.
+    New,
+    /// Progressing: tasks may be claimed.
+    Running,
+    /// Stopped until an operator acts (uncertain outcome); tasks are not claimed.
+    Paused,
+    /// Finished with an output.
+    Completed,
+    /// Finished with an error.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Database / API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::New => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Paused => "paused",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the run has finished for good.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+}
+
+/// Status of one tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallStatus {
+    /// Task scheduled or running.
+    Open,
+    /// Result recorded.
+    Completed,
+    /// Failed for good.
+    Failed,
+    /// Outcome unknown; waiting for resolution.
+    Uncertain,
+    /// Run cancelled while open.
+    Cancelled,
+}
+
+/// What the run knows about one accepted tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallState {
+    /// Node that made it.
+    pub node: String,
+    /// The model's tool_use id.
+    pub tool_use_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Repeat safety of the tool.
+    pub repeat_safety: RepeatSafety,
+    /// Validated arguments.
+    pub arguments: Value,
+    /// Idempotency key.
+    pub idempotency_key: String,
+    /// Failed attempts so far (reported failures and expired leases).
+    pub failed_attempts: u32,
+    /// The attempt currently dispatched, if any.
+    pub dispatched_attempt: Option<u32>,
+    /// Whether any attempt was ever dispatched.
+    pub ever_dispatched: bool,
+    /// Status.
+    pub status: CallStatus,
+}
+
+/// One proposed tool call of the latest model turn, awaiting its result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingToolUse {
+    /// The model's tool_use id.
+    pub tool_use_id: String,
+    /// Call id if accepted.
+    pub call_id: Option<String>,
+    /// Result text for the model once known.
+    pub result: Option<String>,
+}
+
+/// The model call a node is waiting for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenModelCall {
+    /// Call id.
+    pub call_id: String,
+    /// Failed attempts so far.
+    pub failed_attempts: u32,
+}
+
+/// State of the agent node being executed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeState {
+    /// Node id.
+    pub id: String,
+    /// Agent name.
+    pub agent: String,
+    /// Transcript so far.
+    pub transcript: Vec<ChatMessage>,
+    /// Model calls scheduled so far.
+    pub model_steps: u32,
+    /// Tool calls accepted so far.
+    pub tool_calls: u32,
+    /// Tokens used so far (input + output).
+    pub tokens: u64,
+    /// The open model call, if any.
+    pub model_call: Option<OpenModelCall>,
+    /// Proposed calls of the latest turn, in the model's order.
+    pub pending: Vec<PendingToolUse>,
+}
+
+/// The fold of a run's events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunState {
+    /// Run id.
+    pub run_id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Status.
+    pub status: RunStatus,
+    /// Why paused, failed or cancelled.
+    pub status_reason: String,
+    /// Pinned definitions (None before `RunStarted`).
+    pub plan: Option<RunPlan>,
+    /// Run input.
+    pub input: Value,
+    /// Caller's permissions.
+    pub caller_grants: Vec<String>,
+    /// Tenant's permissions.
+    pub tenant_grants: Vec<String>,
+    /// The node being executed.
+    pub node: Option<NodeState>,
+    /// Outputs of completed nodes, in completion order.
+    pub completed_nodes: Vec<(String, Value)>,
+    /// Every accepted tool call by call id.
+    pub tool_calls: BTreeMap<String, ToolCallState>,
+    /// Final output once completed.
+    pub output: Option<Value>,
+    /// Seq of the last applied event (0 for none).
+    pub last_seq: u64,
+}
+
+impl Default for RunState {
+    fn default() -> Self {
+        RunState {
+            run_id: String::new(),
+            tenant: String::new(),
+            status: RunStatus::New,
+            status_reason: String::new(),
+            plan: None,
+            input: Value::Null,
+            caller_grants: Vec::new(),
+            tenant_grants: Vec::new(),
+            node: None,
+            completed_nodes: Vec::new(),
+            tool_calls: BTreeMap::new(),
+            output: None,
+            last_seq: 0,
+        }
+    }
+}
+
+impl RunState {
+    /// Fold a whole history.
+    pub fn fold<'a>(events: impl IntoIterator<Item = &'a Event>) -> RunState {
+        let mut state = RunState::default();
+        for event in events {
+            state.apply(event);
+        }
+        state
+    }
+
+    /// The agent definition of the node being executed.
+    pub fn current_agent(&self) -> Option<&AgentDef> {
+        let node = self.node.as_ref()?;
+        self.plan
+            .as_ref()?
+            .agents
+            .get(&node.agent)
+            .map(|pinned| &pinned.def)
+    }
+
+    /// Apply one event. Unknown references are ignored rather than panicking:
+    /// the machine never emits them, and a fold must not crash on history.
+    pub fn apply(&mut self, event: &Event) {
+        self.last_seq += 1;
+        match event {
+            Event::RunStarted {
+                run_id,
+                tenant,
+                caller_grants,
+                tenant_grants,
+                input,
+                plan,
+                ..
+            } => {
+                self.run_id = run_id.clone();
+                self.tenant = tenant.clone();
+                self.caller_grants = caller_grants.clone();
+                self.tenant_grants = tenant_grants.clone();
+                self.input = input.clone();
+                self.plan = Some((**plan).clone());
+                self.status = RunStatus::Running;
+            }
+            Event::NodeStarted { node, input } => {
+                let agent = self
+                    .plan
+                    .as_ref()
+                    .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
+                    .map(|n| match &n.kind {
+                        crate::definitions::model::NodeKind::Agent { agent } => agent.clone(),
+                    })
+                    .unwrap_or_default();
+                let instructions = self
+                    .plan
+                    .as_ref()
+                    .and_then(|p| p.agents.get(&agent))
+                    .map(|a| a.def.instructions.clone())
+                    .unwrap_or_default();
+                let user = match input {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                self.node = Some(NodeState {
+                    id: node.clone(),
+                    agent,
+                    transcript: vec![
+                        ChatMessage::System {
+                            content: instructions,
+                        },
+                        ChatMessage::User { content: user },
+                    ],
+                    model_steps: 0,
+                    tool_calls: 0,
+                    tokens: 0,
+                    model_call: None,
+                    pending: Vec::new(),
+                });
+            }
+            Event::ModelCallScheduled { call_id, .. } => {
+                if let Some(node) = self.node.as_mut() {
+                    node.model_steps += 1;
+                    node.model_call = Some(OpenModelCall {
+                        call_id: call_id.clone(),
+                        failed_attempts: 0,
+                    });
+                }
+            }
+            Event::ModelCallAttemptFailed { .. } => {
+                if let Some(call) = self.node.as_mut().and_then(|n| n.model_call.as_mut()) {
+                    call.failed_attempts += 1;
+                }
+            }
+            Event::ModelCallCompleted {
+                content,
+                tool_calls,
+                usage,
+                ..
+            } => {
+                if let Some(node) = self.node.as_mut() {
+                    node.model_call = None;
+                    node.tokens += usage.input_tokens + usage.output_tokens;
+                    node.transcript.push(ChatMessage::Assistant {
+                        content: content.clone(),
+                        tool_calls: tool_calls.clone(),
+                    });
+                    node.pending = tool_calls
+                        .iter()
+                        .map(|ToolUse { id, .. }| PendingToolUse {
+                            tool_use_id: id.clone(),
+                            call_id: None,
+                            result: None,
+                        })
+                        .collect();
+                }
+            }
+            Event::ToolCallRefused {
+                tool_use_id,
+                reason,
+                ..
+            } => {
+                self.set_pending_result(tool_use_id, format!("error: {reason}"));
+            }
+            Event::ToolCallScheduled {
+                node,
+                call_id,
+                tool_use_id,
+                tool,
+                arguments,
+                idempotency_key,
+                repeat_safety,
+                ..
+            } => {
+                if let Some(state) = self.node.as_mut() {
+                    state.tool_calls += 1;
+                    if let Some(p) = state
+                        .pending
+                        .iter_mut()
+                        .find(|p| &p.tool_use_id == tool_use_id)
+                    {
+                        p.call_id = Some(call_id.clone());
+                    }
+                }
+                self.tool_calls.insert(
+                    call_id.clone(),
+                    ToolCallState {
+                        node: node.clone(),
+                        tool_use_id: tool_use_id.clone(),
+                        tool: tool.clone(),
+                        repeat_safety: *repeat_safety,
+                        arguments: arguments.clone(),
+                        idempotency_key: idempotency_key.clone(),
+                        failed_attempts: 0,
+                        dispatched_attempt: None,
+                        ever_dispatched: false,
+                        status: CallStatus::Open,
+                    },
+                );
+            }
+            Event::ToolCallDispatched {
+                call_id, attempt, ..
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.dispatched_attempt = Some(*attempt);
+                    call.ever_dispatched = true;
+                }
+            }
+            Event::ToolCallAttemptFailed { call_id, .. }
+            | Event::TaskLeaseExpired { call_id, .. } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.failed_attempts += 1;
+                    call.dispatched_attempt = None;
+                }
+            }
+            Event::ToolCallCompleted {
+                call_id, result, ..
+            } => {
+                let limit = self
+                    .current_agent()
+                    .map(|a| a.max_result_bytes)
+                    .unwrap_or(16384);
+                let text = super::normalize::truncate_for_model(result, limit as usize);
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.status = CallStatus::Completed;
+                    let tool_use_id = call.tool_use_id.clone();
+                    self.set_pending_result(&tool_use_id, text);
+                }
+            }
+            Event::ToolCallFailed { call_id, error, .. } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.status = CallStatus::Failed;
+                    let tool_use_id = call.tool_use_id.clone();
+                    self.set_pending_result(&tool_use_id, format!("error: {error}"));
+                }
+            }
+            Event::UncertainOutcomeRecorded { call_id, .. } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.status = CallStatus::Uncertain;
+                }
+            }
+            Event::RunPaused { reason } => {
+                self.status = RunStatus::Paused;
+                self.status_reason = reason.clone();
+            }
+            Event::NodeCompleted { node, output } => {
+                self.node = None;
+                self.completed_nodes.push((node.clone(), output.clone()));
+            }
+            Event::RunCompleted { output } => {
+                self.status = RunStatus::Completed;
+                self.status_reason.clear();
+                self.output = Some(output.clone());
+            }
+            Event::RunFailed { error } => {
+                self.status = RunStatus::Failed;
+                self.status_reason = error.clone();
+            }
+            Event::RunCancelled { reason } => {
+                self.status = RunStatus::Cancelled;
+                self.status_reason = reason.clone();
+                for call in self.tool_calls.values_mut() {
+                    if call.status == CallStatus::Open {
+                        call.status = CallStatus::Cancelled;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Record a result for a pending tool use; once every pending call has
+    /// its result, append them to the transcript in the model's order.
+    fn set_pending_result(&mut self, tool_use_id: &str, text: String) {
+        let Some(node) = self.node.as_mut() else {
+            return;
+        };
+        if let Some(p) = node
+            .pending
+            .iter_mut()
+            .find(|p| p.tool_use_id == tool_use_id && p.result.is_none())
+        {
+            p.result = Some(text);
+        }
+        if !node.pending.is_empty() && node.pending.iter().all(|p| p.result.is_some()) {
+            for p in node.pending.drain(..) {
+                node.transcript.push(ChatMessage::Tool {
+                    tool_call_id: p.tool_use_id,
+                    content: p.result.unwrap_or_default(),
+                });
+            }
+        }
+    }
+}

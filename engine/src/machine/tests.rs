@@ -1,0 +1,878 @@
+//! Machine tests: every transition of the agent loop and of a tool call's
+//! lifecycle, without a database. Each test also checks that folding the
+//! recorded history gives the same state as stepping (replay = live).
+
+use std::collections::BTreeMap;
+
+use belay_proto::wire::{ChatMessage, ModelCallResult, ToolCallSpec, ToolUse, Usage};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::definitions::model::{
+    AgentDef, Budget, LoopPolicy, NodeDef, NodeKind, RepeatSafety, ToolBindingDef, ToolDef,
+    WorkflowDef,
+};
+
+fn tool(
+    name: &str,
+    permission: &str,
+    repeat_safety: RepeatSafety,
+    required: &[&str],
+) -> Pinned<ToolDef> {
+    let props: serde_json::Map<String, Value> = required
+        .iter()
+        .map(|p| ((*p).to_owned(), json!({"type": "string"})))
+        .collect();
+    let mut props = props;
+    props.insert(
+        "plan".into(),
+        json!({"type": "string", "default": "starter"}),
+    );
+    Pinned {
+        version: 1,
+        content_hash: format!("hash-{name}"),
+        def: ToolDef {
+            name: name.into(),
+            description: format!("{name} tool"),
+            input_schema: json!({"type": "object", "properties": props, "required": required, "additionalProperties": false}),
+            output_schema: json!({"type": "object"}),
+            permission: permission.into(),
+            repeat_safety,
+            binding: ToolBindingDef::Http {
+                endpoint: format!("/{name}"),
+                method: "POST".into(),
+                headers: BTreeMap::new(),
+                timeout_ms: 1000,
+            },
+            source_file: "t.tools.abl".into(),
+            source_line: 1,
+        },
+    }
+}
+
+struct Opts {
+    max_model_steps: u32,
+    max_tool_calls: u32,
+    max_result_bytes: u32,
+    caller_grants: Vec<String>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            max_model_steps: 6,
+            max_tool_calls: 10,
+            max_result_bytes: 16384,
+            caller_grants: vec!["crm.read".into(), "crm.write".into(), "ops.danger".into()],
+        }
+    }
+}
+
+fn plan(opts: &Opts) -> RunPlan {
+    let mut tools = BTreeMap::new();
+    tools.insert(
+        "lookup".to_owned(),
+        tool("lookup", "crm.read", RepeatSafety::Idempotent, &["email"]),
+    );
+    tools.insert(
+        "create".to_owned(),
+        tool("create", "crm.write", RepeatSafety::Reconcile, &["email"]),
+    );
+    tools.insert(
+        "wipe".to_owned(),
+        tool("wipe", "ops.danger", RepeatSafety::Never, &["email"]),
+    );
+    let agent = AgentDef {
+        name: "onboarder".into(),
+        model: "m".into(),
+        instructions: "be careful".into(),
+        tools: vec!["lookup".into(), "create".into(), "wipe".into()],
+        grants: vec!["crm.read".into(), "crm.write".into(), "ops.danger".into()],
+        loop_policy: LoopPolicy::BoundedLoop {
+            max_model_steps: opts.max_model_steps,
+            max_tool_calls: opts.max_tool_calls,
+        },
+        budget: Budget { max_tokens: None },
+        max_argument_bytes: 200,
+        max_result_bytes: opts.max_result_bytes,
+        max_model_attempts: 3,
+        max_tool_attempts: 3,
+        max_output_tokens: None,
+        source_file: "a.yaml".into(),
+        source_line: 1,
+    };
+    let mut agents = BTreeMap::new();
+    agents.insert(
+        "onboarder".to_owned(),
+        Pinned {
+            version: 1,
+            content_hash: "h".into(),
+            def: agent,
+        },
+    );
+    RunPlan {
+        workflow: Pinned {
+            version: 1,
+            content_hash: "w".into(),
+            def: WorkflowDef {
+                name: "onboarding".into(),
+                start: "intake".into(),
+                nodes: vec![NodeDef {
+                    id: "intake".into(),
+                    kind: NodeKind::Agent {
+                        agent: "onboarder".into(),
+                    },
+                    grants: vec![],
+                    next: None,
+                    source_line: 1,
+                }],
+                input_schema: None,
+                source_file: "w.yaml".into(),
+                source_line: 1,
+            },
+        },
+        agents,
+        tools,
+    }
+}
+
+/// A run under test: the live state plus every event recorded so far.
+struct Run {
+    state: RunState,
+    history: Vec<Event>,
+}
+
+impl Run {
+    fn start(opts: Opts) -> (Run, Decision) {
+        let mut run = Run {
+            state: RunState::default(),
+            history: vec![],
+        };
+        let d = run.step(Input::Start {
+            run_id: "r1".into(),
+            tenant: "acme".into(),
+            caller: "app".into(),
+            caller_grants: opts.caller_grants.clone(),
+            tenant_grants: vec!["crm.read".into(), "crm.write".into(), "ops.danger".into()],
+            input: json!({"email": "a@example.com"}),
+            plan: Box::new(plan(&opts)),
+        });
+        (run, d)
+    }
+
+    fn step(&mut self, input: Input) -> Decision {
+        let d = decide(&self.state, input).expect("transition accepted");
+        for e in &d.events {
+            self.state.apply(e);
+            self.history.push(e.clone());
+        }
+        // Replay equals live.
+        assert_eq!(RunState::fold(&self.history), self.state);
+        // Every event survives its JSON round trip (it is persisted as jsonb).
+        for e in &d.events {
+            let back: Event = serde_json::from_value(serde_json::to_value(e).expect("serialise"))
+                .expect("deserialise");
+            assert_eq!(&back, e);
+        }
+        d
+    }
+
+    fn model(&mut self, call_id: &str, calls: &[(&str, &str)], content: Option<&str>) -> Decision {
+        self.step(Input::ModelCallCompleted {
+            call_id: call_id.into(),
+            attempt: 1,
+            result: ModelCallResult {
+                content: content.map(str::to_owned),
+                tool_calls: calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, args))| ToolUse {
+                        id: format!("tu{i}"),
+                        name: (*name).into(),
+                        arguments: (*args).into(),
+                    })
+                    .collect(),
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                },
+                finish_reason: None,
+            },
+        })
+    }
+
+    fn kinds(d: &Decision) -> Vec<&'static str> {
+        d.events.iter().map(Event::kind).collect()
+    }
+
+    fn transcript(&self) -> Vec<ChatMessage> {
+        self.state
+            .node
+            .as_ref()
+            .map(|n| n.transcript.clone())
+            .unwrap_or_default()
+    }
+}
+
+fn scheduled_specs(d: &Decision) -> Vec<(String, Value, String)> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ScheduleTask {
+                call_id,
+                spec,
+                idempotency_key,
+                ..
+            } => Some((call_id.clone(), spec.clone(), idempotency_key.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn happy_path_runs_model_tool_model_and_completes() {
+    let (mut run, d) = Run::start(Opts::default());
+    assert_eq!(
+        Run::kinds(&d),
+        ["run_started", "node_started", "model_call_scheduled"]
+    );
+    let specs = scheduled_specs(&d);
+    assert_eq!(specs.len(), 1);
+    assert_eq!(specs[0].0, "intake.m1");
+    assert_eq!(specs[0].2, "r1/intake.m1");
+    let tools = specs[0].1["tools"].as_array().expect("tools").len();
+    assert_eq!(tools, 3);
+
+    let d = run.model(
+        "intake.m1",
+        &[("lookup", r#"{"email":"a@example.com"}"#)],
+        None,
+    );
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "tool_call_scheduled"]
+    );
+    let specs = scheduled_specs(&d);
+    assert_eq!(specs[0].0, "intake.t1");
+    let spec: ToolCallSpec = serde_json::from_value(specs[0].1.clone()).expect("tool spec");
+    assert_eq!(spec.idempotency_key, "r1/intake.t1");
+    // The default was filled in before validation, so what is sent is what was checked.
+    assert_eq!(
+        spec.arguments,
+        json!({"email": "a@example.com", "plan": "starter"})
+    );
+    assert!(d.commands.contains(&Command::EndTask {
+        call_id: "intake.m1".into(),
+        end: TaskEnd::Completed
+    }));
+
+    let d = run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w1".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({"found": false}),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["tool_call_completed", "model_call_scheduled"]
+    );
+    let spec = &scheduled_specs(&d)[0].1;
+    let last = spec["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .expect("messages");
+    assert_eq!(
+        last,
+        json!({"role": "tool", "tool_call_id": "tu0", "content": "{\"found\":false}"})
+    );
+
+    let d = run.model("intake.m2", &[], Some(r#"{"account_id":"acc_1"}"#));
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "node_completed", "run_completed"]
+    );
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"account_id": "acc_1"})));
+}
+
+#[test]
+fn each_failed_check_goes_back_to_the_model_in_order() {
+    let (mut run, _) = Run::start(Opts {
+        caller_grants: vec!["crm.read".into()],
+        ..Opts::default()
+    });
+    let d = run.model(
+        "intake.m1",
+        &[
+            ("delete_everything", "{}"),
+            ("lookup", r#"{"email": "#),
+            ("lookup", r#"{"email": 42}"#),
+            ("create", r#"{"email":"a@example.com"}"#),
+            ("lookup", r#"{"email":"a@example.com"}"#),
+            ("lookup", &format!(r#"{{"email":"{}"}}"#, "x".repeat(300))),
+        ],
+        None,
+    );
+    let refusals: Vec<(String, String)> = d
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCallRefused { check, reason, .. } => Some((check.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect();
+    let checks: Vec<&str> = refusals.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(
+        checks,
+        [
+            "not_on_list",
+            "invalid_arguments",
+            "invalid_arguments",
+            "permission",
+            "invalid_arguments"
+        ]
+    );
+    assert!(
+        refusals[0]
+            .1
+            .contains("`delete_everything` is not available"),
+        "{}",
+        refusals[0].1
+    );
+    assert!(
+        refusals[1].1.contains("not valid JSON"),
+        "{}",
+        refusals[1].1
+    );
+    assert!(refusals[2].1.contains("input schema"), "{}", refusals[2].1);
+    assert!(
+        refusals[3].1.contains("not granted to the caller"),
+        "{}",
+        refusals[3].1
+    );
+    assert!(
+        refusals[4].1.contains("more than the limit of 200 bytes"),
+        "{}",
+        refusals[4].1
+    );
+    // Only the valid, permitted call became a task.
+    assert_eq!(scheduled_specs(&d).len(), 1);
+    // Its result arrives; then every tool_use has exactly one result, in the model's order.
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!("ok"),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["tool_call_completed", "model_call_scheduled"]
+    );
+    let results: Vec<(String, String)> = run
+        .transcript()
+        .into_iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool {
+                tool_call_id,
+                content,
+            } => Some((tool_call_id, content)),
+            _ => None,
+        })
+        .collect();
+    let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["tu0", "tu1", "tu2", "tu3", "tu4", "tu5"]);
+    assert!(results[0].1.starts_with("error: "));
+    assert_eq!(results[4].1, "ok");
+}
+
+#[test]
+fn results_go_back_in_the_models_order_whatever_order_they_arrive() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model(
+        "intake.m1",
+        &[
+            ("lookup", r#"{"email":"1"}"#),
+            ("lookup", r#"{"email":"2"}"#),
+        ],
+        None,
+    );
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t2".into(),
+        attempt: 1,
+        result: json!("second"),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["tool_call_completed"],
+        "waits for the first call"
+    );
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!("first"),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["tool_call_completed", "model_call_scheduled"]
+    );
+    let contents: Vec<String> = run
+        .transcript()
+        .into_iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { content, .. } => Some(content),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(contents, ["first", "second"]);
+}
+
+#[test]
+fn tool_call_budget_refuses_calls_beyond_it() {
+    let (mut run, _) = Run::start(Opts {
+        max_tool_calls: 1,
+        ..Opts::default()
+    });
+    let d = run.model(
+        "intake.m1",
+        &[
+            ("lookup", r#"{"email":"1"}"#),
+            ("lookup", r#"{"email":"2"}"#),
+        ],
+        None,
+    );
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "tool_call_scheduled",
+            "tool_call_refused"
+        ]
+    );
+    match &d.events[2] {
+        Event::ToolCallRefused { check, .. } => assert_eq!(check, "budget"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn lost_lease_before_dispatch_is_retried_for_every_repeat_safety() {
+    for (tool, n) in [("lookup", 1), ("create", 1), ("wipe", 1)] {
+        let (mut run, _) = Run::start(Opts::default());
+        run.model("intake.m1", &[(tool, r#"{"email":"e"}"#)], None);
+        let d = run.step(Input::LeaseExpired {
+            call_id: "intake.t1".into(),
+            attempt: n,
+            dispatched: false,
+        });
+        assert_eq!(Run::kinds(&d), ["task_lease_expired"], "{tool}");
+        assert_eq!(
+            d.commands,
+            vec![Command::RetryTask {
+                call_id: "intake.t1".into(),
+                delay_ms: 500
+            }]
+        );
+    }
+}
+
+#[test]
+fn idempotent_call_lost_after_dispatch_is_retried_with_the_same_key_until_attempts_run_out() {
+    let (mut run, d0) = Run::start(Opts::default());
+    let _ = d0;
+    let d = run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    let key = scheduled_specs(&d)[0].2.clone();
+    for attempt in 1..=2 {
+        run.step(Input::DispatchToolCall {
+            call_id: "intake.t1".into(),
+            attempt,
+            worker_id: "w".into(),
+        });
+        let d = run.step(Input::LeaseExpired {
+            call_id: "intake.t1".into(),
+            attempt,
+            dispatched: true,
+        });
+        assert!(matches!(d.commands[0], Command::RetryTask { .. }));
+        assert_eq!(run.state.tool_calls["intake.t1"].idempotency_key, key);
+    }
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 3,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::LeaseExpired {
+        call_id: "intake.t1".into(),
+        attempt: 3,
+        dispatched: true,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "task_lease_expired",
+            "tool_call_failed",
+            "model_call_scheduled"
+        ]
+    );
+}
+
+#[test]
+fn never_call_lost_after_dispatch_fails_and_the_model_is_told() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("wipe", r#"{"email":"e"}"#)], None);
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::LeaseExpired {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        dispatched: true,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "task_lease_expired",
+            "tool_call_failed",
+            "model_call_scheduled"
+        ]
+    );
+    let told = run.transcript().into_iter().any(|m| matches!(m, ChatMessage::Tool { content, .. } if content.contains("repeat safety is `never`")));
+    assert!(told);
+}
+
+#[test]
+fn reconcile_call_lost_after_dispatch_becomes_uncertain_and_pauses_the_run() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("create", r#"{"email":"e"}"#)], None);
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::LeaseExpired {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        dispatched: true,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "task_lease_expired",
+            "uncertain_outcome_recorded",
+            "run_paused"
+        ]
+    );
+    assert!(d.commands.iter().any(|c| matches!(c, Command::RecordUncertainOutcome { idempotency_key, .. } if idempotency_key == "r1/intake.t1")));
+    assert!(d.commands.contains(&Command::EndTask {
+        call_id: "intake.t1".into(),
+        end: TaskEnd::Uncertain
+    }));
+    assert_eq!(run.state.status, RunStatus::Paused);
+    // A paused run refuses new dispatches.
+    assert!(
+        decide(
+            &run.state,
+            Input::DispatchToolCall {
+                call_id: "intake.t1".into(),
+                attempt: 2,
+                worker_id: "w".into()
+            }
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn reported_failures_follow_the_class() {
+    // May have acted, reconcile → uncertain.
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("create", r#"{"email":"e"}"#)], None);
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "timeout after sending".into(),
+        class: FailureClass::MayHaveActed,
+        dispatched: true,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "tool_call_attempt_failed",
+            "uncertain_outcome_recorded",
+            "run_paused"
+        ]
+    );
+
+    // Not sent, reconcile → retry.
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("create", r#"{"email":"e"}"#)], None);
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "connection refused".into(),
+        class: FailureClass::NotSent,
+        dispatched: true,
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_attempt_failed"]);
+    assert!(matches!(d.commands[0], Command::RetryTask { .. }));
+
+    // Rejected → the model is told, no retry.
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    let d = run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "HTTP 404: no such customer".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "tool_call_attempt_failed",
+            "tool_call_failed",
+            "model_call_scheduled"
+        ]
+    );
+}
+
+#[test]
+fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("create", r#"{"email":"e"}"#)], None);
+    let d = run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
+    let again = run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    assert!(
+        again.events.is_empty(),
+        "a repeated dispatch of the same attempt records nothing"
+    );
+    // Even if a retry happened (not-sent failure), a second attempt of a
+    // reconcile call that was dispatched before is refused.
+    run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "refused".into(),
+        class: FailureClass::NotSent,
+        dispatched: true,
+    });
+    let err = decide(
+        &run.state,
+        Input::DispatchToolCall {
+            call_id: "intake.t1".into(),
+            attempt: 2,
+            worker_id: "w".into(),
+        },
+    );
+    assert!(
+        matches!(err, Err(MachineError::DispatchRefused { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn model_failures_are_retried_then_fail_the_run() {
+    let (mut run, _) = Run::start(Opts::default());
+    for attempt in 1..=2 {
+        let d = run.step(Input::TaskFailed {
+            call_id: "intake.m1".into(),
+            attempt,
+            error: "503".into(),
+            class: FailureClass::MayHaveActed,
+            dispatched: false,
+        });
+        assert_eq!(Run::kinds(&d), ["model_call_attempt_failed"]);
+        assert_eq!(
+            d.commands,
+            vec![Command::RetryTask {
+                call_id: "intake.m1".into(),
+                delay_ms: retry_delay_ms(attempt)
+            }]
+        );
+    }
+    let d = run.step(Input::LeaseExpired {
+        call_id: "intake.m1".into(),
+        attempt: 3,
+        dispatched: false,
+    });
+    assert_eq!(Run::kinds(&d), ["model_call_attempt_failed", "run_failed"]);
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(run.state.status_reason.contains("failed 3 times"));
+}
+
+#[test]
+fn the_loop_bound_fails_the_run_with_a_reason() {
+    let (mut run, _) = Run::start(Opts {
+        max_model_steps: 2,
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!(1),
+    });
+    run.model("intake.m2", &[("lookup", r#"{"email":"2"}"#)], None);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t2".into(),
+        attempt: 1,
+        result: json!(2),
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_completed", "run_failed"]);
+    assert!(run.state.status_reason.contains("bound of 2 model steps"));
+}
+
+#[test]
+fn stale_and_unknown_calls_are_refused_without_events() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!(1),
+    });
+    let again = decide(
+        &run.state,
+        Input::ToolCallCompleted {
+            call_id: "intake.t1".into(),
+            attempt: 1,
+            result: json!(1),
+        },
+    );
+    assert!(matches!(again, Err(MachineError::CallNotOpen { .. })));
+    let unknown = decide(
+        &run.state,
+        Input::ModelCallCompleted {
+            call_id: "intake.m9".into(),
+            attempt: 1,
+            result: ModelCallResult {
+                content: None,
+                tool_calls: vec![],
+                usage: Usage::default(),
+                finish_reason: None,
+            },
+        },
+    );
+    assert!(matches!(unknown, Err(MachineError::CallNotOpen { .. })));
+}
+
+#[test]
+fn results_are_truncated_for_the_model_but_kept_whole_in_events() {
+    let (mut run, _) = Run::start(Opts {
+        max_result_bytes: 10,
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    let big = "y".repeat(100);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!(big),
+    });
+    assert!(
+        matches!(&d.events[0], Event::ToolCallCompleted { result, .. } if result == &json!(big))
+    );
+    let content = run.transcript().into_iter().find_map(|m| match m {
+        ChatMessage::Tool { content, .. } => Some(content),
+        _ => None,
+    });
+    assert_eq!(
+        content.as_deref(),
+        Some("yyyyyyyyyy…[truncated: 10 of 100 bytes shown]")
+    );
+}
+
+#[test]
+fn cancel_ends_the_run_and_cancels_open_tasks() {
+    let (mut run, _) = Run::start(Opts::default());
+    let d = run.step(Input::Cancel {
+        reason: "user asked".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["run_cancelled"]);
+    assert_eq!(d.commands, vec![Command::CancelOpenTasks]);
+    assert!(
+        decide(
+            &run.state,
+            Input::Cancel {
+                reason: "again".into()
+            }
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn duplicate_or_empty_tool_use_ids_are_made_unique() {
+    let (mut run, _) = Run::start(Opts::default());
+    let d = run.step(Input::ModelCallCompleted {
+        call_id: "intake.m1".into(),
+        attempt: 1,
+        result: ModelCallResult {
+            content: Some("a\u{0}b".into()),
+            tool_calls: vec![
+                ToolUse {
+                    id: "x".into(),
+                    name: "lookup".into(),
+                    arguments: r#"{"email":"1"}"#.into(),
+                },
+                ToolUse {
+                    id: "x".into(),
+                    name: "lookup".into(),
+                    arguments: r#"{"email":"2"}"#.into(),
+                },
+                ToolUse {
+                    id: "".into(),
+                    name: "lookup".into(),
+                    arguments: r#"{"email":"3"}"#.into(),
+                },
+            ],
+            usage: Usage::default(),
+            finish_reason: None,
+        },
+    });
+    match &d.events[0] {
+        Event::ModelCallCompleted {
+            tool_calls,
+            content,
+            ..
+        } => {
+            let ids: Vec<&str> = tool_calls.iter().map(|t| t.id.as_str()).collect();
+            assert_eq!(ids, ["x", "belay_1_1", "belay_1_2"]);
+            assert_eq!(
+                content.as_deref(),
+                Some("ab"),
+                "NUL bytes are stripped at the boundary"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}

@@ -1,0 +1,698 @@
+//! The PostgreSQL backend.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use super::{
+    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, RunRow, StoreError, TaskRow,
+    TransitionError, UncertainRow,
+};
+use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
+
+/// Channel notified when tasks become claimable (payload empty).
+pub const TASKS_CHANNEL: &str = "belay_tasks";
+/// Channel notified when a run gets events (payload: run id).
+pub const EVENTS_CHANNEL: &str = "belay_events";
+
+/// Handle to the PostgreSQL store; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
+
+impl Store {
+    /// Connect with a pool of at most `max_connections`.
+    ///
+    /// Errors: [`StoreError::Database`] when the database is unreachable.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await?;
+        Ok(Store { pool })
+    }
+
+    /// The underlying pool (for LISTEN connections).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Apply pending migrations from `migrations/` (embedded at build time).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("../migrations").run(&self.pool).await?;
+        Ok(())
+    }
+
+    // ---- tenants -------------------------------------------------------
+
+    /// Replace a tenant's grants; returns them sorted.
+    pub async fn set_tenant_grants(
+        &self,
+        tenant: &str,
+        grants: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut grants = grants.to_vec();
+        grants.sort();
+        grants.dedup();
+        sqlx::query(
+            "INSERT INTO tenants (tenant, grants) VALUES ($1, $2)
+             ON CONFLICT (tenant) DO UPDATE SET grants = EXCLUDED.grants, updated_at = now()",
+        )
+        .bind(tenant)
+        .bind(&grants)
+        .execute(&self.pool)
+        .await?;
+        Ok(grants)
+    }
+
+    /// A tenant's grants (empty if never configured).
+    pub async fn tenant_grants(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
+        let row: Option<(Vec<String>,)> =
+            sqlx::query_as("SELECT grants FROM tenants WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| r.0).unwrap_or_default())
+    }
+
+    // ---- definitions ---------------------------------------------------
+
+    /// Names of every registered definition of a kind for a tenant.
+    pub async fn definition_names(
+        &self,
+        tenant: &str,
+        kind: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT DISTINCT name FROM definitions WHERE tenant = $1 AND kind = $2")
+                .bind(tenant)
+                .bind(kind)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    /// Register definitions in one transaction: identical content (same hash)
+    /// returns the existing version, new content gets the next version.
+    /// Input: `(kind, name, content_hash, body, source_file)`. Output: rows and
+    /// whether each was created.
+    pub async fn register_definitions(
+        &self,
+        tenant: &str,
+        defs: &[(String, String, String, Value, String)],
+    ) -> Result<Vec<(DefinitionRow, bool)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // Serialise registrations of one tenant so version numbers do not race.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
+            .bind(tenant)
+            .execute(&mut *tx)
+            .await?;
+        let mut out = Vec::with_capacity(defs.len());
+        for (kind, name, hash, body, source_file) in defs {
+            let existing: Option<DefinitionRow> = sqlx::query_as(
+                "SELECT kind, name, version, content_hash, body, created_at FROM definitions
+                 WHERE tenant = $1 AND kind = $2 AND name = $3 AND content_hash = $4",
+            )
+            .bind(tenant)
+            .bind(kind)
+            .bind(name)
+            .bind(hash)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = existing {
+                out.push((row, false));
+                continue;
+            }
+            let row: DefinitionRow = sqlx::query_as(
+                "INSERT INTO definitions (tenant, kind, name, version, content_hash, body, source_file)
+                 VALUES ($1, $2, $3,
+                    (SELECT COALESCE(MAX(version), 0) + 1 FROM definitions WHERE tenant = $1 AND kind = $2 AND name = $3),
+                    $4, $5, $6)
+                 RETURNING kind, name, version, content_hash, body, created_at",
+            )
+            .bind(tenant)
+            .bind(kind)
+            .bind(name)
+            .bind(hash)
+            .bind(body)
+            .bind(source_file)
+            .fetch_one(&mut *tx)
+            .await?;
+            out.push((row, true));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Definitions of a tenant, optionally of one kind, by kind, name, version.
+    pub async fn list_definitions(
+        &self,
+        tenant: &str,
+        kind: Option<&str>,
+    ) -> Result<Vec<DefinitionRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT kind, name, version, content_hash, body, created_at FROM definitions
+             WHERE tenant = $1 AND ($2::text IS NULL OR kind = $2)
+             ORDER BY kind, name, version",
+        )
+        .bind(tenant)
+        .bind(kind)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The newest version of a definition.
+    pub async fn latest_definition(
+        &self,
+        tenant: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<DefinitionRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT kind, name, version, content_hash, body, created_at FROM definitions
+             WHERE tenant = $1 AND kind = $2 AND name = $3 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(kind)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    // ---- runs ------------------------------------------------------------
+
+    /// The run with this idempotency key, if any.
+    pub async fn run_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<RunRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = $1 AND idempotency_key = $2"
+        )))
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Create a run and apply its first decision in one transaction. If the
+    /// idempotency key already names a run, nothing is written and that run
+    /// is returned with `false`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_run(
+        &self,
+        run_id: Uuid,
+        tenant: &str,
+        workflow: &str,
+        workflow_version: i32,
+        input: &Value,
+        idempotency_key: &str,
+        caller: &str,
+        decision: &Decision,
+    ) -> Result<(RunRow, bool), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller)
+             VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7)
+             ON CONFLICT (tenant, idempotency_key) DO NOTHING",
+        )
+        .bind(run_id)
+        .bind(tenant)
+        .bind(workflow)
+        .bind(workflow_version)
+        .bind(input)
+        .bind(idempotency_key)
+        .bind(caller)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            tx.rollback().await?;
+            let row = self
+                .run_by_idempotency_key(tenant, idempotency_key)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::NotFound(format!("run with idempotency key {idempotency_key}"))
+                })?;
+            return Ok((row, false));
+        }
+        let mut state = RunState::default();
+        for event in &decision.events {
+            state.apply(event);
+        }
+        write_decision(&mut tx, run_id, tenant, 0, decision, &state).await?;
+        tx.commit().await?;
+        let row = self
+            .get_run(tenant, run_id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+        Ok((row, true))
+    }
+
+    /// One run of a tenant.
+    pub async fn get_run(&self, tenant: &str, run_id: Uuid) -> Result<Option<RunRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = $1 AND run_id = $2"
+        )))
+        .bind(tenant)
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Runs of a tenant, newest first, keyset-paged by `(created_at, run_id)`.
+    pub async fn list_runs(
+        &self,
+        tenant: &str,
+        status: Option<&str>,
+        after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let (after_ts, after_id) = match after {
+            Some((ts, id)) => (Some(ts), Some(id)),
+            None => (None, None),
+        };
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+             WHERE tenant = $1 AND ($2::text IS NULL OR status = $2)
+               AND ($3::timestamptz IS NULL OR (created_at, run_id) < ($3, $4))
+             ORDER BY created_at DESC, run_id DESC LIMIT $5"
+        )))
+        .bind(tenant)
+        .bind(status)
+        .bind(after_ts)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Events of a run with `seq > after_seq`, at most `limit`.
+    pub async fn list_events(
+        &self,
+        run_id: Uuid,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT run_id, seq, kind, payload, recorded_at FROM events
+             WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(run_id)
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The run a task belongs to.
+    pub async fn task_run(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+        let row: Option<(Uuid,)> = sqlx::query_as("SELECT run_id FROM tasks WHERE task_id = $1")
+            .bind(task_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.0))
+    }
+
+    /// One transition: lock the run (and the task, if named), fold the
+    /// history, let `decide` choose, then append its events and perform its
+    /// commands, all in one transaction. `decide` refusing writes nothing.
+    pub async fn transition<E, F>(
+        &self,
+        run_id: Uuid,
+        task_id: Option<Uuid>,
+        decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+    {
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        // Lock order everywhere: run row, then task row.
+        let run: Option<(String, i64)> =
+            sqlx::query_as("SELECT tenant, last_seq FROM runs WHERE run_id = $1 FOR UPDATE")
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+        let Some((tenant, last_seq)) = run else {
+            return Err(StoreError::NotFound(format!("run {run_id}")).into());
+        };
+        let task = match task_id {
+            Some(task_id) => {
+                let row: Option<TaskRow> = sqlx::query_as(
+                    "SELECT task_id, run_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
+                            (lease_expires_at IS NOT NULL AND lease_expires_at <= now()) AS lease_expired
+                     FROM tasks WHERE task_id = $1 AND run_id = $2 FOR UPDATE",
+                )
+                .bind(task_id)
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+                Some(row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?)
+            }
+            None => None,
+        };
+        let state = load_state(&mut tx, run_id).await?;
+        if state.last_seq != last_seq as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "run {run_id}: last_seq {last_seq} but {} events",
+                state.last_seq
+            ))
+            .into());
+        }
+        let decision = decide(&state, task.as_ref()).map_err(TransitionError::Refused)?;
+        let mut after = state;
+        for event in &decision.events {
+            after.apply(event);
+        }
+        write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(Applied {
+            first_seq: last_seq as u64 + 1,
+            events: decision.events.len(),
+            status: after.status.as_str(),
+        })
+    }
+
+    /// The folded state of a run (for reads and tests).
+    pub async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let state = load_state(&mut tx, run_id).await?;
+        tx.commit().await?;
+        Ok(state)
+    }
+
+    // ---- tasks -----------------------------------------------------------
+
+    /// Claim up to `max` ready tasks of running runs for `worker_id`, with a
+    /// lease of `lease_ms` by the database clock. Each claim increments the
+    /// task's attempt (the fencing token).
+    pub async fn claim_tasks(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<ClaimedTask>, StoreError> {
+        Ok(sqlx::query_as(
+            "WITH picked AS (
+                 SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                 WHERE t.status = 'ready' AND t.available_at <= now() AND r.status = 'running'
+                 ORDER BY t.available_at, t.task_id
+                 LIMIT $2
+                 FOR UPDATE OF t SKIP LOCKED)
+             UPDATE tasks t SET status = 'leased', attempt = t.attempt + 1, worker_id = $1,
+                    lease_expires_at = now() + make_interval(secs => $3::float8 / 1000.0),
+                    dispatched = false, updated_at = now()
+             FROM picked WHERE t.task_id = picked.task_id
+             RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key",
+        )
+        .bind(worker_id)
+        .bind(max)
+        .bind(lease_ms as f64)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Extend the leases a worker still holds (not yet expired, same
+    /// attempt). Returns the `(task_id, attempt)` pairs extended.
+    pub async fn heartbeat(
+        &self,
+        worker_id: &str,
+        leases: &[(Uuid, i32)],
+        lease_ms: i64,
+    ) -> Result<Vec<(Uuid, i32)>, StoreError> {
+        let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
+        let attempts: Vec<i32> = leases.iter().map(|l| l.1).collect();
+        let rows: Vec<(Uuid, i32)> = sqlx::query_as(
+            "UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $4::float8 / 1000.0)
+             FROM UNNEST($2::uuid[], $3::int4[]) AS l(task_id, attempt)
+             WHERE t.task_id = l.task_id AND t.attempt = l.attempt AND t.status = 'leased'
+               AND t.worker_id = $1 AND t.lease_expires_at > now()
+             RETURNING t.task_id, t.attempt",
+        )
+        .bind(worker_id)
+        .bind(&ids)
+        .bind(&attempts)
+        .bind(lease_ms as f64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// Leases that have expired by the database clock, oldest first.
+    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT task_id, run_id, attempt FROM tasks
+             WHERE status = 'leased' AND lease_expires_at <= now()
+             ORDER BY lease_expires_at LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Earliest time a `ready` task becomes claimable, in ms from now (0 if
+    /// one is claimable now), or `None` when no task is ready.
+    pub async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
+        let row: Option<(Option<f64>,)> = sqlx::query_as(
+            "SELECT EXTRACT(EPOCH FROM (MIN(t.available_at) - now())) * 1000
+             FROM tasks t JOIN runs r ON r.run_id = t.run_id
+             WHERE t.status = 'ready' AND r.status = 'running'",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))
+    }
+
+    /// Cancel a leased task whose run can no longer use it (the run finished).
+    pub async fn end_orphan_task(&self, task_id: Uuid, attempt: i32) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = now()
+             WHERE task_id = $1 AND attempt = $2 AND status = 'leased'",
+        )
+        .bind(task_id)
+        .bind(attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    // ---- uncertain outcomes --------------------------------------------
+
+    /// Uncertain-outcome records of a run.
+    pub async fn uncertain_for_run(&self, run_id: Uuid) -> Result<Vec<UncertainRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,
+                    idempotency_key, attempts, worker_id, reason, status, created_at
+             FROM uncertain_outcomes WHERE run_id = $1 ORDER BY created_at",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
+
+/// Fold a run's events (inside the transition's transaction).
+async fn load_state(
+    tx: &mut Transaction<'static, Postgres>,
+    run_id: Uuid,
+) -> Result<RunState, StoreError> {
+    let rows = sqlx::query("SELECT seq, payload FROM events WHERE run_id = $1 ORDER BY seq")
+        .bind(run_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    let mut state = RunState::default();
+    for row in rows {
+        let seq: i64 = row.try_get("seq")?;
+        let payload: Value = row.try_get("payload")?;
+        let event: Event = serde_json::from_value(payload)
+            .map_err(|e| StoreError::Corrupt(format!("run {run_id} event {seq}: {e}")))?;
+        state.apply(&event);
+        if state.last_seq != seq as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "run {run_id}: gap before seq {seq}"
+            )));
+        }
+    }
+    Ok(state)
+}
+
+/// Append the decision's events after `last_seq`, perform its commands, and
+/// update the run row from the state `after` the events.
+async fn write_decision(
+    tx: &mut Transaction<'static, Postgres>,
+    run_id: Uuid,
+    tenant: &str,
+    last_seq: i64,
+    decision: &Decision,
+    after: &RunState,
+) -> Result<(), StoreError> {
+    if !decision.events.is_empty() {
+        let mut seqs = Vec::with_capacity(decision.events.len());
+        let mut kinds = Vec::with_capacity(decision.events.len());
+        let mut payloads = Vec::with_capacity(decision.events.len());
+        for (i, event) in decision.events.iter().enumerate() {
+            seqs.push(last_seq + 1 + i as i64);
+            kinds.push(event.kind().to_owned());
+            payloads.push(
+                serde_json::to_value(event)
+                    .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
+            );
+        }
+        sqlx::query(
+            "INSERT INTO events (run_id, seq, kind, payload)
+             SELECT $1, s, k, p FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)",
+        )
+        .bind(run_id)
+        .bind(&seqs)
+        .bind(&kinds)
+        .bind(&payloads)
+        .execute(&mut **tx)
+        .await?;
+    }
+    let mut notify_tasks = false;
+    for command in &decision.commands {
+        match command {
+            Command::ScheduleTask {
+                call_id,
+                kind,
+                spec,
+                idempotency_key,
+                repeat_safety,
+            } => {
+                sqlx::query(
+                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety)
+                     VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8)",
+                )
+                .bind(Uuid::now_v7())
+                .bind(run_id)
+                .bind(tenant)
+                .bind(call_id)
+                .bind(kind.as_str())
+                .bind(spec)
+                .bind(idempotency_key)
+                .bind(repeat_safety.map(|r| r.as_str()))
+                .execute(&mut **tx)
+                .await?;
+                notify_tasks = true;
+            }
+            Command::RetryTask { call_id, delay_ms } => {
+                sqlx::query(
+                    "UPDATE tasks SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
+                            available_at = now() + make_interval(secs => $3::float8 / 1000.0), updated_at = now()
+                     WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(*delay_ms as f64)
+                .execute(&mut **tx)
+                .await?;
+                notify_tasks = true;
+            }
+            Command::MarkDispatched { call_id, attempt } => {
+                sqlx::query(
+                    "UPDATE tasks SET dispatched = true, dispatched_attempt = $3, dispatched_at = now(), updated_at = now()
+                     WHERE run_id = $1 AND call_id = $2 AND attempt = $3 AND status = 'leased'",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(*attempt as i32)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::EndTask { call_id, end } => {
+                let status = match end {
+                    TaskEnd::Completed => "completed",
+                    TaskEnd::Failed => "failed",
+                    TaskEnd::Uncertain => "uncertain",
+                };
+                sqlx::query(
+                    "UPDATE tasks SET status = $3, lease_expires_at = NULL, updated_at = now()
+                     WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(status)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RecordUncertainOutcome {
+                call_id,
+                node,
+                tool,
+                tool_version,
+                arguments,
+                idempotency_key,
+                attempt,
+                reason,
+            } => {
+                sqlx::query(
+                    "INSERT INTO uncertain_outcomes (uncertain_id, tenant, run_id, task_id, call_id, node_id, tool,
+                         tool_version, arguments, idempotency_key, attempts, worker_id, reason)
+                     SELECT $1, $2, $3, t.task_id, $4, $5, $6, $7, $8, $9,
+                            jsonb_build_array(jsonb_build_object('attempt', $10::int4, 'worker_id', t.worker_id,
+                                'dispatched_at', t.dispatched_at, 'error', $11::text, 'recorded_at', now())),
+                            t.worker_id, $11
+                     FROM tasks t WHERE t.run_id = $3 AND t.call_id = $4",
+                )
+                .bind(Uuid::now_v7())
+                .bind(tenant)
+                .bind(run_id)
+                .bind(call_id)
+                .bind(node)
+                .bind(tool)
+                .bind(*tool_version as i32)
+                .bind(arguments)
+                .bind(idempotency_key)
+                .bind(*attempt as i32)
+                .bind(reason)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::CancelOpenTasks => {
+                sqlx::query(
+                    "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = now()
+                     WHERE run_id = $1 AND status IN ('ready', 'leased')",
+                )
+                .bind(run_id)
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+    }
+    let new_seq = last_seq + decision.events.len() as i64;
+    sqlx::query(
+        "UPDATE runs SET status = $2, status_reason = $3, output = $4, last_seq = $5, updated_at = now()
+         WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .bind(after.status.as_str())
+    .bind(&after.status_reason)
+    .bind(after.output.as_ref())
+    .bind(new_seq)
+    .execute(&mut **tx)
+    .await?;
+    if notify_tasks {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(TASKS_CHANNEL)
+            .execute(&mut **tx)
+            .await?;
+    }
+    if !decision.events.is_empty() {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(EVENTS_CHANNEL)
+            .bind(run_id.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}

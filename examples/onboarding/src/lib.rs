@@ -1,0 +1,39 @@
+//! The customer-onboarding example of Belay: test doubles for the services the
+//! example's agent talks to.
+//!
+//! Two HTTP servers stand in for real services so the example and the end-to-end
+//! tests run without network access or credentials, and so every run is
+//! deterministic:
+//!
+//! - [`model_server`]: a scripted, stateless OpenAI-compatible chat completions
+//!   server. Which answer it gives depends only on the request (the number of
+//!   assistant messages already in it), so a retried model call gets the same
+//!   answer.
+//! - [`crm_server`]: the CRM behind the example's three tools (look up a
+//!   customer, create an account, send a welcome email), with idempotency keys
+//!   and injectable faults (hang or fail before or after the side effect) so
+//!   tests can reproduce every row of the engine's repeat-safety table.
+//!
+//! Both run in-process ([`model_server::serve_model_server`],
+//! [`crm_server::serve_crm_server`]) or as the `scripted-model` and `crm-server`
+//! binaries, which tests spawn as separate processes.
+
+mod conn;
+
+pub mod crm_server;
+pub mod model_server;
+pub mod process;
+
+pub use crm_server::{CrmState, serve_crm_server};
+pub use model_server::{ModelServerState, Script, serve_model_server};
+
+/// The scripts of the onboarding example (`examples/onboarding/script.yaml`),
+/// embedded so the model server binary works from any directory.
+pub const ONBOARDING_SCRIPT: &str = include_str!("../script.yaml");
+
+/// Model name of the happy-path onboarding script.
+pub const ONBOARDING_MODEL: &str = "scripted-onboarding";
+
+/// Model name of the script that first proposes three calls the engine must
+/// refuse (unknown tool, invalid JSON, schema violation), then onboards.
+pub const REFUSALS_MODEL: &str = "scripted-refusals";

@@ -1,0 +1,460 @@
+//! Belay client library: a typed wrapper over the `belay.v1` gRPC services
+//! for applications and the `belay` CLI, and a readable one-line rendering of
+//! run events ([`timeline_line`]).
+
+use std::path::{Path, PathBuf};
+
+use belay_proto::v1::{
+    self, definition_service_client::DefinitionServiceClient, run_service_client::RunServiceClient,
+    tenant_service_client::TenantServiceClient,
+};
+use futures_util::StreamExt;
+use serde_json::Value;
+use tonic::transport::{Channel, Endpoint};
+
+pub use belay_proto::v1::{Definition, Run, RunEvent};
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum SdkError {
+    /// The engine URL is malformed.
+    #[error("invalid engine URL {url:?}: {source}")]
+    InvalidUrl {
+        /// URL given.
+        url: String,
+        /// Cause.
+        source: tonic::transport::Error,
+    },
+    /// The engine answered with an error status.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+    /// Reading definition files failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// File or folder.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A JSON argument is not JSON.
+    #[error("invalid JSON in {what}: {source}")]
+    Json {
+        /// Which argument.
+        what: String,
+        /// Cause.
+        source: serde_json::Error,
+    },
+}
+
+/// A connection to one engine, for one tenant. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    tenant: String,
+    runs: RunServiceClient<Channel>,
+    definitions: DefinitionServiceClient<Channel>,
+    tenants: TenantServiceClient<Channel>,
+}
+
+/// Options of [`Client::start_run`].
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Idempotency key; the same key returns the same run.
+    pub idempotency_key: String,
+    /// Who starts the run.
+    pub caller: String,
+    /// Permissions the caller holds.
+    pub caller_grants: Vec<String>,
+}
+
+impl Client {
+    /// Connect lazily to `url` (e.g. `http://127.0.0.1:50051`) for `tenant`;
+    /// the first call establishes the connection.
+    pub fn connect_lazy(url: &str, tenant: &str) -> Result<Client, SdkError> {
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(|source| SdkError::InvalidUrl {
+                url: url.to_owned(),
+                source,
+            })?
+            .connect_lazy();
+        Ok(Client {
+            tenant: tenant.to_owned(),
+            runs: RunServiceClient::new(channel.clone()),
+            definitions: DefinitionServiceClient::new(channel.clone()),
+            tenants: TenantServiceClient::new(channel),
+        })
+    }
+
+    /// The tenant this client acts for.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// Register every `*.tools.abl`, `*.yaml` and `*.yml` file under `paths`
+    /// (files or folders, not recursive into hidden folders) as one bundle.
+    pub async fn register_paths(&self, paths: &[PathBuf]) -> Result<Vec<Definition>, SdkError> {
+        let mut files = Vec::new();
+        for path in paths {
+            collect_files(path, &mut files)?;
+        }
+        files.sort_by(|a: &v1::DefinitionFile, b| a.path.cmp(&b.path));
+        self.register_files(files).await
+    }
+
+    /// Register a bundle of files given as (path, content).
+    pub async fn register_files(
+        &self,
+        files: Vec<v1::DefinitionFile>,
+    ) -> Result<Vec<Definition>, SdkError> {
+        let resp = self
+            .definitions
+            .clone()
+            .register_bundle(v1::RegisterBundleRequest {
+                tenant: self.tenant.clone(),
+                files,
+            })
+            .await?;
+        Ok(resp.into_inner().definitions)
+    }
+
+    /// Definitions of the tenant; `kind` empty for all.
+    pub async fn list_definitions(&self, kind: &str) -> Result<Vec<Definition>, SdkError> {
+        let resp = self
+            .definitions
+            .clone()
+            .list_definitions(v1::ListDefinitionsRequest {
+                tenant: self.tenant.clone(),
+                kind: kind.to_owned(),
+            })
+            .await?;
+        Ok(resp.into_inner().definitions)
+    }
+
+    /// Replace the tenant's grants.
+    pub async fn set_tenant_grants(&self, grants: Vec<String>) -> Result<Vec<String>, SdkError> {
+        let resp = self
+            .tenants
+            .clone()
+            .set_tenant_grants(v1::SetTenantGrantsRequest {
+                tenant: self.tenant.clone(),
+                grants,
+            })
+            .await?;
+        Ok(resp.into_inner().grants)
+    }
+
+    /// The tenant's grants.
+    pub async fn tenant_grants(&self) -> Result<Vec<String>, SdkError> {
+        let resp = self
+            .tenants
+            .clone()
+            .get_tenant_grants(v1::GetTenantGrantsRequest {
+                tenant: self.tenant.clone(),
+            })
+            .await?;
+        Ok(resp.into_inner().grants)
+    }
+
+    /// Start a run of `workflow` with `input`; returns the run and whether it was created.
+    pub async fn start_run(
+        &self,
+        workflow: &str,
+        input: &Value,
+        opts: StartOptions,
+    ) -> Result<(Run, bool), SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .start_run(v1::StartRunRequest {
+                tenant: self.tenant.clone(),
+                workflow: workflow.to_owned(),
+                input_json: input.to_string(),
+                idempotency_key: opts.idempotency_key,
+                caller: opts.caller,
+                caller_grants: opts.caller_grants,
+            })
+            .await?
+            .into_inner();
+        let run = resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("StartRun returned no run"))?;
+        Ok((run, resp.created))
+    }
+
+    /// One run.
+    pub async fn get_run(&self, run_id: &str) -> Result<Run, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .get_run(v1::GetRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("GetRun returned no run"))?)
+    }
+
+    /// A page of runs; returns the runs and the next page token ("" on the last page).
+    pub async fn list_runs(
+        &self,
+        status: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<(Vec<Run>, String), SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .list_runs(v1::ListRunsRequest {
+                tenant: self.tenant.clone(),
+                status: status.to_owned(),
+                page_size,
+                page_token: page_token.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok((resp.runs, resp.next_page_token))
+    }
+
+    /// Every event of a run after `after_seq` (pages through all of them).
+    pub async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<RunEvent>, SdkError> {
+        let mut out = Vec::new();
+        let mut after = after_seq;
+        loop {
+            let page = self
+                .runs
+                .clone()
+                .list_run_events(v1::ListRunEventsRequest {
+                    tenant: self.tenant.clone(),
+                    run_id: run_id.to_owned(),
+                    after_seq: after,
+                    limit: 1000,
+                })
+                .await?
+                .into_inner()
+                .events;
+            let n = page.len();
+            if let Some(last) = page.last() {
+                after = last.seq;
+            }
+            out.extend(page);
+            if n < 1000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Stream a run's events after `after_seq`, calling `on_event` for each,
+    /// until the run finishes (completed, failed, cancelled) or `stop`
+    /// returns true for an event. Returns the last event seen.
+    pub async fn watch(
+        &self,
+        run_id: &str,
+        after_seq: u64,
+        mut on_event: impl FnMut(&RunEvent) -> bool,
+    ) -> Result<Option<RunEvent>, SdkError> {
+        let mut stream = self
+            .runs
+            .clone()
+            .watch_run(v1::WatchRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                after_seq,
+            })
+            .await?
+            .into_inner();
+        let mut last = None;
+        while let Some(item) = stream.next().await {
+            let event = item?;
+            let stop = on_event(&event);
+            last = Some(event);
+            if stop {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    /// Cancel a run.
+    pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<Run, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .cancel_run(v1::CancelRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("CancelRun returned no run"))?)
+    }
+}
+
+fn is_definition_file(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.ends_with(".tools.abl") || name.ends_with(".yaml") || name.ends_with(".yml")
+}
+
+fn collect_files(path: &Path, out: &mut Vec<v1::DefinitionFile>) -> Result<(), SdkError> {
+    let io = |source| SdkError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(io)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for entry in entries {
+            let hidden = entry
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'));
+            if hidden {
+                continue;
+            }
+            if entry.is_dir() || is_definition_file(&entry) {
+                collect_files(&entry, out)?;
+            }
+        }
+    } else {
+        let content = std::fs::read_to_string(path).map_err(io)?;
+        out.push(v1::DefinitionFile {
+            path: path.display().to_string(),
+            content,
+        });
+    }
+    Ok(())
+}
+
+/// Whether an event kind ends the run.
+pub fn is_final_event(kind: &str) -> bool {
+    matches!(kind, "run_completed" | "run_failed" | "run_cancelled")
+}
+
+fn short(value: &Value, limit: usize) -> String {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// One readable line for an event: seq, kind, and the fields that matter
+/// (call id, tool, arguments, result, attempt, idempotency key, errors).
+pub fn timeline_line(event: &RunEvent) -> String {
+    let p: Value = serde_json::from_str(&event.payload_json).unwrap_or(Value::Null);
+    let s = |k: &str| p.get(k).map(|v| short(v, 160)).unwrap_or_default();
+    let detail = match event.kind.as_str() {
+        "run_started" => format!(
+            "tenant={} caller={} input={}",
+            s("tenant"),
+            s("caller"),
+            s("input")
+        ),
+        "node_started" => format!("node={} input={}", s("node"), s("input")),
+        "model_call_scheduled" => format!("{} step={}", s("call_id"), s("step")),
+        "model_call_completed" => {
+            let calls: Vec<String> = p
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .map(|c| {
+                            format!("{}({})", short(&c["name"], 40), short(&c["arguments"], 80))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if calls.is_empty() {
+                format!(
+                    "{} attempt={} answer={}",
+                    s("call_id"),
+                    s("attempt"),
+                    s("content")
+                )
+            } else {
+                format!(
+                    "{} attempt={} tool_calls=[{}]",
+                    s("call_id"),
+                    s("attempt"),
+                    calls.join(", ")
+                )
+            }
+        }
+        "model_call_attempt_failed" => format!(
+            "{} attempt={} retry={} error={}",
+            s("call_id"),
+            s("attempt"),
+            s("will_retry"),
+            s("error")
+        ),
+        "tool_call_refused" => format!("{} check={} reason={}", s("tool"), s("check"), s("reason")),
+        "tool_call_scheduled" => format!(
+            "{} {} args={} key={} repeat_safety={}",
+            s("call_id"),
+            s("tool"),
+            s("arguments"),
+            s("idempotency_key"),
+            s("repeat_safety")
+        ),
+        "tool_call_dispatched" => format!(
+            "{} attempt={} worker={}",
+            s("call_id"),
+            s("attempt"),
+            s("worker_id")
+        ),
+        "tool_call_completed" => format!(
+            "{} attempt={} result={}",
+            s("call_id"),
+            s("attempt"),
+            s("result")
+        ),
+        "tool_call_attempt_failed" => format!(
+            "{} attempt={} class={} dispatched={} retry={} error={}",
+            s("call_id"),
+            s("attempt"),
+            s("class"),
+            s("dispatched"),
+            s("will_retry"),
+            s("error")
+        ),
+        "tool_call_failed" => format!(
+            "{} attempt={} error={}",
+            s("call_id"),
+            s("attempt"),
+            s("error")
+        ),
+        "task_lease_expired" => format!(
+            "{} attempt={} dispatched={}",
+            s("call_id"),
+            s("attempt"),
+            s("dispatched")
+        ),
+        "uncertain_outcome_recorded" => format!(
+            "{} attempt={} reason={}",
+            s("call_id"),
+            s("attempt"),
+            s("reason")
+        ),
+        "run_paused" | "run_cancelled" => s("reason"),
+        "node_completed" => format!("node={} output={}", s("node"), s("output")),
+        "run_completed" => format!("output={}", s("output")),
+        "run_failed" => format!("error={}", s("error")),
+        _ => short(&p, 200),
+    };
+    format!("{:>4}  {:<27} {}", event.seq, event.kind, detail)
+}

@@ -1,0 +1,466 @@
+//! Harness for Belay's end-to-end tests: a fresh PostgreSQL database per
+//! test, and real engine, worker, scripted-model and CRM processes that tests
+//! can kill with SIGKILL and restart.
+//!
+//! Binaries are found next to the test executable (`target/<profile>/`), so
+//! build them first: `cargo build --workspace --bins`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use belay_sdk::{Client, RunEvent, StartOptions};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Base URL of the PostgreSQL server (without database).
+pub fn pg_base() -> String {
+    std::env::var("BELAY_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// Root of the repository.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Path of a workspace binary next to the running test executable.
+pub fn bin(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("cannot locate target dir from {}", exe.display()))?;
+    let path = dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A database created for one test, dropped by [`TestDb::drop_db`].
+pub struct TestDb {
+    /// Database name.
+    pub name: String,
+    /// Full URL.
+    pub url: String,
+}
+
+impl TestDb {
+    /// Create a fresh, empty database.
+    pub async fn create() -> Result<TestDb> {
+        let name = format!("belay_t_{}", uuid::Uuid::new_v4().simple());
+        let admin = sqlx::PgPool::connect(&format!("{}/postgres", pg_base()))
+            .await
+            .context("connecting to PostgreSQL (is it running on 127.0.0.1:5432?)")?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        Ok(TestDb {
+            url: format!("{}/{name}", pg_base()),
+            name,
+        })
+    }
+
+    /// A pool on this database.
+    pub async fn pool(&self) -> Result<sqlx::PgPool> {
+        Ok(sqlx::PgPool::connect(&self.url).await?)
+    }
+
+    /// Drop the database (terminating leftover connections).
+    pub async fn drop_db(&self) -> Result<()> {
+        let admin = sqlx::PgPool::connect(&format!("{}/postgres", pg_base())).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&admin)
+        .await?;
+        admin.close().await;
+        Ok(())
+    }
+}
+
+/// A spawned process that printed `listening on <url>`.
+pub struct Proc {
+    /// Name for messages.
+    pub name: String,
+    /// URL it listens on (empty for workers).
+    pub url: String,
+    child: Child,
+}
+
+impl Proc {
+    /// Spawn `bin args…`; if `wait_listen`, wait for its `listening on` line.
+    pub async fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        wait_listen: bool,
+    ) -> Result<Proc> {
+        let log_dir = std::env::temp_dir().join("belay-test-logs");
+        std::fs::create_dir_all(&log_dir)?;
+        let log = std::fs::File::create(
+            log_dir.join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple())),
+        )?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("BELAY_TEST_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()),
+        );
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", program.display()))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let mut url = String::new();
+        if wait_listen {
+            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .with_context(|| format!("{name} did not start within 60 s"))??
+                .ok_or_else(|| anyhow!("{name} exited before listening"))?;
+            url = line
+                .strip_prefix("listening on ")
+                .ok_or_else(|| anyhow!("{name} printed {line:?}, expected `listening on …`"))?
+                .trim()
+                .to_owned();
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Proc {
+            name: name.to_owned(),
+            url,
+            child,
+        })
+    }
+
+    /// SIGKILL the process and reap it.
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+
+    /// Port of `url`.
+    pub fn port(&self) -> Result<u16> {
+        let port = self.url.rsplit(':').next().unwrap_or_default();
+        Ok(port.parse()?)
+    }
+}
+
+/// Engine options for a test.
+#[derive(Debug, Clone)]
+pub struct EngineOpts {
+    /// Lease in ms.
+    pub lease_ms: u64,
+    /// Sweep interval in ms.
+    pub sweep_ms: u64,
+}
+
+impl Default for EngineOpts {
+    fn default() -> Self {
+        EngineOpts {
+            lease_ms: 1_500,
+            sweep_ms: 100,
+        }
+    }
+}
+
+/// One test's world: database, tool and model doubles, engines, workers.
+pub struct Env {
+    /// Database.
+    pub db: TestDb,
+    /// CRM test double.
+    pub crm: Proc,
+    /// Scripted model server.
+    pub model: Proc,
+    /// Engines (index 0 is the default).
+    pub engines: Vec<Proc>,
+    /// Workers.
+    pub workers: Vec<Proc>,
+    /// Engine options.
+    pub opts: EngineOpts,
+    /// HTTP client for the doubles' control endpoints.
+    pub http: reqwest::Client,
+    /// Tenant used by [`Env::client`].
+    pub tenant: String,
+}
+
+impl Env {
+    /// Start a database, the doubles and one engine (no worker yet);
+    /// register the example's definitions (plus the test fixtures) and grant
+    /// the tenant the example's permissions.
+    pub async fn start(opts: EngineOpts) -> Result<Env> {
+        let db = TestDb::create().await?;
+        let crm = Proc::spawn(
+            "crm",
+            &bin("crm-server")?,
+            &["--listen".into(), "127.0.0.1:0".into()],
+            &[],
+            true,
+        )
+        .await?;
+        let model = Proc::spawn(
+            "model",
+            &bin("scripted-model")?,
+            &["--listen".into(), "127.0.0.1:0".into()],
+            &[],
+            true,
+        )
+        .await?;
+        let mut env = Env {
+            db,
+            crm,
+            model,
+            engines: Vec::new(),
+            workers: Vec::new(),
+            opts,
+            http: reqwest::Client::new(),
+            tenant: "acme".into(),
+        };
+        env.start_engine(None).await?;
+        let client = env.client(0)?;
+        let root = repo_root();
+        client
+            .register_paths(&[
+                root.join("examples/onboarding/definitions"),
+                root.join("tests/fixtures"),
+            ])
+            .await?;
+        client
+            .set_tenant_grants(vec![
+                "crm.read".into(),
+                "crm.write".into(),
+                "email.send".into(),
+            ])
+            .await?;
+        Ok(env)
+    }
+
+    /// Start another engine on the same database (on `port`, or a free one).
+    pub async fn start_engine(&mut self, port: Option<u16>) -> Result<usize> {
+        let listen = format!("127.0.0.1:{}", port.unwrap_or(0));
+        let engine = Proc::spawn(
+            &format!("engine{}", self.engines.len()),
+            &bin("belay-engine")?,
+            &[
+                "--listen".into(),
+                listen,
+                "--lease-ms".into(),
+                self.opts.lease_ms.to_string(),
+                "--sweep-interval-ms".into(),
+                self.opts.sweep_ms.to_string(),
+                "--db-connections".into(),
+                "6".into(),
+            ],
+            &[("DATABASE_URL", self.db.url.clone())],
+            true,
+        )
+        .await?;
+        self.engines.push(engine);
+        Ok(self.engines.len() - 1)
+    }
+
+    /// SIGKILL engine `i` and start a new one on the same port, replacing it.
+    pub async fn restart_engine(&mut self, i: usize) -> Result<()> {
+        let port = self.engines[i].port()?;
+        self.engines[i].kill().await?;
+        let new = self.start_engine(Some(port)).await?;
+        let proc = self.engines.remove(new);
+        self.engines[i] = proc;
+        Ok(())
+    }
+
+    /// Start a worker connected to engine `engine`.
+    pub async fn start_worker(&mut self, engine: usize) -> Result<usize> {
+        let id = format!("worker{}", self.workers.len());
+        let worker = Proc::spawn(
+            &id,
+            &bin("belay-worker")?,
+            &[
+                "--engine-url".into(),
+                self.engines[engine].url.clone(),
+                "--worker-id".into(),
+                id.clone(),
+                "--model-base-url".into(),
+                format!("{}/v1", self.model.url),
+                "--http-base-url".into(),
+                self.crm.url.clone(),
+                "--concurrency".into(),
+                "4".into(),
+            ],
+            &[],
+            false,
+        )
+        .await?;
+        self.workers.push(worker);
+        Ok(self.workers.len() - 1)
+    }
+
+    /// A client of engine `i` for the test tenant.
+    pub fn client(&self, i: usize) -> Result<Client> {
+        Ok(Client::connect_lazy(&self.engines[i].url, &self.tenant)?)
+    }
+
+    /// Start an onboarding run for `email`.
+    pub async fn start_onboarding(
+        &self,
+        engine: usize,
+        workflow: &str,
+        email: &str,
+        key: &str,
+    ) -> Result<String> {
+        let (run, _) = self
+            .client(engine)?
+            .start_run(
+                workflow,
+                &json!({"email": email, "name": "Ada Lovelace", "plan": "pro"}),
+                StartOptions {
+                    idempotency_key: key.into(),
+                    caller: "test".into(),
+                    caller_grants: vec!["crm.read".into(), "crm.write".into(), "email.send".into()],
+                },
+            )
+            .await?;
+        Ok(run.run_id)
+    }
+
+    /// Watch a run (through engine `engine`) until an event of `kind` or the
+    /// end of the run; returns the events seen. Fails after `timeout`.
+    pub async fn wait_for(
+        &self,
+        engine: usize,
+        run_id: &str,
+        kind: &str,
+        timeout: Duration,
+    ) -> Result<Vec<RunEvent>> {
+        let client = self.client(engine)?;
+        let mut seen = Vec::new();
+        let fut = async {
+            let mut after = 0;
+            // A watch stream breaks when an engine is killed: resume from the last seq.
+            loop {
+                let result = client
+                    .watch(run_id, after, |e| {
+                        seen.push(e.clone());
+                        e.kind == kind || belay_sdk::is_final_event(&e.kind)
+                    })
+                    .await;
+                if let Some(last) = seen.last() {
+                    after = last.seq;
+                    if last.kind == kind || belay_sdk::is_final_event(&last.kind) {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                }
+                if result.is_err() {
+                    tokio::time::sleep(Duration::from_millis(100)).await; // engine restarting
+                }
+            }
+        };
+        tokio::time::timeout(timeout, fut).await.map_err(|_| {
+            anyhow!(
+                "run {run_id}: no `{kind}` within {timeout:?}; saw {:?}",
+                seen.iter().map(|e| e.kind.clone()).collect::<Vec<_>>()
+            )
+        })??;
+        Ok(seen)
+    }
+
+    /// Every event of a run, as JSON payloads, checked gapless from 1.
+    pub async fn events(&self, run_id: &str) -> Result<Vec<Value>> {
+        let events = self.client(0)?.events(run_id, 0).await?;
+        for (i, e) in events.iter().enumerate() {
+            if e.seq != i as u64 + 1 {
+                bail!("run {run_id}: seq {} at position {i}: not gapless", e.seq);
+            }
+        }
+        events
+            .iter()
+            .map(|e| serde_json::from_str(&e.payload_json).map_err(Into::into))
+            .collect()
+    }
+
+    /// Requests the CRM received for `path`.
+    pub async fn crm_requests(&self, path: &str) -> Result<Vec<Value>> {
+        let v: Value = self
+            .http
+            .get(format!("{}/_requests", self.crm.url))
+            .query(&[("path", path)])
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
+    /// Wait until the CRM received `count` requests for `path`.
+    pub async fn crm_wait(&self, path: &str, count: usize) -> Result<()> {
+        self.http
+            .get(format!("{}/_wait", self.crm.url))
+            .query(&[
+                ("path", path),
+                ("count", &count.to_string()),
+                ("timeout_ms", "30000"),
+            ])
+            .send()
+            .await?
+            .error_for_status()
+            .with_context(|| format!("CRM never got {count} request(s) for {path}"))?;
+        Ok(())
+    }
+
+    /// Install a CRM fault.
+    pub async fn crm_fault(&self, path: &str, action: &str, times: u32) -> Result<()> {
+        self.http
+            .post(format!("{}/_faults", self.crm.url))
+            .json(&json!({"path": path, "action": action, "times": times}))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Kill everything and drop the database.
+    pub async fn stop(mut self) -> Result<()> {
+        for p in self.workers.iter_mut().chain(self.engines.iter_mut()) {
+            let _ = p.kill().await;
+        }
+        let _ = self.crm.kill().await;
+        let _ = self.model.kill().await;
+        self.db.drop_db().await
+    }
+}
+
+/// Events of `kind` among payloads.
+pub fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// Count of each call id's `tool_call_dispatched` events.
+pub fn dispatch_counts(events: &[Value]) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for e in of_kind(events, "tool_call_dispatched") {
+        *counts
+            .entry(e["call_id"].as_str().unwrap_or_default().to_owned())
+            .or_insert(0) += 1;
+    }
+    counts
+}

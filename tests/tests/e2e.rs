@@ -1,0 +1,326 @@
+//! End-to-end: real PostgreSQL, real engine/worker/model/CRM processes.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Result;
+use belay_tests::{EngineOpts, Env, dispatch_counts, of_kind};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn onboarding_run_completes_with_a_gapless_timeline() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding", "new@example.com", "k1")
+        .await?;
+    let seen = env.wait_for(0, &run_id, "run_completed", T).await?;
+    assert_eq!(seen.last().map(|e| e.kind.as_str()), Some("run_completed"));
+
+    let events = env.events(&run_id).await?;
+    let scheduled = of_kind(&events, "tool_call_scheduled");
+    let tools: Vec<&str> = scheduled
+        .iter()
+        .filter_map(|e| e["tool"].as_str())
+        .collect();
+    assert_eq!(
+        tools,
+        ["lookup_customer", "create_account", "send_welcome_email"]
+    );
+    for e in &scheduled {
+        let key = e["idempotency_key"].as_str().unwrap_or_default();
+        assert_eq!(
+            key,
+            format!("{run_id}/{}", e["call_id"].as_str().unwrap_or_default())
+        );
+        assert!(e["arguments"].is_object());
+    }
+    assert_eq!(scheduled[1]["arguments"]["email"], "new@example.com");
+    let completed = of_kind(&events, "tool_call_completed");
+    assert_eq!(completed.len(), 3);
+    assert!(completed.iter().all(|e| e["attempt"] == 1));
+    assert_eq!(of_kind(&events, "model_call_completed").len(), 4);
+    // Every dispatch exactly once.
+    assert!(dispatch_counts(&events).values().all(|&n| n == 1));
+
+    // The output carries the account the CRM created, and the CRM saw one create.
+    let accounts = env.crm_requests("/accounts").await?;
+    assert_eq!(accounts.len(), 1);
+    let run = env.client(0)?.get_run(&run_id).await?;
+    assert_eq!(run.status, "completed");
+    let output: Value = serde_json::from_str(&run.output_json)?;
+    let account_id = completed[1]["result"]["account_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!account_id.is_empty());
+    assert_eq!(output["account_id"], account_id.as_str());
+    assert_eq!(
+        accounts[0]["idempotency_key"],
+        format!("{run_id}/intake.t2")
+    );
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_run_twice_with_one_key_gives_one_run() -> Result<()> {
+    let env = Env::start(EngineOpts::default()).await?;
+    let a = env
+        .start_onboarding(0, "onboarding", "x@example.com", "same-key")
+        .await?;
+    let b = env
+        .start_onboarding(0, "onboarding", "x@example.com", "same-key")
+        .await?;
+    assert_eq!(a, b);
+    let pool = env.db.pool().await?;
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(n, 1);
+    // Another tenant cannot see the run.
+    let other = belay_sdk::Client::connect_lazy(&env.engines[0].url, "globex")?;
+    let err = other
+        .get_run(&a)
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("not found"), "{err}");
+    // Bad input is refused with a precise error.
+    let err = env
+        .client(0)?
+        .start_run(
+            "onboarding",
+            &serde_json::json!({"name": "no email"}),
+            belay_sdk::StartOptions {
+                idempotency_key: "k2".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("input schema"), "{err}");
+    let err = env
+        .client(0)?
+        .start_run(
+            "nope",
+            &serde_json::json!({}),
+            belay_sdk::StartOptions {
+                idempotency_key: "k3".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("workflow `nope` not found"), "{err}");
+    pool.close().await;
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_tool_calls_go_back_to_the_model_and_the_run_goes_on() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding_refusals", "r@example.com", "r1")
+        .await?;
+    env.wait_for(0, &run_id, "run_completed", T).await?;
+    let events = env.events(&run_id).await?;
+    let refused = of_kind(&events, "tool_call_refused");
+    let checks: Vec<&str> = refused.iter().filter_map(|e| e["check"].as_str()).collect();
+    assert_eq!(
+        checks,
+        ["not_on_list", "invalid_arguments", "invalid_arguments"]
+    );
+    assert!(
+        refused[1]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not valid JSON")
+    );
+    assert!(
+        refused[2]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("input schema")
+    );
+    assert_eq!(of_kind(&events, "run_completed").len(), 1);
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_killed_mid_run_resumes_without_duplicates() -> Result<()> {
+    // A long lease: the restart happens well within it, so no lease expires
+    // and nothing may be dispatched twice.
+    let mut env = Env::start(EngineOpts {
+        lease_ms: 20_000,
+        sweep_ms: 100,
+    })
+    .await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding", "kill-engine@example.com", "ke")
+        .await?;
+    env.wait_for(0, &run_id, "tool_call_dispatched", T).await?;
+    env.restart_engine(0).await?;
+    env.wait_for(0, &run_id, "run_completed", T).await?;
+    let events = env.events(&run_id).await?;
+    assert_eq!(of_kind(&events, "run_completed").len(), 1);
+    assert!(
+        dispatch_counts(&events).values().all(|&n| n == 1),
+        "{:?}",
+        dispatch_counts(&events)
+    );
+    let completed: Vec<&str> = of_kind(&events, "tool_call_completed")
+        .iter()
+        .filter_map(|e| e["call_id"].as_str())
+        .collect();
+    let unique: BTreeSet<&str> = completed.iter().copied().collect();
+    assert_eq!(unique.len(), completed.len(), "no event written twice");
+    assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    env.crm_fault("/customers/lookup", "hang_after_effect", 1)
+        .await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding", "idem@example.com", "ki")
+        .await?;
+    env.crm_wait("/customers/lookup", 1).await?;
+    env.workers[0].kill().await?;
+    env.start_worker(0).await?;
+    env.wait_for(0, &run_id, "run_completed", T).await?;
+    let lookups = env.crm_requests("/customers/lookup").await?;
+    assert_eq!(lookups.len(), 2);
+    assert_eq!(lookups[0]["idempotency_key"], lookups[1]["idempotency_key"]);
+    assert_eq!(lookups[0]["idempotency_key"], format!("{run_id}/intake.t1"));
+    let events = env.events(&run_id).await?;
+    let expired = of_kind(&events, "task_lease_expired");
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0]["dispatched"], true);
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    env.crm_fault("/accounts", "hang_after_effect", 1).await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding", "rec@example.com", "kr")
+        .await?;
+    env.crm_wait("/accounts", 1).await?;
+    env.workers[0].kill().await?;
+    env.start_worker(0).await?; // must not repeat the call
+    env.wait_for(0, &run_id, "run_paused", T).await?;
+    let run = env.client(0)?.get_run(&run_id).await?;
+    assert_eq!(run.status, "paused");
+    assert!(
+        run.status_reason.contains("uncertain outcome"),
+        "{}",
+        run.status_reason
+    );
+    let pool = env.db.pool().await?;
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(
+        "SELECT tool, idempotency_key, arguments FROM uncertain_outcomes WHERE run_id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_all(&pool)
+    .await?;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0, "create_account");
+    assert_eq!(rows[0].1, format!("{run_id}/intake.t2"));
+    assert_eq!(rows[0].2["email"], "rec@example.com");
+    let (status,): (String,) = sqlx::query_as(
+        "SELECT status FROM tasks WHERE run_id = $1::uuid AND call_id = 'intake.t2'",
+    )
+    .bind(&run_id)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(status, "uncertain");
+    assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
+    pool.close().await;
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_and_two_workers_complete_every_run_exactly_once() -> Result<()> {
+    let mut env = Env::start(EngineOpts {
+        lease_ms: 10_000,
+        sweep_ms: 100,
+    })
+    .await?;
+    env.start_engine(None).await?;
+    env.start_worker(0).await?;
+    env.start_worker(1).await?;
+    let mut runs = Vec::new();
+    for i in 0..8 {
+        let engine = i % 2;
+        runs.push((
+            engine,
+            env.start_onboarding(
+                engine,
+                "onboarding",
+                &format!("u{i}@example.com"),
+                &format!("many-{i}"),
+            )
+            .await?,
+        ));
+    }
+    for (engine, run_id) in &runs {
+        env.wait_for(*engine, run_id, "run_completed", T).await?;
+    }
+    for (_, run_id) in &runs {
+        let events = env.events(run_id).await?;
+        assert_eq!(of_kind(&events, "run_completed").len(), 1);
+        assert!(dispatch_counts(&events).values().all(|&n| n == 1));
+    }
+    let creates = env.crm_requests("/accounts").await?;
+    assert_eq!(creates.len(), 8);
+    let keys: BTreeSet<String> = creates
+        .iter()
+        .map(|r| r["idempotency_key"].to_string())
+        .collect();
+    assert_eq!(keys.len(), 8);
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_answer_without_proto_files() -> Result<()> {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let env = Env::start(EngineOpts::default()).await?;
+    let channel = tonic::transport::Endpoint::from_shared(env.engines[0].url.clone())?.connect().await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "belay.v1.RunService".into() })
+        .await?
+        .into_inner()
+        .status;
+    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut stream = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await?.into_inner();
+    let response = stream.message().await?.and_then(|r| r.message_response);
+    let Some(MessageResponse::ListServicesResponse(list)) = response else {
+        anyhow::bail!("unexpected reflection response {response:?}");
+    };
+    let names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["belay.v1.RunService", "belay.v1.WorkerService", "belay.v1.DefinitionService", "belay.v1.TenantService"] {
+        assert!(names.contains(expected), "{expected} missing from {names:?}");
+    }
+    env.stop().await
+}

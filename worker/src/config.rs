@@ -1,0 +1,84 @@
+//! Worker configuration: where the engine is, how many tasks to run at once,
+//! and how to reach model providers and HTTP tools.
+//!
+//! Everything here comes from flags or environment variables (see `main.rs`);
+//! a worker holds no other state, durable or not.
+
+/// Default engine gRPC URL.
+pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:50051";
+/// Default OpenAI-compatible base URL (the part before `/chat/completions`).
+pub const DEFAULT_MODEL_BASE_URL: &str = "https://api.openai.com/v1";
+/// Default number of tasks a worker runs at once.
+pub const DEFAULT_CONCURRENCY: usize = 8;
+/// Default long-poll wait of `ClaimTasks`, in ms.
+pub const DEFAULT_CLAIM_WAIT_MS: u32 = 10_000;
+/// Default whole-request timeout of one model call, in ms.
+pub const DEFAULT_MODEL_TIMEOUT_MS: u64 = 120_000;
+/// Default time a shutting-down worker waits for in-flight tasks, in ms.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
+
+/// How to reach the OpenAI-compatible model provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelProviderConfig {
+    /// Base URL, e.g. `https://api.openai.com/v1`; requests go to
+    /// `{base_url}/chat/completions`.
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer <key>` when set. Never logged.
+    pub api_key: Option<String>,
+    /// Whole-request timeout of one model call (connect, send, wait, read the
+    /// body), in ms. Default [`DEFAULT_MODEL_TIMEOUT_MS`].
+    pub timeout_ms: u64,
+}
+
+impl Default for ModelProviderConfig {
+    fn default() -> Self {
+        Self {
+            base_url: DEFAULT_MODEL_BASE_URL.to_owned(),
+            api_key: None,
+            timeout_ms: DEFAULT_MODEL_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Everything a worker process needs. Build with [`WorkerConfig::new`] and
+/// override fields as needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Engine gRPC URL (`http://host:port`). The connection is lazy: the worker
+    /// may start before the engine and survives engine restarts.
+    pub engine_url: String,
+    /// Stable id of this worker process, sent with every call and recorded by
+    /// the engine on dispatch.
+    pub worker_id: String,
+    /// Maximum number of tasks in flight at once (at least 1). Default
+    /// [`DEFAULT_CONCURRENCY`].
+    pub concurrency: usize,
+    /// Long-poll wait of one `ClaimTasks` call, in ms (the engine caps it at
+    /// 30 000). Default [`DEFAULT_CLAIM_WAIT_MS`].
+    pub claim_wait_ms: u32,
+    /// The model provider.
+    pub model: ModelProviderConfig,
+    /// Base URL that HTTP tool endpoints given as paths (`/users/{id}`) are
+    /// joined to. `None`: such tools fail with a `REJECTED` configuration error.
+    pub http_base_url: Option<String>,
+    /// On shutdown, how long to wait for in-flight tasks before dropping them,
+    /// in ms. Dropped tasks are not reported; their leases expire. Default
+    /// [`DEFAULT_SHUTDOWN_GRACE_MS`].
+    pub shutdown_grace_ms: u64,
+}
+
+impl WorkerConfig {
+    /// A configuration with defaults for everything but the engine URL and the
+    /// worker id.
+    pub fn new(engine_url: impl Into<String>, worker_id: impl Into<String>) -> Self {
+        Self {
+            engine_url: engine_url.into(),
+            worker_id: worker_id.into(),
+            concurrency: DEFAULT_CONCURRENCY,
+            claim_wait_ms: DEFAULT_CLAIM_WAIT_MS,
+            model: ModelProviderConfig::default(),
+            http_base_url: None,
+            shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Thin client of the engine's `WorkerService`.
+//!
+//! The channel connects lazily, so a worker starts before the engine and
+//! reconnects by itself after an engine restart. The reporting calls
+//! ([`EngineClient::dispatch`], [`EngineClient::report_complete`],
+//! [`EngineClient::report_failure`]) retry transient errors with exponential
+//! backoff because losing them costs a lease expiry (and, after dispatch, an
+//! uncertain outcome). A refusal that will not change on retry
+//! (`FAILED_PRECONDITION`, `NOT_FOUND`, `PERMISSION_DENIED`,
+//! `INVALID_ARGUMENT`, ...) is returned at once: the lease is gone, the task
+//! was cancelled, or the request is wrong.
+//!
+//! Retrying `DispatchToolCall` is safe: the worker acts only after an OK, so a
+//! lost OK followed by a refusal of the retry means the worker does not act,
+//! and the engine treats the lease as lost after dispatch.
+//!
+//! `ClaimTasks` and `Heartbeat` are not retried here: the runner's loops call
+//! them again anyway.
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use belay_proto::v1::worker_service_client::WorkerServiceClient;
+use belay_proto::v1::{
+    ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, FailTaskRequest, FailureClass,
+    HeartbeatRequest, LeaseStatus, Task, TaskLease,
+};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Deadline of one unary call (dispatch, complete, fail, heartbeat), in ms.
+const CALL_TIMEOUT_MS: u64 = 10_000;
+/// Extra deadline of `ClaimTasks` on top of its long-poll wait, in ms.
+const CLAIM_EXTRA_TIMEOUT_MS: u64 = 10_000;
+/// Largest engine response the client accepts, in bytes.
+const MAX_DECODING_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// TCP connect timeout to the engine, in ms.
+const CONNECT_TIMEOUT_MS: u64 = 5_000;
+
+/// Backoff of the reporting calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// First delay, in ms.
+    pub min_delay_ms: u64,
+    /// Largest delay, in ms (delays double up to it, with jitter).
+    pub max_delay_ms: u64,
+    /// Stop retrying once the delays add up to this, in ms.
+    pub total_delay_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    /// 100 ms doubling to 5 s, for up to 2 minutes: long enough to ride out an
+    /// engine restart or failover.
+    fn default() -> Self {
+        Self {
+            min_delay_ms: 100,
+            max_delay_ms: 5_000,
+            total_delay_ms: 120_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(self.min_delay_ms))
+            .with_max_delay(Duration::from_millis(self.max_delay_ms))
+            .with_total_delay(Some(Duration::from_millis(self.total_delay_ms)))
+            .without_max_times()
+            .with_jitter()
+    }
+}
+
+/// Whether a failed call may succeed if sent again: transport failures and
+/// engine-side unavailability (restart, overload, deadline). Refusals about the
+/// task itself are final.
+pub fn is_retryable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            // tonic reports its own client-side timeout as CANCELLED.
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::ResourceExhausted
+            | Code::Aborted
+            | Code::Internal
+    )
+}
+
+/// Client of `belay.v1.WorkerService` for one worker id. Cheap to clone (the
+/// channel is shared).
+#[derive(Debug, Clone)]
+pub struct EngineClient {
+    client: WorkerServiceClient<Channel>,
+    worker_id: String,
+    retry: RetryPolicy,
+}
+
+impl EngineClient {
+    /// A client for `engine_url` (`http://host:port`). Does not connect: the
+    /// first call does, and every call after a connection loss reconnects.
+    /// Fails only if the URL is invalid.
+    pub fn connect_lazy(
+        engine_url: &str,
+        worker_id: impl Into<String>,
+    ) -> Result<Self, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(engine_url.to_owned())?
+            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+            .tcp_nodelay(true)
+            // Find a dead engine connection in a long poll without waiting for
+            // the poll's deadline.
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect_lazy();
+        Ok(Self {
+            // Claimed specs carry whole transcripts, up to 64 per claim; the
+            // 4 MiB default would make a large batch unclaimable forever.
+            client: WorkerServiceClient::new(channel)
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES),
+            worker_id: worker_id.into(),
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    /// The same client with another backoff for the reporting calls.
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// This worker's id, sent in every request.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// One `ClaimTasks` long poll: up to `max_tasks` (1..=64) tasks, waiting up
+    /// to `wait_ms` (0..=30 000) for the first. No retry.
+    pub async fn claim_tasks(&self, max_tasks: u32, wait_ms: u32) -> Result<Vec<Task>, Status> {
+        let mut request = tonic::Request::new(ClaimTasksRequest {
+            worker_id: self.worker_id.clone(),
+            max_tasks: max_tasks.clamp(1, 64),
+            wait_ms: wait_ms.min(30_000),
+        });
+        request.set_timeout(Duration::from_millis(
+            u64::from(wait_ms) + CLAIM_EXTRA_TIMEOUT_MS,
+        ));
+        let response = self.client.clone().claim_tasks(request).await?;
+        Ok(response.into_inner().tasks)
+    }
+
+    /// One `Heartbeat` for `leases`; the status of each lease, `held: false`
+    /// for lost ones. No retry.
+    pub async fn heartbeat(&self, leases: Vec<TaskLease>) -> Result<Vec<LeaseStatus>, Status> {
+        let mut request = tonic::Request::new(HeartbeatRequest {
+            worker_id: self.worker_id.clone(),
+            leases,
+        });
+        request.set_timeout(Duration::from_millis(CALL_TIMEOUT_MS));
+        let response = self.client.clone().heartbeat(request).await?;
+        Ok(response.into_inner().leases)
+    }
+
+    /// `DispatchToolCall`, retried while transient. `Ok` means the dispatch is
+    /// recorded and the worker may act; any error means it must not.
+    pub async fn dispatch(&self, task_id: &str, attempt: u32) -> Result<(), Status> {
+        let request = DispatchToolCallRequest {
+            worker_id: self.worker_id.clone(),
+            task_id: task_id.to_owned(),
+            attempt,
+        };
+        self.retrying("DispatchToolCall", task_id, attempt, |mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .dispatch_tool_call(with_deadline(request))
+                    .await
+                    .map(drop)
+            }
+        })
+        .await
+    }
+
+    /// `CompleteTask` with `result_json`, retried while transient.
+    pub async fn report_complete(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        result_json: String,
+    ) -> Result<(), Status> {
+        let request = CompleteTaskRequest {
+            worker_id: self.worker_id.clone(),
+            task_id: task_id.to_owned(),
+            attempt,
+            result_json,
+        };
+        self.retrying("CompleteTask", task_id, attempt, |mut client| {
+            let request = request.clone();
+            async move { client.complete_task(with_deadline(request)).await.map(drop) }
+        })
+        .await
+    }
+
+    /// `FailTask` with `error` and `class`, retried while transient.
+    pub async fn report_failure(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        error: String,
+        class: FailureClass,
+    ) -> Result<(), Status> {
+        let request = FailTaskRequest {
+            worker_id: self.worker_id.clone(),
+            task_id: task_id.to_owned(),
+            attempt,
+            error,
+            class: class as i32,
+        };
+        self.retrying("FailTask", task_id, attempt, |mut client| {
+            let request = request.clone();
+            async move { client.fail_task(with_deadline(request)).await.map(drop) }
+        })
+        .await
+    }
+
+    async fn retrying<F, Fut>(
+        &self,
+        call: &'static str,
+        task_id: &str,
+        attempt: u32,
+        f: F,
+    ) -> Result<(), Status>
+    where
+        F: Fn(WorkerServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<(), Status>>,
+    {
+        let mut retries = 0u32;
+        (|| f(self.client.clone()))
+            .retry(self.retry.backoff())
+            .when(is_retryable)
+            .notify(|status: &Status, delay: Duration| {
+                retries += 1;
+                // One warning per call; the rest at debug so an engine outage
+                // does not flood the log.
+                if retries == 1 {
+                    tracing::warn!(
+                        %task_id, attempt, call, code = ?status.code(), error = status.message(),
+                        "engine call failed, retrying"
+                    );
+                } else {
+                    tracing::debug!(
+                        %task_id, attempt, call, retries, delay_ms = delay.as_millis() as u64,
+                        code = ?status.code(), "engine call still failing"
+                    );
+                }
+            })
+            .await
+    }
+}
+
+fn with_deadline<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(Duration::from_millis(CALL_TIMEOUT_MS));
+    request
+}

@@ -1,0 +1,29 @@
+//! Belay worker: claims tasks from the engine over gRPC (`belay.v1.WorkerService`),
+//! performs them, and reports back. Workers hold no durable state.
+//!
+//! - [`model`]: `model_call` tasks against an OpenAI-compatible Chat
+//!   Completions endpoint ([`ModelClient`]).
+//! - [`http_tool`]: `tool_call` tasks with an HTTP binding ([`HttpToolClient`]).
+//! - [`engine_client`]: the gRPC client, with backoff for reports
+//!   ([`EngineClient`]).
+//! - [`runner`]: the claim / heartbeat / perform / report loop ([`run`]).
+//! - [`config`]: the settings, [`WorkerConfig`].
+//!
+//! Every failure is reported with a [`belay_proto::v1::FailureClass`] saying
+//! whether the effect may have happened: `NOT_SENT` (provably nothing was
+//! sent), `MAY_HAVE_ACTED` (repeat safety decides), `REJECTED` (a definite
+//! refusal, not retried). A tool's side effect starts only after the engine
+//! accepted `DispatchToolCall`.
+
+pub mod config;
+pub mod engine_client;
+pub mod http_tool;
+mod http_util;
+pub mod model;
+pub mod runner;
+
+pub use config::{ModelProviderConfig, WorkerConfig};
+pub use engine_client::{EngineClient, RetryPolicy};
+pub use http_tool::{HttpToolClient, HttpToolError};
+pub use model::{ModelClient, ModelError};
+pub use runner::{run, run_with_engine};

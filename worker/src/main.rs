@@ -1,0 +1,123 @@
+//! `belay-worker`: runs one worker process until SIGTERM or Ctrl-C.
+//!
+//! Logs go to stderr; `RUST_LOG` filters them (default `info`).
+
+use belay_worker::config::{
+    DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_MODEL_BASE_URL,
+    DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS,
+};
+use belay_worker::{ModelProviderConfig, WorkerConfig};
+use std::io::IsTerminal as _;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+/// Belay worker: claims model and tool calls from the engine and performs them.
+#[derive(Debug, Parser)]
+#[command(name = "belay-worker", version, about)]
+struct Args {
+    /// Engine gRPC URL.
+    #[arg(long, env = "BELAY_ENGINE_URL", default_value = DEFAULT_ENGINE_URL)]
+    engine_url: String,
+    /// Stable id of this worker process [default: worker-<random>].
+    #[arg(long, env = "BELAY_WORKER_ID")]
+    worker_id: Option<String>,
+    /// Maximum number of tasks in flight.
+    #[arg(long, env = "BELAY_WORKER_CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY as u32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    concurrency: u32,
+    /// Long-poll wait of one claim, in ms (at most 30000).
+    #[arg(long, env = "BELAY_CLAIM_WAIT_MS", default_value_t = DEFAULT_CLAIM_WAIT_MS,
+          value_parser = clap::value_parser!(u32).range(0..=30_000))]
+    claim_wait_ms: u32,
+    /// OpenAI-compatible base URL; falls back to $OPENAI_BASE_URL, then
+    /// https://api.openai.com/v1.
+    #[arg(long, env = "BELAY_MODEL_BASE_URL")]
+    model_base_url: Option<String>,
+    /// Model provider API key; falls back to $OPENAI_API_KEY.
+    #[arg(long, env = "BELAY_MODEL_API_KEY", hide_env_values = true)]
+    model_api_key: Option<String>,
+    /// Whole-request timeout of one model call, in ms.
+    #[arg(long, env = "BELAY_MODEL_TIMEOUT_MS", default_value_t = DEFAULT_MODEL_TIMEOUT_MS)]
+    model_timeout_ms: u64,
+    /// Base URL for HTTP tool endpoints given as paths.
+    #[arg(long, env = "BELAY_HTTP_BASE_URL")]
+    http_base_url: Option<String>,
+    /// On shutdown, how long to wait for in-flight tasks, in ms.
+    #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
+    shutdown_grace_ms: u64,
+}
+
+/// The flag (or its `BELAY_*` variable) if set and not empty, else the first
+/// of `vars` that is. clap's `env` takes one variable; these settings also
+/// honour the conventional OpenAI names.
+fn flag_or_env(flag: Option<String>, vars: &[&str]) -> Option<String> {
+    flag.filter(|v| !v.is_empty()).or_else(|| {
+        vars.iter()
+            .filter_map(|var| std::env::var(var).ok())
+            .find(|v| !v.is_empty())
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
+    let worker_id = args
+        .worker_id
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            format!("worker-{}", &id[..12])
+        });
+    let config = WorkerConfig {
+        engine_url: args.engine_url,
+        worker_id,
+        concurrency: args.concurrency as usize,
+        claim_wait_ms: args.claim_wait_ms,
+        model: ModelProviderConfig {
+            base_url: flag_or_env(args.model_base_url, &["OPENAI_BASE_URL"])
+                .unwrap_or_else(|| DEFAULT_MODEL_BASE_URL.to_owned()),
+            api_key: flag_or_env(args.model_api_key, &["OPENAI_API_KEY"]),
+            timeout_ms: args.model_timeout_ms,
+        },
+        http_base_url: args.http_base_url.filter(|u| !u.is_empty()),
+        shutdown_grace_ms: args.shutdown_grace_ms,
+    };
+    belay_worker::run(config, shutdown_signal()).await
+}
+
+/// Resolves on the first SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}

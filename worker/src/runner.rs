@@ -1,0 +1,530 @@
+//! The worker loop: claim tasks, keep their leases alive, perform them, report.
+//!
+//! - One claim loop long-polls `ClaimTasks` for as many tasks as there are
+//!   free slots (a semaphore of `concurrency` permits bounds the tasks in
+//!   flight). While the engine is unreachable it backs off (100 ms doubling to
+//!   5 s) and logs once per outage.
+//! - Each claimed task runs in its own tokio task holding one permit.
+//! - One heartbeat loop renews every held lease in a single `Heartbeat`,
+//!   a third of the shortest lease after the last renewal. A lease the engine
+//!   reports as not held is dropped at once: its future is aborted and nothing
+//!   is reported (the engine has already moved on; a report would be refused
+//!   as stale).
+//! - A `tool_call` is dispatched (`DispatchToolCall`) before the HTTP request
+//!   starts; if dispatch fails the worker does not act and does not report.
+//! - On shutdown the claim loop stops, in-flight tasks get a grace period to
+//!   finish and report (heartbeats continue meanwhile), the rest are dropped
+//!   and their leases expire.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use belay_proto::v1::{FailureClass, LeaseStatus, Task, TaskLease};
+use belay_proto::wire::{ModelCallSpec, TASK_KIND_MODEL_CALL, TASK_KIND_TOOL_CALL, ToolCallSpec};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::{AbortHandle, JoinError, JoinSet};
+use tokio::time::Instant;
+use tonic::Code;
+
+use crate::config::WorkerConfig;
+use crate::engine_client::EngineClient;
+use crate::http_tool::HttpToolClient;
+use crate::model::ModelClient;
+
+/// Most tasks one `ClaimTasks` may ask for (the engine's limit).
+const MAX_CLAIM: usize = 64;
+/// First delay of the claim loop while the engine is unreachable, in ms.
+const CLAIM_RETRY_MIN_MS: u64 = 100;
+/// Largest delay of the claim loop while the engine is unreachable, in ms.
+const CLAIM_RETRY_MAX_MS: u64 = 5_000;
+/// Shortest time between two claims that returned nothing.
+const MIN_EMPTY_CLAIM_INTERVAL: Duration = Duration::from_millis(100);
+/// First delay after a failed heartbeat, in ms.
+const HEARTBEAT_RETRY_MIN_MS: u64 = 100;
+/// Largest delay after failed heartbeats, in ms.
+const HEARTBEAT_RETRY_MAX_MS: u64 = 2_000;
+/// Shortest heartbeat period, in ms, so a tiny lease cannot make a busy loop.
+const MIN_HEARTBEAT_PERIOD_MS: u64 = 50;
+/// Lease assumed when the engine sends `lease_ms: 0`, in ms.
+const FALLBACK_LEASE_MS: u64 = 30_000;
+
+/// Runs a worker until `shutdown` resolves, then drains in-flight tasks for up
+/// to `config.shutdown_grace_ms` and returns.
+///
+/// Errors only on invalid configuration (engine URL, HTTP clients); engine
+/// outages, model and tool failures are handled and logged, never returned.
+pub async fn run(config: WorkerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let engine = EngineClient::connect_lazy(&config.engine_url, config.worker_id.clone())
+        .with_context(|| format!("invalid engine URL {:?}", config.engine_url))?;
+    run_with_engine(config, engine, shutdown).await
+}
+
+/// [`run`] with a ready-made engine client (for a custom retry policy).
+/// `config.engine_url` and `config.worker_id` are not used; the client's are.
+pub async fn run_with_engine(
+    config: WorkerConfig,
+    engine: EngineClient,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let model = ModelClient::new(&config.model).context("cannot build the model client")?;
+    let tools = HttpToolClient::new(config.http_base_url.clone())
+        .context("cannot build the HTTP tool client")?;
+    let ctx = Arc::new(Ctx {
+        engine,
+        model,
+        tools,
+        leases: Mutex::new(HashMap::new()),
+        lease_added: Notify::new(),
+    });
+    let concurrency = config.concurrency.clamp(1, Semaphore::MAX_PERMITS);
+    tracing::info!(
+        worker_id = ctx.engine.worker_id(),
+        engine_url = %config.engine_url,
+        concurrency,
+        "worker started"
+    );
+
+    let (stop_heartbeats, heartbeats_stopped) = oneshot::channel();
+    let heartbeats = tokio::spawn(heartbeat_loop(Arc::clone(&ctx), heartbeats_stopped));
+
+    let semaphore = Arc::new(Semaphore::new(concurrency));
+    let mut tasks = JoinSet::new();
+    let mut outage_since: Option<Instant> = None;
+    let mut retry_delay = Duration::from_millis(CLAIM_RETRY_MIN_MS);
+    tokio::pin!(shutdown);
+
+    loop {
+        while let Some(joined) = tasks.try_join_next() {
+            log_join(joined);
+        }
+        let first = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            permit = Arc::clone(&semaphore).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                // The semaphore is never closed; treat it as a shutdown.
+                Err(_) => break,
+            },
+        };
+        let mut permits = vec![first];
+        while permits.len() < MAX_CLAIM {
+            match Arc::clone(&semaphore).try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        let max_tasks = u32::try_from(permits.len()).unwrap_or(1);
+        let claim_started = Instant::now();
+        let claimed = tokio::select! {
+            biased;
+            // Dropping a claim in flight may leave tasks leased to us that we
+            // never start; their leases expire and, as nothing was
+            // dispatched, the engine simply retries them.
+            () = &mut shutdown => break,
+            claimed = ctx.engine.claim_tasks(max_tasks, config.claim_wait_ms) => claimed,
+        };
+        match claimed {
+            Ok(claimed) => {
+                if let Some(since) = outage_since.take() {
+                    tracing::info!(
+                        down_ms = since.elapsed().as_millis() as u64,
+                        "engine reachable again"
+                    );
+                }
+                retry_delay = Duration::from_millis(CLAIM_RETRY_MIN_MS);
+                // An engine that answers "nothing" without long-polling (or a
+                // wait of 0) must not turn this loop into a busy poll.
+                if claimed.is_empty() && claim_started.elapsed() < MIN_EMPTY_CLAIM_INTERVAL {
+                    drop(permits);
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep_until(claim_started + MIN_EMPTY_CLAIM_INTERVAL) => {}
+                    }
+                    continue;
+                }
+                for task in claimed {
+                    let Some(permit) = permits.pop() else {
+                        tracing::warn!(
+                            task_id = %task.task_id,
+                            attempt = task.attempt,
+                            "engine returned more tasks than asked for; leaving this one to lease expiry"
+                        );
+                        continue;
+                    };
+                    start_task(&ctx, &mut tasks, task, permit);
+                }
+            }
+            Err(status) => {
+                if outage_since.is_none() {
+                    tracing::warn!(
+                        code = ?status.code(),
+                        error = status.message(),
+                        "cannot claim tasks; retrying with backoff until the engine answers"
+                    );
+                    outage_since = Some(Instant::now());
+                }
+                drop(permits);
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(retry_delay) => {}
+                }
+                retry_delay = (retry_delay * 2).min(Duration::from_millis(CLAIM_RETRY_MAX_MS));
+            }
+        }
+    }
+
+    tracing::info!(
+        in_flight = tasks.len(),
+        "shutting down: stopped claiming, waiting for in-flight tasks"
+    );
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let drained = tokio::time::timeout(grace, async {
+        while let Some(joined) = tasks.join_next().await {
+            log_join(joined);
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            abandoned = tasks.len(),
+            "shutdown grace period over; abandoning tasks (their leases will expire)"
+        );
+        tasks.shutdown().await;
+    }
+    let _ = stop_heartbeats.send(());
+    if let Err(e) = heartbeats.await {
+        tracing::error!(error = %e, "heartbeat loop ended abnormally");
+    }
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// What the tasks share.
+struct Ctx {
+    engine: EngineClient,
+    model: ModelClient,
+    tools: HttpToolClient,
+    /// Leases held, by (task id, attempt).
+    leases: Mutex<HashMap<LeaseKey, HeldLease>>,
+    /// Wakes the heartbeat loop when a lease is added (it may be the shortest).
+    lease_added: Notify,
+}
+
+type LeaseKey = (String, u32);
+
+struct HeldLease {
+    /// Lease length the engine last gave, in ms.
+    lease_ms: u64,
+    /// When the last successful heartbeat (or the claim) was sent; the engine
+    /// extended the lease no earlier than this.
+    renewed_at: Instant,
+    /// Aborts the task's future.
+    abort: AbortHandle,
+}
+
+impl Ctx {
+    fn leases(&self) -> MutexGuard<'_, HashMap<LeaseKey, HeldLease>> {
+        // A panic while holding the lock leaves the map consistent (every
+        // operation on it is a single insert/remove/update).
+        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// When the next heartbeat is due: a third of each lease after its last
+    /// renewal, earliest first. `None` when no lease is held.
+    fn next_heartbeat_due(&self) -> Option<Instant> {
+        self.leases()
+            .values()
+            .map(|l| l.renewed_at + heartbeat_period(l.lease_ms))
+            .min()
+    }
+
+    fn apply_heartbeat(&self, sent: &[TaskLease], statuses: Vec<LeaseStatus>, sent_at: Instant) {
+        let mut leases = self.leases();
+        // Renew everything sent first, so a lease the engine forgot to mention
+        // does not make the loop send again immediately.
+        for lease in sent {
+            if let Some(held) = leases.get_mut(&(lease.task_id.clone(), lease.attempt)) {
+                held.renewed_at = sent_at;
+            }
+        }
+        for status in statuses {
+            let key = (status.task_id, status.attempt);
+            if status.held {
+                if let Some(held) = leases.get_mut(&key)
+                    && status.lease_ms > 0
+                {
+                    held.lease_ms = status.lease_ms;
+                }
+            } else if let Some(lost) = leases.remove(&key) {
+                lost.abort.abort();
+                tracing::warn!(
+                    task_id = %key.0,
+                    attempt = key.1,
+                    "lease lost; task abandoned without reporting"
+                );
+            }
+        }
+    }
+}
+
+fn heartbeat_period(lease_ms: u64) -> Duration {
+    let lease_ms = if lease_ms == 0 {
+        FALLBACK_LEASE_MS
+    } else {
+        lease_ms
+    };
+    Duration::from_millis((lease_ms / 3).max(MIN_HEARTBEAT_PERIOD_MS))
+}
+
+/// Removes the task's lease when its future ends, however it ends (done,
+/// panicked, aborted), so a dead task is never kept alive by heartbeats.
+struct LeaseGuard {
+    ctx: Arc<Ctx>,
+    key: LeaseKey,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.ctx.leases().remove(&self.key);
+    }
+}
+
+fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: OwnedSemaphorePermit) {
+    let key: LeaseKey = (task.task_id.clone(), task.attempt);
+    let lease_ms = task.lease_ms;
+    // Hold the lock across the spawn so the task's guard cannot remove the
+    // lease before it is inserted.
+    let mut leases = ctx.leases();
+    let guard = LeaseGuard {
+        ctx: Arc::clone(ctx),
+        key: key.clone(),
+    };
+    let task_ctx = Arc::clone(ctx);
+    let abort = tasks.spawn(async move {
+        let _permit = permit;
+        let _guard = guard;
+        perform_task(&task_ctx, &task).await;
+    });
+    leases.insert(
+        key,
+        HeldLease {
+            lease_ms,
+            renewed_at: Instant::now(),
+            abort,
+        },
+    );
+    drop(leases);
+    ctx.lease_added.notify_one();
+}
+
+fn log_join(joined: Result<(), JoinError>) {
+    if let Err(e) = joined
+        && e.is_panic()
+    {
+        tracing::error!(error = %e, "task panicked; its lease will expire");
+    }
+}
+
+async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: oneshot::Receiver<()>) {
+    let mut failing_since: Option<Instant> = None;
+    let mut retry_delay = Duration::from_millis(HEARTBEAT_RETRY_MIN_MS);
+    let mut not_before: Option<Instant> = None;
+    loop {
+        let due = match (ctx.next_heartbeat_due(), not_before) {
+            (Some(due), Some(not_before)) => Some(due.max(not_before)),
+            (due, _) => due,
+        };
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            () = ctx.lease_added.notified() => continue,
+            () = sleep_until(due) => {}
+        }
+        let sent: Vec<TaskLease> = ctx
+            .leases()
+            .keys()
+            .map(|(task_id, attempt)| TaskLease {
+                task_id: task_id.clone(),
+                attempt: *attempt,
+            })
+            .collect();
+        if sent.is_empty() {
+            continue;
+        }
+        let sent_at = Instant::now();
+        let answer = tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            answer = ctx.engine.heartbeat(sent.clone()) => answer,
+        };
+        match answer {
+            Ok(statuses) => {
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(
+                        failing_ms = since.elapsed().as_millis() as u64,
+                        "heartbeats accepted again"
+                    );
+                }
+                not_before = None;
+                retry_delay = Duration::from_millis(HEARTBEAT_RETRY_MIN_MS);
+                ctx.apply_heartbeat(&sent, statuses, sent_at);
+            }
+            Err(status) => {
+                if failing_since.is_none() {
+                    tracing::warn!(
+                        code = ?status.code(),
+                        error = status.message(),
+                        leases = sent.len(),
+                        "heartbeat failed; retrying with backoff"
+                    );
+                    failing_since = Some(Instant::now());
+                }
+                not_before = Some(Instant::now() + retry_delay);
+                retry_delay = (retry_delay * 2).min(Duration::from_millis(HEARTBEAT_RETRY_MAX_MS));
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn perform_task(ctx: &Ctx, task: &Task) {
+    let task_id = &task.task_id;
+    let attempt = task.attempt;
+    tracing::info!(%task_id, attempt, run_id = %task.run_id, kind = %task.kind, "task claimed");
+    match task.kind.as_str() {
+        TASK_KIND_MODEL_CALL => perform_model_call(ctx, task).await,
+        TASK_KIND_TOOL_CALL => perform_tool_call(ctx, task).await,
+        other => {
+            let error = format!("this worker cannot perform tasks of kind {other:?}");
+            report_failure(ctx, task, FailureClass::NotSent, error).await;
+        }
+    }
+}
+
+async fn perform_model_call(ctx: &Ctx, task: &Task) {
+    let spec: ModelCallSpec = match serde_json::from_str(&task.spec_json) {
+        Ok(spec) => spec,
+        Err(e) => {
+            let error = format!("invalid model_call spec: {e}");
+            return report_failure(ctx, task, FailureClass::Rejected, error).await;
+        }
+    };
+    match ctx.model.call(&spec).await {
+        Ok(result) => match serde_json::to_string(&result) {
+            Ok(json) => report_complete(ctx, task, json).await,
+            Err(e) => {
+                let error = format!("cannot encode the model result: {e}");
+                report_failure(ctx, task, FailureClass::MayHaveActed, error).await;
+            }
+        },
+        Err(e) => {
+            let class = e.class();
+            tracing::warn!(
+                task_id = %task.task_id, attempt = task.attempt, class = class.as_str_name(),
+                error = %e, "model call failed"
+            );
+            report_failure(ctx, task, class, e.to_string()).await;
+        }
+    }
+}
+
+async fn perform_tool_call(ctx: &Ctx, task: &Task) {
+    let task_id = &task.task_id;
+    let attempt = task.attempt;
+    let spec: ToolCallSpec = match serde_json::from_str(&task.spec_json) {
+        Ok(spec) => spec,
+        Err(e) => {
+            let error = format!("invalid tool_call spec: {e}");
+            return report_failure(ctx, task, FailureClass::Rejected, error).await;
+        }
+    };
+    // Build the request before dispatch: a call that cannot be made is
+    // refused without ever being dispatched.
+    let request = match ctx.tools.prepare(&spec) {
+        Ok(request) => request,
+        Err(e) => return report_failure(ctx, task, e.class(), e.to_string()).await,
+    };
+    if let Err(status) = ctx.engine.dispatch(task_id, attempt).await {
+        tracing::warn!(
+            %task_id, attempt, code = ?status.code(), error = status.message(),
+            "dispatch refused; not acting and not reporting"
+        );
+        return;
+    }
+    tracing::info!(%task_id, attempt, tool = %spec.tool, "tool call dispatched");
+    match ctx.tools.execute(request).await {
+        Ok(value) => report_complete(ctx, task, value.to_string()).await,
+        Err(e) => {
+            let class = e.class();
+            tracing::warn!(
+                %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), error = %e,
+                "tool call failed"
+            );
+            report_failure(ctx, task, class, e.to_string()).await;
+        }
+    }
+}
+
+async fn report_complete(ctx: &Ctx, task: &Task, result_json: String) {
+    let task_id = &task.task_id;
+    let attempt = task.attempt;
+    match ctx
+        .engine
+        .report_complete(task_id, attempt, result_json)
+        .await
+    {
+        Ok(()) => tracing::info!(%task_id, attempt, "task completed"),
+        // The engine will never accept this result (too large: OUT_OF_RANGE
+        // is tonic's message-size refusal; or not valid for it); say so now rather than leave the task to lease expiry. The
+        // effect did happen, so the class is MAY_HAVE_ACTED.
+        Err(status) if matches!(status.code(), Code::InvalidArgument | Code::OutOfRange) => {
+            tracing::warn!(
+                %task_id, attempt, error = status.message(),
+                "engine refused the result; reporting a failure instead"
+            );
+            let error = format!("the engine refused the result: {}", status.message());
+            report_failure(ctx, task, FailureClass::MayHaveActed, error).await;
+        }
+        Err(status) => log_report_refused("CompleteTask", task, &status),
+    }
+}
+
+async fn report_failure(ctx: &Ctx, task: &Task, class: FailureClass, error: String) {
+    let task_id = &task.task_id;
+    let attempt = task.attempt;
+    match ctx
+        .engine
+        .report_failure(task_id, attempt, error, class)
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(%task_id, attempt, class = class.as_str_name(), "task failure reported")
+        }
+        Err(status) => log_report_refused("FailTask", task, &status),
+    }
+}
+
+fn log_report_refused(call: &'static str, task: &Task, status: &tonic::Status) {
+    let task_id = &task.task_id;
+    let attempt = task.attempt;
+    match status.code() {
+        Code::FailedPrecondition | Code::NotFound => tracing::info!(
+            %task_id, attempt, call, code = ?status.code(), error = status.message(),
+            "report dropped: the lease is gone or the task was cancelled"
+        ),
+        _ => tracing::error!(
+            %task_id, attempt, call, code = ?status.code(), error = status.message(),
+            "report failed; the task's lease will expire"
+        ),
+    }
+}

@@ -1,0 +1,289 @@
+//! HTTP tool execution against in-process servers: request shape per method,
+//! headers, result decoding, and the failure class of every way a call fails.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::routing::any;
+use belay_proto::v1::FailureClass;
+use belay_proto::wire::{HttpBinding, ToolBinding, ToolCallSpec};
+use belay_worker::{HttpToolClient, HttpToolError};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+type SeenLog = Arc<Mutex<Vec<Seen>>>;
+
+/// A tool server that records every request and answers `status` with `body`.
+async fn tool_server(status: u16, body: &'static str) -> (String, SeenLog) {
+    let seen: SeenLog = Arc::default();
+    let router = Router::new().fallback(any({
+        let seen = Arc::clone(&seen);
+        move |method: Method, uri: Uri, headers: HeaderMap, body_in: Bytes| async move {
+            seen.lock().unwrap().push(Seen {
+                method,
+                uri,
+                headers,
+                body: body_in,
+            });
+            (StatusCode::from_u16(status).unwrap(), body)
+        }
+    }));
+    (format!("http://{}", common::serve(router).await), seen)
+}
+
+fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
+    ToolCallSpec {
+        tool: "t".into(),
+        tool_version: 1,
+        arguments,
+        binding: ToolBinding::Http(HttpBinding {
+            endpoint: endpoint.into(),
+            method: method.into(),
+            headers: BTreeMap::from([("X-Api-Version".to_owned(), "2".to_owned())]),
+            timeout_ms: 5_000,
+        }),
+        idempotency_key: "run-1/call-7".into(),
+    }
+}
+
+fn with_timeout(mut spec: ToolCallSpec, timeout_ms: u64) -> ToolCallSpec {
+    let ToolBinding::Http(binding) = &mut spec.binding;
+    binding.timeout_ms = timeout_ms;
+    spec
+}
+
+fn sorted_query(uri: &Uri) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+#[tokio::test]
+async fn get_fills_encoded_path_params_and_sends_the_rest_as_query() {
+    let (base, seen) = tool_server(200, r#"{"id": 1}"#).await;
+    let client = HttpToolClient::new(Some(format!("{base}/api/"))).unwrap();
+    let result = client
+        .call(&spec(
+            "/users/{user}/docs/{n}",
+            "GET",
+            json!({"user": "ann/ø x", "n": 3, "tags": ["a", "b c"], "limit": 10, "skip": null}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(result, json!({"id": 1}));
+
+    let seen = seen.lock().unwrap();
+    let req = &seen[0];
+    assert_eq!(req.method, Method::GET);
+    assert_eq!(req.uri.path(), "/api/users/ann%2F%C3%B8%20x/docs/3");
+    assert_eq!(
+        sorted_query(&req.uri),
+        vec![
+            ("limit".into(), "10".into()),
+            ("tags".into(), "a".into()),
+            ("tags".into(), "b+c".into()),
+        ]
+    );
+    assert!(req.body.is_empty());
+    assert_eq!(req.headers["idempotency-key"], "run-1/call-7");
+    assert_eq!(req.headers["x-api-version"], "2");
+}
+
+#[tokio::test]
+async fn post_sends_the_remaining_arguments_as_json_body() {
+    let (base, seen) = tool_server(201, r#"{"created": true}"#).await;
+    let client = HttpToolClient::new(None).unwrap();
+    let result = client
+        .call(&spec(
+            &format!("{base}/accounts/{{id}}/transfers"),
+            "POST",
+            json!({"id": 42, "amount": 10.5, "memo": "rent"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(result, json!({"created": true}));
+
+    let seen = seen.lock().unwrap();
+    let req = &seen[0];
+    assert_eq!(req.method, Method::POST);
+    assert_eq!(req.uri.path(), "/accounts/42/transfers");
+    assert_eq!(req.uri.query(), None);
+    assert_eq!(req.headers["content-type"], "application/json");
+    assert_eq!(req.headers["idempotency-key"], "run-1/call-7");
+    let body: Value = serde_json::from_slice(&req.body).unwrap();
+    assert_eq!(body, json!({"amount": 10.5, "memo": "rent"}));
+}
+
+#[tokio::test]
+async fn put_and_patch_send_a_body_delete_sends_a_query() {
+    for (method, body_expected) in [("PUT", true), ("PATCH", true), ("DELETE", false)] {
+        let (base, seen) = tool_server(200, "").await;
+        let client = HttpToolClient::new(Some(base)).unwrap();
+        client
+            .call(&spec("/items", method, json!({"k": "v"})))
+            .await
+            .unwrap();
+        let seen = seen.lock().unwrap();
+        let req = &seen[0];
+        assert_eq!(req.method.as_str(), method);
+        if body_expected {
+            assert_eq!(req.body.as_ref(), br#"{"k":"v"}"#);
+            assert_eq!(req.uri.query(), None);
+        } else {
+            assert!(req.body.is_empty());
+            assert_eq!(req.uri.query(), Some("k=v"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn idempotency_key_wins_over_a_binding_header() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let mut spec = spec("/x", "POST", json!({}));
+    let ToolBinding::Http(binding) = &mut spec.binding;
+    binding
+        .headers
+        .insert("Idempotency-Key".into(), "forged".into());
+    client.call(&spec).await.unwrap();
+    let seen = seen.lock().unwrap();
+    let values: Vec<_> = seen[0].headers.get_all("idempotency-key").iter().collect();
+    assert_eq!(values, vec!["run-1/call-7"]);
+}
+
+#[tokio::test]
+async fn non_json_body_is_a_string_and_empty_body_is_null() {
+    let (base, _) = tool_server(200, "plain words").await;
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let value = client.call(&spec("/x", "GET", json!({}))).await.unwrap();
+    assert_eq!(value, json!("plain words"));
+
+    let (base, _) = tool_server(204, "").await;
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let value = client.call(&spec("/x", "POST", json!({}))).await.unwrap();
+    assert_eq!(value, Value::Null);
+}
+
+#[tokio::test]
+async fn relative_endpoint_without_base_url_is_rejected_before_any_request() {
+    let client = HttpToolClient::new(None).unwrap();
+    let err = client.prepare(&spec("/x", "GET", json!({}))).unwrap_err();
+    assert!(matches!(err, HttpToolError::Config(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::Rejected);
+}
+
+#[tokio::test]
+async fn connection_refused_is_not_sent() {
+    let client = HttpToolClient::new(None).unwrap();
+    let url = format!("http://{}/x", common::closed_port());
+    let err = client
+        .call(&spec(&url, "POST", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HttpToolError::Connect(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::NotSent);
+}
+
+#[tokio::test]
+async fn server_error_on_post_may_have_acted_but_on_get_was_not_sent() {
+    let (base, _) = tool_server(503, "down for maintenance").await;
+    let client = HttpToolClient::new(Some(base)).unwrap();
+
+    let err = client
+        .call(&spec("/x", "POST", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, HttpToolError::Status { status: 503, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+    assert!(err.to_string().contains("down for maintenance"));
+
+    let err = client
+        .call(&spec("/x", "GET", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::NotSent);
+}
+
+#[tokio::test]
+async fn client_error_is_rejected_with_status_and_body() {
+    let (base, _) = tool_server(422, r#"{"error": "amount must be positive"}"#).await;
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let err = client
+        .call(&spec("/x", "POST", json!({"amount": -1})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::Rejected);
+    let text = err.to_string();
+    assert!(text.contains("422"), "{text}");
+    assert!(text.contains("amount must be positive"), "{text}");
+}
+
+#[tokio::test]
+async fn too_many_requests_is_not_sent() {
+    let (base, _) = tool_server(429, "slow down").await;
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let err = client
+        .call(&spec("/x", "POST", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::NotSent);
+}
+
+#[tokio::test]
+async fn timeout_may_have_acted() {
+    let router = Router::new().fallback(any(std::future::pending::<&'static str>));
+    let base = format!("http://{}", common::serve(router).await);
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let err = client
+        .call(&with_timeout(spec("/x", "GET", json!({})), 200))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HttpToolError::Timeout {
+                timeout_ms: 200,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+}
+
+#[tokio::test]
+async fn connection_closed_after_sending_may_have_acted() {
+    let base = format!("http://{}", common::hang_up_server().await);
+    let client = HttpToolClient::new(Some(base)).unwrap();
+    let err = client
+        .call(&spec("/x", "POST", json!({"a": 1})))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HttpToolError::Transport(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+}

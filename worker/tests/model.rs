@@ -1,0 +1,334 @@
+//! The OpenAI-compatible adapter: request mapping, response parsing, and the
+//! failure class of every way a provider call can go wrong.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::routing::post;
+use belay_proto::v1::FailureClass;
+use belay_proto::wire::{ChatMessage, ModelCallSpec, ToolSchema, ToolUse, Usage};
+use belay_worker::model::{build_request, parse_response};
+use belay_worker::{ModelClient, ModelError, ModelProviderConfig};
+use serde_json::{Value, json};
+
+fn spec() -> ModelCallSpec {
+    ModelCallSpec {
+        model: "gpt-test".into(),
+        messages: vec![
+            ChatMessage::System {
+                content: "be brief".into(),
+            },
+            ChatMessage::User {
+                content: "hello".into(),
+            },
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolUse {
+                    id: "call_1".into(),
+                    name: "lookup".into(),
+                    arguments: "{\"q\":\"x\"}".into(),
+                }],
+            },
+            ChatMessage::Tool {
+                tool_call_id: "call_1".into(),
+                content: "{\"found\":true}".into(),
+            },
+        ],
+        tools: vec![ToolSchema {
+            name: "lookup".into(),
+            description: "Look something up".into(),
+            parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        }],
+        max_output_tokens: Some(256),
+    }
+}
+
+fn client(base_url: String, api_key: Option<&str>, timeout_ms: u64) -> ModelClient {
+    ModelClient::new(&ModelProviderConfig {
+        base_url,
+        api_key: api_key.map(str::to_owned),
+        timeout_ms,
+    })
+    .unwrap()
+}
+
+/// A provider answering every request with `status` and `body`.
+async fn provider(status: u16, body: &'static str) -> String {
+    let router = Router::new().route(
+        "/v1/chat/completions",
+        post(move || async move { (StatusCode::from_u16(status).unwrap(), body) }),
+    );
+    format!("http://{}/v1", common::serve(router).await)
+}
+
+#[test]
+fn request_maps_messages_tools_and_max_tokens() {
+    let body = build_request(&spec());
+    assert_eq!(
+        body,
+        json!({
+            "model": "gpt-test",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"found\":true}"},
+            ],
+            "tools": [{"type": "function", "function": {
+                "name": "lookup",
+                "description": "Look something up",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            }}],
+            "max_tokens": 256,
+        })
+    );
+}
+
+#[test]
+fn request_without_tools_or_limit_omits_them() {
+    let mut spec = spec();
+    spec.tools.clear();
+    spec.max_output_tokens = None;
+    let body = build_request(&spec);
+    assert!(body.get("tools").is_none());
+    assert!(body.get("max_tokens").is_none());
+}
+
+#[test]
+fn invalid_json_arguments_are_passed_through_verbatim() {
+    let raw_args = "{\"city\": \"Par"; // truncated by the model: invalid JSON
+    let body = json!({
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "weather", "arguments": raw_args}},
+                {"id": "call_b", "type": "function",
+                 "function": {"name": "nope", "arguments": "not json at all"}},
+            ]},
+            "finish_reason": "tool_calls",
+        }],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 34, "total_tokens": 46},
+    });
+    let result = parse_response(body.to_string().as_bytes()).unwrap();
+    assert_eq!(result.content, None);
+    assert_eq!(
+        result.tool_calls,
+        vec![
+            ToolUse {
+                id: "call_a".into(),
+                name: "weather".into(),
+                arguments: raw_args.into(),
+            },
+            ToolUse {
+                id: "call_b".into(),
+                name: "nope".into(),
+                arguments: "not json at all".into(),
+            },
+        ]
+    );
+    assert_eq!(
+        result.usage,
+        Usage {
+            input_tokens: 12,
+            output_tokens: 34
+        }
+    );
+    assert_eq!(result.finish_reason.as_deref(), Some("tool_calls"));
+}
+
+#[test]
+fn missing_tool_calls_and_usage_are_empty() {
+    let body = json!({"choices": [{"message": {"role": "assistant", "content": "Hi."},
+                                   "finish_reason": "stop"}]});
+    let result = parse_response(body.to_string().as_bytes()).unwrap();
+    assert_eq!(result.content.as_deref(), Some("Hi."));
+    assert!(result.tool_calls.is_empty());
+    assert_eq!(result.usage, Usage::default());
+    assert_eq!(result.finish_reason.as_deref(), Some("stop"));
+}
+
+#[test]
+fn object_arguments_are_reencoded_as_text() {
+    let body = json!({"choices": [{"message": {"tool_calls": [
+        {"id": "c", "function": {"name": "t", "arguments": {"a": 1}}}
+    ]}}]});
+    let result = parse_response(body.to_string().as_bytes()).unwrap();
+    assert_eq!(result.tool_calls[0].arguments, "{\"a\":1}");
+}
+
+#[test]
+fn unparseable_2xx_bodies_may_have_acted() {
+    for body in [
+        &b"<html>gateway</html>"[..],
+        b"{\"choices\": []}",
+        b"{\"object\": \"chat.completion\"}",
+        b"{\"choices\": [{\"finish_reason\": \"stop\"}]}",
+    ] {
+        let err = parse_response(body).unwrap_err();
+        assert!(matches!(err, ModelError::InvalidResponse(_)), "{err}");
+        assert_eq!(err.class(), FailureClass::MayHaveActed);
+    }
+}
+
+#[tokio::test]
+async fn call_posts_the_request_and_parses_the_answer() {
+    type Seen = Arc<Mutex<Vec<(Uri, HeaderMap, Value)>>>;
+    let seen: Seen = Arc::default();
+    let router = Router::new().route(
+        "/v1/chat/completions",
+        post({
+            let seen = Arc::clone(&seen);
+            move |uri: Uri, headers: HeaderMap, body: Bytes| async move {
+                let body: Value = serde_json::from_slice(&body).unwrap();
+                seen.lock().unwrap().push((uri, headers, body));
+                axum::Json(json!({
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+                }))
+            }
+        }),
+    );
+    let base = format!("http://{}/v1/", common::serve(router).await);
+    let result = client(base, Some("sk-test"), 5_000)
+        .call(&spec())
+        .await
+        .unwrap();
+    assert_eq!(result.content.as_deref(), Some("done"));
+    assert_eq!(result.usage.output_tokens, 1);
+
+    let seen = seen.lock().unwrap();
+    let (uri, headers, body) = &seen[0];
+    assert_eq!(uri.path(), "/v1/chat/completions");
+    assert_eq!(headers["authorization"], "Bearer sk-test");
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body, &build_request(&spec()));
+}
+
+#[tokio::test]
+async fn no_authorization_header_without_a_key() {
+    let saw_auth = Arc::new(Mutex::new(None));
+    let router = Router::new().route(
+        "/v1/chat/completions",
+        post({
+            let saw_auth = Arc::clone(&saw_auth);
+            move |headers: HeaderMap| async move {
+                *saw_auth.lock().unwrap() = Some(headers.contains_key("authorization"));
+                axum::Json(json!({"choices": [{"message": {"content": "ok"}}]}))
+            }
+        }),
+    );
+    let base = format!("http://{}/v1", common::serve(router).await);
+    client(base, None, 5_000).call(&spec()).await.unwrap();
+    assert_eq!(*saw_auth.lock().unwrap(), Some(false));
+}
+
+#[tokio::test]
+async fn provider_4xx_is_rejected_with_its_message() {
+    let base = provider(
+        400,
+        r#"{"error": {"message": "Invalid value for 'max_tokens'", "type": "invalid_request_error"}}"#,
+    )
+    .await;
+    let err = client(base, Some("k"), 5_000)
+        .call(&spec())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ModelError::Rejected { status: 400, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), FailureClass::Rejected);
+    let text = err.to_string();
+    assert!(text.contains("400"), "{text}");
+    assert!(text.contains("Invalid value for 'max_tokens'"), "{text}");
+}
+
+#[tokio::test]
+async fn provider_5xx_may_have_acted() {
+    let base = provider(503, "upstream overloaded").await;
+    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+    assert!(
+        matches!(err, ModelError::Server { status: 503, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+    assert!(err.to_string().contains("upstream overloaded"));
+}
+
+#[tokio::test]
+async fn provider_429_is_not_sent() {
+    let base = provider(429, r#"{"error": {"message": "Rate limit reached"}}"#).await;
+    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+    assert!(
+        matches!(err, ModelError::RateLimited { status: 429, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), FailureClass::NotSent);
+    assert!(err.to_string().contains("Rate limit reached"));
+}
+
+#[tokio::test]
+async fn long_provider_errors_are_truncated() {
+    let body: &'static str = Box::leak("x".repeat(100_000).into_boxed_str());
+    let base = provider(400, body).await;
+    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.len() < 5_000, "{} bytes", text.len());
+    assert!(text.contains("truncated"));
+}
+
+#[tokio::test]
+async fn unparseable_2xx_from_the_server_may_have_acted() {
+    let base = provider(200, "this is not json").await;
+    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+}
+
+#[tokio::test]
+async fn timeout_may_have_acted() {
+    let router = Router::new().route(
+        "/v1/chat/completions",
+        post(std::future::pending::<&'static str>),
+    );
+    let base = format!("http://{}/v1", common::serve(router).await);
+    let err = client(base, None, 200).call(&spec()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::Timeout {
+                timeout_ms: 200,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+}
+
+#[tokio::test]
+async fn connection_refused_is_not_sent() {
+    let base = format!("http://{}/v1", common::closed_port());
+    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+    assert!(matches!(err, ModelError::Connect(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::NotSent);
+}
+
+#[tokio::test]
+async fn connection_closed_after_sending_may_have_acted() {
+    let base = format!("http://{}/v1", common::hang_up_server().await);
+    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+    assert!(matches!(err, ModelError::Transport(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::MayHaveActed);
+}

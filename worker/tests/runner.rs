@@ -1,0 +1,456 @@
+//! The worker loop against a fake in-process engine (`WorkerService`) and
+//! in-process tool and model servers.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::routing::post;
+use belay_proto::v1::{FailureClass, Task};
+use belay_proto::wire::{
+    ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, TASK_KIND_MODEL_CALL,
+    TASK_KIND_TOOL_CALL, ToolBinding, ToolCallSpec,
+};
+use belay_worker::{EngineClient, RetryPolicy, WorkerConfig};
+use common::{FakeEngine, GUARD, Log, Report};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const WORKER_ID: &str = "w-test";
+
+struct Worker {
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Worker {
+    fn start(engine: &FakeEngine, configure: impl FnOnce(&mut WorkerConfig)) -> Self {
+        Self::start_at(engine.url(), configure)
+    }
+
+    fn start_at(engine_url: String, configure: impl FnOnce(&mut WorkerConfig)) -> Self {
+        let mut config = WorkerConfig::new(engine_url, WORKER_ID);
+        config.claim_wait_ms = 500;
+        config.shutdown_grace_ms = 10_000;
+        configure(&mut config);
+        let client = EngineClient::connect_lazy(&config.engine_url, WORKER_ID)
+            .unwrap()
+            .with_retry_policy(RetryPolicy {
+                min_delay_ms: 10,
+                max_delay_ms: 50,
+                total_delay_ms: 5_000,
+            });
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let handle = tokio::spawn(belay_worker::run_with_engine(config, client, shutdown));
+        Self { stop, handle }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        guard(self.handle).await.unwrap().unwrap();
+    }
+}
+
+async fn guard<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(GUARD, f)
+        .await
+        .expect("did not finish within the guard time")
+}
+
+fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Task {
+    let spec = ToolCallSpec {
+        tool: "transfer".into(),
+        tool_version: 1,
+        arguments: json!({"amount": 5}),
+        binding: ToolBinding::Http(HttpBinding {
+            endpoint,
+            method: method.into(),
+            headers: BTreeMap::new(),
+            timeout_ms: 60_000,
+        }),
+        idempotency_key: format!("key-{task_id}"),
+    };
+    Task {
+        task_id: task_id.into(),
+        run_id: "run-1".into(),
+        tenant: "acme".into(),
+        kind: TASK_KIND_TOOL_CALL.into(),
+        attempt,
+        lease_ms: 30_000,
+        spec_json: serde_json::to_string(&spec).unwrap(),
+        idempotency_key: format!("key-{task_id}"),
+    }
+}
+
+fn model_task(task_id: &str, attempt: u32, spec_json: String) -> Task {
+    Task {
+        task_id: task_id.into(),
+        run_id: "run-1".into(),
+        tenant: "acme".into(),
+        kind: TASK_KIND_MODEL_CALL.into(),
+        attempt,
+        lease_ms: 30_000,
+        spec_json,
+        idempotency_key: format!("key-{task_id}"),
+    }
+}
+
+/// A tool server whose routes log `http <path>` into `log` and answer `{"ok": true}`.
+async fn logging_tool_server(log: &Log) -> String {
+    let handler = |log: Log| {
+        move |uri: axum::http::Uri| async move {
+            log.push(format!("http {}", uri.path()));
+            axum::Json(json!({"ok": true}))
+        }
+    };
+    let router = Router::new()
+        .route("/act", post(handler(log.clone())))
+        .route("/second", post(handler(log.clone())));
+    format!("http://{}", common::serve(router).await)
+}
+
+#[tokio::test]
+async fn tool_call_is_dispatched_before_the_request_and_completed_with_its_attempt() {
+    let log = Log::default();
+    let tools = logging_tool_server(&log).await;
+    let mut engine = FakeEngine::start(log.clone()).await;
+    engine.push(tool_task("t1", 3, format!("{tools}/act"), "POST"));
+    let worker = Worker::start(&engine, |_| {});
+
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    assert_eq!(done.task_id, "t1");
+    assert_eq!(done.attempt, 3);
+    assert_eq!(done.worker_id, WORKER_ID);
+    assert_eq!(
+        serde_json::from_str::<Value>(&done.result_json).unwrap(),
+        json!({"ok": true})
+    );
+    assert_eq!(
+        log.entries(),
+        vec!["claim t1 3", "dispatch t1 3", "http /act", "complete t1 3"]
+    );
+    {
+        let state = engine.state.lock().unwrap();
+        assert_eq!(state.dispatches[0].worker_id, WORKER_ID);
+        assert_eq!(state.dispatches[0].attempt, 3);
+    }
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn refused_dispatch_means_no_request_and_no_report() {
+    let log = Log::default();
+    let tools = logging_tool_server(&log).await;
+    let mut engine = FakeEngine::start(log.clone()).await;
+    engine
+        .state
+        .lock()
+        .unwrap()
+        .refuse_dispatch
+        .insert("t1".into());
+    engine.push(tool_task("t1", 1, format!("{tools}/act"), "POST"));
+    engine.push(tool_task("t2", 1, format!("{tools}/second"), "POST"));
+    // One slot: t2 is claimed only once t1 is finished with.
+    let worker = Worker::start(&engine, |c| c.concurrency = 1);
+
+    let report = engine.next_report().await;
+    assert_eq!(report.task_id(), "t2");
+    assert_eq!(
+        log.entries(),
+        vec![
+            "claim t1 1",
+            "dispatch t1 1 refused",
+            "claim t2 1",
+            "dispatch t2 1",
+            "http /second",
+            "complete t2 1",
+        ]
+    );
+    assert!(engine.pending_reports().is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn lost_lease_aborts_the_task_without_reporting() {
+    let log = Log::default();
+    let mut engine = FakeEngine::start(log.clone()).await;
+    // The tool never answers; once it has the request, the engine says t1's
+    // lease is lost.
+    let state = engine.state.clone();
+    let hang_log = log.clone();
+    let router = Router::new()
+        .route(
+            "/hang",
+            post(move || async move {
+                hang_log.push("http /hang");
+                state.lock().unwrap().lost.insert("t1".into());
+                std::future::pending::<&'static str>().await
+            }),
+        )
+        .route(
+            "/second",
+            post({
+                let log = log.clone();
+                move || async move {
+                    log.push("http /second");
+                    "{}"
+                }
+            }),
+        );
+    let tools = format!("http://{}", common::serve(router).await);
+    let mut lost = tool_task("t1", 2, format!("{tools}/hang"), "POST");
+    lost.lease_ms = 300; // heartbeat every 100 ms
+    engine.push(lost);
+    engine.push(tool_task("t2", 1, format!("{tools}/second"), "POST"));
+    // One slot: t2 can only run once t1's future is gone, which (the tool
+    // timeout being 60 s) only the lease loss can cause.
+    let worker = Worker::start(&engine, |c| c.concurrency = 1);
+
+    let report = engine.next_report().await;
+    assert_eq!(report.task_id(), "t2");
+    let entries = log.entries();
+    assert_eq!(
+        entries,
+        vec![
+            "claim t1 2",
+            "dispatch t1 2",
+            "http /hang",
+            "claim t2 1",
+            "dispatch t2 1",
+            "http /second",
+            "complete t2 1",
+        ]
+    );
+    {
+        let state = engine.state.lock().unwrap();
+        assert!(state.heartbeats.iter().any(|h| h.worker_id == WORKER_ID
+            && h.leases.iter().any(|l| l.task_id == "t1" && l.attempt == 2)));
+    }
+    assert!(engine.pending_reports().is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn tool_failure_is_reported_with_class_and_attempt() {
+    let log = Log::default();
+    let router = Router::new().route(
+        "/act",
+        post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "upstream died") }),
+    );
+    let tools = format!("http://{}", common::serve(router).await);
+    let mut engine = FakeEngine::start(log.clone()).await;
+    engine.push(tool_task("t1", 4, format!("{tools}/act"), "POST"));
+    let worker = Worker::start(&engine, |_| {});
+
+    let Report::Fail(failed) = engine.next_report().await else {
+        panic!("expected a failure");
+    };
+    assert_eq!(failed.attempt, 4);
+    assert_eq!(failed.class, FailureClass::MayHaveActed as i32);
+    assert!(failed.error.contains("502"), "{}", failed.error);
+    assert!(failed.error.contains("upstream died"), "{}", failed.error);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn unusable_tool_binding_is_rejected_without_dispatch() {
+    let log = Log::default();
+    let mut engine = FakeEngine::start(log.clone()).await;
+    // A path endpoint and no HTTP base URL.
+    engine.push(tool_task("t1", 1, "/act".into(), "POST"));
+    let worker = Worker::start(&engine, |_| {});
+
+    let Report::Fail(failed) = engine.next_report().await else {
+        panic!("expected a failure");
+    };
+    assert_eq!(failed.class, FailureClass::Rejected as i32);
+    assert!(engine.state.lock().unwrap().dispatches.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_with_the_parse_error() {
+    let log = Log::default();
+    let mut engine = FakeEngine::start(log.clone()).await;
+    engine.push(model_task("m1", 1, "{not json".into()));
+    let mut bad_tool = tool_task("t1", 1, "http://127.0.0.1:1/x".into(), "POST");
+    bad_tool.spec_json = r#"{"tool": "x"}"#.into();
+    engine.push(bad_tool);
+    let worker = Worker::start(&engine, |_| {});
+
+    let mut fails = Vec::new();
+    for _ in 0..2 {
+        let Report::Fail(failed) = engine.next_report().await else {
+            panic!("expected a failure");
+        };
+        fails.push(failed);
+    }
+    fails.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    assert_eq!(fails[0].task_id, "m1");
+    assert!(
+        fails[0].error.contains("invalid model_call spec"),
+        "{}",
+        fails[0].error
+    );
+    assert_eq!(fails[1].task_id, "t1");
+    assert!(
+        fails[1].error.contains("invalid tool_call spec"),
+        "{}",
+        fails[1].error
+    );
+    for failed in &fails {
+        assert_eq!(failed.class, FailureClass::Rejected as i32);
+    }
+    assert!(engine.state.lock().unwrap().dispatches.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn model_call_result_is_reported() {
+    let log = Log::default();
+    let router = Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            axum::Json(json!({
+                "choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "lookup", "arguments": "{\"q\": oops"}}
+                ]}, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+            }))
+        }),
+    );
+    let model_base = format!("http://{}/v1", common::serve(router).await);
+    let mut engine = FakeEngine::start(log.clone()).await;
+    let spec = ModelCallSpec {
+        model: "m".into(),
+        messages: vec![ChatMessage::User {
+            content: "hi".into(),
+        }],
+        tools: vec![],
+        max_output_tokens: None,
+    };
+    engine.push(model_task("m1", 2, serde_json::to_string(&spec).unwrap()));
+    let worker = Worker::start(&engine, |c| c.model.base_url = model_base);
+
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    assert_eq!(done.attempt, 2);
+    let result: ModelCallResult = serde_json::from_str(&done.result_json).unwrap();
+    assert_eq!(result.tool_calls[0].arguments, "{\"q\": oops");
+    assert_eq!(result.usage.input_tokens, 7);
+    assert_eq!(result.finish_reason.as_deref(), Some("tool_calls"));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn model_failure_is_reported_with_its_class() {
+    let log = Log::default();
+    let router = Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            (
+                axum::http::StatusCode::UNAUTHORIZED,
+                r#"{"error": {"message": "Incorrect API key provided"}}"#,
+            )
+        }),
+    );
+    let model_base = format!("http://{}/v1", common::serve(router).await);
+    let mut engine = FakeEngine::start(log.clone()).await;
+    let spec = json!({"model": "m", "messages": [], "tools": []});
+    engine.push(model_task("m1", 1, spec.to_string()));
+    let worker = Worker::start(&engine, |c| c.model.base_url = model_base);
+
+    let Report::Fail(failed) = engine.next_report().await else {
+        panic!("expected a failure");
+    };
+    assert_eq!(failed.class, FailureClass::Rejected as i32);
+    assert!(failed.error.contains("Incorrect API key provided"));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn unavailable_engine_reports_are_retried() {
+    let log = Log::default();
+    let tools = logging_tool_server(&log).await;
+    let mut engine = FakeEngine::start(log.clone()).await;
+    engine.state.lock().unwrap().unavailable_completes = 2;
+    engine.push(tool_task("t1", 1, format!("{tools}/act"), "POST"));
+    let worker = Worker::start(&engine, |_| {});
+
+    let report = engine.next_report().await;
+    assert!(matches!(report, Report::Complete(_)));
+    assert_eq!(engine.state.lock().unwrap().complete_calls, 3);
+    // The tool acted once: retrying the report never repeats the call.
+    assert_eq!(
+        log.entries()
+            .iter()
+            .filter(|e| e.starts_with("http"))
+            .count(),
+        1
+    );
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_in_flight_tasks() {
+    let log = Log::default();
+    let (release, released) = oneshot::channel::<()>();
+    let released = Arc::new(Mutex::new(Some(released)));
+    let (arrived_tx, arrived) = oneshot::channel::<()>();
+    let arrived_tx = Arc::new(Mutex::new(Some(arrived_tx)));
+    let router = Router::new().route(
+        "/slow",
+        post(move || {
+            let released = released.lock().unwrap().take();
+            if let Some(tx) = arrived_tx.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            async move {
+                if let Some(released) = released {
+                    let _ = released.await;
+                }
+                "\"finished\""
+            }
+        }),
+    );
+    let tools = format!("http://{}", common::serve(router).await);
+    let mut engine = FakeEngine::start(log.clone()).await;
+    engine.push(tool_task("t1", 1, format!("{tools}/slow"), "POST"));
+    let worker = Worker::start(&engine, |_| {});
+
+    guard(arrived).await.unwrap();
+    let _ = worker.stop.send(());
+    release.send(()).unwrap();
+    guard(worker.handle).await.unwrap().unwrap();
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    assert_eq!(done.result_json, "\"finished\"");
+}
+
+#[tokio::test]
+async fn worker_started_before_the_engine_claims_once_it_is_up() {
+    let log = Log::default();
+    let tools = logging_tool_server(&log).await;
+    let addr = common::closed_port();
+    // Claims fail with connection refused until the engine listens.
+    let worker = Worker::start_at(format!("http://{addr}"), |_| {});
+    let mut engine = FakeEngine::start_on(addr, log.clone()).await;
+    engine.push(tool_task("t1", 1, format!("{tools}/act"), "POST"));
+
+    let report = engine.next_report().await;
+    assert!(matches!(report, Report::Complete(_)), "{report:?}");
+    worker.stop().await;
+}
