@@ -187,15 +187,23 @@ fn read_input(input: &str) -> Result<Value, SdkError> {
     serde_json::from_str(&text).map_err(|source| SdkError::Json { what, source })
 }
 
+/// One event: a timeline line, or a JSON object with the payload parsed.
+fn print_event(e: &belay_sdk::RunEvent, as_json: bool) {
+    if as_json {
+        let payload = serde_json::from_str::<Value>(&e.payload_json).unwrap_or(Value::Null);
+        println!(
+            "{}",
+            json!({"seq": e.seq, "kind": e.kind, "recorded_at": e.recorded_at, "payload": payload})
+        );
+    } else {
+        println!("{}", timeline_line(e));
+    }
+}
+
 async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Result<(), SdkError> {
     client
         .watch(run_id, after, |e| {
-            if as_json {
-                println!("{}", json!({"seq": e.seq, "kind": e.kind, "recorded_at": e.recorded_at,
-                    "payload": serde_json::from_str::<Value>(&e.payload_json).unwrap_or(Value::Null)}));
-            } else {
-                println!("{}", timeline_line(e));
-            }
+            print_event(e, as_json);
             false
         })
         .await?;
@@ -326,14 +334,7 @@ async fn run(cli: Cli) -> Result<(), SdkError> {
         }
         Cmd::Run(RunCmd::Events { run_id, after }) => {
             for e in client.events(&run_id, after).await? {
-                if as_json {
-                    println!(
-                        "{}",
-                        json!({"seq": e.seq, "kind": e.kind, "recorded_at": e.recorded_at,
-                        "payload": serde_json::from_str::<Value>(&e.payload_json).unwrap_or(Value::Null)})
-                    );
-                } else {
-                    println!("{}", timeline_line(&e));
+                print_event(&e, as_json);", timeline_line(&e));
                 }
             }
         }

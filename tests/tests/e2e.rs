@@ -302,25 +302,139 @@ async fn health_and_reflection_answer_without_proto_files() -> Result<()> {
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
     let env = Env::start(EngineOpts::default()).await?;
-    let channel = tonic::transport::Endpoint::from_shared(env.engines[0].url.clone())?.connect().await?;
+    let channel = tonic::transport::Endpoint::from_shared(env.engines[0].url.clone())?
+        .connect()
+        .await?;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let status = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "belay.v1.RunService".into() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "belay.v1.RunService".into(),
+        })
         .await?
         .into_inner()
         .status;
-    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
 
     let mut reflection = ServerReflectionClient::new(channel);
-    let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut stream = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await?.into_inner();
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await?
+        .into_inner();
     let response = stream.message().await?.and_then(|r| r.message_response);
     let Some(MessageResponse::ListServicesResponse(list)) = response else {
         anyhow::bail!("unexpected reflection response {response:?}");
     };
     let names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
-    for expected in ["belay.v1.RunService", "belay.v1.WorkerService", "belay.v1.DefinitionService", "belay.v1.TenantService"] {
-        assert!(names.contains(expected), "{expected} missing from {names:?}");
+    for expected in [
+        "belay.v1.RunService",
+        "belay.v1.WorkerService",
+        "belay.v1.DefinitionService",
+        "belay.v1.TenantService",
+    ] {
+        assert!(
+            names.contains(expected),
+            "{expected} missing from {names:?}"
+        );
     }
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_bundle_is_refused_whole_with_every_error() -> Result<()> {
+    let env = Env::start(EngineOpts::default()).await?;
+    let client = env.client(0)?;
+    let before = client.list_definitions("").await?.len();
+    let files = vec![
+        belay_proto::v1::DefinitionFile {
+            path: "good.tools.abl".into(),
+            content: "TOOLS:\n  ping(x: string) -> string\n    description: \"ping\"\n    type: http\n    endpoint: \"/ping\"\n    permission: p\n    repeat_safety: idempotent\n".into(),
+        },
+        belay_proto::v1::DefinitionFile {
+            path: "bad.yaml".into(),
+            content: "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [ping, nope]\nfrobnicate: 1\n".into(),
+        },
+    ];
+    let err = client
+        .register_files(files)
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("bad.yaml:5:"), "{err}");
+    assert!(err.contains("nope"), "{err}");
+    assert!(err.contains("bad.yaml:6:1"), "{err}");
+    assert_eq!(
+        client.list_definitions("").await?.len(),
+        before,
+        "nothing half-registered"
+    );
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_starts_watches_and_lists_runs() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    env.start_worker(0).await?;
+    let belay = belay_tests::bin("belay")?;
+    let cli = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(&belay);
+        cmd.args(["--engine-url", &env.engines[0].url, "--tenant", "acme"])
+            .args(args);
+        cmd.output()
+    };
+    let out = cli(&[
+        "run",
+        "start",
+        "onboarding",
+        "--input",
+        r#"{"email":"cli@example.com","name":"C"}"#,
+        "--idempotency-key",
+        "cli-1",
+        "--grant",
+        "crm.read",
+        "--grant",
+        "crm.write",
+        "--grant",
+        "email.send",
+        "--watch",
+    ])?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("tool_call_dispatched"), "{stdout}");
+    assert!(stdout.contains("run_completed"), "{stdout}");
+    assert!(stdout.contains("status    completed"), "{stdout}");
+
+    let out = cli(&["--json", "run", "list", "--status", "completed"])?;
+    let list: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(list["runs"].as_array().map(Vec::len), Some(1));
+    let run_id = list["runs"][0]["run_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+
+    // Resumable: events after seq 5 start at 6.
+    let out = cli(&["--json", "run", "events", &run_id, "--after", "5"])?;
+    let first: Value = serde_json::from_str(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("null"),
+    )?;
+    assert_eq!(first["seq"], 6);
+
+    let out = cli(&["run", "list", "--status", "bogus"])?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown status `bogus`"));
     env.stop().await
 }

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use belay_tests::repo_root;
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
@@ -38,7 +40,10 @@ fn engine_never_depends_on_worker_or_sdk() {
 fn worker_and_sdk_never_depend_on_the_engine() {
     for manifest in ["worker/Cargo.toml", "sdk/Cargo.toml"] {
         let deps = dependencies(manifest);
-        assert!(!deps.contains("belay-engine"), "{manifest} depends on belay-engine");
+        assert!(
+            !deps.contains("belay-engine"),
+            "{manifest} depends on belay-engine"
+        );
     }
 }
 
@@ -48,11 +53,28 @@ fn machine_and_definitions_do_no_io() {
     let mut files = Vec::new();
     rust_files(&root.join("engine/src/machine"), &mut files);
     rust_files(&root.join("engine/src/definitions"), &mut files);
-    assert!(files.len() >= 6, "expected the machine and definitions sources, found {files:?}");
+    assert!(
+        files.len() >= 6,
+        "expected the machine and definitions sources, found {files:?}"
+    );
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap_or_default();
-        for forbidden in ["sqlx", "tonic", "reqwest", "tokio", "std::fs", "std::net", "SystemTime", "Instant::now", "rand::"] {
-            assert!(!text.contains(forbidden), "{} mentions `{forbidden}`", file.display());
+        for forbidden in [
+            "sqlx",
+            "tonic",
+            "reqwest",
+            "tokio",
+            "std::fs",
+            "std::net",
+            "SystemTime",
+            "Instant::now",
+            "rand::",
+        ] {
+            assert!(
+                !text.contains(forbidden),
+                "{} mentions `{forbidden}`",
+                file.display()
+            );
         }
     }
 }
@@ -61,12 +83,24 @@ fn machine_and_definitions_do_no_io() {
 fn every_module_says_what_it_is_for() {
     let root = repo_root();
     let mut files = Vec::new();
-    for dir in ["proto/src", "engine/src", "worker/src", "sdk/src", "tests/src", "tests/tests", "examples/onboarding/src"] {
+    for dir in [
+        "proto/src",
+        "engine/src",
+        "worker/src",
+        "sdk/src",
+        "tests/src",
+        "tests/tests",
+        "examples/onboarding/src",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
     assert!(!files.is_empty());
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap_or_default();
-        assert!(text.trim_start().starts_with("//!"), "{} has no `//!` module doc", file.display());
+        assert!(
+            text.trim_start().starts_with("//!"),
+            "{} has no `//!` module doc",
+            file.display()
+        );
     }
 }

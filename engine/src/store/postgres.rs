@@ -464,7 +464,7 @@ impl Store {
     /// one is claimable now), or `None` when no task is ready.
     pub async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
         let row: Option<(Option<f64>,)> = sqlx::query_as(
-            "SELECT EXTRACT(EPOCH FROM (MIN(t.available_at) - now())) * 1000
+            "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - now())) * 1000)::float8
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.status = 'ready' AND r.status = 'running'",
         )

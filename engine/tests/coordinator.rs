@@ -1,0 +1,317 @@
+//! Coordinator and store against the real PostgreSQL: claims, heartbeats,
+//! fencing, dispatch, the lease sweeper. Lease expiry is made deterministic by
+//! moving `lease_expires_at` into the past in SQL instead of sleeping.
+
+use std::sync::Arc;
+
+use belay_engine::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, StartRun};
+use belay_engine::definitions::SourceFile;
+use belay_engine::machine::FailureClass;
+use belay_engine::store::Store;
+use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
+use serde_json::json;
+
+struct Db {
+    name: String,
+    admin: String,
+}
+
+impl Db {
+    async fn create() -> (Db, String) {
+        let base = std::env::var("BELAY_TEST_PG")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let name = format!("belay_c_{}", uuid::Uuid::new_v4().simple());
+        let admin = format!("{base}/postgres");
+        let pool = sqlx::PgPool::connect(&admin)
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await
+            .expect("create db");
+        pool.close().await;
+        (
+            Db {
+                name: name.clone(),
+                admin,
+            },
+            format!("{base}/{name}"),
+        )
+    }
+
+    async fn drop(self) {
+        let pool = sqlx::PgPool::connect(&self.admin).await.expect("admin");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&pool)
+        .await
+        .expect("drop db");
+    }
+}
+
+const TOOLS: &str = r#"TOOLS:
+  create(email: string) -> {id: string}
+    description: "create"
+    type: http
+    endpoint: "/create"
+    permission: crm.write
+    repeat_safety: reconcile
+"#;
+const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
+
+async fn setup() -> (Db, Arc<Coordinator>, String) {
+    let (db, url) = Db::create().await;
+    let store = Store::connect(&url, 4).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let coord = Coordinator::new(
+        store,
+        CoordinatorConfig {
+            lease_ms: 60_000,
+            sweep_interval_ms: 1_000,
+        },
+    );
+    coord
+        .register_bundle(
+            "t",
+            vec![
+                SourceFile {
+                    path: "x.tools.abl".into(),
+                    content: TOOLS.into(),
+                },
+                SourceFile {
+                    path: "x.yaml".into(),
+                    content: AGENT.into(),
+                },
+            ],
+        )
+        .await
+        .expect("register");
+    coord
+        .store()
+        .set_tenant_grants("t", &["crm.write".into()])
+        .await
+        .expect("grants");
+    let (run, created) = coord
+        .start_run(StartRun {
+            tenant: "t".into(),
+            workflow: "w".into(),
+            input_json: "{}".into(),
+            idempotency_key: "k".into(),
+            caller: "c".into(),
+            caller_grants: vec!["crm.write".into()],
+        })
+        .await
+        .expect("start");
+    assert!(created);
+    (db, coord, run.run_id.to_string())
+}
+
+async fn expire_leases(coord: &Coordinator) {
+    sqlx::query(
+        "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE status = 'leased'",
+    )
+    .execute(coord.store().pool())
+    .await
+    .expect("expire");
+}
+
+fn model_result_with_create() -> String {
+    serde_json::to_string(&ModelCallResult {
+        content: None,
+        tool_calls: vec![ToolUse {
+            id: "tu".into(),
+            name: "create".into(),
+            arguments: r#"{"email":"e"}"#.into(),
+        }],
+        usage: Usage::default(),
+        finish_reason: None,
+    })
+    .expect("json")
+}
+
+/// Complete the first model call with a `create` proposal and claim the
+/// resulting tool call as worker `w1`.
+async fn claim_tool_call(coord: &Coordinator) -> belay_engine::store::ClaimedTask {
+    let model = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    coord
+        .complete(
+            "w1",
+            &model.task_id.to_string(),
+            1,
+            &model_result_with_create(),
+        )
+        .await
+        .expect("complete");
+    coord.claim("w1", 1, 0).await.expect("claim").remove(0)
+}
+
+#[tokio::test]
+async fn claims_are_fenced_by_attempt() {
+    let (db, coord, _run) = setup().await;
+    // Nothing ready for an unknown kind of wait: an empty claim returns without error.
+    let tasks = coord.claim("w1", 4, 0).await.expect("claim");
+    assert_eq!(tasks.len(), 1);
+    let task = &tasks[0];
+    assert_eq!((task.kind.as_str(), task.attempt), ("model_call", 1));
+    assert!(
+        coord
+            .claim("w2", 4, 50)
+            .await
+            .expect("empty claim")
+            .is_empty()
+    );
+    assert_eq!(
+        coord.store().next_ready_in_ms().await.expect("next ready"),
+        None
+    );
+
+    let id = task.task_id.to_string();
+    let held = coord
+        .heartbeat("w1", &[(id.clone(), 1), (id.clone(), 2)])
+        .await
+        .expect("heartbeat");
+    assert_eq!(held, vec![(id.clone(), 1, true), (id.clone(), 2, false)]);
+    assert!(
+        !coord.heartbeat("w2", &[(id.clone(), 1)]).await.expect("hb")[0].2,
+        "another worker's lease"
+    );
+
+    let stale = coord
+        .complete("w1", &id, 2, &model_result_with_create())
+        .await;
+    assert!(
+        matches!(stale, Err(CoordinatorError::FailedPrecondition(ref m)) if m.contains("stale attempt")),
+        "{stale:?}"
+    );
+    let bad = coord.complete("w1", &id, 1, "{not json").await;
+    assert!(
+        matches!(bad, Err(CoordinatorError::InvalidArgument(_))),
+        "{bad:?}"
+    );
+    coord
+        .complete("w1", &id, 1, &model_result_with_create())
+        .await
+        .expect("complete");
+    // The same attempt reporting again (its reply was lost) is accepted, and writes nothing.
+    let before = coord
+        .store()
+        .list_events(task.run_id, 0, 1000)
+        .await
+        .expect("events")
+        .len();
+    coord
+        .complete("w1", &id, 1, &model_result_with_create())
+        .await
+        .expect("duplicate complete");
+    let after = coord
+        .store()
+        .list_events(task.run_id, 0, 1000)
+        .await
+        .expect("events")
+        .len();
+    assert_eq!(before, after);
+    let late_fail = coord
+        .fail("w1", &id, 1, "boom", FailureClass::NotSent)
+        .await;
+    assert!(
+        matches!(late_fail, Err(CoordinatorError::FailedPrecondition(_))),
+        "{late_fail:?}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain() {
+    let (db, coord, run_id) = setup().await;
+    let tool = claim_tool_call(&coord).await;
+    assert_eq!(tool.kind, "tool_call");
+    let id = tool.task_id.to_string();
+    coord.dispatch("w1", &id, 1).await.expect("dispatch");
+    coord
+        .dispatch("w1", &id, 1)
+        .await
+        .expect("the same attempt may ask again");
+    expire_leases(&coord).await;
+    // An expired lease can no longer report or dispatch... it is judged by the sweeper.
+    assert_eq!(coord.sweep_expired_leases().await.expect("sweep"), 1);
+    assert_eq!(
+        coord.sweep_expired_leases().await.expect("sweep again"),
+        0,
+        "judged exactly once"
+    );
+    let run = coord.get_run("t", &run_id).await.expect("run");
+    assert_eq!(run.status, "paused");
+    let rows = coord
+        .store()
+        .uncertain_for_run(run.run_id)
+        .await
+        .expect("uncertain");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].arguments, json!({"email": "e"}));
+    assert_eq!(rows[0].worker_id.as_deref(), Some("w1"));
+    assert_eq!(rows[0].attempts[0]["attempt"], 1);
+    // Nothing is claimable: the task is uncertain and the run paused.
+    assert!(coord.claim("w2", 4, 0).await.expect("claim").is_empty());
+    let stale = coord.complete("w1", &id, 1, "{}").await;
+    assert!(
+        matches!(stale, Err(CoordinatorError::FailedPrecondition(_))),
+        "{stale:?}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_lease_lost_before_dispatch_is_retried_with_a_new_attempt() {
+    let (db, coord, run_id) = setup().await;
+    let tool = claim_tool_call(&coord).await;
+    expire_leases(&coord).await;
+    let refused = coord.dispatch("w1", &tool.task_id.to_string(), 1).await;
+    assert!(
+        matches!(refused, Err(CoordinatorError::FailedPrecondition(ref m)) if m.contains("expired")),
+        "{refused:?}"
+    );
+    assert_eq!(coord.sweep_expired_leases().await.expect("sweep"), 1);
+    sqlx::query("UPDATE tasks SET available_at = now()")
+        .execute(coord.store().pool())
+        .await
+        .expect("skip backoff");
+    let again = coord.claim("w2", 1, 0).await.expect("claim").remove(0);
+    assert_eq!((again.task_id, again.attempt), (tool.task_id, 2));
+    assert_eq!(again.idempotency_key, tool.idempotency_key);
+    coord
+        .dispatch("w2", &again.task_id.to_string(), 2)
+        .await
+        .expect("dispatch");
+    coord
+        .complete("w2", &again.task_id.to_string(), 2, r#"{"id":"x"}"#)
+        .await
+        .expect("complete");
+    let run = coord.get_run("t", &run_id).await.expect("run");
+    assert_eq!(run.status, "running", "the next model call is scheduled");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn cancel_stops_a_run_and_its_tasks() {
+    let (db, coord, run_id) = setup().await;
+    let run = coord
+        .cancel_run("t", &run_id, "no longer needed")
+        .await
+        .expect("cancel");
+    assert_eq!(
+        (run.status.as_str(), run.status_reason.as_str()),
+        ("cancelled", "no longer needed")
+    );
+    assert!(coord.claim("w", 4, 0).await.expect("claim").is_empty());
+    assert!(matches!(
+        coord.cancel_run("t", &run_id, "").await,
+        Err(CoordinatorError::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        coord.get_run("other", &run_id).await,
+        Err(CoordinatorError::NotFound(_))
+    ));
+    db.drop().await;
+}
