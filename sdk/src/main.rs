@@ -334,8 +334,7 @@ async fn run(cli: Cli) -> Result<(), SdkError> {
         }
         Cmd::Run(RunCmd::Events { run_id, after }) => {
             for e in client.events(&run_id, after).await? {
-                print_event(&e, as_json);", timeline_line(&e));
-                }
+                print_event(&e, as_json);
             }
         }
         Cmd::Run(RunCmd::Watch { run_id, after }) => {
