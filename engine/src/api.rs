@@ -39,6 +39,10 @@ impl From<CoordinatorError> for Status {
                 ))
             }
             CoordinatorError::FailedPrecondition(msg) => Status::failed_precondition(msg),
+            CoordinatorError::Conflict(msg) => Status::aborted(msg),
+            CoordinatorError::Unprocessable { message, errors } => {
+                Status::invalid_argument(format!("{message}: {}", errors.join("; ")))
+            }
             CoordinatorError::Store(e) => {
                 tracing::error!(error = %e, "store error");
                 Status::unavailable("the engine's database is unavailable or failed; retry later")
@@ -247,6 +251,34 @@ impl RunService for Api {
             run: Some(run_msg(run)),
         }))
     }
+
+    async fn pause_run(
+        &self,
+        req: Request<v1::PauseRunRequest>,
+    ) -> Result<Response<v1::PauseRunResponse>, Status> {
+        let r = req.into_inner();
+        let run = self
+            .coord
+            .pause_run(&r.tenant, &r.run_id, &r.operator, &r.reason)
+            .await?;
+        Ok(Response::new(v1::PauseRunResponse {
+            run: Some(run_msg(run)),
+        }))
+    }
+
+    async fn resume_run(
+        &self,
+        req: Request<v1::ResumeRunRequest>,
+    ) -> Result<Response<v1::ResumeRunResponse>, Status> {
+        let r = req.into_inner();
+        let run = self
+            .coord
+            .resume_run(&r.tenant, &r.run_id, &r.operator, &r.reason)
+            .await?;
+        Ok(Response::new(v1::ResumeRunResponse {
+            run: Some(run_msg(run)),
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -440,8 +472,16 @@ impl WorkerService for Api {
     ) -> Result<Response<v1::FailTaskResponse>, Status> {
         let r = req.into_inner();
         let class = failure_class(r.class)?;
+        let status_code = u16::try_from(r.status_code).ok().filter(|c| *c > 0);
         self.coord
-            .fail(&r.worker_id, &r.task_id, r.attempt, &r.error, class)
+            .fail(
+                &r.worker_id,
+                &r.task_id,
+                r.attempt,
+                &r.error,
+                class,
+                status_code,
+            )
             .await?;
         Ok(Response::new(v1::FailTaskResponse {}))
     }

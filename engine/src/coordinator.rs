@@ -22,6 +22,7 @@ use crate::definitions::{self, DefinitionError, RegisteredNames, SourceFile};
 use crate::machine::{self, FailureClass, Input, MachineError, Pinned, RunPlan};
 use crate::store::{
     ClaimedTask, DefinitionRow, EventRow, RunRow, Store, StoreError, TaskRow, TransitionError,
+    UncertainQuery, UncertainRow,
 };
 
 /// Most bytes accepted in a run input or a task result.
@@ -43,6 +44,18 @@ pub enum CoordinatorError {
     /// attempt, finished run, refused dispatch).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The thing was already done by someone else (a second resolve).
+    #[error("{0}")]
+    Conflict(String),
+    /// A resolution's result does not match the tool's output type; each
+    /// violation is listed.
+    #[error("{message}")]
+    Unprocessable {
+        /// Summary.
+        message: String,
+        /// Each violation (`<json pointer>: <message>`).
+        errors: Vec<String>,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -60,10 +73,15 @@ impl From<TransitionError<CoordinatorError>> for CoordinatorError {
 
 impl From<MachineError> for CoordinatorError {
     fn from(e: MachineError) -> Self {
-        match e {
+        match e.clone() {
             MachineError::InvalidPlan(msg) => {
                 CoordinatorError::Store(StoreError::Corrupt(format!("invalid plan: {msg}")))
             }
+            MachineError::NotUncertain { .. } => CoordinatorError::Conflict(e.to_string()),
+            MachineError::InvalidResult { tool, errors } => CoordinatorError::Unprocessable {
+                message: format!("the result does not match the output type of `{tool}`"),
+                errors,
+            },
             other => CoordinatorError::FailedPrecondition(other.to_string()),
         }
     }
@@ -269,6 +287,14 @@ impl Coordinator {
                         ))
                     })?;
                 let tdef: ToolDef = decode(&trow)?;
+                // A reconcile probe is pinned too (never offered to the model).
+                if let Some(probe) = tdef.reconcile_with.clone()
+                    && !tools.contains_key(&probe)
+                    && let Some(prow) = self.store.latest_definition(tenant, "tool", &probe).await?
+                {
+                    let pdef: ToolDef = decode(&prow)?;
+                    tools.insert(probe, pinned(&prow, pdef));
+                }
                 tools.insert(tool.clone(), pinned(&trow, tdef));
             }
             agents.insert(agent.clone(), pinned(&arow, adef));
@@ -400,21 +426,7 @@ impl Coordinator {
             }
             n => n,
         };
-        let after = if page_token.is_empty() {
-            None
-        } else {
-            let bad = || {
-                CoordinatorError::InvalidArgument(format!(
-                    "`page_token` {page_token:?} is not a token from ListRuns"
-                ))
-            };
-            let (ts, id) = page_token.split_once('|').ok_or_else(bad)?;
-            let ts = chrono::DateTime::parse_from_rfc3339(ts)
-                .map_err(|_| bad())?
-                .with_timezone(&chrono::Utc);
-            let id = Uuid::parse_str(id).map_err(|_| bad())?;
-            Some((ts, id))
-        };
+        let after = parse_page_token(page_token)?;
         let rows = self
             .store
             .list_runs(tenant, status, after, size as i64 + 1)
@@ -423,14 +435,7 @@ impl Coordinator {
         let next = if rows.len() > size as usize {
             rows.truncate(size as usize);
             rows.last()
-                .map(|r| {
-                    format!(
-                        "{}|{}",
-                        r.created_at
-                            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-                        r.run_id
-                    )
-                })
+                .map(|r| make_page_token(&r.created_at, &r.run_id))
                 .unwrap_or_default()
         } else {
             String::new()
@@ -487,6 +492,163 @@ impl Coordinator {
             .await?;
         tracing::info!(run_id = %run.run_id, "run cancelled");
         self.get_run(tenant, run_id).await
+    }
+
+    /// Operator pause: the run's tasks are not claimed until [`Coordinator::resume_run`].
+    pub async fn pause_run(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        require("operator", by)?;
+        let run = self.get_run(tenant, run_id).await?;
+        let (by, reason) = (by.to_owned(), reason.to_owned());
+        self.store
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, Input::Pause { by, reason }).map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(run_id = %run.run_id, "run paused by operator");
+        self.get_run(tenant, run_id).await
+    }
+
+    /// Lift an operator pause (a run with open uncertain outcomes stays paused).
+    pub async fn resume_run(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        require("operator", by)?;
+        let run = self.get_run(tenant, run_id).await?;
+        let (by, reason) = (by.to_owned(), reason.to_owned());
+        self.store
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, Input::Resume { by, reason }).map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(run_id = %run.run_id, "run resumed by operator");
+        self.get_run(tenant, run_id).await
+    }
+
+    // ---- uncertain outcomes ----------------------------------------------
+
+    /// Uncertain-outcome records of a tenant, newest first; the page token
+    /// is `<created_at RFC 3339>|<uncertain_id>` of the last record.
+    pub async fn list_uncertain(
+        &self,
+        filter: &UncertainFilter,
+    ) -> Result<(Vec<UncertainRow>, String), CoordinatorError> {
+        require("tenant", &filter.tenant)?;
+        let status = match filter.status.as_deref() {
+            None | Some("") | Some("any") => None,
+            Some(s @ ("open" | "resolved")) => Some(s),
+            Some(other) => {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "unknown status `{other}`; one of open, resolved, any"
+                )));
+            }
+        };
+        let run_id = match filter.run_id.as_deref() {
+            None | Some("") => None,
+            Some(id) => Some(parse_uuid("run_id", id)?),
+        };
+        let size = match filter.page_size {
+            0 => 50,
+            n if n > 500 => {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "`page_size` {n} is more than 500"
+                )));
+            }
+            n => n,
+        };
+        let after = parse_page_token(&filter.page_token)?;
+        let mut rows = self
+            .store
+            .list_uncertain(&UncertainQuery {
+                tenant: &filter.tenant,
+                status,
+                tool: filter.tool.as_deref().filter(|t| !t.is_empty()),
+                run_id,
+                older_than_ms: filter.older_than_ms,
+                newer_than_ms: filter.newer_than_ms,
+                after,
+                limit: size as i64 + 1,
+            })
+            .await?;
+        let next = if rows.len() > size as usize {
+            rows.truncate(size as usize);
+            rows.last()
+                .map(|r| make_page_token(&r.created_at, &r.uncertain_id))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok((rows, next))
+    }
+
+    /// One uncertain-outcome record of a tenant.
+    pub async fn get_uncertain(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<UncertainRow, CoordinatorError> {
+        require("tenant", tenant)?;
+        let id = parse_uuid("uncertain_id", id)?;
+        self.store.get_uncertain(tenant, id).await?.ok_or_else(|| {
+            CoordinatorError::NotFound(format!("uncertain outcome {id} of tenant `{tenant}`"))
+        })
+    }
+
+    /// Resolve an uncertain outcome; appends events and resumes the run if
+    /// nothing else holds it. A second resolve gets [`CoordinatorError::Conflict`];
+    /// concurrent resolves are serialised by the run lock, so one wins.
+    pub async fn resolve_uncertain(
+        &self,
+        tenant: &str,
+        id: &str,
+        resolution: machine::Resolution,
+        resolved_by: &str,
+        reason: &str,
+    ) -> Result<UncertainRow, CoordinatorError> {
+        require("resolved_by", resolved_by)?;
+        require("reason", reason)?;
+        let record = self.get_uncertain(tenant, id).await?;
+        if record.status != "open" {
+            return Err(CoordinatorError::Conflict(format!(
+                "uncertain outcome {id} is already resolved ({} by {} at {})",
+                record.resolution_kind.as_deref().unwrap_or("?"),
+                record.resolved_by.as_deref().unwrap_or("?"),
+                record
+                    .resolved_at
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default()
+            )));
+        }
+        let (by, why, call_id) = (
+            resolved_by.to_owned(),
+            reason.to_owned(),
+            record.call_id.clone(),
+        );
+        self.store
+            .transition(record.run_id, Some(record.task_id), |state, _| {
+                machine::decide(
+                    state,
+                    Input::ResolveUncertain {
+                        call_id,
+                        resolution,
+                        resolved_by: by,
+                        reason: why,
+                    },
+                )
+                .map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(uncertain_id = %record.uncertain_id, run_id = %record.run_id, resolved_by, "uncertain outcome resolved");
+        self.get_uncertain(tenant, id).await
     }
 
     // ---- tasks -------------------------------------------------------------
@@ -646,7 +808,24 @@ impl Coordinator {
         let (task, run) = self.task_run(task_id).await?;
         self.store
             .transition(run, Some(task), |state, row| {
-                let row = fenced(row, attempt)?;
+                let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
+                let is_tool = row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL;
+                let current = row.status == "leased" && row.attempt as u32 == attempt;
+                if is_tool && !current && attempt >= 1 && attempt <= row.attempt as u32 {
+                    // A result from an attempt that no longer holds the task:
+                    // the machine decides (resolve, first wins, or history).
+                    return machine::decide(
+                        state,
+                        Input::LateToolResult {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            result: value,
+                            worker_id: worker_id.to_owned(),
+                        },
+                    )
+                    .map_err(CoordinatorError::from);
+                }
+                let row = fenced(Some(row), attempt)?;
                 if row.status == "completed" {
                     // The same attempt reporting again (its reply was lost).
                     return Ok(machine::Decision::default());
@@ -690,6 +869,7 @@ impl Coordinator {
         attempt: u32,
         error: &str,
         class: FailureClass,
+        status_code: Option<u16>,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         let (task, run) = self.task_run(task_id).await?;
@@ -711,6 +891,7 @@ impl Coordinator {
                         error,
                         class,
                         dispatched: row.dispatched,
+                        status_code,
                     },
                 )
                 .map_err(CoordinatorError::from)
@@ -817,6 +998,53 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// Filters for [`Coordinator::list_uncertain`].
+#[derive(Debug, Clone, Default)]
+pub struct UncertainFilter {
+    /// Tenant (required).
+    pub tenant: String,
+    /// `open` (default for operators), `resolved`, or `any`/`None`.
+    pub status: Option<String>,
+    /// Tool name.
+    pub tool: Option<String>,
+    /// Run id.
+    pub run_id: Option<String>,
+    /// Only records at least this old, ms.
+    pub older_than_ms: Option<u64>,
+    /// Only records at most this old, ms.
+    pub newer_than_ms: Option<u64>,
+    /// 1..=500; 0 means 50.
+    pub page_size: u32,
+    /// From a previous page; empty for the first.
+    pub page_token: String,
+}
+
+fn make_page_token(ts: &chrono::DateTime<chrono::Utc>, id: &Uuid) -> String {
+    format!(
+        "{}|{id}",
+        ts.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    )
+}
+
+fn parse_page_token(
+    token: &str,
+) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, CoordinatorError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || {
+        CoordinatorError::InvalidArgument(format!(
+            "`page_token` {token:?} is not a token from a previous page"
+        ))
+    };
+    let (ts, id) = token.split_once('|').ok_or_else(bad)?;
+    let ts = chrono::DateTime::parse_from_rfc3339(ts)
+        .map_err(|_| bad())?
+        .with_timezone(&chrono::Utc);
+    let id = Uuid::parse_str(id).map_err(|_| bad())?;
+    Ok(Some((ts, id)))
 }
 
 /// Fencing: the task row must exist and carry exactly `attempt`.

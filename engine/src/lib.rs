@@ -5,9 +5,13 @@
 //! - [`store`]: every SQL statement; PostgreSQL.
 //! - [`coordinator`]: drives the machine through the store; leases, sweeper.
 //! - [`api`]: the gRPC services (`belay.v1`), health and reflection.
+//! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls).
+//! - [`notify`]: webhook delivery of operator notifications.
 
+pub mod admin;
 pub mod api;
 pub mod coordinator;
 pub mod definitions;
 pub mod machine;
+pub mod notify;
 pub mod store;

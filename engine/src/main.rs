@@ -1,9 +1,12 @@
 //! `belay-engine`: the engine server (coordinator) and its `migrate` command.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use belay_engine::admin::{self, AdminAuth, RECOMMENDED_TOKEN_CHARS};
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
+use belay_engine::notify::{self, Notifier};
 use belay_engine::store::Store;
 use clap::{Parser, Subcommand};
 
@@ -50,6 +53,24 @@ struct ServeArgs {
     /// Database connections.
     #[arg(long, env = "BELAY_DB_CONNECTIONS", default_value_t = 16)]
     db_connections: u32,
+    /// Admin HTTP listen address (served only when admin tokens are set);
+    /// port 0 picks a free port.
+    #[arg(long, env = "BELAY_ADMIN_LISTEN", default_value = "127.0.0.1:50052")]
+    admin_listen: String,
+    /// Admin bearer tokens: comma-separated `name:token[:tenant]` (tenant
+    /// `*`, the default, means every tenant).
+    #[arg(long, env = "BELAY_ADMIN_TOKENS", hide_env_values = true)]
+    admin_tokens: Option<String>,
+    /// Webhook URL that receives signed notifications (a run paused on an
+    /// uncertain outcome); needs --webhook-secret.
+    #[arg(long, env = "BELAY_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// Secret of the webhook signature (`Belay-Signature`, HMAC-SHA256).
+    #[arg(long, env = "BELAY_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// How often due webhook notifications are looked for, ms.
+    #[arg(long, env = "BELAY_WEBHOOK_INTERVAL_MS", default_value_t = 1_000)]
+    webhook_interval_ms: u64,
 }
 
 #[tokio::main]
@@ -76,6 +97,30 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
+    // Flags are checked before anything touches the database.
+    let auth = AdminAuth::parse(args.admin_tokens.as_deref().unwrap_or(""))
+        .context("--admin-tokens (BELAY_ADMIN_TOKENS)")?;
+    for name in auth.weak_tokens() {
+        tracing::warn!(
+            token = name,
+            "admin token is shorter than {RECOMMENDED_TOKEN_CHARS} characters"
+        );
+    }
+    let webhook = match (&args.webhook_url, &args.webhook_secret) {
+        (Some(url), Some(secret)) if !url.is_empty() => {
+            notify::check_config(url, secret).context("--webhook-url / --webhook-secret")?;
+            Some((url.clone(), secret.clone()))
+        }
+        (Some(url), None) if !url.is_empty() => anyhow::bail!(
+            "--webhook-secret (BELAY_WEBHOOK_SECRET) is required when --webhook-url is set: \
+             receivers verify the `Belay-Signature` header with it"
+        ),
+        (_, Some(_)) => {
+            tracing::warn!("--webhook-secret is set without --webhook-url: no webhooks are sent");
+            None
+        }
+        _ => None,
+    };
     let store = Store::connect(database_url, args.db_connections)
         .await
         .context("connecting to PostgreSQL")?;
@@ -87,16 +132,61 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             sweep_interval_ms: args.sweep_interval_ms,
         },
     );
-    let background = coord.spawn_background();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    // Tests and scripts read this line to find the port.
+    let admin_listener = if auth.is_empty() {
+        None
+    } else {
+        let l = tokio::net::TcpListener::bind(&args.admin_listen)
+            .await
+            .with_context(|| format!("binding the admin endpoint {}", args.admin_listen))?;
+        Some(l)
+    };
+    let notifier = match webhook {
+        Some((url, secret)) => Some(
+            Notifier::new(coord.store().clone(), &url, &secret)
+                .context("--webhook-url / --webhook-secret")?,
+        ),
+        None => None,
+    };
+    let mut background = coord.spawn_background();
+    if let Some(notifier) = notifier {
+        background.push(notifier.spawn(Duration::from_millis(args.webhook_interval_ms)));
+    }
+    // Tests and scripts read this line to find the port: keep it first.
     println!("listening on http://{addr}");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admin = match admin_listener {
+        Some(l) => {
+            println!("admin listening on http://{}", l.local_addr()?);
+            let mut stop = stop_rx.clone();
+            let coord = Arc::clone(&coord);
+            Some(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                };
+                if let Err(e) = admin::serve(coord, auth, l, shutdown).await {
+                    tracing::error!(error = %e, "admin endpoint failed");
+                }
+            }))
+        }
+        None => {
+            tracing::info!("no admin tokens configured: the admin endpoint is not served");
+            None
+        }
+    };
     use std::io::Write;
     std::io::stdout().flush()?;
-    let result = belay_engine::api::serve(Arc::clone(&coord), listener, shutdown_signal()).await;
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    let result = belay_engine::api::serve(Arc::clone(&coord), listener, shutdown).await;
+    if let Some(admin) = admin {
+        let _ = admin.await;
+    }
     for h in background {
         h.abort();
     }

@@ -213,7 +213,7 @@ async fn claims_are_fenced_by_attempt() {
         .len();
     assert_eq!(before, after);
     let late_fail = coord
-        .fail("w1", &id, 1, "boom", FailureClass::NotSent)
+        .fail("w1", &id, 1, "boom", FailureClass::NotSent, None)
         .await;
     assert!(
         matches!(late_fail, Err(CoordinatorError::FailedPrecondition(_))),
@@ -254,10 +254,32 @@ async fn a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain() {
     assert_eq!(rows[0].attempts[0]["attempt"], 1);
     // Nothing is claimable: the task is uncertain and the run paused.
     assert!(coord.claim("w2", 4, 0).await.expect("claim").is_empty());
-    let stale = coord.complete("w1", &id, 1, "{}").await;
-    assert!(
-        matches!(stale, Err(CoordinatorError::FailedPrecondition(_))),
-        "{stale:?}"
+    // The worker that lost the lease reports the real result after all: it
+    // resolves the outcome (recorded as a late result) and the run resumes.
+    coord
+        .complete("w1", &id, 1, r#"{"id":"acc_1"}"#)
+        .await
+        .expect("late result accepted");
+    let row = &coord
+        .store()
+        .uncertain_for_run(run.run_id)
+        .await
+        .expect("uncertain")[0];
+    assert_eq!(row.status, "resolved");
+    assert_eq!(row.resolved_via.as_deref(), Some("late_result"));
+    assert_eq!(
+        coord.get_run("t", &run_id).await.expect("run").status,
+        "running"
+    );
+    // Reported again: the same result from the same attempt writes nothing.
+    let seq = coord.get_run("t", &run_id).await.expect("run").last_seq;
+    coord
+        .complete("w1", &id, 1, r#"{"id":"acc_1"}"#)
+        .await
+        .expect("duplicate");
+    assert_eq!(
+        coord.get_run("t", &run_id).await.expect("run").last_seq,
+        seq
     );
     db.drop().await;
 }

@@ -1,6 +1,9 @@
 //! Belay client library: a typed wrapper over the `belay.v1` gRPC services
-//! for applications and the `belay` CLI, and a readable one-line rendering of
+//! for applications and the `belay` CLI, a client of the engine's admin HTTP
+//! endpoint ([`admin::AdminClient`]), and a readable one-line rendering of
 //! run events ([`timeline_line`]).
+
+pub mod admin;
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +47,36 @@ pub enum SdkError {
         /// Cause.
         source: serde_json::Error,
     },
+    /// The admin endpoint URL is malformed.
+    #[error("invalid admin URL {url:?}: {message}")]
+    InvalidAdminUrl {
+        /// URL given.
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// No admin token was given.
+    #[error("no admin token: pass --admin-token or set BELAY_ADMIN_TOKEN")]
+    MissingAdminToken,
+    /// The admin endpoint could not be reached or its answer not read.
+    #[error("admin endpoint: {0}")]
+    Http(#[from] reqwest::Error),
+    /// The admin endpoint refused the request; `message` is the server's.
+    #[error("{message} ({code}, HTTP {status}){}", details_text(.details))]
+    Admin {
+        /// HTTP status.
+        status: u16,
+        /// Error code (`not_found`, `conflict`, `unprocessable`, ...).
+        code: String,
+        /// The server's message.
+        message: String,
+        /// Further items (e.g. every violation of the output type).
+        details: Vec<String>,
+    },
+}
+
+fn details_text(details: &[String]) -> String {
+    details.iter().map(|d| format!("\n  - {d}")).collect()
 }
 
 /// A connection to one engine, for one tenant. Cheap to clone.
@@ -276,6 +309,54 @@ impl Client {
         Ok(last)
     }
 
+    /// Operator pause (`PauseRun`): the run's tasks are not claimed until
+    /// [`Client::resume_run`]; `operator` is recorded as who paused.
+    pub async fn pause_run(
+        &self,
+        run_id: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Run, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .pause_run(v1::PauseRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                operator: operator.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("PauseRun returned no run"))?)
+    }
+
+    /// Lift an operator pause (`ResumeRun`); a run with open uncertain
+    /// outcomes stays paused until they are resolved.
+    pub async fn resume_run(
+        &self,
+        run_id: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Run, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .resume_run(v1::ResumeRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                operator: operator.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("ResumeRun returned no run"))?)
+    }
+
     /// Cancel a run.
     pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<Run, SdkError> {
         let resp = self
@@ -450,7 +531,48 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("attempt"),
             s("reason")
         ),
-        "run_paused" | "run_cancelled" => s("reason"),
+        "run_paused" => match p.get("operator").and_then(Value::as_str) {
+            Some(op) => format!("by={op} reason={}", s("reason")),
+            None => s("reason"),
+        },
+        "run_cancelled" => s("reason"),
+        "run_resumed" => format!("by={} reason={}", s("by"), s("reason")),
+        "uncertain_outcome_resolved" => {
+            let outcome = match p.get("resolution").and_then(Value::as_str) {
+                Some("succeeded") => format!("succeeded result={}", s("result")),
+                Some("failed") => format!("failed error={}", s("error")),
+                Some("retry") => format!("retry key={}", s("idempotency_key")),
+                _ => s("resolution"),
+            };
+            format!(
+                "{} {outcome} by={} via={} reason={}",
+                s("call_id"),
+                s("resolved_by"),
+                s("via"),
+                s("reason")
+            )
+        }
+        "reconcile_probe_scheduled" => format!(
+            "{} probe={} {} args={}",
+            s("call_id"),
+            s("probe_call_id"),
+            s("tool"),
+            s("arguments")
+        ),
+        "reconcile_probe_finished" => format!(
+            "{} probe={} outcome={} detail={}",
+            s("call_id"),
+            s("probe_call_id"),
+            s("outcome"),
+            s("detail")
+        ),
+        "late_result_recorded" => format!(
+            "{} attempt={} result={} discrepancy={}",
+            s("call_id"),
+            s("attempt"),
+            s("result"),
+            s("discrepancy")
+        ),
         "node_completed" => format!("node={} output={}", s("node"), s("output")),
         "run_completed" => format!("output={}", s("output")),
         "run_failed" => format!("error={}", s("error")),

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use belay_sdk::admin::{AdminClient, Resolution, UncertainOutcome, UncertainQuery};
 use belay_sdk::{Client, Run, SdkError, StartOptions, timeline_line};
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
@@ -11,7 +12,7 @@ use serde_json::{Value, json};
 #[command(
     name = "belay",
     version,
-    about = "Belay client: definitions, runs, tenants"
+    about = "Belay client: definitions, runs, tenants, uncertain outcomes"
 )]
 struct Cli {
     /// Engine gRPC URL.
@@ -28,6 +29,17 @@ struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Engine admin endpoint URL (for `uncertain`).
+    #[arg(
+        long,
+        env = "BELAY_ADMIN_URL",
+        default_value = "http://127.0.0.1:50052",
+        global = true
+    )]
+    admin_url: String,
+    /// Admin bearer token (for `uncertain`).
+    #[arg(long, env = "BELAY_ADMIN_TOKEN", hide_env_values = true, global = true)]
+    admin_token: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -43,6 +55,73 @@ enum Cmd {
     /// Tenant permissions.
     #[command(subcommand)]
     Tenant(TenantCmd),
+    /// List, show and resolve uncertain outcomes (admin endpoint).
+    #[command(subcommand)]
+    Uncertain(UncertainCmd),
+}
+
+#[derive(Subcommand)]
+enum UncertainCmd {
+    /// List uncertain outcomes, newest first (open ones unless --status).
+    List {
+        /// open | resolved | any (default: open).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this tool.
+        #[arg(long)]
+        tool: Option<String>,
+        /// Only this run.
+        #[arg(long = "run")]
+        run_id: Option<String>,
+        /// Only records at least this old, ms.
+        #[arg(long)]
+        older_than_ms: Option<u64>,
+        /// Only records at most this old, ms.
+        #[arg(long)]
+        newer_than_ms: Option<u64>,
+        /// Records per page (1..=500; default 50).
+        #[arg(long)]
+        page_size: Option<u32>,
+        /// Token from a previous page.
+        #[arg(long)]
+        page_token: Option<String>,
+    },
+    /// Show one uncertain outcome: arguments, key, attempts, resolution.
+    Show {
+        /// Uncertain outcome id.
+        id: String,
+    },
+    /// Resolve an uncertain outcome; the run resumes when nothing else holds it.
+    Resolve {
+        /// Uncertain outcome id.
+        id: String,
+        #[command(flatten)]
+        resolution: ResolveAs,
+        /// Use a new idempotency key (with --retry): only when the first
+        /// call surely did nothing.
+        #[arg(long, requires = "retry")]
+        new_key: bool,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// Who, within the admin token's name (recorded as `<token>/<operator>`).
+        #[arg(long)]
+        operator: Option<String>,
+    },
+}
+
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct ResolveAs {
+    /// It took effect: the result to use (JSON, or @path to a JSON file).
+    #[arg(long, value_name = "JSON")]
+    succeeded: Option<String>,
+    /// It failed: the error the model or workflow sees.
+    #[arg(long, value_name = "MESSAGE")]
+    failed: Option<String>,
+    /// Call the tool again (same idempotency key unless --new-key).
+    #[arg(long)]
+    retry: bool,
 }
 
 #[derive(Subcommand)]
@@ -135,6 +214,153 @@ enum RunCmd {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Operator pause: the run's tasks are not claimed until resumed.
+    Pause {
+        /// Run id.
+        run_id: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// Who (default: $BELAY_OPERATOR, else $USER).
+        #[arg(long)]
+        operator: Option<String>,
+    },
+    /// Lift an operator pause (a run with open uncertain outcomes stays paused).
+    Resume {
+        /// Run id.
+        run_id: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// Who (default: $BELAY_OPERATOR, else $USER).
+        #[arg(long)]
+        operator: Option<String>,
+    },
+}
+
+/// Who the CLI acts as for run controls: `--operator`, else
+/// `$BELAY_OPERATOR`, else `$USER`, else `cli`.
+fn operator_name(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("BELAY_OPERATOR").ok())
+        .or_else(|| std::env::var("USER").ok())
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "cli".to_owned())
+}
+
+fn admin_client(cli_url: &str, token: Option<&str>, tenant: &str) -> Result<AdminClient, SdkError> {
+    AdminClient::new(cli_url, token.unwrap_or(""), tenant)
+}
+
+fn compact(v: &Value, limit: usize) -> String {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.chars().count() <= limit {
+        text
+    } else {
+        let cut: String = text.chars().take(limit.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+/// `2026-11-29T12:00:00.123456Z` → `2026-11-29 12:00:00Z`.
+fn short_time(t: &str) -> String {
+    match (t.get(..10), t.get(11..19)) {
+        (Some(d), Some(h)) => format!("{d} {h}Z"),
+        _ => t.to_owned(),
+    }
+}
+
+fn print_uncertain_table(items: &[UncertainOutcome]) {
+    println!(
+        "{:<36}  {:<16} {:<36}  {:<8} {:<20}  REASON",
+        "ID", "TOOL", "RUN", "STATUS", "CREATED"
+    );
+    for r in items {
+        let status = match (&r.status[..], &r.resolution_kind) {
+            ("resolved", Some(kind)) => kind.clone(),
+            (s, _) => s.to_owned(),
+        };
+        println!(
+            "{:<36}  {:<16} {:<36}  {:<8} {:<20}  {}",
+            r.uncertain_id,
+            compact(&Value::String(r.tool.clone()), 16),
+            r.run_id,
+            status,
+            short_time(&r.created_at),
+            compact(&Value::String(r.reason.clone()), 60)
+        );
+    }
+}
+
+fn print_uncertain(r: &UncertainOutcome, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    let pretty = |v: &Value| {
+        serde_json::to_string_pretty(v)
+            .unwrap_or_default()
+            .replace('\n', "\n                 ")
+    };
+    println!("uncertain outcome  {}  ({})", r.uncertain_id, r.status);
+    println!("tenant           {}", r.tenant);
+    println!("run              {}", r.run_id);
+    println!(
+        "node / call      {} / {}  (task {})",
+        r.node_id, r.call_id, r.task_id
+    );
+    println!("tool             {} v{}", r.tool, r.tool_version);
+    println!("arguments        {}", pretty(&r.arguments));
+    println!("idempotency key  {}", r.idempotency_key);
+    println!("worker           {}", r.worker_id.as_deref().unwrap_or("-"));
+    println!("reason           {}", r.reason);
+    println!("created          {}", r.created_at);
+    println!("attempts");
+    for a in &r.attempts {
+        let n = a.get("attempt").map(|v| compact(v, 8)).unwrap_or_default();
+        let rest: Vec<String> = a
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, v)| *k != "attempt" && !v.is_null())
+                    .map(|(k, v)| format!("{k}={}", compact(v, 120)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!("  #{n:<3} {}", rest.join("  "));
+    }
+    if let Some(probe) = &r.probe {
+        println!("probe            {}", compact(probe, 200));
+    }
+    if r.status == "resolved" {
+        println!(
+            "resolution       {} by {} via {} at {}",
+            r.resolution_kind.as_deref().unwrap_or("?"),
+            r.resolved_by.as_deref().unwrap_or("?"),
+            r.resolved_via.as_deref().unwrap_or("?"),
+            r.resolved_at.as_deref().unwrap_or("?")
+        );
+        println!(
+            "  why            {}",
+            r.resolution_reason.as_deref().unwrap_or("")
+        );
+        if let Some(res) = &r.resolution {
+            for key in ["result", "error", "idempotency_key"] {
+                if let Some(v) = res.get(key) {
+                    println!("  {key:<15}{}", pretty(v));
+                }
+            }
+        }
+    }
+    if let Some(d) = r.discrepancy.as_ref().filter(|d| !d.is_null()) {
+        println!(
+            "DISCREPANCY      late result(s) after resolution: {}",
+            compact(d, 300)
+        );
+    }
 }
 
 fn run_json(r: &Run) -> Value {
@@ -174,6 +400,11 @@ fn print_run(r: &Run, as_json: bool) {
 }
 
 fn read_input(input: &str) -> Result<Value, SdkError> {
+    read_json(input, "--input")
+}
+
+/// JSON given inline, or `@path` to a JSON file.
+fn read_json(input: &str, flag: &str) -> Result<Value, SdkError> {
     let (what, text) = match input.strip_prefix('@') {
         Some(path) => (
             path.to_owned(),
@@ -182,7 +413,7 @@ fn read_input(input: &str) -> Result<Value, SdkError> {
                 source,
             })?,
         ),
-        None => ("--input".to_owned(), input.to_owned()),
+        None => (flag.to_owned(), input.to_owned()),
     };
     serde_json::from_str(&text).map_err(|source| SdkError::Json { what, source })
 }
@@ -213,7 +444,88 @@ async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Resu
 async fn run(cli: Cli) -> Result<(), SdkError> {
     let client = Client::connect_lazy(&cli.engine_url, &cli.tenant)?;
     let as_json = cli.json;
+    let admin = || admin_client(&cli.admin_url, cli.admin_token.as_deref(), &cli.tenant);
     match cli.command {
+        Cmd::Uncertain(UncertainCmd::List {
+            status,
+            tool,
+            run_id,
+            older_than_ms,
+            newer_than_ms,
+            page_size,
+            page_token,
+        }) => {
+            let page = admin()?
+                .list_uncertain(&UncertainQuery {
+                    status,
+                    tool,
+                    run_id,
+                    older_than_ms,
+                    newer_than_ms,
+                    page_size,
+                    page_token,
+                })
+                .await?;
+            if as_json {
+                println!("{}", serde_json::to_string(&page).unwrap_or_default());
+            } else {
+                print_uncertain_table(&page.items);
+                if let Some(next) = &page.next_page_token {
+                    println!("next page: --page-token '{next}'");
+                }
+            }
+        }
+        Cmd::Uncertain(UncertainCmd::Show { id }) => {
+            print_uncertain(&admin()?.get_uncertain(&id).await?, as_json)
+        }
+        Cmd::Uncertain(UncertainCmd::Resolve {
+            id,
+            resolution,
+            new_key,
+            reason,
+            operator,
+        }) => {
+            let resolution = match resolution {
+                ResolveAs {
+                    succeeded: Some(result),
+                    ..
+                } => Resolution::Succeeded(read_json(&result, "--succeeded")?),
+                ResolveAs {
+                    failed: Some(error),
+                    ..
+                } => Resolution::Failed(error),
+                _ => Resolution::Retry {
+                    new_idempotency_key: new_key,
+                },
+            };
+            let r = admin()?
+                .resolve_uncertain(&id, resolution, &reason, operator.as_deref())
+                .await?;
+            if !as_json {
+                println!("resolved; the run resumes unless something else holds it\n");
+            }
+            print_uncertain(&r, as_json);
+        }
+        Cmd::Run(RunCmd::Pause {
+            run_id,
+            reason,
+            operator,
+        }) => print_run(
+            &client
+                .pause_run(&run_id, &operator_name(operator), &reason)
+                .await?,
+            as_json,
+        ),
+        Cmd::Run(RunCmd::Resume {
+            run_id,
+            reason,
+            operator,
+        }) => print_run(
+            &client
+                .resume_run(&run_id, &operator_name(operator), &reason)
+                .await?,
+            as_json,
+        ),
         Cmd::Definitions(DefCmd::Register { paths }) => {
             let defs = client.register_paths(&paths).await?;
             for d in defs {

@@ -96,6 +96,9 @@ pub struct Proc {
     pub name: String,
     /// URL it listens on (empty for workers).
     pub url: String,
+    /// Every `listening on` URL it printed, in order (engines print the
+    /// gRPC URL, then the admin URL).
+    pub urls: Vec<String>,
     child: Child,
 }
 
@@ -107,6 +110,17 @@ impl Proc {
         args: &[String],
         env: &[(&str, String)],
         wait_listen: bool,
+    ) -> Result<Proc> {
+        Self::spawn_lines(name, program, args, env, usize::from(wait_listen)).await
+    }
+
+    /// Spawn and wait for `lines_wanted` lines of the form `… listening on <url>`.
+    pub async fn spawn_lines(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        lines_wanted: usize,
     ) -> Result<Proc> {
         let log_dir = std::env::temp_dir().join("belay-test-logs");
         std::fs::create_dir_all(&log_dir)?;
@@ -130,23 +144,24 @@ impl Proc {
             .with_context(|| format!("spawning {}", program.display()))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
         let mut lines = BufReader::new(stdout).lines();
-        let mut url = String::new();
-        if wait_listen {
+        let mut urls = Vec::new();
+        for _ in 0..lines_wanted {
             let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
                 .await
                 .with_context(|| format!("{name} did not start within 60 s"))??
                 .ok_or_else(|| anyhow!("{name} exited before listening"))?;
-            url = line
-                .strip_prefix("listening on ")
-                .ok_or_else(|| anyhow!("{name} printed {line:?}, expected `listening on …`"))?
-                .trim()
-                .to_owned();
+            let (_, url) = line
+                .split_once("listening on ")
+                .ok_or_else(|| anyhow!("{name} printed {line:?}, expected `listening on …`"))?;
+            urls.push(url.trim().to_owned());
         }
+        let url = urls.first().cloned().unwrap_or_default();
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Proc {
             name: name.to_owned(),
             url,
+            urls,
             child,
         })
     }
@@ -158,12 +173,30 @@ impl Proc {
         Ok(())
     }
 
+    /// Send a signal (SIGSTOP / SIGCONT to freeze and thaw a process).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        let pid = self
+            .child
+            .id()
+            .ok_or_else(|| anyhow!("{} has exited", self.name))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)?;
+        Ok(())
+    }
+
+    /// The admin URL an engine printed (empty for other processes).
+    pub fn admin_url(&self) -> &str {
+        self.urls.get(1).map(String::as_str).unwrap_or("")
+    }
+
     /// Port of `url`.
     pub fn port(&self) -> Result<u16> {
         let port = self.url.rsplit(':').next().unwrap_or_default();
         Ok(port.parse()?)
     }
 }
+
+/// Admin bearer token every test engine accepts (token name `ops`, all tenants).
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// Engine options for a test.
 #[derive(Debug, Clone)]
@@ -254,10 +287,19 @@ impl Env {
         Ok(env)
     }
 
-    /// Start another engine on the same database (on `port`, or a free one).
+    /// Start another engine on the same database (on `port`, or a free one),
+    /// with its admin endpoint on `admin_port` (or a free one).
     pub async fn start_engine(&mut self, port: Option<u16>) -> Result<usize> {
+        self.start_engine_on(port, None).await
+    }
+
+    async fn start_engine_on(
+        &mut self,
+        port: Option<u16>,
+        admin_port: Option<u16>,
+    ) -> Result<usize> {
         let listen = format!("127.0.0.1:{}", port.unwrap_or(0));
-        let engine = Proc::spawn(
+        let engine = Proc::spawn_lines(
             &format!("engine{}", self.engines.len()),
             &bin("belay-engine")?,
             &[
@@ -269,9 +311,14 @@ impl Env {
                 self.opts.sweep_ms.to_string(),
                 "--db-connections".into(),
                 "6".into(),
+                "--admin-listen".into(),
+                format!("127.0.0.1:{}", admin_port.unwrap_or(0)),
             ],
-            &[("DATABASE_URL", self.db.url.clone())],
-            true,
+            &[
+                ("DATABASE_URL", self.db.url.clone()),
+                ("BELAY_ADMIN_TOKENS", format!("ops:{ADMIN_TOKEN}:*")),
+            ],
+            2,
         )
         .await?;
         self.engines.push(engine);
@@ -281,8 +328,15 @@ impl Env {
     /// SIGKILL engine `i` and start a new one on the same port, replacing it.
     pub async fn restart_engine(&mut self, i: usize) -> Result<()> {
         let port = self.engines[i].port()?;
+        let admin_port = self.engines[i]
+            .admin_url()
+            .rsplit(':')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .ok();
         self.engines[i].kill().await?;
-        let new = self.start_engine(Some(port)).await?;
+        let new = self.start_engine_on(Some(port), admin_port).await?;
         let proc = self.engines.remove(new);
         self.engines[i] = proc;
         Ok(())
@@ -436,6 +490,69 @@ impl Env {
             .await?
             .error_for_status()?;
         Ok(())
+    }
+
+    /// Answer the CRM requests held by `hold_after_effect`.
+    pub async fn crm_release(&self) -> Result<()> {
+        self.http
+            .post(format!("{}/_release", self.crm.url))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// The CRM's accounts and emails.
+    pub async fn crm_state(&self) -> Result<Value> {
+        Ok(self
+            .http
+            .get(format!("{}/_state", self.crm.url))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+
+    /// The uncertain-outcome rows of a run (as JSON objects).
+    pub async fn uncertain_rows(&self, run_id: &str) -> Result<Vec<Value>> {
+        let pool = self.db.pool().await?;
+        let rows: Vec<(Value,)> = sqlx::query_as(
+            "SELECT to_jsonb(u) FROM uncertain_outcomes u WHERE run_id = $1::uuid ORDER BY created_at",
+        )
+        .bind(run_id)
+        .fetch_all(&pool)
+        .await?;
+        pool.close().await;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    /// Call the admin endpoint of engine `i`: `method` `path` (below
+    /// `/admin/v1/tenants/<tenant>`) with an optional JSON body; returns the
+    /// status and the JSON answer.
+    pub async fn admin(
+        &self,
+        i: usize,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value)> {
+        let url = format!(
+            "{}/admin/v1/tenants/{}{path}",
+            self.engines[i].admin_url(),
+            self.tenant
+        );
+        let mut request = self.http.request(method, url).bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let text = response.text().await?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
     }
 
     /// Kill everything and drop the database.

@@ -215,6 +215,9 @@ async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key() 
 async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Result<()> {
     let mut env = Env::start(EngineOpts::default()).await?;
     env.crm_fault("/accounts", "hang_after_effect", 1).await?;
+    // The reconcile probe cannot decide, so the run stays paused for an operator.
+    env.crm_fault("/accounts/by-idempotency-key/*", "fail_400", 1)
+        .await?;
     env.start_worker(0).await?;
     let run_id = env
         .start_onboarding(0, "onboarding", "rec@example.com", "kr")
@@ -222,7 +225,8 @@ async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Re
     env.crm_wait("/accounts", 1).await?;
     env.workers[0].kill().await?;
     env.start_worker(0).await?; // must not repeat the call
-    env.wait_for(0, &run_id, "run_paused", T).await?;
+    env.wait_for(0, &run_id, "reconcile_probe_finished", T)
+        .await?;
     let run = env.client(0)?.get_run(&run_id).await?;
     assert_eq!(run.status, "paused");
     assert!(
@@ -230,17 +234,14 @@ async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Re
         "{}",
         run.status_reason
     );
-    let pool = env.db.pool().await?;
-    let rows: Vec<(String, String, Value)> = sqlx::query_as(
-        "SELECT tool, idempotency_key, arguments FROM uncertain_outcomes WHERE run_id = $1::uuid",
-    )
-    .bind(&run_id)
-    .fetch_all(&pool)
-    .await?;
+    let rows = env.uncertain_rows(&run_id).await?;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].0, "create_account");
-    assert_eq!(rows[0].1, format!("{run_id}/intake.t2"));
-    assert_eq!(rows[0].2["email"], "rec@example.com");
+    assert_eq!(rows[0]["status"], "open");
+    assert_eq!(rows[0]["tool"], "create_account");
+    assert_eq!(rows[0]["idempotency_key"], format!("{run_id}/intake.t2"));
+    assert_eq!(rows[0]["arguments"]["email"], "rec@example.com");
+    assert_eq!(rows[0]["probe"]["outcome"], "undecided");
+    let pool = env.db.pool().await?;
     let (status,): (String,) = sqlx::query_as(
         "SELECT status FROM tasks WHERE run_id = $1::uuid AND call_id = 'intake.t2'",
     )
@@ -248,8 +249,8 @@ async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Re
     .fetch_one(&pool)
     .await?;
     assert_eq!(status, "uncertain");
-    assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
     pool.close().await;
+    assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
     env.stop().await
 }
 

@@ -201,13 +201,15 @@ impl EngineClient {
         .await
     }
 
-    /// `FailTask` with `error` and `class`, retried while transient.
+    /// `FailTask` with `error`, `class` and the tool's HTTP status if it
+    /// answered with one, retried while transient.
     pub async fn report_failure(
         &self,
         task_id: &str,
         attempt: u32,
         error: String,
         class: FailureClass,
+        status_code: Option<u16>,
     ) -> Result<(), Status> {
         let request = FailTaskRequest {
             worker_id: self.worker_id.clone(),
@@ -215,6 +217,7 @@ impl EngineClient {
             attempt,
             error,
             class: class as i32,
+            status_code: status_code.map(u32::from).unwrap_or(0),
         };
         self.retrying("FailTask", task_id, attempt, |mut client| {
             let request = request.clone();

@@ -93,6 +93,15 @@ pub enum HttpToolError {
 }
 
 impl HttpToolError {
+    /// The HTTP status when the tool answered with one (a reconcile probe's
+    /// 404 means "definitely not found").
+    pub fn status_code(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
     /// The failure class to report in `FailTask`.
     pub fn class(&self) -> FailureClass {
         match self {

@@ -7,9 +7,12 @@
 //! - Each claimed task runs in its own tokio task holding one permit.
 //! - One heartbeat loop renews every held lease in a single `Heartbeat`,
 //!   a third of the shortest lease after the last renewal. A lease the engine
-//!   reports as not held is dropped at once: its future is aborted and nothing
-//!   is reported (the engine has already moved on; a report would be refused
-//!   as stale).
+//!   reports as not held is dropped at once: if the task had not been
+//!   dispatched, its future is aborted and nothing is reported (the engine
+//!   retries it); if a tool call was already dispatched, its effect may be
+//!   under way, so it finishes and its result is reported late (the engine
+//!   resolves an uncertain outcome with it, lets the first result win, or
+//!   keeps it as history).
 //! - A `tool_call` is dispatched (`DispatchToolCall`) before the HTTP request
 //!   starts; if dispatch fails the worker does not act and does not report.
 //! - On shutdown the claim loop stops, in-flight tasks get a grace period to
@@ -17,6 +20,7 @@
 //!   and their leases expire.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -224,6 +228,8 @@ struct HeldLease {
     renewed_at: Instant,
     /// Aborts the task's future.
     abort: AbortHandle,
+    /// Set once the engine allowed a tool call's side effect to start.
+    dispatched: Arc<AtomicBool>,
 }
 
 impl Ctx {
@@ -260,12 +266,24 @@ impl Ctx {
                     held.lease_ms = status.lease_ms;
                 }
             } else if let Some(lost) = leases.remove(&key) {
-                lost.abort.abort();
-                tracing::warn!(
-                    task_id = %key.0,
-                    attempt = key.1,
-                    "lease lost; task abandoned without reporting"
-                );
+                if lost.dispatched.load(Ordering::SeqCst) {
+                    // The side effect may be under way: finish it and report
+                    // the real result late, so the engine can resolve an
+                    // uncertain outcome (or keep it as history) instead of
+                    // losing what happened.
+                    tracing::warn!(
+                        task_id = %key.0,
+                        attempt = key.1,
+                        "lease lost after dispatch; finishing the call to report its result late"
+                    );
+                } else {
+                    lost.abort.abort();
+                    tracing::warn!(
+                        task_id = %key.0,
+                        attempt = key.1,
+                        "lease lost; task abandoned without reporting"
+                    );
+                }
             }
         }
     }
@@ -304,10 +322,12 @@ fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: Owned
         key: key.clone(),
     };
     let task_ctx = Arc::clone(ctx);
+    let dispatched = Arc::new(AtomicBool::new(false));
+    let task_dispatched = Arc::clone(&dispatched);
     let abort = tasks.spawn(async move {
         let _permit = permit;
         let _guard = guard;
-        perform_task(&task_ctx, &task).await;
+        perform_task(&task_ctx, &task, &task_dispatched).await;
     });
     leases.insert(
         key,
@@ -315,6 +335,7 @@ fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: Owned
             lease_ms,
             renewed_at: Instant::now(),
             abort,
+            dispatched,
         },
     );
     drop(leases);
@@ -397,13 +418,13 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-async fn perform_task(ctx: &Ctx, task: &Task) {
+async fn perform_task(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
     tracing::info!(%task_id, attempt, run_id = %task.run_id, kind = %task.kind, "task claimed");
     match task.kind.as_str() {
         TASK_KIND_MODEL_CALL => perform_model_call(ctx, task).await,
-        TASK_KIND_TOOL_CALL => perform_tool_call(ctx, task).await,
+        TASK_KIND_TOOL_CALL => perform_tool_call(ctx, task, dispatched).await,
         other => {
             let error = format!("this worker cannot perform tasks of kind {other:?}");
             report_failure(ctx, task, FailureClass::NotSent, error).await;
@@ -438,7 +459,7 @@ async fn perform_model_call(ctx: &Ctx, task: &Task) {
     }
 }
 
-async fn perform_tool_call(ctx: &Ctx, task: &Task) {
+async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
     let spec: ToolCallSpec = match serde_json::from_str(&task.spec_json) {
@@ -461,6 +482,7 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task) {
         );
         return;
     }
+    dispatched.store(true, Ordering::SeqCst);
     tracing::info!(%task_id, attempt, tool = %spec.tool, "tool call dispatched");
     match ctx.tools.execute(request).await {
         Ok(value) => report_complete(ctx, task, value.to_string()).await,
@@ -470,7 +492,7 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task) {
                 %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), error = %e,
                 "tool call failed"
             );
-            report_failure(ctx, task, class, e.to_string()).await;
+            report_failure_with_status(ctx, task, class, e.to_string(), e.status_code()).await;
         }
     }
 }
@@ -500,11 +522,21 @@ async fn report_complete(ctx: &Ctx, task: &Task, result_json: String) {
 }
 
 async fn report_failure(ctx: &Ctx, task: &Task, class: FailureClass, error: String) {
+    report_failure_with_status(ctx, task, class, error, None).await
+}
+
+async fn report_failure_with_status(
+    ctx: &Ctx,
+    task: &Task,
+    class: FailureClass,
+    error: String,
+    status_code: Option<u16>,
+) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
         .engine
-        .report_failure(task_id, attempt, error, class)
+        .report_failure(task_id, attempt, error, class, status_code)
         .await
     {
         Ok(()) => {

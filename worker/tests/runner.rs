@@ -181,20 +181,23 @@ async fn refused_dispatch_means_no_request_and_no_report() {
 }
 
 #[tokio::test]
-async fn lost_lease_aborts_the_task_without_reporting() {
+async fn a_lease_lost_after_dispatch_finishes_the_call_and_reports_it_late() {
     let log = Log::default();
     let mut engine = FakeEngine::start(log.clone()).await;
-    // The tool never answers; once it has the request, the engine says t1's
-    // lease is lost.
+    // The tool answers only after the engine has told the worker that t1's
+    // lease is lost: the call is under way, so the worker must finish it and
+    // report the real result (late) instead of dropping it.
     let state = engine.state.clone();
+    let told = engine.state.lock().unwrap().lost_told.clone();
     let hang_log = log.clone();
     let router = Router::new()
         .route(
-            "/hang",
+            "/slow",
             post(move || async move {
-                hang_log.push("http /hang");
+                hang_log.push("http /slow");
                 state.lock().unwrap().lost.insert("t1".into());
-                std::future::pending::<&'static str>().await
+                told.notified().await;
+                "{\"late\":true}"
             }),
         )
         .route(
@@ -208,35 +211,33 @@ async fn lost_lease_aborts_the_task_without_reporting() {
             }),
         );
     let tools = format!("http://{}", common::serve(router).await);
-    let mut lost = tool_task("t1", 2, format!("{tools}/hang"), "POST");
+    let mut lost = tool_task("t1", 2, format!("{tools}/slow"), "POST");
     lost.lease_ms = 300; // heartbeat every 100 ms
     engine.push(lost);
     engine.push(tool_task("t2", 1, format!("{tools}/second"), "POST"));
-    // One slot: t2 can only run once t1's future is gone, which (the tool
-    // timeout being 60 s) only the lease loss can cause.
     let worker = Worker::start(&engine, |c| c.concurrency = 1);
 
     let report = engine.next_report().await;
-    assert_eq!(report.task_id(), "t2");
-    let entries = log.entries();
     assert_eq!(
-        entries,
+        report.task_id(),
+        "t1",
+        "the dispatched call was finished, not dropped"
+    );
+    let report = engine.next_report().await;
+    assert_eq!(report.task_id(), "t2");
+    assert_eq!(
+        log.entries(),
         vec![
             "claim t1 2",
             "dispatch t1 2",
-            "http /hang",
+            "http /slow",
+            "complete t1 2",
             "claim t2 1",
             "dispatch t2 1",
             "http /second",
             "complete t2 1",
         ]
     );
-    {
-        let state = engine.state.lock().unwrap();
-        assert!(state.heartbeats.iter().any(|h| h.worker_id == WORKER_ID
-            && h.leases.iter().any(|l| l.task_id == "t1" && l.attempt == 2)));
-    }
-    assert!(engine.pending_reports().is_empty());
     worker.stop().await;
 }
 

@@ -133,6 +133,8 @@ pub(super) struct AblOutput {
     /// Every tool name declared (valid or not), for duplicate and reference
     /// checks across the bundle without cascading errors.
     pub declared: Vec<NameAt>,
+    /// `(tool, probe)` of every `reconcile_with:`, checked across the bundle.
+    pub reconcile_refs: Vec<(String, NameAt)>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }
@@ -450,6 +452,7 @@ struct Props<'b> {
     timeout_ms: Option<u64>,
     permission: Option<String>,
     repeat_safety: Option<RepeatSafety>,
+    reconcile_with: Option<NameAt>,
     parameters: Option<&'b Block>,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing.
@@ -522,6 +525,26 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
             "`repeat_safety:` (`never`, `idempotent` or `reconcile`)",
         );
     }
+    if let Some(probe) = &props.reconcile_with {
+        if props
+            .repeat_safety
+            .is_some_and(|r| r != RepeatSafety::Reconcile)
+        {
+            cx.error(
+                probe.line,
+                probe.column,
+                "`reconcile_with:` needs `repeat_safety: reconcile`",
+            );
+        }
+        if probe.name == name {
+            cx.error(
+                probe.line,
+                probe.column,
+                format!("tool `{name}` cannot reconcile with itself"),
+            );
+        }
+        cx.out.reconcile_refs.push((name.clone(), probe.clone()));
+    }
     if let (Some(sig), Some((endpoint, eline, ecol))) = (&signature, &props.endpoint) {
         check_path_params(endpoint, *eline, *ecol, sig, cx);
     }
@@ -547,6 +570,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         output_schema: signature::type_schema(&sig.returns, Direction::Output),
         permission,
         repeat_safety,
+        reconcile_with: props.reconcile_with.map(|p| p.name),
         binding: ToolBindingDef::Http {
             endpoint,
             method: props.method.unwrap_or_else(|| "POST".to_string()),
@@ -669,6 +693,20 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                                 "unknown repeat_safety `{s}` (expected `never`, `idempotent` or `reconcile`)"
                             ),
                         ),
+                    }
+                }
+            }
+            "reconcile_with" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match check_name("tool", &s) {
+                        Some(m) => cx.error(line.no, kv.value_col, m),
+                        None => {
+                            props.reconcile_with = Some(NameAt {
+                                name: s,
+                                line: line.no,
+                                column: kv.value_col,
+                            })
+                        }
                     }
                 }
             }

@@ -109,6 +109,7 @@ pub fn parse_bundle(
     let mut workflows_declared: Vec<(&str, NameAt)> = Vec::new();
     let mut tool_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut agent_refs: Vec<(&str, NameAt)> = Vec::new();
+    let mut probe_refs: Vec<(&str, String, NameAt)> = Vec::new();
     let mut paths: BTreeSet<&str> = BTreeSet::new();
 
     for file in files {
@@ -127,6 +128,7 @@ pub fn parse_bundle(
                 let out = abl::parse_tools_file(path, &file.content);
                 bundle.tools.extend(out.tools);
                 tools_declared.extend(out.declared.into_iter().map(|n| (path, n)));
+                probe_refs.extend(out.reconcile_refs.into_iter().map(|(t, n)| (path, t, n)));
                 errors.extend(out.errors);
             }
             Some(FileKind::Yaml) => {
@@ -164,6 +166,37 @@ pub fn parse_bundle(
                     r.name
                 ),
             ));
+        }
+    }
+    for (file, tool, r) in &probe_refs {
+        match bundle.tools.iter().find(|t| t.name == r.name) {
+            Some(probe) => {
+                let takes_key = probe
+                    .input_schema
+                    .pointer("/properties/idempotency_key/type")
+                    .is_some_and(|t| t == "string");
+                if probe.repeat_safety != model::RepeatSafety::Idempotent || !takes_key {
+                    errors.push(DefinitionError::new(
+                        file,
+                        r.line,
+                        r.column,
+                        format!(
+                            "`{}`, the reconcile probe of `{tool}`, must be `repeat_safety: idempotent` and take an `idempotency_key: string` parameter",
+                            r.name
+                        ),
+                    ));
+                }
+            }
+            None if tool_names.contains(r.name.as_str()) || registered.tools.contains(&r.name) => {}
+            None => errors.push(DefinitionError::new(
+                file,
+                r.line,
+                r.column,
+                format!(
+                    "unknown tool `{}` in `reconcile_with:`: not declared in this bundle nor registered",
+                    r.name
+                ),
+            )),
         }
     }
     for (file, r) in &agent_refs {
@@ -570,6 +603,27 @@ nodes:
                 "b.tools.abl:7:3: tool `broken` is missing `repeat_safety:` (`never`, `idempotent` or `reconcile`)",
                 "b.tools.abl:7:13: unknown type `nope` (expected string, number, boolean, date, object, or `type[]`)",
                 "notes.txt:1:1: `notes.txt` is not a definition file: expected `*.tools.abl` (tools) or `*.yaml` / `*.yml` (agents and workflows)",
+            ]
+        );
+    }
+
+    #[test]
+    fn reconcile_probes_are_checked_across_the_bundle() {
+        let tools = "TOOLS:\n  create(email: string) -> {id: string}\n    type: http\n    endpoint: /c\n    permission: p\n    repeat_safety: reconcile\n    reconcile_with: find\n  find(idempotency_key: string) -> {id: string}\n    type: http\n    endpoint: /f/{idempotency_key}\n    method: GET\n    permission: p\n    repeat_safety: idempotent\n";
+        let bundle =
+            parse_bundle(&[file("t.tools.abl", tools)], &RegisteredNames::default()).unwrap();
+        assert_eq!(bundle.tools[0].reconcile_with.as_deref(), Some("find"));
+        assert_eq!(bundle.tools[1].reconcile_with, None);
+
+        let bad = "TOOLS:\n  create(email: string) -> {id: string}\n    type: http\n    endpoint: /c\n    permission: p\n    repeat_safety: reconcile\n    reconcile_with: find\n  find(key: string) -> {id: string}\n    type: http\n    endpoint: /f\n    permission: p\n    repeat_safety: never\n  other() -> string\n    type: http\n    endpoint: /o\n    permission: p\n    repeat_safety: never\n    reconcile_with: ghost\n";
+        assert_eq!(
+            rendered(
+                parse_bundle(&[file("t.tools.abl", bad)], &RegisteredNames::default()).unwrap_err()
+            ),
+            vec![
+                "t.tools.abl:7:21: `find`, the reconcile probe of `create`, must be `repeat_safety: idempotent` and take an `idempotency_key: string` parameter",
+                "t.tools.abl:18:21: `reconcile_with:` needs `repeat_safety: reconcile`",
+                "t.tools.abl:18:21: unknown tool `ghost` in `reconcile_with:`: not declared in this bundle nor registered",
             ]
         );
     }

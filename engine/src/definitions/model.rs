@@ -68,6 +68,11 @@ pub struct ToolDef {
     pub permission: String,
     /// `repeat_safety:`.
     pub repeat_safety: RepeatSafety,
+    /// `reconcile_with:`: an idempotent, read-only tool that looks this
+    /// tool's effect up by idempotency key (it takes an `idempotency_key`
+    /// string argument). Only on `reconcile` tools. Added after v0.1.
+    #[serde(default)]
+    pub reconcile_with: Option<String>,
     /// `type:` and its binding properties.
     pub binding: ToolBindingDef,
     /// File the tool was declared in (bundle-relative path).

@@ -24,6 +24,64 @@ pub enum FailureClass {
     Rejected,
 }
 
+/// How an uncertain outcome was resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolutionKind {
+    /// The call took effect; a result is given.
+    Succeeded,
+    /// The call did not take effect (or failed); the model is told.
+    Failed,
+    /// Try again, with the same idempotency key or a new one.
+    Retry,
+}
+
+impl ResolutionKind {
+    /// API / database spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResolutionKind::Succeeded => "succeeded",
+            ResolutionKind::Failed => "failed",
+            ResolutionKind::Retry => "retry",
+        }
+    }
+}
+
+/// Who resolved an uncertain outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolvedVia {
+    /// An operator, through the admin endpoint or the CLI.
+    Operator,
+    /// The worker that lost its lease reported the real result after all.
+    LateResult,
+    /// A reconcile probe looked the effect up.
+    Probe,
+}
+
+impl ResolvedVia {
+    /// API / database spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResolvedVia::Operator => "operator",
+            ResolvedVia::LateResult => "late_result",
+            ResolvedVia::Probe => "probe",
+        }
+    }
+}
+
+/// What a reconcile probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeOutcome {
+    /// The effect exists; its result resolves the call as succeeded.
+    Found,
+    /// Definitely no effect: safe to retry with the same key.
+    NotFound,
+    /// Anything else: left for an operator.
+    Undecided,
+}
+
 /// One entry of a run's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -183,6 +241,77 @@ pub enum Event {
     RunPaused {
         /// Why.
         reason: String,
+        /// The operator who paused it; `None` when the engine paused it on an
+        /// uncertain outcome. Added after v0.1.
+        #[serde(default)]
+        operator: Option<String>,
+    },
+    /// An operator pause was lifted, or the last uncertain outcome was
+    /// resolved. The run is running again unless uncertain outcomes remain.
+    RunResumed {
+        /// Who resumed it (operator, `probe:<tool>`, `worker:<id>`).
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// An uncertain outcome was resolved.
+    UncertainOutcomeResolved {
+        /// Call id.
+        call_id: String,
+        /// `succeeded`, `failed` or `retry`.
+        resolution: ResolutionKind,
+        /// For `succeeded`: the result used as the call's result.
+        #[serde(default)]
+        result: Option<Value>,
+        /// For `failed`: the error the model or workflow sees.
+        #[serde(default)]
+        error: Option<String>,
+        /// For `retry`: the idempotency key of the next attempt (new, or the same).
+        #[serde(default)]
+        idempotency_key: Option<String>,
+        /// Who resolved it.
+        resolved_by: String,
+        /// Why.
+        reason: String,
+        /// How: an operator, a late result, or a reconcile probe.
+        via: ResolvedVia,
+        /// For a late result: the attempt that reported it.
+        #[serde(default)]
+        attempt: Option<u32>,
+    },
+    /// A reconcile probe was scheduled to look the effect of a call up.
+    ReconcileProbeScheduled {
+        /// The uncertain call.
+        call_id: String,
+        /// The probe's own call id (`<call_id>.p<n>`).
+        probe_call_id: String,
+        /// Probe tool.
+        tool: String,
+        /// Arguments sent to the probe.
+        arguments: Value,
+    },
+    /// A reconcile probe answered.
+    ReconcileProbeFinished {
+        /// The uncertain call.
+        call_id: String,
+        /// The probe's call id.
+        probe_call_id: String,
+        /// `found`, `not_found` or `undecided`.
+        outcome: ProbeOutcome,
+        /// What it saw.
+        detail: String,
+    },
+    /// A result arrived for a call that already has one; kept, not applied.
+    LateResultRecorded {
+        /// Call id.
+        call_id: String,
+        /// Attempt that reported it.
+        attempt: u32,
+        /// The result reported.
+        result: Value,
+        /// Set when it disagrees with how the call was resolved.
+        #[serde(default)]
+        discrepancy: Option<String>,
     },
     /// A node finished.
     NodeCompleted {
@@ -226,6 +355,11 @@ impl Event {
             Event::TaskLeaseExpired { .. } => "task_lease_expired",
             Event::UncertainOutcomeRecorded { .. } => "uncertain_outcome_recorded",
             Event::RunPaused { .. } => "run_paused",
+            Event::RunResumed { .. } => "run_resumed",
+            Event::UncertainOutcomeResolved { .. } => "uncertain_outcome_resolved",
+            Event::ReconcileProbeScheduled { .. } => "reconcile_probe_scheduled",
+            Event::ReconcileProbeFinished { .. } => "reconcile_probe_finished",
+            Event::LateResultRecorded { .. } => "late_result_recorded",
             Event::NodeCompleted { .. } => "node_completed",
             Event::RunCompleted { .. } => "run_completed",
             Event::RunFailed { .. } => "run_failed",

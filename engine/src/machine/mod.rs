@@ -18,11 +18,11 @@ use belay_proto::wire::{
 };
 use serde_json::{Map, Value};
 
-pub use event::{Event, FailureClass};
+pub use event::{Event, FailureClass, ProbeOutcome, ResolutionKind, ResolvedVia};
 pub use plan::{Pinned, RunPlan};
 pub use state::{CallStatus, RunState, RunStatus};
 
-use crate::definitions::model::{LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef};
+use crate::definitions::model::{LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef, ToolDef};
 
 /// Kind of a task row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,8 @@ pub enum TaskEnd {
     Failed,
     /// Outcome unknown, an uncertain-outcome record exists.
     Uncertain,
+    /// No longer needed (a probe whose call was resolved otherwise).
+    Cancelled,
 }
 
 /// Effects the coordinator performs in the same transaction as the events.
@@ -69,6 +71,54 @@ pub enum Command {
         idempotency_key: String,
         /// Repeat safety for tool calls.
         repeat_safety: Option<RepeatSafety>,
+        /// Claimable while the run is paused (reconcile probes).
+        runs_while_paused: bool,
+    },
+    /// Give a task a new idempotency key (an operator's retry of a call that
+    /// surely did nothing).
+    RekeyTask {
+        /// Call id.
+        call_id: String,
+        /// New key.
+        idempotency_key: String,
+        /// The spec carrying the new key.
+        spec: Value,
+    },
+    /// Close an uncertain-outcome record with its resolution.
+    MarkUncertainResolved {
+        /// Call id.
+        call_id: String,
+        /// Resolution as stored (`{"resolution": ..., "result"|"error"|"idempotency_key": ...}`).
+        resolution: Value,
+        /// `succeeded`, `failed`, `retry`.
+        kind: ResolutionKind,
+        /// Who.
+        resolved_by: String,
+        /// Why.
+        reason: String,
+        /// How.
+        via: ResolvedVia,
+    },
+    /// Flag a late result on a resolved uncertain-outcome record.
+    FlagDiscrepancy {
+        /// Call id.
+        call_id: String,
+        /// `{attempt, result, detail}`.
+        discrepancy: Value,
+    },
+    /// Store what a reconcile probe found on the uncertain-outcome record.
+    RecordProbe {
+        /// The uncertain call.
+        call_id: String,
+        /// `{tool, outcome, detail}`.
+        probe: Value,
+    },
+    /// Queue a notification for operators (webhook outbox).
+    NotifyOperator {
+        /// Event kind, e.g. `run.paused.uncertain_outcome`.
+        kind: String,
+        /// JSON body.
+        payload: Value,
     },
     /// Put a task back to ready after `delay_ms`, keeping its attempt counter.
     RetryTask {
@@ -182,6 +232,46 @@ pub enum Input {
         class: FailureClass,
         /// Whether this attempt was dispatched (from the task row).
         dispatched: bool,
+        /// HTTP status if the tool answered with one.
+        status_code: Option<u16>,
+    },
+    /// A result reported by an attempt that no longer holds the task (its
+    /// lease expired): resolves an uncertain outcome, wins if the call is
+    /// still open, or is kept as history.
+    LateToolResult {
+        /// Call id.
+        call_id: String,
+        /// Attempt that reported.
+        attempt: u32,
+        /// Result (normalised).
+        result: Value,
+        /// Worker that reported.
+        worker_id: String,
+    },
+    /// An operator resolves an uncertain outcome.
+    ResolveUncertain {
+        /// Call id.
+        call_id: String,
+        /// The resolution.
+        resolution: Resolution,
+        /// Who.
+        resolved_by: String,
+        /// Why.
+        reason: String,
+    },
+    /// An operator pauses the run.
+    Pause {
+        /// Who.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// An operator lifts their pause.
+    Resume {
+        /// Who.
+        by: String,
+        /// Why.
+        reason: String,
     },
     /// A lease expired before the worker reported.
     LeaseExpired {
@@ -196,6 +286,27 @@ pub enum Input {
     Cancel {
         /// Why.
         reason: String,
+    },
+}
+
+/// An operator's (or a probe's) decision about an uncertain outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// It took effect; `result` (valid against the tool's output type) is the call's result.
+    Succeeded {
+        /// The result.
+        result: Value,
+    },
+    /// It failed; the model sees `error` as the tool's failure.
+    Failed {
+        /// The error.
+        error: String,
+    },
+    /// Try again: with the same idempotency key, or a new one when the
+    /// operator is sure the first call did nothing.
+    Retry {
+        /// Use a new idempotency key.
+        new_idempotency_key: bool,
     },
 }
 
@@ -226,6 +337,22 @@ pub enum MachineError {
         /// Why.
         detail: String,
     },
+    /// The call has no open uncertain outcome (never had, or already resolved).
+    #[error("call `{call_id}` has no open uncertain outcome: {detail}")]
+    NotUncertain {
+        /// Call id.
+        call_id: String,
+        /// Details.
+        detail: String,
+    },
+    /// A `succeeded` resolution's result does not match the tool's output type.
+    #[error("the result does not match the output type of `{tool}`: {}", .errors.join("; "))]
+    InvalidResult {
+        /// Tool.
+        tool: String,
+        /// Each violation.
+        errors: Vec<String>,
+    },
     /// The run's plan is inconsistent (should have been caught at registration).
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
@@ -247,6 +374,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
     let mut m = Step {
         state: state.clone(),
         out: Decision::default(),
+        late_attempt: None,
     };
     match input {
         Input::Start {
@@ -285,7 +413,6 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             attempt,
             worker_id,
         } => {
-            m.require_running("dispatch")?;
             m.on_dispatch(call_id, attempt, worker_id)?;
         }
         Input::ToolCallCompleted {
@@ -295,15 +422,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         } => {
             m.require_active("tool result")?;
             m.require_open_tool_call(&call_id)?;
-            m.emit(Event::ToolCallCompleted {
-                call_id: call_id.clone(),
-                attempt,
-                result,
-            });
-            m.command(Command::EndTask {
-                call_id,
-                end: TaskEnd::Completed,
-            });
+            m.on_tool_result(call_id, attempt, result)?;
         }
         Input::TaskFailed {
             call_id,
@@ -311,9 +430,73 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             error,
             class,
             dispatched,
+            status_code,
         } => {
             m.require_active("failure report")?;
-            m.on_failure(call_id, attempt, error, class, dispatched, false)?;
+            m.on_failure(Failure {
+                call_id,
+                attempt,
+                error,
+                class,
+                dispatched,
+                lease_expired: false,
+                status_code,
+            })?;
+        }
+        Input::LateToolResult {
+            call_id,
+            attempt,
+            result,
+            worker_id,
+        } => {
+            m.require_active("late result")?;
+            m.on_late_result(call_id, attempt, result, worker_id)?;
+        }
+        Input::ResolveUncertain {
+            call_id,
+            resolution,
+            resolved_by,
+            reason,
+        } => {
+            m.require_active("resolve")?;
+            m.resolve(
+                &call_id,
+                resolution,
+                resolved_by,
+                reason,
+                ResolvedVia::Operator,
+            )?;
+        }
+        Input::Pause { by, reason } => {
+            if m.state.operator_paused.is_some() {
+                return Err(m.wrong_status("pause: it is already paused by an operator"));
+            }
+            m.require_active("pause")?;
+            let reason = if reason.trim().is_empty() {
+                "no reason given".to_owned()
+            } else {
+                reason
+            };
+            m.emit(Event::RunPaused {
+                reason: format!("paused by {by}: {reason}"),
+                operator: Some(by),
+            });
+        }
+        Input::Resume { by, reason } => {
+            if m.state.operator_paused.is_none() {
+                let open = m.state.open_uncertain();
+                let detail = if open.is_empty() {
+                    "resume: it is not paused by an operator".to_owned()
+                } else {
+                    format!(
+                        "resume: it is paused on {} uncertain outcome(s) ({}); resolve them instead",
+                        open.len(),
+                        open.join(", ")
+                    )
+                };
+                return Err(m.wrong_status(&detail));
+            }
+            m.emit(Event::RunResumed { by, reason });
         }
         Input::LeaseExpired {
             call_id,
@@ -331,7 +514,15 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 FailureClass::NotSent
             };
             let error = format!("lease of attempt {attempt} expired before a result was reported");
-            m.on_failure(call_id, attempt, error, class, dispatched, true)?;
+            m.on_failure(Failure {
+                call_id,
+                attempt,
+                error,
+                class,
+                dispatched,
+                lease_expired: true,
+                status_code: None,
+            })?;
         }
         Input::Cancel { reason } => {
             if m.state.status.is_terminal() || m.state.status == RunStatus::New {
@@ -345,10 +536,23 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
     Ok(m.out)
 }
 
+/// A failed attempt, as reported by a worker or implied by a lost lease.
+struct Failure {
+    call_id: String,
+    attempt: u32,
+    error: String,
+    class: FailureClass,
+    dispatched: bool,
+    lease_expired: bool,
+    status_code: Option<u16>,
+}
+
 /// Working copy of the state plus the decision being built.
 struct Step {
     state: RunState,
     out: Decision,
+    /// The attempt of a late result being applied, for the resolution event.
+    late_attempt: Option<u32>,
 }
 
 impl Step {
@@ -365,14 +569,6 @@ impl Step {
         MachineError::WrongStatus {
             status: self.state.status.as_str(),
             detail: detail.to_owned(),
-        }
-    }
-
-    fn require_running(&self, what: &str) -> Result<(), MachineError> {
-        if self.state.status == RunStatus::Running {
-            Ok(())
-        } else {
-            Err(self.wrong_status(what))
         }
     }
 
@@ -578,24 +774,7 @@ impl Step {
 
         let call_id = format!("{node_id}.t{}", node_state.tool_calls + 1);
         let key = idempotency_key(&self.state.run_id, &call_id);
-        let ToolBindingDef::Http {
-            endpoint,
-            method,
-            headers,
-            timeout_ms,
-        } = &tool.def.binding;
-        let spec = ToolCallSpec {
-            tool: tool.def.name.clone(),
-            tool_version: tool.version,
-            arguments: arguments.clone(),
-            binding: ToolBinding::Http(HttpBinding {
-                endpoint: endpoint.clone(),
-                method: method.clone(),
-                headers: headers.clone(),
-                timeout_ms: *timeout_ms,
-            }),
-            idempotency_key: key.clone(),
-        };
+        let spec = tool_spec(tool, &arguments, &key)?;
         let repeat_safety = tool.def.repeat_safety;
         let event = Event::ToolCallScheduled {
             node: node_id,
@@ -607,8 +786,6 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
         };
-        let spec = serde_json::to_value(&spec)
-            .map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))?;
         self.emit(event);
         self.command(Command::ScheduleTask {
             call_id,
@@ -616,6 +793,7 @@ impl Step {
             spec,
             idempotency_key: key,
             repeat_safety: Some(repeat_safety),
+            runs_while_paused: false,
         });
         Ok(())
     }
@@ -627,6 +805,16 @@ impl Step {
         worker_id: String,
     ) -> Result<(), MachineError> {
         let call = self.require_open_tool_call(&call_id)?.clone();
+        // Reconcile probes run while the run is paused on what they look up;
+        // everything else only while it runs.
+        let allowed = match self.state.status {
+            RunStatus::Running => true,
+            RunStatus::Paused => call.probe_for.is_some(),
+            _ => false,
+        };
+        if !allowed {
+            return Err(self.wrong_status("dispatch"));
+        }
         if call.dispatched_attempt == Some(attempt) {
             // The same attempt asking again (its reply was lost): already recorded.
             return Ok(());
@@ -640,8 +828,8 @@ impl Step {
                 ),
             });
         }
-        // Permission and budget again: grants are pinned at start, but the
-        // check is cheap and guards against a plan that changed under us.
+        // Permission again: grants are pinned at start, but the check is
+        // cheap and guards against a plan that changed under us.
         let plan = self.plan()?;
         let permission = plan
             .tools
@@ -665,17 +853,358 @@ impl Step {
         Ok(())
     }
 
-    /// A failed attempt, reported or implied by a lost lease: the table of
-    /// DESIGN.md, "The tool call, exactly".
-    fn on_failure(
+    /// A worker's result for the current attempt of an open tool call.
+    fn on_tool_result(
         &mut self,
         call_id: String,
         attempt: u32,
-        error: String,
-        class: FailureClass,
-        dispatched: bool,
-        lease_expired: bool,
+        result: Value,
     ) -> Result<(), MachineError> {
+        let probe_for = self
+            .state
+            .tool_calls
+            .get(&call_id)
+            .and_then(|c| c.probe_for.clone());
+        self.emit(Event::ToolCallCompleted {
+            call_id: call_id.clone(),
+            attempt,
+            result: result.clone(),
+        });
+        self.command(Command::EndTask {
+            call_id: call_id.clone(),
+            end: TaskEnd::Completed,
+        });
+        if let Some(target) = probe_for {
+            self.on_probe_found(&target, &call_id, result)?;
+        }
+        Ok(())
+    }
+
+    /// A probe answered with a result: found, if it is a valid result of the
+    /// uncertain call's tool; otherwise the operator decides.
+    fn on_probe_found(
+        &mut self,
+        target: &str,
+        probe_call_id: &str,
+        result: Value,
+    ) -> Result<(), MachineError> {
+        let Some(call) = self.state.tool_calls.get(target).cloned() else {
+            return Ok(());
+        };
+        if call.status != CallStatus::Uncertain {
+            return Ok(()); // resolved meanwhile (operator or late result)
+        }
+        let probe_tool = self
+            .state
+            .tool_calls
+            .get(probe_call_id)
+            .map(|c| c.tool.clone())
+            .unwrap_or_default();
+        let schema = self
+            .plan()?
+            .tools
+            .get(&call.tool)
+            .map(|t| t.def.output_schema.clone());
+        let valid = match &schema {
+            Some(schema) => crate::definitions::validate_json(schema, &result),
+            None => Err(vec![format!("tool `{}` is not pinned", call.tool)]),
+        };
+        match valid {
+            Ok(()) => {
+                let detail = format!("`{probe_tool}` found the effect of `{}`", call.tool);
+                self.probe_finished(
+                    target,
+                    probe_call_id,
+                    &probe_tool,
+                    ProbeOutcome::Found,
+                    detail.clone(),
+                );
+                self.resolve(
+                    target,
+                    Resolution::Succeeded { result },
+                    format!("probe:{probe_tool}"),
+                    detail,
+                    ResolvedVia::Probe,
+                )
+            }
+            Err(errors) => {
+                let detail = format!(
+                    "`{probe_tool}` answered, but not with a result of `{}`: {}",
+                    call.tool,
+                    errors.join("; ")
+                );
+                self.probe_finished(
+                    target,
+                    probe_call_id,
+                    &probe_tool,
+                    ProbeOutcome::Undecided,
+                    detail,
+                );
+                self.notify_uncertain(target);
+                Ok(())
+            }
+        }
+    }
+
+    fn probe_finished(
+        &mut self,
+        target: &str,
+        probe_call_id: &str,
+        tool: &str,
+        outcome: ProbeOutcome,
+        detail: String,
+    ) {
+        self.emit(Event::ReconcileProbeFinished {
+            call_id: target.to_owned(),
+            probe_call_id: probe_call_id.to_owned(),
+            outcome,
+            detail: detail.clone(),
+        });
+        self.command(Command::RecordProbe {
+            call_id: target.to_owned(),
+            probe: serde_json::json!({"tool": tool, "probe_call_id": probe_call_id, "outcome": outcome, "detail": detail}),
+        });
+    }
+
+    /// Queue the operator notification for an uncertain call.
+    fn notify_uncertain(&mut self, call_id: &str) {
+        let Some(call) = self.state.tool_calls.get(call_id) else {
+            return;
+        };
+        let payload = serde_json::json!({
+            "type": "run.paused.uncertain_outcome",
+            "tenant": self.state.tenant,
+            "run_id": self.state.run_id,
+            "call_id": call_id,
+            "node": call.node,
+            "tool": call.tool,
+            "idempotency_key": call.idempotency_key,
+            "reason": call.uncertain_reason,
+        });
+        self.command(Command::NotifyOperator {
+            kind: "run.paused.uncertain_outcome".into(),
+            payload,
+        });
+    }
+
+    /// Resolve an open uncertain outcome (operator, late result or probe).
+    fn resolve(
+        &mut self,
+        call_id: &str,
+        resolution: Resolution,
+        resolved_by: String,
+        reason: String,
+        via: ResolvedVia,
+    ) -> Result<(), MachineError> {
+        let call = match self.state.tool_calls.get(call_id) {
+            Some(c) if c.status == CallStatus::Uncertain => c.clone(),
+            Some(c) => {
+                let detail = match &c.resolution {
+                    Some((by, kind, _)) => format!(
+                        "already resolved as `{}` via {}",
+                        kind.as_str(),
+                        by.as_str()
+                    ),
+                    None => format!("it is {:?}", c.status).to_lowercase(),
+                };
+                return Err(MachineError::NotUncertain {
+                    call_id: call_id.to_owned(),
+                    detail,
+                });
+            }
+            None => {
+                return Err(MachineError::NotUncertain {
+                    call_id: call_id.to_owned(),
+                    detail: "no such tool call".into(),
+                });
+            }
+        };
+        let tool =
+            self.plan()?.tools.get(&call.tool).cloned().ok_or_else(|| {
+                MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
+            })?;
+        let (kind, event_result, event_error, key, stored) = match resolution {
+            Resolution::Succeeded { result } => {
+                // A late result is the tool's own answer; an operator's or a
+                // probe's must match the tool's output type.
+                if via != ResolvedVia::LateResult {
+                    crate::definitions::validate_json(&tool.def.output_schema, &result).map_err(
+                        |errors| MachineError::InvalidResult {
+                            tool: call.tool.clone(),
+                            errors,
+                        },
+                    )?;
+                }
+                let stored = serde_json::json!({"resolution": "succeeded", "result": result});
+                (ResolutionKind::Succeeded, Some(result), None, None, stored)
+            }
+            Resolution::Failed { error } => {
+                let error = if error.trim().is_empty() {
+                    "failed (no message given)".to_owned()
+                } else {
+                    error
+                };
+                let stored = serde_json::json!({"resolution": "failed", "error": error});
+                (ResolutionKind::Failed, None, Some(error), None, stored)
+            }
+            Resolution::Retry {
+                new_idempotency_key,
+            } => {
+                let key = if new_idempotency_key {
+                    format!(
+                        "{}/r{}",
+                        idempotency_key(&self.state.run_id, call_id),
+                        call.rekeys + 1
+                    )
+                } else {
+                    call.idempotency_key.clone()
+                };
+                let stored = serde_json::json!({"resolution": "retry", "idempotency_key": key, "new_idempotency_key": new_idempotency_key});
+                (ResolutionKind::Retry, None, None, Some(key), stored)
+            }
+        };
+        let late_attempt = self.late_attempt.take();
+        self.emit(Event::UncertainOutcomeResolved {
+            call_id: call_id.to_owned(),
+            resolution: kind,
+            result: event_result,
+            error: event_error,
+            idempotency_key: key.clone(),
+            resolved_by: resolved_by.clone(),
+            reason: reason.clone(),
+            via,
+            attempt: late_attempt,
+        });
+        self.command(Command::MarkUncertainResolved {
+            call_id: call_id.to_owned(),
+            resolution: stored,
+            kind,
+            resolved_by: resolved_by.clone(),
+            reason,
+            via,
+        });
+        // Probes still looking this call up are moot now.
+        let moot: Vec<String> = self
+            .state
+            .tool_calls
+            .iter()
+            .filter(|(_, c)| {
+                c.probe_for.as_deref() == Some(call_id) && c.status == CallStatus::Open
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for probe in moot {
+            self.command(Command::EndTask {
+                call_id: probe,
+                end: TaskEnd::Cancelled,
+            });
+        }
+        match kind {
+            ResolutionKind::Succeeded => self.command(Command::EndTask {
+                call_id: call_id.to_owned(),
+                end: TaskEnd::Completed,
+            }),
+            ResolutionKind::Failed => self.command(Command::EndTask {
+                call_id: call_id.to_owned(),
+                end: TaskEnd::Failed,
+            }),
+            ResolutionKind::Retry => {
+                if let Some(key) = key.filter(|k| k != &call.idempotency_key) {
+                    let spec = tool_spec(&tool, &call.arguments, &key)?;
+                    self.command(Command::RekeyTask {
+                        call_id: call_id.to_owned(),
+                        idempotency_key: key,
+                        spec,
+                    });
+                }
+                self.command(Command::RetryTask {
+                    call_id: call_id.to_owned(),
+                    delay_ms: 0,
+                });
+            }
+        }
+        if self.state.status == RunStatus::Paused
+            && self.state.operator_paused.is_none()
+            && self.state.open_uncertain().is_empty()
+        {
+            self.emit(Event::RunResumed {
+                by: resolved_by,
+                reason: "every uncertain outcome is resolved".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A result from an attempt that lost its lease (DESIGN.md table, last row).
+    fn on_late_result(
+        &mut self,
+        call_id: String,
+        attempt: u32,
+        result: Value,
+        worker_id: String,
+    ) -> Result<(), MachineError> {
+        let call = self
+            .state
+            .tool_calls
+            .get(&call_id)
+            .cloned()
+            .ok_or_else(|| MachineError::CallNotOpen {
+                call_id: call_id.clone(),
+                detail: "no such tool call".into(),
+            })?;
+        match call.status {
+            CallStatus::Completed if call.completed_by_attempt == Some(attempt) => Ok(()), // the same report again
+            CallStatus::Uncertain => {
+                self.late_attempt = Some(attempt);
+                self.resolve(
+                    &call_id,
+                    Resolution::Succeeded { result },
+                    format!("worker:{worker_id}"),
+                    format!("attempt {attempt} reported its result after losing its lease"),
+                    ResolvedVia::LateResult,
+                )
+            }
+            // Still open (being retried): the first result wins.
+            CallStatus::Open => self.on_tool_result(call_id, attempt, result),
+            CallStatus::Completed | CallStatus::Failed | CallStatus::Cancelled => {
+                let discrepancy = call.resolution.as_ref().map(|(via, kind, resolved)| {
+                    let agrees = *kind == ResolutionKind::Succeeded && resolved.as_ref() == Some(&result);
+                    format!(
+                        "attempt {attempt} reported a result after the outcome was resolved as `{}` via {}; {}",
+                        kind.as_str(),
+                        via.as_str(),
+                        if agrees { "it matches the resolution" } else { "it differs from the resolution and was not applied" }
+                    )
+                });
+                if let Some(detail) = &discrepancy {
+                    self.command(Command::FlagDiscrepancy {
+                        call_id: call_id.clone(),
+                        discrepancy: serde_json::json!({"attempt": attempt, "result": result, "detail": detail, "worker_id": worker_id}),
+                    });
+                }
+                self.emit(Event::LateResultRecorded {
+                    call_id,
+                    attempt,
+                    result,
+                    discrepancy,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// A failed attempt, reported or implied by a lost lease: the table of
+    /// DESIGN.md, "The tool call, exactly".
+    fn on_failure(&mut self, failure: Failure) -> Result<(), MachineError> {
+        let Failure {
+            call_id,
+            attempt,
+            error,
+            class,
+            dispatched,
+            lease_expired,
+            status_code,
+        } = failure;
         let error = normalize::strip_nul(&error);
         let agent = self
             .state
@@ -740,6 +1269,18 @@ impl Step {
             Retry,
             Fail(String),
             Uncertain,
+        }
+        if let Some(target) = call.probe_for.clone() {
+            return self.on_probe_failure(
+                &target,
+                call_id,
+                attempt,
+                error,
+                class,
+                within_attempts,
+                lease_expired,
+                status_code,
+            );
         }
         let next = match (class, dispatched, call.repeat_safety) {
             (FailureClass::Rejected, _, _) => {
@@ -818,7 +1359,7 @@ impl Step {
                     end: TaskEnd::Uncertain,
                 });
                 self.command(Command::RecordUncertainOutcome {
-                    call_id,
+                    call_id: call_id.clone(),
                     node: call.node.clone(),
                     tool: call.tool.clone(),
                     tool_version,
@@ -827,14 +1368,138 @@ impl Step {
                     attempt,
                     reason: reason.clone(),
                 });
+                let probe = self
+                    .plan()?
+                    .tools
+                    .get(&call.tool)
+                    .and_then(|t| t.def.reconcile_with.clone())
+                    .and_then(|name| self.plan().ok()?.tools.get(&name).cloned());
+                let mut pause_reason = format!("uncertain outcome: {reason}");
+                match probe {
+                    Some(probe) => {
+                        let probe_call_id = format!("{call_id}.p{}", call.probes + 1);
+                        let arguments =
+                            serde_json::json!({"idempotency_key": call.idempotency_key});
+                        let key = idempotency_key(&self.state.run_id, &probe_call_id);
+                        let spec = tool_spec(&probe, &arguments, &key)?;
+                        self.emit(Event::ReconcileProbeScheduled {
+                            call_id: call_id.clone(),
+                            probe_call_id: probe_call_id.clone(),
+                            tool: probe.def.name.clone(),
+                            arguments,
+                        });
+                        self.command(Command::ScheduleTask {
+                            call_id: probe_call_id,
+                            kind: TaskKind::ToolCall,
+                            spec,
+                            idempotency_key: key,
+                            repeat_safety: Some(RepeatSafety::Idempotent),
+                            runs_while_paused: true,
+                        });
+                        pause_reason =
+                            format!("{pause_reason}; looking it up with `{}`", probe.def.name);
+                    }
+                    None => self.notify_uncertain(&call_id),
+                }
                 if self.state.status == RunStatus::Running {
                     self.emit(Event::RunPaused {
-                        reason: format!("uncertain outcome: {reason}"),
+                        reason: pause_reason,
+                        operator: None,
                     });
                 }
             }
         }
         Ok(())
+    }
+
+    /// A reconcile probe failed: a definite "not found" (HTTP 404) means the
+    /// call had no effect and is retried with the same key; a failure that is
+    /// safe to retry retries the probe; anything else goes to the operator.
+    #[allow(clippy::too_many_arguments)]
+    fn on_probe_failure(
+        &mut self,
+        target: &str,
+        probe_call_id: String,
+        attempt: u32,
+        error: String,
+        class: FailureClass,
+        within_attempts: bool,
+        lease_expired: bool,
+        status_code: Option<u16>,
+    ) -> Result<(), MachineError> {
+        let probe_tool = self
+            .state
+            .tool_calls
+            .get(&probe_call_id)
+            .map(|c| c.tool.clone())
+            .unwrap_or_default();
+        let not_found = class == FailureClass::Rejected && status_code == Some(404);
+        // Probes are idempotent reads: any failure but a definite answer may be retried.
+        let retry = !not_found && class != FailureClass::Rejected && within_attempts;
+        if !lease_expired {
+            self.emit(Event::ToolCallAttemptFailed {
+                call_id: probe_call_id.clone(),
+                attempt,
+                error: error.clone(),
+                class,
+                dispatched: true,
+                will_retry: retry,
+            });
+        }
+        if retry {
+            self.command(Command::RetryTask {
+                call_id: probe_call_id,
+                delay_ms: retry_delay_ms(attempt),
+            });
+            return Ok(());
+        }
+        self.emit(Event::ToolCallFailed {
+            call_id: probe_call_id.clone(),
+            attempt,
+            error: error.clone(),
+        });
+        self.command(Command::EndTask {
+            call_id: probe_call_id.clone(),
+            end: TaskEnd::Failed,
+        });
+        let still_uncertain = self
+            .state
+            .tool_calls
+            .get(target)
+            .is_some_and(|c| c.status == CallStatus::Uncertain);
+        if !still_uncertain {
+            return Ok(());
+        }
+        if not_found {
+            let detail = format!("`{probe_tool}` found no effect ({error})");
+            self.probe_finished(
+                target,
+                &probe_call_id,
+                &probe_tool,
+                ProbeOutcome::NotFound,
+                detail.clone(),
+            );
+            self.resolve(
+                target,
+                Resolution::Retry {
+                    new_idempotency_key: false,
+                },
+                format!("probe:{probe_tool}"),
+                detail,
+                ResolvedVia::Probe,
+            )
+        } else {
+            let detail = format!("`{probe_tool}` could not decide: {error}");
+            self.probe_finished(
+                target,
+                &probe_call_id,
+                &probe_tool,
+                ProbeOutcome::Undecided,
+                detail,
+            );
+            self.notify_uncertain(target);
+            Ok(())
+        }
     }
 
     /// Derive follow-up work from the state until nothing more can happen now.
@@ -967,12 +1632,36 @@ impl Step {
                         spec,
                         idempotency_key: key,
                         repeat_safety: None,
+                        runs_while_paused: false,
                     });
                     return Ok(());
                 }
             }
         }
     }
+}
+
+/// The task spec of a call of `tool` with `arguments` and idempotency `key`.
+fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Value, MachineError> {
+    let ToolBindingDef::Http {
+        endpoint,
+        method,
+        headers,
+        timeout_ms,
+    } = &tool.def.binding;
+    let spec = ToolCallSpec {
+        tool: tool.def.name.clone(),
+        tool_version: tool.version,
+        arguments: arguments.clone(),
+        binding: ToolBinding::Http(HttpBinding {
+            endpoint: endpoint.clone(),
+            method: method.clone(),
+            headers: headers.clone(),
+            timeout_ms: *timeout_ms,
+        }),
+        idempotency_key: key.to_owned(),
+    };
+    serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }
 
 /// Check 2: the arguments are JSON within `limit` bytes, an object, and valid

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use belay_proto::wire::{ChatMessage, ToolUse};
 use serde_json::Value;
 
-use super::event::Event;
+use super::event::{Event, ResolutionKind, ResolvedVia};
 use super::plan::RunPlan;
 use crate::definitions::model::{AgentDef, RepeatSafety};
 
@@ -87,6 +87,48 @@ pub struct ToolCallState {
     pub ever_dispatched: bool,
     /// Status.
     pub status: CallStatus,
+    /// For a reconcile probe: the uncertain call it looks up.
+    pub probe_for: Option<String>,
+    /// Probes scheduled for this call so far.
+    pub probes: u32,
+    /// Operator retries with a new idempotency key so far.
+    pub rekeys: u32,
+    /// The attempt whose reported result completed the call.
+    pub completed_by_attempt: Option<u32>,
+    /// How the call's uncertain outcome was resolved, if it was.
+    pub resolution: Option<(ResolvedVia, ResolutionKind, Option<Value>)>,
+    /// Why its outcome is uncertain (while it is).
+    pub uncertain_reason: Option<String>,
+}
+
+impl ToolCallState {
+    fn new(
+        node: &str,
+        tool_use_id: &str,
+        tool: &str,
+        repeat_safety: RepeatSafety,
+        arguments: &Value,
+        key: &str,
+    ) -> Self {
+        ToolCallState {
+            node: node.to_owned(),
+            tool_use_id: tool_use_id.to_owned(),
+            tool: tool.to_owned(),
+            repeat_safety,
+            arguments: arguments.clone(),
+            idempotency_key: key.to_owned(),
+            failed_attempts: 0,
+            dispatched_attempt: None,
+            ever_dispatched: false,
+            status: CallStatus::Open,
+            probe_for: None,
+            probes: 0,
+            rekeys: 0,
+            completed_by_attempt: None,
+            resolution: None,
+            uncertain_reason: None,
+        }
+    }
 }
 
 /// One proposed tool call of the latest model turn, awaiting its result.
@@ -157,6 +199,8 @@ pub struct RunState {
     pub tool_calls: BTreeMap<String, ToolCallState>,
     /// Final output once completed.
     pub output: Option<Value>,
+    /// Set while an operator has paused the run: the reason.
+    pub operator_paused: Option<String>,
     /// Seq of the last applied event (0 for none).
     pub last_seq: u64,
 }
@@ -176,6 +220,7 @@ impl Default for RunState {
             completed_nodes: Vec::new(),
             tool_calls: BTreeMap::new(),
             output: None,
+            operator_paused: None,
             last_seq: 0,
         }
     }
@@ -324,18 +369,14 @@ impl RunState {
                 }
                 self.tool_calls.insert(
                     call_id.clone(),
-                    ToolCallState {
-                        node: node.clone(),
-                        tool_use_id: tool_use_id.clone(),
-                        tool: tool.clone(),
-                        repeat_safety: *repeat_safety,
-                        arguments: arguments.clone(),
-                        idempotency_key: idempotency_key.clone(),
-                        failed_attempts: 0,
-                        dispatched_attempt: None,
-                        ever_dispatched: false,
-                        status: CallStatus::Open,
-                    },
+                    ToolCallState::new(
+                        node,
+                        tool_use_id,
+                        tool,
+                        *repeat_safety,
+                        arguments,
+                        idempotency_key,
+                    ),
                 );
             }
             Event::ToolCallDispatched {
@@ -354,35 +395,102 @@ impl RunState {
                 }
             }
             Event::ToolCallCompleted {
-                call_id, result, ..
+                call_id,
+                attempt,
+                result,
             } => {
-                let limit = self
-                    .current_agent()
-                    .map(|a| a.max_result_bytes)
-                    .unwrap_or(16384);
-                let text = super::normalize::truncate_for_model(result, limit as usize);
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
-                    call.status = CallStatus::Completed;
-                    let tool_use_id = call.tool_use_id.clone();
-                    self.set_pending_result(&tool_use_id, text);
+                    call.completed_by_attempt = Some(*attempt);
                 }
+                self.complete_call(call_id, result);
             }
             Event::ToolCallFailed { call_id, error, .. } => {
-                if let Some(call) = self.tool_calls.get_mut(call_id) {
-                    call.status = CallStatus::Failed;
-                    let tool_use_id = call.tool_use_id.clone();
-                    self.set_pending_result(&tool_use_id, format!("error: {error}"));
-                }
+                self.fail_call(call_id, error);
             }
-            Event::UncertainOutcomeRecorded { call_id, .. } => {
+            Event::UncertainOutcomeRecorded {
+                call_id, reason, ..
+            } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.status = CallStatus::Uncertain;
+                    call.uncertain_reason = Some(reason.clone());
                 }
             }
-            Event::RunPaused { reason } => {
+            Event::RunPaused { reason, operator } => {
+                if operator.is_some() {
+                    self.operator_paused = Some(reason.clone());
+                }
                 self.status = RunStatus::Paused;
                 self.status_reason = reason.clone();
             }
+            Event::RunResumed { .. } => {
+                self.operator_paused = None;
+                self.refresh_pause(true);
+            }
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution,
+                result,
+                error,
+                idempotency_key,
+                via,
+                attempt,
+                ..
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.resolution = Some((*via, *resolution, result.clone()));
+                    call.uncertain_reason = None;
+                    if *via == ResolvedVia::LateResult {
+                        call.completed_by_attempt = *attempt;
+                    }
+                }
+                match resolution {
+                    ResolutionKind::Succeeded => {
+                        self.complete_call(call_id, result.as_ref().unwrap_or(&Value::Null));
+                    }
+                    ResolutionKind::Failed => {
+                        self.fail_call(call_id, error.as_deref().unwrap_or("failed"));
+                    }
+                    ResolutionKind::Retry => {
+                        if let Some(call) = self.tool_calls.get_mut(call_id) {
+                            call.status = CallStatus::Open;
+                            call.ever_dispatched = false;
+                            call.dispatched_attempt = None;
+                            if let Some(key) = idempotency_key
+                                && key != &call.idempotency_key
+                            {
+                                call.idempotency_key = key.clone();
+                                call.rekeys += 1;
+                            }
+                        }
+                    }
+                }
+                // The pause reason follows what is still open; only
+                // `RunResumed` makes the run run again.
+                if self.status == RunStatus::Paused {
+                    self.refresh_pause(false);
+                }
+            }
+            Event::ReconcileProbeScheduled {
+                call_id,
+                probe_call_id,
+                tool,
+                arguments,
+            } => {
+                let node = self
+                    .tool_calls
+                    .get(call_id)
+                    .map(|c| c.node.clone())
+                    .unwrap_or_default();
+                let key = super::idempotency_key(&self.run_id, probe_call_id);
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.probes += 1;
+                }
+                let mut probe =
+                    ToolCallState::new(&node, "", tool, RepeatSafety::Idempotent, arguments, &key);
+                probe.probe_for = Some(call_id.clone());
+                self.tool_calls.insert(probe_call_id.clone(), probe);
+            }
+            Event::ReconcileProbeFinished { .. } | Event::LateResultRecorded { .. } => {}
             Event::NodeCompleted { node, output } => {
                 self.node = None;
                 self.completed_nodes.push((node.clone(), output.clone()));
@@ -405,6 +513,66 @@ impl RunState {
                     }
                 }
             }
+        }
+    }
+
+    /// Mark a call completed and, unless it is a probe, hand its result to
+    /// the model (truncated to the agent's limit).
+    fn complete_call(&mut self, call_id: &str, result: &Value) {
+        let limit = self
+            .current_agent()
+            .map(|a| a.max_result_bytes)
+            .unwrap_or(16384);
+        let text = super::normalize::truncate_for_model(result, limit as usize);
+        if let Some(call) = self.tool_calls.get_mut(call_id) {
+            call.status = CallStatus::Completed;
+            if call.probe_for.is_none() {
+                let tool_use_id = call.tool_use_id.clone();
+                self.set_pending_result(&tool_use_id, text);
+            }
+        }
+    }
+
+    /// Mark a call failed and, unless it is a probe, tell the model.
+    fn fail_call(&mut self, call_id: &str, error: &str) {
+        if let Some(call) = self.tool_calls.get_mut(call_id) {
+            call.status = CallStatus::Failed;
+            if call.probe_for.is_none() {
+                let tool_use_id = call.tool_use_id.clone();
+                self.set_pending_result(&tool_use_id, format!("error: {error}"));
+            }
+        }
+    }
+
+    /// Calls whose outcome is uncertain, in call-id order.
+    pub fn open_uncertain(&self) -> Vec<&str> {
+        self.tool_calls
+            .iter()
+            .filter(|(_, c)| c.status == CallStatus::Uncertain)
+            .map(|(id, _)| id.as_str())
+            .collect()
+    }
+
+    /// After a resume or a resolution: paused while an operator pause or an
+    /// uncertain outcome remains, running otherwise.
+    fn refresh_pause(&mut self, may_run: bool) {
+        if self.status.is_terminal() {
+            return;
+        }
+        if let Some(reason) = &self.operator_paused {
+            self.status = RunStatus::Paused;
+            self.status_reason = reason.clone();
+        } else if let Some(reason) = self
+            .tool_calls
+            .values()
+            .find(|c| c.status == CallStatus::Uncertain)
+            .and_then(|c| c.uncertain_reason.clone())
+        {
+            self.status = RunStatus::Paused;
+            self.status_reason = format!("uncertain outcome: {reason}");
+        } else if may_run {
+            self.status = RunStatus::Running;
+            self.status_reason.clear();
         }
     }
 

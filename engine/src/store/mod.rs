@@ -6,13 +6,15 @@
 //! `seq` is gapless. Leases are judged by the database clock (`now()`), never
 //! by comparing the clocks of two machines.
 
+mod notifications;
 mod postgres;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-pub use postgres::{EVENTS_CHANNEL, Store, TASKS_CHANNEL};
+pub use notifications::{NotificationRow, NotificationStatus};
+pub use postgres::{EVENTS_CHANNEL, Store, TASKS_CHANNEL, UncertainQuery};
 
 /// Errors of the store. Database details stay in logs; the API maps these to
 /// generic statuses.
@@ -151,7 +153,7 @@ pub struct ExpiredLease {
 }
 
 /// A row of `uncertain_outcomes`.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
 pub struct UncertainRow {
     /// Record id.
     pub uncertain_id: Uuid,
@@ -183,6 +185,22 @@ pub struct UncertainRow {
     pub status: String,
     /// Created.
     pub created_at: DateTime<Utc>,
+    /// The resolution as stored (`{"resolution": ..., ...}`).
+    pub resolution: Option<Value>,
+    /// `succeeded`, `failed` or `retry`.
+    pub resolution_kind: Option<String>,
+    /// Who resolved it.
+    pub resolved_by: Option<String>,
+    /// When.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// `operator`, `late_result` or `probe`.
+    pub resolved_via: Option<String>,
+    /// Why.
+    pub resolution_reason: Option<String>,
+    /// What a reconcile probe found.
+    pub probe: Option<Value>,
+    /// Late results that arrived after resolution (array).
+    pub discrepancy: Option<Value>,
 }
 
 /// Why a transition did not happen.

@@ -405,7 +405,8 @@ impl Store {
         Ok(sqlx::query_as(
             "WITH picked AS (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
-                 WHERE t.status = 'ready' AND t.available_at <= now() AND r.status = 'running'
+                 WHERE t.status = 'ready' AND t.available_at <= now()
+                   AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT $2
                  FOR UPDATE OF t SKIP LOCKED)
@@ -466,7 +467,8 @@ impl Store {
         let row: Option<(Option<f64>,)> = sqlx::query_as(
             "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - now())) * 1000)::float8
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
-             WHERE t.status = 'ready' AND r.status = 'running'",
+             WHERE t.status = 'ready'
+               AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))",
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -490,16 +492,89 @@ impl Store {
 
     /// Uncertain-outcome records of a run.
     pub async fn uncertain_for_run(&self, run_id: Uuid) -> Result<Vec<UncertainRow>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,
-                    idempotency_key, attempts, worker_id, reason, status, created_at
-             FROM uncertain_outcomes WHERE run_id = $1 ORDER BY created_at",
-        )
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes WHERE run_id = $1 ORDER BY created_at"
+        )))
         .bind(run_id)
         .fetch_all(&self.pool)
         .await?)
     }
+
+    /// One uncertain-outcome record of a tenant.
+    pub async fn get_uncertain(
+        &self,
+        tenant: &str,
+        id: Uuid,
+    ) -> Result<Option<UncertainRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes WHERE tenant = $1 AND uncertain_id = $2"
+        )))
+        .bind(tenant)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Uncertain-outcome records of a tenant, newest first, filtered and
+    /// keyset-paged by `(created_at, uncertain_id)`. Ages are judged by the
+    /// database clock, in ms.
+    pub async fn list_uncertain(
+        &self,
+        f: &UncertainQuery<'_>,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
+        let (after_ts, after_id) = match f.after {
+            Some((ts, id)) => (Some(ts), Some(id)),
+            None => (None, None),
+        };
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes
+             WHERE tenant = $1
+               AND ($2::text IS NULL OR status = $2)
+               AND ($3::text IS NULL OR tool = $3)
+               AND ($4::uuid IS NULL OR run_id = $4)
+               AND ($5::float8 IS NULL OR created_at <= now() - make_interval(secs => $5 / 1000.0))
+               AND ($6::float8 IS NULL OR created_at >= now() - make_interval(secs => $6 / 1000.0))
+               AND ($7::timestamptz IS NULL OR (created_at, uncertain_id) < ($7, $8))
+             ORDER BY created_at DESC, uncertain_id DESC LIMIT $9"
+        )))
+        .bind(f.tenant)
+        .bind(f.status)
+        .bind(f.tool)
+        .bind(f.run_id)
+        .bind(f.older_than_ms.map(|ms| ms as f64))
+        .bind(f.newer_than_ms.map(|ms| ms as f64))
+        .bind(after_ts)
+        .bind(after_id)
+        .bind(f.limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
 }
+
+/// Filters of [`Store::list_uncertain`].
+#[derive(Debug, Clone, Default)]
+pub struct UncertainQuery<'a> {
+    /// Tenant (required).
+    pub tenant: &'a str,
+    /// `open` or `resolved`.
+    pub status: Option<&'a str>,
+    /// Tool name.
+    pub tool: Option<&'a str>,
+    /// Run.
+    pub run_id: Option<Uuid>,
+    /// Only records at least this old, ms.
+    pub older_than_ms: Option<u64>,
+    /// Only records at most this old, ms.
+    pub newer_than_ms: Option<u64>,
+    /// Keyset position: records strictly older than this.
+    pub after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+    /// Page size + 1.
+    pub limit: i64,
+}
+
+const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,
+    idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
+    resolved_at, resolved_via, resolution_reason, probe, discrepancy";
 
 /// Fold a run's events (inside the transition's transaction).
 async fn load_state(
@@ -568,10 +643,11 @@ async fn write_decision(
                 spec,
                 idempotency_key,
                 repeat_safety,
+                runs_while_paused,
             } => {
                 sqlx::query(
-                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety)
-                     VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8)",
+                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety, runs_while_paused)
+                     VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8, $9)",
                 )
                 .bind(Uuid::now_v7())
                 .bind(run_id)
@@ -581,6 +657,7 @@ async fn write_decision(
                 .bind(spec)
                 .bind(idempotency_key)
                 .bind(repeat_safety.map(|r| r.as_str()))
+                .bind(runs_while_paused)
                 .execute(&mut **tx)
                 .await?;
                 notify_tasks = true;
@@ -614,6 +691,7 @@ async fn write_decision(
                     TaskEnd::Completed => "completed",
                     TaskEnd::Failed => "failed",
                     TaskEnd::Uncertain => "uncertain",
+                    TaskEnd::Cancelled => "cancelled",
                 };
                 sqlx::query(
                     "UPDATE tasks SET status = $3, lease_expires_at = NULL, updated_at = now()
@@ -632,16 +710,23 @@ async fn write_decision(
                 tool_version,
                 arguments,
                 idempotency_key,
-                attempt,
+                attempt: _,
                 reason,
             } => {
                 sqlx::query(
                     "INSERT INTO uncertain_outcomes (uncertain_id, tenant, run_id, task_id, call_id, node_id, tool,
                          tool_version, arguments, idempotency_key, attempts, worker_id, reason)
                      SELECT $1, $2, $3, t.task_id, $4, $5, $6, $7, $8, $9,
-                            jsonb_build_array(jsonb_build_object('attempt', $10::int4, 'worker_id', t.worker_id,
-                                'dispatched_at', t.dispatched_at, 'error', $11::text, 'recorded_at', now())),
-                            t.worker_id, $11
+                            -- Every attempt's dispatch and failure, from the events
+                            -- (this transition's events are already inserted).
+                            (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                                        'seq', e.seq, 'event', e.kind, 'attempt', e.payload->'attempt',
+                                        'worker_id', e.payload->'worker_id', 'error', e.payload->'error',
+                                        'class', e.payload->'class', 'at', e.recorded_at) ORDER BY e.seq), '[]'::jsonb)
+                             FROM events e
+                             WHERE e.run_id = $3 AND e.payload->>'call_id' = $4
+                               AND e.kind IN ('tool_call_dispatched', 'tool_call_attempt_failed', 'task_lease_expired')),
+                            t.worker_id, $10
                      FROM tasks t WHERE t.run_id = $3 AND t.call_id = $4",
                 )
                 .bind(Uuid::now_v7())
@@ -653,8 +738,84 @@ async fn write_decision(
                 .bind(*tool_version as i32)
                 .bind(arguments)
                 .bind(idempotency_key)
-                .bind(*attempt as i32)
                 .bind(reason)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RekeyTask {
+                call_id,
+                idempotency_key,
+                spec,
+            } => {
+                sqlx::query(
+                    "UPDATE tasks SET idempotency_key = $3, spec = $4, updated_at = now()
+                     WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(idempotency_key)
+                .bind(spec)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::MarkUncertainResolved {
+                call_id,
+                resolution,
+                kind,
+                resolved_by,
+                reason,
+                via,
+            } => {
+                sqlx::query(
+                    "UPDATE uncertain_outcomes SET status = 'resolved', resolution = $3, resolution_kind = $4,
+                            resolved_by = $5, resolution_reason = $6, resolved_via = $7, resolved_at = now()
+                     WHERE run_id = $1 AND call_id = $2 AND status = 'open'",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(resolution)
+                .bind(kind.as_str())
+                .bind(resolved_by)
+                .bind(reason)
+                .bind(via.as_str())
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::FlagDiscrepancy {
+                call_id,
+                discrepancy,
+            } => {
+                sqlx::query(
+                    "UPDATE uncertain_outcomes SET discrepancy = COALESCE(discrepancy, '[]'::jsonb) || jsonb_build_array($3::jsonb)
+                     WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(discrepancy)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RecordProbe { call_id, probe } => {
+                sqlx::query(
+                    "UPDATE uncertain_outcomes SET probe = $3::jsonb || jsonb_build_object('at', now())
+                     WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(probe)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::NotifyOperator { kind, payload } => {
+                sqlx::query(
+                    "INSERT INTO notifications (notification_id, tenant, run_id, kind, payload)
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(Uuid::now_v7())
+                .bind(tenant)
+                .bind(run_id)
+                .bind(kind)
+                .bind(payload)
                 .execute(&mut **tx)
                 .await?;
             }

@@ -32,6 +32,8 @@
 //!   `408 {count, error}` after `T` ms (default 10000).
 //! - `POST /_faults {path, action, times}`, `GET /_faults`, `DELETE /_faults`:
 //!   see [`FaultAction`].
+//!   A fault path ending in `*` matches every path with that prefix.
+//! - `POST /_release`: answer the requests held by `hold_after_effect`.
 //! - `GET /_state`: the accounts and emails created ([`CrmSnapshot`]).
 //!
 //! A request is recorded, its fault chosen and its effect applied in one
@@ -156,6 +158,13 @@ pub enum FaultAction {
     /// Answer `503` without applying the effect.
     #[serde(rename = "fail_503")]
     Fail503,
+    /// Answer `400` without applying the effect (a definite refusal that is
+    /// not "not found").
+    #[serde(rename = "fail_400")]
+    Fail400,
+    /// Apply the effect, then hold the answer until `POST /_release` (or the
+    /// server stops): a response that arrives as late as the test wants.
+    HoldAfterEffect,
 }
 
 /// A fault armed for the next `times` requests to `path`.
@@ -194,6 +203,8 @@ pub struct CrmState {
     inner: Mutex<Inner>,
     /// Bumped after each recorded request, to wake `/_wait` callers.
     recorded: watch::Sender<u64>,
+    /// Bumped by `POST /_release`: held requests answer when it moves.
+    released: watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -255,7 +266,19 @@ impl CrmState {
         Self {
             inner: Mutex::new(Inner::default()),
             recorded: watch::Sender::new(0),
+            released: watch::Sender::new(0),
         }
+    }
+
+    /// Release every request held by a `hold_after_effect` fault; returns
+    /// the new release generation.
+    pub fn release_held(&self) -> u64 {
+        let mut generation = 0;
+        self.released.send_modify(|g| {
+            *g += 1;
+            generation = *g;
+        });
+        generation
     }
 
     /// Handlers never panic while holding the lock, but a poisoned lock must
@@ -385,14 +408,22 @@ impl CrmState {
                 inner.apply(seq, method, path, key, body)
             };
             let reply = match fault {
-                None | Some(FaultAction::HangAfterEffect | FaultAction::Fail500AfterEffect) => {
-                    apply()
-                }
+                None
+                | Some(
+                    FaultAction::HangAfterEffect
+                    | FaultAction::Fail500AfterEffect
+                    | FaultAction::HoldAfterEffect,
+                ) => apply(),
                 Some(FaultAction::HangBeforeEffect) => Reply::ok(Value::Null),
                 Some(FaultAction::Fail503) => Reply::error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
                     "injected fault: fail_503",
+                ),
+                Some(FaultAction::Fail400) => Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "injected fault: fail_400",
                 ),
             };
             let status = match fault {
@@ -425,7 +456,14 @@ impl CrmState {
 impl Inner {
     /// Consumes one use of the first fault armed for `path`.
     fn take_fault(&mut self, path: &str) -> Option<FaultAction> {
-        let index = self.faults.iter().position(|fault| fault.path == path)?;
+        // A fault path ending in `*` matches every path with that prefix.
+        let index = self
+            .faults
+            .iter()
+            .position(|fault| match fault.path.strip_suffix('*') {
+                Some(prefix) => path.starts_with(prefix),
+                None => fault.path == path,
+            })?;
         let fault = &mut self.faults[index];
         let action = fault.action;
         fault.times = fault.times.saturating_sub(1);
@@ -713,6 +751,7 @@ where
                 .delete(control_clear_faults),
         )
         .route("/_state", get(control_state))
+        .route("/_release", axum::routing::post(control_release))
         .fallback(service)
         .with_state(ctx);
     let signal = async move {
@@ -773,8 +812,27 @@ async fn service(
             "injected fault: fail_500_after_effect (the effect was applied)",
         )
         .into_response(),
-        Some(FaultAction::Fail503) => reply.into_response(),
+        Some(FaultAction::Fail503 | FaultAction::Fail400) => reply.into_response(),
+        Some(FaultAction::HoldAfterEffect) => {
+            let mut released = ctx.state.released.subscribe();
+            let held_at = *released.borrow_and_update();
+            tokio::select! {
+                _ = released.wait_for(|g| *g > held_at) => reply.into_response(),
+                _ = ctx.stopper.stopped() => Reply::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "stopping",
+                    "the server is stopping",
+                )
+                .into_response(),
+            }
+        }
     }
+}
+
+/// `POST /_release`: answer every request held by `hold_after_effect`.
+async fn control_release(State(ctx): State<Ctx>) -> Response {
+    let generation = ctx.state.release_held();
+    axum::Json(serde_json::json!({ "released": generation })).into_response()
 }
 
 #[derive(Debug, Deserialize)]

@@ -108,6 +108,8 @@ pub struct EngineState {
     pub dispatches: Vec<DispatchToolCallRequest>,
     pub heartbeats: Vec<HeartbeatRequest>,
     pub claims: Vec<ClaimTasksRequest>,
+    /// Notified (one permit) each time a heartbeat answer says a lease is lost.
+    pub lost_told: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Handle of a running fake engine.
@@ -232,7 +234,7 @@ impl WorkerService for FakeService {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let request = request.into_inner();
         let mut state = self.state.lock().unwrap();
-        let leases = request
+        let leases: Vec<LeaseStatus> = request
             .leases
             .iter()
             .map(|l| LeaseStatus {
@@ -242,6 +244,9 @@ impl WorkerService for FakeService {
                 lease_ms: 0,
             })
             .collect();
+        if leases.iter().any(|l: &LeaseStatus| !l.held) {
+            state.lost_told.notify_one();
+        }
         state.heartbeats.push(request);
         Ok(Response::new(HeartbeatResponse { leases }))
     }

@@ -1,0 +1,371 @@
+//! The OpenAPI 3.1 document of the admin endpoint, served at
+//! [`OPENAPI_PATH`](super::OPENAPI_PATH). Paths are built from the same
+//! constants the router uses, so the two cannot drift apart silently; a test
+//! checks that every entry of [`ROUTES`](super::ROUTES) is described.
+
+use serde_json::{Value, json};
+
+use super::{
+    MAX_BODY_BYTES, MAX_OPERATOR_BYTES, MAX_REASON_BYTES, OPENAPI_PATH, RUN_CANCEL_PATH, RUN_PATH,
+    RUN_PAUSE_PATH, RUN_RESUME_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
+};
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+fn ok(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn refs(codes: &[&str]) -> serde_json::Map<String, Value> {
+    codes
+        .iter()
+        .map(|c| {
+            let name = match *c {
+                "400" => "BadRequest",
+                "401" => "Unauthorized",
+                "403" => "Forbidden",
+                "404" => "NotFound",
+                "409" => "Conflict",
+                "413" => "PayloadTooLarge",
+                "415" => "UnsupportedMediaType",
+                "422" => "Unprocessable",
+                _ => "Unavailable",
+            };
+            (
+                (*c).to_owned(),
+                json!({"$ref": format!("#/components/responses/{name}")}),
+            )
+        })
+        .collect()
+}
+
+fn responses(success: Value, errors: &[&str]) -> Value {
+    let mut map = refs(errors);
+    map.insert("200".into(), success);
+    Value::Object(map)
+}
+
+fn body(schema: &str) -> Value {
+    json!({
+        "required": true,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn param(name: &str) -> Value {
+    json!({"$ref": format!("#/components/parameters/{name}")})
+}
+
+fn query(name: &str, schema: Value, description: &str) -> Value {
+    json!({"name": name, "in": "query", "required": false, "schema": schema, "description": description})
+}
+
+fn run_control(op: &str, summary: &str, description: &str) -> Value {
+    json!({"post": {
+        "operationId": op,
+        "summary": summary,
+        "description": description,
+        "tags": ["runs"],
+        "parameters": [param("tenant"), param("run_id")],
+        "requestBody": body("RunControlRequest"),
+        "responses": responses(ok("The run afterwards.", "Run"),
+            &["400", "401", "403", "404", "409", "413", "415", "503"]),
+    }})
+}
+
+fn schemas() -> Value {
+    let timestamp = json!({"type": "string", "format": "date-time"});
+    let nullable_ts = json!({"type": ["string", "null"], "format": "date-time"});
+    let mut map = serde_json::Map::new();
+    map.insert("Error".into(), json!({
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {"error": {
+                        "type": "object",
+                        "required": ["code", "message", "details"],
+                        "properties": {
+                            "code": {"type": "string", "enum": ["invalid_argument", "unauthorized", "forbidden", "not_found", "method_not_allowed", "conflict", "failed_precondition", "payload_too_large", "unsupported_media_type", "unprocessable", "unavailable", "internal"]},
+                            "message": {"type": "string"},
+                            "details": {"type": "array", "items": {"type": "string"}},
+                        }
+                    }}
+                }));
+    map.insert(
+        "Attempt".into(),
+        json!({
+            "type": "object",
+            "description": "One attempt of the call: its dispatch and failure, with timestamps.",
+            "additionalProperties": true,
+            "properties": {
+                "attempt": {"type": "integer"},
+                "worker_id": {"type": ["string", "null"]},
+                "dispatched_at": nullable_ts,
+                "error": {"type": ["string", "null"]},
+            }
+        }),
+    );
+    map.insert("UncertainOutcome".into(), json!({
+                    "type": "object",
+                    "required": ["uncertain_id", "tenant", "run_id", "task_id", "call_id", "node_id", "tool", "tool_version", "arguments", "idempotency_key", "attempts", "reason", "status", "created_at"],
+                    "properties": {
+                        "uncertain_id": {"type": "string", "format": "uuid"},
+                        "tenant": {"type": "string"},
+                        "run_id": {"type": "string", "format": "uuid"},
+                        "task_id": {"type": "string", "format": "uuid"},
+                        "call_id": {"type": "string"},
+                        "node_id": {"type": "string"},
+                        "tool": {"type": "string"},
+                        "tool_version": {"type": "integer"},
+                        "arguments": {"description": "The exact arguments sent."},
+                        "idempotency_key": {"type": "string"},
+                        "attempts": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
+                        "worker_id": {"type": ["string", "null"], "description": "The worker that dispatched the call."},
+                        "reason": {"type": "string", "description": "Why the outcome is uncertain."},
+                        "status": {"type": "string", "enum": ["open", "resolved"]},
+                        "created_at": timestamp,
+                        "resolution": {"type": ["object", "null"], "description": "As stored: `{\"resolution\": \"succeeded\", \"result\"}`, `{\"resolution\": \"failed\", \"error\"}` or `{\"resolution\": \"retry\", \"idempotency_key\", \"new_idempotency_key\"}`."},
+                        "resolution_kind": {"type": ["string", "null"], "enum": ["succeeded", "failed", "retry", null]},
+                        "resolved_by": {"type": ["string", "null"], "description": "`<token name>`, `<token name>/<operator>`, the late worker, or `probe:<tool>`."},
+                        "resolved_at": nullable_ts,
+                        "resolved_via": {"type": ["string", "null"], "enum": ["operator", "late_result", "probe", null]},
+                        "resolution_reason": {"type": ["string", "null"]},
+                        "probe": {"type": ["object", "null"], "description": "What a reconcile probe found: `{tool, outcome, detail, at}`."},
+                        "discrepancy": {"type": ["array", "null"], "description": "Late results that arrived after the record was resolved; kept, never applied."},
+                    }
+                }));
+    map.insert("UncertainOutcomePage".into(), json!({
+                    "type": "object",
+                    "required": ["items", "next_page_token"],
+                    "properties": {
+                        "items": {"type": "array", "items": {"$ref": "#/components/schemas/UncertainOutcome"}},
+                        "next_page_token": {"type": ["string", "null"], "description": "`null` on the last page."},
+                    }
+                }));
+    map.insert(
+        "ResolveRequest".into(),
+        json!({
+            "oneOf": [
+                {"$ref": "#/components/schemas/ResolveSucceeded"},
+                {"$ref": "#/components/schemas/ResolveFailed"},
+                {"$ref": "#/components/schemas/ResolveRetry"},
+            ],
+            "discriminator": {"propertyName": "resolution", "mapping": {
+                "succeeded": "#/components/schemas/ResolveSucceeded",
+                "failed": "#/components/schemas/ResolveFailed",
+                "retry": "#/components/schemas/ResolveRetry",
+            }}
+        }),
+    );
+    map.insert(
+        "ResolveSucceeded".into(),
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["resolution", "result", "reason"],
+            "properties": {
+                "resolution": {"const": "succeeded"},
+                "result": {"description": "The call's result; must match the tool's output type."},
+                "reason": {"$ref": "#/components/schemas/Reason"},
+                "operator": {"$ref": "#/components/schemas/Operator"},
+            }
+        }),
+    );
+    map.insert("ResolveFailed".into(), json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["resolution", "error", "reason"],
+                    "properties": {
+                        "resolution": {"const": "failed"},
+                        "error": {"type": "string", "minLength": 1, "description": "What the model or workflow sees as the tool's failure."},
+                        "reason": {"$ref": "#/components/schemas/Reason"},
+                        "operator": {"$ref": "#/components/schemas/Operator"},
+                    }
+                }));
+    map.insert("ResolveRetry".into(), json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["resolution", "reason"],
+                    "properties": {
+                        "resolution": {"const": "retry"},
+                        "new_idempotency_key": {"type": "boolean", "default": false, "description": "Use a new idempotency key: only when the first call surely did nothing."},
+                        "reason": {"$ref": "#/components/schemas/Reason"},
+                        "operator": {"$ref": "#/components/schemas/Operator"},
+                    }
+                }));
+    map.insert(
+        "RunControlRequest".into(),
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["reason"],
+            "properties": {
+                "reason": {"$ref": "#/components/schemas/Reason"},
+                "operator": {"$ref": "#/components/schemas/Operator"},
+            }
+        }),
+    );
+    map.insert("Reason".into(), json!({"type": "string", "minLength": 1, "maxLength": MAX_REASON_BYTES, "description": "Why; recorded with the action."}));
+    map.insert("Operator".into(), json!({"type": "string", "minLength": 1, "maxLength": MAX_OPERATOR_BYTES, "description": "Who, within the token's name: recorded as `<token name>/<operator>`."}));
+    map.insert("Run".into(), json!({
+                    "type": "object",
+                    "required": ["run_id", "tenant", "workflow", "workflow_version", "status", "status_reason", "input", "idempotency_key", "caller", "last_seq", "created_at", "updated_at", "open_uncertain_outcomes"],
+                    "properties": {
+                        "run_id": {"type": "string", "format": "uuid"},
+                        "tenant": {"type": "string"},
+                        "workflow": {"type": "string"},
+                        "workflow_version": {"type": "integer"},
+                        "status": {"type": "string", "enum": ["pending", "running", "paused", "waiting", "completed", "failed", "cancelled"]},
+                        "status_reason": {"type": "string"},
+                        "input": {},
+                        "output": {},
+                        "idempotency_key": {"type": "string"},
+                        "caller": {"type": "string"},
+                        "last_seq": {"type": "integer"},
+                        "created_at": timestamp,
+                        "updated_at": timestamp,
+                        "open_uncertain_outcomes": {"type": "array", "items": {"type": "string", "format": "uuid"}},
+                    }
+                }));
+    Value::Object(map)
+}
+
+/// The document (OpenAPI 3.1.0, JSON).
+pub fn document() -> Value {
+    let mut paths = serde_json::Map::new();
+    paths.insert(OPENAPI_PATH.into(), json!({"get": {
+        "operationId": "getOpenApi",
+        "summary": "This document.",
+        "tags": ["meta"],
+        "security": [],
+        "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}},
+    }}));
+    paths.insert(UNCERTAIN_LIST_PATH.into(), json!({"get": {
+        "operationId": "listUncertainOutcomes",
+        "summary": "A page of a tenant's uncertain outcomes, newest first.",
+        "tags": ["uncertain-outcomes"],
+        "parameters": [
+            param("tenant"),
+            query("status", json!({"type": "string", "enum": ["open", "resolved", "any"], "default": "open"}), "Which records; default `open`."),
+            query("tool", json!({"type": "string"}), "Only records of this tool."),
+            query("run_id", json!({"type": "string", "format": "uuid"}), "Only records of this run."),
+            query("older_than_ms", json!({"type": "integer", "minimum": 0}), "Only records created at least this many milliseconds ago."),
+            query("newer_than_ms", json!({"type": "integer", "minimum": 0}), "Only records created at most this many milliseconds ago."),
+            query("page_size", json!({"type": "integer", "minimum": 0, "maximum": 500, "default": 50}), "Records per page, 1 to 500; 0 means 50."),
+            query("page_token", json!({"type": "string"}), "`next_page_token` of the previous page."),
+        ],
+        "responses": responses(ok("A page.", "UncertainOutcomePage"), &["400", "401", "403", "503"]),
+    }}));
+    paths.insert(UNCERTAIN_PATH.into(), json!({"get": {
+        "operationId": "getUncertainOutcome",
+        "summary": "One uncertain outcome: the call, its exact arguments, idempotency key, every attempt, and its resolution if any.",
+        "tags": ["uncertain-outcomes"],
+        "parameters": [param("tenant"), param("id")],
+        "responses": responses(ok("The record.", "UncertainOutcome"), &["400", "401", "403", "404", "503"]),
+    }}));
+    paths.insert(UNCERTAIN_RESOLVE_PATH.into(), json!({"post": {
+        "operationId": "resolveUncertainOutcome",
+        "summary": "Resolve an open uncertain outcome; appends events and resumes the run when nothing else holds it.",
+        "description": "`succeeded` uses `result` as the tool's result (validated against the tool's output type: 422 lists every violation); `failed` makes the model or workflow see `error` as the tool's failure; `retry` schedules the call again with the same idempotency key, or a new one (`new_idempotency_key: true`) when the operator is sure the first call did nothing. Recorded with who (`<token name>` or `<token name>/<operator>`), when and why. A record resolved already, or concurrently by someone else, gets 409 and nothing changes; another tenant's record is 404.",
+        "tags": ["uncertain-outcomes"],
+        "parameters": [param("tenant"), param("id")],
+        "requestBody": body("ResolveRequest"),
+        "responses": responses(ok("The record, resolved.", "UncertainOutcome"),
+            &["400", "401", "403", "404", "409", "413", "415", "422", "503"]),
+    }}));
+    paths.insert(
+        RUN_PATH.into(),
+        json!({"get": {
+            "operationId": "getRun",
+            "summary": "One run, with the ids of its open uncertain outcomes.",
+            "tags": ["runs"],
+            "parameters": [param("tenant"), param("run_id")],
+            "responses": responses(ok("The run.", "Run"), &["400", "401", "403", "404", "503"]),
+        }}),
+    );
+    paths.insert(
+        RUN_PAUSE_PATH.into(),
+        run_control(
+            "pauseRun",
+            "Operator pause: the run's tasks are not claimed until resumed.",
+            "409 when the run is finished or already paused by an operator.",
+        ),
+    );
+    paths.insert(RUN_RESUME_PATH.into(), run_control("resumeRun", "Lift an operator pause.", "A run with open uncertain outcomes stays paused until they are resolved; 409 when the run is not paused by an operator."));
+    paths.insert(
+        RUN_CANCEL_PATH.into(),
+        run_control(
+            "cancelRun",
+            "Cancel a run that has not finished.",
+            "The reason is recorded with who cancelled; 409 when the run is finished.",
+        ),
+    );
+
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Belay admin API",
+            "version": "v1",
+            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes and run controls. Every route but this document needs `Authorization: Bearer <token>`; a token is scoped to one tenant or to all. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
+        },
+        "security": [{"bearer": []}],
+        "tags": [
+            {"name": "uncertain-outcomes", "description": "Tool calls that may have acted but whose result was lost."},
+            {"name": "runs", "description": "Operator run controls."},
+            {"name": "meta"},
+        ],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "A token of `BELAY_ADMIN_TOKENS` (`name:token[:tenant]`)."}},
+            "parameters": {
+                "tenant": {"name": "tenant", "in": "path", "required": true, "schema": {"type": "string"}},
+                "id": {"name": "id", "in": "path", "required": true, "description": "Uncertain outcome id.", "schema": {"type": "string", "format": "uuid"}},
+                "run_id": {"name": "run_id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}},
+            },
+            "responses": {
+                "BadRequest": error_response("`invalid_argument`: malformed JSON (with line and column), unknown field, wrong type, missing field, bad query or path parameter (a malformed UUID), empty `reason`."),
+                "Unauthorized": {
+                    "description": "`unauthorized`: missing or wrong bearer token. Nothing was changed.",
+                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "`Bearer realm=\"belay-admin\"`"}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+                },
+                "Forbidden": error_response("`forbidden`: the token is not scoped to this tenant."),
+                "NotFound": error_response("`not_found`: no such record or run for this tenant (another tenant's record is not found)."),
+                "Conflict": error_response("`conflict`: the uncertain outcome is already resolved; `failed_precondition`: the run's state does not allow this (finished, not paused, already paused). Nothing was changed."),
+                "PayloadTooLarge": error_response("`payload_too_large`: the body is larger than the limit."),
+                "UnsupportedMediaType": error_response("`unsupported_media_type`: the body is not `application/json`."),
+                "Unprocessable": error_response("`unprocessable`: the result does not match the tool's output type; `details` lists every violation (`<json pointer>: <message>`). Nothing was changed."),
+                "Unavailable": error_response("`unavailable`: the engine's database is unavailable; retry later."),
+            },
+            "schemas": schemas(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ROUTES;
+    use super::*;
+
+    #[test]
+    fn every_route_is_documented_with_its_method() {
+        let doc = document();
+        for (method, path) in ROUTES {
+            let op = &doc["paths"][*path][method.to_lowercase()];
+            assert!(op.is_object(), "{method} {path} is not documented");
+            assert!(op["responses"]["200"].is_object(), "{method} {path}");
+        }
+        assert_eq!(
+            doc["paths"].as_object().map(|p| p.len()),
+            Some(ROUTES.len()),
+            "one path item per route"
+        );
+    }
+}
