@@ -103,13 +103,36 @@ pub fn is_final_event(kind: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Api {
     coord: Arc<Coordinator>,
+    /// Turns true when the server shuts down: open `WatchRun` streams end,
+    /// so they cannot hold a graceful shutdown (and a deploy) forever.
+    shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Api {
-    /// An API over `coord`.
-    pub fn new(coord: Arc<Coordinator>) -> Api {
-        Api { coord }
+    /// An API over `coord`; streams end when `shutdown` turns true.
+    pub fn new(coord: Arc<Coordinator>, shutdown: tokio::sync::watch::Receiver<bool>) -> Api {
+        Api { coord, shutdown }
     }
+}
+
+/// Most event payload bytes in one `ListRunEvents` page or `WatchRun` batch,
+/// so a page of large events stays under clients' message limits; a page
+/// always holds at least one event.
+pub const MAX_PAGE_BYTES: usize = 3 * 1024 * 1024;
+
+/// Keep events while their payloads fit in [`MAX_PAGE_BYTES`] (at least one).
+fn cap_page(events: Vec<EventRow>) -> Vec<EventRow> {
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        let size = e.payload.to_string().len();
+        if !out.is_empty() && total + size > MAX_PAGE_BYTES {
+            break;
+        }
+        total += size;
+        out.push(e);
+    }
+    out
 }
 
 #[tonic::async_trait]
@@ -172,7 +195,7 @@ impl RunService for Api {
             .list_events(&r.tenant, &r.run_id, r.after_seq, r.limit)
             .await?;
         Ok(Response::new(v1::ListRunEventsResponse {
-            events: events.into_iter().map(event_msg).collect(),
+            events: cap_page(events).into_iter().map(event_msg).collect(),
         }))
     }
 
@@ -188,16 +211,25 @@ impl RunService for Api {
         let run = self.coord.get_run(&r.tenant, &r.run_id).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let coord = Arc::clone(&self.coord);
+        let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let mut wake = coord.subscribe_run_events();
             let mut after = r.after_seq;
             loop {
+                if *shutdown.borrow() {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "the engine is shutting down; resume from the last seq",
+                        )))
+                        .await;
+                    return;
+                }
                 let events = match coord
                     .store()
-                    .list_events(run.run_id, after as i64, 500)
+                    .list_events(run.run_id, i64::try_from(after).unwrap_or(i64::MAX), 500)
                     .await
                 {
-                    Ok(events) => events,
+                    Ok(events) => cap_page(events),
                     Err(e) => {
                         let _ = tx.send(Err(Status::from(CoordinatorError::Store(e)))).await;
                         return;
@@ -216,6 +248,23 @@ impl RunService for Api {
                     return;
                 }
                 if got == 0 {
+                    // Nothing after `after`: a finished run has nothing more
+                    // to say (the caller resumed at or past its end).
+                    match coord.store().get_run(&run.tenant, run.run_id).await {
+                        Ok(Some(now))
+                            if matches!(
+                                now.status.as_str(),
+                                "completed" | "failed" | "cancelled"
+                            ) && after >= now.last_seq as u64 =>
+                        {
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(CoordinatorError::Store(e)))).await;
+                            return;
+                        }
+                    }
                     // Wait for a signal for this run, re-checking every second
                     // in case the LISTEN connection dropped one.
                     let deadline = tokio::time::sleep(std::time::Duration::from_secs(1));
@@ -224,6 +273,7 @@ impl RunService for Api {
                         tokio::select! {
                             _ = &mut deadline => break,
                             _ = tx.closed() => return,
+                            _ = shutdown.changed() => break,
                             msg = wake.recv() => match msg {
                                 Ok(id) if id == run.run_id => break,
                                 Ok(_) => continue,
@@ -341,17 +391,19 @@ impl TenantService for Api {
         req: Request<v1::SetTenantGrantsRequest>,
     ) -> Result<Response<v1::SetTenantGrantsResponse>, Status> {
         let r = req.into_inner();
-        if r.tenant.is_empty() {
-            return Err(Status::invalid_argument("`tenant` is required"));
-        }
+        crate::coordinator::require("tenant", &r.tenant)?;
         if let Some(bad) = r
             .grants
             .iter()
             .find(|g| g.trim().is_empty() || g.contains(char::is_whitespace))
         {
             return Err(Status::invalid_argument(format!(
-                "grant {bad:?} is empty or contains whitespace"
+                "grant {} is empty or contains whitespace",
+                crate::coordinator::shown(bad)
             )));
+        }
+        for grant in &r.grants {
+            crate::coordinator::require("grants[]", grant)?;
         }
         let grants = self
             .coord
@@ -367,6 +419,7 @@ impl TenantService for Api {
         req: Request<v1::GetTenantGrantsRequest>,
     ) -> Result<Response<v1::GetTenantGrantsResponse>, Status> {
         let r = req.into_inner();
+        crate::coordinator::require("tenant", &r.tenant)?;
         let grants = self
             .coord
             .store()
@@ -495,9 +548,21 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let api = Api::new(coord);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let api = Api::new(coord, stop_rx);
+    let shutdown = async move {
+        shutdown.await;
+        // End open streams first, so the graceful shutdown can finish.
+        let _ = stop_tx.send(true);
+    };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RunServiceServer<Api>>().await;
+    health_reporter
+        .set_serving::<DefinitionServiceServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<TenantServiceServer<Api>>()
+        .await;
     health_reporter
         .set_serving::<WorkerServiceServer<Api>>()
         .await;
@@ -510,7 +575,11 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(RunServiceServer::new(api.clone()))
+        // Run inputs up to MAX_JSON_BYTES plus framing.
+        .add_service(
+            RunServiceServer::new(api.clone())
+                .max_decoding_message_size(crate::coordinator::MAX_JSON_BYTES + 1024 * 1024),
+        )
         .add_service(DefinitionServiceServer::new(api.clone()))
         .add_service(TenantServiceServer::new(api.clone()))
         // Results up to MAX_JSON_BYTES plus framing; tonic's default is 4 MiB.

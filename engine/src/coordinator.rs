@@ -58,7 +58,7 @@ pub enum CoordinatorError {
     },
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
 }
 
 impl From<TransitionError<CoordinatorError>> for CoordinatorError {
@@ -131,19 +131,72 @@ pub struct StartRun {
     pub caller_grants: Vec<String>,
 }
 
-fn require(field: &str, value: &str) -> Result<(), CoordinatorError> {
-    if value.trim().is_empty() {
-        Err(CoordinatorError::InvalidArgument(format!(
-            "`{field}` is required"
-        )))
-    } else {
-        Ok(())
+impl From<StoreError> for CoordinatorError {
+    /// Data the database refuses (SQLSTATE class 22 "data exception", 54
+    /// "program limit exceeded") fails the same way on every retry, so it is
+    /// the caller's bad input, not an outage.
+    fn from(e: StoreError) -> Self {
+        if let StoreError::Database(sqlx::Error::Database(db)) = &e
+            && let Some(code) = db.code()
+            && (code.starts_with("22") || code.starts_with("54"))
+        {
+            tracing::warn!(error = %db, %code, "the database refused a value");
+            return CoordinatorError::InvalidArgument(format!(
+                "a value was refused by the database (SQLSTATE {code}): it is malformed or too long"
+            ));
+        }
+        CoordinatorError::Store(e)
     }
+}
+
+/// Longest identifier (tenant, workflow, idempotency key, worker id, grant,
+/// operator), bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest free text (reasons, caller), bytes.
+pub const MAX_TEXT_BYTES: usize = 4096;
+
+/// A value as it may be echoed in an error: at most 64 bytes.
+pub(crate) fn shown(value: &str) -> String {
+    let cut = machine::normalize::truncate_str(value, 64);
+    if cut.len() < value.len() {
+        format!("{cut:?}… ({} bytes)", value.len())
+    } else {
+        format!("{cut:?}")
+    }
+}
+
+/// Text from a client: no NUL (PostgreSQL text cannot hold it), at most `max` bytes.
+pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), CoordinatorError> {
+    if value.contains('\0') {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "`{field}` contains a NUL character"
+        )));
+    }
+    if value.len() > max {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "`{field}` is {} bytes, more than the limit of {max} bytes",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A required identifier: non-empty, no NUL, at most [`MAX_ID_BYTES`].
+pub(crate) fn require(field: &str, value: &str) -> Result<(), CoordinatorError> {
+    if value.trim().is_empty() {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "`{field}` is required"
+        )));
+    }
+    check_text(field, value, MAX_ID_BYTES)
 }
 
 fn parse_uuid(field: &str, value: &str) -> Result<Uuid, CoordinatorError> {
     Uuid::parse_str(value).map_err(|e| {
-        CoordinatorError::InvalidArgument(format!("`{field}` is not a UUID ({e}): {value:?}"))
+        CoordinatorError::InvalidArgument(format!(
+            "`{field}` is not a UUID ({e}): {}",
+            shown(value)
+        ))
     })
 }
 
@@ -200,6 +253,21 @@ impl Coordinator {
                 "the bundle has no files".into(),
             ));
         }
+        let total: usize = files.iter().map(|f| f.content.len()).sum();
+        if total > MAX_JSON_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "the bundle is {total} bytes, more than {MAX_JSON_BYTES}"
+            )));
+        }
+        for f in &files {
+            check_text("files[].path", &f.path, 1024)?;
+            if f.content.contains('\0') {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "file {} contains a NUL character",
+                    shown(&f.path)
+                )));
+            }
+        }
         let registered = RegisteredNames {
             tools: self
                 .store
@@ -222,7 +290,11 @@ impl Coordinator {
                 let body = body.map_err(|e| {
                     CoordinatorError::InvalidArgument(format!("{kind} `{name}`: {e}"))
                 })?;
-                let hash = hex::encode(Sha256::digest(body.to_string().as_bytes()));
+                // Where a definition was written (file, line) is not part of
+                // what it is: moving it must not make a new version.
+                let hash = hex::encode(Sha256::digest(
+                    without_source_positions(&body).to_string().as_bytes(),
+                ));
                 defs.push((
                     kind.to_owned(),
                     name.to_owned(),
@@ -313,12 +385,22 @@ impl Coordinator {
         require("tenant", &req.tenant)?;
         require("workflow", &req.workflow)?;
         require("idempotency_key", &req.idempotency_key)?;
+        check_text("caller", &req.caller, MAX_ID_BYTES)?;
+        if req.caller_grants.len() > 256 {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "{} caller grants, more than 256",
+                req.caller_grants.len()
+            )));
+        }
+        for grant in &req.caller_grants {
+            require("caller_grants[]", grant)?;
+        }
         if let Some(run) = self
             .store
             .run_by_idempotency_key(&req.tenant, &req.idempotency_key)
             .await?
         {
-            return Ok((run, false));
+            return same_request(run, &req).map(|run| (run, false));
         }
         let input_text = if req.input_json.trim().is_empty() {
             "{}"
@@ -373,9 +455,11 @@ impl Coordinator {
                 &decision,
             )
             .await?;
-        if created {
-            tracing::info!(%run_id, tenant = %req.tenant, workflow = %req.workflow, "run started");
+        if !created {
+            // Another request with this key won the race.
+            return same_request(row, &req).map(|run| (run, false));
         }
+        tracing::info!(%run_id, tenant = %req.tenant, workflow = %req.workflow, "run started");
         Ok((row, created))
     }
 
@@ -463,7 +547,11 @@ impl Coordinator {
         };
         Ok(self
             .store
-            .list_events(run.run_id, after_seq as i64, limit as i64)
+            .list_events(
+                run.run_id,
+                i64::try_from(after_seq).unwrap_or(i64::MAX),
+                limit as i64,
+            )
             .await?)
     }
 
@@ -479,6 +567,7 @@ impl Coordinator {
         run_id: &str,
         reason: &str,
     ) -> Result<RunRow, CoordinatorError> {
+        check_text("reason", reason, MAX_TEXT_BYTES)?;
         let run = self.get_run(tenant, run_id).await?;
         let reason = if reason.trim().is_empty() {
             "cancelled by request".to_owned()
@@ -503,6 +592,7 @@ impl Coordinator {
         reason: &str,
     ) -> Result<RunRow, CoordinatorError> {
         require("operator", by)?;
+        check_text("reason", reason, MAX_TEXT_BYTES)?;
         let run = self.get_run(tenant, run_id).await?;
         let (by, reason) = (by.to_owned(), reason.to_owned());
         self.store
@@ -523,6 +613,7 @@ impl Coordinator {
         reason: &str,
     ) -> Result<RunRow, CoordinatorError> {
         require("operator", by)?;
+        check_text("reason", reason, MAX_TEXT_BYTES)?;
         let run = self.get_run(tenant, run_id).await?;
         let (by, reason) = (by.to_owned(), reason.to_owned());
         self.store
@@ -615,7 +706,12 @@ impl Coordinator {
         reason: &str,
     ) -> Result<UncertainRow, CoordinatorError> {
         require("resolved_by", resolved_by)?;
-        require("reason", reason)?;
+        if reason.trim().is_empty() {
+            return Err(CoordinatorError::InvalidArgument(
+                "`reason` is required".into(),
+            ));
+        }
+        check_text("reason", reason, MAX_TEXT_BYTES)?;
         let record = self.get_uncertain(tenant, id).await?;
         if record.status != "open" {
             return Err(CoordinatorError::Conflict(format!(
@@ -754,7 +850,7 @@ impl Coordinator {
         let worker = worker_id.to_owned();
         self.store
             .transition(run, Some(task), |state, row| {
-                let row = fenced(row, attempt)?;
+                let row = fenced(row, attempt, Some(worker_id))?;
                 if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
                     return Err(CoordinatorError::InvalidArgument(format!(
                         "task {task_id} is not a tool call"
@@ -825,7 +921,7 @@ impl Coordinator {
                     )
                     .map_err(CoordinatorError::from);
                 }
-                let row = fenced(Some(row), attempt)?;
+                let row = fenced(Some(row), attempt, Some(worker_id))?;
                 if row.status == "completed" {
                     // The same attempt reporting again (its reply was lost).
                     return Ok(machine::Decision::default());
@@ -876,7 +972,7 @@ impl Coordinator {
         let error = machine::normalize::truncate_str(error, 16 * 1024).to_owned();
         self.store
             .transition(run, Some(task), |state, row| {
-                let row = fenced(row, attempt)?;
+                let row = fenced(row, attempt, Some(worker_id))?;
                 if row.status != "leased" {
                     return Err(CoordinatorError::FailedPrecondition(format!(
                         "task {task_id} is {}, not leased",
@@ -910,7 +1006,7 @@ impl Coordinator {
             let result = self
                 .store
                 .transition(lease.run_id, Some(lease.task_id), |state, row| {
-                    let row = fenced(row, attempt)?;
+                    let row = fenced(row, attempt, None)?;
                     if row.status != "leased" || !row.lease_expired {
                         // Another replica got there first, or a heartbeat won.
                         return Ok(machine::Decision::default());
@@ -939,7 +1035,11 @@ impl Coordinator {
                         .end_orphan_task(lease.task_id, lease.attempt)
                         .await?;
                 }
-                Err(TransitionError::Store(e)) => return Err(e.into()),
+                // One run that cannot be judged (its history does not decode,
+                // say) must not stop lease expiry for every other run.
+                Err(TransitionError::Store(e)) => {
+                    tracing::error!(task_id = %lease.task_id, run_id = %lease.run_id, error = %e, "cannot judge an expired lease; skipping it");
+                }
             }
         }
         Ok(handled)
@@ -1047,14 +1147,66 @@ fn parse_page_token(
     Ok(Some((ts, id)))
 }
 
-/// Fencing: the task row must exist and carry exactly `attempt`.
-fn fenced(row: Option<&TaskRow>, attempt: u32) -> Result<&TaskRow, CoordinatorError> {
+/// A retried `StartRun` must be the same request: an idempotency key reused
+/// for another workflow or input is refused (as Stripe does), not silently
+/// answered with a run the caller did not ask for.
+fn same_request(run: RunRow, req: &StartRun) -> Result<RunRow, CoordinatorError> {
+    let input_text = if req.input_json.trim().is_empty() {
+        "{}"
+    } else {
+        req.input_json.as_str()
+    };
+    let input = serde_json::from_str::<Value>(input_text)
+        .map(machine::normalize::strip_nul_value)
+        .ok();
+    if run.workflow != req.workflow || input.as_ref() != Some(&run.input) {
+        return Err(CoordinatorError::FailedPrecondition(format!(
+            "idempotency key {} was already used for a different request (run {}, workflow `{}`); use a new key for a new run",
+            shown(&req.idempotency_key),
+            run.run_id,
+            run.workflow
+        )));
+    }
+    Ok(run)
+}
+
+/// `body` without the `source_file` / `source_line` keys, at any depth.
+fn without_source_positions(body: &Value) -> Value {
+    match body {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| k.as_str() != "source_file" && k.as_str() != "source_line")
+                .map(|(k, v)| (k.clone(), without_source_positions(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_source_positions).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Fencing: the task row must exist and carry exactly `attempt`; while it is
+/// leased, only the worker holding the lease may change it.
+fn fenced<'a>(
+    row: Option<&'a TaskRow>,
+    attempt: u32,
+    worker_id: Option<&str>,
+) -> Result<&'a TaskRow, CoordinatorError> {
     let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
     if row.attempt as u32 != attempt {
         tracing::warn!(task_id = %row.task_id, attempt, current = row.attempt, "stale attempt refused");
         return Err(CoordinatorError::FailedPrecondition(format!(
             "stale attempt: task {} is at attempt {}, not {attempt}",
             row.task_id, row.attempt
+        )));
+    }
+    if let Some(worker) = worker_id
+        && row.status == "leased"
+        && row.worker_id.as_deref() != Some(worker)
+    {
+        tracing::warn!(task_id = %row.task_id, attempt, worker, "task leased by another worker");
+        return Err(CoordinatorError::FailedPrecondition(format!(
+            "task {} attempt {attempt} is leased by another worker",
+            row.task_id
         )));
     }
     Ok(row)

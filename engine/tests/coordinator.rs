@@ -337,3 +337,137 @@ async fn cancel_stops_a_run_and_its_tasks() {
     ));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn registering_older_content_again_makes_it_current_and_moving_a_file_is_no_new_version() {
+    let (db, coord, _run) = setup().await;
+    let register = |content: &str, path: &str| {
+        let coord = Arc::clone(&coord);
+        let (content, path) = (content.to_owned(), path.to_owned());
+        async move {
+            coord
+                .register_bundle("t", vec![SourceFile { path, content }])
+                .await
+                .expect("register")
+        }
+    };
+    let b = AGENT.replace("model: m", "model: m2");
+    let v2 = register(&b, "x.yaml").await;
+    assert_eq!((v2[0].0.version, v2[0].1), (2, true));
+    // A again: unchanged content, but current again.
+    let again = register(AGENT, "x.yaml").await;
+    assert_eq!((again[0].0.version, again[0].1), (1, false));
+    let latest = coord
+        .store()
+        .latest_definition("t", "agent", "a")
+        .await
+        .expect("latest")
+        .expect("row");
+    assert_eq!(latest.version, 1);
+    // The same content from another path (or after a comment line) is the same version.
+    let moved = register(&format!("# a comment\n{AGENT}"), "elsewhere/renamed.yaml").await;
+    assert_eq!((moved[0].0.version, moved[0].1), (1, false));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn bad_text_is_refused_as_invalid_not_as_an_outage() {
+    let (db, coord, run_id) = setup().await;
+    let start = |tenant: &str, key: &str| StartRun {
+        tenant: tenant.into(),
+        workflow: "w".into(),
+        input_json: "{}".into(),
+        idempotency_key: key.into(),
+        caller: "c".into(),
+        caller_grants: vec![],
+    };
+    for (req, needle) in [
+        (start("t\0", "k2"), "NUL"),
+        (start("t", &"k".repeat(3000)), "more than the limit"),
+        (start("t", "k"), "different request"),
+    ] {
+        let mut req = req;
+        if needle == "different request" {
+            req.input_json = r#"{"other": 1}"#.into();
+        }
+        let err = coord.start_run(req).await.expect_err("refused");
+        assert!(
+            matches!(&err, CoordinatorError::InvalidArgument(m) | CoordinatorError::FailedPrecondition(m) if m.contains(needle)),
+            "{err:?}"
+        );
+    }
+    let err = coord
+        .cancel_run("t", &run_id, "why\0")
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, CoordinatorError::InvalidArgument(_)),
+        "{err:?}"
+    );
+    let long_id = "x".repeat(100_000);
+    let err = coord
+        .get_run("t", &long_id)
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.len() < 300,
+        "the bad value is not echoed whole: {} bytes",
+        err.len()
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn only_the_lease_holder_may_dispatch_or_report() {
+    let (db, coord, _run) = setup().await;
+    let tool = claim_tool_call(&coord).await;
+    let id = tool.task_id.to_string();
+    let other = coord.dispatch("intruder", &id, 1).await;
+    assert!(
+        matches!(&other, Err(CoordinatorError::FailedPrecondition(m)) if m.contains("another worker")),
+        "{other:?}"
+    );
+    let other = coord
+        .fail("intruder", &id, 1, "x", FailureClass::Rejected, None)
+        .await;
+    assert!(
+        matches!(other, Err(CoordinatorError::FailedPrecondition(_))),
+        "{other:?}"
+    );
+    coord.dispatch("w1", &id, 1).await.expect("the holder may");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper() {
+    let (db, coord, first_run) = setup().await;
+    // A second run whose model call is also leased.
+    coord
+        .start_run(StartRun {
+            tenant: "t".into(),
+            workflow: "w".into(),
+            input_json: "{}".into(),
+            idempotency_key: "k2".into(),
+            caller: "c".into(),
+            caller_grants: vec!["crm.write".into()],
+        })
+        .await
+        .expect("start");
+    let claimed = coord.claim("w1", 2, 0).await.expect("claim");
+    assert_eq!(claimed.len(), 2);
+    // Corrupt the first run's history (an unknown event type, as a newer
+    // engine version might write).
+    sqlx::query("UPDATE events SET payload = '{\"type\": \"from_the_future\"}' WHERE run_id = $1::uuid AND seq = 1")
+        .bind(&first_run)
+        .execute(coord.store().pool())
+        .await
+        .expect("corrupt");
+    expire_leases(&coord).await;
+    assert_eq!(
+        coord.sweep_expired_leases().await.expect("sweep"),
+        1,
+        "the healthy run's lease is judged"
+    );
+    db.drop().await;
+}

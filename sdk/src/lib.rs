@@ -17,6 +17,9 @@ use tonic::transport::{Channel, Endpoint};
 
 pub use belay_proto::v1::{Definition, Run, RunEvent};
 
+/// Largest gRPC message the client sends or accepts, bytes (64 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]
 pub enum SdkError {
@@ -111,8 +114,14 @@ impl Client {
             .connect_lazy();
         Ok(Client {
             tenant: tenant.to_owned(),
-            runs: RunServiceClient::new(channel.clone()),
-            definitions: DefinitionServiceClient::new(channel.clone()),
+            // Runs carry inputs, outputs and events up to several MiB;
+            // tonic's default 4 MiB decode limit would refuse them.
+            runs: RunServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            definitions: DefinitionServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             tenants: TenantServiceClient::new(channel),
         })
     }
@@ -272,7 +281,9 @@ impl Client {
                 after = last.seq;
             }
             out.extend(page);
-            if n < 1000 {
+            // Pages are capped by bytes as well as by count, so only an
+            // empty page means the end.
+            if n == 0 {
                 return Ok(out);
             }
         }

@@ -144,8 +144,12 @@ enum DefCmd {
 enum TenantCmd {
     /// Replace the tenant's grants.
     SetGrants {
-        /// Permissions, e.g. crm.read crm.write.
+        /// Permissions, e.g. crm.read crm.write (replaces all current grants).
+        #[arg(required_unless_present = "none")]
         grants: Vec<String>,
+        /// Remove every grant of the tenant.
+        #[arg(long, conflicts_with = "grants")]
+        none: bool,
     },
     /// Show the tenant's grants.
     Show,
@@ -431,14 +435,47 @@ fn print_event(e: &belay_sdk::RunEvent, as_json: bool) {
     }
 }
 
+/// Stream a run's events until it finishes, resuming from the last seq seen
+/// when the connection drops (an engine restart), with backoff.
 async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Result<(), SdkError> {
-    client
-        .watch(run_id, after, |e| {
-            print_event(e, as_json);
-            false
-        })
-        .await?;
-    Ok(())
+    use backon::BackoffBuilder;
+    let mut delays = backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(200))
+        .with_max_delay(std::time::Duration::from_secs(5))
+        .with_max_times(30)
+        .build();
+    let mut last = after;
+    loop {
+        let result = client
+            .watch(run_id, last, |e| {
+                print_event(e, as_json);
+                last = e.seq;
+                false
+            })
+            .await;
+        match result {
+            Ok(_) => return Ok(()),
+            Err(SdkError::Status(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::Unknown
+                        | tonic::Code::Cancelled
+                        | tonic::Code::Internal
+                ) =>
+            {
+                let Some(delay) = delays.next() else {
+                    return Err(SdkError::Status(status));
+                };
+                eprintln!(
+                    "(connection lost: {}; resuming after seq {last})",
+                    status.message()
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 async fn run(cli: Cli) -> Result<(), SdkError> {
@@ -564,7 +601,7 @@ async fn run(cli: Cli) -> Result<(), SdkError> {
                 }
             }
         }
-        Cmd::Tenant(TenantCmd::SetGrants { grants }) => {
+        Cmd::Tenant(TenantCmd::SetGrants { grants, none: _ }) => {
             let grants = client.set_tenant_grants(grants).await?;
             println!(
                 "{}",

@@ -173,6 +173,11 @@ impl Proc {
         Ok(())
     }
 
+    /// Wait for the process to exit.
+    pub async fn wait(&mut self) -> Result<std::process::ExitStatus> {
+        Ok(self.child.wait().await?)
+    }
+
     /// Send a signal (SIGSTOP / SIGCONT to freeze and thaw a process).
     pub fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
         let pid = self

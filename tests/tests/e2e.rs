@@ -439,3 +439,82 @@ async fn the_cli_starts_watches_and_lists_runs() -> Result<()> {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown status `bogus`"));
     env.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_past_the_end_returns_and_sigterm_ends_open_watches() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    env.start_worker(0).await?;
+    let done = env
+        .start_onboarding(0, "onboarding", "w@example.com", "w1")
+        .await?;
+    let seen = env.wait_for(0, &done, "run_completed", T).await?;
+    let last = seen.last().map(|e| e.seq).unwrap_or_default();
+    // Resuming at (or past) the end of a finished run ends at once.
+    let client = env.client(0)?;
+    let tail = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.watch(&done, last, |_| false),
+    )
+    .await??;
+    assert!(tail.is_none());
+
+    // A run that never finishes (no worker picks it up) has an open watch;
+    // SIGTERM must still stop the engine promptly.
+    env.workers[0].kill().await?;
+    let open = env
+        .start_onboarding(0, "onboarding", "w2@example.com", "w2")
+        .await?;
+    let watcher = tokio::spawn({
+        let client = env.client(0)?;
+        async move { client.watch(&open, 0, |_| false).await }
+    });
+    env.wait_for(0, &done, "run_completed", T).await?; // the engine answers
+    env.engines[0].signal(nix::sys::signal::Signal::SIGTERM)?;
+    let exited = tokio::time::timeout(Duration::from_secs(15), env.engines[0].wait()).await;
+    assert!(
+        exited.is_ok(),
+        "the engine did not exit within 15 s of SIGTERM"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(5), watcher).await;
+    assert!(ended.is_ok(), "the watch stream ended with the engine");
+    env.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_with_large_payloads_can_be_read_back() -> Result<()> {
+    let env = Env::start(EngineOpts::default()).await?;
+    let client = env.client(0)?;
+    let big = "x".repeat(3 * 1024 * 1024);
+    for key in ["big-1", "big-2"] {
+        client
+            .start_run(
+                "onboarding",
+                &serde_json::json!({"email": "big@example.com", "name": big}),
+                belay_sdk::StartOptions {
+                    idempotency_key: key.into(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+    }
+    let (runs, _) = client.list_runs("", 10, "").await?;
+    assert_eq!(runs.len(), 2);
+    let events = client.events(&runs[0].run_id, 0).await?;
+    assert!(events.len() >= 3, "{} events", events.len());
+    // The same key with a different input is refused, not answered with the old run.
+    let err = client
+        .start_run(
+            "onboarding",
+            &serde_json::json!({"email": "other@example.com", "name": "n"}),
+            belay_sdk::StartOptions {
+                idempotency_key: "big-1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("different request"), "{err}");
+    env.stop().await
+}

@@ -77,6 +77,14 @@ async fn main() -> anyhow::Result<()> {
             let id = uuid::Uuid::new_v4().simple().to_string();
             format!("worker-{}", &id[..12])
         });
+    // A URL without a scheme and host would only ever fail to connect; say so now.
+    match reqwest::Url::parse(&args.engine_url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+        _ => anyhow::bail!(
+            "--engine-url {:?} is not an http(s) URL with a host, e.g. http://127.0.0.1:50051",
+            args.engine_url
+        ),
+    }
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,

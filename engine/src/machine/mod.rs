@@ -819,7 +819,7 @@ impl Step {
             // The same attempt asking again (its reply was lost): already recorded.
             return Ok(());
         }
-        if call.ever_dispatched && call.repeat_safety != RepeatSafety::Idempotent {
+        if call.may_have_acted && call.repeat_safety != RepeatSafety::Idempotent {
             return Err(MachineError::DispatchRefused {
                 call_id,
                 detail: format!(

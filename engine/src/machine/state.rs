@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use belay_proto::wire::{ChatMessage, ToolUse};
 use serde_json::Value;
 
-use super::event::{Event, ResolutionKind, ResolvedVia};
+use super::event::{Event, FailureClass, ResolutionKind, ResolvedVia};
 use super::plan::RunPlan;
 use crate::definitions::model::{AgentDef, RepeatSafety};
 
@@ -83,8 +83,11 @@ pub struct ToolCallState {
     pub failed_attempts: u32,
     /// The attempt currently dispatched, if any.
     pub dispatched_attempt: Option<u32>,
-    /// Whether any attempt was ever dispatched.
-    pub ever_dispatched: bool,
+    /// Whether a dispatched attempt may have had its effect (its lease was
+    /// lost, or it failed in a way that may have acted). A dispatched attempt
+    /// that failed provably before sending anything (`not_sent`) or was
+    /// refused (`rejected`) did not act, so it does not count.
+    pub may_have_acted: bool,
     /// Status.
     pub status: CallStatus,
     /// For a reconcile probe: the uncertain call it looks up.
@@ -119,7 +122,7 @@ impl ToolCallState {
             idempotency_key: key.to_owned(),
             failed_attempts: 0,
             dispatched_attempt: None,
-            ever_dispatched: false,
+            may_have_acted: false,
             status: CallStatus::Open,
             probe_for: None,
             probes: 0,
@@ -325,7 +328,12 @@ impl RunState {
             } => {
                 if let Some(node) = self.node.as_mut() {
                     node.model_call = None;
-                    node.tokens += usage.input_tokens + usage.output_tokens;
+                    // Saturating: a provider (or a bad worker) reporting absurd
+                    // usage must exhaust the budget, not overflow it.
+                    node.tokens = node
+                        .tokens
+                        .saturating_add(usage.input_tokens)
+                        .saturating_add(usage.output_tokens);
                     node.transcript.push(ChatMessage::Assistant {
                         content: content.clone(),
                         tool_calls: tool_calls.clone(),
@@ -384,14 +392,33 @@ impl RunState {
             } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.dispatched_attempt = Some(*attempt);
-                    call.ever_dispatched = true;
                 }
             }
-            Event::ToolCallAttemptFailed { call_id, .. }
-            | Event::TaskLeaseExpired { call_id, .. } => {
+            Event::ToolCallAttemptFailed {
+                call_id,
+                class,
+                dispatched,
+                ..
+            } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.failed_attempts += 1;
                     call.dispatched_attempt = None;
+                    if *dispatched && *class == FailureClass::MayHaveActed {
+                        call.may_have_acted = true;
+                    }
+                }
+            }
+            Event::TaskLeaseExpired {
+                call_id,
+                dispatched,
+                ..
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.failed_attempts += 1;
+                    call.dispatched_attempt = None;
+                    if *dispatched {
+                        call.may_have_acted = true;
+                    }
                 }
             }
             Event::ToolCallCompleted {
@@ -453,7 +480,7 @@ impl RunState {
                     ResolutionKind::Retry => {
                         if let Some(call) = self.tool_calls.get_mut(call_id) {
                             call.status = CallStatus::Open;
-                            call.ever_dispatched = false;
+                            call.may_have_acted = false;
                             call.dispatched_attempt = None;
                             if let Some(key) = idempotency_key
                                 && key != &call.idempotency_key

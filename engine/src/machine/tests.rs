@@ -699,28 +699,23 @@ fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
         again.events.is_empty(),
         "a repeated dispatch of the same attempt records nothing"
     );
-    // Even if a retry happened (not-sent failure), a second attempt of a
-    // reconcile call that was dispatched before is refused.
+    // A dispatched attempt that provably sent nothing did not act: the retry
+    // may be dispatched (once more).
     run.step(Input::TaskFailed {
         call_id: "intake.t1".into(),
         attempt: 1,
-        error: "refused".into(),
+        error: "connection refused".into(),
         class: FailureClass::NotSent,
         dispatched: true,
         status_code: None,
     });
-    let err = decide(
-        &run.state,
-        Input::DispatchToolCall {
-            call_id: "intake.t1".into(),
-            attempt: 2,
-            worker_id: "w".into(),
-        },
-    );
-    assert!(
-        matches!(err, Err(MachineError::DispatchRefused { .. })),
-        "{err:?}"
-    );
+    let d = run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 2,
+        worker_id: "w".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
+    assert!(!run.state.tool_calls["intake.t1"].may_have_acted);
 }
 
 #[test]
@@ -1345,4 +1340,31 @@ fn resolving_under_an_operator_pause_does_not_resume_the_run() {
         reason: "go".into(),
     });
     assert_eq!(Run::kinds(&d), ["run_resumed", "model_call_scheduled"]);
+}
+
+#[test]
+fn absurd_token_usage_saturates_instead_of_overflowing() {
+    let (mut run, _) = Run::start(Opts::default());
+    let d = run.step(Input::ModelCallCompleted {
+        call_id: "intake.m1".into(),
+        attempt: 1,
+        result: ModelCallResult {
+            content: None,
+            tool_calls: vec![ToolUse {
+                id: "a".into(),
+                name: "lookup".into(),
+                arguments: r#"{"email":"1"}"#.into(),
+            }],
+            usage: Usage {
+                input_tokens: u64::MAX,
+                output_tokens: 5,
+            },
+            finish_reason: None,
+        },
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "tool_call_scheduled"]
+    );
+    assert_eq!(run.state.node.as_ref().map(|n| n.tokens), Some(u64::MAX));
 }

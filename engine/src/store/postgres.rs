@@ -127,14 +127,25 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
             if let Some(row) = existing {
+                // Identical content registered again becomes current again.
+                sqlx::query(
+                    "UPDATE definitions SET registered_at = clock_timestamp()
+                     WHERE tenant = $1 AND kind = $2 AND name = $3 AND version = $4",
+                )
+                .bind(tenant)
+                .bind(kind)
+                .bind(name)
+                .bind(row.version)
+                .execute(&mut *tx)
+                .await?;
                 out.push((row, false));
                 continue;
             }
             let row: DefinitionRow = sqlx::query_as(
-                "INSERT INTO definitions (tenant, kind, name, version, content_hash, body, source_file)
+                "INSERT INTO definitions (tenant, kind, name, version, content_hash, body, source_file, registered_at)
                  VALUES ($1, $2, $3,
                     (SELECT COALESCE(MAX(version), 0) + 1 FROM definitions WHERE tenant = $1 AND kind = $2 AND name = $3),
-                    $4, $5, $6)
+                    $4, $5, $6, clock_timestamp())
                  RETURNING kind, name, version, content_hash, body, created_at",
             )
             .bind(tenant)
@@ -177,7 +188,8 @@ impl Store {
     ) -> Result<Option<DefinitionRow>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT kind, name, version, content_hash, body, created_at FROM definitions
-             WHERE tenant = $1 AND kind = $2 AND name = $3 ORDER BY version DESC LIMIT 1",
+             WHERE tenant = $1 AND kind = $2 AND name = $3
+             ORDER BY registered_at DESC, version DESC LIMIT 1",
         )
         .bind(tenant)
         .bind(kind)

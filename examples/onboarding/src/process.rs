@@ -22,6 +22,7 @@ pub fn init_stderr_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

@@ -15,7 +15,10 @@ use clap::Parser;
 /// In-memory CRM HTTP server with idempotency keys and fault injection (a test
 /// double).
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "A CRM HTTP server for the onboarding example (a test double with fault injection)"
+)]
 struct Args {
     /// Address to listen on; port 0 picks a free port (printed on stdout).
     #[arg(long, default_value = "127.0.0.1:0")]

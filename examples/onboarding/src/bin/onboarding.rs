@@ -108,7 +108,12 @@ async fn run(args: Args) -> Result<bool> {
     let client = Client::connect_lazy(&engine_url, TENANT)?;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("definitions");
     for d in client.register_paths(&[dir]).await? {
-        println!("registered {} {} v{}", d.kind, d.name, d.version);
+        let what = if d.created {
+            "registered"
+        } else {
+            "unchanged "
+        };
+        println!("{what} {} {} v{}", d.kind, d.name, d.version);
     }
     client
         .set_tenant_grants(GRANTS.iter().map(|g| (*g).to_owned()).collect())
@@ -176,6 +181,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(Args::parse()).await {
         Ok(true) => ExitCode::SUCCESS,

@@ -15,7 +15,10 @@ use clap::Parser;
 
 /// Scripted OpenAI-compatible chat completions server (a test double).
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "A scripted OpenAI-compatible Chat Completions server (a test double)"
+)]
 struct Args {
     /// Address to listen on; port 0 picks a free port (printed on stdout).
     #[arg(long, default_value = "127.0.0.1:0")]
