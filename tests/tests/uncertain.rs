@@ -257,3 +257,40 @@ async fn an_engine_killed_during_resolve_resolves_at_most_once() -> Result<()> {
     assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
     env.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    // The create takes effect; its answer is held, then lost with the worker.
+    env.crm_fault("/accounts", "hold_after_effect", 1).await?;
+    env.crm_fault("/accounts/by-idempotency-key/*", "fail_400", 1)
+        .await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding", "restart@example.com", "p6")
+        .await?;
+    env.crm_wait("/accounts", 1).await?;
+    // Everything dies after dispatch, before the result is written.
+    env.workers[0].kill().await?;
+    env.restart_engine(0).await?;
+    env.start_worker(0).await?;
+    env.wait_for(0, &run_id, "reconcile_probe_finished", T)
+        .await?;
+    let run = env.client(0)?.get_run(&run_id).await?;
+    assert_eq!(run.status, "paused");
+    let events = env.events(&run_id).await?;
+    let expired = of_kind(&events, "task_lease_expired");
+    assert!(
+        expired
+            .iter()
+            .any(|e| e["call_id"] == "intake.t2" && e["dispatched"] == true)
+    );
+    assert_eq!(of_kind(&events, "uncertain_outcome_recorded").len(), 1);
+    assert_eq!(
+        dispatch_counts(&events)["intake.t2"],
+        1,
+        "never dispatched again"
+    );
+    assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
+    env.stop().await
+}
