@@ -657,6 +657,18 @@ impl Coordinator {
             n => n,
         };
         let after = parse_page_token(&filter.page_token)?;
+        // Ten years, in ms: a larger age is a mistake, not a filter.
+        const MAX_AGE_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
+        for (name, value) in [
+            ("older_than_ms", filter.older_than_ms),
+            ("newer_than_ms", filter.newer_than_ms),
+        ] {
+            if value.is_some_and(|ms| ms > MAX_AGE_MS) {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "`{name}` must be at most {MAX_AGE_MS} (ten years in ms)"
+                )));
+            }
+        }
         let mut rows = self
             .store
             .list_uncertain(&UncertainQuery {
@@ -712,6 +724,23 @@ impl Coordinator {
             ));
         }
         check_text("reason", reason, MAX_TEXT_BYTES)?;
+        match &resolution {
+            machine::Resolution::Failed { error } => check_text("error", error, MAX_TEXT_BYTES)?,
+            machine::Resolution::Succeeded { result } => {
+                if machine::normalize::strip_nul_value(result.clone()) != *result {
+                    return Err(CoordinatorError::InvalidArgument(
+                        "`result` contains a NUL character".into(),
+                    ));
+                }
+                let size = result.to_string().len();
+                if size > MAX_JSON_BYTES {
+                    return Err(CoordinatorError::InvalidArgument(format!(
+                        "`result` is {size} bytes, more than {MAX_JSON_BYTES}"
+                    )));
+                }
+            }
+            machine::Resolution::Retry { .. } => {}
+        }
         let record = self.get_uncertain(tenant, id).await?;
         if record.status != "open" {
             return Err(CoordinatorError::Conflict(format!(
@@ -848,6 +877,7 @@ impl Coordinator {
         require("worker_id", worker_id)?;
         let (task, run) = self.task_run(task_id).await?;
         let worker = worker_id.to_owned();
+        let mut refusal: Option<String> = None;
         self.store
             .transition(run, Some(task), |state, row| {
                 let row = fenced(row, attempt, Some(worker_id))?;
@@ -867,17 +897,43 @@ impl Coordinator {
                         "the lease of task {task_id} attempt {attempt} has expired"
                     )));
                 }
-                machine::decide(
+                match machine::decide(
                     state,
                     Input::DispatchToolCall {
                         call_id: row.call_id.clone(),
                         attempt,
                         worker_id: worker,
                     },
-                )
-                .map_err(CoordinatorError::from)
+                ) {
+                    // A refusal that will repeat on every attempt (a grant
+                    // withdrawn, a call that may already have acted) fails
+                    // the attempt now, in the history, instead of leaving it
+                    // to expire its lease in silence.
+                    Err(MachineError::DispatchRefused { call_id, detail }) => {
+                        refusal = Some(detail.clone());
+                        machine::decide(
+                            state,
+                            Input::TaskFailed {
+                                call_id,
+                                attempt,
+                                error: format!("dispatch refused: {detail}"),
+                                class: FailureClass::Rejected,
+                                dispatched: false,
+                                status_code: None,
+                            },
+                        )
+                        .map_err(CoordinatorError::from)
+                    }
+                    other => other.map_err(CoordinatorError::from),
+                }
             })
             .await?;
+        if let Some(detail) = refusal {
+            tracing::warn!(%task, attempt, worker_id, %detail, "dispatch refused");
+            return Err(CoordinatorError::FailedPrecondition(format!(
+                "dispatch refused: {detail}"
+            )));
+        }
         tracing::info!(%task, attempt, worker_id, "tool call dispatched");
         Ok(())
     }

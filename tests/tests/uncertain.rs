@@ -294,3 +294,33 @@ async fn an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result() 
     assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
     env.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on() -> Result<()> {
+    let mut env = Env::start(EngineOpts::default()).await?;
+    // The first two creates never take effect and never answer.
+    env.crm_fault("/accounts", "hang_before_effect", 2).await?;
+    env.start_worker(0).await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding", "twice@example.com", "p7")
+        .await?;
+    for n in 1..=2 {
+        env.crm_wait("/accounts", n).await?;
+        env.workers[n - 1].kill().await?;
+        env.start_worker(0).await?;
+    }
+    env.wait_for(0, &run_id, "run_completed", T).await?;
+    let rows = env.uncertain_rows(&run_id).await?;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row["occurrence"], i + 1);
+        assert_eq!(row["status"], "resolved");
+        assert_eq!(row["resolved_via"], "probe");
+    }
+    assert_eq!(env.crm_requests("/accounts").await?.len(), 3);
+    assert_eq!(
+        env.crm_state().await?["accounts"].as_array().map(Vec::len),
+        Some(1)
+    );
+    env.stop().await
+}

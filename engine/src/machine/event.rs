@@ -254,6 +254,14 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// An operator lifted their pause, but an uncertain outcome still holds
+    /// the run paused.
+    OperatorPauseLifted {
+        /// Who.
+        by: String,
+        /// Why.
+        reason: String,
+    },
     /// An uncertain outcome was resolved.
     UncertainOutcomeResolved {
         /// Call id.
@@ -356,6 +364,7 @@ impl Event {
             Event::UncertainOutcomeRecorded { .. } => "uncertain_outcome_recorded",
             Event::RunPaused { .. } => "run_paused",
             Event::RunResumed { .. } => "run_resumed",
+            Event::OperatorPauseLifted { .. } => "operator_pause_lifted",
             Event::UncertainOutcomeResolved { .. } => "uncertain_outcome_resolved",
             Event::ReconcileProbeScheduled { .. } => "reconcile_probe_scheduled",
             Event::ReconcileProbeFinished { .. } => "reconcile_probe_finished",

@@ -449,7 +449,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             result,
             worker_id,
         } => {
-            m.require_active("late result")?;
+            // A result that arrives after a cancel is still what happened:
+            // it is kept (and resolves an open uncertain outcome).
+            if m.state.status != RunStatus::Cancelled {
+                m.require_active("late result")?;
+            }
             m.on_late_result(call_id, attempt, result, worker_id)?;
         }
         Input::ResolveUncertain {
@@ -458,7 +462,13 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             resolved_by,
             reason,
         } => {
-            m.require_active("resolve")?;
+            // Records of a cancelled run can still be closed (succeeded or
+            // failed: what happened in the world), never retried.
+            if m.state.status != RunStatus::Cancelled {
+                m.require_active("resolve")?;
+            } else if matches!(resolution, Resolution::Retry { .. }) {
+                return Err(m.wrong_status("resolve as retry: the run is cancelled, so nothing would run it; resolve as succeeded or failed"));
+            }
             m.resolve(
                 &call_id,
                 resolution,
@@ -496,7 +506,12 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 };
                 return Err(m.wrong_status(&detail));
             }
-            m.emit(Event::RunResumed { by, reason });
+            if m.state.open_uncertain().is_empty() {
+                m.emit(Event::RunResumed { by, reason });
+            } else {
+                // The operator's hold is gone, but an uncertain outcome still holds the run.
+                m.emit(Event::OperatorPauseLifted { by, reason });
+            }
         }
         Input::LeaseExpired {
             call_id,
@@ -527,6 +542,29 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         Input::Cancel { reason } => {
             if m.state.status.is_terminal() || m.state.status == RunStatus::New {
                 return Err(m.wrong_status("cancel"));
+            }
+            // A reconcile call dispatched at this moment may act after all:
+            // the operator must be able to find it.
+            let in_flight: Vec<(String, state::ToolCallState)> = m
+                .state
+                .tool_calls
+                .iter()
+                .filter(|(_, c)| {
+                    c.status == CallStatus::Open
+                        && c.dispatched_attempt.is_some()
+                        && c.repeat_safety == RepeatSafety::Reconcile
+                        && c.probe_for.is_none()
+                })
+                .map(|(id, c)| (id.clone(), c.clone()))
+                .collect();
+            for (call_id, call) in in_flight {
+                let attempt = call.dispatched_attempt.unwrap_or(0);
+                let why = format!(
+                    "the run was cancelled while `{}` call `{call_id}` (attempt {attempt}) was dispatched; it may have acted",
+                    call.tool
+                );
+                m.record_uncertain(&call_id, &call, attempt, why)?;
+                m.notify_uncertain(&call_id);
             }
             m.emit(Event::RunCancelled { reason });
             m.command(Command::CancelOpenTasks);
@@ -836,9 +874,10 @@ impl Step {
             .get(&call.tool)
             .map(|t| t.def.permission.clone())
             .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
-        if !self.state.caller_grants.contains(&permission)
-            || !self.state.tenant_grants.contains(&permission)
-        {
+        // A reconcile probe is the engine's own lookup, declared by the tool's
+        // author: tenant policy applies, the caller's grants do not.
+        let caller_ok = call.probe_for.is_some() || self.state.caller_grants.contains(&permission);
+        if !caller_ok || !self.state.tenant_grants.contains(&permission) {
             return Err(MachineError::DispatchRefused {
                 call_id,
                 detail: format!("permission `{permission}` is no longer granted"),
@@ -905,6 +944,21 @@ impl Step {
             .tools
             .get(&call.tool)
             .map(|t| t.def.output_schema.clone());
+        // The probe may answer with more than the tool returns (the whole
+        // record); the call's result is what the tool declares.
+        let result = match (&schema, result) {
+            (Some(schema), Value::Object(map)) => {
+                match schema.get("properties").and_then(Value::as_object) {
+                    Some(props) => Value::Object(
+                        map.into_iter()
+                            .filter(|(k, _)| props.contains_key(k))
+                            .collect(),
+                    ),
+                    None => Value::Object(map),
+                }
+            }
+            (_, other) => other,
+        };
         let valid = match &schema {
             Some(schema) => crate::definitions::validate_json(schema, &result),
             None => Err(vec![format!("tool `{}` is not pinned", call.tool)]),
@@ -966,6 +1020,42 @@ impl Step {
         });
     }
 
+    /// Record an uncertain outcome for `call` (event, task end, record).
+    fn record_uncertain(
+        &mut self,
+        call_id: &str,
+        call: &state::ToolCallState,
+        attempt: u32,
+        reason: String,
+    ) -> Result<(), MachineError> {
+        let tool_version = self
+            .plan()?
+            .tools
+            .get(&call.tool)
+            .map(|t| t.version)
+            .unwrap_or(0);
+        self.emit(Event::UncertainOutcomeRecorded {
+            call_id: call_id.to_owned(),
+            attempt,
+            reason: reason.clone(),
+        });
+        self.command(Command::EndTask {
+            call_id: call_id.to_owned(),
+            end: TaskEnd::Uncertain,
+        });
+        self.command(Command::RecordUncertainOutcome {
+            call_id: call_id.to_owned(),
+            node: call.node.clone(),
+            tool: call.tool.clone(),
+            tool_version,
+            arguments: call.arguments.clone(),
+            idempotency_key: call.idempotency_key.clone(),
+            attempt,
+            reason,
+        });
+        Ok(())
+    }
+
     /// Queue the operator notification for an uncertain call.
     fn notify_uncertain(&mut self, call_id: &str) {
         let Some(call) = self.state.tool_calls.get(call_id) else {
@@ -1025,6 +1115,7 @@ impl Step {
             })?;
         let (kind, event_result, event_error, key, stored) = match resolution {
             Resolution::Succeeded { result } => {
+                let result = normalize::strip_nul_value(result);
                 // A late result is the tool's own answer; an operator's or a
                 // probe's must match the tool's output type.
                 if via != ResolvedVia::LateResult {
@@ -1039,6 +1130,7 @@ impl Step {
                 (ResolutionKind::Succeeded, Some(result), None, None, stored)
             }
             Resolution::Failed { error } => {
+                let error = normalize::strip_nul(&error);
                 let error = if error.trim().is_empty() {
                     "failed (no message given)".to_owned()
                 } else {
@@ -1167,6 +1259,9 @@ impl Step {
             // Still open (being retried): the first result wins.
             CallStatus::Open => self.on_tool_result(call_id, attempt, result),
             CallStatus::Completed | CallStatus::Failed | CallStatus::Cancelled => {
+                let cancelled = (call.status == CallStatus::Cancelled).then(|| {
+                    format!("attempt {attempt} reported a result after the run was cancelled; it is kept here, not applied")
+                });
                 let discrepancy = call.resolution.as_ref().map(|(via, kind, resolved)| {
                     let agrees = *kind == ResolutionKind::Succeeded && resolved.as_ref() == Some(&result);
                     format!(
@@ -1181,12 +1276,25 @@ impl Step {
                         call_id: call_id.clone(),
                         discrepancy: serde_json::json!({"attempt": attempt, "result": result, "detail": detail, "worker_id": worker_id}),
                     });
+                    // Someone resolved this outcome; they should know it was
+                    // answered otherwise (or confirmed).
+                    self.command(Command::NotifyOperator {
+                        kind: "uncertain_outcome.discrepancy".into(),
+                        payload: serde_json::json!({
+                            "type": "uncertain_outcome.discrepancy",
+                            "tenant": self.state.tenant,
+                            "run_id": self.state.run_id,
+                            "call_id": call_id,
+                            "tool": call.tool,
+                            "detail": detail,
+                        }),
+                    });
                 }
                 self.emit(Event::LateResultRecorded {
                     call_id,
                     attempt,
                     result,
-                    discrepancy,
+                    discrepancy: discrepancy.or(cancelled),
                 });
                 Ok(())
             }
@@ -1343,31 +1451,7 @@ impl Step {
                     "outcome of `{}` call `{call_id}` (attempt {attempt}) is unknown: {error}",
                     call.tool
                 );
-                let tool_version = self
-                    .plan()?
-                    .tools
-                    .get(&call.tool)
-                    .map(|t| t.version)
-                    .unwrap_or(0);
-                self.emit(Event::UncertainOutcomeRecorded {
-                    call_id: call_id.clone(),
-                    attempt,
-                    reason: reason.clone(),
-                });
-                self.command(Command::EndTask {
-                    call_id: call_id.clone(),
-                    end: TaskEnd::Uncertain,
-                });
-                self.command(Command::RecordUncertainOutcome {
-                    call_id: call_id.clone(),
-                    node: call.node.clone(),
-                    tool: call.tool.clone(),
-                    tool_version,
-                    arguments: call.arguments.clone(),
-                    idempotency_key: call.idempotency_key.clone(),
-                    attempt,
-                    reason: reason.clone(),
-                });
+                self.record_uncertain(&call_id, &call, attempt, reason.clone())?;
                 let probe = self
                     .plan()?
                     .tools

@@ -449,7 +449,7 @@ impl RunState {
                 self.status = RunStatus::Paused;
                 self.status_reason = reason.clone();
             }
-            Event::RunResumed { .. } => {
+            Event::RunResumed { .. } | Event::OperatorPauseLifted { .. } => {
                 self.operator_paused = None;
                 self.refresh_pause(true);
             }
@@ -517,6 +517,23 @@ impl RunState {
                 probe.probe_for = Some(call_id.clone());
                 self.tool_calls.insert(probe_call_id.clone(), probe);
             }
+            Event::ReconcileProbeFinished {
+                call_id,
+                outcome: super::event::ProbeOutcome::Undecided,
+                detail,
+                ..
+            } => {
+                // The probe could not decide: the reason must now ask for an
+                // operator, not say "looking it up".
+                if let Some(call) = self.tool_calls.get_mut(call_id)
+                    && let Some(reason) = call.uncertain_reason.as_mut()
+                {
+                    *reason = format!("{reason}; {detail}; an operator must resolve it");
+                }
+                if self.status == RunStatus::Paused {
+                    self.refresh_pause(false);
+                }
+            }
             Event::ReconcileProbeFinished { .. } | Event::LateResultRecorded { .. } => {}
             Event::NodeCompleted { node, output } => {
                 self.node = None;
@@ -562,11 +579,19 @@ impl RunState {
 
     /// Mark a call failed and, unless it is a probe, tell the model.
     fn fail_call(&mut self, call_id: &str, error: &str) {
+        let limit = self
+            .current_agent()
+            .map(|a| a.max_result_bytes)
+            .unwrap_or(16384);
+        let text = super::normalize::truncate_for_model(
+            &Value::String(format!("error: {error}")),
+            limit as usize,
+        );
         if let Some(call) = self.tool_calls.get_mut(call_id) {
             call.status = CallStatus::Failed;
             if call.probe_for.is_none() {
                 let tool_use_id = call.tool_use_id.clone();
-                self.set_pending_result(&tool_use_id, format!("error: {error}"));
+                self.set_pending_result(&tool_use_id, text);
             }
         }
     }

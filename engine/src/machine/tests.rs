@@ -1368,3 +1368,160 @@ fn absurd_token_usage_saturates_instead_of_overflowing() {
     );
     assert_eq!(run.state.node.as_ref().map(|n| n.tokens), Some(u64::MAX));
 }
+
+#[test]
+fn a_call_can_become_uncertain_again_after_a_retry() {
+    let (mut run, _) = uncertain_run(Opts::default());
+    run.step(resolve(
+        "intake.t1",
+        Resolution::Retry {
+            new_idempotency_key: false,
+        },
+    ));
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 2,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::LeaseExpired {
+        call_id: "intake.t1".into(),
+        attempt: 2,
+        dispatched: true,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "task_lease_expired",
+            "uncertain_outcome_recorded",
+            "run_paused"
+        ]
+    );
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::RecordUncertainOutcome { attempt: 2, .. }))
+    );
+}
+
+#[test]
+fn cancelling_records_dispatched_reconcile_calls_and_their_records_stay_resolvable() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model(
+        "intake.m1",
+        &[
+            ("create", r#"{"email":"e"}"#),
+            ("lookup", r#"{"email":"e"}"#),
+        ],
+        None,
+    );
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    let d = run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["uncertain_outcome_recorded", "run_cancelled"]
+    );
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::NotifyOperator { .. }))
+    );
+    // Retry makes no sense on a cancelled run; saying what happened does.
+    assert!(
+        decide(
+            &run.state,
+            resolve(
+                "intake.t1",
+                Resolution::Retry {
+                    new_idempotency_key: false
+                }
+            )
+        )
+        .is_err()
+    );
+    let d = run.step(resolve(
+        "intake.t1",
+        Resolution::Succeeded {
+            result: json!({"account_id": "a"}),
+        },
+    ));
+    assert_eq!(Run::kinds(&d), ["uncertain_outcome_resolved"]);
+    assert_eq!(run.state.status, RunStatus::Cancelled);
+    // The lookup's late result is kept, not applied.
+    let d = run.step(Input::LateToolResult {
+        call_id: "intake.t2".into(),
+        attempt: 1,
+        result: json!({"found": true}),
+        worker_id: "w".into(),
+    });
+    assert!(
+        matches!(&d.events[0], Event::LateResultRecorded { discrepancy: Some(m), .. } if m.contains("cancelled"))
+    );
+}
+
+#[test]
+fn the_probe_needs_the_tenants_grant_not_the_callers_and_an_undecided_probe_asks_for_an_operator() {
+    let (mut run, _) = uncertain_run(Opts {
+        probe: true,
+        caller_grants: vec!["crm.write".into()],
+        ..Opts::default()
+    });
+    let d = run.step(Input::DispatchToolCall {
+        call_id: "intake.t1.p1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1.p1".into(),
+        attempt: 1,
+        result: json!({"nope": 1}),
+    });
+    assert!(
+        run.state
+            .status_reason
+            .contains("an operator must resolve it"),
+        "{}",
+        run.state.status_reason
+    );
+    assert!(
+        !run.state.status_reason.contains("looking it up"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn lifting_an_operator_pause_under_an_uncertain_outcome_is_not_a_resume() {
+    let (mut run, _) = uncertain_run(Opts::default());
+    run.step(Input::Pause {
+        by: "alice".into(),
+        reason: "hold".into(),
+    });
+    let d = run.step(Input::Resume {
+        by: "alice".into(),
+        reason: "ok".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["operator_pause_lifted"]);
+    assert_eq!(run.state.status, RunStatus::Paused);
+    assert!(run.state.status_reason.starts_with("uncertain outcome"));
+}
+
+#[test]
+fn a_probe_result_is_cut_to_what_the_tool_declares() {
+    let (mut run, _) = uncertain_run(Opts {
+        probe: true,
+        ..Opts::default()
+    });
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1.p1".into(),
+        attempt: 1,
+        result: json!({"account_id": "acc_1", "email": "e", "idempotency_key": "k"}),
+    });
+    assert_eq!(tool_results(&run), [r#"{"account_id":"acc_1"}"#]);
+}

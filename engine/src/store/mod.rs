@@ -201,6 +201,9 @@ pub struct UncertainRow {
     pub probe: Option<Value>,
     /// Late results that arrived after resolution (array).
     pub discrepancy: Option<Value>,
+    /// 1 for the call's first uncertain outcome, 2 if it became uncertain
+    /// again after a retry, and so on.
+    pub occurrence: i32,
 }
 
 /// Why a transition did not happen.

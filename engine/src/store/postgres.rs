@@ -586,7 +586,7 @@ pub struct UncertainQuery<'a> {
 
 const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,
     idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
-    resolved_at, resolved_via, resolution_reason, probe, discrepancy";
+    resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
 
 /// Fold a run's events (inside the transition's transaction).
 async fn load_state(
@@ -727,7 +727,7 @@ async fn write_decision(
             } => {
                 sqlx::query(
                     "INSERT INTO uncertain_outcomes (uncertain_id, tenant, run_id, task_id, call_id, node_id, tool,
-                         tool_version, arguments, idempotency_key, attempts, worker_id, reason)
+                         tool_version, arguments, idempotency_key, attempts, worker_id, reason, occurrence)
                      SELECT $1, $2, $3, t.task_id, $4, $5, $6, $7, $8, $9,
                             -- Every attempt's dispatch and failure, from the events
                             -- (this transition's events are already inserted).
@@ -738,7 +738,10 @@ async fn write_decision(
                              FROM events e
                              WHERE e.run_id = $3 AND e.payload->>'call_id' = $4
                                AND e.kind IN ('tool_call_dispatched', 'tool_call_attempt_failed', 'task_lease_expired')),
-                            t.worker_id, $10
+                            t.worker_id, $10,
+                            -- A call can be uncertain again after a retry: one record each time.
+                            (SELECT COALESCE(MAX(occurrence), 0) + 1 FROM uncertain_outcomes u
+                             WHERE u.run_id = $3 AND u.call_id = $4)
                      FROM tasks t WHERE t.run_id = $3 AND t.call_id = $4",
                 )
                 .bind(Uuid::now_v7())
@@ -781,7 +784,9 @@ async fn write_decision(
                 sqlx::query(
                     "UPDATE uncertain_outcomes SET status = 'resolved', resolution = $3, resolution_kind = $4,
                             resolved_by = $5, resolution_reason = $6, resolved_via = $7, resolved_at = now()
-                     WHERE run_id = $1 AND call_id = $2 AND status = 'open'",
+                     WHERE uncertain_id = (SELECT uncertain_id FROM uncertain_outcomes
+                                           WHERE run_id = $1 AND call_id = $2 AND status = 'open'
+                                           ORDER BY occurrence DESC LIMIT 1)",
                 )
                 .bind(run_id)
                 .bind(call_id)
@@ -799,7 +804,9 @@ async fn write_decision(
             } => {
                 sqlx::query(
                     "UPDATE uncertain_outcomes SET discrepancy = COALESCE(discrepancy, '[]'::jsonb) || jsonb_build_array($3::jsonb)
-                     WHERE run_id = $1 AND call_id = $2",
+                     WHERE uncertain_id = (SELECT uncertain_id FROM uncertain_outcomes
+                                           WHERE run_id = $1 AND call_id = $2
+                                           ORDER BY occurrence DESC LIMIT 1)",
                 )
                 .bind(run_id)
                 .bind(call_id)
@@ -810,7 +817,9 @@ async fn write_decision(
             Command::RecordProbe { call_id, probe } => {
                 sqlx::query(
                     "UPDATE uncertain_outcomes SET probe = $3::jsonb || jsonb_build_object('at', now())
-                     WHERE run_id = $1 AND call_id = $2",
+                     WHERE uncertain_id = (SELECT uncertain_id FROM uncertain_outcomes
+                                           WHERE run_id = $1 AND call_id = $2
+                                           ORDER BY occurrence DESC LIMIT 1)",
                 )
                 .bind(run_id)
                 .bind(call_id)
@@ -821,7 +830,10 @@ async fn write_decision(
             Command::NotifyOperator { kind, payload } => {
                 sqlx::query(
                     "INSERT INTO notifications (notification_id, tenant, run_id, kind, payload)
-                     VALUES ($1, $2, $3, $4, $5)",
+                     VALUES ($1, $2, $3, $4, $5::jsonb || jsonb_build_object('uncertain_id',
+                         (SELECT uncertain_id FROM uncertain_outcomes u
+                          WHERE u.run_id = $3 AND u.call_id = $5::jsonb->>'call_id'
+                          ORDER BY occurrence DESC LIMIT 1)))",
                 )
                 .bind(Uuid::now_v7())
                 .bind(tenant)
