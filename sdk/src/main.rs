@@ -99,7 +99,7 @@ enum UncertainCmd {
         resolution: ResolveAs,
         /// Use a new idempotency key (with --retry): only when the first
         /// call surely did nothing.
-        #[arg(long, requires = "retry")]
+        #[arg(long)]
         new_key: bool,
         /// Why (recorded).
         #[arg(long)]
@@ -354,7 +354,7 @@ fn print_uncertain(r: &UncertainOutcome, as_json: bool) {
         if let Some(res) = &r.resolution {
             for key in ["result", "error", "idempotency_key"] {
                 if let Some(v) = res.get(key) {
-                    println!("  {key:<15}{}", pretty(v));
+                    println!("  {key:<17} {}", pretty(v));
                 }
             }
         }
@@ -522,6 +522,11 @@ async fn run(cli: Cli) -> Result<(), SdkError> {
             reason,
             operator,
         }) => {
+            // clap counts a false flag as present, so check `--new-key` here.
+            if new_key && !resolution.retry {
+                eprintln!("error: --new-key only goes with --retry");
+                std::process::exit(2);
+            }
             let resolution = match resolution {
                 ResolveAs {
                     succeeded: Some(result),

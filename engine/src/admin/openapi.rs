@@ -139,6 +139,7 @@ fn schemas() -> Value {
                         "resolution_reason": {"type": ["string", "null"]},
                         "probe": {"type": ["object", "null"], "description": "What a reconcile probe found: `{tool, outcome, detail, at}`."},
                         "discrepancy": {"type": ["array", "null"], "description": "Late results that arrived after the record was resolved; kept, never applied."},
+                        "occurrence": {"type": "integer", "description": "1 for a call's first uncertain outcome, 2 if it became uncertain again after a retry, and so on."},
                     }
                 }));
     map.insert("UncertainOutcomePage".into(), json!({
