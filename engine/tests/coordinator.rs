@@ -471,3 +471,53 @@ async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper() {
     );
     db.drop().await;
 }
+
+#[tokio::test]
+async fn two_replicas_with_their_own_state_caches_agree_with_a_full_fold() {
+    let (db, coord_a, run_id) = setup().await;
+    let url = format!(
+        "{}/{}",
+        std::env::var("BELAY_TEST_PG")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into()),
+        db.name
+    );
+    let store_b = Store::connect(&url, 2).await.expect("connect");
+    let coord_b = Coordinator::new(
+        store_b,
+        CoordinatorConfig {
+            lease_ms: 60_000,
+            sweep_interval_ms: 1_000,
+        },
+    );
+    // Replica A completes the model call (and caches the state), replica B
+    // dispatches and completes the tool call (A's cache is now behind), then
+    // A handles the next model call: it must fold only the tail, correctly.
+    let tool = claim_tool_call(&coord_a).await;
+    let id = tool.task_id.to_string();
+    coord_b
+        .dispatch("w1", &id, 1)
+        .await
+        .expect("dispatch via B");
+    coord_b
+        .complete("w1", &id, 1, r#"{"id":"x"}"#)
+        .await
+        .expect("complete via B");
+    let model = coord_a.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let answer = serde_json::to_string(&ModelCallResult {
+        content: Some("done".into()),
+        tool_calls: vec![],
+        usage: Usage::default(),
+        finish_reason: None,
+    })
+    .expect("json");
+    coord_a
+        .complete("w1", &model.task_id.to_string(), 1, &answer)
+        .await
+        .expect("complete via A");
+    let run = coord_a.get_run("t", &run_id).await.expect("run");
+    assert_eq!(run.status, "completed");
+    let folded = coord_a.store().run_state(run.run_id).await.expect("fold");
+    assert_eq!(folded.last_seq, run.last_seq as u64);
+    assert_eq!(folded.output, Some(serde_json::json!("done")));
+    db.drop().await;
+}

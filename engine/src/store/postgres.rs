@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use serde_json::Value;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
@@ -22,7 +25,42 @@ pub const EVENTS_CHANNEL: &str = "belay_events";
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// Folded states of recently changed runs, so a transition folds only
+    /// the events appended since (by any replica) instead of the whole
+    /// history. Entries are only a cache: a state is used only when its
+    /// `last_seq` is at most the run row's, read under the run lock, and the
+    /// missing tail is folded from the events table.
+    states: Arc<Mutex<StateCache>>,
 }
+
+/// A bounded map of run states; when full, an arbitrary entry is dropped.
+#[derive(Debug, Default)]
+struct StateCache {
+    map: HashMap<Uuid, RunState>,
+    capacity: usize,
+}
+
+impl StateCache {
+    fn take(&mut self, run_id: &Uuid) -> Option<RunState> {
+        self.map.remove(run_id)
+    }
+
+    fn put(&mut self, run_id: Uuid, state: RunState) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.map.len() >= self.capacity
+            && !self.map.contains_key(&run_id)
+            && let Some(victim) = self.map.keys().next().copied()
+        {
+            self.map.remove(&victim);
+        }
+        self.map.insert(run_id, state);
+    }
+}
+
+/// Run states kept in memory per engine (see [`Store`]); at most this many.
+pub const STATE_CACHE_RUNS: usize = 2048;
 
 const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
 
@@ -36,7 +74,13 @@ impl Store {
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            states: Arc::new(Mutex::new(StateCache {
+                map: HashMap::new(),
+                capacity: STATE_CACHE_RUNS,
+            })),
+        })
     }
 
     /// The underlying pool (for LISTEN connections).
@@ -373,7 +417,14 @@ impl Store {
             }
             None => None,
         };
-        let state = load_state(&mut tx, run_id).await?;
+        // Start from the cached state when it is not ahead of the run row
+        // (it never is, unless a transaction that produced it rolled back
+        // after the cache was filled, which `put` after commit prevents).
+        let cached = self
+            .cache()
+            .take(&run_id)
+            .filter(|s| s.last_seq <= last_seq as u64);
+        let state = load_state(&mut tx, run_id, cached).await?;
         if state.last_seq != last_seq as u64 {
             return Err(StoreError::Corrupt(format!(
                 "run {run_id}: last_seq {last_seq} but {} events",
@@ -381,24 +432,40 @@ impl Store {
             ))
             .into());
         }
-        let decision = decide(&state, task.as_ref()).map_err(TransitionError::Refused)?;
+        let decision = match decide(&state, task.as_ref()) {
+            Ok(d) => d,
+            Err(e) => {
+                self.cache().put(run_id, state);
+                return Err(TransitionError::Refused(e));
+            }
+        };
         let mut after = state;
         for event in &decision.events {
             after.apply(event);
         }
         write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
         tx.commit().await.map_err(StoreError::from)?;
-        Ok(Applied {
+        let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
             status: after.status.as_str(),
-        })
+        };
+        // Only a committed state may be cached.
+        self.cache().put(run_id, after);
+        Ok(applied)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, StateCache> {
+        // The cache holds no invariant a panic could break: ignore poisoning.
+        self.states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The folded state of a run (for reads and tests).
     pub async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let state = load_state(&mut tx, run_id).await?;
+        let state = load_state(&mut tx, run_id, None).await?;
         tx.commit().await?;
         Ok(state)
     }
@@ -589,15 +656,20 @@ const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id,
     resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
 
 /// Fold a run's events (inside the transition's transaction).
+/// Fold a run's events after `from` (a state known to be a prefix of the
+/// history: its `last_seq` events), or from the start.
 async fn load_state(
     tx: &mut Transaction<'static, Postgres>,
     run_id: Uuid,
+    from: Option<RunState>,
 ) -> Result<RunState, StoreError> {
-    let rows = sqlx::query("SELECT seq, payload FROM events WHERE run_id = $1 ORDER BY seq")
-        .bind(run_id)
-        .fetch_all(&mut **tx)
-        .await?;
-    let mut state = RunState::default();
+    let mut state = from.unwrap_or_default();
+    let rows =
+        sqlx::query("SELECT seq, payload FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq")
+            .bind(run_id)
+            .bind(state.last_seq as i64)
+            .fetch_all(&mut **tx)
+            .await?;
     for row in rows {
         let seq: i64 = row.try_get("seq")?;
         let payload: Value = row.try_get("payload")?;
