@@ -17,7 +17,7 @@ use belay_proto::v1::{
 };
 use futures_util::Stream;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::coordinator::{Coordinator, CoordinatorError, StartRun};
@@ -587,7 +587,12 @@ pub async fn serve(
             WorkerServiceServer::new(api)
                 .max_decoding_message_size(crate::coordinator::MAX_JSON_BYTES + 1024 * 1024),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // TCP_NODELAY: without it every small reply waits for the client's
+        // delayed ACK (~40 ms per step, measured by `belay-bench`).
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await?;
     Ok(())
 }

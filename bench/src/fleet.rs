@@ -1,0 +1,512 @@
+//! The engines and workers under test, started one of two ways ([`Launch`]):
+//!
+//! - as child processes (the default): normally the bench binary itself,
+//!   re-run with its hidden `engine` / `worker` subcommands, which serve with
+//!   the same library code as `belay-engine` and `belay-worker` (so
+//!   `cargo run -p belay-bench` always measures the current source and never a
+//!   stale binary); or the real binaries, which take the same flags. Each
+//!   child's peak RSS is its own `VmHWM`, read from `/proc/<pid>/status` just
+//!   before it is stopped. A child ends when its stdin closes, so none outlives
+//!   the bench;
+//! - in-process, as tokio tasks of the bench (`--in-process`): engines,
+//!   workers and the bench then share one peak RSS.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
+use belay_engine::store::Store;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How long an engine may take to apply migrations and listen.
+const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an in-process member may take to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a worker waits for in-flight tasks when it stops, in ms.
+pub const WORKER_SHUTDOWN_GRACE_MS: u64 = 1_000;
+
+/// Settings of one engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// PostgreSQL URL.
+    pub database_url: String,
+    /// Lease of a claim or heartbeat, ms.
+    pub lease_ms: u64,
+    /// How often expired leases are looked for, ms.
+    pub sweep_interval_ms: u64,
+    /// Size of the engine's connection pool.
+    pub db_connections: u32,
+}
+
+/// Settings of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// The engine's gRPC URL.
+    pub engine_url: String,
+    /// The worker's id.
+    pub worker_id: String,
+    /// Tasks in flight at once.
+    pub concurrency: usize,
+    /// OpenAI-compatible base URL of the scripted model.
+    pub model_base_url: String,
+    /// Base URL of the no-op tool.
+    pub http_base_url: String,
+}
+
+/// Connects an engine's store, applies migrations and builds its
+/// coordinator; serve it with [`serve_engine`].
+///
+/// Errors: PostgreSQL unreachable, or a migration failing.
+// Tunables the coordinator may gain later keep their defaults.
+#[allow(clippy::needless_update)]
+pub async fn start_engine(options: &EngineOptions) -> Result<Arc<Coordinator>> {
+    let store = Store::connect(&options.database_url, options.db_connections)
+        .await
+        .context("connecting the engine to PostgreSQL")?;
+    store.migrate().await.context("applying migrations")?;
+    Ok(Coordinator::new(
+        store,
+        CoordinatorConfig {
+            lease_ms: options.lease_ms,
+            sweep_interval_ms: options.sweep_interval_ms,
+            ..CoordinatorConfig::default()
+        },
+    ))
+}
+
+/// Serves an engine (gRPC API, LISTEN/NOTIFY relay, lease sweeper) on
+/// `listener` until `shutdown` completes, as `belay-engine` does.
+///
+/// Errors: the transport failing.
+pub async fn serve_engine(
+    coord: Arc<Coordinator>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let background = coord.spawn_background();
+    let result = belay_engine::api::serve(coord, listener, shutdown).await;
+    for handle in background {
+        handle.abort();
+    }
+    result
+}
+
+/// Runs a worker until `shutdown` completes, as `belay-worker` does.
+///
+/// Errors: an invalid configuration.
+pub async fn run_worker(options: &WorkerOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let mut config =
+        belay_worker::WorkerConfig::new(options.engine_url.clone(), options.worker_id.clone());
+    config.concurrency = options.concurrency.max(1);
+    config.model.base_url = options.model_base_url.clone();
+    config.http_base_url = Some(options.http_base_url.clone());
+    config.shutdown_grace_ms = WORKER_SHUTDOWN_GRACE_MS;
+    belay_worker::run(config, shutdown).await
+}
+
+/// Completes when this process's stdin reaches end of file (the parent
+/// closed it, or died), or on SIGTERM or Ctrl-C: the shutdown of a child
+/// started by [`Fleet`].
+pub fn parent_gone() -> impl Future<Output = ()> + Send + 'static {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        // Any outcome, EOF or error, means the parent is gone.
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        let _ = tx.send(());
+    });
+    async move {
+        #[cfg(unix)]
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let terminate = std::future::pending::<()>();
+        tokio::select! {
+            _ = rx => {}
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminate => {}
+        }
+    }
+}
+
+/// Peak resident set size (`VmHWM`) of a process (`None`: this one), in KiB.
+///
+/// Errors: `/proc/<pid>/status` unreadable or without `VmHWM`.
+pub fn peak_rss_kib(pid: Option<u32>) -> Result<u64> {
+    let path = match pid {
+        Some(pid) => PathBuf::from(format!("/proc/{pid}/status")),
+        None => PathBuf::from("/proc/self/status"),
+    };
+    let status =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow!("no VmHWM in {}", path.display()))
+}
+
+/// A program and the arguments that come before the role's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildCommand {
+    /// The executable.
+    pub program: PathBuf,
+    /// Leading arguments, e.g. `["engine"]` for the bench's own role.
+    pub args: Vec<String>,
+}
+
+impl ChildCommand {
+    /// The bench executable `exe` playing `role` (`engine` or `worker`).
+    pub fn bench_role(exe: &Path, role: &str) -> ChildCommand {
+        ChildCommand {
+            program: exe.to_owned(),
+            args: vec![role.to_owned()],
+        }
+    }
+
+    /// The command line, for the configuration printout.
+    pub fn display(&self) -> String {
+        std::iter::once(self.program.display().to_string())
+            .chain(self.args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// A standalone binary (`belay-engine`, `belay-worker`).
+    pub fn binary(program: PathBuf) -> ChildCommand {
+        ChildCommand {
+            program,
+            args: Vec::new(),
+        }
+    }
+}
+
+/// Where engines and workers run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Launch {
+    /// Each engine and each worker is a child process.
+    Processes {
+        /// How to start an engine; it must print `listening on http://<addr>`
+        /// on stdout once it serves.
+        engine: ChildCommand,
+        /// How to start a worker.
+        worker: ChildCommand,
+    },
+    /// Everything runs as tasks of the bench process.
+    InProcess,
+}
+
+/// Peak RSS of the engines and workers, in KiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeakRss {
+    /// One figure per engine process (one figure in total when shared).
+    pub engines_kib: Vec<u64>,
+    /// One figure per worker process (one figure in total when shared).
+    pub workers_kib: Vec<u64>,
+    /// True when engines, workers and the bench share one process.
+    pub shared_process: bool,
+}
+
+struct ChildProc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+enum Member {
+    Process(Box<ChildProc>),
+    Task(JoinHandle<Result<()>>),
+}
+
+/// The running engines and workers.
+pub struct Fleet {
+    launch: Launch,
+    log_dir: PathBuf,
+    prefix: String,
+    engines: Vec<Member>,
+    workers: Vec<Member>,
+    stop: watch::Sender<bool>,
+}
+
+/// The last lines of a log file, for error messages.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(15)..];
+    if tail.is_empty() {
+        format!("(log {} is empty)", path.display())
+    } else {
+        format!("last lines of {}:\n{}", path.display(), tail.join("\n"))
+    }
+}
+
+impl Fleet {
+    /// An empty fleet; child processes log (stderr) to files in `log_dir`
+    /// named `<prefix>engine-<i>.log` and `<prefix>worker-<i>.log`.
+    pub fn new(launch: Launch, log_dir: PathBuf, prefix: &str) -> Fleet {
+        let (stop, _) = watch::channel(false);
+        Fleet {
+            launch,
+            log_dir,
+            prefix: prefix.to_owned(),
+            engines: Vec::new(),
+            workers: Vec::new(),
+            stop,
+        }
+    }
+
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stopped| *stopped).await;
+        }
+    }
+
+    fn spawn_child(
+        &self,
+        name: &str,
+        command: &ChildCommand,
+        args: &[String],
+    ) -> Result<ChildProc> {
+        std::fs::create_dir_all(&self.log_dir)
+            .with_context(|| format!("creating {}", self.log_dir.display()))?;
+        let log = self.log_dir.join(format!("{name}.log"));
+        let stderr =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(&command.program);
+        cmd.args(&command.args)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn");
+        }
+        // Settings of the environment that would change what is measured.
+        for var in [
+            "BELAY_ADMIN_TOKENS",
+            "BELAY_WEBHOOK_URL",
+            "BELAY_WEBHOOK_SECRET",
+            "BELAY_MODEL_API_KEY",
+            "OPENAI_API_KEY",
+            "BELAY_CLAIM_WAIT_MS",
+        ] {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name}: {}", command.program.display()))?;
+        Ok(ChildProc {
+            name: name.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    /// Starts an engine; returns its gRPC URL once it serves.
+    ///
+    /// Errors: the engine failing to start (its log's tail is in the message).
+    pub async fn add_engine(&mut self, options: &EngineOptions) -> Result<String> {
+        let index = self.engines.len();
+        match &self.launch {
+            Launch::InProcess => {
+                let coord = start_engine(options).await?;
+                let listener = TcpListener::bind("127.0.0.1:0").await?;
+                let url = format!("http://{}", listener.local_addr()?);
+                let stopped = self.stopped();
+                self.engines.push(Member::Task(tokio::spawn(serve_engine(
+                    coord, listener, stopped,
+                ))));
+                Ok(url)
+            }
+            Launch::Processes { engine, .. } => {
+                let args = vec![
+                    "--database-url".to_owned(),
+                    options.database_url.clone(),
+                    "--listen".to_owned(),
+                    "127.0.0.1:0".to_owned(),
+                    "--lease-ms".to_owned(),
+                    options.lease_ms.to_string(),
+                    "--sweep-interval-ms".to_owned(),
+                    options.sweep_interval_ms.to_string(),
+                    "--db-connections".to_owned(),
+                    options.db_connections.to_string(),
+                ];
+                let mut proc =
+                    self.spawn_child(&format!("{}engine-{index}", self.prefix), engine, &args)?;
+                let stdout = proc
+                    .child
+                    .stdout
+                    .take()
+                    .ok_or_else(|| anyhow!("engine stdout not captured"))?;
+                let mut lines = BufReader::new(stdout).lines();
+                let found = tokio::time::timeout(ENGINE_READY_TIMEOUT, async {
+                    while let Some(line) = lines.next_line().await? {
+                        if let Some(url) = line.trim().strip_prefix("listening on ") {
+                            return Ok::<_, std::io::Error>(Some(url.to_owned()));
+                        }
+                    }
+                    Ok(None)
+                })
+                .await;
+                let url = match found {
+                    Ok(Ok(Some(url))) => url,
+                    Ok(Ok(None)) | Ok(Err(_)) => {
+                        let status = proc.child.wait().await.ok();
+                        bail!(
+                            "{} exited before listening ({status:?}); {}",
+                            proc.name,
+                            log_tail(&proc.log)
+                        )
+                    }
+                    Err(_) => bail!(
+                        "{} did not listen within {} s; {}",
+                        proc.name,
+                        ENGINE_READY_TIMEOUT.as_secs(),
+                        log_tail(&proc.log)
+                    ),
+                };
+                // Keep reading stdout so the child never blocks on a full pipe.
+                tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+                self.engines.push(Member::Process(Box::new(proc)));
+                Ok(url)
+            }
+        }
+    }
+
+    /// Starts a worker.
+    ///
+    /// Errors: the worker process failing to start.
+    pub fn add_worker(&mut self, options: &WorkerOptions) -> Result<()> {
+        let index = self.workers.len();
+        match &self.launch {
+            Launch::InProcess => {
+                let options = options.clone();
+                let stopped = self.stopped();
+                self.workers.push(Member::Task(tokio::spawn(async move {
+                    run_worker(&options, stopped).await
+                })));
+            }
+            Launch::Processes { worker, .. } => {
+                let args = vec![
+                    "--engine-url".to_owned(),
+                    options.engine_url.clone(),
+                    "--worker-id".to_owned(),
+                    options.worker_id.clone(),
+                    "--concurrency".to_owned(),
+                    options.concurrency.to_string(),
+                    "--model-base-url".to_owned(),
+                    options.model_base_url.clone(),
+                    "--http-base-url".to_owned(),
+                    options.http_base_url.clone(),
+                    "--shutdown-grace-ms".to_owned(),
+                    WORKER_SHUTDOWN_GRACE_MS.to_string(),
+                ];
+                let mut proc =
+                    self.spawn_child(&format!("{}worker-{index}", self.prefix), worker, &args)?;
+                if let Some(stdout) = proc.child.stdout.take() {
+                    tokio::spawn(async move {
+                        let mut lines = BufReader::new(stdout).lines();
+                        while let Ok(Some(_)) = lines.next_line().await {}
+                    });
+                }
+                self.workers.push(Member::Process(Box::new(proc)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails if an engine or worker has stopped on its own.
+    ///
+    /// Errors: the member that stopped, with its log's tail.
+    pub fn check_alive(&mut self) -> Result<()> {
+        for member in self.engines.iter_mut().chain(self.workers.iter_mut()) {
+            match member {
+                Member::Process(proc) => {
+                    if let Some(status) = proc.child.try_wait()? {
+                        bail!("{} stopped ({status}); {}", proc.name, log_tail(&proc.log));
+                    }
+                }
+                Member::Task(handle) => {
+                    if handle.is_finished() {
+                        bail!("an in-process engine or worker stopped");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Peak RSS of every engine and worker so far.
+    ///
+    /// Errors: `/proc` unreadable.
+    pub fn peak_rss(&self) -> Result<PeakRss> {
+        if self.launch == Launch::InProcess {
+            let own = peak_rss_kib(None)?;
+            return Ok(PeakRss {
+                engines_kib: vec![own],
+                workers_kib: vec![own],
+                shared_process: true,
+            });
+        }
+        let read = |members: &[Member]| -> Result<Vec<u64>> {
+            members
+                .iter()
+                .filter_map(|m| match m {
+                    Member::Process(proc) => Some(proc),
+                    Member::Task(_) => None,
+                })
+                .map(|proc| {
+                    let pid = proc
+                        .child
+                        .id()
+                        .ok_or_else(|| anyhow!("{} has already exited", proc.name))?;
+                    peak_rss_kib(Some(pid))
+                })
+                .collect()
+        };
+        Ok(PeakRss {
+            engines_kib: read(&self.engines)?,
+            workers_kib: read(&self.workers)?,
+            shared_process: false,
+        })
+    }
+
+    /// Stops every worker, then every engine (child processes are killed).
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        let members = std::mem::take(&mut self.workers)
+            .into_iter()
+            .chain(std::mem::take(&mut self.engines));
+        for member in members {
+            match member {
+                Member::Process(mut proc) => {
+                    if let Err(e) = proc.child.kill().await {
+                        tracing::warn!(name = proc.name, error = %e, "cannot kill");
+                    }
+                }
+                Member::Task(handle) => {
+                    let abort = handle.abort_handle();
+                    if tokio::time::timeout(STOP_TIMEOUT, handle).await.is_err() {
+                        abort.abort();
+                    }
+                }
+            }
+        }
+    }
+}

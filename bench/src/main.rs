@@ -1,0 +1,242 @@
+//! `belay-bench`: Belay's throughput benchmark. Prints the configuration, then
+//! one line per figure (runs/s, steps/s, step latency p50/p99, PostgreSQL
+//! transactions per step, engine and worker peak RSS, PostgreSQL's
+//! single-insert commit ceiling and the share of it reached). Exits non-zero
+//! when a run fails or the runs do not finish in time.
+//!
+//! The hidden `engine` and `worker` subcommands are the bench re-running
+//! itself as one engine or one worker process; they take the same flags as
+//! `belay-engine` and `belay-worker`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use belay_bench::fleet::{self, ChildCommand, EngineOptions, Launch, WorkerOptions};
+use belay_bench::{BenchConfig, current_exe};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "belay-bench",
+    about = "Belay throughput benchmark: engines, workers, R runs of K no-op tool steps, and PostgreSQL's own commit ceiling",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+    #[command(subcommand)]
+    role: Option<Role>,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Runs to submit (R).
+    #[arg(long, default_value_t = 200)]
+    runs: u32,
+    /// No-op tool steps per run (K); a run is 2K+1 steps (K+1 model calls).
+    #[arg(long, default_value_t = 5)]
+    steps: u32,
+    /// Workers (N).
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Engine replicas (E), all on the same database.
+    #[arg(long, default_value_t = 1)]
+    engines: u32,
+    /// Runs submitted and in flight at once (C); also the commit ceiling's
+    /// connections (at most --ceiling-max-connections).
+    #[arg(long, default_value_t = 50)]
+    concurrency: u32,
+    /// A database on the PostgreSQL server to use: the bench creates its own
+    /// fresh database `belay_bench_<uuid>` next to it and drops it afterwards.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    /// The engines' lease, ms.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// Tasks each worker runs at once (belay-worker --concurrency).
+    #[arg(long, default_value_t = belay_worker::config::DEFAULT_CONCURRENCY as u32)]
+    worker_concurrency: u32,
+    /// Each engine's database connections (belay-engine --db-connections).
+    #[arg(long, default_value_t = 16)]
+    db_connections: u32,
+    /// Seconds the single-insert commit ceiling is measured; 0 skips it.
+    #[arg(long, default_value_t = 5.0)]
+    ceiling_secs: f64,
+    /// Most connections the ceiling uses.
+    #[arg(long, default_value_t = 64)]
+    ceiling_max_connections: u32,
+    /// Give up when the runs have not all ended after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// How often the bench checks which runs ended (one query), ms.
+    #[arg(long, default_value_t = 5)]
+    poll_ms: u64,
+    /// Run engines and workers inside the bench process instead of as child
+    /// processes (their peak RSS is then the bench's).
+    #[arg(long, conflicts_with_all = ["engine_bin", "worker_bin"])]
+    in_process: bool,
+    /// Engine executable to start instead of the bench itself (e.g.
+    /// target/release/belay-engine; make sure it is freshly built).
+    #[arg(long)]
+    engine_bin: Option<PathBuf>,
+    /// Worker executable to start instead of the bench itself (e.g.
+    /// target/release/belay-worker).
+    #[arg(long)]
+    worker_bin: Option<PathBuf>,
+    /// Keep the database and the processes' logs afterwards.
+    #[arg(long)]
+    keep_database: bool,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// Serve one engine (what the bench starts as a child process).
+    #[command(hide = true)]
+    Engine(EngineArgs),
+    /// Run one worker (what the bench starts as a child process).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+/// The `belay-engine` flags the bench passes.
+#[derive(clap::Args)]
+struct EngineArgs {
+    #[arg(long)]
+    database_url: String,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    #[arg(long, default_value_t = 1_000)]
+    sweep_interval_ms: u64,
+    #[arg(long, default_value_t = 16)]
+    db_connections: u32,
+}
+
+/// The `belay-worker` flags the bench passes.
+#[derive(clap::Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    engine_url: String,
+    #[arg(long)]
+    worker_id: String,
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    #[arg(long)]
+    model_base_url: String,
+    #[arg(long)]
+    http_base_url: String,
+    /// Accepted for compatibility with `belay-worker`; the bench's own worker
+    /// always uses [`fleet::WORKER_SHUTDOWN_GRACE_MS`].
+    #[arg(long)]
+    shutdown_grace_ms: Option<u64>,
+}
+
+async fn engine_role(args: EngineArgs) -> anyhow::Result<()> {
+    let coord = fleet::start_engine(&EngineOptions {
+        database_url: args.database_url,
+        lease_ms: args.lease_ms,
+        sweep_interval_ms: args.sweep_interval_ms,
+        db_connections: args.db_connections,
+    })
+    .await?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    // The parent reads this line to find the port, as with belay-engine.
+    println!("listening on http://{}", listener.local_addr()?);
+    std::io::Write::flush(&mut std::io::stdout())?;
+    fleet::serve_engine(coord, listener, fleet::parent_gone()).await
+}
+
+async fn worker_role(args: WorkerArgs) -> anyhow::Result<()> {
+    fleet::run_worker(
+        &WorkerOptions {
+            engine_url: args.engine_url,
+            worker_id: args.worker_id,
+            concurrency: args.concurrency,
+            model_base_url: args.model_base_url,
+            http_base_url: args.http_base_url,
+        },
+        fleet::parent_gone(),
+    )
+    .await
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let launch = if args.in_process {
+        Launch::InProcess
+    } else {
+        let exe = current_exe()?;
+        Launch::Processes {
+            engine: args
+                .engine_bin
+                .map(ChildCommand::binary)
+                .unwrap_or_else(|| ChildCommand::bench_role(&exe, "engine")),
+            worker: args
+                .worker_bin
+                .map(ChildCommand::binary)
+                .unwrap_or_else(|| ChildCommand::bench_role(&exe, "worker")),
+        }
+    };
+    if !args.ceiling_secs.is_finite() || args.ceiling_secs < 0.0 {
+        anyhow::bail!("--ceiling-secs must be a number of seconds, at least 0");
+    }
+    let config = BenchConfig {
+        runs: args.runs,
+        tool_steps: args.steps,
+        workers: args.workers,
+        engines: args.engines,
+        concurrency: args.concurrency,
+        database_url: args.database_url,
+        lease_ms: args.lease_ms,
+        worker_concurrency: args.worker_concurrency,
+        engine_db_connections: args.db_connections,
+        poll_ms: args.poll_ms,
+        timeout: Duration::from_secs(args.timeout_secs),
+        ceiling_duration: Duration::from_secs_f64(args.ceiling_secs),
+        ceiling_max_connections: args.ceiling_max_connections,
+        keep_database: args.keep_database,
+        ..BenchConfig::new(launch)
+    };
+    for line in config.lines() {
+        println!("{line}");
+    }
+    println!();
+    let report = belay_bench::run(&config).await?;
+    for line in report.lines() {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let result = match cli.role {
+        Some(Role::Engine(args)) => engine_role(args).await,
+        Some(Role::Worker(args)) => worker_role(args).await,
+        None => bench(cli.bench).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
