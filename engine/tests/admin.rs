@@ -5,6 +5,9 @@
 //! and the sweeper judges it. Nothing sleeps to wait for something
 //! awaitable.
 
+mod common;
+use common::Db;
+
 use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderMap, StatusCode};
@@ -17,46 +20,6 @@ use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-struct Db {
-    name: String,
-    admin: String,
-}
-
-impl Db {
-    async fn create() -> (Db, String) {
-        let base = std::env::var("BELAY_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-        let name = format!("belay_a_{}", Uuid::new_v4().simple());
-        let admin = format!("{base}/postgres");
-        let pool = sqlx::PgPool::connect(&admin)
-            .await
-            .expect("PostgreSQL on 127.0.0.1:5432");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&pool)
-            .await
-            .expect("create db");
-        pool.close().await;
-        (
-            Db {
-                name: name.clone(),
-                admin,
-            },
-            format!("{base}/{name}"),
-        )
-    }
-
-    async fn drop(self) {
-        let pool = sqlx::PgPool::connect(&self.admin).await.expect("admin");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&pool)
-        .await
-        .expect("drop db");
-    }
-}
 
 const TOOLS: &str = r#"TOOLS:
   create(email: string) -> {id: string}
@@ -89,7 +52,7 @@ struct Env {
 
 impl Env {
     async fn new() -> Env {
-        let (db, url) = Db::create().await;
+        let (db, url) = Db::create("belay_a").await;
         let store = Store::connect(&url, 8).await.expect("connect");
         store.migrate().await.expect("migrate");
         let coord = Coordinator::new(

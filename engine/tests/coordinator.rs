@@ -2,6 +2,9 @@
 //! fencing, dispatch, the lease sweeper. Lease expiry is made deterministic by
 //! moving `lease_expires_at` into the past in SQL instead of sleeping.
 
+mod common;
+use common::Db;
+
 use std::sync::Arc;
 
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, StartRun};
@@ -10,46 +13,6 @@ use belay_engine::machine::FailureClass;
 use belay_engine::store::Store;
 use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use serde_json::json;
-
-struct Db {
-    name: String,
-    admin: String,
-}
-
-impl Db {
-    async fn create() -> (Db, String) {
-        let base = std::env::var("BELAY_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-        let name = format!("belay_c_{}", uuid::Uuid::new_v4().simple());
-        let admin = format!("{base}/postgres");
-        let pool = sqlx::PgPool::connect(&admin)
-            .await
-            .expect("PostgreSQL on 127.0.0.1:5432");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&pool)
-            .await
-            .expect("create db");
-        pool.close().await;
-        (
-            Db {
-                name: name.clone(),
-                admin,
-            },
-            format!("{base}/{name}"),
-        )
-    }
-
-    async fn drop(self) {
-        let pool = sqlx::PgPool::connect(&self.admin).await.expect("admin");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&pool)
-        .await
-        .expect("drop db");
-    }
-}
 
 const TOOLS: &str = r#"TOOLS:
   create(email: string) -> {id: string}
@@ -62,7 +25,7 @@ const TOOLS: &str = r#"TOOLS:
 const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
 
 async fn setup() -> (Db, Arc<Coordinator>, String) {
-    let (db, url) = Db::create().await;
+    let (db, url) = Db::create("belay_c").await;
     let store = Store::connect(&url, 4).await.expect("connect");
     store.migrate().await.expect("migrate");
     let coord = Coordinator::new(

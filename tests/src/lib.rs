@@ -497,6 +497,31 @@ impl Env {
         Ok(())
     }
 
+    /// Make an onboarding run lose the answer of its `create_account` call:
+    /// arm `create_fault` on `/accounts` (and `probe_fault` on the reconcile
+    /// probe's path), start a worker and the run, wait until the create
+    /// reached the CRM, SIGKILL that worker and start another. Returns the
+    /// run id.
+    pub async fn run_losing_the_create(
+        &mut self,
+        email: &str,
+        key: &str,
+        create_fault: &str,
+        probe_fault: Option<&str>,
+    ) -> Result<String> {
+        self.crm_fault("/accounts", create_fault, 1).await?;
+        if let Some(fault) = probe_fault {
+            self.crm_fault("/accounts/by-idempotency-key/*", fault, 1)
+                .await?;
+        }
+        let worker = self.start_worker(0).await?;
+        let run_id = self.start_onboarding(0, "onboarding", email, key).await?;
+        self.crm_wait("/accounts", 1).await?;
+        self.workers[worker].kill().await?;
+        self.start_worker(0).await?;
+        Ok(run_id)
+    }
+
     /// Answer the CRM requests held by `hold_after_effect`.
     pub async fn crm_release(&self) -> Result<()> {
         self.http

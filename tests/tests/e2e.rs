@@ -214,17 +214,14 @@ async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Result<()> {
     let mut env = Env::start(EngineOpts::default()).await?;
-    env.crm_fault("/accounts", "hang_after_effect", 1).await?;
-    // The reconcile probe cannot decide, so the run stays paused for an operator.
-    env.crm_fault("/accounts/by-idempotency-key/*", "fail_400", 1)
-        .await?;
-    env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "rec@example.com", "kr")
+        .run_losing_the_create(
+            "rec@example.com",
+            "kr",
+            "hang_after_effect",
+            Some("fail_400"),
+        )
         .await?;
-    env.crm_wait("/accounts", 1).await?;
-    env.workers[0].kill().await?;
-    env.start_worker(0).await?; // must not repeat the call
     env.wait_for(0, &run_id, "reconcile_probe_finished", T)
         .await?;
     let run = env.client(0)?.get_run(&run_id).await?;

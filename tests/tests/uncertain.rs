@@ -13,14 +13,9 @@ const T: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes() -> Result<()> {
     let mut env = Env::start(EngineOpts::default()).await?;
-    env.crm_fault("/accounts", "hang_after_effect", 1).await?;
-    env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "probe@example.com", "p1")
+        .run_losing_the_create("probe@example.com", "p1", "hang_after_effect", None)
         .await?;
-    env.crm_wait("/accounts", 1).await?;
-    env.workers[0].kill().await?;
-    env.start_worker(0).await?;
     env.wait_for(0, &run_id, "run_completed", T).await?;
     let events = env.events(&run_id).await?;
     assert_eq!(
@@ -52,14 +47,9 @@ async fn a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes()
 async fn a_probe_that_finds_nothing_retries_the_call_with_the_same_key() -> Result<()> {
     let mut env = Env::start(EngineOpts::default()).await?;
     // The first create never reaches the CRM's effect and never answers.
-    env.crm_fault("/accounts", "hang_before_effect", 1).await?;
-    env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "none@example.com", "p2")
+        .run_losing_the_create("none@example.com", "p2", "hang_before_effect", None)
         .await?;
-    env.crm_wait("/accounts", 1).await?;
-    env.workers[0].kill().await?;
-    env.start_worker(0).await?;
     env.wait_for(0, &run_id, "run_completed", T).await?;
     let events = env.events(&run_id).await?;
     let finished = of_kind(&events, "reconcile_probe_finished");
@@ -114,16 +104,14 @@ async fn a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome(
 async fn an_operator_resolves_the_lost_create_through_the_admin_endpoint() -> Result<()> {
     use reqwest::Method;
     let mut env = Env::start(EngineOpts::default()).await?;
-    env.crm_fault("/accounts", "hang_after_effect", 1).await?;
-    env.crm_fault("/accounts/by-idempotency-key/*", "fail_400", 1)
-        .await?; // the probe cannot decide
-    env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "ops@example.com", "p4")
+        .run_losing_the_create(
+            "ops@example.com",
+            "p4",
+            "hang_after_effect",
+            Some("fail_400"),
+        )
         .await?;
-    env.crm_wait("/accounts", 1).await?;
-    env.workers[0].kill().await?;
-    env.start_worker(0).await?;
     env.wait_for(0, &run_id, "reconcile_probe_finished", T)
         .await?;
 
@@ -204,16 +192,14 @@ async fn an_operator_resolves_the_lost_create_through_the_admin_endpoint() -> Re
 async fn an_engine_killed_during_resolve_resolves_at_most_once() -> Result<()> {
     use reqwest::Method;
     let mut env = Env::start(EngineOpts::default()).await?;
-    env.crm_fault("/accounts", "hang_after_effect", 1).await?;
-    env.crm_fault("/accounts/by-idempotency-key/*", "fail_400", 1)
-        .await?;
-    env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "kill-resolve@example.com", "p5")
+        .run_losing_the_create(
+            "kill-resolve@example.com",
+            "p5",
+            "hang_after_effect",
+            Some("fail_400"),
+        )
         .await?;
-    env.crm_wait("/accounts", 1).await?;
-    env.workers[0].kill().await?;
-    env.start_worker(0).await?;
     env.wait_for(0, &run_id, "reconcile_probe_finished", T)
         .await?;
     let id = env.uncertain_rows(&run_id).await?[0]["uncertain_id"]
