@@ -856,16 +856,6 @@ impl Coordinator {
             .collect())
     }
 
-    async fn task_run(&self, task_id: &str) -> Result<(Uuid, Uuid), CoordinatorError> {
-        let task = parse_uuid("task_id", task_id)?;
-        let run = self
-            .store
-            .task_run(task)
-            .await?
-            .ok_or_else(|| CoordinatorError::NotFound(format!("task {task_id}")))?;
-        Ok((task, run))
-    }
-
     /// Allow the side effect of a tool call attempt to start; records
     /// `ToolCallDispatched`. Any error means: do not act.
     pub async fn dispatch(
@@ -875,11 +865,11 @@ impl Coordinator {
         attempt: u32,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
-        let (task, run) = self.task_run(task_id).await?;
+        let task = parse_uuid("task_id", task_id)?;
         let worker = worker_id.to_owned();
         let mut refusal: Option<String> = None;
         self.store
-            .transition(run, Some(task), |state, row| {
+            .transition_task(task, |state, row| {
                 let row = fenced(row, attempt, Some(worker_id))?;
                 if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
                     return Err(CoordinatorError::InvalidArgument(format!(
@@ -957,9 +947,9 @@ impl Coordinator {
             CoordinatorError::InvalidArgument(format!("`result_json` is not valid JSON: {e}"))
         })?;
         let value = machine::normalize::strip_nul_value(value);
-        let (task, run) = self.task_run(task_id).await?;
+        let task = parse_uuid("task_id", task_id)?;
         self.store
-            .transition(run, Some(task), |state, row| {
+            .transition_task(task, |state, row| {
                 let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
                 let is_tool = row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL;
                 let current = row.status == "leased" && row.attempt as u32 == attempt;
@@ -1024,10 +1014,10 @@ impl Coordinator {
         status_code: Option<u16>,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
-        let (task, run) = self.task_run(task_id).await?;
+        let task = parse_uuid("task_id", task_id)?;
         let error = machine::normalize::truncate_str(error, 16 * 1024).to_owned();
         self.store
-            .transition(run, Some(task), |state, row| {
+            .transition_task(task, |state, row| {
                 let row = fenced(row, attempt, Some(worker_id))?;
                 if row.status != "leased" {
                     return Err(CoordinatorError::FailedPrecondition(format!(
