@@ -549,6 +549,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut stop_seen = stop_rx.clone();
     let api = Api::new(coord, stop_rx);
     let shutdown = async move {
         shutdown.await;
@@ -566,13 +567,48 @@ pub async fn serve(
     health_reporter
         .set_serving::<WorkerServiceServer<Api>>()
         .await;
+    // Health follows the database: without it the engine can do nothing, so
+    // load balancers and readiness probes should look elsewhere.
+    let health_task = {
+        let reporter = health_reporter.clone();
+        let pool = api.coord.store().pool().clone();
+        tokio::spawn(async move {
+            let mut serving = true;
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                let ok = tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    sqlx::query("SELECT 1").execute(&pool),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok());
+                if ok != serving {
+                    serving = ok;
+                    tracing::warn!(serving, "database health changed");
+                    if ok {
+                        reporter.set_serving::<RunServiceServer<Api>>().await;
+                        reporter.set_serving::<DefinitionServiceServer<Api>>().await;
+                        reporter.set_serving::<TenantServiceServer<Api>>().await;
+                        reporter.set_serving::<WorkerServiceServer<Api>>().await;
+                    } else {
+                        reporter.set_not_serving::<RunServiceServer<Api>>().await;
+                        reporter
+                            .set_not_serving::<DefinitionServiceServer<Api>>()
+                            .await;
+                        reporter.set_not_serving::<TenantServiceServer<Api>>().await;
+                        reporter.set_not_serving::<WorkerServiceServer<Api>>().await;
+                    }
+                }
+            }
+        })
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(belay_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "gRPC serving");
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         // Run inputs up to MAX_JSON_BYTES plus framing.
@@ -592,7 +628,25 @@ pub async fn serve(
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
-        )
-        .await?;
+        );
+    tokio::pin!(server);
+    // Graceful shutdown waits for open streams; our own `WatchRun` streams
+    // end at once, but others (a health `Watch`) never do. Give them a
+    // bounded grace so a deploy is never stuck.
+    let result = tokio::select! {
+        r = &mut server => r,
+        _ = async {
+            let _ = stop_seen.wait_for(|stopping| *stopping).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(grace_ms = SHUTDOWN_GRACE.as_millis() as u64, "streams still open after the shutdown grace; closing");
+            Ok(())
+        }
+    };
+    health_task.abort();
+    result?;
     Ok(())
 }
+
+/// How long a graceful shutdown may wait for open streams.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);

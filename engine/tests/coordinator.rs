@@ -484,3 +484,54 @@ async fn two_replicas_with_their_own_state_caches_agree_with_a_full_fold() {
     assert_eq!(folded.output, Some(serde_json::json!("done")));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn health_follows_the_database() {
+    let (db, coord, _run) = setup().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(belay_engine::api::serve(
+        Arc::clone(&coord),
+        listener,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "belay.v1.WorkerService".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), watch.message())
+        .await
+        .expect("first status within 10 s")
+        .expect("status")
+        .expect("some");
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    // The database goes away (here: the engine's pool is closed).
+    coord.store().pool().close().await;
+    let next = tokio::time::timeout(std::time::Duration::from_secs(20), watch.message())
+        .await
+        .expect("a status change within 20 s")
+        .expect("status")
+        .expect("some");
+    assert_eq!(next.status, ServingStatus::NotServing as i32);
+    // Shutdown ends even with the health watch still open (bounded grace).
+    let _ = stop_tx.send(());
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(15), server).await;
+    assert!(stopped.is_ok(), "the server did not stop within the grace");
+    drop(watch);
+    db.drop().await;
+}
