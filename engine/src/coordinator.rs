@@ -568,19 +568,13 @@ impl Coordinator {
         reason: &str,
     ) -> Result<RunRow, CoordinatorError> {
         check_text("reason", reason, MAX_TEXT_BYTES)?;
-        let run = self.get_run(tenant, run_id).await?;
         let reason = if reason.trim().is_empty() {
             "cancelled by request".to_owned()
         } else {
             reason.to_owned()
         };
-        self.store
-            .transition(run.run_id, None, |state, _| {
-                machine::decide(state, Input::Cancel { reason }).map_err(CoordinatorError::from)
-            })
-            .await?;
-        tracing::info!(run_id = %run.run_id, "run cancelled");
-        self.get_run(tenant, run_id).await
+        self.control_run(tenant, run_id, Input::Cancel { reason }, "run cancelled")
+            .await
     }
 
     /// Operator pause: the run's tasks are not claimed until [`Coordinator::resume_run`].
@@ -593,15 +587,12 @@ impl Coordinator {
     ) -> Result<RunRow, CoordinatorError> {
         require("operator", by)?;
         check_text("reason", reason, MAX_TEXT_BYTES)?;
-        let run = self.get_run(tenant, run_id).await?;
-        let (by, reason) = (by.to_owned(), reason.to_owned());
-        self.store
-            .transition(run.run_id, None, |state, _| {
-                machine::decide(state, Input::Pause { by, reason }).map_err(CoordinatorError::from)
-            })
-            .await?;
-        tracing::info!(run_id = %run.run_id, "run paused by operator");
-        self.get_run(tenant, run_id).await
+        let input = Input::Pause {
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.control_run(tenant, run_id, input, "run paused by operator")
+            .await
     }
 
     /// Lift an operator pause (a run with open uncertain outcomes stays paused).
@@ -614,14 +605,30 @@ impl Coordinator {
     ) -> Result<RunRow, CoordinatorError> {
         require("operator", by)?;
         check_text("reason", reason, MAX_TEXT_BYTES)?;
+        let input = Input::Resume {
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.control_run(tenant, run_id, input, "run resumed by operator")
+            .await
+    }
+
+    /// Apply an operator's control input to a run of `tenant`; returns the
+    /// run as it is afterwards.
+    async fn control_run(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        input: Input,
+        what: &'static str,
+    ) -> Result<RunRow, CoordinatorError> {
         let run = self.get_run(tenant, run_id).await?;
-        let (by, reason) = (by.to_owned(), reason.to_owned());
         self.store
             .transition(run.run_id, None, |state, _| {
-                machine::decide(state, Input::Resume { by, reason }).map_err(CoordinatorError::from)
+                machine::decide(state, input).map_err(CoordinatorError::from)
             })
             .await?;
-        tracing::info!(run_id = %run.run_id, "run resumed by operator");
+        tracing::info!(run_id = %run.run_id, "{what}");
         self.get_run(tenant, run_id).await
     }
 
