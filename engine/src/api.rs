@@ -571,17 +571,14 @@ pub async fn serve(
     // load balancers and readiness probes should look elsewhere.
     let health_task = {
         let reporter = health_reporter.clone();
-        let pool = api.coord.store().pool().clone();
+        let store = api.coord.store().clone();
         tokio::spawn(async move {
             let mut serving = true;
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                let ok = tokio::time::timeout(
-                    std::time::Duration::from_secs(2),
-                    sqlx::query("SELECT 1").execute(&pool),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok());
+                let ok = tokio::time::timeout(std::time::Duration::from_secs(2), store.ping())
+                    .await
+                    .is_ok_and(|r| r.is_ok());
                 if ok != serving {
                     serving = ok;
                     tracing::warn!(serving, "database health changed");

@@ -13,7 +13,6 @@ use std::time::Duration;
 use belay_proto::wire::ModelCallResult;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, broadcast};
 use uuid::Uuid;
 
@@ -22,7 +21,7 @@ use crate::definitions::{self, DefinitionError, RegisteredNames, SourceFile};
 use crate::machine::{self, FailureClass, Input, MachineError, Pinned, RunPlan};
 use crate::store::{
     ClaimedTask, DefinitionRow, EventRow, RunRow, Store, StoreError, TaskRow, TransitionError,
-    UncertainQuery, UncertainRow,
+    UncertainQuery, UncertainRow, Wake,
 };
 
 /// Most bytes accepted in a run input or a task result.
@@ -1137,19 +1136,17 @@ impl Coordinator {
         }
     }
 
-    async fn listen_once(&self) -> Result<(), sqlx::Error> {
-        let mut listener = PgListener::connect_with(self.store.pool()).await?;
-        listener
-            .listen_all([crate::store::TASKS_CHANNEL, crate::store::EVENTS_CHANNEL])
-            .await?;
-        loop {
-            let n = listener.recv().await?;
-            if n.channel() == crate::store::TASKS_CHANNEL {
-                self.tasks_ready.notify_waiters();
-            } else if let Ok(run) = Uuid::parse_str(n.payload()) {
-                let _ = self.run_events.send(run);
-            }
-        }
+    async fn listen_once(&self) -> Result<(), StoreError> {
+        let tasks_ready = &self.tasks_ready;
+        let run_events = &self.run_events;
+        self.store
+            .listen(&mut |wake| match wake {
+                Wake::Tasks => tasks_ready.notify_waiters(),
+                Wake::RunEvents(run) => {
+                    let _ = run_events.send(run);
+                }
+            })
+            .await
     }
 }
 

@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Migrate) => {
             let store = Store::connect(&cli.database_url, 2)
                 .await
-                .context("connecting to PostgreSQL")?;
+                .context("connecting to the database")?;
             store.migrate().await.context("applying migrations")?;
             println!("migrations applied");
             Ok(())
@@ -124,7 +124,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
     };
     let store = Store::connect(database_url, args.db_connections)
         .await
-        .context("connecting to PostgreSQL")?;
+        .context("connecting to the database")?;
     store.migrate().await.context("applying migrations")?;
     let coord = Coordinator::new(
         store,

@@ -46,6 +46,8 @@ const TOKENS: &str = "ops:ops-token-0123456789,acme-bot:acme-token-0123456789:ac
 struct Env {
     db: Db,
     coord: Arc<Coordinator>,
+    /// Direct access for test setup (expiring leases by hand).
+    pool: sqlx::PgPool,
     base: String,
     http: reqwest::Client,
 }
@@ -55,6 +57,7 @@ impl Env {
         let (db, url) = Db::create("belay_a").await;
         let store = Store::connect(&url, 8).await.expect("connect");
         store.migrate().await.expect("migrate");
+        let pool = sqlx::PgPool::connect(&url).await.expect("pool");
         let coord = Coordinator::new(
             store,
             CoordinatorConfig {
@@ -97,6 +100,7 @@ impl Env {
         Env {
             db,
             coord,
+            pool,
             base: format!("http://{addr}"),
             http: reqwest::Client::new(),
         }
@@ -159,7 +163,7 @@ impl Env {
     }
 
     fn pool(&self) -> &sqlx::PgPool {
-        self.coord.store().pool()
+        &self.pool
     }
 
     fn url(&self, path: &str) -> String {

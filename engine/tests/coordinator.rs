@@ -72,12 +72,11 @@ async fn setup() -> (Db, Arc<Coordinator>, String) {
 }
 
 async fn expire_leases(coord: &Coordinator) {
-    sqlx::query(
-        "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE status = 'leased'",
-    )
-    .execute(coord.store().pool())
-    .await
-    .expect("expire");
+    coord
+        .store()
+        .expire_task_timers(None)
+        .await
+        .expect("expire");
 }
 
 fn model_result_with_create() -> String {
@@ -258,8 +257,9 @@ async fn a_lease_lost_before_dispatch_is_retried_with_a_new_attempt() {
         "{refused:?}"
     );
     assert_eq!(coord.sweep_expired_leases().await.expect("sweep"), 1);
-    sqlx::query("UPDATE tasks SET available_at = now()")
-        .execute(coord.store().pool())
+    coord
+        .store()
+        .expire_task_timers(None)
         .await
         .expect("skip backoff");
     let again = coord.claim("w2", 1, 0).await.expect("claim").remove(0);
@@ -423,7 +423,7 @@ async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper() {
     // engine version might write).
     sqlx::query("UPDATE events SET payload = '{\"type\": \"from_the_future\"}' WHERE run_id = $1::uuid AND seq = 1")
         .bind(&first_run)
-        .execute(coord.store().pool())
+        .execute(&sqlx::PgPool::connect(&db.url).await.expect("pool"))
         .await
         .expect("corrupt");
     expire_leases(&coord).await;
@@ -521,7 +521,7 @@ async fn health_follows_the_database() {
         .expect("some");
     assert_eq!(first.status, ServingStatus::Serving as i32);
     // The database goes away (here: the engine's pool is closed).
-    coord.store().pool().close().await;
+    coord.store().close().await;
     let next = tokio::time::timeout(std::time::Duration::from_secs(20), watch.message())
         .await
         .expect("a status change within 20 s")

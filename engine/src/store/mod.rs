@@ -1,5 +1,13 @@
 //! Persistence. Every SQL statement of the engine lives under this module.
 //!
+//! [`Store`] is the one interface the rest of the engine sees; it has two
+//! backends with the same semantics: PostgreSQL ([`postgres`], production:
+//! any number of engine replicas) and SQLite ([`sqlite`], embedded: one
+//! engine process per database file). Each backend method has the same
+//! signature, and [`Store`] dispatches to the one it was opened on, so the
+//! two cannot drift apart without a compile error; the conformance suite
+//! (`engine/tests/store_conformance.rs`) runs the same tests on both.
+//!
 //! Architecture Invariant: each run transition is one transaction that
 //! appends its events and changes the run and task rows together
 //! ([`Store::transition`]); events are appended under the run row's lock, so
@@ -8,13 +16,18 @@
 
 mod notifications;
 mod postgres;
+mod sqlite;
+
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
 pub use notifications::{NotificationRow, NotificationStatus};
-pub use postgres::{EVENTS_CHANNEL, Store, TASKS_CHANNEL, UncertainQuery};
+pub use postgres::{EVENTS_CHANNEL, TASKS_CHANNEL};
+
+use crate::machine::{Decision, RunState};
 
 /// Errors of the store. Database details stay in logs; the API maps these to
 /// generic statuses.
@@ -32,6 +45,10 @@ pub enum StoreError {
     /// The run or task named does not exist (for this tenant).
     #[error("{0} not found")]
     NotFound(String),
+    /// The store cannot be opened as configured (URL scheme, a SQLite file
+    /// held by another engine process, an unusable path).
+    #[error("{0}")]
+    Config(String),
 }
 
 /// A row of `runs`.
@@ -226,4 +243,439 @@ pub struct Applied {
     pub events: usize,
     /// Status of the run afterwards.
     pub status: &'static str,
+}
+
+/// A bounded map of run states; when full, an arbitrary entry is dropped.
+#[derive(Debug, Default)]
+pub(crate) struct StateCache {
+    map: HashMap<Uuid, RunState>,
+    capacity: usize,
+}
+
+impl StateCache {
+    pub(crate) fn new(capacity: usize) -> StateCache {
+        StateCache {
+            map: HashMap::new(),
+            capacity,
+        }
+    }
+
+    pub(crate) fn take(&mut self, run_id: &Uuid) -> Option<RunState> {
+        self.map.remove(run_id)
+    }
+
+    pub(crate) fn put(&mut self, run_id: Uuid, state: RunState) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.map.len() >= self.capacity
+            && !self.map.contains_key(&run_id)
+            && let Some(victim) = self.map.keys().next().copied()
+        {
+            self.map.remove(&victim);
+        }
+        self.map.insert(run_id, state);
+    }
+}
+
+/// Run states kept in memory per engine (see [`Store`]); at most this many.
+pub const STATE_CACHE_RUNS: usize = 2048;
+
+/// Filters of [`Store::list_uncertain`].
+#[derive(Debug, Clone, Default)]
+pub struct UncertainQuery<'a> {
+    /// Tenant (required).
+    pub tenant: &'a str,
+    /// `open` or `resolved`.
+    pub status: Option<&'a str>,
+    /// Tool name.
+    pub tool: Option<&'a str>,
+    /// Run.
+    pub run_id: Option<Uuid>,
+    /// Only records at least this old, ms.
+    pub older_than_ms: Option<u64>,
+    /// Only records at most this old, ms.
+    pub newer_than_ms: Option<u64>,
+    /// Keyset position: records strictly older than this.
+    pub after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+    /// Page size + 1.
+    pub limit: i64,
+}
+
+/// What a transition locks first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target {
+    /// A run, and optionally one of its tasks.
+    Run(Uuid, Option<Uuid>),
+    /// A task and its run.
+    Task(Uuid),
+}
+
+/// A wake-up relayed by [`Store::listen`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Tasks may have become claimable.
+    Tasks,
+    /// This run got new events.
+    RunEvents(Uuid),
+}
+
+/// Which database a [`Store`] was opened on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// PostgreSQL: any number of engine replicas share one database.
+    Postgres,
+    /// SQLite: one engine process per database file.
+    Sqlite,
+}
+
+#[derive(Debug, Clone)]
+enum Backend {
+    Postgres(postgres::Pg),
+    Sqlite(sqlite::Lite),
+}
+
+/// Handle to the store; cheap to clone. Open it with [`Store::connect`].
+#[derive(Debug, Clone)]
+pub struct Store {
+    backend: Backend,
+}
+
+/// Call the same method on whichever backend the store was opened on.
+macro_rules! on_backend {
+    ($self:ident, $b:ident => $call:expr) => {
+        match &$self.backend {
+            Backend::Postgres($b) => $call,
+            Backend::Sqlite($b) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Open a store. `url` is either a PostgreSQL URL (`postgres://…` or
+    /// `postgresql://…`; a pool of at most `max_connections`) or a SQLite URL:
+    /// `sqlite://PATH` (the file is created when missing; a second engine
+    /// process on the same file is refused) or `sqlite::memory:` (nothing is
+    /// kept after the process exits).
+    ///
+    /// Errors: [`StoreError::Database`] when the database is unreachable,
+    /// [`StoreError::Config`] for a URL of another scheme or a SQLite file
+    /// another engine process holds.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres(postgres::Pg::connect(url, max_connections).await?)
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite(sqlite::Lite::connect(url, max_connections).await?)
+        } else {
+            return Err(StoreError::Config(format!(
+                "database URL must start with `postgres://`, `postgresql://` or `sqlite:`, not {:?}",
+                url.split(':').next().unwrap_or_default()
+            )));
+        };
+        Ok(Store { backend })
+    }
+
+    /// Which database this store is on.
+    pub fn backend_kind(&self) -> BackendKind {
+        match &self.backend {
+            Backend::Postgres(_) => BackendKind::Postgres,
+            Backend::Sqlite(_) => BackendKind::Sqlite,
+        }
+    }
+
+    /// Apply pending migrations (embedded at build time from
+    /// `migrations/postgres/` or `migrations/sqlite/`).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        on_backend!(self, b => b.migrate().await)
+    }
+
+    /// One round trip to the database (health checks).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        on_backend!(self, b => b.ping().await)
+    }
+
+    /// Relay wake-ups (tasks became claimable, a run got events) to
+    /// `on_wake` until the connection fails; the caller reconnects and
+    /// should assume wake-ups were missed. PostgreSQL: `LISTEN/NOTIFY`, so
+    /// every replica hears every commit. SQLite: an in-process channel fed
+    /// after each commit.
+    pub async fn listen(&self, on_wake: &mut (dyn FnMut(Wake) + Send)) -> Result<(), StoreError> {
+        on_backend!(self, b => b.listen(on_wake).await)
+    }
+
+    // ---- tenants -------------------------------------------------------
+
+    /// Replace a tenant's grants; returns them sorted and deduplicated.
+    pub async fn set_tenant_grants(
+        &self,
+        tenant: &str,
+        grants: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        on_backend!(self, b => b.set_tenant_grants(tenant, grants).await)
+    }
+
+    /// A tenant's grants (empty if never configured).
+    pub async fn tenant_grants(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
+        on_backend!(self, b => b.tenant_grants(tenant).await)
+    }
+
+    // ---- definitions ---------------------------------------------------
+
+    /// Names of every registered definition of a kind for a tenant.
+    pub async fn definition_names(
+        &self,
+        tenant: &str,
+        kind: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        on_backend!(self, b => b.definition_names(tenant, kind).await)
+    }
+
+    /// Register definitions in one transaction: identical content (same hash)
+    /// returns the existing version and makes it current again, new content
+    /// gets the next version. Input: `(kind, name, content_hash, body,
+    /// source_file)`. Output: rows and whether each was created.
+    pub async fn register_definitions(
+        &self,
+        tenant: &str,
+        defs: &[(String, String, String, Value, String)],
+    ) -> Result<Vec<(DefinitionRow, bool)>, StoreError> {
+        on_backend!(self, b => b.register_definitions(tenant, defs).await)
+    }
+
+    /// Definitions of a tenant, optionally of one kind, by kind, name, version.
+    pub async fn list_definitions(
+        &self,
+        tenant: &str,
+        kind: Option<&str>,
+    ) -> Result<Vec<DefinitionRow>, StoreError> {
+        on_backend!(self, b => b.list_definitions(tenant, kind).await)
+    }
+
+    /// The current version of a definition (the latest registered).
+    pub async fn latest_definition(
+        &self,
+        tenant: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<DefinitionRow>, StoreError> {
+        on_backend!(self, b => b.latest_definition(tenant, kind, name).await)
+    }
+
+    // ---- runs ------------------------------------------------------------
+
+    /// The run with this idempotency key, if any.
+    pub async fn run_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<RunRow>, StoreError> {
+        on_backend!(self, b => b.run_by_idempotency_key(tenant, key).await)
+    }
+
+    /// Create a run and apply its first decision in one transaction. If the
+    /// idempotency key already names a run, nothing is written and that run
+    /// is returned with `false`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_run(
+        &self,
+        run_id: Uuid,
+        tenant: &str,
+        workflow: &str,
+        workflow_version: i32,
+        input: &Value,
+        idempotency_key: &str,
+        caller: &str,
+        decision: &Decision,
+    ) -> Result<(RunRow, bool), StoreError> {
+        on_backend!(self, b => b
+            .create_run(run_id, tenant, workflow, workflow_version, input, idempotency_key, caller, decision)
+            .await)
+    }
+
+    /// One run of a tenant.
+    pub async fn get_run(&self, tenant: &str, run_id: Uuid) -> Result<Option<RunRow>, StoreError> {
+        on_backend!(self, b => b.get_run(tenant, run_id).await)
+    }
+
+    /// Runs of a tenant, newest first, keyset-paged by `(created_at, run_id)`.
+    pub async fn list_runs(
+        &self,
+        tenant: &str,
+        status: Option<&str>,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        on_backend!(self, b => b.list_runs(tenant, status, after, limit).await)
+    }
+
+    /// Events of a run with `seq > after_seq`, at most `limit`, in seq order.
+    pub async fn list_events(
+        &self,
+        run_id: Uuid,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        on_backend!(self, b => b.list_events(run_id, after_seq, limit).await)
+    }
+
+    /// One transition: lock the run (and the task, if named), fold the
+    /// history, let `decide` choose, then append its events and perform its
+    /// commands, all in one transaction. `decide` refusing writes nothing.
+    pub async fn transition<E, F>(
+        &self,
+        run_id: Uuid,
+        task_id: Option<Uuid>,
+        decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+    {
+        let target = Target::Run(run_id, task_id);
+        on_backend!(self, b => b.transition_at(target, decide).await)
+    }
+
+    /// [`Store::transition`] for the run a task belongs to, found and locked
+    /// in the same statement (one round trip less on every worker report).
+    pub async fn transition_task<E, F>(
+        &self,
+        task_id: Uuid,
+        decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+    {
+        let target = Target::Task(task_id);
+        on_backend!(self, b => b.transition_at(target, decide).await)
+    }
+
+    /// The folded state of a run from its whole history (for reads and tests).
+    pub async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
+        on_backend!(self, b => b.run_state(run_id).await)
+    }
+
+    // ---- tasks -----------------------------------------------------------
+
+    /// Claim up to `max` ready tasks of running runs (and probe tasks of
+    /// paused ones) for `worker_id`, with a lease of `lease_ms` by the
+    /// database clock. Each claim increments the task's attempt (the fencing
+    /// token). Concurrent claims never hand out the same task.
+    pub async fn claim_tasks(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<ClaimedTask>, StoreError> {
+        on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms).await)
+    }
+
+    /// Extend the leases a worker still holds (not yet expired, same
+    /// attempt) by `lease_ms` from now. Returns the `(task_id, attempt)`
+    /// pairs extended.
+    pub async fn heartbeat(
+        &self,
+        worker_id: &str,
+        leases: &[(Uuid, i32)],
+        lease_ms: i64,
+    ) -> Result<Vec<(Uuid, i32)>, StoreError> {
+        on_backend!(self, b => b.heartbeat(worker_id, leases, lease_ms).await)
+    }
+
+    /// Leases that have expired by the database clock, oldest first.
+    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+        on_backend!(self, b => b.expired_leases(limit).await)
+    }
+
+    /// Earliest time a `ready` task becomes claimable, in ms from now (0 if
+    /// one is claimable now), or `None` when no task is ready.
+    pub async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
+        on_backend!(self, b => b.next_ready_in_ms().await)
+    }
+
+    /// Make task timers due now, as if their time had passed: the leases of
+    /// `leased` tasks expire (the sweeper then judges them like any expired
+    /// lease) and `ready` tasks waiting out a retry delay become claimable.
+    /// All tasks, or only `task_id`. Returns the number of tasks changed.
+    /// For tests (deterministic lease expiry without sleeping) and for
+    /// operators who know a worker is gone for good.
+    pub async fn expire_task_timers(&self, task_id: Option<Uuid>) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.expire_task_timers(task_id).await)
+    }
+
+    /// Close every connection; later calls fail with
+    /// [`StoreError::Database`]. For shutdown (and tests of an outage).
+    pub async fn close(&self) {
+        on_backend!(self, b => b.close().await)
+    }
+
+    /// Cancel a leased task whose run can no longer use it (the run finished).
+    pub async fn end_orphan_task(&self, task_id: Uuid, attempt: i32) -> Result<(), StoreError> {
+        on_backend!(self, b => b.end_orphan_task(task_id, attempt).await)
+    }
+
+    // ---- uncertain outcomes --------------------------------------------
+
+    /// Uncertain-outcome records of a run, oldest first.
+    pub async fn uncertain_for_run(&self, run_id: Uuid) -> Result<Vec<UncertainRow>, StoreError> {
+        on_backend!(self, b => b.uncertain_for_run(run_id).await)
+    }
+
+    /// One uncertain-outcome record of a tenant.
+    pub async fn get_uncertain(
+        &self,
+        tenant: &str,
+        id: Uuid,
+    ) -> Result<Option<UncertainRow>, StoreError> {
+        on_backend!(self, b => b.get_uncertain(tenant, id).await)
+    }
+
+    /// Uncertain-outcome records of a tenant, newest first, filtered and
+    /// keyset-paged by `(created_at, uncertain_id)`. Ages are judged by the
+    /// database clock, in ms.
+    pub async fn list_uncertain(
+        &self,
+        f: &UncertainQuery<'_>,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
+        on_backend!(self, b => b.list_uncertain(f).await)
+    }
+
+    // ---- notifications (outbox) ----------------------------------------
+
+    /// Claim up to `limit` due notifications (oldest due first): each
+    /// claimed row's `attempts` is incremented and its `next_attempt_at`
+    /// pushed `lease_ms` into the future, so other replicas skip it.
+    pub async fn claim_due_notifications(
+        &self,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<NotificationRow>, StoreError> {
+        on_backend!(self, b => b.claim_due_notifications(limit, lease_ms).await)
+    }
+
+    /// Mark a notification delivered. Returns whether the row changed
+    /// (false: already delivered).
+    pub async fn mark_notification_delivered(&self, id: Uuid) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.mark_notification_delivered(id).await)
+    }
+
+    /// Record a failed delivery attempt: schedule the next one `retry_in_ms`
+    /// from now, or abandon delivery when `retry_in_ms` is `None`. Fenced by
+    /// `attempt`: returns false (and changes nothing) when the row was
+    /// claimed again meanwhile or is already delivered or abandoned.
+    pub async fn record_notification_failure(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        error: &str,
+        retry_in_ms: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.record_notification_failure(id, attempt, error, retry_in_ms).await)
+    }
+
+    /// Delivery state of a run's notifications, oldest first.
+    pub async fn notifications_for_run(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<NotificationStatus>, StoreError> {
+        on_backend!(self, b => b.notifications_for_run(run_id).await)
+    }
 }

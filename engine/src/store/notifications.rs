@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Store, StoreError};
+use super::StoreError;
 
 /// A notification claimed for delivery.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -57,13 +57,13 @@ pub struct NotificationStatus {
     pub last_error: Option<String>,
 }
 
-impl Store {
+impl super::postgres::Pg {
     /// Claim up to `limit` due notifications (oldest due first): each
     /// claimed row's `attempts` is incremented and its `next_attempt_at`
     /// pushed `lease_ms` into the future, so other replicas skip it.
     ///
     /// Errors: [`StoreError::Database`].
-    pub async fn claim_due_notifications(
+    pub(crate) async fn claim_due_notifications(
         &self,
         limit: i64,
         lease_ms: i64,
@@ -94,7 +94,7 @@ impl Store {
     /// Returns whether the row changed (false: already delivered).
     ///
     /// Errors: [`StoreError::Database`].
-    pub async fn mark_notification_delivered(&self, id: Uuid) -> Result<bool, StoreError> {
+    pub(crate) async fn mark_notification_delivered(&self, id: Uuid) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE notifications SET delivered_at = now(), last_error = NULL
              WHERE notification_id = $1 AND delivered_at IS NULL",
@@ -111,7 +111,7 @@ impl Store {
     /// was claimed again meanwhile or is already delivered or abandoned.
     ///
     /// Errors: [`StoreError::Database`].
-    pub async fn record_notification_failure(
+    pub(crate) async fn record_notification_failure(
         &self,
         id: Uuid,
         attempt: i32,
@@ -152,7 +152,7 @@ impl Store {
     /// Delivery state of a run's notifications, oldest first.
     ///
     /// Errors: [`StoreError::Database`].
-    pub async fn notifications_for_run(
+    pub(crate) async fn notifications_for_run(
         &self,
         run_id: Uuid,
     ) -> Result<Vec<NotificationStatus>, StoreError> {

@@ -2,17 +2,16 @@
 
 use std::time::Duration;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, RunRow, StoreError, TaskRow,
-    TransitionError, UncertainRow,
+    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, RunRow, STATE_CACHE_RUNS,
+    StateCache, StoreError, Target, TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
 };
 use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
 
@@ -21,9 +20,9 @@ pub const TASKS_CHANNEL: &str = "belay_tasks";
 /// Channel notified when a run gets events (payload: run id).
 pub const EVENTS_CHANNEL: &str = "belay_events";
 
-/// Handle to the PostgreSQL store; cheap to clone.
+/// The PostgreSQL backend of [`Store`](super::Store); cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub(crate) struct Pg {
     pool: PgPool,
     /// Folded states of recently changed runs, so a transition folds only
     /// the events appended since (by any replica) instead of the whole
@@ -33,80 +32,65 @@ pub struct Store {
     states: Arc<Mutex<StateCache>>,
 }
 
-/// What a transition locks first.
-#[derive(Debug, Clone, Copy)]
-enum Target {
-    /// A run, and optionally one of its tasks.
-    Run(Uuid, Option<Uuid>),
-    /// A task and its run.
-    Task(Uuid),
-}
-
-/// A bounded map of run states; when full, an arbitrary entry is dropped.
-#[derive(Debug, Default)]
-struct StateCache {
-    map: HashMap<Uuid, RunState>,
-    capacity: usize,
-}
-
-impl StateCache {
-    fn take(&mut self, run_id: &Uuid) -> Option<RunState> {
-        self.map.remove(run_id)
-    }
-
-    fn put(&mut self, run_id: Uuid, state: RunState) {
-        if self.capacity == 0 {
-            return;
-        }
-        if self.map.len() >= self.capacity
-            && !self.map.contains_key(&run_id)
-            && let Some(victim) = self.map.keys().next().copied()
-        {
-            self.map.remove(&victim);
-        }
-        self.map.insert(run_id, state);
-    }
-}
-
-/// Run states kept in memory per engine (see [`Store`]); at most this many.
-pub const STATE_CACHE_RUNS: usize = 2048;
-
 const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
 
-impl Store {
+impl Pg {
     /// Connect with a pool of at most `max_connections`.
     ///
     /// Errors: [`StoreError::Database`] when the database is unreachable.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pg, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
-        Ok(Store {
+        Ok(Pg {
             pool,
-            states: Arc::new(Mutex::new(StateCache {
-                map: HashMap::new(),
-                capacity: STATE_CACHE_RUNS,
-            })),
+            states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
         })
     }
 
     /// The underlying pool (for LISTEN connections).
-    pub fn pool(&self) -> &PgPool {
+    pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
     }
 
     /// Apply pending migrations from `migrations/` (embedded at build time).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("../migrations").run(&self.pool).await?;
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("../migrations/postgres")
+            .run(&self.pool)
+            .await?;
         Ok(())
+    }
+
+    /// One round trip to the database (health checks).
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Relay `LISTEN/NOTIFY` wake-ups to `on_wake` until the connection
+    /// fails (the caller reconnects).
+    pub(crate) async fn listen(
+        &self,
+        on_wake: &mut (dyn FnMut(Wake) + Send),
+    ) -> Result<(), StoreError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen_all([TASKS_CHANNEL, EVENTS_CHANNEL]).await?;
+        loop {
+            let n = listener.recv().await?;
+            if n.channel() == TASKS_CHANNEL {
+                on_wake(Wake::Tasks);
+            } else if let Ok(run) = Uuid::parse_str(n.payload()) {
+                on_wake(Wake::RunEvents(run));
+            }
+        }
     }
 
     // ---- tenants -------------------------------------------------------
 
     /// Replace a tenant's grants; returns them sorted.
-    pub async fn set_tenant_grants(
+    pub(crate) async fn set_tenant_grants(
         &self,
         tenant: &str,
         grants: &[String],
@@ -126,7 +110,7 @@ impl Store {
     }
 
     /// A tenant's grants (empty if never configured).
-    pub async fn tenant_grants(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
+    pub(crate) async fn tenant_grants(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
         let row: Option<(Vec<String>,)> =
             sqlx::query_as("SELECT grants FROM tenants WHERE tenant = $1")
                 .bind(tenant)
@@ -138,7 +122,7 @@ impl Store {
     // ---- definitions ---------------------------------------------------
 
     /// Names of every registered definition of a kind for a tenant.
-    pub async fn definition_names(
+    pub(crate) async fn definition_names(
         &self,
         tenant: &str,
         kind: &str,
@@ -156,7 +140,7 @@ impl Store {
     /// returns the existing version, new content gets the next version.
     /// Input: `(kind, name, content_hash, body, source_file)`. Output: rows and
     /// whether each was created.
-    pub async fn register_definitions(
+    pub(crate) async fn register_definitions(
         &self,
         tenant: &str,
         defs: &[(String, String, String, Value, String)],
@@ -216,7 +200,7 @@ impl Store {
     }
 
     /// Definitions of a tenant, optionally of one kind, by kind, name, version.
-    pub async fn list_definitions(
+    pub(crate) async fn list_definitions(
         &self,
         tenant: &str,
         kind: Option<&str>,
@@ -233,7 +217,7 @@ impl Store {
     }
 
     /// The newest version of a definition.
-    pub async fn latest_definition(
+    pub(crate) async fn latest_definition(
         &self,
         tenant: &str,
         kind: &str,
@@ -254,7 +238,7 @@ impl Store {
     // ---- runs ------------------------------------------------------------
 
     /// The run with this idempotency key, if any.
-    pub async fn run_by_idempotency_key(
+    pub(crate) async fn run_by_idempotency_key(
         &self,
         tenant: &str,
         key: &str,
@@ -272,7 +256,7 @@ impl Store {
     /// idempotency key already names a run, nothing is written and that run
     /// is returned with `false`.
     #[allow(clippy::too_many_arguments)]
-    pub async fn create_run(
+    pub(crate) async fn create_run(
         &self,
         run_id: Uuid,
         tenant: &str,
@@ -323,7 +307,11 @@ impl Store {
     }
 
     /// One run of a tenant.
-    pub async fn get_run(&self, tenant: &str, run_id: Uuid) -> Result<Option<RunRow>, StoreError> {
+    pub(crate) async fn get_run(
+        &self,
+        tenant: &str,
+        run_id: Uuid,
+    ) -> Result<Option<RunRow>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = $1 AND run_id = $2"
         )))
@@ -334,7 +322,7 @@ impl Store {
     }
 
     /// Runs of a tenant, newest first, keyset-paged by `(created_at, run_id)`.
-    pub async fn list_runs(
+    pub(crate) async fn list_runs(
         &self,
         tenant: &str,
         status: Option<&str>,
@@ -361,7 +349,7 @@ impl Store {
     }
 
     /// Events of a run with `seq > after_seq`, at most `limit`.
-    pub async fn list_events(
+    pub(crate) async fn list_events(
         &self,
         run_id: Uuid,
         after_seq: i64,
@@ -378,36 +366,8 @@ impl Store {
         .await?)
     }
 
-    /// One transition: lock the run (and the task, if named), fold the
-    /// history, let `decide` choose, then append its events and perform its
-    /// commands, all in one transaction. `decide` refusing writes nothing.
-    pub async fn transition<E, F>(
-        &self,
-        run_id: Uuid,
-        task_id: Option<Uuid>,
-        decide: F,
-    ) -> Result<Applied, TransitionError<E>>
-    where
-        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
-    {
-        self.transition_at(Target::Run(run_id, task_id), decide)
-            .await
-    }
-
-    /// [`Store::transition`] for the run a task belongs to, found and locked
-    /// in the same statement (one round trip less on every worker report).
-    pub async fn transition_task<E, F>(
-        &self,
-        task_id: Uuid,
-        decide: F,
-    ) -> Result<Applied, TransitionError<E>>
-    where
-        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
-    {
-        self.transition_at(Target::Task(task_id), decide).await
-    }
-
-    async fn transition_at<E, F>(
+    /// See [`Store::transition`](super::Store::transition).
+    pub(crate) async fn transition_at<E, F>(
         &self,
         target: Target,
         decide: F,
@@ -509,7 +469,7 @@ impl Store {
     }
 
     /// The folded state of a run (for reads and tests).
-    pub async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
+    pub(crate) async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
         let mut tx = self.pool.begin().await?;
         let state = load_state(&mut tx, run_id, None).await?;
         tx.commit().await?;
@@ -521,7 +481,7 @@ impl Store {
     /// Claim up to `max` ready tasks of running runs for `worker_id`, with a
     /// lease of `lease_ms` by the database clock. Each claim increments the
     /// task's attempt (the fencing token).
-    pub async fn claim_tasks(
+    pub(crate) async fn claim_tasks(
         &self,
         worker_id: &str,
         max: i64,
@@ -550,7 +510,7 @@ impl Store {
 
     /// Extend the leases a worker still holds (not yet expired, same
     /// attempt). Returns the `(task_id, attempt)` pairs extended.
-    pub async fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         worker_id: &str,
         leases: &[(Uuid, i32)],
@@ -575,7 +535,7 @@ impl Store {
     }
 
     /// Leases that have expired by the database clock, oldest first.
-    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+    pub(crate) async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT task_id, run_id, attempt FROM tasks
              WHERE status = 'leased' AND lease_expires_at <= now()
@@ -588,7 +548,7 @@ impl Store {
 
     /// Earliest time a `ready` task becomes claimable, in ms from now (0 if
     /// one is claimable now), or `None` when no task is ready.
-    pub async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
+    pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
         let row: Option<(Option<f64>,)> = sqlx::query_as(
             "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - now())) * 1000)::float8
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
@@ -601,7 +561,31 @@ impl Store {
     }
 
     /// Cancel a leased task whose run can no longer use it (the run finished).
-    pub async fn end_orphan_task(&self, task_id: Uuid, attempt: i32) -> Result<(), StoreError> {
+    pub(crate) async fn expire_task_timers(
+        &self,
+        task_id: Option<Uuid>,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE tasks SET
+                 lease_expires_at = CASE WHEN status = 'leased' THEN now() - interval '1 millisecond' ELSE lease_expires_at END,
+                 available_at = CASE WHEN status = 'ready' AND available_at > now() THEN now() ELSE available_at END
+             WHERE status IN ('leased', 'ready') AND ($1::uuid IS NULL OR task_id = $1)",
+        )
+        .bind(task_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub(crate) async fn end_orphan_task(
+        &self,
+        task_id: Uuid,
+        attempt: i32,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = now()
              WHERE task_id = $1 AND attempt = $2 AND status = 'leased'",
@@ -616,7 +600,10 @@ impl Store {
     // ---- uncertain outcomes --------------------------------------------
 
     /// Uncertain-outcome records of a run.
-    pub async fn uncertain_for_run(&self, run_id: Uuid) -> Result<Vec<UncertainRow>, StoreError> {
+    pub(crate) async fn uncertain_for_run(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes WHERE run_id = $1 ORDER BY created_at"
         )))
@@ -626,7 +613,7 @@ impl Store {
     }
 
     /// One uncertain-outcome record of a tenant.
-    pub async fn get_uncertain(
+    pub(crate) async fn get_uncertain(
         &self,
         tenant: &str,
         id: Uuid,
@@ -643,7 +630,7 @@ impl Store {
     /// Uncertain-outcome records of a tenant, newest first, filtered and
     /// keyset-paged by `(created_at, uncertain_id)`. Ages are judged by the
     /// database clock, in ms.
-    pub async fn list_uncertain(
+    pub(crate) async fn list_uncertain(
         &self,
         f: &UncertainQuery<'_>,
     ) -> Result<Vec<UncertainRow>, StoreError> {
@@ -674,27 +661,6 @@ impl Store {
         .fetch_all(&self.pool)
         .await?)
     }
-}
-
-/// Filters of [`Store::list_uncertain`].
-#[derive(Debug, Clone, Default)]
-pub struct UncertainQuery<'a> {
-    /// Tenant (required).
-    pub tenant: &'a str,
-    /// `open` or `resolved`.
-    pub status: Option<&'a str>,
-    /// Tool name.
-    pub tool: Option<&'a str>,
-    /// Run.
-    pub run_id: Option<Uuid>,
-    /// Only records at least this old, ms.
-    pub older_than_ms: Option<u64>,
-    /// Only records at most this old, ms.
-    pub newer_than_ms: Option<u64>,
-    /// Keyset position: records strictly older than this.
-    pub after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
-    /// Page size + 1.
-    pub limit: i64,
 }
 
 const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,

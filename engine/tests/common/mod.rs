@@ -4,6 +4,8 @@
 pub struct Db {
     /// Database name.
     pub name: String,
+    /// URL of the database.
+    pub url: String,
     admin: String,
 }
 
@@ -26,6 +28,7 @@ impl Db {
         (
             Db {
                 name: name.clone(),
+                url: format!("{base}/{name}"),
                 admin,
             },
             format!("{base}/{name}"),

@@ -1,0 +1,1134 @@
+//! The SQLite backend (embedded default: `belay dev`, the example, tests).
+//!
+//! Same semantics as [`postgres`](super::postgres), done the SQLite way:
+//!
+//! - **One writer.** Every write goes through one connection (a pool of
+//!   one), in `BEGIN IMMEDIATE` transactions, so transitions and claims are
+//!   serialised inside the engine process: that is the run-row lock and
+//!   `SKIP LOCKED` of PostgreSQL. Reads use a separate pool (WAL mode lets
+//!   them run beside the writer).
+//! - **One engine process per file.** The engine holds an exclusive lock on
+//!   `<file>.lock` while the store is open; a second engine on the same file
+//!   is refused with [`StoreError::Config`]. Workers connect over gRPC, any
+//!   number of them.
+//! - **Wake-ups** are an in-process broadcast channel fed after each commit
+//!   (PostgreSQL: `LISTEN/NOTIFY`).
+//! - **Durability**: WAL with `synchronous = FULL`, so a committed transition
+//!   survives a process kill and a power cut.
+//! - **Clock**: SQLite's `'now'` (the engine machine's clock, ms precision);
+//!   leases are judged by it, as PostgreSQL's `now()` is on the other backend.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use super::{
+    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow,
+    NotificationStatus, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target, TaskRow,
+    TransitionError, UncertainQuery, UncertainRow, Wake,
+};
+use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
+
+/// SQL for "now" in the stored time format (`YYYY-MM-DDTHH:MM:SS.SSSZ`).
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now')";
+
+/// SQL for "now plus the ms in bound parameter `?N`" in the stored format.
+fn now_plus_ms(param: u8) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ','now', printf('%+.3f seconds', ?{param} / 1000.0))")
+}
+
+/// A timestamp in the stored format, for binding.
+fn ts(t: &DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
+
+const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,
+    idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
+    resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
+
+/// The SQLite backend of [`Store`](super::Store); cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Lite {
+    /// The one writer connection.
+    write: SqlitePool,
+    /// Readers (the writer itself for an in-memory database).
+    read: SqlitePool,
+    /// See the PostgreSQL backend: folded states of recently changed runs.
+    states: Arc<Mutex<StateCache>>,
+    /// Wake-ups, sent after commit.
+    wake: broadcast::Sender<Wake>,
+    /// The exclusive lock on `<file>.lock`, held while any clone lives.
+    _lock: Option<Arc<std::fs::File>>,
+}
+
+impl Lite {
+    /// Open `sqlite://PATH`, `sqlite:PATH` or `sqlite::memory:`; readers get
+    /// at most `max_connections` connections.
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Lite, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Config(format!("SQLite URL {url:?}: {e}")))?
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        let (write, read, lock) = if memory {
+            // One connection that never closes: the database lives in it.
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .acquire_timeout(Duration::from_secs(60))
+                .connect_with(options)
+                .await?;
+            (pool.clone(), pool, None)
+        } else {
+            let path = options.get_filename().to_path_buf();
+            if let Some(dir) = path.parent()
+                && !dir.as_os_str().is_empty()
+                && !dir.exists()
+            {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    StoreError::Config(format!("creating directory {}: {e}", dir.display()))
+                })?;
+            }
+            let lock = lock_file(&path)?;
+            let options = options
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full);
+            let write = SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(60))
+                .connect_with(options.clone())
+                .await?;
+            let read = SqlitePoolOptions::new()
+                .max_connections(max_connections.max(1))
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(options)
+                .await?;
+            (write, read, Some(Arc::new(lock)))
+        };
+        let (wake, _) = broadcast::channel(1024);
+        Ok(Lite {
+            write,
+            read,
+            states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
+            wake,
+            _lock: lock,
+        })
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("../migrations/sqlite")
+            .run(&self.write)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.read).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn listen(
+        &self,
+        on_wake: &mut (dyn FnMut(Wake) + Send),
+    ) -> Result<(), StoreError> {
+        let mut rx = self.wake.subscribe();
+        loop {
+            match rx.recv().await {
+                Ok(w) => on_wake(w),
+                // Fell behind: some wake-ups were dropped; everyone looks again.
+                Err(broadcast::error::RecvError::Lagged(_)) => on_wake(Wake::Tasks),
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(StoreError::Config("the store was closed".into()));
+                }
+            }
+        }
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        Ok(self.write.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, StateCache> {
+        self.states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    // ---- tenants -------------------------------------------------------
+
+    pub(crate) async fn set_tenant_grants(
+        &self,
+        tenant: &str,
+        grants: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut grants = grants.to_vec();
+        grants.sort();
+        grants.dedup();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO tenants (tenant, grants) VALUES (?1, ?2)
+             ON CONFLICT (tenant) DO UPDATE SET grants = excluded.grants, updated_at = {NOW}"
+        )))
+        .bind(tenant)
+        .bind(Value::from(grants.clone()))
+        .execute(&self.write)
+        .await?;
+        Ok(grants)
+    }
+
+    pub(crate) async fn tenant_grants(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
+        let row: Option<(Value,)> = sqlx::query_as("SELECT grants FROM tenants WHERE tenant = ?1")
+            .bind(tenant)
+            .fetch_optional(&self.read)
+            .await?;
+        match row {
+            None => Ok(Vec::new()),
+            Some((v,)) => serde_json::from_value(v)
+                .map_err(|e| StoreError::Corrupt(format!("grants of tenant {tenant}: {e}"))),
+        }
+    }
+
+    // ---- definitions ---------------------------------------------------
+
+    pub(crate) async fn definition_names(
+        &self,
+        tenant: &str,
+        kind: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT DISTINCT name FROM definitions WHERE tenant = ?1 AND kind = ?2")
+                .bind(tenant)
+                .bind(kind)
+                .fetch_all(&self.read)
+                .await?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    pub(crate) async fn register_definitions(
+        &self,
+        tenant: &str,
+        defs: &[(String, String, String, Value, String)],
+    ) -> Result<Vec<(DefinitionRow, bool)>, StoreError> {
+        let mut tx = self.begin().await?;
+        let mut out = Vec::with_capacity(defs.len());
+        for (kind, name, hash, body, source_file) in defs {
+            let existing: Option<DefinitionRow> = sqlx::query_as(
+                "SELECT kind, name, version, content_hash, body, created_at FROM definitions
+                 WHERE tenant = ?1 AND kind = ?2 AND name = ?3 AND content_hash = ?4",
+            )
+            .bind(tenant)
+            .bind(kind)
+            .bind(name)
+            .bind(hash)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = existing {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE definitions SET registered_at = {NOW},
+                        registration_seq = (SELECT COALESCE(MAX(registration_seq), 0) + 1 FROM definitions WHERE tenant = ?1)
+                     WHERE tenant = ?1 AND kind = ?2 AND name = ?3 AND version = ?4"
+                )))
+                .bind(tenant)
+                .bind(kind)
+                .bind(name)
+                .bind(row.version)
+                .execute(&mut *tx)
+                .await?;
+                out.push((row, false));
+                continue;
+            }
+            let row: DefinitionRow = sqlx::query_as(
+                "INSERT INTO definitions (tenant, kind, name, version, content_hash, body, source_file, registration_seq)
+                 VALUES (?1, ?2, ?3,
+                    (SELECT COALESCE(MAX(version), 0) + 1 FROM definitions WHERE tenant = ?1 AND kind = ?2 AND name = ?3),
+                    ?4, ?5, ?6,
+                    (SELECT COALESCE(MAX(registration_seq), 0) + 1 FROM definitions WHERE tenant = ?1))
+                 RETURNING kind, name, version, content_hash, body, created_at",
+            )
+            .bind(tenant)
+            .bind(kind)
+            .bind(name)
+            .bind(hash)
+            .bind(body)
+            .bind(source_file)
+            .fetch_one(&mut *tx)
+            .await?;
+            out.push((row, true));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    pub(crate) async fn list_definitions(
+        &self,
+        tenant: &str,
+        kind: Option<&str>,
+    ) -> Result<Vec<DefinitionRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT kind, name, version, content_hash, body, created_at FROM definitions
+             WHERE tenant = ?1 AND (?2 IS NULL OR kind = ?2)
+             ORDER BY kind, name, version",
+        )
+        .bind(tenant)
+        .bind(kind)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn latest_definition(
+        &self,
+        tenant: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<DefinitionRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT kind, name, version, content_hash, body, created_at FROM definitions
+             WHERE tenant = ?1 AND kind = ?2 AND name = ?3
+             ORDER BY registration_seq DESC, version DESC LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(kind)
+        .bind(name)
+        .fetch_optional(&self.read)
+        .await?)
+    }
+
+    // ---- runs ------------------------------------------------------------
+
+    pub(crate) async fn run_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<RunRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?1 AND idempotency_key = ?2"
+        )))
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&self.read)
+        .await?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn create_run(
+        &self,
+        run_id: Uuid,
+        tenant: &str,
+        workflow: &str,
+        workflow_version: i32,
+        input: &Value,
+        idempotency_key: &str,
+        caller: &str,
+        decision: &Decision,
+    ) -> Result<(RunRow, bool), StoreError> {
+        let mut tx = self.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller)
+             VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7)
+             ON CONFLICT (tenant, idempotency_key) DO NOTHING",
+        )
+        .bind(run_id)
+        .bind(tenant)
+        .bind(workflow)
+        .bind(workflow_version)
+        .bind(input)
+        .bind(idempotency_key)
+        .bind(caller)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            tx.rollback().await?;
+            let row = self
+                .run_by_idempotency_key(tenant, idempotency_key)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::NotFound(format!("run with idempotency key {idempotency_key}"))
+                })?;
+            return Ok((row, false));
+        }
+        let mut state = RunState::default();
+        for event in &decision.events {
+            state.apply(event);
+        }
+        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state).await?;
+        tx.commit().await?;
+        self.send_wakes(run_id, wakes);
+        let row = self
+            .get_run(tenant, run_id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+        Ok((row, true))
+    }
+
+    pub(crate) async fn get_run(
+        &self,
+        tenant: &str,
+        run_id: Uuid,
+    ) -> Result<Option<RunRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?1 AND run_id = ?2"
+        )))
+        .bind(tenant)
+        .bind(run_id)
+        .fetch_optional(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn list_runs(
+        &self,
+        tenant: &str,
+        status: Option<&str>,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let (after_ts, after_id) = match after {
+            Some((t, id)) => (Some(ts(&t)), Some(id)),
+            None => (None, None),
+        };
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+             WHERE tenant = ?1 AND (?2 IS NULL OR status = ?2)
+               AND (?3 IS NULL OR (created_at, run_id) < (?3, ?4))
+             ORDER BY created_at DESC, run_id DESC LIMIT ?5"
+        )))
+        .bind(tenant)
+        .bind(status)
+        .bind(after_ts)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn list_events(
+        &self,
+        run_id: Uuid,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT run_id, seq, kind, payload, recorded_at FROM events
+             WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .bind(run_id)
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn transition_at<E, F>(
+        &self,
+        target: Target,
+        decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+    {
+        // BEGIN IMMEDIATE on the one writer connection: the whole database
+        // is locked for writing, which covers the run-row and task-row locks.
+        let mut tx = self.begin().await?;
+        let (run, task_id): (Option<(Uuid, String, i64)>, Option<Uuid>) = match target {
+            Target::Run(run_id, task_id) => (
+                sqlx::query_as("SELECT run_id, tenant, last_seq FROM runs WHERE run_id = ?1")
+                    .bind(run_id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?,
+                task_id,
+            ),
+            Target::Task(task_id) => (
+                sqlx::query_as(
+                    "SELECT run_id, tenant, last_seq FROM runs
+                     WHERE run_id = (SELECT run_id FROM tasks WHERE task_id = ?1)",
+                )
+                .bind(task_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?,
+                Some(task_id),
+            ),
+        };
+        let Some((run_id, tenant, last_seq)) = run else {
+            return Err(StoreError::NotFound(match target {
+                Target::Run(run_id, _) => format!("run {run_id}"),
+                Target::Task(task_id) => format!("task {task_id}"),
+            })
+            .into());
+        };
+        let task = match task_id {
+            Some(task_id) => {
+                let row: Option<TaskRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT task_id, run_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
+                            (lease_expires_at IS NOT NULL AND lease_expires_at <= {NOW}) AS lease_expired
+                     FROM tasks WHERE task_id = ?1 AND run_id = ?2"
+                )))
+                .bind(task_id)
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+                Some(row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?)
+            }
+            None => None,
+        };
+        let cached = self
+            .cache()
+            .take(&run_id)
+            .filter(|s| s.last_seq <= last_seq as u64);
+        let state = load_state(&mut tx, run_id, cached).await?;
+        if state.last_seq != last_seq as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "run {run_id}: last_seq {last_seq} but {} events",
+                state.last_seq
+            ))
+            .into());
+        }
+        let decision = match decide(&state, task.as_ref()) {
+            Ok(d) => d,
+            Err(e) => {
+                self.cache().put(run_id, state);
+                return Err(TransitionError::Refused(e));
+            }
+        };
+        let mut after = state;
+        for event in &decision.events {
+            after.apply(event);
+        }
+        let wakes = write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        self.send_wakes(run_id, wakes);
+        let applied = Applied {
+            first_seq: last_seq as u64 + 1,
+            events: decision.events.len(),
+            status: after.status.as_str(),
+        };
+        self.cache().put(run_id, after);
+        Ok(applied)
+    }
+
+    fn send_wakes(&self, run_id: Uuid, wakes: Wakes) {
+        // No receiver (no coordinator listening) is fine.
+        if wakes.tasks {
+            let _ = self.wake.send(Wake::Tasks);
+        }
+        if wakes.events {
+            let _ = self.wake.send(Wake::RunEvents(run_id));
+        }
+    }
+
+    pub(crate) async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
+        let mut tx = self.read.begin().await?;
+        let state = load_state(&mut tx, run_id, None).await?;
+        tx.commit().await?;
+        Ok(state)
+    }
+
+    // ---- tasks -----------------------------------------------------------
+
+    pub(crate) async fn claim_tasks(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<ClaimedTask>, StoreError> {
+        // One statement on the one writer: no two claims see the same row.
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "UPDATE tasks SET status = 'leased', attempt = attempt + 1, worker_id = ?1,
+                    lease_expires_at = {lease}, dispatched = 0, updated_at = {NOW}
+             WHERE task_id IN (
+                 SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                 WHERE t.status = 'ready' AND t.available_at <= {NOW}
+                   AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))
+                 ORDER BY t.available_at, t.task_id
+                 LIMIT ?2)
+             RETURNING task_id, run_id, tenant, kind, attempt, spec, idempotency_key",
+            lease = now_plus_ms(3)
+        )))
+        .bind(worker_id)
+        .bind(max)
+        .bind(lease_ms as f64)
+        .fetch_all(&self.write)
+        .await?)
+    }
+
+    pub(crate) async fn heartbeat(
+        &self,
+        worker_id: &str,
+        leases: &[(Uuid, i32)],
+        lease_ms: i64,
+    ) -> Result<Vec<(Uuid, i32)>, StoreError> {
+        let mut tx = self.begin().await?;
+        let mut out = Vec::with_capacity(leases.len());
+        for (task_id, attempt) in leases {
+            let row: Option<(Uuid, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "UPDATE tasks SET lease_expires_at = {lease}
+                 WHERE task_id = ?1 AND attempt = ?2 AND status = 'leased'
+                   AND worker_id = ?4 AND lease_expires_at > {NOW}
+                 RETURNING task_id, attempt",
+                lease = now_plus_ms(3)
+            )))
+            .bind(task_id)
+            .bind(attempt)
+            .bind(lease_ms as f64)
+            .bind(worker_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            out.extend(row);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    pub(crate) async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT task_id, run_id, attempt FROM tasks
+             WHERE status = 'leased' AND lease_expires_at <= {NOW}
+             ORDER BY lease_expires_at LIMIT ?1"
+        )))
+        .bind(limit)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
+        let row: Option<(Option<f64>,)> = sqlx::query_as(
+            "SELECT (julianday(MIN(t.available_at)) - julianday('now')) * 86400000.0
+             FROM tasks t JOIN runs r ON r.run_id = t.run_id
+             WHERE t.status = 'ready'
+               AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))",
+        )
+        .fetch_optional(&self.read)
+        .await?;
+        Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))
+    }
+
+    pub(crate) async fn expire_task_timers(
+        &self,
+        task_id: Option<Uuid>,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE tasks SET
+                 lease_expires_at = CASE WHEN status = 'leased'
+                     THEN strftime('%Y-%m-%dT%H:%M:%fZ','now', '-0.001 seconds') ELSE lease_expires_at END,
+                 available_at = CASE WHEN status = 'ready' AND available_at > {NOW} THEN {NOW} ELSE available_at END
+             WHERE status IN ('leased', 'ready') AND (?1 IS NULL OR task_id = ?1)"
+        )))
+        .bind(task_id)
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(crate) async fn close(&self) {
+        self.write.close().await;
+        self.read.close().await;
+    }
+
+    pub(crate) async fn end_orphan_task(
+        &self,
+        task_id: Uuid,
+        attempt: i32,
+    ) -> Result<(), StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = {NOW}
+             WHERE task_id = ?1 AND attempt = ?2 AND status = 'leased'"
+        )))
+        .bind(task_id)
+        .bind(attempt)
+        .execute(&self.write)
+        .await?;
+        Ok(())
+    }
+
+    // ---- uncertain outcomes --------------------------------------------
+
+    pub(crate) async fn uncertain_for_run(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes WHERE run_id = ?1 ORDER BY created_at, occurrence"
+        )))
+        .bind(run_id)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn get_uncertain(
+        &self,
+        tenant: &str,
+        id: Uuid,
+    ) -> Result<Option<UncertainRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes WHERE tenant = ?1 AND uncertain_id = ?2"
+        )))
+        .bind(tenant)
+        .bind(id)
+        .fetch_optional(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn list_uncertain(
+        &self,
+        f: &UncertainQuery<'_>,
+    ) -> Result<Vec<UncertainRow>, StoreError> {
+        let (after_ts, after_id) = match f.after {
+            Some((t, id)) => (Some(ts(&t)), Some(id)),
+            None => (None, None),
+        };
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes
+             WHERE tenant = ?1
+               AND (?2 IS NULL OR status = ?2)
+               AND (?3 IS NULL OR tool = ?3)
+               AND (?4 IS NULL OR run_id = ?4)
+               AND (?5 IS NULL OR created_at <= {older})
+               AND (?6 IS NULL OR created_at >= {newer})
+               AND (?7 IS NULL OR (created_at, uncertain_id) < (?7, ?8))
+             ORDER BY created_at DESC, uncertain_id DESC LIMIT ?9",
+            older = "strftime('%Y-%m-%dT%H:%M:%fZ','now', printf('-%.3f seconds', ?5 / 1000.0))",
+            newer = "strftime('%Y-%m-%dT%H:%M:%fZ','now', printf('-%.3f seconds', ?6 / 1000.0))",
+        )))
+        .bind(f.tenant)
+        .bind(f.status)
+        .bind(f.tool)
+        .bind(f.run_id)
+        .bind(f.older_than_ms.map(|ms| ms as f64))
+        .bind(f.newer_than_ms.map(|ms| ms as f64))
+        .bind(after_ts)
+        .bind(after_id)
+        .bind(f.limit)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    // ---- notifications (outbox) ----------------------------------------
+
+    pub(crate) async fn claim_due_notifications(
+        &self,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<NotificationRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "UPDATE notifications SET attempts = attempts + 1, next_attempt_at = {lease}
+             WHERE notification_id IN (
+                 SELECT notification_id FROM notifications
+                 WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= {NOW}
+                 ORDER BY next_attempt_at, notification_id
+                 LIMIT ?1)
+             RETURNING notification_id, tenant, run_id, kind, payload, attempts, created_at",
+            lease = now_plus_ms(2)
+        )))
+        .bind(limit)
+        .bind(lease_ms as f64)
+        .fetch_all(&self.write)
+        .await?)
+    }
+
+    pub(crate) async fn mark_notification_delivered(&self, id: Uuid) -> Result<bool, StoreError> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE notifications SET delivered_at = {NOW}, last_error = NULL
+             WHERE notification_id = ?1 AND delivered_at IS NULL"
+        )))
+        .bind(id)
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(crate) async fn record_notification_failure(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        error: &str,
+        retry_in_ms: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let done = match retry_in_ms {
+            Some(ms) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE notifications SET last_error = ?3, next_attempt_at = {next}
+                     WHERE notification_id = ?1 AND attempts = ?2
+                       AND delivered_at IS NULL AND failed_at IS NULL",
+                    next = now_plus_ms(4)
+                )))
+                .bind(id)
+                .bind(attempt)
+                .bind(error)
+                .bind(ms as f64)
+                .execute(&self.write)
+                .await?
+            }
+            None => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE notifications SET last_error = ?3, failed_at = {NOW}
+                     WHERE notification_id = ?1 AND attempts = ?2
+                       AND delivered_at IS NULL AND failed_at IS NULL"
+                )))
+                .bind(id)
+                .bind(attempt)
+                .bind(error)
+                .execute(&self.write)
+                .await?
+            }
+        };
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(crate) async fn notifications_for_run(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<NotificationStatus>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT notification_id, tenant, run_id, kind, attempts, next_attempt_at,
+                    delivered_at, failed_at, last_error
+             FROM notifications WHERE run_id = ?1
+             ORDER BY created_at, notification_id",
+        )
+        .bind(run_id)
+        .fetch_all(&self.read)
+        .await?)
+    }
+}
+
+/// Take the exclusive lock on `<path>.lock` (released when the file closes,
+/// including when the process dies).
+fn lock_file(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    let mut lock_path = PathBuf::from(path);
+    let mut name = lock_path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".lock");
+    lock_path.set_file_name(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Config(format!("opening {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Config(format!(
+            "SQLite database {} is in use by another engine process (it holds {}); \
+             one engine process per SQLite file; use PostgreSQL for several engine replicas",
+            path.display(),
+            lock_path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Config(format!(
+            "locking {}: {e}",
+            lock_path.display()
+        ))),
+    }
+}
+
+/// What to wake after a commit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Wakes {
+    tasks: bool,
+    events: bool,
+}
+
+async fn load_state(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: Uuid,
+    from: Option<RunState>,
+) -> Result<RunState, StoreError> {
+    let mut state = from.unwrap_or_default();
+    let rows =
+        sqlx::query("SELECT seq, payload FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
+            .bind(run_id)
+            .bind(state.last_seq as i64)
+            .fetch_all(&mut **tx)
+            .await?;
+    for row in rows {
+        let seq: i64 = row.try_get("seq")?;
+        let payload: Value = row.try_get("payload")?;
+        let event: Event = serde_json::from_value(payload)
+            .map_err(|e| StoreError::Corrupt(format!("run {run_id} event {seq}: {e}")))?;
+        state.apply(&event);
+        if state.last_seq != seq as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "run {run_id}: gap before seq {seq}"
+            )));
+        }
+    }
+    Ok(state)
+}
+
+/// SQL of the newest uncertain-outcome record of a call (`?1` run, `?2` call).
+const NEWEST_RECORD: &str = "(SELECT uncertain_id FROM uncertain_outcomes
+     WHERE run_id = ?1 AND call_id = ?2 ORDER BY occurrence DESC LIMIT 1)";
+
+/// Append the decision's events after `last_seq`, perform its commands, and
+/// update the run row from the state `after` the events.
+async fn write_decision(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: Uuid,
+    tenant: &str,
+    last_seq: i64,
+    decision: &Decision,
+    after: &RunState,
+) -> Result<Wakes, StoreError> {
+    let mut wakes = Wakes {
+        tasks: false,
+        events: !decision.events.is_empty(),
+    };
+    for (i, event) in decision.events.iter().enumerate() {
+        let payload = serde_json::to_value(event)
+            .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?;
+        sqlx::query("INSERT INTO events (run_id, seq, kind, payload) VALUES (?1, ?2, ?3, ?4)")
+            .bind(run_id)
+            .bind(last_seq + 1 + i as i64)
+            .bind(event.kind())
+            .bind(payload)
+            .execute(&mut **tx)
+            .await?;
+    }
+    for command in &decision.commands {
+        match command {
+            Command::ScheduleTask {
+                call_id,
+                kind,
+                spec,
+                idempotency_key,
+                repeat_safety,
+                runs_while_paused,
+            } => {
+                sqlx::query(
+                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety, runs_while_paused)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9)",
+                )
+                .bind(Uuid::now_v7())
+                .bind(run_id)
+                .bind(tenant)
+                .bind(call_id)
+                .bind(kind.as_str())
+                .bind(spec)
+                .bind(idempotency_key)
+                .bind(repeat_safety.map(|r| r.as_str()))
+                .bind(runs_while_paused)
+                .execute(&mut **tx)
+                .await?;
+                wakes.tasks = true;
+            }
+            Command::RetryTask { call_id, delay_ms } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE tasks SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = 0,
+                            available_at = {available}, updated_at = {NOW}
+                     WHERE run_id = ?1 AND call_id = ?2",
+                    available = now_plus_ms(3)
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(*delay_ms as f64)
+                .execute(&mut **tx)
+                .await?;
+                wakes.tasks = true;
+            }
+            Command::MarkDispatched { call_id, attempt } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE tasks SET dispatched = 1, dispatched_attempt = ?3, dispatched_at = {NOW}, updated_at = {NOW}
+                     WHERE run_id = ?1 AND call_id = ?2 AND attempt = ?3 AND status = 'leased'"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(*attempt as i32)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::EndTask { call_id, end } => {
+                let status = match end {
+                    TaskEnd::Completed => "completed",
+                    TaskEnd::Failed => "failed",
+                    TaskEnd::Uncertain => "uncertain",
+                    TaskEnd::Cancelled => "cancelled",
+                };
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE tasks SET status = ?3, lease_expires_at = NULL, updated_at = {NOW}
+                     WHERE run_id = ?1 AND call_id = ?2"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(status)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RecordUncertainOutcome {
+                call_id,
+                node,
+                tool,
+                tool_version,
+                arguments,
+                idempotency_key,
+                attempt: _,
+                reason,
+            } => {
+                sqlx::query(
+                    "INSERT INTO uncertain_outcomes (uncertain_id, tenant, run_id, task_id, call_id, node_id, tool,
+                         tool_version, arguments, idempotency_key, attempts, worker_id, reason, occurrence)
+                     SELECT ?3, ?4, ?1, t.task_id, ?2, ?5, ?6, ?7, ?8, ?9,
+                            -- Every attempt's dispatch and failure, from the events
+                            -- (this transition's events are already inserted).
+                            (SELECT COALESCE(json_group_array(json_object(
+                                        'seq', e.seq, 'event', e.kind, 'attempt', e.payload -> '$.attempt',
+                                        'worker_id', e.payload -> '$.worker_id', 'error', e.payload -> '$.error',
+                                        'class', e.payload -> '$.class', 'at', e.recorded_at) ORDER BY e.seq), '[]')
+                             FROM events e
+                             WHERE e.run_id = ?1 AND e.payload ->> '$.call_id' = ?2
+                               AND e.kind IN ('tool_call_dispatched', 'tool_call_attempt_failed', 'task_lease_expired')),
+                            t.worker_id, ?10,
+                            (SELECT COALESCE(MAX(occurrence), 0) + 1 FROM uncertain_outcomes u
+                             WHERE u.run_id = ?1 AND u.call_id = ?2)
+                     FROM tasks t WHERE t.run_id = ?1 AND t.call_id = ?2",
+                )
+                .bind(run_id)
+                .bind(call_id)
+                .bind(Uuid::now_v7())
+                .bind(tenant)
+                .bind(node)
+                .bind(tool)
+                .bind(*tool_version as i32)
+                .bind(arguments)
+                .bind(idempotency_key)
+                .bind(reason)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RekeyTask {
+                call_id,
+                idempotency_key,
+                spec,
+            } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE tasks SET idempotency_key = ?3, spec = ?4, updated_at = {NOW}
+                     WHERE run_id = ?1 AND call_id = ?2"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(idempotency_key)
+                .bind(spec)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::MarkUncertainResolved {
+                call_id,
+                resolution,
+                kind,
+                resolved_by,
+                reason,
+                via,
+            } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE uncertain_outcomes SET status = 'resolved', resolution = ?3, resolution_kind = ?4,
+                            resolved_by = ?5, resolution_reason = ?6, resolved_via = ?7, resolved_at = {NOW}
+                     WHERE uncertain_id = (SELECT uncertain_id FROM uncertain_outcomes
+                                           WHERE run_id = ?1 AND call_id = ?2 AND status = 'open'
+                                           ORDER BY occurrence DESC LIMIT 1)"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(resolution)
+                .bind(kind.as_str())
+                .bind(resolved_by)
+                .bind(reason)
+                .bind(via.as_str())
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::FlagDiscrepancy {
+                call_id,
+                discrepancy,
+            } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE uncertain_outcomes
+                     SET discrepancy = json_insert(COALESCE(discrepancy, '[]'), '$[#]', json(?3))
+                     WHERE uncertain_id = {NEWEST_RECORD}"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(discrepancy)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RecordProbe { call_id, probe } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE uncertain_outcomes SET probe = json_set(json(?3), '$.at', {NOW})
+                     WHERE uncertain_id = {NEWEST_RECORD}"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .bind(probe)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::NotifyOperator { kind, payload } => {
+                // The record's id is added here, as the PostgreSQL backend
+                // does in SQL (SQLite stores ids as blobs).
+                let call_id = payload.get("call_id").and_then(Value::as_str).unwrap_or("");
+                let record: Option<(Uuid,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT uncertain_id FROM uncertain_outcomes WHERE uncertain_id = {NEWEST_RECORD}"
+                )))
+                .bind(run_id)
+                .bind(call_id)
+                .fetch_optional(&mut **tx)
+                .await?;
+                let mut payload = payload.clone();
+                if let Value::Object(map) = &mut payload {
+                    map.insert(
+                        "uncertain_id".into(),
+                        record.map_or(Value::Null, |(id,)| Value::String(id.to_string())),
+                    );
+                }
+                sqlx::query(
+                    "INSERT INTO notifications (notification_id, tenant, run_id, kind, payload)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .bind(Uuid::now_v7())
+                .bind(tenant)
+                .bind(run_id)
+                .bind(kind)
+                .bind(payload)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::CancelOpenTasks => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = {NOW}
+                     WHERE run_id = ?1 AND status IN ('ready', 'leased')"
+                )))
+                .bind(run_id)
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+    }
+    let new_seq = last_seq + decision.events.len() as i64;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE runs SET status = ?2, status_reason = ?3, output = ?4, last_seq = ?5, updated_at = {NOW}
+         WHERE run_id = ?1"
+    )))
+    .bind(run_id)
+    .bind(after.status.as_str())
+    .bind(&after.status_reason)
+    .bind(after.output.as_ref())
+    .bind(new_seq)
+    .execute(&mut **tx)
+    .await?;
+    Ok(wakes)
+}
