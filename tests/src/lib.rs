@@ -1,6 +1,7 @@
-//! Harness for Belay's end-to-end tests: a fresh PostgreSQL database per
-//! test, and real engine, worker, scripted-model and CRM processes that tests
-//! can kill with SIGKILL and restart.
+//! Harness for Belay's end-to-end tests: a fresh database per test (a
+//! PostgreSQL database, or a SQLite file: [`DbBackend`]), and real engine,
+//! worker, scripted-model and CRM processes that tests can kill with SIGKILL
+//! and restart. [`on_both_backends!`] runs a test on each backend.
 //!
 //! Binaries are found next to the test executable (`target/<profile>/`), so
 //! build them first: `cargo build --workspace --bins`.
@@ -46,18 +47,72 @@ pub fn bin(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Which store a test's engines run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbBackend {
+    /// A fresh database on the local PostgreSQL server.
+    Postgres,
+    /// A fresh SQLite file in a temporary directory (one engine at a time).
+    Sqlite,
+}
+
+/// Generate, for each named `async fn name(backend: DbBackend) ->
+/// anyhow::Result<()>` in the calling module, a test `postgres::name` and a
+/// test `sqlite::name`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$name($crate::DbBackend::Postgres).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$name($crate::DbBackend::Sqlite).await
+                }
+            )*
+        }
+    };
+}
+
 /// A database created for one test, dropped by [`TestDb::drop_db`].
 pub struct TestDb {
-    /// Database name.
+    /// Database name (PostgreSQL) or file name (SQLite).
     pub name: String,
-    /// Full URL.
+    /// Full URL (`postgres://…` or `sqlite://…`).
     pub url: String,
+    /// Which backend.
+    pub backend: DbBackend,
+    /// The SQLite file's directory, removed with the database.
+    dir: Option<PathBuf>,
 }
 
 impl TestDb {
-    /// Create a fresh, empty database.
+    /// Create a fresh, empty PostgreSQL database.
     pub async fn create() -> Result<TestDb> {
+        Self::create_on(DbBackend::Postgres).await
+    }
+
+    /// Create a fresh, empty database on `backend`.
+    pub async fn create_on(backend: DbBackend) -> Result<TestDb> {
         let name = format!("belay_t_{}", uuid::Uuid::new_v4().simple());
+        if backend == DbBackend::Sqlite {
+            let dir = std::env::temp_dir().join(&name);
+            std::fs::create_dir_all(&dir)?;
+            let file = dir.join("belay.db");
+            return Ok(TestDb {
+                url: format!("sqlite://{}", file.display()),
+                name,
+                backend,
+                dir: Some(dir),
+            });
+        }
         let admin = sqlx::PgPool::connect(&format!("{}/postgres", pg_base()))
             .await
             .context("connecting to PostgreSQL (is it running on 127.0.0.1:5432?)")?;
@@ -68,16 +123,71 @@ impl TestDb {
         Ok(TestDb {
             url: format!("{}/{name}", pg_base()),
             name,
+            backend,
+            dir: None,
         })
     }
 
-    /// A pool on this database.
-    pub async fn pool(&self) -> Result<sqlx::PgPool> {
-        Ok(sqlx::PgPool::connect(&self.url).await?)
+    /// Number of runs in the database (every tenant).
+    pub async fn count_runs(&self) -> Result<i64> {
+        match self.backend {
+            DbBackend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await?;
+                let n = sqlx::query_scalar("SELECT count(*) FROM runs")
+                    .fetch_one(&pool)
+                    .await?;
+                pool.close().await;
+                Ok(n)
+            }
+            DbBackend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await?;
+                let n = sqlx::query_scalar("SELECT count(*) FROM runs")
+                    .fetch_one(&pool)
+                    .await?;
+                pool.close().await;
+                Ok(n)
+            }
+        }
     }
 
-    /// Drop the database (terminating leftover connections).
+    /// Status of a run's task for `call_id` (`ready`, `leased`, `uncertain`, …).
+    pub async fn task_status(&self, run_id: &str, call_id: &str) -> Result<String> {
+        let run = uuid::Uuid::parse_str(run_id)?;
+        match self.backend {
+            DbBackend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await?;
+                let s = sqlx::query_scalar(
+                    "SELECT status FROM tasks WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run)
+                .bind(call_id)
+                .fetch_one(&pool)
+                .await?;
+                pool.close().await;
+                Ok(s)
+            }
+            DbBackend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await?;
+                let s = sqlx::query_scalar(
+                    "SELECT status FROM tasks WHERE run_id = ?1 AND call_id = ?2",
+                )
+                .bind(run)
+                .bind(call_id)
+                .fetch_one(&pool)
+                .await?;
+                pool.close().await;
+                Ok(s)
+            }
+        }
+    }
+
+    /// Drop the database (terminating leftover connections) or remove the
+    /// SQLite file.
     pub async fn drop_db(&self) -> Result<()> {
+        if let Some(dir) = &self.dir {
+            std::fs::remove_dir_all(dir)?;
+            return Ok(());
+        }
         let admin = sqlx::PgPool::connect(&format!("{}/postgres", pg_base())).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
@@ -246,7 +356,12 @@ impl Env {
     /// register the example's definitions (plus the test fixtures) and grant
     /// the tenant the example's permissions.
     pub async fn start(opts: EngineOpts) -> Result<Env> {
-        let db = TestDb::create().await?;
+        Self::start_on(DbBackend::Postgres, opts).await
+    }
+
+    /// [`Env::start`] on `backend`.
+    pub async fn start_on(backend: DbBackend, opts: EngineOpts) -> Result<Env> {
+        let db = TestDb::create_on(backend).await?;
         let crm = Proc::spawn(
             "crm",
             &bin("crm-server")?,
@@ -544,17 +659,23 @@ impl Env {
             .await?)
     }
 
-    /// The uncertain-outcome rows of a run (as JSON objects).
+    /// The uncertain-outcome records of a run, oldest first, as the admin
+    /// endpoint of engine 0 shows them (every status).
     pub async fn uncertain_rows(&self, run_id: &str) -> Result<Vec<Value>> {
-        let pool = self.db.pool().await?;
-        let rows: Vec<(Value,)> = sqlx::query_as(
-            "SELECT to_jsonb(u) FROM uncertain_outcomes u WHERE run_id = $1::uuid ORDER BY created_at",
-        )
-        .bind(run_id)
-        .fetch_all(&pool)
-        .await?;
-        pool.close().await;
-        Ok(rows.into_iter().map(|r| r.0).collect())
+        let (status, page) = self
+            .admin(
+                0,
+                reqwest::Method::GET,
+                &format!("/uncertain-outcomes?status=any&run_id={run_id}&page_size=500"),
+                None,
+            )
+            .await?;
+        if status != 200 {
+            bail!("listing uncertain outcomes: {status} {page}");
+        }
+        let mut rows = page["items"].as_array().cloned().unwrap_or_default();
+        rows.reverse();
+        Ok(rows)
     }
 
     /// Call the admin endpoint of engine `i`: `method` `path` (below

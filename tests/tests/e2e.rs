@@ -4,14 +4,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
-use belay_tests::{EngineOpts, Env, dispatch_counts, of_kind};
+use belay_tests::{DbBackend, EngineOpts, Env, dispatch_counts, of_kind};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn onboarding_run_completes_with_a_gapless_timeline() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn onboarding_run_completes_with_a_gapless_timeline(backend: DbBackend) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let run_id = env
         .start_onboarding(0, "onboarding", "new@example.com", "k1")
@@ -64,9 +63,8 @@ async fn onboarding_run_completes_with_a_gapless_timeline() -> Result<()> {
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn start_run_twice_with_one_key_gives_one_run() -> Result<()> {
-    let env = Env::start(EngineOpts::default()).await?;
+async fn start_run_twice_with_one_key_gives_one_run(backend: DbBackend) -> Result<()> {
+    let env = Env::start_on(backend, EngineOpts::default()).await?;
     let a = env
         .start_onboarding(0, "onboarding", "x@example.com", "same-key")
         .await?;
@@ -74,11 +72,7 @@ async fn start_run_twice_with_one_key_gives_one_run() -> Result<()> {
         .start_onboarding(0, "onboarding", "x@example.com", "same-key")
         .await?;
     assert_eq!(a, b);
-    let pool = env.db.pool().await?;
-    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
-        .fetch_one(&pool)
-        .await?;
-    assert_eq!(n, 1);
+    assert_eq!(env.db.count_runs().await?, 1);
     // Another tenant cannot see the run.
     let other = belay_sdk::Client::connect_lazy(&env.engines[0].url, "globex")?;
     let err = other
@@ -119,13 +113,13 @@ async fn start_run_twice_with_one_key_gives_one_run() -> Result<()> {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.contains("workflow `nope` not found"), "{err}");
-    pool.close().await;
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_tool_calls_go_back_to_the_model_and_the_run_goes_on() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn refused_tool_calls_go_back_to_the_model_and_the_run_goes_on(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let run_id = env
         .start_onboarding(0, "onboarding_refusals", "r@example.com", "r1")
@@ -154,14 +148,16 @@ async fn refused_tool_calls_go_back_to_the_model_and_the_run_goes_on() -> Result
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engine_killed_mid_run_resumes_without_duplicates() -> Result<()> {
+async fn engine_killed_mid_run_resumes_without_duplicates(backend: DbBackend) -> Result<()> {
     // A long lease: the restart happens well within it, so no lease expires
     // and nothing may be dispatched twice.
-    let mut env = Env::start(EngineOpts {
-        lease_ms: 20_000,
-        sweep_ms: 100,
-    })
+    let mut env = Env::start_on(
+        backend,
+        EngineOpts {
+            lease_ms: 20_000,
+            sweep_ms: 100,
+        },
+    )
     .await?;
     env.start_worker(0).await?;
     let run_id = env
@@ -187,9 +183,10 @@ async fn engine_killed_mid_run_resumes_without_duplicates() -> Result<()> {
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.crm_fault("/customers/lookup", "hang_after_effect", 1)
         .await?;
     env.start_worker(0).await?;
@@ -211,9 +208,10 @@ async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key() 
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     let run_id = env
         .run_losing_the_create(
             "rec@example.com",
@@ -238,15 +236,7 @@ async fn worker_killed_after_dispatching_a_reconcile_call_pauses_the_run() -> Re
     assert_eq!(rows[0]["idempotency_key"], format!("{run_id}/intake.t2"));
     assert_eq!(rows[0]["arguments"]["email"], "rec@example.com");
     assert_eq!(rows[0]["probe"]["outcome"], "undecided");
-    let pool = env.db.pool().await?;
-    let (status,): (String,) = sqlx::query_as(
-        "SELECT status FROM tasks WHERE run_id = $1::uuid AND call_id = 'intake.t2'",
-    )
-    .bind(&run_id)
-    .fetch_one(&pool)
-    .await?;
-    assert_eq!(status, "uncertain");
-    pool.close().await;
+    assert_eq!(env.db.task_status(&run_id, "intake.t2").await?, "uncertain");
     assert_eq!(env.crm_requests("/accounts").await?.len(), 1);
     env.stop().await
 }
@@ -293,13 +283,12 @@ async fn two_engines_and_two_workers_complete_every_run_exactly_once() -> Result
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_and_reflection_answer_without_proto_files() -> Result<()> {
+async fn health_and_reflection_answer_without_proto_files(backend: DbBackend) -> Result<()> {
     use tonic_reflection::pb::v1::{
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let env = Env::start(EngineOpts::default()).await?;
+    let env = Env::start_on(backend, EngineOpts::default()).await?;
     let channel = tonic::transport::Endpoint::from_shared(env.engines[0].url.clone())?
         .connect()
         .await?;
@@ -344,9 +333,8 @@ async fn health_and_reflection_answer_without_proto_files() -> Result<()> {
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_invalid_bundle_is_refused_whole_with_every_error() -> Result<()> {
-    let env = Env::start(EngineOpts::default()).await?;
+async fn an_invalid_bundle_is_refused_whole_with_every_error(backend: DbBackend) -> Result<()> {
+    let env = Env::start_on(backend, EngineOpts::default()).await?;
     let client = env.client(0)?;
     let before = client.list_definitions("").await?.len();
     let files = vec![
@@ -376,9 +364,8 @@ async fn an_invalid_bundle_is_refused_whole_with_every_error() -> Result<()> {
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_starts_watches_and_lists_runs() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn the_cli_starts_watches_and_lists_runs(backend: DbBackend) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let belay = belay_tests::bin("belay")?;
     let cli = |args: &[&str]| {
@@ -437,9 +424,10 @@ async fn the_cli_starts_watches_and_lists_runs() -> Result<()> {
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watching_past_the_end_returns_and_sigterm_ends_open_watches() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn watching_past_the_end_returns_and_sigterm_ends_open_watches(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let done = env
         .start_onboarding(0, "onboarding", "w@example.com", "w1")
@@ -477,9 +465,8 @@ async fn watching_past_the_end_returns_and_sigterm_ends_open_watches() -> Result
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runs_with_large_payloads_can_be_read_back() -> Result<()> {
-    let env = Env::start(EngineOpts::default()).await?;
+async fn runs_with_large_payloads_can_be_read_back(backend: DbBackend) -> Result<()> {
+    let env = Env::start_on(backend, EngineOpts::default()).await?;
     let client = env.client(0)?;
     let big = "x".repeat(3 * 1024 * 1024);
     for key in ["big-1", "big-2"] {
@@ -515,3 +502,17 @@ async fn runs_with_large_payloads_can_be_read_back() -> Result<()> {
     assert!(err.contains("different request"), "{err}");
     env.stop().await
 }
+
+belay_tests::on_both_backends!(
+    onboarding_run_completes_with_a_gapless_timeline,
+    start_run_twice_with_one_key_gives_one_run,
+    refused_tool_calls_go_back_to_the_model_and_the_run_goes_on,
+    engine_killed_mid_run_resumes_without_duplicates,
+    worker_killed_during_an_idempotent_call_is_retried_with_the_same_key,
+    worker_killed_after_dispatching_a_reconcile_call_pauses_the_run,
+    health_and_reflection_answer_without_proto_files,
+    an_invalid_bundle_is_refused_whole_with_every_error,
+    the_cli_starts_watches_and_lists_runs,
+    watching_past_the_end_returns_and_sigterm_ends_open_watches,
+    runs_with_large_payloads_can_be_read_back,
+);

@@ -4,15 +4,16 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use belay_tests::{EngineOpts, Env, dispatch_counts, of_kind};
+use belay_tests::{DbBackend, EngineOpts, Env, dispatch_counts, of_kind};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     let run_id = env
         .run_losing_the_create("probe@example.com", "p1", "hang_after_effect", None)
         .await?;
@@ -43,9 +44,10 @@ async fn a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes()
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_probe_that_finds_nothing_retries_the_call_with_the_same_key() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn a_probe_that_finds_nothing_retries_the_call_with_the_same_key(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     // The first create never reaches the CRM's effect and never answers.
     let run_id = env
         .run_losing_the_create("none@example.com", "p2", "hang_before_effect", None)
@@ -71,9 +73,10 @@ async fn a_probe_that_finds_nothing_retries_the_call_with_the_same_key() -> Resu
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     // The create takes effect, but its answer is held until we release it.
     env.crm_fault("/accounts", "hold_after_effect", 1).await?;
     // The probe never answers, so only the late result can resolve it.
@@ -100,10 +103,11 @@ async fn a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome(
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_resolves_the_lost_create_through_the_admin_endpoint() -> Result<()> {
+async fn an_operator_resolves_the_lost_create_through_the_admin_endpoint(
+    backend: DbBackend,
+) -> Result<()> {
     use reqwest::Method;
-    let mut env = Env::start(EngineOpts::default()).await?;
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     let run_id = env
         .run_losing_the_create(
             "ops@example.com",
@@ -188,10 +192,9 @@ async fn an_operator_resolves_the_lost_create_through_the_admin_endpoint() -> Re
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_killed_during_resolve_resolves_at_most_once() -> Result<()> {
+async fn an_engine_killed_during_resolve_resolves_at_most_once(backend: DbBackend) -> Result<()> {
     use reqwest::Method;
-    let mut env = Env::start(EngineOpts::default()).await?;
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     let run_id = env
         .run_losing_the_create(
             "kill-resolve@example.com",
@@ -244,9 +247,10 @@ async fn an_engine_killed_during_resolve_resolves_at_most_once() -> Result<()> {
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     // The create takes effect; its answer is held, then lost with the worker.
     env.crm_fault("/accounts", "hold_after_effect", 1).await?;
     env.crm_fault("/accounts/by-idempotency-key/*", "fail_400", 1)
@@ -281,9 +285,10 @@ async fn an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result() 
     env.stop().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on() -> Result<()> {
-    let mut env = Env::start(EngineOpts::default()).await?;
+async fn a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     // The first two creates never take effect and never answer.
     env.crm_fault("/accounts", "hang_before_effect", 2).await?;
     env.start_worker(0).await?;
@@ -310,3 +315,13 @@ async fn a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on() -
     );
     env.stop().await
 }
+
+belay_tests::on_both_backends!(
+    a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes,
+    a_probe_that_finds_nothing_retries_the_call_with_the_same_key,
+    a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome,
+    an_operator_resolves_the_lost_create_through_the_admin_endpoint,
+    an_engine_killed_during_resolve_resolves_at_most_once,
+    an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result,
+    a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on,
+);
