@@ -1,4 +1,7 @@
-//! `belay`: the command-line client for users and operators.
+//! `belay`: the command-line client for users and operators, and `belay
+//! dev` (an engine and a worker in one process, see [`dev`]).
+
+mod dev;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,7 +15,7 @@ use serde_json::{Value, json};
 #[command(
     name = "belay",
     version,
-    about = "Belay client: definitions, runs, tenants, uncertain outcomes"
+    about = "Belay client: definitions, runs, tenants, uncertain outcomes; `belay dev` runs an engine and a worker"
 )]
 struct Cli {
     /// Engine gRPC URL.
@@ -37,13 +40,24 @@ struct Cli {
         global = true
     )]
     admin_url: String,
-    /// Admin bearer token (for `uncertain`).
+    /// Admin bearer token (for `uncertain`; `belay dev` serves its admin
+    /// endpoint with it, or with a generated one it prints).
     #[arg(long, env = "BELAY_ADMIN_TOKEN", hide_env_values = true, global = true)]
     admin_token: Option<String>,
     #[command(subcommand)]
-    command: Cmd,
+    command: Command,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// Run an engine (gRPC API, admin endpoint) and a worker in one process,
+    /// on a SQLite file by default; stops on Ctrl-C or SIGTERM.
+    Dev(Box<dev::DevArgs>),
+    #[command(flatten)]
+    Client(Cmd),
+}
+
+/// The commands that talk to a running engine.
 #[derive(Subcommand)]
 enum Cmd {
     /// Register and list definitions.
@@ -478,11 +492,16 @@ async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Resu
     }
 }
 
-async fn run(cli: Cli) -> Result<(), SdkError> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let command = match cli.command {
+        // `belay dev` serves instead of calling an engine: no client is made.
+        Command::Dev(args) => return dev::run(*args, cli.admin_token).await,
+        Command::Client(command) => command,
+    };
     let client = Client::connect_lazy(&cli.engine_url, &cli.tenant)?;
     let as_json = cli.json;
     let admin = || admin_client(&cli.admin_url, cli.admin_token.as_deref(), &cli.tenant);
-    match cli.command {
+    match command {
         Cmd::Uncertain(UncertainCmd::List {
             status,
             tool,

@@ -152,6 +152,7 @@ impl AdminError {
                 CoordinatorError::FailedPrecondition(_) | CoordinatorError::Conflict(_) => {
                     StatusCode::CONFLICT
                 }
+                CoordinatorError::PermissionDenied(_) => StatusCode::FORBIDDEN,
                 CoordinatorError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                 CoordinatorError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             },
@@ -180,6 +181,7 @@ impl AdminError {
                 }
                 CoordinatorError::FailedPrecondition(_) => "failed_precondition",
                 CoordinatorError::Conflict(_) => "conflict",
+                CoordinatorError::PermissionDenied(_) => "forbidden",
                 CoordinatorError::Unprocessable { .. } => "unprocessable",
                 CoordinatorError::Store(_) => "unavailable",
             },

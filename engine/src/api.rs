@@ -40,6 +40,7 @@ impl From<CoordinatorError> for Status {
             }
             CoordinatorError::FailedPrecondition(msg) => Status::failed_precondition(msg),
             CoordinatorError::Conflict(msg) => Status::aborted(msg),
+            CoordinatorError::PermissionDenied(msg) => Status::permission_denied(msg),
             CoordinatorError::Unprocessable { message, errors } => {
                 Status::invalid_argument(format!("{message}: {}", errors.join("; ")))
             }
@@ -326,6 +327,51 @@ impl RunService for Api {
             .resume_run(&r.tenant, &r.run_id, &r.operator, &r.reason)
             .await?;
         Ok(Response::new(v1::ResumeRunResponse {
+            run: Some(run_msg(run)),
+        }))
+    }
+
+    async fn signal_run(
+        &self,
+        req: Request<v1::SignalRunRequest>,
+    ) -> Result<Response<v1::SignalRunResponse>, Status> {
+        let r = req.into_inner();
+        let (run, duplicate) = self
+            .coord
+            .signal_run(
+                &r.tenant,
+                &r.run_id,
+                &r.name,
+                &r.signal_id,
+                &r.payload_json,
+                &r.sent_by,
+            )
+            .await?;
+        Ok(Response::new(v1::SignalRunResponse {
+            run: Some(run_msg(run)),
+            duplicate,
+        }))
+    }
+
+    async fn decide_approval(
+        &self,
+        req: Request<v1::DecideApprovalRequest>,
+    ) -> Result<Response<v1::DecideApprovalResponse>, Status> {
+        let r = req.into_inner();
+        let run = self
+            .coord
+            .decide_approval(
+                &r.tenant,
+                &r.run_id,
+                &r.node,
+                r.approve,
+                &r.edited_subject_json,
+                &r.approver,
+                &r.approver_grants,
+                &r.reason,
+            )
+            .await?;
+        Ok(Response::new(v1::DecideApprovalResponse {
             run: Some(run_msg(run)),
         }))
     }

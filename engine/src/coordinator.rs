@@ -46,6 +46,9 @@ pub enum CoordinatorError {
     /// The thing was already done by someone else (a second resolve).
     #[error("{0}")]
     Conflict(String),
+    /// The caller lacks a permission this needs.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A resolution's result does not match the tool's output type; each
     /// violation is listed.
     #[error("{message}")]
@@ -81,6 +84,9 @@ impl From<MachineError> for CoordinatorError {
                 message: format!("the result does not match the output type of `{tool}`"),
                 errors,
             },
+            MachineError::InvalidSignal(msg) => CoordinatorError::InvalidArgument(msg),
+            MachineError::AlreadyDecided { .. } => CoordinatorError::Conflict(e.to_string()),
+            MachineError::NotAllowed(msg) => CoordinatorError::PermissionDenied(msg),
             other => CoordinatorError::FailedPrecondition(other.to_string()),
         }
     }
@@ -330,51 +336,72 @@ impl Coordinator {
         let mut agents = BTreeMap::new();
         let mut tools = BTreeMap::new();
         for node in &wf.nodes {
-            let NodeKind::Agent { agent } = &node.kind;
-            if agents.contains_key(agent) {
-                continue;
-            }
-            let arow = self
-                .store
-                .latest_definition(tenant, "agent", agent)
-                .await?
-                .ok_or_else(|| {
-                    CoordinatorError::FailedPrecondition(format!(
-                        "agent `{agent}` of workflow `{workflow}` is not registered"
-                    ))
-                })?;
-            let adef: AgentDef = decode(&arow)?;
-            for tool in &adef.tools {
-                if tools.contains_key(tool) {
-                    continue;
+            match &node.kind {
+                NodeKind::Agent { agent, .. } => {
+                    if agents.contains_key(agent) {
+                        continue;
+                    }
+                    let arow = self
+                        .store
+                        .latest_definition(tenant, "agent", agent)
+                        .await?
+                        .ok_or_else(|| {
+                            CoordinatorError::FailedPrecondition(format!(
+                                "agent `{agent}` of workflow `{workflow}` is not registered"
+                            ))
+                        })?;
+                    let adef: AgentDef = decode(&arow)?;
+                    for tool in &adef.tools {
+                        self.pin_tool(tenant, tool, &format!("agent `{agent}`"), &mut tools)
+                            .await?;
+                    }
+                    agents.insert(agent.clone(), pinned(&arow, adef));
                 }
-                let trow = self
-                    .store
-                    .latest_definition(tenant, "tool", tool)
-                    .await?
-                    .ok_or_else(|| {
-                        CoordinatorError::FailedPrecondition(format!(
-                            "tool `{tool}` of agent `{agent}` is not registered"
-                        ))
-                    })?;
-                let tdef: ToolDef = decode(&trow)?;
-                // A reconcile probe is pinned too (never offered to the model).
-                if let Some(probe) = tdef.reconcile_with.clone()
-                    && !tools.contains_key(&probe)
-                    && let Some(prow) = self.store.latest_definition(tenant, "tool", &probe).await?
-                {
-                    let pdef: ToolDef = decode(&prow)?;
-                    tools.insert(probe, pinned(&prow, pdef));
+                NodeKind::Tool { tool, .. } => {
+                    self.pin_tool(tenant, tool, &format!("node `{}`", node.id), &mut tools)
+                        .await?;
                 }
-                tools.insert(tool.clone(), pinned(&trow, tdef));
+                _ => {}
             }
-            agents.insert(agent.clone(), pinned(&arow, adef));
         }
         Ok(RunPlan {
             workflow: pinned(&row, wf),
             agents,
             tools,
         })
+    }
+
+    /// Pin the newest `tool` (and its reconcile probe) into `tools`.
+    async fn pin_tool(
+        &self,
+        tenant: &str,
+        tool: &str,
+        used_by: &str,
+        tools: &mut BTreeMap<String, Pinned<ToolDef>>,
+    ) -> Result<(), CoordinatorError> {
+        if tools.contains_key(tool) {
+            return Ok(());
+        }
+        let trow = self
+            .store
+            .latest_definition(tenant, "tool", tool)
+            .await?
+            .ok_or_else(|| {
+                CoordinatorError::FailedPrecondition(format!(
+                    "tool `{tool}` of {used_by} is not registered"
+                ))
+            })?;
+        let tdef: ToolDef = decode(&trow)?;
+        // A reconcile probe is pinned too (never offered to the model).
+        if let Some(probe) = tdef.reconcile_with.clone()
+            && !tools.contains_key(&probe)
+            && let Some(prow) = self.store.latest_definition(tenant, "tool", &probe).await?
+        {
+            let pdef: ToolDef = decode(&prow)?;
+            tools.insert(probe, pinned(&prow, pdef));
+        }
+        tools.insert(tool.to_owned(), pinned(&trow, tdef));
+        Ok(())
     }
 
     // ---- runs ---------------------------------------------------------------
@@ -610,6 +637,151 @@ impl Coordinator {
         };
         self.control_run(tenant, run_id, input, "run resumed by operator")
             .await
+    }
+
+    /// Deliver a signal (kept until a wait takes it). Returns the run and
+    /// whether `signal_id` had been delivered before (then nothing changed).
+    ///
+    /// Errors: `InvalidArgument` for a signal the workflow does not wait for
+    /// or a payload its wait refuses; `FailedPrecondition` for a finished run.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn signal_run(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload_json: &str,
+        sent_by: &str,
+    ) -> Result<(RunRow, bool), CoordinatorError> {
+        require("name", name)?;
+        check_text("name", name, MAX_ID_BYTES)?;
+        require("signal_id", signal_id)?;
+        check_text("signal_id", signal_id, MAX_ID_BYTES)?;
+        check_text("sent_by", sent_by, MAX_ID_BYTES)?;
+        if payload_json.len() > MAX_JSON_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`payload_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                payload_json.len()
+            )));
+        }
+        let payload = if payload_json.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str::<Value>(payload_json)
+                .map(machine::normalize::strip_nul_value)
+                .map_err(|e| {
+                    CoordinatorError::InvalidArgument(format!("`payload_json` is not JSON: {e}"))
+                })?
+        };
+        let run = self.get_run(tenant, run_id).await?;
+        let input = Input::Signal {
+            signal_id: signal_id.to_owned(),
+            name: name.to_owned(),
+            payload,
+            sent_by: sent_by.to_owned(),
+        };
+        let applied = self
+            .store
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, input).map_err(CoordinatorError::from)
+            })
+            .await?;
+        let duplicate = applied.events == 0;
+        tracing::info!(run_id = %run.run_id, signal = name, duplicate, "signal delivered");
+        Ok((self.get_run(tenant, run_id).await?, duplicate))
+    }
+
+    /// Decide an approval node.
+    ///
+    /// Errors: `PermissionDenied` without the node's `approver_grant` (or an
+    /// edit where none is allowed), `Conflict` for a second decision,
+    /// `FailedPrecondition` when the node is not waiting, `Unprocessable` for
+    /// an edit that does not match `edits_schema`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn decide_approval(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        node: &str,
+        approve: bool,
+        edited_subject_json: &str,
+        approver: &str,
+        approver_grants: &[String],
+        reason: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        require("node", node)?;
+        check_text("node", node, MAX_ID_BYTES)?;
+        require("approver", approver)?;
+        check_text("approver", approver, MAX_ID_BYTES)?;
+        check_text("reason", reason, MAX_TEXT_BYTES)?;
+        for g in approver_grants {
+            check_text("approver_grants", g, MAX_ID_BYTES)?;
+        }
+        let edited_subject = if edited_subject_json.trim().is_empty() {
+            None
+        } else {
+            if edited_subject_json.len() > MAX_JSON_BYTES {
+                return Err(CoordinatorError::InvalidArgument(format!(
+                    "`edited_subject_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                    edited_subject_json.len()
+                )));
+            }
+            Some(
+                serde_json::from_str::<Value>(edited_subject_json).map_err(|e| {
+                    CoordinatorError::InvalidArgument(format!(
+                        "`edited_subject_json` is not JSON: {e}"
+                    ))
+                })?,
+            )
+        };
+        let run = self.get_run(tenant, run_id).await?;
+        let input = Input::DecideApproval {
+            node: node.to_owned(),
+            approve,
+            edited_subject,
+            by: approver.to_owned(),
+            grants: approver_grants.to_vec(),
+            reason: reason.to_owned(),
+        };
+        self.store
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, input).map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(run_id = %run.run_id, node, approve, approver, "approval decided");
+        self.get_run(tenant, run_id).await
+    }
+
+    /// Fire due timers (any replica; each fires once: its transition
+    /// deletes the row under the run lock, and a stale or repeated firing
+    /// changes nothing). Returns how many were handled.
+    pub async fn fire_due_timers(&self) -> Result<usize, CoordinatorError> {
+        let due = self
+            .store
+            .due_timers(256)
+            .await
+            .map_err(CoordinatorError::Store)?;
+        let mut handled = 0;
+        for (run_id, timer_id) in due {
+            let input = Input::TimerFired {
+                timer_id: timer_id.clone(),
+            };
+            match self
+                .store
+                .transition(run_id, None, |state, _| {
+                    machine::decide(state, input).map_err(CoordinatorError::from)
+                })
+                .await
+            {
+                Ok(_) => handled += 1,
+                Err(e) => {
+                    // One run that cannot be judged must not stop the others.
+                    tracing::warn!(%run_id, timer_id, error = %CoordinatorError::from(e), "timer could not fire");
+                }
+            }
+        }
+        Ok(handled)
     }
 
     /// Apply an operator's control input to a run of `tenant`; returns the
@@ -1115,6 +1287,9 @@ impl Coordinator {
                     tick.tick().await;
                     if let Err(e) = this.sweep_expired_leases().await {
                         tracing::warn!(error = %e, "lease sweep failed");
+                    }
+                    if let Err(e) = this.fire_due_timers().await {
+                        tracing::warn!(error = %e, "timer sweep failed");
                     }
                 }
             })

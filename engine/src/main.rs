@@ -17,7 +17,8 @@ use clap::{Parser, Subcommand};
     about = "Belay engine: coordinator, gRPC API, lease sweeper"
 )]
 struct Cli {
-    /// PostgreSQL URL.
+    /// Database URL: `postgres://…` (production; any number of engine
+    /// replicas) or `sqlite://PATH` (embedded; one engine process per file).
     #[arg(
         long,
         env = "DATABASE_URL",

@@ -47,6 +47,58 @@ fn worker_and_sdk_never_depend_on_the_engine() {
     }
 }
 
+/// Every dependency table of a manifest (normal, dev and build).
+fn all_dependencies(manifest: &str) -> String {
+    let text = std::fs::read_to_string(repo_root().join(manifest)).unwrap_or_default();
+    text.split("\n[")
+        .filter(|section| {
+            ["dependencies]", "dev-dependencies]", "build-dependencies]"]
+                .iter()
+                .any(|table| section.starts_with(table))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_cli_depends_only_on_proto_sdk_engine_and_worker() {
+    let deps = dependencies("cli/Cargo.toml");
+    assert!(!deps.is_empty(), "cli/Cargo.toml has no [dependencies]");
+    for line in deps.lines().map(str::trim) {
+        let name = line
+            .split(|c: char| c == '.' || c == '=' || c.is_whitespace())
+            .next()
+            .unwrap_or_default();
+        if name.starts_with("belay") {
+            assert!(
+                ["belay-proto", "belay-sdk", "belay-engine", "belay-worker"].contains(&name),
+                "cli depends on {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn nothing_but_the_tests_depends_on_the_cli() {
+    for manifest in [
+        "proto/Cargo.toml",
+        "engine/Cargo.toml",
+        "worker/Cargo.toml",
+        "sdk/Cargo.toml",
+        "examples/onboarding/Cargo.toml",
+        "bench/Cargo.toml",
+    ] {
+        assert!(
+            repo_root().join(manifest).exists(),
+            "{manifest} is gone: update this list"
+        );
+        assert!(
+            !all_dependencies(manifest).contains("belay-cli"),
+            "{manifest} depends on belay-cli"
+        );
+    }
+}
+
 #[test]
 fn machine_and_definitions_do_no_io() {
     let root = repo_root();
@@ -88,6 +140,7 @@ fn every_module_says_what_it_is_for() {
         "engine/src",
         "worker/src",
         "sdk/src",
+        "cli/src",
         "tests/src",
         "tests/tests",
         "examples/onboarding/src",

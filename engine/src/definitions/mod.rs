@@ -6,6 +6,7 @@
 //! hand in file contents and get values or errors back, so registration can
 //! refuse a bundle before anything is stored ("never half-registered").
 
+pub mod expr;
 pub mod model;
 
 mod abl;
@@ -523,7 +524,8 @@ nodes:
         assert_eq!(
             wf.nodes[0].kind,
             NodeKind::Agent {
-                agent: "onboarding_agent".into()
+                agent: "onboarding_agent".into(),
+                input: None,
             }
         );
         assert_eq!(wf.nodes[0].next, None);

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::expr::{Expr, Template};
+
 /// Whether a tool call may be repeated when its outcome is unknown
 /// (DESIGN.md, "The tool call, exactly").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,16 +157,195 @@ pub struct NodeDef {
     pub source_line: u32,
 }
 
-/// Node kinds supported so far.
+/// What a node does. Inputs written as [`Template`]s are JSON values whose
+/// strings may hold `${ <jq> }` expressions over the run's state document
+/// (`{"input", "nodes": {<id>: {"input", "output"}}, "vars", "run": {"id", "tenant"}}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum NodeKind {
-    /// Run an agent loop. Its input is the run input (first node) or the
-    /// previous node's output.
+    /// Run an agent loop. Its input is `input` rendered, or else the run
+    /// input (first node) or the previous node's output.
     Agent {
         /// Agent name.
         agent: String,
+        /// `input:`. Added after v0.1.
+        #[serde(default)]
+        input: Option<Template>,
     },
+    /// Call a tool directly with `args` (no model): a deterministic step
+    /// with the tool's checks, permission, repeat safety and durability.
+    /// Its output is the tool's result.
+    Tool {
+        /// Tool name.
+        tool: String,
+        /// Arguments (an object once rendered).
+        args: Template,
+        /// Node to go to when the call fails for good; `None`: the run fails.
+        #[serde(default)]
+        on_error: Option<String>,
+    },
+    /// Wait durably for the first of several things to happen.
+    Wait(WaitDef),
+    /// Wait for a person's decision.
+    Approval(ApprovalDef),
+    /// Go to the first case whose condition is true.
+    Branch {
+        /// Cases in order.
+        cases: Vec<BranchCase>,
+        /// Where to go when no case matches; `None`: the node's `next`.
+        #[serde(default)]
+        default: Option<String>,
+    },
+    /// Set run variables (`.vars.<name>`); the node's output is the object set.
+    Set {
+        /// Object of values to set.
+        values: Template,
+    },
+    /// End the run as failed with a message.
+    Fail {
+        /// The error (rendered; a non-string becomes its JSON text).
+        error: Template,
+    },
+    /// End the run as completed.
+    Succeed {
+        /// The run's output; `None`: the previous node's output.
+        #[serde(default)]
+        output: Option<Template>,
+    },
+}
+
+/// One case of a `branch` node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchCase {
+    /// jq condition; jq truthiness (everything but `false` and `null` is true).
+    pub when: Expr,
+    /// Node to go to.
+    pub next: String,
+}
+
+/// A `wait` node: the first of `any` to happen ends it; `timeout_ms` bounds
+/// the whole wait.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitDef {
+    /// What ends the wait (at least one).
+    pub any: Vec<WaitFor>,
+    /// Give up after this many ms.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Node to go to on timeout; `None`: the run fails.
+    #[serde(default)]
+    pub on_timeout: Option<String>,
+}
+
+/// One thing a wait waits for. Its `next` overrides the node's `next`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "for", rename_all = "snake_case")]
+pub enum WaitFor {
+    /// A signal delivered with `SignalRun` (buffered if it comes early).
+    Signal {
+        /// Signal name.
+        name: String,
+        /// JSON Schema the payload must match; checked when the signal is sent.
+        #[serde(default)]
+        payload_schema: Option<Value>,
+        /// Where to go.
+        #[serde(default)]
+        next: Option<String>,
+    },
+    /// A duration, ms, from the moment the wait starts.
+    Duration {
+        /// ms.
+        ms: u64,
+        /// Where to go.
+        #[serde(default)]
+        next: Option<String>,
+    },
+    /// A point in time: an RFC 3339 timestamp (rendered).
+    Until {
+        /// The time.
+        at: Template,
+        /// Where to go.
+        #[serde(default)]
+        next: Option<String>,
+    },
+}
+
+/// An `approval` node: a person with `approver_grant` approves (optionally
+/// with edits to `subject`) or declines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDef {
+    /// What the approver sees and approves, exactly (rendered once, when the
+    /// node starts, and kept in the event).
+    pub subject: Template,
+    /// A question for the approver.
+    #[serde(default)]
+    pub prompt: Option<Template>,
+    /// The permission an approver must hold.
+    pub approver_grant: String,
+    /// Whether an approver may change `subject` when approving; the edited
+    /// subject must still match `edits_schema` when given.
+    #[serde(default)]
+    pub allow_edits: bool,
+    /// JSON Schema an edited subject must match.
+    #[serde(default)]
+    pub edits_schema: Option<Value>,
+    /// Node to go to on decline; `None`: the run fails.
+    #[serde(default)]
+    pub on_decline: Option<String>,
+    /// Give up after this many ms.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Node to go to on timeout; `None`: the run fails.
+    #[serde(default)]
+    pub on_timeout: Option<String>,
+}
+
+impl NodeDef {
+    /// Every node this node may go to, with the key that names it.
+    pub fn successors(&self) -> Vec<(&'static str, &str)> {
+        let mut out: Vec<(&'static str, &str)> = Vec::new();
+        if let Some(n) = &self.next {
+            out.push(("next", n));
+        }
+        match &self.kind {
+            NodeKind::Tool {
+                on_error: Some(n), ..
+            } => out.push(("on_error", n)),
+            NodeKind::Wait(w) => {
+                for f in &w.any {
+                    let next = match f {
+                        WaitFor::Signal { next, .. }
+                        | WaitFor::Duration { next, .. }
+                        | WaitFor::Until { next, .. } => next,
+                    };
+                    if let Some(n) = next {
+                        out.push(("next", n));
+                    }
+                }
+                if let Some(n) = &w.on_timeout {
+                    out.push(("on_timeout", n));
+                }
+            }
+            NodeKind::Approval(a) => {
+                if let Some(n) = &a.on_decline {
+                    out.push(("on_decline", n));
+                }
+                if let Some(n) = &a.on_timeout {
+                    out.push(("on_timeout", n));
+                }
+            }
+            NodeKind::Branch { cases, default } => {
+                for c in cases {
+                    out.push(("next", &c.next));
+                }
+                if let Some(n) = default {
+                    out.push(("default", n));
+                }
+            }
+            _ => {}
+        }
+        out
+    }
 }
 
 /// A workflow declared in YAML (`kind: workflow`).

@@ -13,7 +13,11 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_saphyr::{MessageFormatter, Spanned};
 
-use super::model::{AgentDef, Budget, LoopPolicy, NodeDef, NodeKind, WorkflowDef};
+use super::expr::{Expr, Template};
+use super::model::{
+    AgentDef, ApprovalDef, BranchCase, Budget, LoopPolicy, NodeDef, NodeKind, WaitDef, WaitFor,
+    WorkflowDef,
+};
 use super::{DefinitionError, NameAt, check_name, check_permission, schema};
 
 /// Defaults documented on [`AgentDef`] and the `loop:` brief.
@@ -37,7 +41,40 @@ const AGENT_KEYS: &[&str] = &[
     "max_output_tokens",
 ];
 const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes"];
-const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "grants", "next"];
+const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "input", "grants", "next"];
+const TOOL_NODE_KEYS: &[&str] = &["id", "type", "tool", "args", "grants", "next", "on_error"];
+const WAIT_NODE_KEYS: &[&str] = &[
+    "id",
+    "type",
+    "signal",
+    "payload_schema",
+    "duration",
+    "until",
+    "for",
+    "timeout",
+    "on_timeout",
+    "grants",
+    "next",
+];
+const WAIT_FOR_KEYS: &[&str] = &["signal", "payload_schema", "duration", "until", "next"];
+const APPROVAL_NODE_KEYS: &[&str] = &[
+    "id",
+    "type",
+    "subject",
+    "prompt",
+    "approver_grant",
+    "allow_edits",
+    "edits_schema",
+    "on_decline",
+    "timeout",
+    "on_timeout",
+    "grants",
+    "next",
+];
+const BRANCH_NODE_KEYS: &[&str] = &["id", "type", "cases", "default", "grants", "next"];
+const SET_NODE_KEYS: &[&str] = &["id", "type", "values", "grants", "next"];
+const FAIL_NODE_KEYS: &[&str] = &["id", "type", "error", "grants"];
+const SUCCEED_NODE_KEYS: &[&str] = &["id", "type", "output", "grants"];
 const LOOP_KEYS: &[&str] = &["type", "max_model_steps", "max_tool_calls"];
 const BUDGET_KEYS: &[&str] = &["max_tokens"];
 const LIMIT_KEYS: &[&str] = &[
@@ -47,9 +84,7 @@ const LIMIT_KEYS: &[&str] = &[
     "max_tool_attempts",
 ];
 /// Node types of DESIGN.md that are not implemented yet.
-const PLANNED_NODE_TYPES: &[&str] = &[
-    "wait", "approval", "branch", "tool", "workflow", "set", "fail", "succeed",
-];
+const PLANNED_NODE_TYPES: &[&str] = &["workflow"];
 
 /// What one YAML file yields.
 #[derive(Debug, Default)]
@@ -627,7 +662,9 @@ fn parse_limits(node: Option<&Node>, cx: &mut Cx<'_>) -> Limits {
 /// A node as read, before the graph checks.
 struct ParsedNode {
     id: Option<NameAt>,
-    next: Option<NameAt>,
+    /// Every node id this node names (`next`, `on_timeout`, case targets, …),
+    /// with the key that names it.
+    edges: Vec<(String, NameAt)>,
     def: Option<NodeDef>,
 }
 
@@ -698,10 +735,10 @@ fn parse_workflow(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         unknown_node(s, "start", cx);
     }
     for node in &nodes {
-        if let Some(next) = &node.next
-            && !ids.contains_key(next.name.as_str())
-        {
-            unknown_node(next, "next", cx);
+        for (key, target) in &node.edges {
+            if !ids.contains_key(target.name.as_str()) {
+                unknown_node(target, key, cx);
+            }
         }
     }
     check_cycles(&nodes, &ids, cx);
@@ -730,7 +767,7 @@ fn parse_workflow(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
 fn parse_node(item: &Node, cx: &mut Cx<'_>) -> ParsedNode {
     let mut parsed = ParsedNode {
         id: None,
-        next: None,
+        edges: Vec::new(),
         def: None,
     };
     let Some(mut map) = MapView::new(item, "a node", cx) else {
@@ -744,57 +781,435 @@ fn parse_node(item: &Node, cx: &mut Cx<'_>) -> ParsedNode {
     let Some(node_type) = string(type_node, "type", cx) else {
         return parsed;
     };
-    if node_type != "agent" {
-        // The keys of other node types are not known yet, so they are not
-        // reported as unknown: the type error says all there is to say.
-        let message = if PLANNED_NODE_TYPES.contains(&node_type.as_str()) {
-            format!("node type `{node_type}` is not supported yet")
-        } else {
-            format!("unknown node type `{node_type}` (expected `agent`)")
-        };
-        cx.error_at(type_node, message);
-        parsed.next = map
-            .get_present("next")
-            .and_then(|n| name(n, "next", "node id", cx));
-        return parsed;
-    }
-    let agent = required(&mut map, "agent", "an agent node", cx)
-        .and_then(|n| name(n, "agent", "agent", cx));
-    if let Some(a) = &agent {
-        cx.out.agent_refs.push(a.clone());
-    }
+    let next = edge(&mut map, "next", &mut parsed.edges, cx);
     let grants = names_list(
         map.get("grants"),
         "grants",
         |s| check_permission("grant", s),
         cx,
     );
-    parsed.next = map
-        .get_present("next")
-        .and_then(|n| name(n, "next", "node id", cx));
-    map.finish("an agent node", AGENT_NODE_KEYS, cx);
+    let (kind, allowed): (Option<NodeKind>, &[&str]) = match node_type.as_str() {
+        "agent" => {
+            let agent = required(&mut map, "agent", "an agent node", cx)
+                .and_then(|n| name(n, "agent", "agent", cx));
+            if let Some(a) = &agent {
+                cx.out.agent_refs.push(a.clone());
+            }
+            let input = map
+                .get_present("input")
+                .and_then(|n| template(n, "input", cx));
+            (
+                agent.map(|a| NodeKind::Agent {
+                    agent: a.name,
+                    input,
+                }),
+                AGENT_NODE_KEYS,
+            )
+        }
+        "tool" => {
+            let tool = required(&mut map, "tool", "a tool node", cx)
+                .and_then(|n| name(n, "tool", "tool", cx));
+            if let Some(t) = &tool {
+                cx.out.tool_refs.push(t.clone());
+            }
+            let args = match map.get_present("args") {
+                Some(n) => template(n, "args", cx),
+                None => Some(Template::constant(Value::Object(Default::default()))),
+            };
+            let on_error = edge(&mut map, "on_error", &mut parsed.edges, cx);
+            let kind = match (tool, args) {
+                (Some(tool), Some(args)) => Some(NodeKind::Tool {
+                    tool: tool.name,
+                    args,
+                    on_error,
+                }),
+                _ => None,
+            };
+            (kind, TOOL_NODE_KEYS)
+        }
+        "wait" => (
+            parse_wait(item, &mut map, &mut parsed.edges, cx),
+            WAIT_NODE_KEYS,
+        ),
+        "approval" => {
+            let subject = required(&mut map, "subject", "an approval node", cx)
+                .and_then(|n| template(n, "subject", cx));
+            let prompt = map
+                .get_present("prompt")
+                .and_then(|n| template(n, "prompt", cx));
+            let approver_grant = required(&mut map, "approver_grant", "an approval node", cx)
+                .and_then(|n| {
+                    let s = string(n, "approver_grant", cx)?;
+                    if let Some(m) = check_permission("approver_grant", &s) {
+                        cx.error_at(n, m);
+                        return None;
+                    }
+                    Some(s)
+                });
+            let allow_edits = map
+                .get_present("allow_edits")
+                .and_then(|n| boolean(n, "allow_edits", cx))
+                .unwrap_or(false);
+            let edits_schema = map
+                .get_present("edits_schema")
+                .and_then(|n| json_schema(n, "edits_schema", cx));
+            let on_decline = edge(&mut map, "on_decline", &mut parsed.edges, cx);
+            let timeout_ms = map
+                .get_present("timeout")
+                .and_then(|n| duration_ms(n, "timeout", cx));
+            let on_timeout = edge(&mut map, "on_timeout", &mut parsed.edges, cx);
+            let kind = match (subject, approver_grant) {
+                (Some(subject), Some(approver_grant)) => Some(NodeKind::Approval(ApprovalDef {
+                    subject,
+                    prompt,
+                    approver_grant,
+                    allow_edits,
+                    edits_schema,
+                    on_decline,
+                    timeout_ms,
+                    on_timeout,
+                })),
+                _ => None,
+            };
+            (kind, APPROVAL_NODE_KEYS)
+        }
+        "branch" => {
+            let mut cases = Vec::new();
+            let cases_node = required(&mut map, "cases", "a branch node", cx);
+            if let Some(items) = list(cases_node, "cases", cx) {
+                for case in items {
+                    let Some(mut cm) = MapView::new(case, "a case", cx) else {
+                        continue;
+                    };
+                    let when =
+                        required(&mut cm, "when", "a case", cx).and_then(|n| expr(n, "when", cx));
+                    let next = required(&mut cm, "next", "a case", cx)
+                        .and_then(|n| name(n, "next", "node id", cx));
+                    cm.finish("a case", &["when", "next"], cx);
+                    if let Some(n) = &next {
+                        parsed.edges.push(("next".into(), n.clone()));
+                    }
+                    if let (Some(when), Some(next)) = (when, next) {
+                        cases.push(BranchCase {
+                            when,
+                            next: next.name,
+                        });
+                    }
+                }
+            }
+            let default = edge(&mut map, "default", &mut parsed.edges, cx);
+            (Some(NodeKind::Branch { cases, default }), BRANCH_NODE_KEYS)
+        }
+        "set" => {
+            let values = required(&mut map, "values", "a set node", cx).and_then(|n| {
+                if !matches!(n.value, Val::Map(_)) {
+                    cx.error_at(n, "`values` must be a mapping of variable names to values");
+                    return None;
+                }
+                template(n, "values", cx)
+            });
+            (values.map(|values| NodeKind::Set { values }), SET_NODE_KEYS)
+        }
+        "fail" => {
+            let error = required(&mut map, "error", "a fail node", cx)
+                .and_then(|n| template(n, "error", cx));
+            (error.map(|error| NodeKind::Fail { error }), FAIL_NODE_KEYS)
+        }
+        "succeed" => {
+            let output = map
+                .get_present("output")
+                .and_then(|n| template(n, "output", cx));
+            (Some(NodeKind::Succeed { output }), SUCCEED_NODE_KEYS)
+        }
+        other => {
+            // The keys of an unknown type are not known, so they are not
+            // reported as unknown: the type error says all there is to say.
+            let message = if PLANNED_NODE_TYPES.contains(&other) {
+                format!("node type `{other}` is not supported yet")
+            } else {
+                format!(
+                    "unknown node type `{other}` (expected one of: agent, tool, wait, approval, branch, set, fail, succeed)"
+                )
+            };
+            cx.error_at(type_node, message);
+            return parsed;
+        }
+    };
+    if matches!(node_type.as_str(), "fail" | "succeed")
+        && let Some((_, n)) = parsed.edges.iter().find(|(k, _)| k == "next")
+    {
+        cx.error(
+            n.line,
+            n.column,
+            format!("a `{node_type}` node ends the run: it cannot have `next`"),
+        );
+    }
+    let article = if matches!(node_type.as_str(), "agent" | "approval") {
+        "an"
+    } else {
+        "a"
+    };
+    map.finish(&format!("{article} {node_type} node"), allowed, cx);
     if cx.out.errors.len() > errors_before {
         return parsed;
     }
-    if let (Some(id), Some(agent)) = (&parsed.id, agent) {
+    if let (Some(id), Some(kind)) = (&parsed.id, kind) {
         parsed.def = Some(NodeDef {
             id: id.name.clone(),
-            kind: NodeKind::Agent { agent: agent.name },
+            kind,
             grants: grants.into_iter().map(|g| g.name).collect(),
-            next: parsed.next.as_ref().map(|n| n.name.clone()),
+            next,
             source_line: pos(item).0,
         });
     }
     parsed
 }
 
-/// With only `next` edges, a cycle means a run that can never finish.
+/// A key naming another node (`next`, `on_error`, …): recorded as an edge
+/// for the graph checks; returns the id.
+fn edge(
+    map: &mut MapView<'_>,
+    key: &str,
+    edges: &mut Vec<(String, NameAt)>,
+    cx: &mut Cx<'_>,
+) -> Option<String> {
+    let at = map
+        .get_present(key)
+        .and_then(|n| name(n, key, "node id", cx))?;
+    let n = at.name.clone();
+    edges.push((key.to_owned(), at));
+    Some(n)
+}
+
+/// A `wait` node: `for:` (a list) or one of `signal:` / `duration:` /
+/// `until:` directly on the node, plus `timeout:` / `on_timeout:`.
+fn parse_wait(
+    item: &Node,
+    map: &mut MapView<'_>,
+    edges: &mut Vec<(String, NameAt)>,
+    cx: &mut Cx<'_>,
+) -> Option<NodeKind> {
+    let errors_before = cx.out.errors.len();
+    let mut any = Vec::new();
+    let direct = ["signal", "duration", "until"]
+        .iter()
+        .filter(|k| map.get_present(k).is_some())
+        .count();
+    if let Some(list_node) = map.get_present("for") {
+        if direct > 0 {
+            cx.error_at(
+                list_node,
+                "give either `for:` (a list) or one of `signal:`, `duration:`, `until:`, not both",
+            );
+        }
+        if let Some(items) = list(Some(list_node), "for", cx) {
+            if items.is_empty() {
+                cx.error_at(list_node, "`for` needs at least one entry");
+            }
+            for entry in items {
+                let Some(mut em) = MapView::new(entry, "an entry of `for`", cx) else {
+                    continue;
+                };
+                if let Some(f) = wait_for(&mut em, true, edges, cx) {
+                    any.push(f);
+                }
+                em.finish("an entry of `for`", WAIT_FOR_KEYS, cx);
+            }
+        }
+    } else if direct == 0 {
+        cx.error_at(
+            item,
+            "a wait node needs `signal:`, `duration:`, `until:` or a `for:` list of them",
+        );
+    } else if direct > 1 {
+        cx.error_at(
+            item,
+            "a wait node takes one of `signal:`, `duration:`, `until:`; use a `for:` list to wait for the first of several",
+        );
+    } else if let Some(f) = wait_for(map, false, edges, cx) {
+        any.push(f);
+    }
+    let timeout_ms = map
+        .get_present("timeout")
+        .and_then(|n| duration_ms(n, "timeout", cx));
+    let on_timeout = map
+        .get_present("on_timeout")
+        .and_then(|n| name(n, "on_timeout", "node id", cx));
+    if let Some(n) = &on_timeout {
+        edges.push(("on_timeout".into(), n.clone()));
+    }
+    // A signal named twice could never tell its two branches apart.
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for f in &any {
+        if let WaitFor::Signal { name, .. } = f
+            && !seen.insert(name)
+        {
+            cx.error_at(
+                item,
+                format!("signal `{name}` is waited for twice in one node"),
+            );
+        }
+    }
+    if cx.out.errors.len() > errors_before {
+        return None;
+    }
+    Some(NodeKind::Wait(WaitDef {
+        any,
+        timeout_ms,
+        on_timeout: on_timeout.map(|n| n.name),
+    }))
+}
+
+/// One thing to wait for (`signal` + `payload_schema`, `duration`, or
+/// `until`), with its optional `next`.
+fn wait_for(
+    map: &mut MapView<'_>,
+    entry: bool,
+    edges: &mut Vec<(String, NameAt)>,
+    cx: &mut Cx<'_>,
+) -> Option<WaitFor> {
+    let signal = map.get_present("signal");
+    let duration = map.get_present("duration");
+    let until = map.get_present("until");
+    // Inside a `for:` entry `next` belongs to the entry; on the node itself
+    // it is the node's `next`, already read.
+    let next = if entry {
+        map.get_present("next")
+            .and_then(|n| name(n, "next", "node id", cx))
+    } else {
+        None
+    };
+    if let Some(n) = &next {
+        edges.push(("next".into(), n.clone()));
+    }
+    let next = next.map(|n| n.name);
+    match (signal, duration, until) {
+        (Some(s), None, None) => {
+            let signal = name(s, "signal", "signal", cx)?;
+            let payload_schema = map
+                .get_present("payload_schema")
+                .and_then(|n| json_schema(n, "payload_schema", cx));
+            Some(WaitFor::Signal {
+                name: signal.name,
+                payload_schema,
+                next,
+            })
+        }
+        (None, Some(d), None) => Some(WaitFor::Duration {
+            ms: duration_ms(d, "duration", cx)?,
+            next,
+        }),
+        (None, None, Some(u)) => Some(WaitFor::Until {
+            at: template(u, "until", cx)?,
+            next,
+        }),
+        _ => {
+            cx.error_at(
+                map.node,
+                "each entry of `for` takes exactly one of `signal:`, `duration:`, `until:`",
+            );
+            None
+        }
+    }
+}
+
+/// A duration: a whole number of ms, or text such as `90s`, `15m`, `3d`,
+/// `1h 30m` (humantime's syntax).
+fn duration_ms(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<u64> {
+    match &node.value {
+        Val::Str(s) => match humantime::parse_duration(s.trim()) {
+            Ok(d) if d.as_millis() >= 1 => u64::try_from(d.as_millis()).ok().or_else(|| {
+                cx.error_at(node, format!("`{key}` is too long: {s}"));
+                None
+            }),
+            Ok(_) => {
+                cx.error_at(node, format!("`{key}` must be at least 1 ms, found {s:?}"));
+                None
+            }
+            Err(e) => {
+                cx.error_at(
+                    node,
+                    format!("`{key}` is not a duration ({e}): write ms as a number, or text like `90s`, `15m`, `3d`"),
+                );
+                None
+            }
+        },
+        _ => positive::<u64>(node, key, cx),
+    }
+}
+
+fn boolean(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<bool> {
+    match node.value {
+        Val::Bool(b) => Some(b),
+        ref other => {
+            cx.error_at(
+                node,
+                format!("`{key}` must be true or false, found {}", type_name(other)),
+            );
+            None
+        }
+    }
+}
+
+fn json_schema(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<Value> {
+    let value = to_json(node, cx)?;
+    if let Err(message) = schema::compile(&value) {
+        cx.error_at(
+            node,
+            format!("`{key}` is not a valid JSON Schema: {message}"),
+        );
+        return None;
+    }
+    Some(value)
+}
+
+/// A value whose strings may hold `${ <jq> }`; every expression is compiled
+/// now, and each error names the string's place in the value.
+fn template(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<Template> {
+    let value = to_json(node, cx)?;
+    match Template::parse(&value) {
+        Ok(t) => Some(t),
+        Err(errors) => {
+            for e in errors {
+                cx.error_at(node, format!("`{key}`: {e}"));
+            }
+            None
+        }
+    }
+}
+
+/// One jq expression, written with or without `${ }`.
+fn expr(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<Expr> {
+    let s = string(node, key, cx)?;
+    let trimmed = s.trim();
+    let inner = trimmed
+        .strip_prefix("${")
+        .and_then(|r| r.strip_suffix('}'))
+        .unwrap_or(trimmed);
+    match Expr::parse(inner) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            cx.error_at(node, format!("`{key}`: {e}"));
+            None
+        }
+    }
+}
+
+/// A cycle of nodes that each have exactly one way out (`next`) can never
+/// finish; a cycle through a node with a choice (branch, wait, approval,
+/// `on_error`) can, so only the first kind is an error. `fail` and `succeed`
+/// end the run.
 fn check_cycles(nodes: &[ParsedNode], ids: &BTreeMap<&str, usize>, cx: &mut Cx<'_>) {
     let next_of = |i: usize| -> Option<usize> {
-        let next = nodes[i].next.as_ref()?;
+        let [(key, next)] = nodes[i].edges.as_slice() else {
+            return None;
+        };
+        if key != "next" {
+            return None;
+        }
         ids.get(next.name.as_str()).copied()
     };
-    // Each node has at most one successor, so following `next` from any
+    // Each node has at most one forced successor, so following them from any
     // node either ends or enters exactly one cycle.
     let mut reported: BTreeSet<usize> = BTreeSet::new();
     let mut done: BTreeSet<usize> = BTreeSet::new();
@@ -817,12 +1232,12 @@ fn check_cycles(nodes: &[ParsedNode], ids: &BTreeMap<&str, usize>, cx: &mut Cx<'
                         names.push(nodes[c].id.as_ref().map_or("?", |n| n.name.as_str()));
                     }
                     names.push(names[0]);
-                    if let Some(next) = &nodes[first].next {
+                    if let Some((_, next)) = nodes[first].edges.first() {
                         cx.error(
                             next.line,
                             next.column,
                             format!(
-                                "nodes form a cycle ({}); with only `next` links the workflow could never finish",
+                                "nodes form a cycle ({}) with no way out; the workflow could never finish",
                                 names.join(" -> ")
                             ),
                         );
@@ -1136,7 +1551,8 @@ nodes:
                     NodeDef {
                         id: "intake".into(),
                         kind: NodeKind::Agent {
-                            agent: "onboarding_agent".into()
+                            agent: "onboarding_agent".into(),
+                            input: None,
                         },
                         grants: vec!["crm.admin".into()],
                         next: Some("review".into()),
@@ -1145,7 +1561,8 @@ nodes:
                     NodeDef {
                         id: "review".into(),
                         kind: NodeKind::Agent {
-                            agent: "reviewer".into()
+                            agent: "reviewer".into(),
+                            input: None,
                         },
                         grants: vec![],
                         next: None,
@@ -1186,11 +1603,10 @@ nodes:
                 "  - id: wait_docs\n    type: wait\n    duration: 7d\n  - id: x\n    type: teleport\n  - id: BadId\n    type: agent\n    agent: a\n  - type: agent\n    agent: a\n    retries: 3\n  - id: y\n  - just a string\n"
             )),
             vec![
-                "5:11: node type `wait` is not supported yet",
-                "8:11: unknown node type `teleport` (expected `agent`)",
+                "8:11: unknown node type `teleport` (expected one of: agent, tool, wait, approval, branch, set, fail, succeed)",
                 "9:9: node id name `BadId` must be lower case letters, digits and `_`, starting with a letter",
                 "12:5: node is missing `id:`",
-                "14:5: unknown key `retries` in an agent node (expected one of: id, type, agent, grants, next)",
+                "14:5: unknown key `retries` in an agent node (expected one of: id, type, agent, input, grants, next)",
                 "15:5: node is missing `type:`",
                 "16:5: a node must be a mapping, found a string",
             ]
@@ -1218,8 +1634,8 @@ nodes:
                 "  - {id: a, type: agent, agent: x, next: b}\n  - {id: b, type: agent, agent: x, next: c}\n  - {id: c, type: agent, agent: x, next: b}\n  - {id: d, type: agent, agent: x, next: d}\n"
             )),
             vec![
-                "5:42: nodes form a cycle (b -> c -> b); with only `next` links the workflow could never finish",
-                "7:42: nodes form a cycle (d -> d); with only `next` links the workflow could never finish",
+                "5:42: nodes form a cycle (b -> c -> b) with no way out; the workflow could never finish",
+                "7:42: nodes form a cycle (d -> d) with no way out; the workflow could never finish",
             ]
         );
         assert_eq!(
@@ -1314,7 +1730,10 @@ nodes:
         assert_eq!(out.workflows[0].nodes[0].id, "n");
         assert_eq!(
             out.workflows[0].nodes[0].kind,
-            NodeKind::Agent { agent: "y".into() }
+            NodeKind::Agent {
+                agent: "y".into(),
+                input: None
+            }
         );
     }
 

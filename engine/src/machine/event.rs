@@ -82,6 +82,42 @@ pub enum ProbeOutcome {
     Undecided,
 }
 
+/// A durable timer: fires once, `after_ms` from when it was set or `at` a
+/// time, by the engine's clock (the database's, which tests control).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerSpec {
+    /// Unique in the run (`<node>.t-<n>`, `<node>.timeout`).
+    pub timer_id: String,
+    /// ms from when it was set.
+    #[serde(default)]
+    pub after_ms: Option<u64>,
+    /// An RFC 3339 time.
+    #[serde(default)]
+    pub at: Option<String>,
+    /// What it ends: `timeout`, or the index of the wait's entry.
+    pub purpose: TimerPurpose,
+}
+
+/// What firing a timer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "entry")]
+pub enum TimerPurpose {
+    /// The node's timeout.
+    Timeout,
+    /// Entry `n` (0-based) of a wait's `for:` list (a duration or a time).
+    Entry(usize),
+}
+
+impl TimerPurpose {
+    /// For status reasons: `the timeout` or `a timer`.
+    pub fn label(self) -> &'static str {
+        match self {
+            TimerPurpose::Timeout => "the timeout",
+            TimerPurpose::Entry(_) => "a timer",
+        }
+    }
+}
+
 /// One entry of a run's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -327,6 +363,79 @@ pub enum Event {
         node: String,
         /// Its output.
         output: Value,
+        /// The node chosen to go to (a branch case, a wait's entry,
+        /// `on_timeout`, `on_decline`, `on_error`); `None`: the node's
+        /// `next`, or the end of the run. Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+    },
+    /// A signal was delivered to the run (kept until a wait takes it).
+    SignalReceived {
+        /// The sender's id for this signal; a second signal with the same id
+        /// is not applied again.
+        signal_id: String,
+        /// Signal name.
+        name: String,
+        /// Payload (valid against the waiting node's `payload_schema`).
+        payload: Value,
+        /// Who sent it.
+        sent_by: String,
+    },
+    /// A wait node took a delivered signal.
+    SignalConsumed {
+        /// Node id.
+        node: String,
+        /// The signal's id.
+        signal_id: String,
+    },
+    /// A wait node began waiting (nothing it waits for had happened yet).
+    WaitStarted {
+        /// Node id.
+        node: String,
+        /// Signal names it waits for.
+        signals: Vec<String>,
+        /// Timers it set.
+        timers: Vec<TimerSpec>,
+    },
+    /// A timer fired (at or after its time, by the engine's clock).
+    TimerFired {
+        /// Node id.
+        node: String,
+        /// Timer id.
+        timer_id: String,
+    },
+    /// An approval node asks a person to decide.
+    ApprovalRequested {
+        /// Node id.
+        node: String,
+        /// Exactly what is to be approved.
+        subject: Value,
+        /// A question for the approver.
+        #[serde(default)]
+        prompt: Option<Value>,
+        /// The permission an approver must hold.
+        approver_grant: String,
+        /// Whether the approver may edit `subject`.
+        allow_edits: bool,
+        /// A timeout timer, if the node has one.
+        #[serde(default)]
+        timer: Option<TimerSpec>,
+    },
+    /// A person decided an approval.
+    ApprovalDecided {
+        /// Node id.
+        node: String,
+        /// Approved or not.
+        approved: bool,
+        /// Who decided.
+        by: String,
+        /// Why.
+        reason: String,
+        /// The subject as approved: the requested one, or the approver's
+        /// edit of it. This is what later nodes see.
+        subject: Value,
+        /// Whether the approver edited the subject.
+        edited: bool,
     },
     /// The run finished with an output.
     RunCompleted {
@@ -370,6 +479,12 @@ impl Event {
             Event::ReconcileProbeFinished { .. } => "reconcile_probe_finished",
             Event::LateResultRecorded { .. } => "late_result_recorded",
             Event::NodeCompleted { .. } => "node_completed",
+            Event::SignalReceived { .. } => "signal_received",
+            Event::SignalConsumed { .. } => "signal_consumed",
+            Event::WaitStarted { .. } => "wait_started",
+            Event::TimerFired { .. } => "timer_fired",
+            Event::ApprovalRequested { .. } => "approval_requested",
+            Event::ApprovalDecided { .. } => "approval_decided",
             Event::RunCompleted { .. } => "run_completed",
             Event::RunFailed { .. } => "run_failed",
             Event::RunCancelled { .. } => "run_cancelled",

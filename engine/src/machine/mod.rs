@@ -16,13 +16,18 @@ use belay_proto::wire::{
     ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, ToolBinding, ToolCallSpec,
     ToolSchema, ToolUse,
 };
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-pub use event::{Event, FailureClass, ProbeOutcome, ResolutionKind, ResolvedVia};
+pub use event::{
+    Event, FailureClass, ProbeOutcome, ResolutionKind, ResolvedVia, TimerPurpose, TimerSpec,
+};
 pub use plan::{Pinned, RunPlan};
-pub use state::{CallStatus, RunState, RunStatus};
+pub use state::{CallStatus, RunState, RunStatus, StepKind, StepState};
 
-use crate::definitions::model::{LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef, ToolDef};
+use crate::definitions::expr::Template;
+use crate::definitions::model::{
+    LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef, ToolDef, WaitDef, WaitFor,
+};
 
 /// Kind of a task row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +64,13 @@ pub enum TaskEnd {
 /// Effects the coordinator performs in the same transaction as the events.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
+    /// Persist a timer; any engine replica fires it once it is due.
+    ScheduleTimer(TimerSpec),
+    /// Delete a timer (fired, or no longer wanted).
+    CancelTimer {
+        /// Timer id.
+        timer_id: String,
+    },
     /// Insert a task row, ready to claim.
     ScheduleTask {
         /// Call id (unique per run).
@@ -287,6 +299,37 @@ pub enum Input {
         /// Why.
         reason: String,
     },
+    /// A signal sent to the run (`SignalRun`).
+    Signal {
+        /// The sender's id for it (duplicates are applied once).
+        signal_id: String,
+        /// Name.
+        name: String,
+        /// Payload.
+        payload: Value,
+        /// Who sent it.
+        sent_by: String,
+    },
+    /// A timer of the run is due.
+    TimerFired {
+        /// Timer id.
+        timer_id: String,
+    },
+    /// A person decides an approval node.
+    DecideApproval {
+        /// Node id.
+        node: String,
+        /// Approve or decline.
+        approve: bool,
+        /// The subject as the approver edited it (only where allowed).
+        edited_subject: Option<Value>,
+        /// Who.
+        by: String,
+        /// Their permissions.
+        grants: Vec<String>,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// An operator's (or a probe's) decision about an uncertain outcome.
@@ -356,7 +399,33 @@ pub enum MachineError {
     /// The run's plan is inconsistent (should have been caught at registration).
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
+    /// A signal the workflow does not wait for, or whose payload does not
+    /// match the waiting node's schema.
+    #[error("{0}")]
+    InvalidSignal(String),
+    /// An approval that was already decided.
+    #[error("node `{node}` was already {} by {by} (event {seq})", if *.approved { "approved" } else { "declined" })]
+    AlreadyDecided {
+        /// Node id.
+        node: String,
+        /// Who decided.
+        by: String,
+        /// Approved or declined.
+        approved: bool,
+        /// Seq of the decision event.
+        seq: u64,
+    },
+    /// The caller may not do this (an approver without the node's grant).
+    #[error("{0}")]
+    NotAllowed(String),
+    /// A decision for a node that is not waiting for one.
+    #[error("{0}")]
+    NotWaiting(String),
 }
+
+/// Attempts of a `tool` node's call (idempotent, or not yet dispatched)
+/// before it fails: the agents' default `max_tool_attempts`.
+pub const TOOL_NODE_ATTEMPTS: u32 = 5;
 
 /// Retry delay for attempt number `failed` (1-based), ms: 500 · 2^(n-1), at most 30 s.
 pub fn retry_delay_ms(failed: u32) -> u64 {
@@ -569,9 +638,49 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             m.emit(Event::RunCancelled { reason });
             m.command(Command::CancelOpenTasks);
         }
+        Input::Signal {
+            signal_id,
+            name,
+            payload,
+            sent_by,
+        } => {
+            if m.state.status.is_terminal() || m.state.status == RunStatus::New {
+                return Err(m.wrong_status(&format!("signal `{name}`")));
+            }
+            if m.state.signal_ids.contains(&signal_id) {
+                // Applied once already: nothing to write.
+                return Ok(m.out);
+            }
+            m.check_signal(&name, &payload)?;
+            m.emit(Event::SignalReceived {
+                signal_id,
+                name,
+                payload,
+                sent_by,
+            });
+            m.take_signal()?;
+        }
+        Input::TimerFired { timer_id } => {
+            m.on_timer(&timer_id)?;
+        }
+        Input::DecideApproval {
+            node,
+            approve,
+            edited_subject,
+            by,
+            grants,
+            reason,
+        } => {
+            m.on_decision(node, approve, edited_subject, by, grants, reason)?;
+        }
     }
     m.advance()?;
     Ok(m.out)
+}
+
+/// `ms` as a human duration (`3days`, `1h 30m`), for status reasons.
+pub fn show_ms(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
 }
 
 /// A failed attempt, as reported by a worker or implied by a lost lease.
@@ -613,7 +722,10 @@ impl Step {
     /// Results and failures are recorded while the run is paused too: a
     /// result that arrives is never thrown away.
     fn require_active(&self, what: &str) -> Result<(), MachineError> {
-        if matches!(self.state.status, RunStatus::Running | RunStatus::Paused) {
+        if matches!(
+            self.state.status,
+            RunStatus::Running | RunStatus::Paused | RunStatus::Waiting
+        ) {
             Ok(())
         } else {
             Err(self.wrong_status(what))
@@ -810,7 +922,7 @@ impl Step {
             return Ok(());
         }
 
-        let call_id = format!("{node_id}.t{}", node_state.tool_calls + 1);
+        let call_id = format!("{}.t{}", node_state.prefix, node_state.tool_calls + 1);
         let key = idempotency_key(&self.state.run_id, &call_id);
         let spec = tool_spec(tool, &arguments, &key)?;
         let repeat_safety = tool.def.repeat_safety;
@@ -1314,11 +1426,12 @@ impl Step {
             status_code,
         } = failure;
         let error = normalize::strip_nul(&error);
-        let agent = self
+        // A tool node has no agent: it gets the agents' default limits.
+        let (max_model_attempts, max_tool_attempts) = self
             .state
             .current_agent()
-            .cloned()
-            .ok_or_else(|| MachineError::InvalidPlan("no agent is running".into()))?;
+            .map(|a| (a.max_model_attempts, a.max_tool_attempts))
+            .unwrap_or((TOOL_NODE_ATTEMPTS, TOOL_NODE_ATTEMPTS));
 
         // Model calls: no side effects, retried like idempotent tools.
         if self
@@ -1335,7 +1448,7 @@ impl Step {
                 .and_then(|n| n.model_call.as_ref())
                 .map(|c| c.failed_attempts + 1)
                 .unwrap_or(1);
-            let will_retry = failed < agent.max_model_attempts;
+            let will_retry = failed < max_model_attempts;
             self.emit(Event::ModelCallAttemptFailed {
                 call_id: call_id.clone(),
                 attempt,
@@ -1371,7 +1484,7 @@ impl Step {
             });
         }
         let failed = call.failed_attempts + 1;
-        let within_attempts = failed < agent.max_tool_attempts;
+        let within_attempts = failed < max_tool_attempts;
         // What may happen next, by class and repeat safety.
         enum Next {
             Retry,
@@ -1592,30 +1705,28 @@ impl Step {
             if self.state.status != RunStatus::Running {
                 return Ok(());
             }
+            if let Some(step) = self.state.step.clone() {
+                if self.advance_step(&step)? {
+                    continue;
+                }
+                return Ok(());
+            }
             let Some(node) = self.state.node.clone() else {
                 // Between nodes: start the next one or finish the run.
                 let plan = self.plan()?.clone();
                 let next = match self.state.completed_nodes.last() {
                     None => Some(plan.workflow.def.start.clone()),
-                    Some((last, _)) => plan
-                        .workflow
-                        .def
-                        .nodes
-                        .iter()
-                        .find(|n| &n.id == last)
-                        .and_then(|n| n.next.clone()),
+                    Some((last, _)) => self.state.chosen_next.clone().or_else(|| {
+                        plan.workflow
+                            .def
+                            .nodes
+                            .iter()
+                            .find(|n| &n.id == last)
+                            .and_then(|n| n.next.clone())
+                    }),
                 };
                 match next {
-                    Some(id) => {
-                        let input = match self.state.completed_nodes.last() {
-                            None => self.state.input.clone(),
-                            Some((_, output)) => output.clone(),
-                        };
-                        if !plan.workflow.def.nodes.iter().any(|n| n.id == id) {
-                            return Err(MachineError::InvalidPlan(format!("no node `{id}`")));
-                        }
-                        self.emit(Event::NodeStarted { node: id, input });
-                    }
+                    Some(id) => self.start_node(&plan, &id)?,
                     None => {
                         let output = self
                             .state
@@ -1640,10 +1751,9 @@ impl Step {
                 })?
                 .def
                 .clone();
-            let Some(node_def) = plan.workflow.def.nodes.iter().find(|n| n.id == node.id) else {
+            if !plan.workflow.def.nodes.iter().any(|n| n.id == node.id) {
                 return Err(MachineError::InvalidPlan(format!("no node `{}`", node.id)));
-            };
-            let NodeKind::Agent { .. } = &node_def.kind;
+            }
             match node.transcript.last() {
                 Some(ChatMessage::Assistant {
                     content,
@@ -1656,6 +1766,7 @@ impl Step {
                     self.emit(Event::NodeCompleted {
                         node: node.id.clone(),
                         output,
+                        next: None,
                     });
                 }
                 _ => {
@@ -1685,7 +1796,7 @@ impl Step {
                         continue;
                     }
                     let step = node.model_steps + 1;
-                    let call_id = format!("{}.m{step}", node.id);
+                    let call_id = format!("{}.m{step}", node.prefix);
                     let tools = agent
                         .tools
                         .iter()
@@ -1722,6 +1833,769 @@ impl Step {
                 }
             }
         }
+    }
+
+    /// End the run as failed: a node could not go on.
+    fn fail_run(&mut self, error: String) {
+        self.emit(Event::RunFailed { error });
+        self.command(Command::CancelOpenTasks);
+    }
+
+    /// Start node `id`: emit `NodeStarted`, and finish at once the nodes
+    /// that need nothing from outside (branch, set, fail, succeed).
+    fn start_node(&mut self, plan: &RunPlan, id: &str) -> Result<(), MachineError> {
+        let def = plan
+            .workflow
+            .def
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .ok_or_else(|| MachineError::InvalidPlan(format!("no node `{id}`")))?
+            .clone();
+        let doc = self.state.document();
+        let render = |t: &Template, what: &str| {
+            t.render(&doc)
+                .map_err(|e| format!("node `{id}`: `{what}`: {e}"))
+        };
+        match &def.kind {
+            NodeKind::Agent { input, .. } => {
+                let input = match input {
+                    Some(t) => match render(t, "input") {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.fail_run(e);
+                            return Ok(());
+                        }
+                    },
+                    None => match self.state.completed_nodes.last() {
+                        None => self.state.input.clone(),
+                        Some((_, output)) => output.clone(),
+                    },
+                };
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input,
+                });
+            }
+            NodeKind::Tool { tool, args, .. } => {
+                let args = match render(args, "args") {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.fail_run(e);
+                        return Ok(());
+                    }
+                };
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: args.clone(),
+                });
+                self.schedule_node_tool(plan, &def, tool, args)?;
+            }
+            NodeKind::Wait(wait) => self.start_wait(&def, wait, &doc)?,
+            NodeKind::Approval(approval) => {
+                let subject = match render(&approval.subject, "subject") {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.fail_run(e);
+                        return Ok(());
+                    }
+                };
+                let prompt = match approval.prompt.as_ref().map(|p| render(p, "prompt")) {
+                    Some(Err(e)) => {
+                        self.fail_run(e);
+                        return Ok(());
+                    }
+                    Some(Ok(v)) => Some(v),
+                    None => None,
+                };
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: subject.clone(),
+                });
+                let prefix = self.step_prefix(id);
+                let timer = approval.timeout_ms.map(|ms| TimerSpec {
+                    timer_id: format!("{prefix}.timeout"),
+                    after_ms: Some(ms),
+                    at: None,
+                    purpose: TimerPurpose::Timeout,
+                });
+                self.emit(Event::ApprovalRequested {
+                    node: id.to_owned(),
+                    subject,
+                    prompt,
+                    approver_grant: approval.approver_grant.clone(),
+                    allow_edits: approval.allow_edits,
+                    timer: timer.clone(),
+                });
+                if let Some(timer) = timer {
+                    self.command(Command::ScheduleTimer(timer));
+                }
+            }
+            NodeKind::Branch { cases, default } => {
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: Value::Null,
+                });
+                let mut chosen: Option<(usize, String)> = None;
+                for (i, case) in cases.iter().enumerate() {
+                    match case.when.eval(&doc) {
+                        Ok(v) if !matches!(v, Value::Null | Value::Bool(false)) => {
+                            chosen = Some((i, case.next.clone()));
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.fail_run(format!("node `{id}`: `when` of case {}: {e}", i + 1));
+                            return Ok(());
+                        }
+                    }
+                }
+                let (output, next) = match chosen {
+                    Some((i, next)) => (json!({"case": i + 1, "next": next}), Some(next)),
+                    None => (
+                        json!({"case": null, "next": default.clone().or_else(|| def.next.clone())}),
+                        default.clone(),
+                    ),
+                };
+                self.emit(Event::NodeCompleted {
+                    node: id.to_owned(),
+                    output,
+                    next,
+                });
+            }
+            NodeKind::Set { values } => {
+                let values = match render(values, "values") {
+                    Ok(v @ Value::Object(_)) => v,
+                    Ok(other) => {
+                        self.fail_run(format!(
+                            "node `{id}`: `values` must render to an object, not {other}"
+                        ));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        self.fail_run(e);
+                        return Ok(());
+                    }
+                };
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: Value::Null,
+                });
+                self.emit(Event::NodeCompleted {
+                    node: id.to_owned(),
+                    output: values,
+                    next: None,
+                });
+            }
+            NodeKind::Fail { error } => {
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: Value::Null,
+                });
+                let message = match render(error, "error") {
+                    Ok(Value::String(s)) => s,
+                    Ok(other) => other.to_string(),
+                    Err(e) => e,
+                };
+                self.fail_run(format!("node `{id}`: {message}"));
+            }
+            NodeKind::Succeed { output } => {
+                let output = match output {
+                    Some(t) => match render(t, "output") {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.fail_run(e);
+                            return Ok(());
+                        }
+                    },
+                    None => self
+                        .state
+                        .completed_nodes
+                        .last()
+                        .map(|(_, o)| o.clone())
+                        .unwrap_or(Value::Null),
+                };
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: Value::Null,
+                });
+                self.emit(Event::NodeCompleted {
+                    node: id.to_owned(),
+                    output,
+                    next: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The call/timer id prefix of the step being started.
+    fn step_prefix(&self, id: &str) -> String {
+        self.state
+            .step
+            .as_ref()
+            .filter(|s| s.id == id)
+            .map(|s| s.prefix.clone())
+            .unwrap_or_else(|| id.to_owned())
+    }
+
+    /// A tool node's call: the same checks as a model's proposal (input
+    /// type, permission of node, caller and tenant), then a task.
+    fn schedule_node_tool(
+        &mut self,
+        plan: &RunPlan,
+        def: &crate::definitions::model::NodeDef,
+        tool_name: &str,
+        args: Value,
+    ) -> Result<(), MachineError> {
+        let tool = plan
+            .tools
+            .get(tool_name)
+            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{tool_name}` not pinned")))?;
+        let Value::Object(mut map) = normalize::strip_nul_value(args) else {
+            self.fail_run(format!(
+                "node `{}`: `args` of tool `{tool_name}` must render to an object",
+                def.id
+            ));
+            return Ok(());
+        };
+        fill_defaults(&mut map, &tool.def.input_schema);
+        let arguments = Value::Object(map);
+        if let Err(errors) = crate::definitions::validate_json(&tool.def.input_schema, &arguments) {
+            self.fail_run(format!(
+                "node `{}`: `args` do not match the input type of tool `{tool_name}`: {}",
+                def.id,
+                errors.join("; ")
+            ));
+            return Ok(());
+        }
+        let permission = &tool.def.permission;
+        let missing: Vec<&str> = [
+            ("node", def.grants.contains(permission)),
+            ("caller", self.state.caller_grants.contains(permission)),
+            ("tenant", self.state.tenant_grants.contains(permission)),
+        ]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(who, _)| who)
+        .collect();
+        if !missing.is_empty() {
+            self.fail_run(format!(
+                "node `{}`: tool `{tool_name}` needs permission `{permission}`, which is not granted to the {}",
+                def.id,
+                missing.join(", ")
+            ));
+            return Ok(());
+        }
+        let call_id = format!("{}.t1", self.step_prefix(&def.id));
+        let key = idempotency_key(&self.state.run_id, &call_id);
+        let spec = tool_spec(tool, &arguments, &key)?;
+        let repeat_safety = tool.def.repeat_safety;
+        self.emit(Event::ToolCallScheduled {
+            node: def.id.clone(),
+            call_id: call_id.clone(),
+            tool_use_id: String::new(),
+            tool: tool.def.name.clone(),
+            tool_version: tool.version,
+            arguments,
+            idempotency_key: key.clone(),
+            repeat_safety,
+        });
+        self.command(Command::ScheduleTask {
+            call_id,
+            kind: TaskKind::ToolCall,
+            spec,
+            idempotency_key: key,
+            repeat_safety: Some(repeat_safety),
+            runs_while_paused: false,
+        });
+        Ok(())
+    }
+
+    /// Follow-up of a non-agent node in progress; `true` when something
+    /// was emitted.
+    fn advance_step(&mut self, step: &StepState) -> Result<bool, MachineError> {
+        let StepKind::Tool { call_id } = &step.kind else {
+            return Ok(false); // waiting for a signal, timer or decision
+        };
+        let Some(call) = self.state.tool_calls.get(call_id).cloned() else {
+            return Ok(false);
+        };
+        match call.status {
+            CallStatus::Completed => {
+                self.emit(Event::NodeCompleted {
+                    node: step.id.clone(),
+                    output: call.result.unwrap_or(Value::Null),
+                    next: None,
+                });
+                Ok(true)
+            }
+            CallStatus::Failed => {
+                let on_error = self
+                    .plan()?
+                    .workflow
+                    .def
+                    .nodes
+                    .iter()
+                    .find(|n| n.id == step.id)
+                    .and_then(|n| match &n.kind {
+                        NodeKind::Tool { on_error, .. } => on_error.clone(),
+                        _ => None,
+                    });
+                let error = call.error.unwrap_or_else(|| "failed".into());
+                match on_error {
+                    Some(next) => self.emit(Event::NodeCompleted {
+                        node: step.id.clone(),
+                        output: json!({"error": error}),
+                        next: Some(next),
+                    }),
+                    None => self.fail_run(format!(
+                        "node `{}`: tool `{}` failed: {error}",
+                        step.id, call.tool
+                    )),
+                }
+                Ok(true)
+            }
+            CallStatus::Open | CallStatus::Uncertain | CallStatus::Cancelled => Ok(false),
+        }
+    }
+
+    /// A wait node: take a signal that came early, or set timers and wait.
+    fn start_wait(
+        &mut self,
+        def: &crate::definitions::model::NodeDef,
+        wait: &WaitDef,
+        doc: &Value,
+    ) -> Result<(), MachineError> {
+        let id = def.id.clone();
+        // Render the times first: a bad one fails the run before anything starts.
+        let mut at_times: Vec<Option<String>> = Vec::with_capacity(wait.any.len());
+        for (i, entry) in wait.any.iter().enumerate() {
+            let WaitFor::Until { at, .. } = entry else {
+                at_times.push(None);
+                continue;
+            };
+            let rendered = at
+                .render(doc)
+                .map_err(|e| e.to_string())
+                .and_then(|v| match v {
+                    Value::String(s) => chrono::DateTime::parse_from_rfc3339(s.trim())
+                        .map(|t| {
+                            t.with_timezone(&chrono::Utc)
+                                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                        })
+                        .map_err(|e| format!("{s:?} is not an RFC 3339 time ({e})")),
+                    other => Err(format!(
+                        "must render to an RFC 3339 time string, not {other}"
+                    )),
+                });
+            match rendered {
+                Ok(t) => at_times.push(Some(t)),
+                Err(e) => {
+                    self.fail_run(format!("node `{id}`: `until` of entry {}: {e}", i + 1));
+                    return Ok(());
+                }
+            }
+        }
+        self.emit(Event::NodeStarted {
+            node: id.clone(),
+            input: Value::Null,
+        });
+        let signals: Vec<String> = wait
+            .any
+            .iter()
+            .filter_map(|f| match f {
+                WaitFor::Signal { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(signal) = self
+            .state
+            .signals
+            .iter()
+            .find(|s| signals.contains(&s.name))
+            .cloned()
+        {
+            self.consume_signal(&id, wait, signal, &[]);
+            return Ok(());
+        }
+        let prefix = self.step_prefix(&id);
+        let mut timers = Vec::new();
+        for (i, entry) in wait.any.iter().enumerate() {
+            match entry {
+                WaitFor::Duration { ms, .. } => timers.push(TimerSpec {
+                    timer_id: format!("{prefix}.w{}", i + 1),
+                    after_ms: Some(*ms),
+                    at: None,
+                    purpose: TimerPurpose::Entry(i),
+                }),
+                WaitFor::Until { .. } => timers.push(TimerSpec {
+                    timer_id: format!("{prefix}.w{}", i + 1),
+                    after_ms: None,
+                    at: at_times.get(i).cloned().flatten(),
+                    purpose: TimerPurpose::Entry(i),
+                }),
+                WaitFor::Signal { .. } => {}
+            }
+        }
+        if let Some(ms) = wait.timeout_ms {
+            timers.push(TimerSpec {
+                timer_id: format!("{prefix}.timeout"),
+                after_ms: Some(ms),
+                at: None,
+                purpose: TimerPurpose::Timeout,
+            });
+        }
+        self.emit(Event::WaitStarted {
+            node: id,
+            signals,
+            timers: timers.clone(),
+        });
+        for t in timers {
+            self.command(Command::ScheduleTimer(t));
+        }
+        Ok(())
+    }
+
+    /// A wait node takes `signal`: the node ends, going to the entry's `next`.
+    fn consume_signal(
+        &mut self,
+        node: &str,
+        wait: &WaitDef,
+        signal: state::BufferedSignal,
+        timers: &[TimerSpec],
+    ) {
+        let next = wait.any.iter().find_map(|f| match f {
+            WaitFor::Signal { name, next, .. } if name == &signal.name => Some(next.clone()),
+            _ => None,
+        });
+        self.emit(Event::SignalConsumed {
+            node: node.to_owned(),
+            signal_id: signal.signal_id.clone(),
+        });
+        for t in timers {
+            self.command(Command::CancelTimer {
+                timer_id: t.timer_id.clone(),
+            });
+        }
+        self.emit(Event::NodeCompleted {
+            node: node.to_owned(),
+            output: json!({
+                "signal": signal.name,
+                "signal_id": signal.signal_id,
+                "payload": signal.payload,
+            }),
+            next: next.flatten(),
+        });
+    }
+
+    /// A delivered signal: the current wait takes it if it waits for it.
+    fn take_signal(&mut self) -> Result<(), MachineError> {
+        let Some(step) = self.state.step.clone() else {
+            return Ok(());
+        };
+        let StepKind::Wait { signals, timers } = &step.kind else {
+            return Ok(());
+        };
+        let Some(signal) = self
+            .state
+            .signals
+            .iter()
+            .find(|s| signals.contains(&s.name))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let wait = self.wait_def(&step.id)?;
+        self.consume_signal(&step.id, &wait, signal, timers);
+        Ok(())
+    }
+
+    fn wait_def(&self, node: &str) -> Result<WaitDef, MachineError> {
+        self.plan()?
+            .workflow
+            .def
+            .nodes
+            .iter()
+            .find(|n| n.id == node)
+            .and_then(|n| match &n.kind {
+                NodeKind::Wait(w) => Some(w.clone()),
+                _ => None,
+            })
+            .ok_or_else(|| MachineError::InvalidPlan(format!("node `{node}` is not a wait")))
+    }
+
+    /// A signal must be one the workflow waits for, with a payload its
+    /// waiting node accepts (the current one's, else the first declaring it).
+    fn check_signal(&self, name: &str, payload: &Value) -> Result<(), MachineError> {
+        let plan = self.plan()?;
+        let mut declared: Vec<(&str, Option<&Value>)> = Vec::new();
+        let mut all: Vec<&str> = Vec::new();
+        for node in &plan.workflow.def.nodes {
+            if let NodeKind::Wait(w) = &node.kind {
+                for f in &w.any {
+                    if let WaitFor::Signal {
+                        name: n,
+                        payload_schema,
+                        ..
+                    } = f
+                    {
+                        all.push(n);
+                        if n == name {
+                            declared.push((&node.id, payload_schema.as_ref()));
+                        }
+                    }
+                }
+            }
+        }
+        if declared.is_empty() {
+            all.sort_unstable();
+            all.dedup();
+            return Err(MachineError::InvalidSignal(format!(
+                "workflow `{}` has no wait for signal `{name}`; it waits for: {}",
+                plan.workflow.def.name,
+                if all.is_empty() {
+                    "no signals".to_owned()
+                } else {
+                    all.join(", ")
+                }
+            )));
+        }
+        let current = self.state.step.as_ref().map(|s| s.id.as_str());
+        let (node, schema) = declared
+            .iter()
+            .find(|(n, _)| Some(*n) == current)
+            .or_else(|| declared.first())
+            .copied()
+            .unwrap_or(("", None));
+        if let Some(schema) = schema
+            && let Err(errors) = crate::definitions::validate_json(schema, payload)
+        {
+            return Err(MachineError::InvalidSignal(format!(
+                "the payload of signal `{name}` does not match the `payload_schema` of node `{node}`: {}",
+                errors.join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// A timer is due: it ends its wait or approval, or is stale.
+    fn on_timer(&mut self, timer_id: &str) -> Result<(), MachineError> {
+        let stale = |m: &mut Step| {
+            m.command(Command::CancelTimer {
+                timer_id: timer_id.to_owned(),
+            });
+        };
+        if self.state.status.is_terminal() || self.state.status == RunStatus::New {
+            stale(self);
+            return Ok(());
+        }
+        let Some(step) = self.state.step.clone() else {
+            stale(self);
+            return Ok(());
+        };
+        let plan = self.plan()?.clone();
+        let def = plan
+            .workflow
+            .def
+            .nodes
+            .iter()
+            .find(|n| n.id == step.id)
+            .cloned()
+            .ok_or_else(|| MachineError::InvalidPlan(format!("no node `{}`", step.id)))?;
+        match (&step.kind, &def.kind) {
+            (StepKind::Wait { timers, .. }, NodeKind::Wait(wait)) => {
+                let Some(timer) = timers.iter().find(|t| t.timer_id == timer_id).cloned() else {
+                    stale(self);
+                    return Ok(());
+                };
+                self.emit(Event::TimerFired {
+                    node: step.id.clone(),
+                    timer_id: timer_id.to_owned(),
+                });
+                for t in timers {
+                    self.command(Command::CancelTimer {
+                        timer_id: t.timer_id.clone(),
+                    });
+                }
+                match timer.purpose {
+                    TimerPurpose::Timeout => {
+                        let after = wait.timeout_ms.map(show_ms).unwrap_or_default();
+                        match &wait.on_timeout {
+                            Some(next) => self.emit(Event::NodeCompleted {
+                                node: step.id.clone(),
+                                output: json!({"timed_out": true}),
+                                next: Some(next.clone()),
+                            }),
+                            None => self.fail_run(format!(
+                                "node `{}` timed out after {after} with nothing it waited for",
+                                step.id
+                            )),
+                        }
+                    }
+                    TimerPurpose::Entry(i) => {
+                        let next = wait.any.get(i).and_then(|f| match f {
+                            WaitFor::Duration { next, .. } | WaitFor::Until { next, .. } => {
+                                next.clone()
+                            }
+                            WaitFor::Signal { .. } => None,
+                        });
+                        self.emit(Event::NodeCompleted {
+                            node: step.id.clone(),
+                            output: json!({"timer": timer_id}),
+                            next,
+                        });
+                    }
+                }
+            }
+            (StepKind::Approval { timer: Some(t), .. }, NodeKind::Approval(approval))
+                if t.timer_id == timer_id =>
+            {
+                self.emit(Event::TimerFired {
+                    node: step.id.clone(),
+                    timer_id: timer_id.to_owned(),
+                });
+                self.command(Command::CancelTimer {
+                    timer_id: timer_id.to_owned(),
+                });
+                let after = approval.timeout_ms.map(show_ms).unwrap_or_default();
+                match &approval.on_timeout {
+                    Some(next) => self.emit(Event::NodeCompleted {
+                        node: step.id.clone(),
+                        output: json!({"approved": false, "timed_out": true}),
+                        next: Some(next.clone()),
+                    }),
+                    None => {
+                        self.fail_run(format!("node `{}`: no decision within {after}", step.id))
+                    }
+                }
+            }
+            _ => stale(self),
+        }
+        Ok(())
+    }
+
+    /// A person's decision on the approval node `node`.
+    fn on_decision(
+        &mut self,
+        node: String,
+        approve: bool,
+        edited_subject: Option<Value>,
+        by: String,
+        grants: Vec<String>,
+        reason: String,
+    ) -> Result<(), MachineError> {
+        if self.state.status.is_terminal() || self.state.status == RunStatus::New {
+            return Err(self.wrong_status(&format!("decide node `{node}`")));
+        }
+        let waiting = self
+            .state
+            .step
+            .as_ref()
+            .filter(|s| s.id == node)
+            .and_then(|s| match &s.kind {
+                StepKind::Approval {
+                    subject,
+                    approver_grant,
+                    allow_edits,
+                    timer,
+                } => Some((
+                    subject.clone(),
+                    approver_grant.clone(),
+                    *allow_edits,
+                    timer.clone(),
+                )),
+                _ => None,
+            });
+        let Some((subject, approver_grant, allow_edits, timer)) = waiting else {
+            if let Some(d) = self.state.decided.get(&node) {
+                return Err(MachineError::AlreadyDecided {
+                    node,
+                    by: d.by.clone(),
+                    approved: d.approved,
+                    seq: d.seq,
+                });
+            }
+            return Err(MachineError::NotWaiting(format!(
+                "node `{node}` is not waiting for a decision"
+            )));
+        };
+        if !grants.contains(&approver_grant) {
+            return Err(MachineError::NotAllowed(format!(
+                "deciding node `{node}` needs permission `{approver_grant}`, which {by} does not hold"
+            )));
+        }
+        let approval = self
+            .plan()?
+            .workflow
+            .def
+            .nodes
+            .iter()
+            .find(|n| n.id == node)
+            .and_then(|n| match &n.kind {
+                NodeKind::Approval(a) => Some(a.clone()),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                MachineError::InvalidPlan(format!("node `{node}` is not an approval"))
+            })?;
+        let (final_subject, edited) = match edited_subject {
+            None => (subject, false),
+            Some(_) if !approve => {
+                return Err(MachineError::NotAllowed(
+                    "edits come with an approval, not with a decline".into(),
+                ));
+            }
+            Some(_) if !allow_edits => {
+                return Err(MachineError::NotAllowed(format!(
+                    "node `{node}` does not allow edits (`allow_edits: true`); approve or decline the subject as it is"
+                )));
+            }
+            Some(edit) => {
+                let edit = normalize::strip_nul_value(edit);
+                if let Some(schema) = &approval.edits_schema
+                    && let Err(errors) = crate::definitions::validate_json(schema, &edit)
+                {
+                    return Err(MachineError::InvalidResult {
+                        tool: format!("node `{node}` (edits_schema)"),
+                        errors,
+                    });
+                }
+                let edited = edit != subject;
+                (edit, edited)
+            }
+        };
+        self.emit(Event::ApprovalDecided {
+            node: node.clone(),
+            approved: approve,
+            by: by.clone(),
+            reason: reason.clone(),
+            subject: final_subject.clone(),
+            edited,
+        });
+        if let Some(t) = timer {
+            self.command(Command::CancelTimer {
+                timer_id: t.timer_id,
+            });
+        }
+        let output = json!({"approved": approve, "by": by, "reason": reason, "subject": final_subject, "edited": edited});
+        if approve {
+            self.emit(Event::NodeCompleted {
+                node,
+                output,
+                next: None,
+            });
+        } else {
+            match approval.on_decline {
+                Some(next) => self.emit(Event::NodeCompleted {
+                    node,
+                    output,
+                    next: Some(next),
+                }),
+                None => self.fail_run(format!("node `{node}` was declined by {by}: {reason}")),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1791,3 +2665,5 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod workflow_tests;

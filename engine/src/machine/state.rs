@@ -1,14 +1,14 @@
 //! A run's state: the fold of its events. `apply` is the only way state
 //! changes, so replaying a recorded history always gives the same state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use belay_proto::wire::{ChatMessage, ToolUse};
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 
-use super::event::{Event, FailureClass, ResolutionKind, ResolvedVia};
+use super::event::{Event, FailureClass, ResolutionKind, ResolvedVia, TimerSpec};
 use super::plan::RunPlan;
-use crate::definitions::model::{AgentDef, RepeatSafety};
+use crate::definitions::model::{AgentDef, NodeKind, RepeatSafety};
 
 /// Lifecycle status of a run, as stored in `runs.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +19,8 @@ pub enum RunStatus {
     Running,
     /// Stopped until an operator acts (uncertain outcome); tasks are not claimed.
     Paused,
+    /// Waiting durably for a signal, a timer or an approval; holds no task.
+    Waiting,
     /// Finished with an output.
     Completed,
     /// Finished with an error.
@@ -34,6 +36,7 @@ impl RunStatus {
             RunStatus::New => "pending",
             RunStatus::Running => "running",
             RunStatus::Paused => "paused",
+            RunStatus::Waiting => "waiting",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
@@ -102,6 +105,10 @@ pub struct ToolCallState {
     pub resolution: Option<(ResolvedVia, ResolutionKind, Option<Value>)>,
     /// Why its outcome is uncertain (while it is).
     pub uncertain_reason: Option<String>,
+    /// The result once completed.
+    pub result: Option<Value>,
+    /// The error once failed.
+    pub error: Option<String>,
 }
 
 impl ToolCallState {
@@ -130,6 +137,8 @@ impl ToolCallState {
             completed_by_attempt: None,
             resolution: None,
             uncertain_reason: None,
+            result: None,
+            error: None,
         }
     }
 }
@@ -159,6 +168,8 @@ pub struct OpenModelCall {
 pub struct NodeState {
     /// Node id.
     pub id: String,
+    /// Prefix of this visit's call ids (see [`StepState::prefix`]).
+    pub prefix: String,
     /// Agent name.
     pub agent: String,
     /// Transcript so far.
@@ -173,6 +184,71 @@ pub struct NodeState {
     pub model_call: Option<OpenModelCall>,
     /// Proposed calls of the latest turn, in the model's order.
     pub pending: Vec<PendingToolUse>,
+}
+
+/// A non-agent node being executed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepState {
+    /// Node id.
+    pub id: String,
+    /// Prefix of this visit's call and timer ids (`<node>`, or `<node>~<n>`
+    /// on the n-th visit of a node in a loop).
+    pub prefix: String,
+    /// What it is doing.
+    pub kind: StepKind,
+}
+
+/// What a non-agent node is doing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepKind {
+    /// Started; nothing scheduled yet (instantaneous nodes end in the same
+    /// transition).
+    Started,
+    /// A tool node's call.
+    Tool {
+        /// Call id.
+        call_id: String,
+    },
+    /// A wait node waiting.
+    Wait {
+        /// Signal names it takes.
+        signals: Vec<String>,
+        /// Its timers.
+        timers: Vec<TimerSpec>,
+    },
+    /// An approval node waiting for a decision.
+    Approval {
+        /// Exactly what is to be approved.
+        subject: Value,
+        /// Permission an approver must hold.
+        approver_grant: String,
+        /// Whether the subject may be edited.
+        allow_edits: bool,
+        /// Timeout timer.
+        timer: Option<TimerSpec>,
+    },
+}
+
+/// A delivered signal no wait has taken yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BufferedSignal {
+    /// Sender's id.
+    pub signal_id: String,
+    /// Name.
+    pub name: String,
+    /// Payload.
+    pub payload: Value,
+}
+
+/// A decided approval, for refusing a second decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decided {
+    /// Who.
+    pub by: String,
+    /// Approved or not.
+    pub approved: bool,
+    /// Seq of the decision event.
+    pub seq: u64,
 }
 
 /// The fold of a run's events.
@@ -198,6 +274,23 @@ pub struct RunState {
     pub node: Option<NodeState>,
     /// Outputs of completed nodes, in completion order.
     pub completed_nodes: Vec<(String, Value)>,
+    /// The non-agent node being executed.
+    pub step: Option<StepState>,
+    /// Inputs and outputs of the latest visit of each node
+    /// (`{"input", "output"}`), for the jq state document.
+    pub node_io: Map<String, Value>,
+    /// Run variables set by `set` nodes.
+    pub vars: Map<String, Value>,
+    /// Visits of each node so far.
+    pub visits: BTreeMap<String, u32>,
+    /// The node chosen by the latest `NodeCompleted` (`None`: its `next`).
+    pub chosen_next: Option<String>,
+    /// Delivered signals not yet taken by a wait, oldest first.
+    pub signals: Vec<BufferedSignal>,
+    /// Ids of every signal delivered.
+    pub signal_ids: BTreeSet<String>,
+    /// Approvals decided, by node id (latest visit).
+    pub decided: BTreeMap<String, Decided>,
     /// Every accepted tool call by call id.
     pub tool_calls: BTreeMap<String, ToolCallState>,
     /// Final output once completed.
@@ -221,6 +314,14 @@ impl Default for RunState {
             tenant_grants: Vec::new(),
             node: None,
             completed_nodes: Vec::new(),
+            step: None,
+            node_io: Map::new(),
+            vars: Map::new(),
+            visits: BTreeMap::new(),
+            chosen_next: None,
+            signals: Vec::new(),
+            signal_ids: BTreeSet::new(),
+            decided: BTreeMap::new(),
             tool_calls: BTreeMap::new(),
             output: None,
             operator_paused: None,
@@ -272,14 +373,32 @@ impl RunState {
                 self.status = RunStatus::Running;
             }
             Event::NodeStarted { node, input } => {
-                let agent = self
+                let visit = {
+                    let v = self.visits.entry(node.clone()).or_insert(0);
+                    *v += 1;
+                    *v
+                };
+                let prefix = if visit == 1 {
+                    node.clone()
+                } else {
+                    format!("{node}~{visit}")
+                };
+                self.node_io
+                    .insert(node.clone(), json!({"input": input, "output": null}));
+                self.chosen_next = None;
+                let kind = self
                     .plan
                     .as_ref()
                     .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
-                    .map(|n| match &n.kind {
-                        crate::definitions::model::NodeKind::Agent { agent } => agent.clone(),
-                    })
-                    .unwrap_or_default();
+                    .map(|n| n.kind.clone());
+                let Some(NodeKind::Agent { agent, .. }) = kind else {
+                    self.step = Some(StepState {
+                        id: node.clone(),
+                        prefix,
+                        kind: StepKind::Started,
+                    });
+                    return;
+                };
                 let instructions = self
                     .plan
                     .as_ref()
@@ -292,6 +411,7 @@ impl RunState {
                 };
                 self.node = Some(NodeState {
                     id: node.clone(),
+                    prefix,
                     agent,
                     transcript: vec![
                         ChatMessage::System {
@@ -365,7 +485,13 @@ impl RunState {
                 repeat_safety,
                 ..
             } => {
-                if let Some(state) = self.node.as_mut() {
+                if let Some(step) = self.step.as_mut()
+                    && &step.id == node
+                {
+                    step.kind = StepKind::Tool {
+                        call_id: call_id.clone(),
+                    };
+                } else if let Some(state) = self.node.as_mut() {
                     state.tool_calls += 1;
                     if let Some(p) = state
                         .pending
@@ -535,9 +661,105 @@ impl RunState {
                 }
             }
             Event::ReconcileProbeFinished { .. } | Event::LateResultRecorded { .. } => {}
-            Event::NodeCompleted { node, output } => {
+            Event::NodeCompleted { node, output, next } => {
+                let is_set = self
+                    .plan
+                    .as_ref()
+                    .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
+                    .is_some_and(|n| matches!(n.kind, NodeKind::Set { .. }));
+                if is_set && let Value::Object(values) = output {
+                    for (k, v) in values {
+                        self.vars.insert(k.clone(), v.clone());
+                    }
+                }
+                if let Some(Value::Object(io)) = self.node_io.get_mut(node) {
+                    io.insert("output".into(), output.clone());
+                }
                 self.node = None;
+                self.step = None;
+                self.chosen_next = next.clone();
                 self.completed_nodes.push((node.clone(), output.clone()));
+                if self.status == RunStatus::Waiting {
+                    self.status = RunStatus::Running;
+                    self.status_reason.clear();
+                }
+            }
+            Event::SignalReceived {
+                signal_id,
+                name,
+                payload,
+                ..
+            } => {
+                self.signal_ids.insert(signal_id.clone());
+                self.signals.push(BufferedSignal {
+                    signal_id: signal_id.clone(),
+                    name: name.clone(),
+                    payload: payload.clone(),
+                });
+            }
+            Event::SignalConsumed { signal_id, .. } => {
+                self.signals.retain(|s| &s.signal_id != signal_id);
+            }
+            Event::WaitStarted {
+                node,
+                signals,
+                timers,
+            } => {
+                if let Some(step) = self.step.as_mut()
+                    && &step.id == node
+                {
+                    step.kind = StepKind::Wait {
+                        signals: signals.clone(),
+                        timers: timers.clone(),
+                    };
+                }
+                let mut what: Vec<String> =
+                    signals.iter().map(|s| format!("signal `{s}`")).collect();
+                for t in timers {
+                    what.push(match (&t.after_ms, &t.at) {
+                        (Some(ms), _) => {
+                            format!("{} after {}", t.purpose.label(), super::show_ms(*ms))
+                        }
+                        (None, Some(at)) => format!("{} at {at}", t.purpose.label()),
+                        _ => t.purpose.label().to_owned(),
+                    });
+                }
+                self.set_waiting(format!("node `{node}` waits for {}", what.join(" or ")));
+            }
+            Event::TimerFired { .. } => {}
+            Event::ApprovalRequested {
+                node,
+                subject,
+                approver_grant,
+                allow_edits,
+                timer,
+                ..
+            } => {
+                if let Some(step) = self.step.as_mut()
+                    && &step.id == node
+                {
+                    step.kind = StepKind::Approval {
+                        subject: subject.clone(),
+                        approver_grant: approver_grant.clone(),
+                        allow_edits: *allow_edits,
+                        timer: timer.clone(),
+                    };
+                }
+                self.set_waiting(format!(
+                    "node `{node}` waits for an approval by a holder of `{approver_grant}`"
+                ));
+            }
+            Event::ApprovalDecided {
+                node, approved, by, ..
+            } => {
+                self.decided.insert(
+                    node.clone(),
+                    Decided {
+                        by: by.clone(),
+                        approved: *approved,
+                        seq: self.last_seq,
+                    },
+                );
             }
             Event::RunCompleted { output } => {
                 self.status = RunStatus::Completed;
@@ -570,6 +792,7 @@ impl RunState {
         let text = super::normalize::truncate_for_model(result, limit as usize);
         if let Some(call) = self.tool_calls.get_mut(call_id) {
             call.status = CallStatus::Completed;
+            call.result = Some(result.clone());
             if call.probe_for.is_none() {
                 let tool_use_id = call.tool_use_id.clone();
                 self.set_pending_result(&tool_use_id, text);
@@ -589,6 +812,7 @@ impl RunState {
         );
         if let Some(call) = self.tool_calls.get_mut(call_id) {
             call.status = CallStatus::Failed;
+            call.error = Some(error.to_owned());
             if call.probe_for.is_none() {
                 let tool_use_id = call.tool_use_id.clone();
                 self.set_pending_result(&tool_use_id, text);
@@ -625,7 +849,55 @@ impl RunState {
         } else if may_run {
             self.status = RunStatus::Running;
             self.status_reason.clear();
+            if let Some(reason) = self.waiting_reason() {
+                self.status = RunStatus::Waiting;
+                self.status_reason = reason;
+            }
         }
+    }
+
+    /// Enter `waiting` (unless paused: the pause shows until it is lifted).
+    fn set_waiting(&mut self, reason: String) {
+        if self.status == RunStatus::Running {
+            self.status = RunStatus::Waiting;
+            self.status_reason = reason;
+        }
+    }
+
+    /// Why the run would be waiting now, if its current node waits.
+    fn waiting_reason(&self) -> Option<String> {
+        let step = self.step.as_ref()?;
+        match &step.kind {
+            StepKind::Wait { signals, .. } => Some(format!(
+                "node `{}` waits for {}",
+                step.id,
+                if signals.is_empty() {
+                    "a timer".to_owned()
+                } else {
+                    signals
+                        .iter()
+                        .map(|s| format!("signal `{s}`"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                }
+            )),
+            StepKind::Approval { approver_grant, .. } => Some(format!(
+                "node `{}` waits for an approval by a holder of `{approver_grant}`",
+                step.id
+            )),
+            _ => None,
+        }
+    }
+
+    /// The document jq expressions of a workflow see:
+    /// `{"input", "nodes": {<id>: {"input", "output"}}, "vars", "run": {"id", "tenant"}}`.
+    pub fn document(&self) -> Value {
+        json!({
+            "input": self.input,
+            "nodes": self.node_io,
+            "vars": self.vars,
+            "run": {"id": self.run_id, "tenant": self.tenant},
+        })
     }
 
     /// Record a result for a pending tool use; once every pending call has

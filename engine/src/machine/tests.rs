@@ -141,6 +141,7 @@ fn plan(opts: &Opts) -> RunPlan {
                     id: "intake".into(),
                     kind: NodeKind::Agent {
                         agent: "onboarder".into(),
+                        input: None,
                     },
                     grants: vec![],
                     next: None,

@@ -601,6 +601,27 @@ impl Store {
         on_backend!(self, b => b.expire_task_timers(task_id).await)
     }
 
+    /// Timers that are due by the engine's clock, oldest first:
+    /// `(run_id, timer_id)`. Firing one is a run transition
+    /// ([`crate::machine::Input::TimerFired`]) that deletes it.
+    pub async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
+        on_backend!(self, b => b.due_timers(limit).await)
+    }
+
+    /// Move the engine's clock forward by `ms` (negative: back) for every
+    /// engine on this database: leases, retry delays and timers are all
+    /// judged by it. For tests (a 7-day wait in milliseconds); production
+    /// leaves it alone.
+    pub async fn advance_clock(&self, ms: i64) -> Result<(), StoreError> {
+        on_backend!(self, b => b.advance_clock(ms).await)
+    }
+
+    /// The engine's clock: the database's time plus the offset of
+    /// [`Store::advance_clock`].
+    pub async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        on_backend!(self, b => b.clock_now().await)
+    }
+
     /// Close every connection; later calls fail with
     /// [`StoreError::Database`]. For shutdown (and tests of an outage).
     pub async fn close(&self) {

@@ -71,14 +71,14 @@ impl super::postgres::Pg {
         let rows = sqlx::query_as::<_, NotificationRow>(
             "WITH due AS (
                  SELECT notification_id FROM notifications
-                 WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
+                 WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= belay_now()
                  ORDER BY next_attempt_at, notification_id
                  LIMIT $1
                  FOR UPDATE SKIP LOCKED
              )
              UPDATE notifications n
              SET attempts = n.attempts + 1,
-                 next_attempt_at = now() + $2::float8 * interval '1 millisecond'
+                 next_attempt_at = belay_now() + $2::float8 * interval '1 millisecond'
              FROM due
              WHERE n.notification_id = due.notification_id
              RETURNING n.notification_id, n.tenant, n.run_id, n.kind, n.payload, n.attempts, n.created_at",
@@ -96,7 +96,7 @@ impl super::postgres::Pg {
     /// Errors: [`StoreError::Database`].
     pub(crate) async fn mark_notification_delivered(&self, id: Uuid) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE notifications SET delivered_at = now(), last_error = NULL
+            "UPDATE notifications SET delivered_at = belay_now(), last_error = NULL
              WHERE notification_id = $1 AND delivered_at IS NULL",
         )
         .bind(id)
@@ -122,7 +122,7 @@ impl super::postgres::Pg {
             Some(ms) => {
                 sqlx::query(
                     "UPDATE notifications
-                     SET last_error = $3, next_attempt_at = now() + $4::float8 * interval '1 millisecond'
+                     SET last_error = $3, next_attempt_at = belay_now() + $4::float8 * interval '1 millisecond'
                      WHERE notification_id = $1 AND attempts = $2
                        AND delivered_at IS NULL AND failed_at IS NULL",
                 )
@@ -135,7 +135,7 @@ impl super::postgres::Pg {
             }
             None => {
                 sqlx::query(
-                    "UPDATE notifications SET last_error = $3, failed_at = now()
+                    "UPDATE notifications SET last_error = $3, failed_at = belay_now()
                      WHERE notification_id = $1 AND attempts = $2
                        AND delivered_at IS NULL AND failed_at IS NULL",
                 )

@@ -100,7 +100,7 @@ impl Pg {
         grants.dedup();
         sqlx::query(
             "INSERT INTO tenants (tenant, grants) VALUES ($1, $2)
-             ON CONFLICT (tenant) DO UPDATE SET grants = EXCLUDED.grants, updated_at = now()",
+             ON CONFLICT (tenant) DO UPDATE SET grants = EXCLUDED.grants, updated_at = belay_now()",
         )
         .bind(tenant)
         .bind(&grants)
@@ -411,7 +411,7 @@ impl Pg {
             Some(task_id) => {
                 let row: Option<TaskRow> = sqlx::query_as(
                     "SELECT task_id, run_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
-                            (lease_expires_at IS NOT NULL AND lease_expires_at <= now()) AS lease_expired
+                            (lease_expires_at IS NOT NULL AND lease_expires_at <= belay_now()) AS lease_expired
                      FROM tasks WHERE task_id = $1 AND run_id = $2 FOR UPDATE",
                 )
                 .bind(task_id)
@@ -490,14 +490,14 @@ impl Pg {
         Ok(sqlx::query_as(
             "WITH picked AS (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
-                 WHERE t.status = 'ready' AND t.available_at <= now()
+                 WHERE t.status = 'ready' AND t.available_at <= belay_now()
                    AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT $2
                  FOR UPDATE OF t SKIP LOCKED)
              UPDATE tasks t SET status = 'leased', attempt = t.attempt + 1, worker_id = $1,
-                    lease_expires_at = now() + make_interval(secs => $3::float8 / 1000.0),
-                    dispatched = false, updated_at = now()
+                    lease_expires_at = belay_now() + make_interval(secs => $3::float8 / 1000.0),
+                    dispatched = false, updated_at = belay_now()
              FROM picked WHERE t.task_id = picked.task_id
              RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key",
         )
@@ -519,10 +519,10 @@ impl Pg {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
         let attempts: Vec<i32> = leases.iter().map(|l| l.1).collect();
         let rows: Vec<(Uuid, i32)> = sqlx::query_as(
-            "UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $4::float8 / 1000.0)
+            "UPDATE tasks t SET lease_expires_at = belay_now() + make_interval(secs => $4::float8 / 1000.0)
              FROM UNNEST($2::uuid[], $3::int4[]) AS l(task_id, attempt)
              WHERE t.task_id = l.task_id AND t.attempt = l.attempt AND t.status = 'leased'
-               AND t.worker_id = $1 AND t.lease_expires_at > now()
+               AND t.worker_id = $1 AND t.lease_expires_at > belay_now()
              RETURNING t.task_id, t.attempt",
         )
         .bind(worker_id)
@@ -538,7 +538,7 @@ impl Pg {
     pub(crate) async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT task_id, run_id, attempt FROM tasks
-             WHERE status = 'leased' AND lease_expires_at <= now()
+             WHERE status = 'leased' AND lease_expires_at <= belay_now()
              ORDER BY lease_expires_at LIMIT $1",
         )
         .bind(limit)
@@ -550,7 +550,7 @@ impl Pg {
     /// one is claimable now), or `None` when no task is ready.
     pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
         let row: Option<(Option<f64>,)> = sqlx::query_as(
-            "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - now())) * 1000)::float8
+            "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - belay_now())) * 1000)::float8
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.status = 'ready'
                AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))",
@@ -567,8 +567,8 @@ impl Pg {
     ) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "UPDATE tasks SET
-                 lease_expires_at = CASE WHEN status = 'leased' THEN now() - interval '1 millisecond' ELSE lease_expires_at END,
-                 available_at = CASE WHEN status = 'ready' AND available_at > now() THEN now() ELSE available_at END
+                 lease_expires_at = CASE WHEN status = 'leased' THEN belay_now() - interval '1 millisecond' ELSE lease_expires_at END,
+                 available_at = CASE WHEN status = 'ready' AND available_at > belay_now() THEN belay_now() ELSE available_at END
              WHERE status IN ('leased', 'ready') AND ($1::uuid IS NULL OR task_id = $1)",
         )
         .bind(task_id)
@@ -581,13 +581,37 @@ impl Pg {
         self.pool.close().await;
     }
 
+    pub(crate) async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT run_id, timer_id FROM timers WHERE fire_at <= belay_now()
+             ORDER BY fire_at, run_id, timer_id LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn advance_clock(&self, ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE belay_clock SET offset_ms = offset_ms + $1 WHERE id = 1")
+            .bind(ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn clock_now(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT belay_now()")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     pub(crate) async fn end_orphan_task(
         &self,
         task_id: Uuid,
         attempt: i32,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = now()
+            "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = belay_now()
              WHERE task_id = $1 AND attempt = $2 AND status = 'leased'",
         )
         .bind(task_id)
@@ -644,8 +668,8 @@ impl Pg {
                AND ($2::text IS NULL OR status = $2)
                AND ($3::text IS NULL OR tool = $3)
                AND ($4::uuid IS NULL OR run_id = $4)
-               AND ($5::float8 IS NULL OR created_at <= now() - make_interval(secs => $5 / 1000.0))
-               AND ($6::float8 IS NULL OR created_at >= now() - make_interval(secs => $6 / 1000.0))
+               AND ($5::float8 IS NULL OR created_at <= belay_now() - make_interval(secs => $5 / 1000.0))
+               AND ($6::float8 IS NULL OR created_at >= belay_now() - make_interval(secs => $6 / 1000.0))
                AND ($7::timestamptz IS NULL OR (created_at, uncertain_id) < ($7, $8))
              ORDER BY created_at DESC, uncertain_id DESC LIMIT $9"
         )))
@@ -666,6 +690,13 @@ impl Pg {
 const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id, node_id, tool, tool_version, arguments,
     idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
     resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
+
+/// An RFC 3339 time (the machine writes them; a bad one is treated as "now").
+fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
 
 /// Fold a run's events (inside the transition's transaction).
 /// Fold a run's events after `from` (a state known to be a prefix of the
@@ -761,7 +792,7 @@ async fn write_decision(
             Command::RetryTask { call_id, delay_ms } => {
                 sqlx::query(
                     "UPDATE tasks SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
-                            available_at = now() + make_interval(secs => $3::float8 / 1000.0), updated_at = now()
+                            available_at = belay_now() + make_interval(secs => $3::float8 / 1000.0), updated_at = belay_now()
                      WHERE run_id = $1 AND call_id = $2",
                 )
                 .bind(run_id)
@@ -773,7 +804,7 @@ async fn write_decision(
             }
             Command::MarkDispatched { call_id, attempt } => {
                 sqlx::query(
-                    "UPDATE tasks SET dispatched = true, dispatched_attempt = $3, dispatched_at = now(), updated_at = now()
+                    "UPDATE tasks SET dispatched = true, dispatched_attempt = $3, dispatched_at = belay_now(), updated_at = belay_now()
                      WHERE run_id = $1 AND call_id = $2 AND attempt = $3 AND status = 'leased'",
                 )
                 .bind(run_id)
@@ -790,7 +821,7 @@ async fn write_decision(
                     TaskEnd::Cancelled => "cancelled",
                 };
                 sqlx::query(
-                    "UPDATE tasks SET status = $3, lease_expires_at = NULL, updated_at = now()
+                    "UPDATE tasks SET status = $3, lease_expires_at = NULL, updated_at = belay_now()
                      WHERE run_id = $1 AND call_id = $2",
                 )
                 .bind(run_id)
@@ -847,7 +878,7 @@ async fn write_decision(
                 spec,
             } => {
                 sqlx::query(
-                    "UPDATE tasks SET idempotency_key = $3, spec = $4, updated_at = now()
+                    "UPDATE tasks SET idempotency_key = $3, spec = $4, updated_at = belay_now()
                      WHERE run_id = $1 AND call_id = $2",
                 )
                 .bind(run_id)
@@ -867,7 +898,7 @@ async fn write_decision(
             } => {
                 sqlx::query(
                     "UPDATE uncertain_outcomes SET status = 'resolved', resolution = $3, resolution_kind = $4,
-                            resolved_by = $5, resolution_reason = $6, resolved_via = $7, resolved_at = now()
+                            resolved_by = $5, resolution_reason = $6, resolved_via = $7, resolved_at = belay_now()
                      WHERE uncertain_id = (SELECT uncertain_id FROM uncertain_outcomes
                                            WHERE run_id = $1 AND call_id = $2 AND status = 'open'
                                            ORDER BY occurrence DESC LIMIT 1)",
@@ -900,7 +931,7 @@ async fn write_decision(
             }
             Command::RecordProbe { call_id, probe } => {
                 sqlx::query(
-                    "UPDATE uncertain_outcomes SET probe = $3::jsonb || jsonb_build_object('at', now())
+                    "UPDATE uncertain_outcomes SET probe = $3::jsonb || jsonb_build_object('at', belay_now())
                      WHERE uncertain_id = (SELECT uncertain_id FROM uncertain_outcomes
                                            WHERE run_id = $1 AND call_id = $2
                                            ORDER BY occurrence DESC LIMIT 1)",
@@ -927,9 +958,29 @@ async fn write_decision(
                 .execute(&mut **tx)
                 .await?;
             }
+            Command::ScheduleTimer(timer) => {
+                sqlx::query(
+                    "INSERT INTO timers (run_id, timer_id, fire_at)
+                     VALUES ($1, $2, COALESCE($3::timestamptz, belay_now() + $4::float8 * interval '1 millisecond'))
+                     ON CONFLICT (run_id, timer_id) DO UPDATE SET fire_at = EXCLUDED.fire_at",
+                )
+                .bind(run_id)
+                .bind(&timer.timer_id)
+                .bind(timer.at.as_deref().and_then(parse_time))
+                .bind(timer.after_ms.unwrap_or(0) as f64)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::CancelTimer { timer_id } => {
+                sqlx::query("DELETE FROM timers WHERE run_id = $1 AND timer_id = $2")
+                    .bind(run_id)
+                    .bind(timer_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
             Command::CancelOpenTasks => {
                 sqlx::query(
-                    "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = now()
+                    "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = belay_now()
                      WHERE run_id = $1 AND status IN ('ready', 'leased')",
                 )
                 .bind(run_id)
@@ -938,9 +989,16 @@ async fn write_decision(
             }
         }
     }
+    if after.status.is_terminal() {
+        // A run that ended has nothing left to wake it.
+        sqlx::query("DELETE FROM timers WHERE run_id = $1")
+            .bind(run_id)
+            .execute(&mut **tx)
+            .await?;
+    }
     let new_seq = last_seq + decision.events.len() as i64;
     sqlx::query(
-        "UPDATE runs SET status = $2, status_reason = $3, output = $4, last_seq = $5, updated_at = now()
+        "UPDATE runs SET status = $2, status_reason = $3, output = $4, last_seq = $5, updated_at = belay_now()
          WHERE run_id = $1",
     )
     .bind(run_id)

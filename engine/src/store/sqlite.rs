@@ -40,16 +40,35 @@ use super::{
 use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
 
 /// SQL for "now" in the stored time format (`YYYY-MM-DDTHH:MM:SS.SSSZ`).
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now')";
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now', COALESCE((SELECT printf('%+.3f seconds', offset_ms / 1000.0) FROM belay_clock WHERE id = 1), '+0 seconds'))";
+
+/// The strftime modifier that shifts SQLite's `'now'` by the clock offset
+/// (see `Store::advance_clock`).
+const CLOCK: &str = "COALESCE((SELECT printf('%+.3f seconds', offset_ms / 1000.0) FROM belay_clock WHERE id = 1), '+0 seconds')";
 
 /// SQL for "now plus the ms in bound parameter `?N`" in the stored format.
 fn now_plus_ms(param: u8) -> String {
-    format!("strftime('%Y-%m-%dT%H:%M:%fZ','now', printf('%+.3f seconds', ?{param} / 1000.0))")
+    format!(
+        "strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('%+.3f seconds', ?{param} / 1000.0))"
+    )
 }
 
 /// A timestamp in the stored format, for binding.
 fn ts(t: &DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// A keyset position `(created_at, id)` for binding. Stored times have ms
+/// precision; a position between two ms (a hand-made page token, or one
+/// from PostgreSQL, which keeps µs) lies after every row of its ms, whatever
+/// the id, so it becomes (that ms, the largest id). Without this the
+/// fraction would be cut off and rows of that ms with a larger id skipped.
+fn keyset(after: Option<(DateTime<Utc>, Uuid)>) -> (Option<String>, Option<Uuid>) {
+    match after {
+        None => (None, None),
+        Some((t, id)) if t.timestamp_subsec_nanos() % 1_000_000 == 0 => (Some(ts(&t)), Some(id)),
+        Some((t, _)) => (Some(ts(&t)), Some(Uuid::max())),
+    }
 }
 
 const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
@@ -81,7 +100,13 @@ impl Lite {
             .map_err(|e| StoreError::Config(format!("SQLite URL {url:?}: {e}")))?
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        // In memory only when the URL says so: `sqlite::memory:`, or a
+        // `mode=memory` query parameter; a file whose name merely contains
+        // those words is a file.
+        let (location, query) = url.split_once('?').unwrap_or((url, ""));
+        let memory = location == "sqlite::memory:"
+            || location == "sqlite://:memory:"
+            || query.split('&').any(|p| p == "mode=memory");
         let (write, read, lock) = if memory {
             // One connection that never closes: the database lives in it.
             let pool = SqlitePoolOptions::new()
@@ -147,16 +172,25 @@ impl Lite {
         on_wake: &mut (dyn FnMut(Wake) + Send),
     ) -> Result<(), StoreError> {
         let mut rx = self.wake.subscribe();
-        loop {
-            match rx.recv().await {
-                Ok(w) => on_wake(w),
-                // Fell behind: some wake-ups were dropped; everyone looks again.
-                Err(broadcast::error::RecvError::Lagged(_)) => on_wake(Wake::Tasks),
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(StoreError::Config("the store was closed".into()));
+        // Like PostgreSQL's listener, end with an error (`PoolClosed`) once
+        // the store is closed, instead of waiting forever.
+        let ended = self
+            .write
+            .close_event()
+            .do_until(async {
+                loop {
+                    match rx.recv().await {
+                        Ok(w) => on_wake(w),
+                        // Fell behind: some wake-ups were dropped; everyone looks again.
+                        Err(broadcast::error::RecvError::Lagged(_)) => on_wake(Wake::Tasks),
+                        Err(broadcast::error::RecvError::Closed) => {
+                            return StoreError::Config("the store was closed".into());
+                        }
+                    }
                 }
-            }
-        }
+            })
+            .await?;
+        Err(ended)
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
@@ -336,11 +370,11 @@ impl Lite {
         decision: &Decision,
     ) -> Result<(RunRow, bool), StoreError> {
         let mut tx = self.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller)
-             VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7)
-             ON CONFLICT (tenant, idempotency_key) DO NOTHING",
-        )
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, {NOW}, {NOW})
+             ON CONFLICT (tenant, idempotency_key) DO NOTHING"
+        )))
         .bind(run_id)
         .bind(tenant)
         .bind(workflow)
@@ -396,10 +430,7 @@ impl Lite {
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: i64,
     ) -> Result<Vec<RunRow>, StoreError> {
-        let (after_ts, after_id) = match after {
-            Some((t, id)) => (Some(ts(&t)), Some(id)),
-            None => (None, None),
-        };
+        let (after_ts, after_id) = keyset(after);
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs
              WHERE tenant = ?1 AND (?2 IS NULL OR status = ?2)
@@ -607,12 +638,12 @@ impl Lite {
     }
 
     pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
-        let row: Option<(Option<f64>,)> = sqlx::query_as(
-            "SELECT (julianday(MIN(t.available_at)) - julianday('now')) * 86400000.0
+        let row: Option<(Option<f64>,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT (julianday(MIN(t.available_at)) - julianday('now', {CLOCK})) * 86400000.0
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.status = 'ready'
-               AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))",
-        )
+               AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))"
+        )))
         .fetch_optional(&self.read)
         .await?;
         Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))
@@ -625,7 +656,7 @@ impl Lite {
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE tasks SET
                  lease_expires_at = CASE WHEN status = 'leased'
-                     THEN strftime('%Y-%m-%dT%H:%M:%fZ','now', '-0.001 seconds') ELSE lease_expires_at END,
+                     THEN strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, '-0.001 seconds') ELSE lease_expires_at END,
                  available_at = CASE WHEN status = 'ready' AND available_at > {NOW} THEN {NOW} ELSE available_at END
              WHERE status IN ('leased', 'ready') AND (?1 IS NULL OR task_id = ?1)"
         )))
@@ -638,6 +669,32 @@ impl Lite {
     pub(crate) async fn close(&self) {
         self.write.close().await;
         self.read.close().await;
+    }
+
+    pub(crate) async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT run_id, timer_id FROM timers WHERE fire_at <= {NOW}
+             ORDER BY fire_at, run_id, timer_id LIMIT ?1"
+        )))
+        .bind(limit)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn advance_clock(&self, ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE belay_clock SET offset_ms = offset_ms + ?1 WHERE id = 1")
+            .bind(ms)
+            .execute(&self.write)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {NOW}")))
+                .fetch_one(&self.read)
+                .await?,
+        )
     }
 
     pub(crate) async fn end_orphan_task(
@@ -688,10 +745,7 @@ impl Lite {
         &self,
         f: &UncertainQuery<'_>,
     ) -> Result<Vec<UncertainRow>, StoreError> {
-        let (after_ts, after_id) = match f.after {
-            Some((t, id)) => (Some(ts(&t)), Some(id)),
-            None => (None, None),
-        };
+        let (after_ts, after_id) = keyset(f.after);
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes
              WHERE tenant = ?1
@@ -702,8 +756,8 @@ impl Lite {
                AND (?6 IS NULL OR created_at >= {newer})
                AND (?7 IS NULL OR (created_at, uncertain_id) < (?7, ?8))
              ORDER BY created_at DESC, uncertain_id DESC LIMIT ?9",
-            older = "strftime('%Y-%m-%dT%H:%M:%fZ','now', printf('-%.3f seconds', ?5 / 1000.0))",
-            newer = "strftime('%Y-%m-%dT%H:%M:%fZ','now', printf('-%.3f seconds', ?6 / 1000.0))",
+            older = format!("strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('-%.3f seconds', ?5 / 1000.0))"),
+            newer = format!("strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('-%.3f seconds', ?6 / 1000.0))"),
         )))
         .bind(f.tenant)
         .bind(f.status)
@@ -892,7 +946,9 @@ async fn write_decision(
     for (i, event) in decision.events.iter().enumerate() {
         let payload = serde_json::to_value(event)
             .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?;
-        sqlx::query("INSERT INTO events (run_id, seq, kind, payload) VALUES (?1, ?2, ?3, ?4)")
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO events (run_id, seq, kind, payload, recorded_at) VALUES (?1, ?2, ?3, ?4, {NOW})"
+        )))
             .bind(run_id)
             .bind(last_seq + 1 + i as i64)
             .bind(event.kind())
@@ -910,10 +966,11 @@ async fn write_decision(
                 repeat_safety,
                 runs_while_paused,
             } => {
-                sqlx::query(
-                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety, runs_while_paused)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9)",
-                )
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
+                         runs_while_paused, available_at, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9, {NOW}, {NOW}, {NOW})"
+                )))
                 .bind(Uuid::now_v7())
                 .bind(run_id)
                 .bind(tenant)
@@ -979,9 +1036,9 @@ async fn write_decision(
                 attempt: _,
                 reason,
             } => {
-                sqlx::query(
+                sqlx::query(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO uncertain_outcomes (uncertain_id, tenant, run_id, task_id, call_id, node_id, tool,
-                         tool_version, arguments, idempotency_key, attempts, worker_id, reason, occurrence)
+                         tool_version, arguments, idempotency_key, attempts, worker_id, reason, occurrence, created_at)
                      SELECT ?3, ?4, ?1, t.task_id, ?2, ?5, ?6, ?7, ?8, ?9,
                             -- Every attempt's dispatch and failure, from the events
                             -- (this transition's events are already inserted).
@@ -994,9 +1051,10 @@ async fn write_decision(
                                AND e.kind IN ('tool_call_dispatched', 'tool_call_attempt_failed', 'task_lease_expired')),
                             t.worker_id, ?10,
                             (SELECT COALESCE(MAX(occurrence), 0) + 1 FROM uncertain_outcomes u
-                             WHERE u.run_id = ?1 AND u.call_id = ?2)
-                     FROM tasks t WHERE t.run_id = ?1 AND t.call_id = ?2",
-                )
+                             WHERE u.run_id = ?1 AND u.call_id = ?2),
+                            {NOW}
+                     FROM tasks t WHERE t.run_id = ?1 AND t.call_id = ?2"
+                )))
                 .bind(run_id)
                 .bind(call_id)
                 .bind(Uuid::now_v7())
@@ -1095,10 +1153,10 @@ async fn write_decision(
                         record.map_or(Value::Null, |(id,)| Value::String(id.to_string())),
                     );
                 }
-                sqlx::query(
-                    "INSERT INTO notifications (notification_id, tenant, run_id, kind, payload)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO notifications (notification_id, tenant, run_id, kind, payload, next_attempt_at, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, {NOW}, {NOW})"
+                )))
                 .bind(Uuid::now_v7())
                 .bind(tenant)
                 .bind(run_id)
@@ -1106,6 +1164,41 @@ async fn write_decision(
                 .bind(payload)
                 .execute(&mut **tx)
                 .await?;
+            }
+            Command::ScheduleTimer(timer) => {
+                let fire_at = match timer.at.as_deref().and_then(|t| {
+                    chrono::DateTime::parse_from_rfc3339(t)
+                        .ok()
+                        .map(|t| ts(&t.with_timezone(&Utc)))
+                }) {
+                    Some(at) => at,
+                    None => {
+                        let row: (String,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                            "SELECT {}",
+                            now_plus_ms(1)
+                        )))
+                        .bind(timer.after_ms.unwrap_or(0) as f64)
+                        .fetch_one(&mut **tx)
+                        .await?;
+                        row.0
+                    }
+                };
+                sqlx::query(
+                    "INSERT INTO timers (run_id, timer_id, fire_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (run_id, timer_id) DO UPDATE SET fire_at = excluded.fire_at",
+                )
+                .bind(run_id)
+                .bind(&timer.timer_id)
+                .bind(fire_at)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::CancelTimer { timer_id } => {
+                sqlx::query("DELETE FROM timers WHERE run_id = ?1 AND timer_id = ?2")
+                    .bind(run_id)
+                    .bind(timer_id)
+                    .execute(&mut **tx)
+                    .await?;
             }
             Command::CancelOpenTasks => {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -1117,6 +1210,13 @@ async fn write_decision(
                 .await?;
             }
         }
+    }
+    if after.status.is_terminal() {
+        // A run that ended has nothing left to wake it.
+        sqlx::query("DELETE FROM timers WHERE run_id = ?1")
+            .bind(run_id)
+            .execute(&mut **tx)
+            .await?;
     }
     let new_seq = last_seq + decision.events.len() as i64;
     sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -1,5 +1,6 @@
 //! `onboarding`: runs the customer-onboarding example end to end in one
-//! process: an engine on PostgreSQL, a worker, the scripted model server and
+//! process: an engine (on an in-memory SQLite database unless
+//! `--database-url` names a SQLite file or a PostgreSQL database), a worker, the scripted model server and
 //! the CRM server (on free local ports); registers the example's definitions,
 //! submits one run, prints its event timeline and final output, and exits 0
 //! when the run completed.
@@ -26,12 +27,10 @@ use tokio::sync::watch;
     about = "Run the Belay onboarding example end to end"
 )]
 struct Args {
-    /// PostgreSQL URL (the engine applies its migrations there).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test"
-    )]
+    /// Database: `sqlite::memory:` (the default: nothing to install, nothing
+    /// kept), `sqlite://PATH` (a file, kept), or a PostgreSQL URL
+    /// (`postgres://user@host:port/db`). The engine applies its migrations.
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite::memory:")]
     database_url: String,
     /// Customer email.
     #[arg(long, default_value = "margaret@example.com")]
@@ -74,12 +73,7 @@ async fn run(args: Args) -> Result<bool> {
     // The engine.
     let store = Store::connect(&args.database_url, 8)
         .await
-        .with_context(|| {
-            format!(
-                "connecting to PostgreSQL at {} (is it running?)",
-                args.database_url
-            )
-        })?;
+        .with_context(|| format!("opening the database {}", args.database_url))?;
     store.migrate().await.context("applying migrations")?;
     let coord = Coordinator::new(
         store,
@@ -103,7 +97,13 @@ async fn run(args: Args) -> Result<bool> {
     config.http_base_url = Some(crm_url.clone());
     let worker = tokio::spawn(belay_worker::run(config, stopped()));
 
-    eprintln!("engine {engine_url} · model {model_url} · crm {crm_url}");
+    // A PostgreSQL URL may carry a password: name the backend only.
+    let database = if args.database_url.starts_with("sqlite:") {
+        args.database_url.as_str()
+    } else {
+        "PostgreSQL"
+    };
+    eprintln!("engine {engine_url} ({database}) · model {model_url} · crm {crm_url}");
 
     let client = Client::connect_lazy(&engine_url, TENANT)?;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("definitions");

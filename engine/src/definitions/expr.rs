@@ -1,0 +1,1985 @@
+//! jq expressions in workflow definitions: [`Expr`], one jq filter over the
+//! run's state document, and [`Template`], a JSON value whose strings may
+//! hold `${ <jq> }` expressions.
+//!
+//! The language is jq (the jq manual, <https://jqlang.org/manual/>) as
+//! implemented by the jaq library (`jaq-core`, `jaq-std`, `jaq-json`; its
+//! differences from jq are listed in jaq's manual,
+//! <https://gedenkt.at/jaq/manual/>). Nothing here evaluates jq by itself.
+//!
+//! Determinism: the machine replays histories, so an expression must give
+//! the same value for the same state every time. jq's functions that read
+//! the clock, the environment, the time zone or an input stream, or that
+//! write logs or stop the process, are removed ([`EXCLUDED`]); an
+//! expression that names one is refused when it is parsed. jq has no
+//! random-number function, and jaq adds none. The state's object keys
+//! come in the order of `serde_json`'s map, sorted whatever order the
+//! database stored them in (`keys_unsorted`, `to_entries` and `.[]` depend
+//! on it): this holds while serde_json's `preserve_order` feature is off.
+//!
+//! What is not bounded: jaq does not limit the time, memory or stack an
+//! expression uses (`[repeat(1)]` never ends; `def f: 1 + f; f` overflows
+//! the stack). Only multiple outputs are counted up to a limit.
+//!
+//! Pure: no I/O, no clock. Compiled filters are shared between
+//! expressions with the same text through a process-wide cache, which
+//! changes how long a parse takes, never what an expression means.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
+
+use jaq_core::load::parse::Def;
+use jaq_core::load::{self, Arena, File, Loader, lex, parse};
+use jaq_core::native::Fun;
+use jaq_core::{Ctx, Exn, Vars, compile, data};
+use jaq_json::{Num, Val};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Number, Value};
+
+/// jq functions (and the variable `$ENV`) that workflow expressions may not
+/// use, with the reason an author is shown. Names that jq has and jaq
+/// lacks are listed too, so that they get this message rather than
+/// "not defined".
+pub const EXCLUDED: &[(&str, &str)] = &[
+    ("now", "it reads the clock"),
+    ("localtime", "it depends on the machine's time zone"),
+    ("strflocaltime", "it depends on the machine's time zone"),
+    ("env", "it reads the process environment"),
+    ("$ENV", "it reads the process environment"),
+    ("input", "it reads the input stream"),
+    ("inputs", "it reads the input stream"),
+    ("input_filename", "it reads the input stream"),
+    ("input_line_number", "it reads the input stream"),
+    ("get_search_list", "it reads the module search path"),
+    ("get_prog_origin", "it reads the file system"),
+    ("get_jq_origin", "it reads the file system"),
+    ("halt", "it stops the process"),
+    (
+        "halt_error",
+        "it writes to standard error and stops the process",
+    ),
+    ("debug", "it writes to the log"),
+    ("debug_empty", "it writes to the log"),
+    ("stderr", "it writes to standard error"),
+    ("stderr_empty", "it writes to standard error"),
+];
+
+/// Most outputs counted when an expression produces more than one.
+const MAX_COUNTED_OUTPUTS: usize = 1000;
+
+/// Deepest array/object nesting of a value an expression may produce.
+/// Values end up in events that are read back with `serde_json`, which
+/// refuses documents nested deeper than 128; this leaves room for the
+/// event around the value.
+const MAX_OUTPUT_DEPTH: usize = 100;
+
+/// Longest runtime error message kept, in characters. jaq quotes the
+/// offending value in its messages, and a message ends up in an event.
+const MAX_MESSAGE_CHARS: usize = 500;
+
+/// Compiled filters kept alive after their last [`Expr`] is dropped, so
+/// that a definition parsed again (every run deserializes its plan) does
+/// not compile again. About 90 KB each: every filter carries its own copy
+/// of the compiled jq standard library.
+const RECENT_FILTERS: usize = 64;
+
+/// Where in an expression (or, in a [`TemplateError`], in a string) a
+/// problem is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Byte offset, from 0.
+    pub offset: usize,
+    /// Line, from 1.
+    pub line: u32,
+    /// Column in characters (not bytes), from 1.
+    pub column: u32,
+}
+
+impl Position {
+    /// The position of byte `offset` in `text` (clamped to its length).
+    fn at(text: &str, offset: usize) -> Position {
+        let mut offset = offset.min(text.len());
+        while !text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &text[..offset];
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Position {
+            offset,
+            line: count(before.matches('\n').count()).saturating_add(1),
+            column: count(before[line_start..].chars().count()).saturating_add(1),
+        }
+    }
+
+    /// The same place, counted from `start` bytes earlier in `whole`.
+    fn shifted(self, whole: &str, start: usize) -> Position {
+        Position::at(whole, start.saturating_add(self.offset))
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 1 {
+            write!(f, "column {}", self.column)
+        } else {
+            write!(f, "line {}, column {}", self.line, self.column)
+        }
+    }
+}
+
+/// Why an expression was refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExprError {
+    /// Not valid jq: lexing or parsing failed, it names an undefined
+    /// function or variable, or it imports a module.
+    #[error("{position}: {message}")]
+    Syntax {
+        /// What is wrong.
+        message: String,
+        /// Where.
+        position: Position,
+    },
+    /// It names a function excluded for determinism (see [`EXCLUDED`]).
+    #[error(
+        "{position}: `{name}` is not available in workflow expressions: {reason}, and an expression must give the same value whenever a run is replayed"
+    )]
+    Excluded {
+        /// The function (or `$ENV`).
+        name: String,
+        /// Why it is excluded.
+        reason: &'static str,
+        /// Where it is named.
+        position: Position,
+    },
+    /// jq raised an error while evaluating (jaq's message, or the value
+    /// given to `error`).
+    #[error("{message}")]
+    Runtime {
+        /// The message.
+        message: String,
+    },
+    /// The expression produced no value (e.g. `empty`, or `select` that
+    /// dropped its input).
+    #[error("the expression produced no value")]
+    NoValue,
+    /// The expression produced several values where one is needed.
+    #[error(
+        "the expression produced {}{count} values; wrap it in [ ] to collect them",
+        if *at_least { "at least " } else { "" }
+    )]
+    ManyValues {
+        /// How many were counted.
+        count: usize,
+        /// Counting stopped early (at an error or a limit).
+        at_least: bool,
+    },
+    /// The value cannot be written as JSON (NaN, infinity, a byte string,
+    /// a non-string object key, nesting deeper than 100).
+    #[error("the expression's value is not JSON: {reason}")]
+    NotJson {
+        /// What part is not JSON.
+        reason: String,
+    },
+}
+
+impl ExprError {
+    /// The same error with its position counted from `start` bytes
+    /// earlier in `whole` (an expression's place in a template string).
+    fn shifted(self, whole: &str, start: usize) -> ExprError {
+        match self {
+            ExprError::Syntax { message, position } => ExprError::Syntax {
+                message,
+                position: position.shifted(whole, start),
+            },
+            ExprError::Excluded {
+                name,
+                reason,
+                position,
+            } => ExprError::Excluded {
+                name,
+                reason,
+                position: position.shifted(whole, start),
+            },
+            other => other,
+        }
+    }
+}
+
+/// A jq expression, checked when parsed and compiled once.
+///
+/// Serialized as its source text, e.g. `".nodes.intake.output.account_id"`.
+/// Deserializing does not compile: a stored expression was checked when
+/// its definition was registered, and is compiled on its first
+/// [`Expr::eval`] (which reports a compile error should a jaq upgrade
+/// refuse it). Equality compares source text.
+#[derive(Clone)]
+pub struct Expr {
+    source: String,
+    /// Boxed error: keeps `Expr` small in the definition types.
+    compiled: OnceLock<Result<Arc<JqFilter>, Box<ExprError>>>,
+}
+
+impl Expr {
+    /// Parse and compile jq source text (without `${ }`).
+    ///
+    /// Errors: [`ExprError::Syntax`] and [`ExprError::Excluded`], with the
+    /// position within `source`.
+    pub fn parse(source: &str) -> Result<Expr, ExprError> {
+        let filter = filter_for(source)?;
+        Ok(Expr {
+            source: source.to_owned(),
+            compiled: OnceLock::from(Ok(filter)),
+        })
+    }
+
+    /// An expression that is compiled on first use (deserialization).
+    fn unchecked(source: String) -> Expr {
+        Expr {
+            source,
+            compiled: OnceLock::new(),
+        }
+    }
+
+    /// The source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Run the expression with `state` as its input (`.`).
+    ///
+    /// Exactly one output is required: none is [`ExprError::NoValue`],
+    /// several are [`ExprError::ManyValues`]. A jq error is
+    /// [`ExprError::Runtime`]; a value with no JSON form is
+    /// [`ExprError::NotJson`]. A missing field is `null`, as in jq.
+    pub fn eval(&self, state: &Value) -> Result<Value, ExprError> {
+        self.eval_val(json_to_val(state))
+    }
+
+    fn eval_val(&self, input: Val) -> Result<Value, ExprError> {
+        let filter = self
+            .compiled
+            .get_or_init(|| filter_for(&self.source).map_err(Box::new))
+            .clone()
+            .map_err(|e| *e)?;
+        let value = run_one(&filter, input)?;
+        val_to_json(value, 0).map_err(|reason| ExprError::NotJson { reason })
+    }
+}
+
+impl fmt::Debug for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Expr").field(&self.source).finish()
+    }
+}
+
+impl PartialEq for Expr {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Expr {}
+
+impl Serialize for Expr {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.source)
+    }
+}
+
+impl<'de> Deserialize<'de> for Expr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Expr::unchecked)
+    }
+}
+
+/// A problem with one string of a [`Template`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{error}", pointer_prefix(.pointer))]
+pub struct TemplateError {
+    /// JSON Pointer (RFC 6901) of the string within the template's value:
+    /// `""` for the value itself, `/args/0` for an element, `/a~1b` for
+    /// key `a/b`. `value.pointer(&e.pointer)` finds the string.
+    pub pointer: String,
+    /// Byte offset in that string where the expression's text starts
+    /// (just after `${`).
+    pub offset: usize,
+    /// The error; positions in it count from the start of the string.
+    pub error: ExprError,
+}
+
+fn pointer_prefix(pointer: &str) -> String {
+    if pointer.is_empty() {
+        String::new()
+    } else {
+        format!("{pointer}: ")
+    }
+}
+
+/// A JSON value whose strings may hold `${ <jq> }` expressions over the
+/// run's state document.
+///
+/// - A string that is exactly one `${ e }` (whitespace around it allowed)
+///   becomes the value of `e`, of any JSON type.
+/// - A string mixing text and `${ }` becomes a string, each value
+///   interpolated: strings as they are, anything else as compact JSON.
+/// - `$${` is a literal `${` (so a `$` just before an expression is
+///   written `${ "$" }${ e }`); other `$` are literal.
+/// - Arrays and objects are rendered element by element; object keys are
+///   never templated.
+///
+/// The end of an expression is the first `}` that closes no `{` of the
+/// expression, outside jq strings and `#` comments.
+///
+/// Serialized as the original JSON value. Deserializing splits the strings
+/// again but compiles their expressions on first use, as [`Expr`] does.
+/// Equality compares the original value.
+#[derive(Clone)]
+pub struct Template {
+    source: Value,
+    root: Node,
+}
+
+/// A template value, with constant parts folded.
+#[derive(Debug, Clone)]
+enum Node {
+    /// No expression inside (escapes already applied).
+    Const(Value),
+    /// A string that is exactly one expression (boxed: keeps `Template`
+    /// small in the definition types).
+    Whole(Box<Located>),
+    /// A string of text and expressions.
+    Interp(Vec<Piece>),
+    Array(Vec<Node>),
+    Object(Vec<(String, Node)>),
+}
+
+#[derive(Debug, Clone)]
+enum Piece {
+    Text(String),
+    Expr(Located),
+}
+
+/// An expression and where it is written, for errors.
+#[derive(Debug, Clone)]
+struct Located {
+    expr: Expr,
+    pointer: String,
+    /// Byte offset of the expression text in its string.
+    offset: usize,
+    /// The whole string, to count error positions in.
+    string: Arc<str>,
+}
+
+impl Located {
+    fn eval(&self, input: &Val) -> Result<Value, TemplateError> {
+        self.expr
+            .eval_val(input.clone())
+            .map_err(|error| TemplateError {
+                pointer: self.pointer.clone(),
+                offset: self.offset,
+                error: error.shifted(&self.string, self.offset),
+            })
+    }
+}
+
+impl Template {
+    /// Split every string of `value` and compile every expression.
+    ///
+    /// Errors: one per bad expression (or unclosed `${`), in document
+    /// order, each with the JSON Pointer of its string.
+    pub fn parse(value: &Value) -> Result<Template, Vec<TemplateError>> {
+        let mut errors = Vec::new();
+        let root = build(value, &mut String::new(), true, &mut errors);
+        if errors.is_empty() {
+            Ok(Template {
+                source: value.clone(),
+                root,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// A template that renders to `value` as it is: no string of it is read
+    /// as an expression. Its serialized form writes each `${` of its
+    /// strings as `$${`, so that reading it back gives the same template.
+    pub fn constant(value: Value) -> Template {
+        Template {
+            source: escape_value(&value),
+            root: Node::Const(value),
+        }
+    }
+
+    /// The value with every expression replaced by its result over `state`.
+    ///
+    /// The first failing expression's error is returned, with the pointer
+    /// of its string.
+    pub fn render(&self, state: &Value) -> Result<Value, TemplateError> {
+        match &self.root {
+            Node::Const(v) => Ok(v.clone()),
+            // Convert the state once for all the expressions.
+            root => render_node(root, &json_to_val(state)),
+        }
+    }
+
+    /// Whether the template holds no expression (rendering ignores the
+    /// state).
+    pub fn is_constant(&self) -> bool {
+        matches!(self.root, Node::Const(_))
+    }
+
+    /// The JSON value it was parsed from, as serialized (for
+    /// [`Template::constant`], the value with each `${` written `$${`).
+    pub fn source(&self) -> &Value {
+        &self.source
+    }
+}
+
+impl fmt::Debug for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Template").field(&self.source).finish()
+    }
+}
+
+impl PartialEq for Template {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Serialize for Template {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.source.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Template {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let source = Value::deserialize(deserializer)?;
+        let mut errors = Vec::new();
+        let root = build(&source, &mut String::new(), false, &mut errors);
+        if errors.is_empty() {
+            Ok(Template { source, root })
+        } else {
+            let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            Err(serde::de::Error::custom(format!(
+                "invalid template: {}",
+                list.join("; ")
+            )))
+        }
+    }
+}
+
+/// Build the node for `value` at `pointer`; `check` compiles expressions
+/// now (parse) rather than on first use (deserialize).
+fn build(
+    value: &Value,
+    pointer: &mut String,
+    check: bool,
+    errors: &mut Vec<TemplateError>,
+) -> Node {
+    match value {
+        Value::String(s) => build_string(s, pointer, check, errors),
+        Value::Array(items) => {
+            let nodes = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    let len = pointer.len();
+                    pointer.push('/');
+                    pointer.push_str(&i.to_string());
+                    let node = build(item, pointer, check, errors);
+                    pointer.truncate(len);
+                    node
+                })
+                .collect::<Vec<_>>();
+            if nodes.iter().all(|n| matches!(n, Node::Const(_))) {
+                Node::Const(Value::Array(nodes.into_iter().map(const_value).collect()))
+            } else {
+                Node::Array(nodes)
+            }
+        }
+        Value::Object(map) => {
+            let entries = map
+                .iter()
+                .map(|(key, item)| {
+                    let len = pointer.len();
+                    pointer.push('/');
+                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                    let node = build(item, pointer, check, errors);
+                    pointer.truncate(len);
+                    (key.clone(), node)
+                })
+                .collect::<Vec<_>>();
+            if entries.iter().all(|(_, n)| matches!(n, Node::Const(_))) {
+                Node::Const(Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, n)| (k, const_value(n)))
+                        .collect(),
+                ))
+            } else {
+                Node::Object(entries)
+            }
+        }
+        other => Node::Const(other.clone()),
+    }
+}
+
+/// `value` with every `${` in its strings (not keys) written `$${`: the
+/// template source of a constant. Splitting undoes it exactly, since every
+/// `$` before a `{` gets a `$` of its own in front.
+fn escape_value(value: &Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.replace("${", "$${")),
+        Value::Array(items) => Value::Array(items.iter().map(escape_value).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), escape_value(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn const_value(node: Node) -> Value {
+    match node {
+        Node::Const(v) => v,
+        // Only called when every node is constant.
+        _ => Value::Null,
+    }
+}
+
+fn build_string(s: &str, pointer: &str, check: bool, errors: &mut Vec<TemplateError>) -> Node {
+    let segments = match split(s) {
+        Ok(segments) => segments,
+        Err(start) => {
+            errors.push(TemplateError {
+                pointer: pointer.to_owned(),
+                offset: start,
+                error: ExprError::Syntax {
+                    message: "`${` is not closed by a matching `}`".into(),
+                    position: Position::at(s, start.saturating_sub(2)),
+                },
+            });
+            return Node::Const(Value::String(s.to_owned()));
+        }
+    };
+    let string: Arc<str> = Arc::from(s);
+    let mut pieces = Vec::with_capacity(segments.len());
+    for segment in segments {
+        match segment {
+            Segment::Text(text) => pieces.push(Piece::Text(text)),
+            Segment::Expr { source, offset } => {
+                let expr = if check {
+                    match Expr::parse(source) {
+                        Ok(expr) => expr,
+                        Err(error) => {
+                            errors.push(TemplateError {
+                                pointer: pointer.to_owned(),
+                                offset,
+                                error: error.shifted(s, offset),
+                            });
+                            continue;
+                        }
+                    }
+                } else {
+                    Expr::unchecked(source.to_owned())
+                };
+                pieces.push(Piece::Expr(Located {
+                    expr,
+                    pointer: pointer.to_owned(),
+                    offset,
+                    string: Arc::clone(&string),
+                }));
+            }
+        }
+    }
+    let exprs = pieces
+        .iter()
+        .filter(|p| matches!(p, Piece::Expr(_)))
+        .count();
+    let blank_text = pieces.iter().all(|p| match p {
+        Piece::Text(t) => t.trim().is_empty(),
+        Piece::Expr(_) => true,
+    });
+    if exprs == 0 {
+        let text: String = pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Text(t) => t,
+                Piece::Expr(_) => String::new(),
+            })
+            .collect();
+        Node::Const(Value::String(text))
+    } else if exprs == 1 && blank_text {
+        match pieces.into_iter().find_map(|p| match p {
+            Piece::Expr(located) => Some(located),
+            Piece::Text(_) => None,
+        }) {
+            Some(located) => Node::Whole(Box::new(located)),
+            None => Node::Const(Value::String(s.to_owned())),
+        }
+    } else {
+        Node::Interp(pieces)
+    }
+}
+
+fn render_node(node: &Node, input: &Val) -> Result<Value, TemplateError> {
+    match node {
+        Node::Const(v) => Ok(v.clone()),
+        Node::Whole(located) => located.eval(input),
+        Node::Interp(pieces) => {
+            let mut out = String::new();
+            for piece in pieces {
+                match piece {
+                    Piece::Text(text) => out.push_str(text),
+                    Piece::Expr(located) => match located.eval(input)? {
+                        Value::String(s) => out.push_str(&s),
+                        other => out.push_str(&other.to_string()),
+                    },
+                }
+            }
+            Ok(Value::String(out))
+        }
+        Node::Array(nodes) => nodes
+            .iter()
+            .map(|n| render_node(n, input))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        Node::Object(entries) => entries
+            .iter()
+            .map(|(k, n)| Ok((k.clone(), render_node(n, input)?)))
+            .collect::<Result<Map<_, _>, _>>()
+            .map(Value::Object),
+    }
+}
+
+/// A part of a template string.
+#[derive(Debug, PartialEq)]
+enum Segment<'s> {
+    /// Literal text, escapes applied.
+    Text(String),
+    /// The text between `${` and its `}`, and its byte offset.
+    Expr { source: &'s str, offset: usize },
+}
+
+/// Split a template string into text and expressions. Err: the byte
+/// offset just after a `${` that is never closed.
+fn split(s: &str) -> Result<Vec<Segment<'_>>, usize> {
+    let mut segments = Vec::new();
+    let mut text = String::new();
+    let mut i = 0;
+    while let Some(found) = s[i..].find('$') {
+        let at = i + found;
+        text.push_str(&s[i..at]);
+        let rest = &s[at..];
+        if rest.starts_with("$${") {
+            text.push_str("${");
+            i = at + 3;
+        } else if rest.starts_with("${") {
+            let start = at + 2;
+            let len = closing_brace(&s[start..]).ok_or(start)?;
+            if !text.is_empty() {
+                segments.push(Segment::Text(std::mem::take(&mut text)));
+            }
+            segments.push(Segment::Expr {
+                source: &s[start..start + len],
+                offset: start,
+            });
+            i = start + len + 1;
+        } else {
+            text.push('$');
+            i = at + 1;
+        }
+    }
+    text.push_str(&s[i..]);
+    if !text.is_empty() {
+        segments.push(Segment::Text(text));
+    }
+    Ok(segments)
+}
+
+/// Byte index in `code` of the `}` that ends an expression starting at
+/// its beginning: the first `}` that closes no bracket of the expression,
+/// outside jq strings (including `\( )` inside them) and `#` comments.
+/// Brackets that do not match are left for jaq to report.
+fn closing_brace(code: &str) -> Option<usize> {
+    #[derive(PartialEq)]
+    enum Open {
+        Bracket(u8),
+        Interpolation,
+    }
+    let b = code.as_bytes();
+    let mut open: Vec<Open> = Vec::new();
+    let mut in_string = false;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if in_string {
+            match c {
+                b'\\' if b.get(i + 1) == Some(&b'(') => {
+                    open.push(Open::Interpolation);
+                    in_string = false;
+                    i += 1;
+                }
+                // Skips the escaped byte; a multi-byte character's other
+                // bytes are never ASCII, so they cannot be misread.
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        match c {
+            b'"' => in_string = true,
+            b'#' => {
+                // A comment runs to the end of the line; as in jaq, a
+                // line ending in an odd number of `\` continues it.
+                loop {
+                    let end = code[i..].find('\n').map_or(b.len(), |n| i + n);
+                    let line = code[i..end].trim_end_matches('\r');
+                    let backslashes = line.bytes().rev().take_while(|c| *c == b'\\').count();
+                    i = end;
+                    if backslashes % 2 == 0 || i >= b.len() {
+                        break;
+                    }
+                    i += 1;
+                }
+                continue;
+            }
+            b'(' => open.push(Open::Bracket(b')')),
+            b'[' => open.push(Open::Bracket(b']')),
+            b'{' => open.push(Open::Bracket(b'}')),
+            b')' | b']' | b'}' => match open.last() {
+                Some(Open::Bracket(close)) if *close == c => {
+                    open.pop();
+                }
+                Some(Open::Interpolation) if c == b')' => {
+                    open.pop();
+                    in_string = true;
+                }
+                // A `}` that closes no `{` of the expression ends it,
+                // even with a `(` or `[` left open (jaq reports those).
+                _ if c == b'}' && !open.contains(&Open::Bracket(b'}')) => return Some(i),
+                _ => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+// ---------------------------------------------------------------------
+// jaq: compiling and running.
+
+type D = data::JustLut<Val>;
+type JqFilter = jaq_core::Filter<D>;
+
+fn excluded(name: &str) -> Option<&'static str> {
+    EXCLUDED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, reason)| *reason)
+}
+
+/// The jq standard library written in jq (`map`, `select`, ...), parsed
+/// once, without the definitions of excluded functions.
+fn prelude() -> &'static [Def<&'static str>] {
+    static PRELUDE: OnceLock<Vec<Def<&'static str>>> = OnceLock::new();
+    PRELUDE.get_or_init(|| {
+        jaq_core::defs()
+            .chain(jaq_std::defs())
+            .chain(jaq_json::defs())
+            .filter(|def| excluded(def.name).is_none())
+            .collect()
+    })
+}
+
+/// The functions implemented in Rust (`length`, `test`, ...), without the
+/// excluded ones.
+fn natives() -> impl Iterator<Item = Fun<D>> {
+    jaq_core::funs()
+        .chain(jaq_std::funs())
+        .chain(jaq_json::funs())
+        .filter(|(name, _, _)| excluded(name).is_none())
+}
+
+/// Compiled filters by source text: the live ones (held by some [`Expr`])
+/// and a few recent ones kept alive.
+struct FilterCache {
+    live: BTreeMap<String, Weak<JqFilter>>,
+    recent: VecDeque<Arc<JqFilter>>,
+    /// Size of `live` at which dropped entries are swept out.
+    sweep_at: usize,
+}
+
+static CACHE: LazyLock<Mutex<FilterCache>> = LazyLock::new(|| {
+    Mutex::new(FilterCache {
+        live: BTreeMap::new(),
+        recent: VecDeque::new(),
+        sweep_at: 2 * RECENT_FILTERS,
+    })
+});
+
+/// The compiled filter for `source`, from the cache or compiled now.
+fn filter_for(source: &str) -> Result<Arc<JqFilter>, ExprError> {
+    let cached = CACHE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .live
+        .get(source)
+        .and_then(Weak::upgrade);
+    if let Some(filter) = cached {
+        return Ok(filter);
+    }
+    // Compile outside the lock; two threads may both compile the same
+    // text, which costs time but not correctness.
+    let filter = Arc::new(compile_filter(source)?);
+    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    if cache.live.len() >= cache.sweep_at {
+        cache.live.retain(|_, f| f.strong_count() > 0);
+        cache.sweep_at = (2 * cache.live.len()).max(2 * RECENT_FILTERS);
+    }
+    cache
+        .live
+        .insert(source.to_owned(), Arc::downgrade(&filter));
+    if cache.recent.len() >= RECENT_FILTERS {
+        cache.recent.pop_front();
+    }
+    cache.recent.push_back(Arc::clone(&filter));
+    Ok(filter)
+}
+
+/// Covariance: a `'static` definition used where a shorter one is wanted.
+fn shorten<'s>(def: Def<&'static str>) -> Def<&'s str> {
+    def
+}
+
+/// Lex, parse and compile `source` with jaq.
+fn compile_filter(source: &str) -> Result<JqFilter, ExprError> {
+    let arena = Arena::default();
+    let loader = Loader::new(prelude().iter().cloned().map(shorten));
+    let modules = loader
+        .load(
+            &arena,
+            File {
+                code: source,
+                path: (),
+            },
+        )
+        .map_err(|errors| load_error(source, errors))?;
+    let natives = natives().map(|(name, args, f)| -> (&str, _, _) { (name, args, f) });
+    compile::Compiler::default()
+        .with_funs(natives)
+        .compile(modules)
+        .map_err(|errors| compile_error(source, errors))
+}
+
+/// Byte offset of `part` in `whole`, when `part` is a slice of it.
+fn offset_in(whole: &str, part: &str) -> Option<usize> {
+    let offset = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    (offset <= whole.len()).then_some(offset)
+}
+
+/// A short quote of the text at an error.
+fn quote(found: &str) -> String {
+    let mut shown: String = found.chars().take(20).collect();
+    if shown.len() < found.len() {
+        shown.push('…');
+    }
+    format!("`{shown}`")
+}
+
+fn syntax(source: &str, at: &str, message: String) -> ExprError {
+    ExprError::Syntax {
+        message,
+        position: Position::at(source, offset_in(source, at).unwrap_or(0)),
+    }
+}
+
+fn load_error(source: &str, errors: load::Errors<&str, ()>) -> ExprError {
+    let mut found: Vec<ExprError> = Vec::new();
+    for (file, error) in errors {
+        if offset_in(source, file.code).is_none() || file.code.len() != source.len() {
+            found.push(ExprError::Syntax {
+                message: format!("internal: jq's standard library failed to load: {error:?}"),
+                position: Position::at(source, 0),
+            });
+            continue;
+        }
+        match error {
+            load::Error::Lex(errors) => {
+                found.extend(errors.into_iter().map(|(expect, rest)| {
+                    let message = match expect {
+                        lex::Expect::Digit => "expected a digit".to_owned(),
+                        lex::Expect::Ident => "expected a name".to_owned(),
+                        lex::Expect::Delim("\"") => "unterminated string: expected `\"`".to_owned(),
+                        lex::Expect::Delim(open) => format!(
+                            "`{open}` is not closed: expected `{}`",
+                            match open {
+                                "(" => ")",
+                                "[" => "]",
+                                _ => "}",
+                            }
+                        ),
+                        lex::Expect::Escape => "invalid escape sequence in a string".to_owned(),
+                        lex::Expect::Unicode => {
+                            "invalid `\\u` escape: expected 4 hexadecimal digits".to_owned()
+                        }
+                        lex::Expect::Token => match rest.chars().next() {
+                            Some(c) => format!("unexpected `{c}`"),
+                            None => "unexpected end of the expression".to_owned(),
+                        },
+                        _ => format!("cannot read the expression at {}", quote(rest)),
+                    };
+                    syntax(source, rest, message)
+                }));
+            }
+            load::Error::Parse(errors) => {
+                found.extend(errors.into_iter().map(|(expect, at)| {
+                    let expected = match &expect {
+                        parse::Expect::Just(s) => format!("`{s}`"),
+                        other => other.as_str().to_owned(),
+                    };
+                    let found = if at.is_empty() {
+                        "the end of the expression".to_owned()
+                    } else {
+                        quote(at)
+                    };
+                    syntax(source, at, format!("expected {expected}, found {found}"))
+                }));
+            }
+            load::Error::Io(errors) => {
+                found.extend(errors.into_iter().map(|(path, _)| {
+                    syntax(
+                        source,
+                        path,
+                        "`include` and `import` are not available: expressions cannot load modules"
+                            .to_owned(),
+                    )
+                }));
+            }
+        }
+    }
+    first_error(found)
+}
+
+fn compile_error(source: &str, errors: compile::Errors<&str, ()>) -> ExprError {
+    let mut found: Vec<ExprError> = Vec::new();
+    for (file, undefined) in errors {
+        if offset_in(source, file.code).is_none() || file.code.len() != source.len() {
+            found.push(ExprError::Syntax {
+                message: format!(
+                    "internal: jq's standard library failed to compile: {undefined:?}"
+                ),
+                position: Position::at(source, 0),
+            });
+            continue;
+        }
+        for (name, kind) in undefined {
+            let position = Position::at(source, offset_in(source, name).unwrap_or(0));
+            found.push(match excluded(name) {
+                Some(reason) => ExprError::Excluded {
+                    name: name.to_owned(),
+                    reason,
+                    position,
+                },
+                None => ExprError::Syntax {
+                    message: match kind {
+                        compile::Undefined::Filter(arity) => {
+                            format!("`{name}/{arity}` is not defined")
+                        }
+                        other => format!("{} `{name}` is not defined", other.as_str()),
+                    },
+                    position,
+                },
+            });
+        }
+    }
+    first_error(found)
+}
+
+/// The error that comes first in the expression.
+fn first_error(errors: Vec<ExprError>) -> ExprError {
+    errors
+        .into_iter()
+        .min_by_key(|e| match e {
+            ExprError::Syntax { position, .. } | ExprError::Excluded { position, .. } => {
+                position.offset
+            }
+            _ => 0,
+        })
+        .unwrap_or_else(|| ExprError::Syntax {
+            message: "internal: jaq refused the expression without saying why".into(),
+            position: Position {
+                offset: 0,
+                line: 1,
+                column: 1,
+            },
+        })
+}
+
+/// Run `filter` on `input`; exactly one output is wanted.
+fn run_one(filter: &JqFilter, input: Val) -> Result<Val, ExprError> {
+    let ctx = Ctx::<D>::new(&filter.lut, Vars::new([]));
+    let mut outputs = filter.id.run((ctx, input));
+    let first = match outputs.next() {
+        None => return Err(ExprError::NoValue),
+        Some(output) => output.map_err(exn_error)?,
+    };
+    match outputs.next() {
+        None => Ok(first),
+        Some(Err(e)) => Err(exn_error(e)),
+        Some(Ok(_)) => {
+            let mut count = 2;
+            let mut at_least = false;
+            for output in outputs {
+                if output.is_err() || count >= MAX_COUNTED_OUTPUTS {
+                    at_least = true;
+                    break;
+                }
+                count += 1;
+            }
+            Err(ExprError::ManyValues { count, at_least })
+        }
+    }
+}
+
+/// A jaq exception as an error. (`jaq_core::unwrap_valr` is not used: it
+/// exits the process on `halt`.)
+fn exn_error(exn: Exn<'_, Val>) -> ExprError {
+    let message = match exn.get_err() {
+        Ok(error) => match error.into_val() {
+            Val::TStr(text) => String::from_utf8_lossy(&text).into_owned(),
+            other => format!("{other} (not a string)"),
+        },
+        Err(other) => format!("evaluation stopped: {other:?}"),
+    };
+    ExprError::Runtime {
+        message: truncate(message),
+    }
+}
+
+fn truncate(message: String) -> String {
+    if message.chars().count() <= MAX_MESSAGE_CHARS {
+        return message;
+    }
+    let mut short: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
+    short.push('…');
+    short
+}
+
+// ---------------------------------------------------------------------
+// Values: serde_json <-> jaq.
+
+/// `serde_json` to jaq. Integers stay integers (beyond `isize`, jaq's big
+/// integers); other numbers are `f64`.
+fn json_to_val(value: &Value) -> Val {
+    match value {
+        Value::Null => Val::Null,
+        Value::Bool(b) => Val::Bool(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Val::Num(Num::from_integral(i))
+            } else if let Some(u) = n.as_u64() {
+                Val::Num(Num::from_integral(u))
+            } else {
+                n.as_f64().map_or(Val::Null, Val::from)
+            }
+        }
+        Value::String(s) => Val::from(s.clone()),
+        Value::Array(items) => items.iter().map(json_to_val).collect(),
+        Value::Object(map) => Val::obj(
+            map.iter()
+                .map(|(k, v)| (Val::from(k.clone()), json_to_val(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// jaq to `serde_json`; Err says what has no JSON form.
+fn val_to_json(value: Val, depth: usize) -> Result<Value, String> {
+    let nested = |depth: usize| {
+        if depth >= MAX_OUTPUT_DEPTH {
+            Err(format!(
+                "it is nested deeper than {MAX_OUTPUT_DEPTH} levels"
+            ))
+        } else {
+            Ok(depth + 1)
+        }
+    };
+    Ok(match value {
+        Val::Null => Value::Null,
+        Val::Bool(b) => Value::Bool(b),
+        Val::Num(n) => Value::Number(num_to_json(&n)?),
+        Val::TStr(text) => Value::String(String::from_utf8_lossy(&text).into_owned()),
+        Val::BStr(_) => return Err("a byte string (from `tobytes`) has no JSON form".into()),
+        Val::Arr(items) => {
+            let depth = nested(depth)?;
+            Value::Array(
+                items
+                    .iter()
+                    .map(|item| val_to_json(item.clone(), depth))
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        Val::Obj(map) => {
+            let depth = nested(depth)?;
+            let mut out = Map::new();
+            for (key, item) in map.iter() {
+                let key = match key {
+                    Val::TStr(text) => String::from_utf8_lossy(text).into_owned(),
+                    other => return Err(format!("object key {other} is not a string")),
+                };
+                out.insert(key, val_to_json(item.clone(), depth)?);
+            }
+            Value::Object(out)
+        }
+    })
+}
+
+/// A jaq number as JSON. jaq keeps integers (`Int`, `BigInt`) apart from
+/// floats and decimal literals (`Dec`, the text of `1.5` in an expression);
+/// floats stay floats (`1.0` is `1.0`, `4 / 2` is `2.0`). Integers beyond
+/// `u64` become the nearest `f64`, as in jq.
+fn num_to_json(n: &Num) -> Result<Number, String> {
+    let float = |f: f64| {
+        Number::from_f64(f).ok_or_else(|| {
+            if f.is_nan() {
+                "NaN is not a JSON number".to_owned()
+            } else {
+                format!(
+                    "{} is not a JSON number",
+                    if f > 0.0 { "infinity" } else { "-infinity" }
+                )
+            }
+        })
+    };
+    match n {
+        Num::Int(i) => i64::try_from(*i).map_or_else(|_| float(*i as f64), |i| Ok(Number::from(i))),
+        Num::BigInt(big) => {
+            let text = big.to_string();
+            if let Ok(i) = text.parse::<i64>() {
+                Ok(Number::from(i))
+            } else if let Ok(u) = text.parse::<u64>() {
+                Ok(Number::from(u))
+            } else {
+                float(text.parse::<f64>().unwrap_or(f64::NAN))
+            }
+        }
+        Num::Float(f) => float(*f),
+        Num::Dec(text) => float(text.parse::<f64>().unwrap_or(f64::NAN)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn state() -> Value {
+        json!({
+            "input": {"email": "ada@example.com", "name": "Ada", "n": 3, "ratio": 1.0},
+            "nodes": {
+                "intake": {"input": null, "output": {"account_id": "acc_42", "items": [
+                    {"id": 1, "name": "a", "n": 1},
+                    {"id": 2, "name": "b", "n": 2},
+                    {"id": 3, "name": "c", "n": 5}
+                ]}}
+            },
+            "vars": {},
+            "run": {"id": "r1", "tenant": "t1"}
+        })
+    }
+
+    fn eval(src: &str) -> Result<Value, ExprError> {
+        Expr::parse(src)?.eval(&state())
+    }
+
+    fn message(result: Result<Value, ExprError>) -> String {
+        result.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(eval(".input.email").unwrap(), json!("ada@example.com"));
+        assert_eq!(
+            eval(".nodes.intake.output.account_id").unwrap(),
+            json!("acc_42")
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items[1].name").unwrap(),
+            json!("b")
+        );
+        assert_eq!(eval(".nodes.intake.output.items[-1].id").unwrap(), json!(3));
+        assert_eq!(eval(".run").unwrap(), json!({"id": "r1", "tenant": "t1"}));
+        assert_eq!(eval(".").unwrap(), state());
+    }
+
+    #[test]
+    fn missing_fields_are_null() {
+        assert_eq!(eval(".input.phone").unwrap(), Value::Null);
+        assert_eq!(eval(".nodes.nope.output.account_id").unwrap(), Value::Null);
+        assert_eq!(eval(".input.phone // \"none\"").unwrap(), json!("none"));
+        // Indexing a string is an error, as in jq.
+        assert_eq!(
+            message(eval(".input.email.x")),
+            "cannot index \"ada@example.com\" with \"x\""
+        );
+    }
+
+    #[test]
+    fn arithmetic_and_numbers() {
+        assert_eq!(eval(".input.n + 1").unwrap(), json!(4));
+        assert_eq!(eval(".input.n * 2 - 1").unwrap(), json!(5));
+        assert_eq!(eval("10 / 4").unwrap(), json!(2.5));
+        assert_eq!(eval(".input.n % 2").unwrap(), json!(1));
+        // jaq keeps integers and floats apart: division gives a float, and
+        // a float input stays a float.
+        assert_eq!(eval("4 / 2").unwrap(), json!(2.0));
+        assert_eq!(eval(".input.ratio").unwrap(), json!(1.0));
+        assert_eq!(eval("1.0").unwrap(), json!(1.0));
+        assert_eq!(eval("1.5 * 2").unwrap(), json!(3.0));
+        assert_eq!(eval("[1, 2.5] | add").unwrap(), json!(3.5));
+        assert_eq!(eval("3.7 | floor").unwrap(), json!(3));
+        // Integers do not overflow: past i64 they are exact up to u64, then
+        // the nearest f64.
+        assert_eq!(
+            eval("9223372036854775807 + 1").unwrap(),
+            json!(9_223_372_036_854_775_808_u64)
+        );
+        let big = json!({"n": u64::MAX});
+        assert_eq!(Expr::parse(".n").unwrap().eval(&big).unwrap(), big["n"]);
+        assert_eq!(
+            Expr::parse(".n * 10").unwrap().eval(&big).unwrap(),
+            json!(1.844_674_407_370_955e20)
+        );
+        assert_eq!(
+            eval("-9223372036854775808 - 1").unwrap(),
+            json!(-9.223372036854776e18)
+        );
+    }
+
+    #[test]
+    fn select_and_map() {
+        assert_eq!(
+            eval("[.nodes.intake.output.items[] | select(.n > 1) | .id]").unwrap(),
+            json!([2, 3])
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items[] | select(.id == 2) | .name").unwrap(),
+            json!("b")
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items | map(.n * 10)").unwrap(),
+            json!([10, 20, 50])
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items | map(select(.name != \"b\")) | length").unwrap(),
+            json!(2)
+        );
+        assert_eq!(
+            eval("{email: .input.email, count: (.nodes.intake.output.items | length)}").unwrap(),
+            json!({"email": "ada@example.com", "count": 3})
+        );
+    }
+
+    #[test]
+    fn jq_string_interpolation_and_functions() {
+        assert_eq!(
+            eval(r#""Hello \(.input.name), you have \(.input.n) items""#).unwrap(),
+            json!("Hello Ada, you have 3 items")
+        );
+        assert_eq!(eval(r#""\(.nodes.intake.input)""#).unwrap(), json!("null"));
+        assert_eq!(
+            eval(r#".input.email | test("@example\\.com$")"#).unwrap(),
+            json!(true)
+        );
+        assert_eq!(
+            eval(r#".input.email | split("@") | .[1]"#).unwrap(),
+            json!("example.com")
+        );
+        assert_eq!(eval(".input.name | ascii_upcase").unwrap(), json!("ADA"));
+        assert_eq!(
+            eval(".input | keys").unwrap(),
+            json!(["email", "n", "name", "ratio"])
+        );
+        assert_eq!(eval(".input.n | tostring").unwrap(), json!("3"));
+        assert_eq!(eval("\"42\" | tonumber").unwrap(), json!(42));
+        assert_eq!(eval("{a: 1} | tojson").unwrap(), json!("{\"a\":1}"));
+        assert_eq!(eval(".input.name | @base64").unwrap(), json!("QWRh"));
+        // Time functions that depend on nothing but their input stay.
+        assert_eq!(eval("0 | todate").unwrap(), json!("1970-01-01T00:00:00Z"));
+        assert_eq!(
+            eval(r#""2024-01-02T03:04:05Z" | fromdate"#).unwrap(),
+            json!(1_704_164_645)
+        );
+        assert_eq!(
+            eval(r#"86400 | strftime("%Y-%m-%d")"#).unwrap(),
+            json!("1970-01-02")
+        );
+        // A definition of one's own shadows nothing excluded by accident.
+        assert_eq!(eval("def now: 7; now").unwrap(), json!(7));
+    }
+
+    #[test]
+    fn multiple_outputs_are_an_error() {
+        let e = eval(".nodes.intake.output.items[]").unwrap_err();
+        assert_eq!(
+            e,
+            ExprError::ManyValues {
+                count: 3,
+                at_least: false
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "the expression produced 3 values; wrap it in [ ] to collect them"
+        );
+        assert_eq!(
+            eval("[.nodes.intake.output.items[]] | length").unwrap(),
+            json!(3)
+        );
+        // Infinite output is counted up to a limit.
+        assert_eq!(
+            message(eval("repeat(1)")),
+            "the expression produced at least 1000 values; wrap it in [ ] to collect them"
+        );
+        // A runtime error as the second output is that error.
+        assert_eq!(message(eval("1, error(\"second\")")), "second");
+    }
+
+    #[test]
+    fn no_output_is_an_error() {
+        assert_eq!(eval("empty").unwrap_err(), ExprError::NoValue);
+        assert_eq!(message(eval("empty")), "the expression produced no value");
+        assert_eq!(
+            eval(".input | select(.n > 10)").unwrap_err(),
+            ExprError::NoValue
+        );
+    }
+
+    #[test]
+    fn runtime_errors_carry_jqs_message() {
+        let state = json!({"a": "x"});
+        let expr = Expr::parse(".a + 1").unwrap();
+        assert_eq!(
+            expr.eval(&state).unwrap_err(),
+            ExprError::Runtime {
+                message: "cannot calculate \"x\" + 1".into()
+            }
+        );
+        assert_eq!(message(eval("error(\"boom\")")), "boom");
+        assert_eq!(
+            message(eval("error({code: 7})")),
+            "{\"code\":7} (not a string)"
+        );
+        assert_eq!(message(eval("[] | .[\"a\"]")), "cannot index [] with \"a\"");
+        assert_eq!(eval("try error(\"x\") catch .").unwrap(), json!("x"));
+        // Unlike jq, jaq gives null for an object indexed with a number.
+        assert_eq!(eval("{} | .[0]").unwrap(), Value::Null);
+    }
+
+    #[test]
+    fn values_without_json_form() {
+        for (src, reason) in [
+            ("nan", "NaN is not a JSON number"),
+            ("infinite", "infinity is not a JSON number"),
+            ("-infinite", "-infinity is not a JSON number"),
+            ("1 / 0", "infinity is not a JSON number"),
+            ("1e1000", "infinity is not a JSON number"),
+            (
+                "\"a\" | tobytes",
+                "a byte string (from `tobytes`) has no JSON form",
+            ),
+            ("{(1): 2}", "object key 1 is not a string"),
+            (
+                "reduce range(200) as $i (0; [.])",
+                "it is nested deeper than 100 levels",
+            ),
+        ] {
+            assert_eq!(
+                eval(src).unwrap_err(),
+                ExprError::NotJson {
+                    reason: reason.into()
+                },
+                "{src}"
+            );
+        }
+        assert_eq!(
+            message(eval("nan")),
+            "the expression's value is not JSON: NaN is not a JSON number"
+        );
+        assert!(eval("reduce range(99) as $i (0; [.])").is_ok());
+    }
+
+    #[test]
+    fn parse_errors_name_the_problem_and_position() {
+        let at = |offset, line, column| Position {
+            offset,
+            line,
+            column,
+        };
+        let cases = [
+            (
+                ".a +",
+                "expected term, found the end of the expression",
+                at(4, 1, 5),
+            ),
+            (".a | )", "unexpected `)`", at(5, 1, 6)),
+            ("(.a", "`(` is not closed: expected `)`", at(3, 1, 4)),
+            ("\"abc", "unterminated string: expected `\"`", at(4, 1, 5)),
+            (
+                "if . then 1",
+                "expected else or end, found the end of the expression",
+                at(11, 1, 12),
+            ),
+            ("é + ", "unexpected `é`", at(0, 1, 1)),
+            (
+                ".a |\n  .b + ",
+                "expected term, found the end of the expression",
+                at(12, 2, 8),
+            ),
+            (
+                "",
+                "expected term, found the end of the expression",
+                at(0, 1, 1),
+            ),
+            ("foo(1)", "`foo/1` is not defined", at(0, 1, 1)),
+            (".a + $x", "variable `$x` is not defined", at(5, 1, 6)),
+            (
+                "include \"lib\"; .",
+                "`include` and `import` are not available: expressions cannot load modules",
+                at(9, 1, 10),
+            ),
+            (
+                "import \"lib\" as l; .",
+                "`include` and `import` are not available: expressions cannot load modules",
+                at(8, 1, 9),
+            ),
+        ];
+        for (src, message, position) in cases {
+            let got = Expr::parse(src).unwrap_err();
+            assert_eq!(
+                got,
+                ExprError::Syntax {
+                    message: message.into(),
+                    position
+                },
+                "{src:?}"
+            );
+        }
+        assert_eq!(
+            Expr::parse(".a | )").unwrap_err().to_string(),
+            "column 6: unexpected `)`"
+        );
+        assert_eq!(
+            Expr::parse(".a |\n  .b + ").unwrap_err().to_string(),
+            "line 2, column 8: expected term, found the end of the expression"
+        );
+    }
+
+    /// One expression per excluded name, with where the name is.
+    const EXCLUDED_USES: &[(&str, &str, usize)] = &[
+        ("now", ".input.n + now", 11),
+        ("localtime", "0 | localtime", 4),
+        ("strflocaltime", "0 | strflocaltime(\"%H\")", 4),
+        ("env", "env.HOME", 0),
+        ("$ENV", "$ENV.HOME", 0),
+        ("input", "input", 0),
+        ("inputs", "[inputs]", 1),
+        ("input_filename", "input_filename", 0),
+        ("input_line_number", "input_line_number", 0),
+        ("get_search_list", "get_search_list", 0),
+        ("get_prog_origin", "get_prog_origin", 0),
+        ("get_jq_origin", "get_jq_origin", 0),
+        ("halt", "halt", 0),
+        ("halt", "if . then halt(1) else . end", 10),
+        ("halt_error", "halt_error", 0),
+        ("halt_error", "\"bye\" | halt_error(1)", 8),
+        ("debug", "debug", 0),
+        ("debug", "debug(\"msg\") | .input", 0),
+        ("debug_empty", "debug_empty", 0),
+        ("stderr", ".input | stderr", 9),
+        ("stderr_empty", "stderr_empty", 0),
+    ];
+
+    #[test]
+    fn excluded_functions_are_refused_by_name() {
+        for (name, src, offset) in EXCLUDED_USES {
+            match Expr::parse(src) {
+                Err(ExprError::Excluded {
+                    name: got,
+                    position,
+                    ..
+                }) => {
+                    assert_eq!(got, *name, "{src}");
+                    assert_eq!(position.offset, *offset, "{src}");
+                }
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        // Every excluded name is tested above.
+        for (name, _) in EXCLUDED {
+            assert!(
+                EXCLUDED_USES.iter().any(|(n, _, _)| n == name),
+                "no test for `{name}`"
+            );
+        }
+        assert_eq!(
+            Expr::parse(".input.n + now").unwrap_err().to_string(),
+            "column 12: `now` is not available in workflow expressions: it reads the clock, and an expression must give the same value whenever a run is replayed"
+        );
+    }
+
+    /// Every function jaq implements in Rust, reviewed: either excluded or
+    /// deterministic and free of I/O. A jaq upgrade that adds a function
+    /// fails here until someone decides which it is.
+    #[test]
+    fn every_jaq_native_function_is_reviewed() {
+        const DETERMINISTIC: &[&str] = &[
+            // jaq-core
+            "error_empty",
+            "path",
+            "path_value",
+            "range",
+            "keys_unsorted",
+            "key_values",
+            "first",
+            "last",
+            "limit",
+            "skip",
+            // jaq-std
+            "floor",
+            "round",
+            "ceil",
+            "utf8bytelength",
+            "explode",
+            "implode",
+            "ascii_downcase",
+            "ascii_upcase",
+            "reverse",
+            "sort",
+            "sort_by",
+            "group_by",
+            "min_by_or_empty",
+            "max_by_or_empty",
+            "startswith",
+            "endswith",
+            "ltrimstr",
+            "rtrimstr",
+            "trim",
+            "ltrim",
+            "rtrim",
+            "escape_sh",
+            "escape_html",
+            "unescape_html",
+            "encode_uri",
+            "decode_uri",
+            "encode_base64",
+            "decode_base64",
+            "acos",
+            "acosh",
+            "asin",
+            "asinh",
+            "atan",
+            "atanh",
+            "cbrt",
+            "cos",
+            "cosh",
+            "erf",
+            "erfc",
+            "exp",
+            "exp10",
+            "exp2",
+            "expm1",
+            "fabs",
+            "frexp",
+            "ilogb",
+            "j0",
+            "j1",
+            "lgamma",
+            "log",
+            "log10",
+            "log1p",
+            "log2",
+            "modf",
+            "nearbyint",
+            "rint",
+            "sin",
+            "sinh",
+            "sqrt",
+            "tan",
+            "tanh",
+            "tgamma",
+            "trunc",
+            "y0",
+            "y1",
+            "atan2",
+            "copysign",
+            "fdim",
+            "fmax",
+            "fmin",
+            "fmod",
+            "hypot",
+            "jn",
+            "ldexp",
+            "nextafter",
+            "pow",
+            "remainder",
+            "scalbln",
+            "yn",
+            "fma",
+            "matches",
+            "split_matches",
+            "split_",
+            "fromdateiso8601",
+            "todateiso8601",
+            "strftime",
+            "gmtime",
+            "strptime",
+            "mktime",
+            // jaq-json
+            "fromjson",
+            "tojson",
+            "tobytes",
+            "length",
+            "contains",
+            "has",
+            "indices",
+            "bsearch",
+        ];
+        let all = jaq_core::funs::<D>()
+            .chain(jaq_std::funs())
+            .chain(jaq_json::funs());
+        let mut unreviewed = Vec::new();
+        for (name, _, _) in all {
+            if !DETERMINISTIC.contains(&name) && excluded(name).is_none() {
+                unreviewed.push(name);
+            }
+        }
+        assert_eq!(unreviewed, Vec::<&str>::new());
+        // And the excluded natives are really gone.
+        assert!(natives().all(|(name, _, _)| excluded(name).is_none()));
+        assert!(prelude().iter().all(|def| excluded(def.name).is_none()));
+    }
+
+    #[test]
+    fn expr_round_trips_through_serde_json() {
+        let expr = Expr::parse(".nodes.intake.output.account_id").unwrap();
+        let stored = serde_json::to_value(&expr).unwrap();
+        assert_eq!(stored, json!(".nodes.intake.output.account_id"));
+        let back: Expr = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, expr);
+        assert_eq!(back.source(), ".nodes.intake.output.account_id");
+        assert_eq!(back.eval(&state()).unwrap(), json!("acc_42"));
+        // A stored expression is compiled on first use, and a bad one fails
+        // there, not when the history is read.
+        let bad: Expr = serde_json::from_value(json!("now")).unwrap();
+        assert!(matches!(
+            bad.eval(&state()),
+            Err(ExprError::Excluded { .. })
+        ));
+        assert_eq!(
+            format!("{expr:?}"),
+            "Expr(\".nodes.intake.output.account_id\")"
+        );
+    }
+
+    #[test]
+    fn values_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Expr>();
+        send_sync::<Template>();
+        send_sync::<ExprError>();
+        send_sync::<TemplateError>();
+    }
+
+    #[test]
+    fn compiled_filters_are_shared() {
+        let a = Expr::parse(".input.name | ascii_downcase").unwrap();
+        let b = Expr::parse(".input.name | ascii_downcase").unwrap();
+        let fa = a.compiled.get().unwrap().as_ref().unwrap();
+        let fb = b.compiled.get().unwrap().as_ref().unwrap();
+        assert!(Arc::ptr_eq(fa, fb));
+        assert_eq!(a.eval(&state()).unwrap(), json!("ada"));
+    }
+
+    fn render(template: Value) -> Result<Value, TemplateError> {
+        Template::parse(&template).unwrap().render(&state())
+    }
+
+    #[test]
+    fn template_whole_string_keeps_the_type() {
+        assert_eq!(render(json!("${ .input.n }")).unwrap(), json!(3));
+        assert_eq!(render(json!("  ${.input}\n")).unwrap(), state()["input"]);
+        assert_eq!(render(json!("${ .input.phone }")).unwrap(), Value::Null);
+        assert_eq!(
+            render(json!("${ [.nodes.intake.output.items[].id] }")).unwrap(),
+            json!([1, 2, 3])
+        );
+    }
+
+    #[test]
+    fn template_interpolation() {
+        assert_eq!(
+            render(json!("Hello ${ .input.name }, ${ .input.n } items")).unwrap(),
+            json!("Hello Ada, 3 items")
+        );
+        assert_eq!(
+            render(json!("run=${.run} missing=${ .x } ok=${ true }")).unwrap(),
+            json!(r#"run={"id":"r1","tenant":"t1"} missing=null ok=true"#)
+        );
+        assert_eq!(
+            render(json!("${ .input.name }${ .input.n }")).unwrap(),
+            json!("Ada3")
+        );
+        assert_eq!(render(json!("${ .input.name } ")).unwrap(), json!("Ada"));
+        assert_eq!(
+            render(json!("x ${ .input.ratio }")).unwrap(),
+            json!("x 1.0")
+        );
+    }
+
+    #[test]
+    fn template_nested_values_and_keys() {
+        let template = json!({
+            "to": "${ .input.email }",
+            "${ .input.name }": "keys are not templated",
+            "lines": ["Dear ${ .input.name },", {"account": "${ .nodes.intake.output.account_id }"}, 7, null],
+            "fixed": {"a": [1, "b"]}
+        });
+        assert_eq!(
+            render(template).unwrap(),
+            json!({
+                "to": "ada@example.com",
+                "${ .input.name }": "keys are not templated",
+                "lines": ["Dear Ada,", {"account": "acc_42"}, 7, null],
+                "fixed": {"a": [1, "b"]}
+            })
+        );
+    }
+
+    #[test]
+    fn template_braces_inside_expressions() {
+        assert_eq!(
+            render(json!("${ {email: .input.email} }")).unwrap(),
+            json!({"email": "ada@example.com"})
+        );
+        assert_eq!(render(json!("<${ \"}\" }>")).unwrap(), json!("<}>"));
+        assert_eq!(
+            render(json!(r#"${ "a\"}\(.input.n | {n: .} | .n)" }"#)).unwrap(),
+            json!("a\"}3")
+        );
+        assert_eq!(
+            render(json!("${ .input.n # the count }\n }")).unwrap(),
+            json!(3)
+        );
+        assert_eq!(
+            split("a ${ {b: [1, (2)]} } c").unwrap(),
+            vec![
+                Segment::Text("a ".into()),
+                Segment::Expr {
+                    source: " {b: [1, (2)]} ",
+                    offset: 4
+                },
+                Segment::Text(" c".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn template_escape() {
+        let t = Template::parse(&json!("literal $${ .input.name } and $5 and $")).unwrap();
+        assert!(t.is_constant());
+        assert_eq!(
+            t.render(&state()).unwrap(),
+            json!("literal ${ .input.name } and $5 and $")
+        );
+        assert_eq!(
+            render(json!("$${x} ${ .input.n }")).unwrap(),
+            json!("${x} 3")
+        );
+        assert_eq!(
+            render(json!("${ \"$\" }${ .input.n }")).unwrap(),
+            json!("$3")
+        );
+        assert_eq!(
+            render(json!("$$${ .input.n }")).unwrap(),
+            json!("$${ .input.n }")
+        );
+    }
+
+    #[test]
+    fn constant_templates_round_trip() {
+        for value in [
+            json!({}),
+            json!({"a": ["${ .x }", "$${", "$$${ y }", "${${", "$", 1], "${ k }": "$ {"}),
+        ] {
+            let t = Template::constant(value.clone());
+            assert!(t.is_constant());
+            assert_eq!(t.render(&state()).unwrap(), value);
+            let back: Template = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
+            assert!(back.is_constant());
+            assert_eq!(back.render(&state()).unwrap(), value);
+            assert_eq!(back, t);
+        }
+    }
+
+    #[test]
+    fn template_is_constant() {
+        assert!(
+            Template::parse(&json!({"a": [1, "two", {"b": null}]}))
+                .unwrap()
+                .is_constant()
+        );
+        assert!(
+            Template::parse(&json!("no expressions"))
+                .unwrap()
+                .is_constant()
+        );
+        assert!(
+            !Template::parse(&json!({"a": [1, "${ . }"]}))
+                .unwrap()
+                .is_constant()
+        );
+        assert!(!Template::parse(&json!("x ${ 1 }")).unwrap().is_constant());
+    }
+
+    #[test]
+    fn template_errors_carry_pointers() {
+        let value = json!({
+            "a": ["fine ${ .input.n }", "${ .x + }"],
+            "b/c": {"d~e": "at ${ now }"},
+            "f": "${ .unclosed",
+            "g": "${ .ok }"
+        });
+        let errors = Template::parse(&value).unwrap_err();
+        assert_eq!(
+            errors,
+            vec![
+                TemplateError {
+                    pointer: "/a/1".into(),
+                    offset: 2,
+                    error: ExprError::Syntax {
+                        message: "expected term, found the end of the expression".into(),
+                        position: Position {
+                            offset: 8,
+                            line: 1,
+                            column: 9
+                        }
+                    }
+                },
+                TemplateError {
+                    pointer: "/b~1c/d~0e".into(),
+                    offset: 5,
+                    error: ExprError::Excluded {
+                        name: "now".into(),
+                        reason: "it reads the clock",
+                        position: Position {
+                            offset: 6,
+                            line: 1,
+                            column: 7
+                        }
+                    }
+                },
+                TemplateError {
+                    pointer: "/f".into(),
+                    offset: 2,
+                    error: ExprError::Syntax {
+                        message: "`${` is not closed by a matching `}`".into(),
+                        position: Position {
+                            offset: 0,
+                            line: 1,
+                            column: 1
+                        }
+                    }
+                },
+            ]
+        );
+        for e in &errors {
+            assert!(value.pointer(&e.pointer).unwrap().is_string());
+        }
+        assert_eq!(
+            errors[0].to_string(),
+            "/a/1: column 9: expected term, found the end of the expression"
+        );
+        let root = Template::parse(&json!("x ${ .a | ) }")).unwrap_err();
+        assert_eq!(root[0].to_string(), "column 11: unexpected `)`");
+    }
+
+    #[test]
+    fn template_render_errors_carry_pointers() {
+        let t = Template::parse(&json!({"a": {"b": ["ok", "n: ${ .input.name + 1 }"]}})).unwrap();
+        let e = t.render(&state()).unwrap_err();
+        assert_eq!(e.pointer, "/a/b/1");
+        assert_eq!(e.offset, 5);
+        assert_eq!(e.to_string(), "/a/b/1: cannot calculate \"Ada\" + 1");
+        let many = Template::parse(&json!("${ .nodes.intake.output.items[] }"))
+            .unwrap()
+            .render(&state())
+            .unwrap_err();
+        assert_eq!(
+            many.to_string(),
+            "the expression produced 3 values; wrap it in [ ] to collect them"
+        );
+    }
+
+    #[test]
+    fn template_round_trips_through_serde_json() {
+        let value =
+            json!({"to": "${ .input.email }", "n": [1, "$${ x }"], "s": "hi ${ .input.name }"});
+        let template = Template::parse(&value).unwrap();
+        let stored = serde_json::to_value(&template).unwrap();
+        assert_eq!(stored, value);
+        let back: Template = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, template);
+        assert_eq!(back.source(), &value);
+        assert_eq!(
+            back.render(&state()).unwrap(),
+            json!({"to": "ada@example.com", "n": [1, "${ x }"], "s": "hi Ada"})
+        );
+        // Structure is checked when reading; expressions on first use.
+        let err = serde_json::from_value::<Template>(json!({"a": "${ .x"})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid template: /a: column 1: `${` is not closed by a matching `}`"
+        );
+        let lazy: Template = serde_json::from_value(json!({"a": "${ env }"})).unwrap();
+        assert!(matches!(
+            lazy.render(&state()).unwrap_err().error,
+            ExprError::Excluded { .. }
+        ));
+    }
+
+    /// The cost of one parse + eval of a typical expression, measured by
+    /// the test runner's timing of these tests (this module may not read
+    /// a clock): divide the test's time by the iterations.
+    const COST_ITERATIONS: usize = 200;
+
+    #[test]
+    fn cost_compile_and_eval_uncached() {
+        let state = state();
+        for _ in 0..COST_ITERATIONS {
+            let filter = compile_filter(".nodes.intake.output.account_id").unwrap();
+            let value = run_one(&filter, json_to_val(&state)).unwrap();
+            assert_eq!(val_to_json(value, 0).unwrap(), json!("acc_42"));
+        }
+    }
+
+    #[test]
+    fn cost_parse_and_eval_cached() {
+        let state = state();
+        let _held = Expr::parse(".nodes.intake.output.account_id").unwrap();
+        for _ in 0..COST_ITERATIONS * 50 {
+            let expr = Expr::parse(".nodes.intake.output.account_id").unwrap();
+            assert_eq!(expr.eval(&state).unwrap(), json!("acc_42"));
+        }
+    }
+}

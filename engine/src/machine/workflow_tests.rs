@@ -1,0 +1,639 @@
+//! Machine tests of the workflow graph: branch, set, fail, succeed, tool
+//! nodes, waits (signals, timers, timeouts), approvals and loops. Workflows
+//! are written in YAML and parsed by the definitions layer, as in
+//! production. Each step also checks replay = live and the JSON round trip.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::definitions::{RegisteredNames, SourceFile, parse_bundle};
+
+const TOOLS: &str = r#"TOOLS:
+  create_account(email: string, plan?: string = "starter") -> {account_id: string}
+    description: "Create an account"
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+"#;
+
+const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create_account]\ngrants: [crm.write]\n";
+
+/// A plan from a workflow YAML (plus the tool and agent above).
+fn plan(workflow: &str) -> RunPlan {
+    let files = [
+        SourceFile {
+            path: "t.tools.abl".into(),
+            content: TOOLS.into(),
+        },
+        SourceFile {
+            path: "a.yaml".into(),
+            content: AGENT.into(),
+        },
+        SourceFile {
+            path: "w.yaml".into(),
+            content: workflow.into(),
+        },
+    ];
+    let bundle = match parse_bundle(&files, &RegisteredNames::default()) {
+        Ok(b) => b,
+        Err(errors) => panic!(
+            "{}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    };
+    fn pin<T>(def: T) -> Pinned<T> {
+        Pinned {
+            version: 1,
+            content_hash: "h".into(),
+            def,
+        }
+    }
+    let tools: BTreeMap<_, _> = bundle
+        .tools
+        .into_iter()
+        .map(|t| (t.name.clone(), pin(t)))
+        .collect();
+    let agents: BTreeMap<_, _> = bundle
+        .agents
+        .into_iter()
+        .map(|a| (a.name.clone(), pin(a)))
+        .collect();
+    let workflow = bundle.workflows.into_iter().next().unwrap();
+    RunPlan {
+        workflow: pin(workflow),
+        agents,
+        tools,
+    }
+}
+
+struct Run {
+    state: RunState,
+    history: Vec<Event>,
+}
+
+impl Run {
+    fn start(workflow: &str, input: Value) -> (Run, Decision) {
+        let mut run = Run {
+            state: RunState::default(),
+            history: vec![],
+        };
+        let d = run.step(Input::Start {
+            run_id: "r1".into(),
+            tenant: "acme".into(),
+            caller: "app".into(),
+            caller_grants: vec!["crm.write".into()],
+            tenant_grants: vec!["crm.write".into()],
+            input,
+            plan: Box::new(plan(workflow)),
+        });
+        (run, d)
+    }
+
+    fn try_step(&mut self, input: Input) -> Result<Decision, MachineError> {
+        let d = decide(&self.state, input)?;
+        for e in &d.events {
+            self.state.apply(e);
+            self.history.push(e.clone());
+            let back: Event = serde_json::from_value(serde_json::to_value(e).unwrap()).unwrap();
+            assert_eq!(&back, e);
+        }
+        assert_eq!(RunState::fold(&self.history), self.state);
+        Ok(d)
+    }
+
+    fn step(&mut self, input: Input) -> Decision {
+        self.try_step(input).expect("transition accepted")
+    }
+
+    fn signal(&mut self, id: &str, name: &str, payload: Value) -> Result<Decision, MachineError> {
+        self.try_step(Input::Signal {
+            signal_id: id.into(),
+            name: name.into(),
+            payload,
+            sent_by: "test".into(),
+        })
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        self.history.iter().map(Event::kind).collect()
+    }
+}
+
+fn timers(d: &Decision) -> Vec<TimerSpec> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ScheduleTimer(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cancelled(d: &Decision) -> Vec<String> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::CancelTimer { timer_id } => Some(timer_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn branch_set_and_succeed_run_in_one_transition() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - id: route
+    type: branch
+    cases:
+      - when: ${ .input.score > 50 }
+        next: high
+    default: low
+  - id: high
+    type: set
+    values: {tier: gold, who: "${ .input.name }"}
+    next: done
+  - id: low
+    type: set
+    values: {tier: basic}
+    next: done
+  - id: done
+    type: succeed
+    output: "${ {tier: .vars.tier, who: .vars.who, route: .nodes.route.output.case} }"
+"#;
+    let (run, d) = Run::start(wf, json!({"score": 80, "name": "Ada"}));
+    assert!(d.commands.is_empty());
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"tier": "gold", "who": "Ada", "route": 1}))
+    );
+    let (run, _) = Run::start(wf, json!({"score": 10}));
+    assert_eq!(
+        run.state.output,
+        Some(json!({"tier": "basic", "who": null, "route": null}))
+    );
+}
+
+#[test]
+fn a_fail_node_fails_the_run_with_its_rendered_error() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - id: stop\n    type: fail\n    error: \"no account for ${ .input.email }\"\n";
+    let (run, _) = Run::start(wf, json!({"email": "x@example.com"}));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `stop`: no account for x@example.com"
+    );
+}
+
+#[test]
+fn an_expression_error_fails_the_run_and_names_the_node_and_key() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - id: s\n    type: set\n    values: {n: \"${ .input.name + 1 }\"}\n";
+    let (run, _) = Run::start(wf, json!({"name": "Ada"}));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.starts_with("node `s`: `values`:"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const WAIT: &str = r#"kind: workflow
+name: w
+nodes:
+  - id: docs
+    type: wait
+    signal: documents_received
+    payload_schema: {type: object, required: [files], properties: {files: {type: array}}}
+    timeout: 7d
+    on_timeout: remind
+    next: done
+  - id: remind
+    type: set
+    values: {reminded: true}
+    next: docs
+  - id: done
+    type: succeed
+    output: ${ .nodes.docs.output.payload }
+"#;
+
+#[test]
+fn a_wait_sets_its_timeout_and_a_signal_ends_it() {
+    let (mut run, d) = Run::start(WAIT, json!({}));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state
+            .status_reason
+            .contains("signal `documents_received`"),
+        "{}",
+        run.state.status_reason
+    );
+    let t = timers(&d);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].timer_id, "docs.timeout");
+    assert_eq!(t[0].after_ms, Some(7 * 24 * 3600 * 1000));
+
+    // A signal nobody waits for, and a payload the wait refuses: typed errors, nothing written.
+    let before = run.history.len();
+    assert!(matches!(
+        run.signal("s0", "approved", json!({})),
+        Err(MachineError::InvalidSignal(m)) if m.contains("waits for: documents_received")
+    ));
+    assert!(matches!(
+        run.signal("s0", "documents_received", json!({"files": "nope"})),
+        Err(MachineError::InvalidSignal(m)) if m.contains("payload_schema")
+    ));
+    assert_eq!(run.history.len(), before);
+
+    let d = run
+        .signal("s1", "documents_received", json!({"files": ["id.pdf"]}))
+        .unwrap();
+    assert_eq!(cancelled(&d), vec!["docs.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"files": ["id.pdf"]})));
+
+    // The same signal id again is applied once: no events.
+    let again = decide(
+        &run.state,
+        Input::Signal {
+            signal_id: "s1".into(),
+            name: "documents_received".into(),
+            payload: json!({"files": []}),
+            sent_by: "t".into(),
+        },
+    );
+    // The run has completed, so it is refused; before completion a
+    // duplicate is accepted with no events (next test).
+    assert!(again.is_err());
+}
+
+#[test]
+fn a_signal_sent_before_the_wait_is_kept_and_a_duplicate_is_applied_once() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: a, type: wait, signal: first, next: b}
+  - {id: b, type: wait, signal: second}
+"#;
+    let (mut run, _) = Run::start(wf, json!({}));
+    let d = run.signal("x2", "second", json!({"n": 2})).unwrap();
+    assert_eq!(d.events.len(), 1, "buffered only");
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let dup = run.signal("x2", "second", json!({"n": 3})).unwrap();
+    assert!(dup.events.is_empty() && dup.commands.is_empty());
+    run.signal("x1", "first", json!({"n": 1})).unwrap();
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"signal": "second", "signal_id": "x2", "payload": {"n": 2}}))
+    );
+    assert_eq!(
+        run.kinds(),
+        vec![
+            "run_started",
+            "node_started",
+            "wait_started",
+            "signal_received",
+            "signal_received",
+            "signal_consumed",
+            "node_completed",
+            "node_started",
+            "signal_consumed",
+            "node_completed",
+            "run_completed"
+        ]
+    );
+}
+
+#[test]
+fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    let d = run.step(Input::TimerFired {
+        timer_id: "docs.timeout".into(),
+    });
+    // on_timeout -> remind (set) -> docs again: a second visit, new ids.
+    assert_eq!(run.state.vars.get("reminded"), Some(&json!(true)));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert_eq!(timers(&d)[0].timer_id, "docs~2.timeout");
+    // The old timer firing again (a second replica) changes nothing.
+    let stale = run.step(Input::TimerFired {
+        timer_id: "docs.timeout".into(),
+    });
+    assert!(stale.events.is_empty());
+    assert_eq!(cancelled(&stale), vec!["docs.timeout"]);
+}
+
+#[test]
+fn a_timeout_without_a_transition_fails_the_run() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: w, type: wait, signal: s, timeout: 2h}\n";
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::TimerFired {
+        timer_id: "w.timeout".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("timed out after 2h"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn the_first_of_several_wins_and_until_takes_a_rendered_time() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - id: w
+    type: wait
+    for:
+      - {signal: go, next: signalled}
+      - {duration: 3d, next: slept}
+      - {until: "${ .input.deadline }", next: deadline}
+  - {id: signalled, type: succeed, output: signalled}
+  - {id: slept, type: succeed, output: slept}
+  - {id: deadline, type: succeed, output: deadline}
+"#;
+    let (mut run, d) = Run::start(wf, json!({"deadline": "2026-12-01T10:00:00+01:00"}));
+    let t = timers(&d);
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[0].after_ms, Some(3 * 86_400_000));
+    assert_eq!(t[1].at.as_deref(), Some("2026-12-01T09:00:00.000Z"));
+    let d = run.step(Input::TimerFired {
+        timer_id: t[1].timer_id.clone(),
+    });
+    assert_eq!(
+        cancelled(&d),
+        vec![t[0].timer_id.clone(), t[1].timer_id.clone()]
+    );
+    assert_eq!(run.state.output, Some(json!("deadline")));
+
+    let (run, _) = Run::start(wf, json!({"deadline": "next tuesday"}));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("RFC 3339"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const APPROVAL: &str = r#"kind: workflow
+name: w
+nodes:
+  - id: approve
+    type: approval
+    subject: "${ {email: .input.email, plan: .input.plan} }"
+    prompt: "Open an account for ${ .input.email }?"
+    approver_grant: onboarding.approve
+    allow_edits: true
+    edits_schema: {type: object, required: [email, plan], additionalProperties: false, properties: {email: {type: string}, plan: {enum: [starter, pro]}}}
+    on_decline: declined
+    timeout: 2d
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.approve.output.subject }"}
+  - {id: declined, type: fail, error: "declined: ${ .nodes.approve.output.reason }"}
+"#;
+
+fn decide_input(approve: bool, edit: Option<Value>, grants: &[&str]) -> Input {
+    Input::DecideApproval {
+        node: "approve".into(),
+        approve,
+        edited_subject: edit,
+        by: "grace".into(),
+        grants: grants.iter().map(|g| (*g).to_owned()).collect(),
+        reason: "checked".into(),
+    }
+}
+
+#[test]
+fn an_approval_needs_the_grant_allows_declared_edits_and_is_decided_once() {
+    let (mut run, d) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert_eq!(timers(&d)[0].timer_id, "approve.timeout");
+    let Some(Event::ApprovalRequested {
+        subject, prompt, ..
+    }) = run.history.last()
+    else {
+        panic!("{:?}", run.history.last());
+    };
+    assert_eq!(subject, &json!({"email": "a@x.io", "plan": "pro"}));
+    assert_eq!(prompt, &Some(json!("Open an account for a@x.io?")));
+
+    assert!(matches!(
+        run.try_step(decide_input(true, None, &["crm.write"])),
+        Err(MachineError::NotAllowed(m)) if m.contains("onboarding.approve")
+    ));
+    assert!(matches!(
+        run.try_step(decide_input(
+            true,
+            Some(json!({"email": "a@x.io", "plan": "gold"})),
+            &["onboarding.approve"]
+        )),
+        Err(MachineError::InvalidResult { .. })
+    ));
+    let edit = json!({"email": "a@x.io", "plan": "starter"});
+    let d = run.step(decide_input(
+        true,
+        Some(edit.clone()),
+        &["onboarding.approve"],
+    ));
+    assert_eq!(cancelled(&d), vec!["approve.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    // What later nodes see is exactly what was approved.
+    assert_eq!(run.state.output, Some(edit));
+    assert!(matches!(
+        decide(
+            &run.state,
+            decide_input(false, None, &["onboarding.approve"])
+        ),
+        Err(MachineError::WrongStatus { .. })
+    ));
+}
+
+#[test]
+fn a_second_decision_is_refused_naming_the_first() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: approve, type: approval, subject: x, approver_grant: ok.go, next: wait}
+  - {id: wait, type: wait, signal: s}
+"#;
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::DecideApproval {
+        node: "approve".into(),
+        approve: true,
+        edited_subject: None,
+        by: "grace".into(),
+        grants: vec!["ok.go".into()],
+        reason: "fine".into(),
+    });
+    let second = decide(
+        &run.state,
+        Input::DecideApproval {
+            node: "approve".into(),
+            approve: false,
+            edited_subject: None,
+            by: "bob".into(),
+            grants: vec!["ok.go".into()],
+            reason: "no".into(),
+        },
+    );
+    assert!(
+        matches!(&second, Err(MachineError::AlreadyDecided { by, approved: true, .. }) if by == "grace"),
+        "{second:?}"
+    );
+    // Edits where none are allowed are refused.
+    let (mut run, _) = Run::start(wf, json!({}));
+    assert!(matches!(
+        run.try_step(Input::DecideApproval {
+            node: "approve".into(),
+            approve: true,
+            edited_subject: Some(json!("y")),
+            by: "grace".into(),
+            grants: vec!["ok.go".into()],
+            reason: String::new(),
+        }),
+        Err(MachineError::NotAllowed(m)) if m.contains("does not allow edits")
+    ));
+}
+
+#[test]
+fn a_decline_takes_on_decline_and_an_approval_timeout_fails_without_a_transition() {
+    let (mut run, _) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    run.step(decide_input(false, None, &["onboarding.approve"]));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `declined`: declined: checked"
+    );
+
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: approve, type: approval, subject: x, approver_grant: ok.go, timeout: 1h}\n";
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::TimerFired {
+        timer_id: "approve.timeout".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(run.state.status_reason.contains("no decision within 1h"));
+}
+
+#[test]
+fn a_tool_node_calls_its_tool_with_rendered_args_and_outputs_the_result() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - id: create
+    type: tool
+    tool: create_account
+    args: {email: "${ .input.email }"}
+    grants: [crm.write]
+    on_error: failed
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.create.output.account_id }"}
+  - {id: failed, type: fail, error: "${ .nodes.create.output.error }"}
+"#;
+    let (mut run, d) = Run::start(wf, json!({"email": "a@x.io"}));
+    let Some(Command::ScheduleTask { call_id, spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(call_id, "create.t1");
+    // Defaults are filled in before the call, as for a model's proposal.
+    assert_eq!(
+        spec["arguments"],
+        json!({"email": "a@x.io", "plan": "starter"})
+    );
+    run.step(Input::DispatchToolCall {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+    });
+    run.step(Input::ToolCallCompleted {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        result: json!({"account_id": "acct_1"}),
+    });
+    assert_eq!(run.state.output, Some(json!("acct_1")));
+
+    // A failure for good takes `on_error`.
+    let (mut run, _) = Run::start(wf, json!({"email": "a@x.io"}));
+    run.step(Input::TaskFailed {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        error: "HTTP 400: bad email".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("bad email"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn a_tool_node_without_the_grant_fails_the_run_before_any_task() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: c, type: tool, tool: create_account, args: {email: x}}\n";
+    let (run, d) = Run::start(wf, json!({}));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("not granted to the node"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn an_operator_pause_during_a_wait_holds_the_next_node_until_resume() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.step(Input::Pause {
+        by: "ops".into(),
+        reason: "checking".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Paused);
+    run.signal("s1", "documents_received", json!({"files": []}))
+        .unwrap();
+    // The wait ended, but the run stays paused: `done` has not started.
+    assert_eq!(run.state.status, RunStatus::Paused);
+    assert!(run.state.output.is_none());
+    run.step(Input::Resume {
+        by: "ops".into(),
+        reason: "ok".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Completed);
+
+    // Resumed while still waiting: back to waiting, not running.
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.step(Input::Pause {
+        by: "ops".into(),
+        reason: "x".into(),
+    });
+    run.step(Input::Resume {
+        by: "ops".into(),
+        reason: "y".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Waiting);
+}
+
+#[test]
+fn cancelling_a_waiting_run_ends_it() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Cancelled);
+}
