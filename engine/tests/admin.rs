@@ -1,12 +1,13 @@
-//! The admin HTTP endpoint and webhook notifications against the real
-//! PostgreSQL: the router is served in-process on 127.0.0.1:0 and called
-//! with reqwest. Uncertain outcomes are made without processes: a tool call
-//! is claimed and dispatched, then its lease is moved into the past in SQL
-//! and the sweeper judges it. Nothing sleeps to wait for something
-//! awaitable.
+//! The admin HTTP endpoint and webhook notifications on both backends
+//! (PostgreSQL and SQLite; every test runs once per backend, as
+//! `postgres::<name>` and `sqlite::<name>`): the router is served in-process
+//! on 127.0.0.1:0 and called with reqwest. Uncertain outcomes are made
+//! without processes: a tool call is claimed and dispatched, then its lease
+//! is expired with `Store::expire_task_timers` and the sweeper judges it.
+//! Nothing sleeps to wait for something awaitable.
 
 mod common;
-use common::Db;
+use common::{Backend, Raw, TestDb};
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +16,6 @@ use belay_engine::admin::{self, AdminAuth, ROUTES};
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig, StartRun};
 use belay_engine::definitions::SourceFile;
 use belay_engine::notify::{Notifier, verify_signature};
-use belay_engine::store::Store;
 use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
@@ -44,20 +44,19 @@ const OTHER_BOT: &str = "other-token-0123456789";
 const TOKENS: &str = "ops:ops-token-0123456789,acme-bot:acme-token-0123456789:acme,other-bot:other-token-0123456789:other";
 
 struct Env {
-    db: Db,
+    db: TestDb,
     coord: Arc<Coordinator>,
-    /// Direct access for test setup (expiring leases by hand).
-    pool: sqlx::PgPool,
+    /// Direct access for test setup (aging rows) and snapshots.
+    raw: Raw,
     base: String,
     http: reqwest::Client,
 }
 
 impl Env {
-    async fn new() -> Env {
-        let (db, url) = Db::create("belay_a").await;
-        let store = Store::connect(&url, 8).await.expect("connect");
-        store.migrate().await.expect("migrate");
-        let pool = sqlx::PgPool::connect(&url).await.expect("pool");
+    async fn new(backend: Backend) -> Env {
+        let db = TestDb::create(backend, "belay_a").await;
+        let store = db.store(8).await;
+        let raw = db.raw().await;
         let coord = Coordinator::new(
             store,
             CoordinatorConfig {
@@ -100,13 +99,14 @@ impl Env {
         Env {
             db,
             coord,
-            pool,
+            raw,
             base: format!("http://{addr}"),
             http: reqwest::Client::new(),
         }
     }
 
     async fn finish(self) {
+        self.raw.close().await;
         self.db.drop().await;
     }
 
@@ -127,13 +127,14 @@ impl Env {
             .dispatch("w1", &call.task_id.to_string(), 1)
             .await
             .expect("dispatch");
-        sqlx::query(
-            "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE task_id = $1",
-        )
-        .bind(call.task_id)
-        .execute(self.pool())
-        .await
-        .expect("expire");
+        assert_eq!(
+            self.coord
+                .store()
+                .expire_task_timers(Some(call.task_id))
+                .await
+                .expect("expire"),
+            1
+        );
         assert_eq!(self.coord.sweep_expired_leases().await.expect("sweep"), 1);
         let rows = self
             .coord
@@ -162,8 +163,17 @@ impl Env {
         run.run_id
     }
 
-    fn pool(&self) -> &sqlx::PgPool {
-        &self.pool
+    /// Make every notification due now (its backoff passed).
+    async fn make_notifications_due(&self) {
+        let sql = match self.db.backend {
+            Backend::Postgres => {
+                "UPDATE notifications SET next_attempt_at = now() - interval '1 second'"
+            }
+            Backend::Sqlite => {
+                "UPDATE notifications SET next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds')"
+            }
+        };
+        self.raw.execute(sql, None).await;
     }
 
     fn url(&self, path: &str) -> String {
@@ -198,17 +208,13 @@ impl Env {
     /// Everything an admin request could have changed, to compare before
     /// and after a refused one.
     async fn snapshot(&self) -> Value {
-        let rows: Vec<(Value,)> = sqlx::query_as(
-            "SELECT jsonb_build_object(
-                'runs', (SELECT jsonb_agg(to_jsonb(r) ORDER BY run_id) FROM runs r),
-                'events', (SELECT count(*) FROM events),
-                'tasks', (SELECT jsonb_agg(to_jsonb(t) ORDER BY task_id) FROM tasks t),
-                'uncertain', (SELECT jsonb_agg(to_jsonb(u) ORDER BY uncertain_id) FROM uncertain_outcomes u))",
-        )
-        .fetch_all(self.pool())
-        .await
-        .expect("snapshot");
-        rows[0].0.clone()
+        json!({
+            "runs": self.raw.dump("runs", "run_id").await,
+            "events": self.raw.dump("events", "run_id, seq").await,
+            "tasks": self.raw.dump("tasks", "task_id").await,
+            "uncertain": self.raw.dump("uncertain_outcomes", "uncertain_id").await,
+            "notifications": self.raw.dump("notifications", "notification_id").await,
+        })
     }
 
     async fn event_kinds(&self, run: Uuid) -> Vec<String> {
@@ -294,9 +300,8 @@ fn succeeded(reason: &str) -> Value {
     json!({"resolution": "succeeded", "result": {"id": "acct-42"}, "reason": reason, "operator": "alice"})
 }
 
-#[tokio::test]
-async fn missing_or_wrong_tokens_get_401_and_change_nothing() {
-    let env = Env::new().await;
+async fn missing_or_wrong_tokens_get_401_and_change_nothing(backend: Backend) {
+    let env = Env::new(backend).await;
     let (_, id) = env.uncertain("acme", "k1", "create").await;
     let before = env.snapshot().await;
 
@@ -356,9 +361,8 @@ async fn missing_or_wrong_tokens_get_401_and_change_nothing() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn a_token_of_another_tenant_gets_403_and_changes_nothing() {
-    let env = Env::new().await;
+async fn a_token_of_another_tenant_gets_403_and_changes_nothing(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, id) = env.uncertain("acme", "k1", "create").await;
     let before = env.snapshot().await;
     let (status, _, body) = env.get(Some(OTHER_BOT), &list_path("acme")).await;
@@ -387,9 +391,8 @@ async fn a_token_of_another_tenant_gets_403_and_changes_nothing() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn list_filters_and_pages() {
-    let env = Env::new().await;
+async fn list_filters_and_pages(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run1, id1) = env.uncertain("acme", "k1", "create").await;
     let (_, id2) = env.uncertain("acme", "k2", "update").await;
     let (_, id3) = env.uncertain("acme", "k3", "create").await;
@@ -434,11 +437,20 @@ async fn list_filters_and_pages() {
     );
     assert_eq!(ids(&list("?older_than_ms=3600000".into()).await).len(), 0);
     assert_eq!(ids(&list("?newer_than_ms=3600000".into()).await).len(), 3);
-    sqlx::query("UPDATE uncertain_outcomes SET created_at = now() - interval '2 hours' WHERE uncertain_id = $1")
-        .bind(Uuid::parse_str(&id1).expect("uuid"))
-        .execute(env.pool())
-        .await
-        .expect("age");
+    let two_hours_ago = match env.db.backend {
+        Backend::Postgres => "now() - interval '2 hours'",
+        Backend::Sqlite => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-2 hours')",
+    };
+    let aged = env
+        .raw
+        .execute(
+            &format!(
+                "UPDATE uncertain_outcomes SET created_at = {two_hours_ago} WHERE uncertain_id = $1"
+            ),
+            Some(Uuid::parse_str(&id1).expect("uuid")),
+        )
+        .await;
+    assert_eq!(aged, 1);
     assert_eq!(
         ids(&list("?older_than_ms=3600000".into()).await),
         vec![id1.clone()]
@@ -505,9 +517,8 @@ fn percent(s: &str) -> String {
         .collect()
 }
 
-#[tokio::test]
-async fn show_returns_everything_an_operator_needs() {
-    let env = Env::new().await;
+async fn show_returns_everything_an_operator_needs(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, id) = env.uncertain("acme", "k1", "create").await;
     let (status, _, r) = env.get(Some(OPS), &record_path("acme", id)).await;
     assert_eq!(status, StatusCode::OK, "{r}");
@@ -537,9 +548,8 @@ async fn show_returns_everything_an_operator_needs() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn resolving_succeeded_resumes_the_run_and_records_who_when_why() {
-    let env = Env::new().await;
+async fn resolving_succeeded_resumes_the_run_and_records_who_when_why(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, id) = env.uncertain("acme", "k1", "create").await;
     let (status, r) = env
         .post(
@@ -592,9 +602,8 @@ async fn resolving_succeeded_resumes_the_run_and_records_who_when_why() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn resolving_failed_hands_the_error_to_the_model() {
-    let env = Env::new().await;
+async fn resolving_failed_hands_the_error_to_the_model(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, id) = env.uncertain("acme", "k1", "create").await;
     let (status, r) = env
         .post(
@@ -607,12 +616,14 @@ async fn resolving_failed_hands_the_error_to_the_model() {
     assert_eq!(r["resolution_kind"], "failed");
     assert_eq!(r["resolution"]["error"], "the CRM refused it");
     assert_eq!(r["resolved_by"], "ops/bob");
-    let task: (String,) = sqlx::query_as("SELECT status FROM tasks WHERE task_id = $1")
-        .bind(Uuid::parse_str(r["task_id"].as_str().expect("task")).expect("uuid"))
-        .fetch_one(env.pool())
-        .await
-        .expect("task");
-    assert_eq!(task.0, "failed");
+    let task = env
+        .raw
+        .fetch_texts(
+            "SELECT status FROM tasks WHERE task_id = $1",
+            Uuid::parse_str(r["task_id"].as_str().expect("task")).expect("uuid"),
+        )
+        .await;
+    assert_eq!(task, ["failed"]);
     assert_eq!(
         env.coord
             .get_run("acme", &run.to_string())
@@ -633,19 +644,19 @@ async fn resolving_failed_hands_the_error_to_the_model() {
 }
 
 async fn task_of(env: &Env, id: Uuid) -> (String, String) {
-    sqlx::query_as(
-        "SELECT t.status, t.idempotency_key FROM tasks t
-         JOIN uncertain_outcomes u ON u.task_id = t.task_id WHERE u.uncertain_id = $1",
-    )
-    .bind(id)
-    .fetch_one(env.pool())
-    .await
-    .expect("task")
+    let row = env
+        .raw
+        .fetch_texts(
+            "SELECT t.status, t.idempotency_key FROM tasks t
+             JOIN uncertain_outcomes u ON u.task_id = t.task_id WHERE u.uncertain_id = $1",
+            id,
+        )
+        .await;
+    (row[0].clone(), row[1].clone())
 }
 
-#[tokio::test]
-async fn resolving_retry_readies_the_task_with_the_same_or_a_new_key() {
-    let env = Env::new().await;
+async fn resolving_retry_readies_the_task_with_the_same_or_a_new_key(backend: Backend) {
+    let env = Env::new(backend).await;
     let (_, same) = env.uncertain("acme", "k1", "create").await;
     let (_, fresh) = env.uncertain("acme", "k2", "create").await;
     let (_, key_before) = task_of(&env, same).await;
@@ -698,9 +709,8 @@ async fn resolving_retry_readies_the_task_with_the_same_or_a_new_key() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn resolving_twice_is_a_conflict_and_changes_nothing() {
-    let env = Env::new().await;
+async fn resolving_twice_is_a_conflict_and_changes_nothing(backend: Backend) {
+    let env = Env::new(backend).await;
     let (_, id) = env.uncertain("acme", "k1", "create").await;
     let (status, _) = env
         .post(Some(OPS), &resolve_path("acme", id), succeeded("first"))
@@ -720,9 +730,8 @@ async fn resolving_twice_is_a_conflict_and_changes_nothing() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn a_concurrent_double_resolve_resolves_once() {
-    let env = Env::new().await;
+async fn a_concurrent_double_resolve_resolves_once(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, id) = env.uncertain("acme", "k1", "create").await;
     let path = resolve_path("acme", id);
     let (a, b) = tokio::join!(
@@ -755,9 +764,8 @@ async fn a_concurrent_double_resolve_resolves_once() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn a_result_not_matching_the_output_type_is_422_and_changes_nothing() {
-    let env = Env::new().await;
+async fn a_result_not_matching_the_output_type_is_422_and_changes_nothing(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, id) = env.uncertain("acme", "k1", "create").await;
     let before = env.snapshot().await;
     for result in [json!({"id": 42}), json!({}), json!("acct-1"), Value::Null] {
@@ -786,9 +794,8 @@ async fn a_result_not_matching_the_output_type_is_422_and_changes_nothing() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn bad_input_gets_a_precise_4xx_and_changes_nothing() {
-    let env = Env::new().await;
+async fn bad_input_gets_a_precise_4xx_and_changes_nothing(backend: Backend) {
+    let env = Env::new(backend).await;
     let (_, id) = env.uncertain("acme", "k1", "create").await;
     let (_, other) = env.uncertain("other", "k1", "create").await;
     let before = env.snapshot().await;
@@ -864,9 +871,8 @@ async fn bad_input_gets_a_precise_4xx_and_changes_nothing() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn operators_pause_resume_and_cancel_runs() {
-    let env = Env::new().await;
+async fn operators_pause_resume_and_cancel_runs(backend: Backend) {
+    let env = Env::new(backend).await;
     let (uncertain_run, _) = env.uncertain("acme", "k1", "create").await;
     let run = env.start("acme", "k2").await;
     let control = |op: &'static str, run: Uuid, body: Value| {
@@ -952,9 +958,8 @@ async fn operators_pause_resume_and_cancel_runs() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn the_openapi_document_describes_every_route_the_router_serves() {
-    let env = Env::new().await;
+async fn the_openapi_document_describes_every_route_the_router_serves(backend: Backend) {
+    let env = Env::new(backend).await;
     let (status, _, doc) = env.get(None, admin::OPENAPI_PATH).await;
     assert_eq!(status, StatusCode::OK, "served without a token");
     assert_eq!(doc["openapi"], "3.1.0");
@@ -1030,9 +1035,8 @@ async fn receiver() -> (String, Received) {
     (format!("http://{addr}/hook"), received)
 }
 
-#[tokio::test]
-async fn webhooks_are_retried_with_backoff_then_delivered_signed() {
-    let env = Env::new().await;
+async fn webhooks_are_retried_with_backoff_then_delivered_signed(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, _) = env.uncertain("acme", "k1", "create").await;
     let notes = env
         .coord
@@ -1064,25 +1068,17 @@ async fn webhooks_are_retried_with_backoff_then_delivered_signed() {
         last_error.contains("500") && last_error.contains("receiver down"),
         "{last_error}"
     );
-    let (backoff_ms,): (f64,) = sqlx::query_as(
-        "SELECT extract(epoch FROM next_attempt_at - now())::float8 * 1000 FROM notifications WHERE notification_id = $1",
-    )
-    .bind(note.notification_id)
-    .fetch_one(env.pool())
-    .await
-    .expect("backoff");
+    // The database clock is this machine's clock on both backends.
+    let backoff_ms = (after1.next_attempt_at - chrono::Utc::now()).num_milliseconds();
     assert!(
-        (0.0..=1_000.0).contains(&backoff_ms),
+        (0..=1_000).contains(&backoff_ms),
         "first backoff is 1 s: {backoff_ms}"
     );
     // Not due yet: nothing is sent.
     assert_eq!(notifier.deliver_due_once().await.expect("early"), 0);
     assert_eq!(received.lock().expect("lock").len(), 1);
 
-    sqlx::query("UPDATE notifications SET next_attempt_at = now() - interval '1 second'")
-        .execute(env.pool())
-        .await
-        .expect("due");
+    env.make_notifications_due().await;
     assert_eq!(notifier.deliver_due_once().await.expect("round 2"), 1);
     let done = env
         .coord
@@ -1118,17 +1114,13 @@ async fn webhooks_are_retried_with_backoff_then_delivered_signed() {
         assert_eq!(event["data"]["tool"], "create");
     }
     // Delivered notifications are not sent again.
-    sqlx::query("UPDATE notifications SET next_attempt_at = now() - interval '1 second'")
-        .execute(env.pool())
-        .await
-        .expect("due");
+    env.make_notifications_due().await;
     assert_eq!(notifier.deliver_due_once().await.expect("round 3"), 0);
     env.finish().await;
 }
 
-#[tokio::test]
-async fn webhook_delivery_is_abandoned_after_the_last_attempt() {
-    let env = Env::new().await;
+async fn webhook_delivery_is_abandoned_after_the_last_attempt(backend: Backend) {
+    let env = Env::new(backend).await;
     let (run, _) = env.uncertain("acme", "k1", "create").await;
     // A port nobody listens on: connection refused.
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -1137,11 +1129,15 @@ async fn webhook_delivery_is_abandoned_after_the_last_attempt() {
     let url = format!("http://{}/hook", closed.local_addr().expect("addr"));
     drop(closed);
     let notifier = Notifier::new(env.coord.store().clone(), &url, "s").expect("notifier");
-    sqlx::query("UPDATE notifications SET attempts = $1 - 1")
-        .bind(belay_engine::notify::MAX_ATTEMPTS)
-        .execute(env.pool())
-        .await
-        .expect("attempts");
+    env.raw
+        .execute(
+            &format!(
+                "UPDATE notifications SET attempts = {}",
+                belay_engine::notify::MAX_ATTEMPTS - 1
+            ),
+            None,
+        )
+        .await;
     assert_eq!(notifier.deliver_due_once().await.expect("last round"), 0);
     let note = env
         .coord
@@ -1160,10 +1156,7 @@ async fn webhook_delivery_is_abandoned_after_the_last_attempt() {
         last_error.to_lowercase().contains("connect"),
         "the cause is named: {last_error}"
     );
-    sqlx::query("UPDATE notifications SET next_attempt_at = now() - interval '1 second'")
-        .execute(env.pool())
-        .await
-        .expect("due");
+    env.make_notifications_due().await;
     assert_eq!(
         notifier.deliver_due_once().await.expect("after"),
         0,
@@ -1182,3 +1175,21 @@ async fn webhook_delivery_is_abandoned_after_the_last_attempt() {
     assert!(Notifier::new(env.coord.store().clone(), "ftp://x", "s").is_err());
     env.finish().await;
 }
+
+on_both_backends!(
+    missing_or_wrong_tokens_get_401_and_change_nothing,
+    a_token_of_another_tenant_gets_403_and_changes_nothing,
+    list_filters_and_pages,
+    show_returns_everything_an_operator_needs,
+    resolving_succeeded_resumes_the_run_and_records_who_when_why,
+    resolving_failed_hands_the_error_to_the_model,
+    resolving_retry_readies_the_task_with_the_same_or_a_new_key,
+    resolving_twice_is_a_conflict_and_changes_nothing,
+    a_concurrent_double_resolve_resolves_once,
+    a_result_not_matching_the_output_type_is_422_and_changes_nothing,
+    bad_input_gets_a_precise_4xx_and_changes_nothing,
+    operators_pause_resume_and_cancel_runs,
+    the_openapi_document_describes_every_route_the_router_serves,
+    webhooks_are_retried_with_backoff_then_delivered_signed,
+    webhook_delivery_is_abandoned_after_the_last_attempt,
+);

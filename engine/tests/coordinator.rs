@@ -1,16 +1,18 @@
-//! Coordinator and store against the real PostgreSQL: claims, heartbeats,
-//! fencing, dispatch, the lease sweeper. Lease expiry is made deterministic by
-//! moving `lease_expires_at` into the past in SQL instead of sleeping.
+//! Coordinator and store on both backends (PostgreSQL and SQLite; every
+//! test runs once per backend, as `postgres::<name>` and `sqlite::<name>`):
+//! claims, heartbeats, fencing, dispatch, the lease sweeper, definition
+//! versions, health. Lease expiry is made deterministic with
+//! `Store::expire_task_timers` instead of sleeping.
 
 mod common;
-use common::Db;
+use common::{Backend, TestDb};
 
 use std::sync::Arc;
 
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, StartRun};
 use belay_engine::definitions::SourceFile;
 use belay_engine::machine::FailureClass;
-use belay_engine::store::Store;
+use belay_engine::store::{Store, StoreError};
 use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use serde_json::json;
 
@@ -24,10 +26,9 @@ const TOOLS: &str = r#"TOOLS:
 "#;
 const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
 
-async fn setup() -> (Db, Arc<Coordinator>, String) {
-    let (db, url) = Db::create("belay_c").await;
-    let store = Store::connect(&url, 4).await.expect("connect");
-    store.migrate().await.expect("migrate");
+async fn setup(backend: Backend) -> (TestDb, Arc<Coordinator>, String) {
+    let db = TestDb::create(backend, "belay_c").await;
+    let store = db.store(4).await;
     let coord = Coordinator::new(
         store,
         CoordinatorConfig {
@@ -109,9 +110,8 @@ async fn claim_tool_call(coord: &Coordinator) -> belay_engine::store::ClaimedTas
     coord.claim("w1", 1, 0).await.expect("claim").remove(0)
 }
 
-#[tokio::test]
-async fn claims_are_fenced_by_attempt() {
-    let (db, coord, _run) = setup().await;
+async fn claims_are_fenced_by_attempt(backend: Backend) {
+    let (db, coord, _run) = setup(backend).await;
     // Nothing ready for an unknown kind of wait: an empty claim returns without error.
     let tasks = coord.claim("w1", 4, 0).await.expect("claim");
     assert_eq!(tasks.len(), 1);
@@ -184,9 +184,8 @@ async fn claims_are_fenced_by_attempt() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain() {
-    let (db, coord, run_id) = setup().await;
+async fn a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain(backend: Backend) {
+    let (db, coord, run_id) = setup(backend).await;
     let tool = claim_tool_call(&coord).await;
     assert_eq!(tool.kind, "tool_call");
     let id = tool.task_id.to_string();
@@ -246,9 +245,8 @@ async fn a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn a_lease_lost_before_dispatch_is_retried_with_a_new_attempt() {
-    let (db, coord, run_id) = setup().await;
+async fn a_lease_lost_before_dispatch_is_retried_with_a_new_attempt(backend: Backend) {
+    let (db, coord, run_id) = setup(backend).await;
     let tool = claim_tool_call(&coord).await;
     expire_leases(&coord).await;
     let refused = coord.dispatch("w1", &tool.task_id.to_string(), 1).await;
@@ -278,9 +276,8 @@ async fn a_lease_lost_before_dispatch_is_retried_with_a_new_attempt() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn cancel_stops_a_run_and_its_tasks() {
-    let (db, coord, run_id) = setup().await;
+async fn cancel_stops_a_run_and_its_tasks(backend: Backend) {
+    let (db, coord, run_id) = setup(backend).await;
     let run = coord
         .cancel_run("t", &run_id, "no longer needed")
         .await
@@ -301,9 +298,10 @@ async fn cancel_stops_a_run_and_its_tasks() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn registering_older_content_again_makes_it_current_and_moving_a_file_is_no_new_version() {
-    let (db, coord, _run) = setup().await;
+async fn registering_older_content_again_makes_it_current_and_moving_a_file_is_no_new_version(
+    backend: Backend,
+) {
+    let (db, coord, _run) = setup(backend).await;
     let register = |content: &str, path: &str| {
         let coord = Arc::clone(&coord);
         let (content, path) = (content.to_owned(), path.to_owned());
@@ -333,9 +331,8 @@ async fn registering_older_content_again_makes_it_current_and_moving_a_file_is_n
     db.drop().await;
 }
 
-#[tokio::test]
-async fn bad_text_is_refused_as_invalid_not_as_an_outage() {
-    let (db, coord, run_id) = setup().await;
+async fn bad_text_is_refused_as_invalid_not_as_an_outage(backend: Backend) {
+    let (db, coord, run_id) = setup(backend).await;
     let start = |tenant: &str, key: &str| StartRun {
         tenant: tenant.into(),
         workflow: "w".into(),
@@ -381,9 +378,8 @@ async fn bad_text_is_refused_as_invalid_not_as_an_outage() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn only_the_lease_holder_may_dispatch_or_report() {
-    let (db, coord, _run) = setup().await;
+async fn only_the_lease_holder_may_dispatch_or_report(backend: Backend) {
+    let (db, coord, _run) = setup(backend).await;
     let tool = claim_tool_call(&coord).await;
     let id = tool.task_id.to_string();
     let other = coord.dispatch("intruder", &id, 1).await;
@@ -402,9 +398,8 @@ async fn only_the_lease_holder_may_dispatch_or_report() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper() {
-    let (db, coord, first_run) = setup().await;
+async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper(backend: Backend) {
+    let (db, coord, first_run) = setup(backend).await;
     // A second run whose model call is also leased.
     coord
         .start_run(StartRun {
@@ -421,11 +416,15 @@ async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper() {
     assert_eq!(claimed.len(), 2);
     // Corrupt the first run's history (an unknown event type, as a newer
     // engine version might write).
-    sqlx::query("UPDATE events SET payload = '{\"type\": \"from_the_future\"}' WHERE run_id = $1::uuid AND seq = 1")
-        .bind(&first_run)
-        .execute(&sqlx::PgPool::connect(&db.url).await.expect("pool"))
-        .await
-        .expect("corrupt");
+    let raw = db.raw().await;
+    let changed = raw
+        .execute(
+            r#"UPDATE events SET payload = '{"type": "from_the_future"}' WHERE run_id = $1 AND seq = 1"#,
+            Some(uuid::Uuid::parse_str(&first_run).expect("uuid")),
+        )
+        .await;
+    assert_eq!(changed, 1);
+    raw.close().await;
     expire_leases(&coord).await;
     assert_eq!(
         coord.sweep_expired_leases().await.expect("sweep"),
@@ -435,23 +434,29 @@ async fn one_run_that_cannot_be_judged_does_not_stop_the_sweeper() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn two_replicas_with_their_own_state_caches_agree_with_a_full_fold() {
-    let (db, coord_a, run_id) = setup().await;
-    let url = format!(
-        "{}/{}",
-        std::env::var("BELAY_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into()),
-        db.name
-    );
-    let store_b = Store::connect(&url, 2).await.expect("connect");
-    let coord_b = Coordinator::new(
-        store_b,
-        CoordinatorConfig {
-            lease_ms: 60_000,
-            sweep_interval_ms: 1_000,
-        },
-    );
+async fn two_replicas_with_their_own_state_caches_agree_with_a_full_fold(backend: Backend) {
+    let (db, coord_a, run_id) = setup(backend).await;
+    let store_b = Store::connect(&db.url, 2).await;
+    let coord_b = match backend {
+        Backend::Postgres => Coordinator::new(
+            store_b.expect("connect"),
+            CoordinatorConfig {
+                lease_ms: 60_000,
+                sweep_interval_ms: 1_000,
+            },
+        ),
+        Backend::Sqlite => {
+            // One engine process per SQLite file: a second store on the same
+            // file is refused, so "replica B" is the same store here (its
+            // cache is the one A uses; the fold must still agree).
+            let err = store_b.expect_err("a second store on one SQLite file");
+            assert!(
+                matches!(err, StoreError::Config(ref m) if m.contains("in use by another engine process")),
+                "{err:?}"
+            );
+            Arc::clone(&coord_a)
+        }
+    };
     // Replica A completes the model call (and caches the state), replica B
     // dispatches and completes the tool call (A's cache is now behind), then
     // A handles the next model call: it must fold only the tail, correctly.
@@ -485,9 +490,8 @@ async fn two_replicas_with_their_own_state_caches_agree_with_a_full_fold() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn health_follows_the_database() {
-    let (db, coord, _run) = setup().await;
+async fn health_follows_the_database(backend: Backend) {
+    let (db, coord, _run) = setup(backend).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -535,3 +539,16 @@ async fn health_follows_the_database() {
     drop(watch);
     db.drop().await;
 }
+
+on_both_backends!(
+    claims_are_fenced_by_attempt,
+    a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain,
+    a_lease_lost_before_dispatch_is_retried_with_a_new_attempt,
+    cancel_stops_a_run_and_its_tasks,
+    registering_older_content_again_makes_it_current_and_moving_a_file_is_no_new_version,
+    bad_text_is_refused_as_invalid_not_as_an_outage,
+    only_the_lease_holder_may_dispatch_or_report,
+    one_run_that_cannot_be_judged_does_not_stop_the_sweeper,
+    two_replicas_with_their_own_state_caches_agree_with_a_full_fold,
+    health_follows_the_database,
+);

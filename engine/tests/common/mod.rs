@@ -1,49 +1,265 @@
-//! Shared by the engine's PostgreSQL tests: a fresh database per test.
+//! Shared by the engine's integration tests: a fresh store of either backend
+//! per test, direct SQL access for test setup, and [`on_both_backends!`],
+//! which runs each test once per backend (`postgres::<name>`,
+//! `sqlite::<name>`).
+//!
+//! PostgreSQL: a new database `<prefix>_<uuid>` on `$BELAY_TEST_PG`
+//! (default `postgres://postgres@127.0.0.1:5432`), dropped by
+//! [`TestDb::drop`]. SQLite: a new file in a fresh directory under the
+//! system temp dir, removed by [`TestDb::drop`] (and when the [`TestDb`] is
+//! dropped, so a failing test leaves nothing behind either).
 
-/// A database created for one test; [`Db::drop`] removes it.
-pub struct Db {
-    /// Database name.
-    pub name: String,
-    /// URL of the database.
-    pub url: String,
-    admin: String,
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use belay_engine::store::Store;
+use sqlx::Row;
+use uuid::Uuid;
+
+/// Which database a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// PostgreSQL, a database per test.
+    Postgres,
+    /// SQLite, a file per test.
+    Sqlite,
 }
 
-impl Db {
-    /// Create `<prefix>_<uuid>` on `$BELAY_TEST_PG` (default the local
-    /// server); returns it and its URL.
-    pub async fn create(prefix: &str) -> (Db, String) {
-        let base = std::env::var("BELAY_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
-        let admin = format!("{base}/postgres");
-        let pool = sqlx::PgPool::connect(&admin)
-            .await
-            .expect("PostgreSQL on 127.0.0.1:5432");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&pool)
-            .await
-            .expect("create db");
-        pool.close().await;
-        (
-            Db {
-                name: name.clone(),
-                url: format!("{base}/{name}"),
-                admin,
-            },
-            format!("{base}/{name}"),
-        )
+/// Generate, for each named `async fn name(backend: Backend)` of the test
+/// file, `postgres::name` and `sqlite::name` tests that run it on that
+/// backend (on a multi-threaded runtime, so concurrency is real).
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+            )*
+        }
+    };
+}
+
+/// A database created for one test; [`TestDb::drop`] removes it.
+pub struct TestDb {
+    /// Which backend.
+    pub backend: Backend,
+    /// The URL to give [`Store::connect`].
+    pub url: String,
+    place: Place,
+}
+
+enum Place {
+    Postgres { name: String, admin: String },
+    Sqlite { _dir: TempDir },
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl TestDb {
+    /// A fresh, empty database (no migrations applied yet).
+    pub async fn create(backend: Backend, prefix: &str) -> TestDb {
+        let id = Uuid::new_v4().simple();
+        match backend {
+            Backend::Postgres => {
+                let base = std::env::var("BELAY_TEST_PG")
+                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+                let name = format!("{prefix}_{id}");
+                let admin = format!("{base}/postgres");
+                let pool = sqlx::PgPool::connect(&admin)
+                    .await
+                    .expect("PostgreSQL on 127.0.0.1:5432");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&pool)
+                    .await
+                    .expect("create db");
+                pool.close().await;
+                TestDb {
+                    backend,
+                    url: format!("{base}/{name}"),
+                    place: Place::Postgres { name, admin },
+                }
+            }
+            Backend::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("{prefix}_{id}"));
+                std::fs::create_dir_all(&dir).expect("temp dir");
+                let file = dir.join("belay.db");
+                TestDb {
+                    backend,
+                    url: format!("sqlite://{}", file.display()),
+                    place: Place::Sqlite { _dir: TempDir(dir) },
+                }
+            }
+        }
     }
 
-    /// Drop the database, closing leftover connections.
+    /// Open a store on this database and apply the migrations.
+    pub async fn store(&self, max_connections: u32) -> Store {
+        let store = Store::connect(&self.url, max_connections)
+            .await
+            .expect("connect");
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    /// A direct connection for test setup (aging rows, corrupting one,
+    /// reading columns the store API does not return).
+    pub async fn raw(&self) -> Raw {
+        match self.backend {
+            Backend::Postgres => Raw::Pg(sqlx::PgPool::connect(&self.url).await.expect("pool")),
+            Backend::Sqlite => {
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)
+                    .expect("url")
+                    .busy_timeout(Duration::from_secs(10));
+                Raw::Lite(
+                    sqlx::sqlite::SqlitePoolOptions::new()
+                        .max_connections(1)
+                        .connect_with(options)
+                        .await
+                        .expect("pool"),
+                )
+            }
+        }
+    }
+
+    /// Remove the database (PostgreSQL: closing leftover connections).
     pub async fn drop(self) {
-        let pool = sqlx::PgPool::connect(&self.admin).await.expect("admin");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&pool)
-        .await
-        .expect("drop db");
+        match &self.place {
+            Place::Postgres { name, admin } => {
+                let pool = sqlx::PgPool::connect(admin).await.expect("admin");
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .execute(&pool)
+                .await
+                .expect("drop db");
+                pool.close().await;
+            }
+            // The directory goes with `self`.
+            Place::Sqlite { .. } => {}
+        }
+    }
+}
+
+/// Direct SQL on a test's database. Statements use `$1`-style parameters,
+/// which both backends accept; SQL that differs between them is given per
+/// backend by the caller.
+pub enum Raw {
+    /// PostgreSQL.
+    Pg(sqlx::PgPool),
+    /// SQLite.
+    Lite(sqlx::SqlitePool),
+}
+
+impl Raw {
+    /// Run a statement with an optional uuid parameter `$1`; returns the rows changed.
+    pub async fn execute(&self, sql: &str, id: Option<Uuid>) -> u64 {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self {
+            Raw::Pg(pool) => {
+                let mut q = sqlx::query(sql);
+                if let Some(id) = id {
+                    q = q.bind(id);
+                }
+                q.execute(pool).await.expect("execute").rows_affected()
+            }
+            Raw::Lite(pool) => {
+                let mut q = sqlx::query(sql);
+                if let Some(id) = id {
+                    q = q.bind(id);
+                }
+                q.execute(pool).await.expect("execute").rows_affected()
+            }
+        }
+    }
+
+    /// The text columns of the first row of a query with a uuid parameter `$1`.
+    pub async fn fetch_texts(&self, sql: &str, id: Uuid) -> Vec<String> {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self {
+            Raw::Pg(pool) => {
+                let row = sqlx::query(sql)
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+                    .expect("fetch");
+                (0..row.len())
+                    .map(|i| row.try_get::<String, _>(i).expect("text column"))
+                    .collect()
+            }
+            Raw::Lite(pool) => {
+                let row = sqlx::query(sql)
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+                    .expect("fetch");
+                (0..row.len())
+                    .map(|i| row.try_get::<String, _>(i).expect("text column"))
+                    .collect()
+            }
+        }
+    }
+
+    /// Every row of `table` (every column, as text), ordered by `order_by`:
+    /// for comparing a database before and after something that must
+    /// change nothing.
+    pub async fn dump(&self, table: &str, order_by: &str) -> Vec<String> {
+        match self {
+            Raw::Pg(pool) => {
+                let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT to_jsonb(t)::text FROM {table} t ORDER BY {order_by}"
+                )))
+                .fetch_all(pool)
+                .await
+                .expect("dump");
+                rows.into_iter().map(|r| r.0).collect()
+            }
+            Raw::Lite(pool) => {
+                let columns: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+                )))
+                .fetch_all(pool)
+                .await
+                .expect("columns");
+                let quoted: Vec<String> =
+                    columns.iter().map(|(c,)| format!("quote({c})")).collect();
+                let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT json_array({}) FROM {table} ORDER BY {order_by}",
+                    quoted.join(", ")
+                )))
+                .fetch_all(pool)
+                .await
+                .expect("dump");
+                rows.into_iter().map(|r| r.0).collect()
+            }
+        }
+    }
+
+    /// Close the connections.
+    pub async fn close(&self) {
+        match self {
+            Raw::Pg(pool) => pool.close().await,
+            Raw::Lite(pool) => pool.close().await,
+        }
     }
 }
