@@ -147,6 +147,18 @@ pub fn parent_gone() -> impl Future<Output = ()> + Send + 'static {
 ///
 /// Errors: `/proc/<pid>/status` unreadable or without `VmHWM`.
 pub fn peak_rss_kib(pid: Option<u32>) -> Result<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// Current resident set size (`VmRSS`) of a process (`None`: this one), in KiB.
+///
+/// Errors: `/proc/<pid>/status` unreadable or without `VmRSS`.
+pub fn rss_kib(pid: Option<u32>) -> Result<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kib(pid: Option<u32>, field: &str) -> Result<u64> {
     let path = match pid {
         Some(pid) => PathBuf::from(format!("/proc/{pid}/status")),
         None => PathBuf::from("/proc/self/status"),
@@ -155,9 +167,9 @@ pub fn peak_rss_kib(pid: Option<u32>) -> Result<u64> {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow!("no VmHWM in {}", path.display()))
+        .ok_or_else(|| anyhow!("no {field} in {}", path.display()))
 }
 
 /// A program and the arguments that come before the role's flags.
@@ -485,6 +497,30 @@ impl Fleet {
             workers_kib: read(&self.workers)?,
             shared_process: false,
         })
+    }
+
+    /// Current RSS of every engine process (this process's own when
+    /// in-process), KiB.
+    ///
+    /// Errors: `/proc` unreadable.
+    pub fn current_rss(&self) -> Result<Vec<u64>> {
+        if self.launch == Launch::InProcess {
+            return Ok(vec![rss_kib(None)?]);
+        }
+        self.engines
+            .iter()
+            .filter_map(|m| match m {
+                Member::Process(proc) => Some(proc),
+                Member::Task(_) => None,
+            })
+            .map(|proc| {
+                let pid = proc
+                    .child
+                    .id()
+                    .ok_or_else(|| anyhow!("{} has already exited", proc.name))?;
+                rss_kib(Some(pid))
+            })
+            .collect()
     }
 
     /// Stops every worker, then every engine (child processes are killed).

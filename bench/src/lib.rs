@@ -18,6 +18,7 @@
 pub mod fake;
 pub mod fleet;
 pub mod pg;
+pub mod waits;
 pub mod workload;
 
 use std::collections::HashMap;

@@ -92,6 +92,13 @@ struct BenchArgs {
     /// Keep the database and the processes' logs afterwards.
     #[arg(long)]
     keep_database: bool,
+    /// Instead of the throughput run: the waiting-runs scenario. Submit this
+    /// many runs that wait for a signal (one engine, no worker), report the
+    /// engine's memory while they all wait, then signal them all and time
+    /// their completion. Uses --concurrency, --db-connections,
+    /// --database-url, --timeout-secs.
+    #[arg(long)]
+    waiting_runs: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -185,6 +192,26 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| ChildCommand::bench_role(&exe, "worker")),
         }
     };
+    if let Some(runs) = args.waiting_runs {
+        let config = belay_bench::waits::WaitsConfig {
+            runs,
+            concurrency: args.concurrency,
+            database_url: args.database_url,
+            engine_db_connections: args.db_connections,
+            timeout: Duration::from_secs(args.timeout_secs),
+            launch,
+            keep_database: args.keep_database,
+        };
+        println!(
+            "scenario: waiting runs (W={runs}, concurrency {})\n",
+            config.concurrency
+        );
+        let report = belay_bench::waits::run(&config).await?;
+        for line in report.lines() {
+            println!("{line}");
+        }
+        return Ok(());
+    }
     if !args.ceiling_secs.is_finite() || args.ceiling_secs < 0.0 {
         anyhow::bail!("--ceiling-secs must be a number of seconds, at least 0");
     }

@@ -13,6 +13,21 @@ pub const WORKFLOW: &str = "bench";
 /// The no-op tool's permission, granted to the tenant, the node and the caller.
 pub const PERMISSION: &str = "bench.noop";
 
+/// The waiting-runs scenario's workflow ([`crate::waits`]): wait for signal
+/// `go`, then complete with its payload. No agent, no tool, no worker.
+pub const WAIT_WORKFLOW: &str = r#"kind: workflow
+name: bench_wait
+nodes:
+  - id: wait
+    type: wait
+    signal: go
+    payload_schema: {type: object, required: [ok], properties: {ok: {type: boolean}}}
+    next: done
+  - id: done
+    type: succeed
+    output: "${ .nodes.wait.output.payload }"
+"#;
+
 /// Steps (model calls plus tool calls) of one run with `tool_steps` tool calls.
 pub fn steps_per_run(tool_steps: u32) -> u64 {
     2 * u64::from(tool_steps) + 1

@@ -24,6 +24,10 @@ use crate::store::{
     UncertainQuery, UncertainRow, Wake,
 };
 
+/// How long a claimed outbox row is left to its replica before another may
+/// take it, ms.
+pub const OUTBOX_LEASE_MS: i64 = 10_000;
+
 /// Most bytes accepted in a run input or a task result.
 pub const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
 
@@ -117,6 +121,8 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     tasks_ready: Notify,
     run_events: broadcast::Sender<Uuid>,
+    /// Outbox rows were written (here or by another replica).
+    outbox_ready: Notify,
 }
 
 /// A request to start a run.
@@ -230,6 +236,7 @@ impl Coordinator {
             store,
             config,
             tasks_ready: Notify::new(),
+            outbox_ready: Notify::new(),
             run_events,
         })
     }
@@ -283,6 +290,12 @@ impl Coordinator {
             agents: self
                 .store
                 .definition_names(tenant, "agent")
+                .await?
+                .into_iter()
+                .collect(),
+            workflows: self
+                .store
+                .definition_names(tenant, "workflow")
                 .await?
                 .into_iter()
                 .collect(),
@@ -1294,7 +1307,239 @@ impl Coordinator {
                 }
             })
         };
-        vec![listen, sweep]
+        let outbox = {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                let interval = Duration::from_millis(this.config.sweep_interval_ms.max(10));
+                loop {
+                    // Woken by the relay, and every sweep interval for rows
+                    // whose earlier attempt failed or whose wake-up was missed.
+                    let _ = tokio::time::timeout(interval, this.outbox_ready.notified()).await;
+                    loop {
+                        match this.process_outbox().await {
+                            Ok(0) => break,
+                            Ok(_) => continue,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "outbox processing failed");
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+        };
+        vec![listen, sweep, outbox]
+    }
+
+    /// Carry out due outbox rows (start child runs, tell parents their child
+    /// ended, cancel children). Each kind is idempotent, so a row done twice
+    /// (a replica died before marking it) changes nothing the second time.
+    /// Returns how many rows were claimed.
+    pub async fn process_outbox(&self) -> Result<usize, CoordinatorError> {
+        let rows = self
+            .store
+            .claim_outbox(32, OUTBOX_LEASE_MS)
+            .await
+            .map_err(CoordinatorError::Store)?;
+        let n = rows.len();
+        for row in rows {
+            let result = match row.kind.as_str() {
+                "start_child" => self.start_child(&row).await,
+                "child_finished" => self.deliver_child_end(&row).await,
+                "cancel_child" => self.cancel_child(&row).await,
+                other => Err(CoordinatorError::Store(StoreError::Corrupt(format!(
+                    "outbox row {} has unknown kind `{other}`",
+                    row.outbox_id
+                )))),
+            };
+            let error = result.err().map(|e| e.to_string());
+            if let Some(e) = &error {
+                tracing::warn!(outbox_id = %row.outbox_id, kind = %row.kind, attempt = row.attempts, error = %e, "outbox row failed; retried after its lease");
+            }
+            self.store
+                .finish_outbox(row.outbox_id, error.as_deref())
+                .await
+                .map_err(CoordinatorError::Store)?;
+        }
+        Ok(n)
+    }
+
+    /// `start_child`: create the child run (its id and idempotency key are
+    /// fixed, so a second attempt finds it). A workflow that cannot start
+    /// (not registered, input refused) is reported to the parent as a
+    /// failed child.
+    async fn start_child(&self, row: &crate::store::OutboxRow) -> Result<(), CoordinatorError> {
+        let p = &row.payload;
+        let field = |k: &str| {
+            p.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (tenant, call_id, workflow) = (field("tenant"), field("call_id"), field("workflow"));
+        let child_run_id = Uuid::parse_str(&field("child_run_id")).map_err(|e| {
+            CoordinatorError::Store(StoreError::Corrupt(format!("outbox child_run_id: {e}")))
+        })?;
+        let input = p.get("input").cloned().unwrap_or(Value::Null);
+        let parent = self
+            .store
+            .get_run(&tenant, row.run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::NotFound(format!("run {}", row.run_id)))?;
+        let parent_state = self.store.run_state(row.run_id).await?;
+        let sync = p.get("sync").and_then(Value::as_bool).unwrap_or(true);
+        let awaited = matches!(
+            parent_state.step.as_ref().map(|s| &s.kind),
+            Some(machine::StepKind::Child { child_run_id: c, .. }) if *c == child_run_id.to_string()
+        );
+        if sync && !awaited {
+            // The parent stopped waiting before the child started (it was
+            // cancelled, or gave up): starting it now would orphan it.
+            tracing::info!(parent = %row.run_id, child = %child_run_id, "child run not started: its parent no longer waits for it");
+            return Ok(());
+        }
+        let started = async {
+            let plan = self.resolve_plan(&tenant, &workflow).await?;
+            if let Some(schema) = &plan.workflow.def.input_schema {
+                definitions::validate_json(schema, &input).map_err(|errors| {
+                    CoordinatorError::InvalidArgument(format!(
+                        "input does not match workflow `{workflow}`'s input schema: {}",
+                        errors.join("; ")
+                    ))
+                })?;
+            }
+            let tenant_grants = self.store.tenant_grants(&tenant).await?;
+            let version = plan.workflow.version as i32;
+            let decision = machine::decide(
+                &machine::RunState::default(),
+                Input::Start {
+                    run_id: child_run_id.to_string(),
+                    tenant: tenant.clone(),
+                    caller: parent.caller.clone(),
+                    caller_grants: parent_state.caller_grants.clone(),
+                    tenant_grants,
+                    input: input.clone(),
+                    plan: Box::new(plan),
+                },
+            )?;
+            self.store
+                .create_child_run(
+                    child_run_id,
+                    &tenant,
+                    &workflow,
+                    version,
+                    &input,
+                    &format!("child:{}/{call_id}", row.run_id),
+                    &parent.caller,
+                    &decision,
+                    (row.run_id, &call_id),
+                )
+                .await?;
+            Ok::<_, CoordinatorError>(())
+        }
+        .await;
+        match started {
+            Ok(()) => {
+                tracing::info!(parent = %row.run_id, child = %child_run_id, workflow, "child run started");
+                Ok(())
+            }
+            // The child cannot run: the parent hears it as a failed child.
+            Err(
+                e @ (CoordinatorError::NotFound(_)
+                | CoordinatorError::FailedPrecondition(_)
+                | CoordinatorError::InvalidArgument(_)),
+            ) => {
+                let input = Input::ChildRunFinished {
+                    child_run_id: child_run_id.to_string(),
+                    status: "failed".into(),
+                    output: None,
+                    error: Some(format!("the child run could not start: {e}")),
+                };
+                self.store
+                    .transition(row.run_id, None, |state, _| {
+                        machine::decide(state, input).map_err(CoordinatorError::from)
+                    })
+                    .await?;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `child_finished`: tell the parent (a parent no longer waiting
+    /// ignores it).
+    async fn deliver_child_end(
+        &self,
+        row: &crate::store::OutboxRow,
+    ) -> Result<(), CoordinatorError> {
+        let p = &row.payload;
+        let parent = p
+            .get("parent_run_id")
+            .and_then(Value::as_str)
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .ok_or_else(|| {
+                CoordinatorError::Store(StoreError::Corrupt(format!(
+                    "outbox row {} has no parent_run_id",
+                    row.outbox_id
+                )))
+            })?;
+        let input = Input::ChildRunFinished {
+            child_run_id: row.run_id.to_string(),
+            status: p
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("failed")
+                .to_owned(),
+            output: p.get("output").cloned().filter(|v| !v.is_null()),
+            error: p.get("error").and_then(Value::as_str).map(str::to_owned),
+        };
+        self.store
+            .transition(parent, None, |state, _| {
+                machine::decide(state, input).map_err(CoordinatorError::from)
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// `cancel_child`: cancel the child unless it has ended already.
+    async fn cancel_child(&self, row: &crate::store::OutboxRow) -> Result<(), CoordinatorError> {
+        let p = &row.payload;
+        let child = p
+            .get("child_run_id")
+            .and_then(Value::as_str)
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .ok_or_else(|| {
+                CoordinatorError::Store(StoreError::Corrupt(format!(
+                    "outbox row {} has no child_run_id",
+                    row.outbox_id
+                )))
+            })?;
+        let reason = p
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("its parent cancelled it")
+            .to_owned();
+        let result = self
+            .store
+            .transition(child, None, |state, _| {
+                machine::decide(state, Input::Cancel { reason }).map_err(CoordinatorError::from)
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Ended already: nothing to cancel.
+            Err(TransitionError::Refused(CoordinatorError::FailedPrecondition(_))) => Ok(()),
+            // Not created (yet): its `start_child` row may still be in
+            // flight on another replica; look again a few times, after which
+            // it was surely never started (its parent stopped waiting first).
+            Err(TransitionError::Store(StoreError::NotFound(_))) if row.attempts < 4 => {
+                Err(CoordinatorError::FailedPrecondition(format!(
+                    "child run {child} does not exist yet"
+                )))
+            }
+            Err(TransitionError::Store(StoreError::NotFound(_))) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn listen_loop(&self) {
@@ -1313,10 +1558,12 @@ impl Coordinator {
 
     async fn listen_once(&self) -> Result<(), StoreError> {
         let tasks_ready = &self.tasks_ready;
+        let outbox_ready = &self.outbox_ready;
         let run_events = &self.run_events;
         self.store
             .listen(&mut |wake| match wake {
                 Wake::Tasks => tasks_ready.notify_waiters(),
+                Wake::Outbox => outbox_ready.notify_one(),
                 Wake::RunEvents(run) => {
                     let _ = run_events.send(run);
                 }

@@ -65,6 +65,8 @@ pub struct RegisteredNames {
     pub tools: BTreeSet<String>,
     /// Agent names.
     pub agents: BTreeSet<String>,
+    /// Workflow names.
+    pub workflows: BTreeSet<String>,
 }
 
 /// A name (or a reference to one) and where it is written.
@@ -110,6 +112,7 @@ pub fn parse_bundle(
     let mut workflows_declared: Vec<(&str, NameAt)> = Vec::new();
     let mut tool_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut agent_refs: Vec<(&str, NameAt)> = Vec::new();
+    let mut workflow_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut probe_refs: Vec<(&str, String, NameAt)> = Vec::new();
     let mut paths: BTreeSet<&str> = BTreeSet::new();
 
@@ -140,6 +143,7 @@ pub fn parse_bundle(
                 workflows_declared.extend(out.declared_workflows.into_iter().map(|n| (path, n)));
                 tool_refs.extend(out.tool_refs.into_iter().map(|n| (path, n)));
                 agent_refs.extend(out.agent_refs.into_iter().map(|n| (path, n)));
+                workflow_refs.extend(out.workflow_refs.into_iter().map(|n| (path, n)));
                 errors.extend(out.errors);
             }
             None => errors.push(DefinitionError::new(
@@ -155,7 +159,7 @@ pub fn parse_bundle(
 
     let tool_names = check_unique("tool", &tools_declared, &mut errors);
     let agent_names = check_unique("agent", &agents_declared, &mut errors);
-    check_unique("workflow", &workflows_declared, &mut errors);
+    let workflow_names = check_unique("workflow", &workflows_declared, &mut errors);
     for (file, r) in &tool_refs {
         if !tool_names.contains(r.name.as_str()) && !registered.tools.contains(&r.name) {
             errors.push(DefinitionError::new(
@@ -208,6 +212,20 @@ pub fn parse_bundle(
                 r.column,
                 format!(
                     "unknown agent `{}`: not declared in this bundle nor registered",
+                    r.name
+                ),
+            ));
+        }
+    }
+
+    for (file, r) in &workflow_refs {
+        if !workflow_names.contains(r.name.as_str()) && !registered.workflows.contains(&r.name) {
+            errors.push(DefinitionError::new(
+                file,
+                r.line,
+                r.column,
+                format!(
+                    "unknown workflow `{}`: not declared in this bundle nor registered",
                     r.name
                 ),
             ));
@@ -570,6 +588,7 @@ nodes:
         let registered = RegisteredNames {
             tools: BTreeSet::from(["old_tool".to_string()]),
             agents: BTreeSet::from(["old_agent".to_string()]),
+            workflows: BTreeSet::new(),
         };
         let bundle = parse_bundle(&files, &registered).unwrap();
         assert_eq!(bundle.agents[0].tools, ["old_tool"]);

@@ -188,6 +188,30 @@ pub enum NodeKind {
     Wait(WaitDef),
     /// Wait for a person's decision.
     Approval(ApprovalDef),
+    /// Run another workflow as a child run (same tenant; the caller's
+    /// grants carry over). `sync` waits for it and outputs its output;
+    /// `async` starts it and outputs `{"run_id"}` at once. Cancelling the
+    /// parent cancels a sync child.
+    Workflow {
+        /// Workflow name (its newest version when the child starts).
+        workflow: String,
+        /// The child's input; `None`: this node's input (the previous
+        /// node's output, or the run input).
+        #[serde(default)]
+        input: Option<Template>,
+        /// `sync` (default) or `async`.
+        #[serde(default)]
+        mode: ChildMode,
+        /// Give up on a sync child after this many ms (the child is cancelled).
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+        /// Node to go to on timeout; `None`: the run fails.
+        #[serde(default)]
+        on_timeout: Option<String>,
+        /// Node to go to when the child fails or is cancelled; `None`: the run fails.
+        #[serde(default)]
+        on_error: Option<String>,
+    },
     /// Go to the first case whose condition is true.
     Branch {
         /// Cases in order.
@@ -212,6 +236,17 @@ pub enum NodeKind {
         #[serde(default)]
         output: Option<Template>,
     },
+}
+
+/// How a parent waits for a child run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildMode {
+    /// Wait for the child to end; its output is the node's output.
+    #[default]
+    Sync,
+    /// Start the child and go on; the node's output is `{"run_id"}`.
+    Async,
 }
 
 /// One case of a `branch` node.
@@ -324,6 +359,18 @@ impl NodeDef {
                 }
                 if let Some(n) = &w.on_timeout {
                     out.push(("on_timeout", n));
+                }
+            }
+            NodeKind::Workflow {
+                on_timeout,
+                on_error,
+                ..
+            } => {
+                if let Some(n) = on_timeout {
+                    out.push(("on_timeout", n));
+                }
+                if let Some(n) = on_error {
+                    out.push(("on_error", n));
                 }
             }
             NodeKind::Approval(a) => {

@@ -15,8 +15,8 @@ use serde_saphyr::{MessageFormatter, Spanned};
 
 use super::expr::{Expr, Template};
 use super::model::{
-    AgentDef, ApprovalDef, BranchCase, Budget, LoopPolicy, NodeDef, NodeKind, WaitDef, WaitFor,
-    WorkflowDef,
+    AgentDef, ApprovalDef, BranchCase, Budget, ChildMode, LoopPolicy, NodeDef, NodeKind, WaitDef,
+    WaitFor, WorkflowDef,
 };
 use super::{DefinitionError, NameAt, check_name, check_permission, schema};
 
@@ -71,6 +71,18 @@ const APPROVAL_NODE_KEYS: &[&str] = &[
     "grants",
     "next",
 ];
+const WORKFLOW_NODE_KEYS: &[&str] = &[
+    "id",
+    "type",
+    "workflow",
+    "input",
+    "mode",
+    "timeout",
+    "on_timeout",
+    "on_error",
+    "grants",
+    "next",
+];
 const BRANCH_NODE_KEYS: &[&str] = &["id", "type", "cases", "default", "grants", "next"];
 const SET_NODE_KEYS: &[&str] = &["id", "type", "values", "grants", "next"];
 const FAIL_NODE_KEYS: &[&str] = &["id", "type", "error", "grants"];
@@ -83,8 +95,6 @@ const LIMIT_KEYS: &[&str] = &[
     "max_model_attempts",
     "max_tool_attempts",
 ];
-/// Node types of DESIGN.md that are not implemented yet.
-const PLANNED_NODE_TYPES: &[&str] = &["workflow"];
 
 /// What one YAML file yields.
 #[derive(Debug, Default)]
@@ -101,6 +111,8 @@ pub(super) struct YamlOutput {
     pub tool_refs: Vec<NameAt>,
     /// Agent names used by workflow nodes, to resolve against the bundle.
     pub agent_refs: Vec<NameAt>,
+    /// Workflow names used by `workflow` nodes, to resolve against the bundle.
+    pub workflow_refs: Vec<NameAt>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }
@@ -831,6 +843,56 @@ fn parse_node(item: &Node, cx: &mut Cx<'_>) -> ParsedNode {
             parse_wait(item, &mut map, &mut parsed.edges, cx),
             WAIT_NODE_KEYS,
         ),
+        "workflow" => {
+            let workflow = required(&mut map, "workflow", "a workflow node", cx)
+                .and_then(|n| name(n, "workflow", "workflow", cx));
+            if let Some(w) = &workflow {
+                cx.out.workflow_refs.push(w.clone());
+            }
+            let input = map
+                .get_present("input")
+                .and_then(|n| template(n, "input", cx));
+            let mode = match map.get_present("mode") {
+                None => Some(ChildMode::Sync),
+                Some(n) => match string(n, "mode", cx).as_deref() {
+                    Some("sync") => Some(ChildMode::Sync),
+                    Some("async") => Some(ChildMode::Async),
+                    Some(other) => {
+                        cx.error_at(
+                            n,
+                            format!("unknown mode `{other}` (expected `sync` or `async`)"),
+                        );
+                        None
+                    }
+                    None => None,
+                },
+            };
+            let timeout_ms = map
+                .get_present("timeout")
+                .and_then(|n| duration_ms(n, "timeout", cx));
+            let on_timeout = edge(&mut map, "on_timeout", &mut parsed.edges, cx);
+            let on_error = edge(&mut map, "on_error", &mut parsed.edges, cx);
+            if mode == Some(ChildMode::Async)
+                && (timeout_ms.is_some() || on_timeout.is_some() || on_error.is_some())
+            {
+                cx.error_at(
+                    item,
+                    "an `async` workflow node does not wait for its child: `timeout`, `on_timeout` and `on_error` apply to `sync` only",
+                );
+            }
+            let kind = match (workflow, mode) {
+                (Some(w), Some(mode)) => Some(NodeKind::Workflow {
+                    workflow: w.name,
+                    input,
+                    mode,
+                    timeout_ms,
+                    on_timeout,
+                    on_error,
+                }),
+                _ => None,
+            };
+            (kind, WORKFLOW_NODE_KEYS)
+        }
         "approval" => {
             let subject = required(&mut map, "subject", "an approval node", cx)
                 .and_then(|n| template(n, "subject", cx));
@@ -924,11 +986,9 @@ fn parse_node(item: &Node, cx: &mut Cx<'_>) -> ParsedNode {
         other => {
             // The keys of an unknown type are not known, so they are not
             // reported as unknown: the type error says all there is to say.
-            let message = if PLANNED_NODE_TYPES.contains(&other) {
-                format!("node type `{other}` is not supported yet")
-            } else {
+            let message = {
                 format!(
-                    "unknown node type `{other}` (expected one of: agent, tool, wait, approval, branch, set, fail, succeed)"
+                    "unknown node type `{other}` (expected one of: agent, tool, wait, approval, branch, workflow, set, fail, succeed)"
                 )
             };
             cx.error_at(type_node, message);
@@ -1603,7 +1663,7 @@ nodes:
                 "  - id: wait_docs\n    type: wait\n    duration: 7d\n  - id: x\n    type: teleport\n  - id: BadId\n    type: agent\n    agent: a\n  - type: agent\n    agent: a\n    retries: 3\n  - id: y\n  - just a string\n"
             )),
             vec![
-                "8:11: unknown node type `teleport` (expected one of: agent, tool, wait, approval, branch, set, fail, succeed)",
+                "8:11: unknown node type `teleport` (expected one of: agent, tool, wait, approval, branch, workflow, set, fail, succeed)",
                 "9:9: node id name `BadId` must be lower case letters, digits and `_`, starting with a letter",
                 "12:5: node is missing `id:`",
                 "14:5: unknown key `retries` in an agent node (expected one of: id, type, agent, input, grants, next)",

@@ -6,6 +6,8 @@
 
 use belay_proto::wire::{ToolUse, Usage};
 use serde::{Deserialize, Serialize};
+
+use crate::definitions::model::ChildMode;
 use serde_json::Value;
 
 use super::plan::RunPlan;
@@ -421,6 +423,41 @@ pub enum Event {
         #[serde(default)]
         timer: Option<TimerSpec>,
     },
+    /// A workflow node started a child run (created by the engine right
+    /// after this transition, exactly once: its id is derived from this
+    /// run's id and the call id).
+    ChildRunStarted {
+        /// Node id.
+        node: String,
+        /// Call id (`<node>.c1`).
+        call_id: String,
+        /// The child's run id.
+        child_run_id: String,
+        /// Workflow name.
+        workflow: String,
+        /// The child's input.
+        input: Value,
+        /// Whether the parent waits for it.
+        mode: ChildMode,
+        /// A timeout timer (sync only).
+        #[serde(default)]
+        timer: Option<TimerSpec>,
+    },
+    /// A sync child run ended.
+    ChildRunFinished {
+        /// Node id.
+        node: String,
+        /// The child's run id.
+        child_run_id: String,
+        /// `completed`, `failed` or `cancelled`.
+        status: String,
+        /// Its output, when completed.
+        #[serde(default)]
+        output: Option<Value>,
+        /// Why it failed or was cancelled.
+        #[serde(default)]
+        error: Option<String>,
+    },
     /// A person decided an approval.
     ApprovalDecided {
         /// Node id.
@@ -485,6 +522,8 @@ impl Event {
             Event::TimerFired { .. } => "timer_fired",
             Event::ApprovalRequested { .. } => "approval_requested",
             Event::ApprovalDecided { .. } => "approval_decided",
+            Event::ChildRunStarted { .. } => "child_run_started",
+            Event::ChildRunFinished { .. } => "child_run_finished",
             Event::RunCompleted { .. } => "run_completed",
             Event::RunFailed { .. } => "run_failed",
             Event::RunCancelled { .. } => "run_cancelled",

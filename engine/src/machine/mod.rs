@@ -26,7 +26,7 @@ pub use state::{CallStatus, RunState, RunStatus, StepKind, StepState};
 
 use crate::definitions::expr::Template;
 use crate::definitions::model::{
-    LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef, ToolDef, WaitDef, WaitFor,
+    ChildMode, LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef, ToolDef, WaitDef, WaitFor,
 };
 
 /// Kind of a task row.
@@ -66,6 +66,28 @@ pub enum TaskEnd {
 pub enum Command {
     /// Persist a timer; any engine replica fires it once it is due.
     ScheduleTimer(TimerSpec),
+    /// Create a child run (after this transition commits; exactly once: the
+    /// id is fixed) of `workflow` with `input`, for the tenant, caller and
+    /// caller grants of this run, linked to this run's `call_id`.
+    StartChildRun {
+        /// Call id in this run.
+        call_id: String,
+        /// The child's run id.
+        child_run_id: String,
+        /// Workflow name.
+        workflow: String,
+        /// Input.
+        input: Value,
+        /// Whether this run waits for the child's end.
+        sync: bool,
+    },
+    /// Cancel a child run (after this transition commits).
+    CancelChildRun {
+        /// The child's run id.
+        child_run_id: String,
+        /// Why.
+        reason: String,
+    },
     /// Delete a timer (fired, or no longer wanted).
     CancelTimer {
         /// Timer id.
@@ -309,6 +331,17 @@ pub enum Input {
         payload: Value,
         /// Who sent it.
         sent_by: String,
+    },
+    /// A child run ended (or could not start: `failed` with the reason).
+    ChildRunFinished {
+        /// The child's run id.
+        child_run_id: String,
+        /// `completed`, `failed` or `cancelled`.
+        status: String,
+        /// Its output, when completed.
+        output: Option<Value>,
+        /// Why it failed or was cancelled.
+        error: Option<String>,
     },
     /// A timer of the run is due.
     TimerFired {
@@ -635,6 +668,14 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 m.record_uncertain(&call_id, &call, attempt, why)?;
                 m.notify_uncertain(&call_id);
             }
+            if let Some(StepKind::Child { child_run_id, .. }) =
+                m.state.step.as_ref().map(|s| s.kind.clone())
+            {
+                m.command(Command::CancelChildRun {
+                    child_run_id,
+                    reason: format!("its parent run was cancelled: {reason}"),
+                });
+            }
             m.emit(Event::RunCancelled { reason });
             m.command(Command::CancelOpenTasks);
         }
@@ -663,6 +704,14 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         Input::TimerFired { timer_id } => {
             m.on_timer(&timer_id)?;
         }
+        Input::ChildRunFinished {
+            child_run_id,
+            status,
+            output,
+            error,
+        } => {
+            m.on_child_finished(child_run_id, status, output, error)?;
+        }
         Input::DecideApproval {
             node,
             approve,
@@ -676,6 +725,15 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
     }
     m.advance()?;
     Ok(m.out)
+}
+
+/// The run id of the child started by `call_id` of `run_id`: a UUID v5
+/// (RFC 9562) of `<run_id>/<call_id>` in Belay's namespace, so replaying the
+/// history, or starting the child twice, names the same run.
+pub fn child_run_id(run_id: &str, call_id: &str) -> String {
+    /// Belay's UUID v5 namespace (a fixed random UUID).
+    const NAMESPACE: uuid::Uuid = uuid::uuid!("6f1d3c1e-8a53-4c0e-9d3b-6b2a4f3e9c17");
+    uuid::Uuid::new_v5(&NAMESPACE, format!("{run_id}/{call_id}").as_bytes()).to_string()
 }
 
 /// `ms` as a human duration (`3days`, `1h 30m`), for status reasons.
@@ -1892,6 +1950,67 @@ impl Step {
                 self.schedule_node_tool(plan, &def, tool, args)?;
             }
             NodeKind::Wait(wait) => self.start_wait(&def, wait, &doc)?,
+            NodeKind::Workflow {
+                workflow,
+                input,
+                mode,
+                timeout_ms,
+                ..
+            } => {
+                let input = match input {
+                    Some(t) => match render(t, "input") {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.fail_run(e);
+                            return Ok(());
+                        }
+                    },
+                    None => match self.state.completed_nodes.last() {
+                        None => self.state.input.clone(),
+                        Some((_, output)) => output.clone(),
+                    },
+                };
+                self.emit(Event::NodeStarted {
+                    node: id.to_owned(),
+                    input: input.clone(),
+                });
+                let prefix = self.step_prefix(id);
+                let call_id = format!("{prefix}.c1");
+                let child_run_id = child_run_id(&self.state.run_id, &call_id);
+                let sync = *mode == ChildMode::Sync;
+                let timer = timeout_ms.filter(|_| sync).map(|ms| TimerSpec {
+                    timer_id: format!("{prefix}.timeout"),
+                    after_ms: Some(ms),
+                    at: None,
+                    purpose: TimerPurpose::Timeout,
+                });
+                self.emit(Event::ChildRunStarted {
+                    node: id.to_owned(),
+                    call_id: call_id.clone(),
+                    child_run_id: child_run_id.clone(),
+                    workflow: workflow.clone(),
+                    input: input.clone(),
+                    mode: *mode,
+                    timer: timer.clone(),
+                });
+                self.command(Command::StartChildRun {
+                    call_id,
+                    child_run_id: child_run_id.clone(),
+                    workflow: workflow.clone(),
+                    input,
+                    sync,
+                });
+                if let Some(timer) = timer {
+                    self.command(Command::ScheduleTimer(timer));
+                }
+                if !sync {
+                    self.emit(Event::NodeCompleted {
+                        node: id.to_owned(),
+                        output: json!({"run_id": child_run_id}),
+                        next: None,
+                    });
+                }
+            }
             NodeKind::Approval(approval) => {
                 let subject = match render(&approval.subject, "subject") {
                     Ok(v) => v,
@@ -2470,7 +2589,112 @@ impl Step {
                     }
                 }
             }
+            (
+                StepKind::Child {
+                    child_run_id,
+                    timer: Some(t),
+                },
+                NodeKind::Workflow {
+                    timeout_ms,
+                    on_timeout,
+                    ..
+                },
+            ) if t.timer_id == timer_id => {
+                self.emit(Event::TimerFired {
+                    node: step.id.clone(),
+                    timer_id: timer_id.to_owned(),
+                });
+                self.command(Command::CancelTimer {
+                    timer_id: timer_id.to_owned(),
+                });
+                let after = timeout_ms.map(show_ms).unwrap_or_default();
+                self.command(Command::CancelChildRun {
+                    child_run_id: child_run_id.clone(),
+                    reason: format!("its parent gave up waiting after {after}"),
+                });
+                match on_timeout {
+                    Some(next) => self.emit(Event::NodeCompleted {
+                        node: step.id.clone(),
+                        output: json!({"timed_out": true, "run_id": child_run_id}),
+                        next: Some(next.clone()),
+                    }),
+                    None => self.fail_run(format!(
+                        "node `{}`: child run {child_run_id} did not finish within {after}",
+                        step.id
+                    )),
+                }
+            }
             _ => stale(self),
+        }
+        Ok(())
+    }
+
+    /// A child run ended: a sync workflow node waiting for it goes on.
+    fn on_child_finished(
+        &mut self,
+        child_run_id: String,
+        status: String,
+        output: Option<Value>,
+        error: Option<String>,
+    ) -> Result<(), MachineError> {
+        if self.state.status.is_terminal() || self.state.status == RunStatus::New {
+            return Ok(()); // nothing waits for it any more
+        }
+        let Some(step) = self.state.step.clone() else {
+            return Ok(());
+        };
+        let StepKind::Child {
+            child_run_id: waited,
+            timer,
+        } = &step.kind
+        else {
+            return Ok(());
+        };
+        if waited != &child_run_id {
+            return Ok(()); // an earlier child (timed out), or an async one
+        }
+        let on_error = self
+            .plan()?
+            .workflow
+            .def
+            .nodes
+            .iter()
+            .find(|n| n.id == step.id)
+            .and_then(|n| match &n.kind {
+                NodeKind::Workflow { on_error, .. } => on_error.clone(),
+                _ => None,
+            });
+        self.emit(Event::ChildRunFinished {
+            node: step.id.clone(),
+            child_run_id: child_run_id.clone(),
+            status: status.clone(),
+            output: output.clone(),
+            error: error.clone(),
+        });
+        if let Some(t) = timer {
+            self.command(Command::CancelTimer {
+                timer_id: t.timer_id.clone(),
+            });
+        }
+        if status == "completed" {
+            self.emit(Event::NodeCompleted {
+                node: step.id.clone(),
+                output: output.unwrap_or(Value::Null),
+                next: None,
+            });
+        } else {
+            let why = error.unwrap_or_else(|| status.clone());
+            match on_error {
+                Some(next) => self.emit(Event::NodeCompleted {
+                    node: step.id.clone(),
+                    output: json!({"status": status, "error": why, "run_id": child_run_id}),
+                    next: Some(next),
+                }),
+                None => self.fail_run(format!(
+                    "node `{}`: child run {child_run_id} {status}: {why}",
+                    step.id
+                )),
+            }
         }
         Ok(())
     }

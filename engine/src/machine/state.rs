@@ -216,6 +216,13 @@ pub enum StepKind {
         /// Its timers.
         timers: Vec<TimerSpec>,
     },
+    /// A sync workflow node waiting for its child run.
+    Child {
+        /// The child's run id.
+        child_run_id: String,
+        /// Timeout timer.
+        timer: Option<TimerSpec>,
+    },
     /// An approval node waiting for a decision.
     Approval {
         /// Exactly what is to be approved.
@@ -749,6 +756,29 @@ impl RunState {
                     "node `{node}` waits for an approval by a holder of `{approver_grant}`"
                 ));
             }
+            Event::ChildRunStarted {
+                node,
+                child_run_id,
+                mode,
+                timer,
+                workflow,
+                ..
+            } => {
+                if *mode == crate::definitions::model::ChildMode::Sync {
+                    if let Some(step) = self.step.as_mut()
+                        && &step.id == node
+                    {
+                        step.kind = StepKind::Child {
+                            child_run_id: child_run_id.clone(),
+                            timer: timer.clone(),
+                        };
+                    }
+                    self.set_waiting(format!(
+                        "node `{node}` waits for child run {child_run_id} (workflow `{workflow}`)"
+                    ));
+                }
+            }
+            Event::ChildRunFinished { .. } => {}
             Event::ApprovalDecided {
                 node, approved, by, ..
             } => {
@@ -883,6 +913,10 @@ impl RunState {
             )),
             StepKind::Approval { approver_grant, .. } => Some(format!(
                 "node `{}` waits for an approval by a holder of `{approver_grant}`",
+                step.id
+            )),
+            StepKind::Child { child_run_id, .. } => Some(format!(
+                "node `{}` waits for child run {child_run_id}",
                 step.id
             )),
             _ => None,

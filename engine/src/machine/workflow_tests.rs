@@ -637,3 +637,130 @@ fn cancelling_a_waiting_run_ends_it() {
     });
     assert_eq!(run.state.status, RunStatus::Cancelled);
 }
+
+const PARENT: &str = r#"kind: workflow
+name: parent
+nodes:
+  - id: kyc
+    type: workflow
+    workflow: child
+    input: "${ {email: .input.email} }"
+    timeout: 1d
+    on_error: manual
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.kyc.output }"}
+  - {id: manual, type: succeed, output: "${ {manual: .nodes.kyc.output.error} }"}
+---
+kind: workflow
+name: child
+nodes:
+  - {id: only, type: succeed}
+"#;
+
+fn child_start(d: &Decision) -> (String, String, Value, bool) {
+    d.commands
+        .iter()
+        .find_map(|c| match c {
+            Command::StartChildRun {
+                call_id,
+                child_run_id,
+                input,
+                sync,
+                ..
+            } => Some((call_id.clone(), child_run_id.clone(), input.clone(), *sync)),
+            _ => None,
+        })
+        .expect("a child run is started")
+}
+
+#[test]
+fn a_sync_child_is_started_once_waited_for_and_its_output_is_the_nodes() {
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (call_id, child, input, sync) = child_start(&d);
+    assert_eq!(call_id, "kyc.c1");
+    assert!(sync);
+    assert_eq!(input, json!({"email": "a@x.io"}));
+    // The id is derived, so a replay (or a second start) names the same run.
+    assert_eq!(child, child_run_id("r1", "kyc.c1"));
+    assert_eq!(timers(&d)[0].timer_id, "kyc.timeout");
+    assert_eq!(run.state.status, RunStatus::Waiting);
+
+    // A report about another child changes nothing.
+    let other = run.step(Input::ChildRunFinished {
+        child_run_id: "not-mine".into(),
+        status: "completed".into(),
+        output: Some(json!(1)),
+        error: None,
+    });
+    assert!(other.events.is_empty());
+
+    let d = run.step(Input::ChildRunFinished {
+        child_run_id: child.clone(),
+        status: "completed".into(),
+        output: Some(json!({"kyc": "clear"})),
+        error: None,
+    });
+    assert_eq!(cancelled(&d), vec!["kyc.timeout"]);
+    assert_eq!(run.state.output, Some(json!({"kyc": "clear"})));
+    // A second report of the same end is ignored (the outbox is at least once).
+    let again = decide(
+        &run.state,
+        Input::ChildRunFinished {
+            child_run_id: child,
+            status: "completed".into(),
+            output: Some(json!({"kyc": "clear"})),
+            error: None,
+        },
+    )
+    .unwrap();
+    assert!(again.events.is_empty());
+}
+
+#[test]
+fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    run.step(Input::ChildRunFinished {
+        child_run_id: child,
+        status: "failed".into(),
+        output: None,
+        error: Some("no such person".into()),
+    });
+    assert_eq!(run.state.output, Some(json!({"manual": "no such person"})));
+
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let d = run.step(Input::TimerFired {
+        timer_id: "kyc.timeout".into(),
+    });
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
+    ));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state
+            .status_reason
+            .contains("did not finish within 1day"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn cancelling_a_parent_cancels_its_sync_child_and_an_async_child_does_not_block() {
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let d = run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
+    ));
+
+    let wf = "kind: workflow\nname: p\nnodes:\n  - {id: fire, type: workflow, workflow: c, mode: async}\n---\nkind: workflow\nname: c\nnodes:\n  - {id: x, type: succeed}\n";
+    let (run, d) = Run::start(wf, json!({}));
+    let (_, child, _, sync) = child_start(&d);
+    assert!(!sync);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"run_id": child})));
+}

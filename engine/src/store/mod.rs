@@ -318,6 +318,53 @@ pub enum Wake {
     Tasks,
     /// This run got new events.
     RunEvents(Uuid),
+    /// Outbox rows were written ([`Store::claim_outbox`]).
+    Outbox,
+}
+
+/// A row of `outbox`: work a transition asked for that belongs to another
+/// run, carried out after it committed, at least once.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxRow {
+    /// Id.
+    pub outbox_id: Uuid,
+    /// `start_child`, `child_finished` or `cancel_child`.
+    pub kind: String,
+    /// The run whose transition wrote it.
+    pub run_id: Uuid,
+    /// What to do (shape per kind).
+    pub payload: Value,
+    /// Claims so far (this one included).
+    pub attempts: i32,
+}
+
+/// Whether a decision ends its run (a terminal event).
+pub(crate) fn ends_run(decision: &Decision) -> bool {
+    decision.events.iter().any(|e| {
+        matches!(
+            e,
+            crate::machine::Event::RunCompleted { .. }
+                | crate::machine::Event::RunFailed { .. }
+                | crate::machine::Event::RunCancelled { .. }
+        )
+    })
+}
+
+/// The `child_finished` outbox payload of a child run that ended in state `after`.
+pub(crate) fn child_finished_payload(
+    tenant: &str,
+    parent: Uuid,
+    child: Uuid,
+    after: &RunState,
+) -> Value {
+    serde_json::json!({
+        "tenant": tenant,
+        "parent_run_id": parent,
+        "child_run_id": child,
+        "status": after.status.as_str(),
+        "output": after.output,
+        "error": if after.status_reason.is_empty() { None } else { Some(&after.status_reason) },
+    })
 }
 
 /// Which database a [`Store`] was opened on.
@@ -488,8 +535,49 @@ impl Store {
         decision: &Decision,
     ) -> Result<(RunRow, bool), StoreError> {
         on_backend!(self, b => b
-            .create_run(run_id, tenant, workflow, workflow_version, input, idempotency_key, caller, decision)
+            .create_run(run_id, tenant, workflow, workflow_version, input, idempotency_key, caller, decision, None)
             .await)
+    }
+
+    /// [`Store::create_run`] for a child run of `parent` (started by its
+    /// call `parent_call_id`): when the child ends, its parent is told
+    /// through the outbox.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_child_run(
+        &self,
+        run_id: Uuid,
+        tenant: &str,
+        workflow: &str,
+        workflow_version: i32,
+        input: &Value,
+        idempotency_key: &str,
+        caller: &str,
+        decision: &Decision,
+        parent: (Uuid, &str),
+    ) -> Result<(RunRow, bool), StoreError> {
+        on_backend!(self, b => b
+            .create_run(run_id, tenant, workflow, workflow_version, input, idempotency_key, caller, decision, Some(parent))
+            .await)
+    }
+
+    /// Claim up to `limit` due outbox rows for `lease_ms` (other replicas
+    /// skip them until then; an unfinished row is claimed again after it).
+    pub async fn claim_outbox(
+        &self,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        on_backend!(self, b => b.claim_outbox(limit, lease_ms).await)
+    }
+
+    /// Mark an outbox row done (`error` `None`), or record why this attempt
+    /// failed (it is claimed again when its lease ends).
+    pub async fn finish_outbox(
+        &self,
+        outbox_id: Uuid,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, b => b.finish_outbox(outbox_id, error).await)
     }
 
     /// One run of a tenant.

@@ -10,8 +10,9 @@ use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, RunRow, STATE_CACHE_RUNS,
-    StateCache, StoreError, Target, TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
+    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, OutboxRow, RunRow,
+    STATE_CACHE_RUNS, StateCache, StoreError, Target, TaskRow, TransitionError, UncertainQuery,
+    UncertainRow, Wake,
 };
 use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
 
@@ -79,7 +80,9 @@ impl Pg {
         listener.listen_all([TASKS_CHANNEL, EVENTS_CHANNEL]).await?;
         loop {
             let n = listener.recv().await?;
-            if n.channel() == TASKS_CHANNEL {
+            if n.channel() == TASKS_CHANNEL && n.payload() == "outbox" {
+                on_wake(Wake::Outbox);
+            } else if n.channel() == TASKS_CHANNEL {
                 on_wake(Wake::Tasks);
             } else if let Ok(run) = Uuid::parse_str(n.payload()) {
                 on_wake(Wake::RunEvents(run));
@@ -266,11 +269,13 @@ impl Pg {
         idempotency_key: &str,
         caller: &str,
         decision: &Decision,
+        parent: Option<(Uuid, &str)>,
     ) -> Result<(RunRow, bool), StoreError> {
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(
-            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller)
-             VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7)
+            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller,
+                               parent_run_id, parent_call_id)
+             VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9)
              ON CONFLICT (tenant, idempotency_key) DO NOTHING",
         )
         .bind(run_id)
@@ -280,6 +285,8 @@ impl Pg {
         .bind(input)
         .bind(idempotency_key)
         .bind(caller)
+        .bind(parent.map(|p| p.0))
+        .bind(parent.map(|p| p.1))
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -605,6 +612,52 @@ impl Pg {
             .await?)
     }
 
+    pub(crate) async fn claim_outbox(
+        &self,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "WITH due AS (
+                 SELECT outbox_id FROM outbox
+                 WHERE done_at IS NULL AND next_attempt_at <= belay_now()
+                 ORDER BY next_attempt_at, outbox_id
+                 LIMIT $1
+                 FOR UPDATE SKIP LOCKED)
+             UPDATE outbox o SET attempts = o.attempts + 1,
+                    next_attempt_at = belay_now() + $2::float8 * interval '1 millisecond'
+             FROM due WHERE o.outbox_id = due.outbox_id
+             RETURNING o.outbox_id, o.kind, o.run_id, o.payload, o.attempts",
+        )
+        .bind(limit)
+        .bind(lease_ms as f64)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn finish_outbox(
+        &self,
+        outbox_id: Uuid,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        match error {
+            None => sqlx::query(
+                "UPDATE outbox SET done_at = belay_now(), last_error = NULL WHERE outbox_id = $1",
+            )
+            .bind(outbox_id)
+            .execute(&self.pool)
+            .await?,
+            Some(e) => {
+                sqlx::query("UPDATE outbox SET last_error = $2 WHERE outbox_id = $1")
+                    .bind(outbox_id)
+                    .bind(e)
+                    .execute(&self.pool)
+                    .await?
+            }
+        };
+        Ok(())
+    }
+
     pub(crate) async fn end_orphan_task(
         &self,
         task_id: Uuid,
@@ -691,6 +744,23 @@ const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id,
     idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
     resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
 
+/// Write an outbox row (in the transition's transaction).
+async fn insert_outbox(
+    tx: &mut Transaction<'static, Postgres>,
+    run_id: Uuid,
+    kind: &str,
+    payload: &Value,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO outbox (outbox_id, kind, run_id, payload) VALUES ($1, $2, $3, $4)")
+        .bind(Uuid::now_v7())
+        .bind(kind)
+        .bind(run_id)
+        .bind(payload)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// An RFC 3339 time (the machine writes them; a bad one is treated as "now").
 fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     chrono::DateTime::parse_from_rfc3339(s)
@@ -762,6 +832,7 @@ async fn write_decision(
         .await?;
     }
     let mut notify_tasks = false;
+    let mut notify_outbox = false;
     for command in &decision.commands {
         match command {
             Command::ScheduleTask {
@@ -978,6 +1049,30 @@ async fn write_decision(
                     .execute(&mut **tx)
                     .await?;
             }
+            Command::StartChildRun {
+                call_id,
+                child_run_id,
+                workflow,
+                input,
+                sync,
+            } => {
+                let payload = serde_json::json!({
+                    "tenant": tenant, "call_id": call_id, "child_run_id": child_run_id,
+                    "workflow": workflow, "input": input, "sync": sync,
+                });
+                insert_outbox(tx, run_id, "start_child", &payload).await?;
+                notify_outbox = true;
+            }
+            Command::CancelChildRun {
+                child_run_id,
+                reason,
+            } => {
+                let payload = serde_json::json!({
+                    "tenant": tenant, "child_run_id": child_run_id, "reason": reason,
+                });
+                insert_outbox(tx, run_id, "cancel_child", &payload).await?;
+                notify_outbox = true;
+            }
             Command::CancelOpenTasks => {
                 sqlx::query(
                     "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = belay_now()
@@ -995,6 +1090,19 @@ async fn write_decision(
             .bind(run_id)
             .execute(&mut **tx)
             .await?;
+        // A child run that ends tells its parent (through the outbox).
+        if super::ends_run(decision) {
+            let parent: Option<(Option<Uuid>,)> =
+                sqlx::query_as("SELECT parent_run_id FROM runs WHERE run_id = $1")
+                    .bind(run_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            if let Some((Some(parent),)) = parent {
+                let payload = super::child_finished_payload(tenant, parent, run_id, after);
+                insert_outbox(tx, run_id, "child_finished", &payload).await?;
+                notify_outbox = true;
+            }
+        }
     }
     let new_seq = last_seq + decision.events.len() as i64;
     sqlx::query(
@@ -1010,6 +1118,12 @@ async fn write_decision(
     .await?;
     if notify_tasks {
         sqlx::query("SELECT pg_notify($1, '')")
+            .bind(TASKS_CHANNEL)
+            .execute(&mut **tx)
+            .await?;
+    }
+    if notify_outbox {
+        sqlx::query("SELECT pg_notify($1, 'outbox')")
             .bind(TASKS_CHANNEL)
             .execute(&mut **tx)
             .await?;

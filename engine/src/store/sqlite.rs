@@ -34,8 +34,8 @@ use uuid::Uuid;
 
 use super::{
     Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow,
-    NotificationStatus, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target, TaskRow,
-    TransitionError, UncertainQuery, UncertainRow, Wake,
+    NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target,
+    TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
 };
 use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
 
@@ -368,11 +368,13 @@ impl Lite {
         idempotency_key: &str,
         caller: &str,
         decision: &Decision,
+        parent: Option<(Uuid, &str)>,
     ) -> Result<(RunRow, bool), StoreError> {
         let mut tx = self.begin().await?;
         let inserted = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, {NOW}, {NOW})
+            "INSERT INTO runs (run_id, tenant, workflow, workflow_version, status, input, idempotency_key, caller,
+                               parent_run_id, parent_call_id, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, {NOW}, {NOW})
              ON CONFLICT (tenant, idempotency_key) DO NOTHING"
         )))
         .bind(run_id)
@@ -382,6 +384,8 @@ impl Lite {
         .bind(input)
         .bind(idempotency_key)
         .bind(caller)
+        .bind(parent.map(|p| p.0))
+        .bind(parent.map(|p| p.1))
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -561,6 +565,9 @@ impl Lite {
         if wakes.events {
             let _ = self.wake.send(Wake::RunEvents(run_id));
         }
+        if wakes.outbox {
+            let _ = self.wake.send(Wake::Outbox);
+        }
     }
 
     pub(crate) async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
@@ -695,6 +702,52 @@ impl Lite {
                 .fetch_one(&self.read)
                 .await?,
         )
+    }
+
+    pub(crate) async fn claim_outbox(
+        &self,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = {lease}
+             WHERE outbox_id IN (
+                 SELECT outbox_id FROM outbox
+                 WHERE done_at IS NULL AND next_attempt_at <= {NOW}
+                 ORDER BY next_attempt_at, outbox_id
+                 LIMIT ?1)
+             RETURNING outbox_id, kind, run_id, payload, attempts",
+            lease = now_plus_ms(2)
+        )))
+        .bind(limit)
+        .bind(lease_ms as f64)
+        .fetch_all(&self.write)
+        .await?)
+    }
+
+    pub(crate) async fn finish_outbox(
+        &self,
+        outbox_id: Uuid,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        match error {
+            None => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE outbox SET done_at = {NOW}, last_error = NULL WHERE outbox_id = ?1"
+                )))
+                .bind(outbox_id)
+                .execute(&self.write)
+                .await?
+            }
+            Some(e) => {
+                sqlx::query("UPDATE outbox SET last_error = ?2 WHERE outbox_id = ?1")
+                    .bind(outbox_id)
+                    .bind(e)
+                    .execute(&self.write)
+                    .await?
+            }
+        };
+        Ok(())
     }
 
     pub(crate) async fn end_orphan_task(
@@ -891,11 +944,32 @@ fn lock_file(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
     }
 }
 
+/// Write an outbox row (in the transition's transaction).
+async fn insert_outbox(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: Uuid,
+    kind: &str,
+    payload: &Value,
+) -> Result<(), StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO outbox (outbox_id, kind, run_id, payload, next_attempt_at, created_at)
+         VALUES (?1, ?2, ?3, ?4, {NOW}, {NOW})"
+    )))
+    .bind(Uuid::now_v7())
+    .bind(kind)
+    .bind(run_id)
+    .bind(payload)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// What to wake after a commit.
 #[derive(Debug, Clone, Copy, Default)]
 struct Wakes {
     tasks: bool,
     events: bool,
+    outbox: bool,
 }
 
 async fn load_state(
@@ -942,6 +1016,7 @@ async fn write_decision(
     let mut wakes = Wakes {
         tasks: false,
         events: !decision.events.is_empty(),
+        outbox: false,
     };
     for (i, event) in decision.events.iter().enumerate() {
         let payload = serde_json::to_value(event)
@@ -1200,6 +1275,30 @@ async fn write_decision(
                     .execute(&mut **tx)
                     .await?;
             }
+            Command::StartChildRun {
+                call_id,
+                child_run_id,
+                workflow,
+                input,
+                sync,
+            } => {
+                let payload = serde_json::json!({
+                    "tenant": tenant, "call_id": call_id, "child_run_id": child_run_id,
+                    "workflow": workflow, "input": input, "sync": sync,
+                });
+                insert_outbox(tx, run_id, "start_child", &payload).await?;
+                wakes.outbox = true;
+            }
+            Command::CancelChildRun {
+                child_run_id,
+                reason,
+            } => {
+                let payload = serde_json::json!({
+                    "tenant": tenant, "child_run_id": child_run_id, "reason": reason,
+                });
+                insert_outbox(tx, run_id, "cancel_child", &payload).await?;
+                wakes.outbox = true;
+            }
             Command::CancelOpenTasks => {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "UPDATE tasks SET status = 'cancelled', lease_expires_at = NULL, updated_at = {NOW}
@@ -1217,6 +1316,19 @@ async fn write_decision(
             .bind(run_id)
             .execute(&mut **tx)
             .await?;
+        // A child run that ends tells its parent (through the outbox).
+        if super::ends_run(decision) {
+            let parent: Option<(Option<Uuid>,)> =
+                sqlx::query_as("SELECT parent_run_id FROM runs WHERE run_id = ?1")
+                    .bind(run_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            if let Some((Some(parent),)) = parent {
+                let payload = super::child_finished_payload(tenant, parent, run_id, after);
+                insert_outbox(tx, run_id, "child_finished", &payload).await?;
+                wakes.outbox = true;
+            }
+        }
     }
     let new_seq = last_seq + decision.events.len() as i64;
     sqlx::query(sqlx::AssertSqlSafe(format!(
