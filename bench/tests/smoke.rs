@@ -97,3 +97,41 @@ async fn engine_and_worker_in_process() -> anyhow::Result<()> {
     assert!(report.peak_rss.shared_process);
     Ok(())
 }
+
+/// The waiting-runs scenario, small: five runs wait with no worker and no
+/// task row, then all complete on their signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_runs_hold_no_task_and_all_complete() -> anyhow::Result<()> {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_belay-bench"));
+    let config = belay_bench::waits::WaitsConfig {
+        runs: 5,
+        concurrency: 5,
+        database_url: std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        engine_db_connections: 4,
+        timeout: Duration::from_secs(60),
+        launch: Launch::Processes {
+            engine: ChildCommand::bench_role(&exe, "engine"),
+            worker: ChildCommand::bench_role(&exe, "worker"),
+        },
+        keep_database: false,
+    };
+    let report = belay_bench::waits::run(&config).await?;
+    assert_eq!(report.waiting, 5);
+    assert_eq!(report.tasks_while_waiting, 0);
+    assert_eq!(report.completed, 5);
+    assert!(
+        report.engine_rss_waiting_kib > 1024
+            && report.engine_peak_kib >= report.engine_rss_waiting_kib
+    );
+    let text = report.lines().join("\n");
+    for label in [
+        "waiting runs (W): 5",
+        "task rows while waiting: 0",
+        "engine RSS with W runs waiting: ",
+        "signal all W to all completed: ",
+    ] {
+        assert!(text.contains(label), "no `{label}` in\n{text}");
+    }
+    Ok(())
+}

@@ -243,6 +243,46 @@ enum RunCmd {
         #[arg(long)]
         operator: Option<String>,
     },
+    /// Send a signal to a run (for a `wait` node waiting for it; one sent
+    /// early is kept until the wait starts).
+    Signal {
+        /// Run id.
+        run_id: String,
+        /// Signal name, as in the wait node's `signal:`.
+        name: String,
+        /// Payload JSON, or @path to a JSON file (default: null).
+        #[arg(long, value_name = "JSON")]
+        payload: Option<String>,
+        /// The signal's id: sending the same id again is applied once
+        /// (default: a new UUID, printed, so a retry can reuse it).
+        #[arg(long, value_name = "ID")]
+        signal_id: Option<String>,
+        /// Who sends it (recorded; default: $BELAY_OPERATOR, else $USER).
+        #[arg(long = "from", value_name = "WHO")]
+        from: Option<String>,
+    },
+    /// Approve a waiting `approval` node, optionally with an edited subject.
+    Approve {
+        /// Run id.
+        run_id: String,
+        /// The approval node's id.
+        node: String,
+        /// The subject as approved (JSON, or @path to a JSON file), where
+        /// the node allows edits; default: the subject as requested.
+        #[arg(long, value_name = "JSON")]
+        edit: Option<String>,
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
+    /// Decline a waiting `approval` node.
+    Decline {
+        /// Run id.
+        run_id: String,
+        /// The approval node's id.
+        node: String,
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
     /// Lift an operator pause (a run with open uncertain outcomes stays paused).
     Resume {
         /// Run id.
@@ -254,6 +294,21 @@ enum RunCmd {
         #[arg(long)]
         operator: Option<String>,
     },
+}
+
+/// Who decides an approval, and why.
+#[derive(clap::Args)]
+struct DecisionArgs {
+    /// Why (recorded).
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// Who decides (recorded; default: $BELAY_OPERATOR, else $USER).
+    #[arg(long, value_name = "WHO")]
+    approver: Option<String>,
+    /// A permission the approver holds (repeatable); it must include the
+    /// node's `approver_grant`.
+    #[arg(long = "grant", value_name = "G")]
+    grants: Vec<String>,
 }
 
 /// Who the CLI acts as for run controls: `--operator`, else
@@ -425,7 +480,7 @@ fn read_input(input: &str) -> Result<Value, SdkError> {
 fn read_json(input: &str, flag: &str) -> Result<Value, SdkError> {
     let (what, text) = match input.strip_prefix('@') {
         Some(path) => (
-            path.to_owned(),
+            format!("{flag} (file {path})"),
             std::fs::read_to_string(path).map_err(|source| SdkError::Io {
                 path: path.into(),
                 source,
@@ -587,6 +642,64 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await?,
             as_json,
         ),
+        Cmd::Run(RunCmd::Signal {
+            run_id,
+            name,
+            payload,
+            signal_id,
+            from,
+        }) => {
+            let payload = match payload {
+                Some(text) => read_json(&text, "--payload")?,
+                None => Value::Null,
+            };
+            let signal_id = signal_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let (r, duplicate) = client
+                .signal(&run_id, &name, &signal_id, &payload, &operator_name(from))
+                .await?;
+            if as_json {
+                println!(
+                    "{}",
+                    json!({"signal_id": signal_id, "duplicate": duplicate, "run": run_json(&r)})
+                );
+            } else {
+                if duplicate {
+                    println!(
+                        "signal {name} {signal_id} was already delivered: applied once, not again"
+                    );
+                } else {
+                    println!("signal {name} delivered (signal id {signal_id})");
+                }
+                print_run(&r, as_json);
+            }
+        }
+        Cmd::Run(RunCmd::Approve {
+            run_id,
+            node,
+            edit,
+            decision,
+        }) => {
+            let edit = edit.map(|text| read_json(&text, "--edit")).transpose()?;
+            let r = decide(&client, &run_id, &node, true, edit.as_ref(), decision).await?;
+            if !as_json {
+                println!(
+                    "approved node {node}{}",
+                    if edit.is_some() { " with an edit" } else { "" }
+                );
+            }
+            print_run(&r, as_json);
+        }
+        Cmd::Run(RunCmd::Decline {
+            run_id,
+            node,
+            decision,
+        }) => {
+            let r = decide(&client, &run_id, &node, false, None, decision).await?;
+            if !as_json {
+                println!("declined node {node}");
+            }
+            print_run(&r, as_json);
+        }
         Cmd::Definitions(DefCmd::Register { paths }) => {
             let defs = client.register_paths(&paths).await?;
             for d in defs {
@@ -718,6 +831,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `DecideApproval` for `belay run approve` / `decline`.
+async fn decide(
+    client: &Client,
+    run_id: &str,
+    node: &str,
+    approve: bool,
+    edit: Option<&Value>,
+    decision: DecisionArgs,
+) -> Result<Run, SdkError> {
+    client
+        .decide_approval(
+            run_id,
+            node,
+            approve,
+            edit,
+            &operator_name(decision.approver),
+            decision.grants,
+            &decision.reason,
+        )
+        .await
 }
 
 /// A random-enough key for CLI-started runs (time + pid), without pulling in

@@ -89,6 +89,12 @@ impl From<MachineError> for CoordinatorError {
                 errors,
             },
             MachineError::InvalidSignal(msg) => CoordinatorError::InvalidArgument(msg),
+            MachineError::InvalidEdit { node, errors } => CoordinatorError::Unprocessable {
+                message: format!(
+                    "the edited subject does not match the `edits_schema` of node `{node}`"
+                ),
+                errors,
+            },
             MachineError::AlreadyDecided { .. } => CoordinatorError::Conflict(e.to_string()),
             MachineError::NotAllowed(msg) => CoordinatorError::PermissionDenied(msg),
             other => CoordinatorError::FailedPrecondition(other.to_string()),
@@ -1388,10 +1394,13 @@ impl Coordinator {
             .ok_or_else(|| CoordinatorError::NotFound(format!("run {}", row.run_id)))?;
         let parent_state = self.store.run_state(row.run_id).await?;
         let sync = p.get("sync").and_then(Value::as_bool).unwrap_or(true);
-        let awaited = matches!(
-            parent_state.step.as_ref().map(|s| &s.kind),
-            Some(machine::StepKind::Child { child_run_id: c, .. }) if *c == child_run_id.to_string()
-        );
+        // A cancelled (or failed) parent keeps its last step in the state,
+        // so its status is looked at too.
+        let awaited = !parent_state.status.is_terminal()
+            && matches!(
+                parent_state.step.as_ref().map(|s| &s.kind),
+                Some(machine::StepKind::Child { child_run_id: c, .. }) if *c == child_run_id.to_string()
+            );
         if sync && !awaited {
             // The parent stopped waiting before the child started (it was
             // cancelled, or gave up): starting it now would orphan it.

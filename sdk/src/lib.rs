@@ -368,6 +368,87 @@ impl Client {
             .ok_or_else(|| tonic::Status::internal("ResumeRun returned no run"))?)
     }
 
+    /// Send signal `name` to a run (`SignalRun`), for a `wait` node that
+    /// waits for it; a signal that comes before its wait is kept until the
+    /// wait starts. `signal_id` is the sender's id for this signal: sending
+    /// the same id again is applied once, and returns `true` as the second
+    /// value (a duplicate). `sent_by` is recorded in the event.
+    ///
+    /// Errors come back as [`SdkError::Status`]: `INVALID_ARGUMENT` when the
+    /// workflow waits for no such signal or the payload does not match the
+    /// wait's `payload_schema`, `NOT_FOUND` for an unknown run, and
+    /// `FAILED_PRECONDITION` when the run has ended.
+    pub async fn signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        signal_id: &str,
+        payload: &Value,
+        sent_by: &str,
+    ) -> Result<(Run, bool), SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .signal_run(v1::SignalRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                name: name.to_owned(),
+                signal_id: signal_id.to_owned(),
+                payload_json: payload.to_string(),
+                sent_by: sent_by.to_owned(),
+            })
+            .await?
+            .into_inner();
+        let run = resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("SignalRun returned no run"))?;
+        Ok((run, resp.duplicate))
+    }
+
+    /// Approve (`approve: true`) or decline the waiting `approval` node
+    /// `node` of a run (`DecideApproval`). `edited_subject` (with an
+    /// approval, where the node has `allow_edits: true`) replaces the subject
+    /// as approved and must match the node's `edits_schema`; `None` approves
+    /// the subject as requested. `approver` and `reason` are recorded;
+    /// `approver_grants` are the approver's permissions and must include the
+    /// node's `approver_grant`.
+    ///
+    /// Errors come back as [`SdkError::Status`]: `PERMISSION_DENIED` without
+    /// the grant (or with an edit the node does not allow), `ABORTED` when
+    /// the node was already decided (the message names who decided),
+    /// `FAILED_PRECONDITION` when the node is not waiting for a decision,
+    /// `INVALID_ARGUMENT` for an edit that does not match `edits_schema`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn decide_approval(
+        &self,
+        run_id: &str,
+        node: &str,
+        approve: bool,
+        edited_subject: Option<&Value>,
+        approver: &str,
+        approver_grants: Vec<String>,
+        reason: &str,
+    ) -> Result<Run, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .decide_approval(v1::DecideApprovalRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                node: node.to_owned(),
+                approve,
+                edited_subject_json: edited_subject.map(Value::to_string).unwrap_or_default(),
+                approver: approver.to_owned(),
+                approver_grants,
+                reason: reason.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("DecideApproval returned no run"))?)
+    }
+
     /// Cancel a run.
     pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<Run, SdkError> {
         let resp = self
@@ -443,6 +524,36 @@ fn short(value: &Value, limit: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// A timer of a `wait_started` / `approval_requested` event: `id in 3d`
+/// or `id at <time>`.
+fn timer_text(t: &Value) -> String {
+    let id = t.get("timer_id").map(|v| short(v, 60)).unwrap_or_default();
+    match (
+        t.get("after_ms").and_then(Value::as_u64),
+        t.get("at").and_then(Value::as_str),
+    ) {
+        (Some(ms), _) => format!("{id} in {}", duration_text(ms)),
+        (None, Some(at)) => format!("{id} at {at}"),
+        _ => id,
+    }
+}
+
+/// `259200000` → `3d`, `5400000` → `90m`, `1500` → `1500ms`: the largest
+/// unit that divides the duration.
+fn duration_text(ms: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    UNITS
+        .iter()
+        .find(|(unit, _)| ms > 0 && ms.is_multiple_of(*unit))
+        .map(|(unit, name)| format!("{}{name}", ms / unit))
+        .unwrap_or_else(|| format!("{ms}ms"))
 }
 
 /// One readable line for an event: seq, kind, and the fields that matter
@@ -584,10 +695,106 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("result"),
             s("discrepancy")
         ),
-        "node_completed" => format!("node={} output={}", s("node"), s("output")),
+        "node_completed" => match p.get("next").and_then(Value::as_str) {
+            Some(next) => format!("node={} output={} next={next}", s("node"), s("output")),
+            None => format!("node={} output={}", s("node"), s("output")),
+        },
+        "wait_started" => {
+            let timers: Vec<String> = p
+                .get("timers")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(timer_text).collect())
+                .unwrap_or_default();
+            format!(
+                "node={} signals={} timers=[{}]",
+                s("node"),
+                s("signals"),
+                timers.join(", ")
+            )
+        }
+        "signal_received" => format!(
+            "{} id={} from={} payload={}",
+            s("name"),
+            s("signal_id"),
+            s("sent_by"),
+            s("payload")
+        ),
+        "signal_consumed" => format!("node={} signal_id={}", s("node"), s("signal_id")),
+        "timer_fired" => format!("node={} timer={}", s("node"), s("timer_id")),
+        "approval_requested" => format!(
+            "node={} subject={} approver_grant={} allow_edits={}{}",
+            s("node"),
+            s("subject"),
+            s("approver_grant"),
+            s("allow_edits"),
+            match p.get("timer") {
+                Some(t) if !t.is_null() => format!(" timer={}", timer_text(t)),
+                _ => String::new(),
+            }
+        ),
+        "approval_decided" => format!(
+            "node={} {} by={} edited={} subject={} reason={}",
+            s("node"),
+            if p.get("approved").and_then(Value::as_bool) == Some(true) {
+                "approved"
+            } else {
+                "declined"
+            },
+            s("by"),
+            s("edited"),
+            s("subject"),
+            s("reason")
+        ),
         "run_completed" => format!("output={}", s("output")),
         "run_failed" => format!("error={}", s("error")),
         _ => short(&p, 200),
     };
     format!("{:>4}  {:<27} {}", event.seq, event.kind, detail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: &str, payload: Value) -> RunEvent {
+        RunEvent {
+            seq: 7,
+            kind: kind.to_owned(),
+            payload_json: payload.to_string(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn durations_use_the_largest_unit_that_divides_them() {
+        assert_eq!(duration_text(3 * 86_400_000), "3d");
+        assert_eq!(duration_text(90 * 60_000), "90m");
+        assert_eq!(duration_text(1_500), "1500ms");
+        assert_eq!(duration_text(0), "0ms");
+    }
+
+    #[test]
+    fn waits_and_approvals_have_readable_timeline_lines() {
+        let line = timeline_line(&event(
+            "wait_started",
+            serde_json::json!({"node": "documents", "signals": ["documents_received"],
+                "timers": [{"timer_id": "documents.w2", "after_ms": 259_200_000u64, "purpose": {"kind": "entry", "entry": 1}}]}),
+        ));
+        assert!(
+            line.ends_with(
+                "node=documents signals=[\"documents_received\"] timers=[documents.w2 in 3d]"
+            ),
+            "{line}"
+        );
+        let line = timeline_line(&event(
+            "approval_decided",
+            serde_json::json!({"node": "approve", "approved": true, "by": "grace", "reason": "ok", "subject": {"plan": "pro"}, "edited": true}),
+        ));
+        assert!(
+            line.ends_with(
+                "node=approve approved by=grace edited=true subject={\"plan\":\"pro\"} reason=ok"
+            ),
+            "{line}"
+        );
+    }
 }

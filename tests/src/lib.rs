@@ -181,6 +181,39 @@ impl TestDb {
         }
     }
 
+    /// Move the engine's clock forward by `ms` (the offset in
+    /// `belay_clock`, as `Store::advance_clock` does), for every engine on
+    /// this database, running or not: leases, retry delays and timers are
+    /// judged by it, and events are stamped with it.
+    pub async fn advance_clock(&self, ms: i64) -> Result<()> {
+        let updated = match self.backend {
+            DbBackend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await?;
+                let done =
+                    sqlx::query("UPDATE belay_clock SET offset_ms = offset_ms + $1 WHERE id = 1")
+                        .bind(ms)
+                        .execute(&pool)
+                        .await?;
+                pool.close().await;
+                done.rows_affected()
+            }
+            DbBackend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await?;
+                let done =
+                    sqlx::query("UPDATE belay_clock SET offset_ms = offset_ms + ?1 WHERE id = 1")
+                        .bind(ms)
+                        .execute(&pool)
+                        .await?;
+                pool.close().await;
+                done.rows_affected()
+            }
+        };
+        if updated != 1 {
+            bail!("belay_clock has no row 1 (are the migrations applied?)");
+        }
+        Ok(())
+    }
+
     /// Drop the database (terminating leftover connections) or remove the
     /// SQLite file.
     pub async fn drop_db(&self) -> Result<()> {
@@ -462,6 +495,29 @@ impl Env {
         Ok(())
     }
 
+    /// SIGKILL engine `i` and leave it down (its ports stay recorded, for
+    /// [`Env::start_engine_again`]).
+    pub async fn kill_engine(&mut self, i: usize) -> Result<()> {
+        self.engines[i].kill().await
+    }
+
+    /// Start engine `i` again (after [`Env::kill_engine`]) on its gRPC and
+    /// admin ports, replacing it.
+    pub async fn start_engine_again(&mut self, i: usize) -> Result<()> {
+        let port = self.engines[i].port()?;
+        let admin_port = self.engines[i]
+            .admin_url()
+            .rsplit(':')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .ok();
+        let new = self.start_engine_on(Some(port), admin_port).await?;
+        let proc = self.engines.remove(new);
+        self.engines[i] = proc;
+        Ok(())
+    }
+
     /// Start a worker connected to engine `engine`.
     pub async fn start_worker(&mut self, engine: usize) -> Result<usize> {
         let id = format!("worker{}", self.workers.len());
@@ -557,6 +613,60 @@ impl Env {
         Ok(seen)
     }
 
+    /// Watch a run (through engine `engine`) until its `n`-th event of
+    /// `kind` (counting from its first event) or the end of the run; returns
+    /// the events seen. Fails after `timeout`, or when the run ends first.
+    pub async fn wait_for_nth(
+        &self,
+        engine: usize,
+        run_id: &str,
+        kind: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<RunEvent>> {
+        let client = self.client(engine)?;
+        let mut seen: Vec<RunEvent> = Vec::new();
+        let count = |seen: &[RunEvent]| seen.iter().filter(|e| e.kind == kind).count();
+        let fut = async {
+            let mut after = 0;
+            // A watch stream breaks when an engine is killed: resume from the last seq.
+            loop {
+                let mut found = count(&seen);
+                let result = client
+                    .watch(run_id, after, |e| {
+                        seen.push(e.clone());
+                        if e.kind == kind {
+                            found += 1;
+                        }
+                        found >= n || belay_sdk::is_final_event(&e.kind)
+                    })
+                    .await;
+                if let Some(last) = seen.last() {
+                    after = last.seq;
+                    if count(&seen) >= n || belay_sdk::is_final_event(&last.kind) {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                }
+                if result.is_err() {
+                    tokio::time::sleep(Duration::from_millis(100)).await; // engine restarting
+                }
+            }
+        };
+        tokio::time::timeout(timeout, fut).await.map_err(|_| {
+            anyhow!(
+                "run {run_id}: no `{kind}` #{n} within {timeout:?}; saw {:?}",
+                seen.iter().map(|e| e.kind.clone()).collect::<Vec<_>>()
+            )
+        })??;
+        if count(&seen) < n {
+            bail!(
+                "run {run_id} ended before `{kind}` #{n}; saw {:?}",
+                seen.iter().map(|e| e.kind.clone()).collect::<Vec<_>>()
+            );
+        }
+        Ok(seen)
+    }
+
     /// Every event of a run, as JSON payloads, checked gapless from 1.
     pub async fn events(&self, run_id: &str) -> Result<Vec<Value>> {
         let events = self.client(0)?.events(run_id, 0).await?;
@@ -630,7 +740,9 @@ impl Env {
                 .await?;
         }
         let worker = self.start_worker(0).await?;
-        let run_id = self.start_onboarding(0, "onboarding", email, key).await?;
+        let run_id = self
+            .start_onboarding(0, "onboarding_express", email, key)
+            .await?;
         self.crm_wait("/accounts", 1).await?;
         self.workers[worker].kill().await?;
         self.start_worker(0).await?;

@@ -221,7 +221,7 @@ async fn stop_cleanly(dev: &mut Proc) -> Result<()> {
 async fn onboarding_completes_on_belay_dev_and_the_data_survives_a_clean_stop() -> Result<()> {
     let mut env = dev_env().await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "dev@example.com", "dev-1")
+        .start_onboarding(0, "onboarding_express", "dev@example.com", "dev-1")
         .await?;
     env.wait_for(0, &run_id, "run_completed", T).await?;
     let events = assert_completed_once_without_repeats(&env, &run_id).await?;
@@ -258,7 +258,7 @@ async fn belay_dev_killed_while_a_create_is_held_resumes_on_the_same_file_withou
     // and the process that dispatched it never learns so.
     env.crm_fault("/accounts", "hold_after_effect", 1).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "held@example.com", "dev-2")
+        .start_onboarding(0, "onboarding_express", "held@example.com", "dev-2")
         .await?;
     env.crm_wait("/accounts", 1).await?;
     env.engines[0].kill().await?;

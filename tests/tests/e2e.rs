@@ -13,7 +13,7 @@ async fn onboarding_run_completes_with_a_gapless_timeline(backend: DbBackend) ->
     let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "new@example.com", "k1")
+        .start_onboarding(0, "onboarding_express", "new@example.com", "k1")
         .await?;
     let seen = env.wait_for(0, &run_id, "run_completed", T).await?;
     assert_eq!(seen.last().map(|e| e.kind.as_str()), Some("run_completed"));
@@ -161,7 +161,7 @@ async fn engine_killed_mid_run_resumes_without_duplicates(backend: DbBackend) ->
     .await?;
     env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "kill-engine@example.com", "ke")
+        .start_onboarding(0, "onboarding_express", "kill-engine@example.com", "ke")
         .await?;
     env.wait_for(0, &run_id, "tool_call_dispatched", T).await?;
     env.restart_engine(0).await?;
@@ -191,7 +191,7 @@ async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key(
         .await?;
     env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "idem@example.com", "ki")
+        .start_onboarding(0, "onboarding_express", "idem@example.com", "ki")
         .await?;
     env.crm_wait("/customers/lookup", 1).await?;
     env.workers[0].kill().await?;
@@ -258,7 +258,7 @@ async fn two_engines_and_two_workers_complete_every_run_exactly_once() -> Result
             engine,
             env.start_onboarding(
                 engine,
-                "onboarding",
+                "onboarding_express",
                 &format!("u{i}@example.com"),
                 &format!("many-{i}"),
             )
@@ -377,7 +377,7 @@ async fn the_cli_starts_watches_and_lists_runs(backend: DbBackend) -> Result<()>
     let out = cli(&[
         "run",
         "start",
-        "onboarding",
+        "onboarding_express",
         "--input",
         r#"{"email":"cli@example.com","name":"C"}"#,
         "--idempotency-key",
@@ -430,7 +430,7 @@ async fn watching_past_the_end_returns_and_sigterm_ends_open_watches(
     let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let done = env
-        .start_onboarding(0, "onboarding", "w@example.com", "w1")
+        .start_onboarding(0, "onboarding_express", "w@example.com", "w1")
         .await?;
     let seen = env.wait_for(0, &done, "run_completed", T).await?;
     let last = seen.last().map(|e| e.seq).unwrap_or_default();
@@ -447,7 +447,7 @@ async fn watching_past_the_end_returns_and_sigterm_ends_open_watches(
     // SIGTERM must still stop the engine promptly.
     env.workers[0].kill().await?;
     let open = env
-        .start_onboarding(0, "onboarding", "w2@example.com", "w2")
+        .start_onboarding(0, "onboarding_express", "w2@example.com", "w2")
         .await?;
     let watcher = tokio::spawn({
         let client = env.client(0)?;

@@ -84,7 +84,7 @@ async fn a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome(
         .await?;
     env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "late@example.com", "p3")
+        .start_onboarding(0, "onboarding_express", "late@example.com", "p3")
         .await?;
     env.crm_wait("/accounts", 1).await?;
     // Freeze the worker: no heartbeats, so its lease expires mid-call.
@@ -257,7 +257,7 @@ async fn an_engine_restart_finds_a_dispatched_reconcile_call_without_a_result(
         .await?;
     env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "restart@example.com", "p6")
+        .start_onboarding(0, "onboarding_express", "restart@example.com", "p6")
         .await?;
     env.crm_wait("/accounts", 1).await?;
     // Everything dies after dispatch, before the result is written.
@@ -293,7 +293,7 @@ async fn a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on(
     env.crm_fault("/accounts", "hang_before_effect", 2).await?;
     env.start_worker(0).await?;
     let run_id = env
-        .start_onboarding(0, "onboarding", "twice@example.com", "p7")
+        .start_onboarding(0, "onboarding_express", "twice@example.com", "p7")
         .await?;
     for n in 1..=2 {
         env.crm_wait("/accounts", n).await?;

@@ -448,6 +448,14 @@ pub enum MachineError {
         /// Seq of the decision event.
         seq: u64,
     },
+    /// An approver's edit does not match the node's `edits_schema`.
+    #[error("the edited subject does not match the `edits_schema` of node `{node}`: {}", .errors.join("; "))]
+    InvalidEdit {
+        /// Node id.
+        node: String,
+        /// Each violation.
+        errors: Vec<String>,
+    },
     /// The caller may not do this (an approver without the node's grant).
     #[error("{0}")]
     NotAllowed(String),
@@ -685,12 +693,13 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             payload,
             sent_by,
         } => {
+            if m.state.signal_ids.contains(&signal_id) {
+                // Applied once already (even if the run has ended since: a
+                // sender retrying after a lost reply is told it arrived).
+                return Ok(m.out);
+            }
             if m.state.status.is_terminal() || m.state.status == RunStatus::New {
                 return Err(m.wrong_status(&format!("signal `{name}`")));
-            }
-            if m.state.signal_ids.contains(&signal_id) {
-                // Applied once already: nothing to write.
-                return Ok(m.out);
             }
             m.check_signal(&name, &payload)?;
             m.emit(Event::SignalReceived {
@@ -2709,9 +2718,6 @@ impl Step {
         grants: Vec<String>,
         reason: String,
     ) -> Result<(), MachineError> {
-        if self.state.status.is_terminal() || self.state.status == RunStatus::New {
-            return Err(self.wrong_status(&format!("decide node `{node}`")));
-        }
         let waiting = self
             .state
             .step
@@ -2732,6 +2738,8 @@ impl Step {
                 _ => None,
             });
         let Some((subject, approver_grant, allow_edits, timer)) = waiting else {
+            // A second decision is told about the first, even after the
+            // run has ended.
             if let Some(d) = self.state.decided.get(&node) {
                 return Err(MachineError::AlreadyDecided {
                     node,
@@ -2739,6 +2747,9 @@ impl Step {
                     approved: d.approved,
                     seq: d.seq,
                 });
+            }
+            if self.state.status.is_terminal() || self.state.status == RunStatus::New {
+                return Err(self.wrong_status(&format!("decide node `{node}`")));
             }
             return Err(MachineError::NotWaiting(format!(
                 "node `{node}` is not waiting for a decision"
@@ -2780,10 +2791,7 @@ impl Step {
                 if let Some(schema) = &approval.edits_schema
                     && let Err(errors) = crate::definitions::validate_json(schema, &edit)
                 {
-                    return Err(MachineError::InvalidResult {
-                        tool: format!("node `{node}` (edits_schema)"),
-                        errors,
-                    });
+                    return Err(MachineError::InvalidEdit { node, errors });
                 }
                 let edited = edit != subject;
                 (edit, edited)

@@ -712,6 +712,8 @@ impl Store {
 
     /// Close every connection; later calls fail with
     /// [`StoreError::Database`]. For shutdown (and tests of an outage).
+    /// SQLite: the file's engine lock goes with the connections, so another
+    /// store may open it afterwards.
     pub async fn close(&self) {
         on_backend!(self, b => b.close().await)
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -40,10 +40,26 @@ impl Pg {
     ///
     /// Errors: [`StoreError::Database`] when the database is unreachable.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pg, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        // One plain connection first: an unreachable server, a refused login
+        // or a missing database is reported as itself, at once, instead of
+        // as a pool timeout after 10 s.
+        let probe = tokio::time::timeout(
+            Duration::from_secs(10),
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::Config(format!(
+                "PostgreSQL at {} did not answer within 10 s",
+                shown_url(url)
+            ))
+        })??;
+        sqlx::Connection::close(probe).await?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .connect_with(options)
             .await?;
         Ok(Pg {
             pool,
@@ -744,6 +760,22 @@ const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id,
     idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
     resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
 
+/// A database URL without its password, for messages.
+fn shown_url(url: &str) -> String {
+    match split_credentials(url) {
+        Some((scheme, rest)) => format!("{scheme}://{rest}"),
+        None => "the configured URL".to_owned(),
+    }
+}
+
+/// `(scheme, host-and-path)` of `scheme://[user[:password]@]host…`, the
+/// credentials dropped.
+fn split_credentials(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    Some((scheme, rest))
+}
+
 /// Write an outbox row (in the transition's transaction).
 async fn insert_outbox(
     tx: &mut Transaction<'static, Postgres>,
@@ -1104,18 +1136,23 @@ async fn write_decision(
             }
         }
     }
-    let new_seq = last_seq + decision.events.len() as i64;
-    sqlx::query(
-        "UPDATE runs SET status = $2, status_reason = $3, output = $4, last_seq = $5, updated_at = belay_now()
-         WHERE run_id = $1",
-    )
-    .bind(run_id)
-    .bind(after.status.as_str())
-    .bind(&after.status_reason)
-    .bind(after.output.as_ref())
-    .bind(new_seq)
-    .execute(&mut **tx)
-    .await?;
+    // The run row is a projection of the events: a decision without any
+    // (a duplicate signal, a stale timer, a repeated child report) leaves
+    // it as it is, `updated_at` included.
+    if !decision.events.is_empty() {
+        let new_seq = last_seq + decision.events.len() as i64;
+        sqlx::query(
+            "UPDATE runs SET status = $2, status_reason = $3, output = $4, last_seq = $5, updated_at = belay_now()
+             WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .bind(after.status.as_str())
+        .bind(&after.status_reason)
+        .bind(after.output.as_ref())
+        .bind(new_seq)
+        .execute(&mut **tx)
+        .await?;
+    }
     if notify_tasks {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(TASKS_CHANNEL)

@@ -88,8 +88,9 @@ pub(crate) struct Lite {
     states: Arc<Mutex<StateCache>>,
     /// Wake-ups, sent after commit.
     wake: broadcast::Sender<Wake>,
-    /// The exclusive lock on `<file>.lock`, held while any clone lives.
-    _lock: Option<Arc<std::fs::File>>,
+    /// The exclusive lock on `<file>.lock`, held while any clone lives and
+    /// the store is not closed.
+    lock: Arc<Mutex<Option<std::fs::File>>>,
 }
 
 impl Lite {
@@ -143,7 +144,7 @@ impl Lite {
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_with(options)
                 .await?;
-            (write, read, Some(Arc::new(lock)))
+            (write, read, Some(lock))
         };
         let (wake, _) = broadcast::channel(1024);
         Ok(Lite {
@@ -151,7 +152,7 @@ impl Lite {
             read,
             states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
             wake,
-            _lock: lock,
+            lock: Arc::new(Mutex::new(lock)),
         })
     }
 
@@ -676,6 +677,12 @@ impl Lite {
     pub(crate) async fn close(&self) {
         self.write.close().await;
         self.read.close().await;
+        // No connection is left, so another engine may open the file now
+        // (a restart in the same process, as after a crash in another).
+        self.lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
     }
 
     pub(crate) async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
@@ -1330,17 +1337,22 @@ async fn write_decision(
             }
         }
     }
-    let new_seq = last_seq + decision.events.len() as i64;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE runs SET status = ?2, status_reason = ?3, output = ?4, last_seq = ?5, updated_at = {NOW}
-         WHERE run_id = ?1"
-    )))
-    .bind(run_id)
-    .bind(after.status.as_str())
-    .bind(&after.status_reason)
-    .bind(after.output.as_ref())
-    .bind(new_seq)
-    .execute(&mut **tx)
-    .await?;
+    // The run row is a projection of the events: a decision without any
+    // (a duplicate signal, a stale timer, a repeated child report) leaves
+    // it as it is, `updated_at` included.
+    if !decision.events.is_empty() {
+        let new_seq = last_seq + decision.events.len() as i64;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE runs SET status = ?2, status_reason = ?3, output = ?4, last_seq = ?5, updated_at = {NOW}
+             WHERE run_id = ?1"
+        )))
+        .bind(run_id)
+        .bind(after.status.as_str())
+        .bind(&after.status_reason)
+        .bind(after.output.as_ref())
+        .bind(new_seq)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(wakes)
 }

@@ -7,15 +7,23 @@
 //!   ([`SEEDED_CUSTOMERS`]).
 //! - `POST /accounts` `{email, name, plan}` → `201 {account_id}`; `plan` may be
 //!   left out ([`DEFAULT_PLAN`]).
-//! - `POST /emails/welcome` `{email, account_id}` → `200 {message_id}`, or `404`
-//!   if the account does not exist.
+//! - `POST /emails/welcome` `{email, account_id, plan?}` → `200 {message_id}`,
+//!   or `404` if the account does not exist. The email names `plan` when given
+//!   (the plan an approver approved, which may differ from the account's).
+//! - `POST /emails/reminder` `{email, account_id, reminder?}` → `200
+//!   {message_id}` (`rem_NNNNNN`), or `404` if the account does not exist:
+//!   "please upload your documents", `reminder` counting from 1.
+//! - `POST /kyc/checks` `{account_id, email, name, files}` → `200 {check_id,
+//!   status}`, or `404` if the account does not exist. `status` is `review`
+//!   when `files` is empty or the email's local part contains `+review`
+//!   ([`kyc_status`]), else `clear`.
 //! - `GET /accounts/by-idempotency-key/{key}` → `200 {account_id, ...}` or
 //!   `404 {"error": "not_found"}`: a read-only lookup to reconcile an uncertain
 //!   account creation.
 //!
-//! `POST /accounts` and `POST /emails/welcome` honour an `Idempotency-Key`
-//! header: a repeated key with the same request returns the first response and
-//! has no second effect; a repeated key with a different request is refused with
+//! Every `POST` except the lookup honours an `Idempotency-Key` header: a
+//! repeated key with the same request returns the first response and has no
+//! second effect; a repeated key with a different request is refused with
 //! `409`, since it means the caller reused a key for another call. Requests
 //! without the header are never deduplicated, so a double dispatch shows up as
 //! two accounts.
@@ -34,7 +42,7 @@
 //!   see [`FaultAction`].
 //!   A fault path ending in `*` matches every path with that prefix.
 //! - `POST /_release`: answer the requests held by `hold_after_effect`.
-//! - `GET /_state`: the accounts and emails created ([`CrmSnapshot`]).
+//! - `GET /_state`: the accounts, emails and KYC checks ([`CrmSnapshot`]).
 //!
 //! A request is recorded, its fault chosen and its effect applied in one
 //! critical section, and only then are `/_wait` callers woken: when `/_wait`
@@ -79,6 +87,8 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 const ACCOUNTS: &str = "/accounts";
 const LOOKUP: &str = "/customers/lookup";
 const WELCOME: &str = "/emails/welcome";
+const REMINDER: &str = "/emails/reminder";
+const KYC: &str = "/kyc/checks";
 const BY_KEY_PREFIX: &str = "/accounts/by-idempotency-key/";
 
 /// One service request as received, for `GET /_requests`.
@@ -127,9 +137,50 @@ pub struct WelcomeEmail {
     pub email: String,
     /// The account welcomed.
     pub account_id: String,
+    /// The plan the email names, if the request gave one.
+    #[serde(default)]
+    pub plan: Option<String>,
     /// The `Idempotency-Key` of the sending request, if any.
     pub idempotency_key: Option<String>,
     /// The `seq` of the sending request.
+    pub request_seq: u64,
+}
+
+/// A reminder to upload documents, sent by `POST /emails/reminder`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReminderEmail {
+    /// `rem_NNNNNN`, sequential.
+    pub message_id: String,
+    /// The recipient.
+    pub email: String,
+    /// The account.
+    pub account_id: String,
+    /// Which reminder this is for the account, from 1 (as the caller says).
+    pub reminder: u64,
+    /// The `Idempotency-Key` of the sending request, if any.
+    pub idempotency_key: Option<String>,
+    /// The `seq` of the sending request.
+    pub request_seq: u64,
+}
+
+/// An identity check run by `POST /kyc/checks`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KycCheck {
+    /// `kyc_NNNNNN`, sequential.
+    pub check_id: String,
+    /// The account checked.
+    pub account_id: String,
+    /// The customer's email.
+    pub email: String,
+    /// The customer's name.
+    pub name: String,
+    /// The documents checked.
+    pub files: Vec<String>,
+    /// `clear` or `review` ([`kyc_status`]).
+    pub status: String,
+    /// The `Idempotency-Key` of the request, if any.
+    pub idempotency_key: Option<String>,
+    /// The `seq` of the request.
     pub request_seq: u64,
 }
 
@@ -140,6 +191,12 @@ pub struct CrmSnapshot {
     pub accounts: Vec<Account>,
     /// Welcome emails, in sending order.
     pub emails: Vec<WelcomeEmail>,
+    /// Document reminders, in sending order.
+    #[serde(default)]
+    pub reminders: Vec<ReminderEmail>,
+    /// KYC checks, in order.
+    #[serde(default)]
+    pub kyc_checks: Vec<KycCheck>,
 }
 
 /// What a fault does to a request. Every faulted request is recorded.
@@ -212,8 +269,12 @@ struct Inner {
     requests: Vec<RecordedRequest>,
     accounts: Vec<Account>,
     emails: Vec<WelcomeEmail>,
+    reminders: Vec<ReminderEmail>,
+    kyc_checks: Vec<KycCheck>,
     account_keys: HashMap<String, Keyed>,
     email_keys: HashMap<String, Keyed>,
+    reminder_keys: HashMap<String, Keyed>,
+    kyc_keys: HashMap<String, Keyed>,
     /// Armed faults, oldest first; a request consumes the first matching one.
     faults: Vec<Fault>,
 }
@@ -314,6 +375,8 @@ impl CrmState {
         CrmSnapshot {
             accounts: inner.accounts.clone(),
             emails: inner.emails.clone(),
+            reminders: inner.reminders.clone(),
+            kyc_checks: inner.kyc_checks.clone(),
         }
     }
 
@@ -488,7 +551,7 @@ impl Inner {
             }
             return self.account_by_key(encoded);
         }
-        let known = [LOOKUP, ACCOUNTS, WELCOME];
+        let known = [LOOKUP, ACCOUNTS, WELCOME, REMINDER, KYC];
         if !known.contains(&path) {
             return Reply::error(
                 StatusCode::NOT_FOUND,
@@ -512,6 +575,8 @@ impl Inner {
         match path {
             LOOKUP => lookup_customer(&body),
             ACCOUNTS => self.create_account(seq, key, &body),
+            REMINDER => self.send_reminder(seq, key, &body),
+            KYC => self.check_kyc(seq, key, &body),
             _ => self.send_welcome(seq, key, &body),
         }
     }
@@ -562,38 +627,147 @@ impl Inner {
     }
 
     fn send_welcome(&mut self, seq: u64, key: Option<&str>, body: &Value) -> Reply {
-        let fields = required_string(body, "email")
-            .and_then(|email| Ok((email, required_string(body, "account_id")?)));
-        let (email, account_id) = match fields {
+        let fields = required_string(body, "email").and_then(|email| {
+            let account_id = required_string(body, "account_id")?;
+            let plan = match body.get("plan") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(required_string(body, "plan")?),
+            };
+            Ok((email, account_id, plan))
+        });
+        let (email, account_id, plan) = match fields {
             Ok(fields) => fields,
             Err(reply) => return reply,
         };
-        let request = json!({"email": email, "account_id": account_id});
+        let mut request = json!({"email": email, "account_id": account_id});
+        if let Some(plan) = &plan {
+            request["plan"] = json!(plan);
+        }
         if let Some(reply) = replay(&self.email_keys, key, &request, WELCOME) {
             return reply;
         }
-        if !self
-            .accounts
-            .iter()
-            .any(|account| account.account_id == account_id)
-        {
-            return Reply::error(
-                StatusCode::NOT_FOUND,
-                "account_not_found",
-                format!("no account {account_id}"),
-            );
+        if let Some(reply) = self.unknown_account(&account_id) {
+            return reply;
         }
         let message_id = format!("msg_{:06}", self.emails.len() + 1);
         self.emails.push(WelcomeEmail {
             message_id: message_id.clone(),
             email: email.clone(),
             account_id: account_id.clone(),
+            plan,
             idempotency_key: key.map(str::to_owned),
             request_seq: seq,
         });
         let reply = Reply::ok(json!({"message_id": message_id}));
         if let Some(key) = key {
             self.email_keys.insert(
+                key.to_owned(),
+                Keyed {
+                    request,
+                    reply: reply.clone(),
+                },
+            );
+        }
+        reply
+    }
+
+    /// `404 account_not_found` unless `account_id` exists.
+    fn unknown_account(&self, account_id: &str) -> Option<Reply> {
+        let known = self
+            .accounts
+            .iter()
+            .any(|account| account.account_id == account_id);
+        (!known).then(|| {
+            Reply::error(
+                StatusCode::NOT_FOUND,
+                "account_not_found",
+                format!("no account {account_id}"),
+            )
+        })
+    }
+
+    fn send_reminder(&mut self, seq: u64, key: Option<&str>, body: &Value) -> Reply {
+        let fields = required_string(body, "email").and_then(|email| {
+            let account_id = required_string(body, "account_id")?;
+            let reminder = match body.get("reminder") {
+                None | Some(Value::Null) => 1,
+                Some(value) => value.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                    Reply::error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_field",
+                        format!("field `reminder` must be a whole number from 1, got {value}"),
+                    )
+                })?,
+            };
+            Ok((email, account_id, reminder))
+        });
+        let (email, account_id, reminder) = match fields {
+            Ok(fields) => fields,
+            Err(reply) => return reply,
+        };
+        let request = json!({"email": email, "account_id": account_id, "reminder": reminder});
+        if let Some(reply) = replay(&self.reminder_keys, key, &request, REMINDER) {
+            return reply;
+        }
+        if let Some(reply) = self.unknown_account(&account_id) {
+            return reply;
+        }
+        let message_id = format!("rem_{:06}", self.reminders.len() + 1);
+        self.reminders.push(ReminderEmail {
+            message_id: message_id.clone(),
+            email,
+            account_id,
+            reminder,
+            idempotency_key: key.map(str::to_owned),
+            request_seq: seq,
+        });
+        let reply = Reply::ok(json!({"message_id": message_id}));
+        if let Some(key) = key {
+            self.reminder_keys.insert(
+                key.to_owned(),
+                Keyed {
+                    request,
+                    reply: reply.clone(),
+                },
+            );
+        }
+        reply
+    }
+
+    fn check_kyc(&mut self, seq: u64, key: Option<&str>, body: &Value) -> Reply {
+        let fields = required_string(body, "account_id").and_then(|account_id| {
+            let email = required_string(body, "email")?;
+            let name = required_string(body, "name")?;
+            let files = string_list(body, "files")?;
+            Ok((account_id, email, name, files))
+        });
+        let (account_id, email, name, files) = match fields {
+            Ok(fields) => fields,
+            Err(reply) => return reply,
+        };
+        let request =
+            json!({"account_id": account_id, "email": email, "name": name, "files": files});
+        if let Some(reply) = replay(&self.kyc_keys, key, &request, KYC) {
+            return reply;
+        }
+        if let Some(reply) = self.unknown_account(&account_id) {
+            return reply;
+        }
+        let check_id = format!("kyc_{:06}", self.kyc_checks.len() + 1);
+        let status = kyc_status(&email, &files);
+        self.kyc_checks.push(KycCheck {
+            check_id: check_id.clone(),
+            account_id,
+            email,
+            name,
+            files,
+            status: status.to_owned(),
+            idempotency_key: key.map(str::to_owned),
+            request_seq: seq,
+        });
+        let reply = Reply::ok(json!({"check_id": check_id, "status": status}));
+        if let Some(key) = key {
+            self.kyc_keys.insert(
                 key.to_owned(),
                 Keyed {
                     request,
@@ -676,6 +850,41 @@ fn lookup_customer(body: &Value) -> Reply {
             Reply::ok(json!({"found": true, "customer_id": customer_id, "name": name}))
         }
         None => Reply::ok(json!({"found": false})),
+    }
+}
+
+/// The outcome of a KYC check: `review` when no documents came or the
+/// email's local part contains `+review` (so a test or a demo can ask for
+/// one), else `clear`.
+pub fn kyc_status(email: &str, files: &[String]) -> &'static str {
+    let local = email.split('@').next().unwrap_or_default();
+    if files.is_empty() || local.contains("+review") {
+        "review"
+    } else {
+        "clear"
+    }
+}
+
+/// A required field holding a list of strings.
+fn string_list(body: &Value, field: &str) -> Result<Vec<String>, Reply> {
+    let invalid = || {
+        Reply::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+            format!("field `{field}` must be a list of strings"),
+        )
+    };
+    match body.get(field) {
+        None | Some(Value::Null) => Err(Reply::error(
+            StatusCode::BAD_REQUEST,
+            "missing_field",
+            format!("missing field `{field}`"),
+        )),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_owned).ok_or_else(invalid))
+            .collect(),
+        Some(_) => Err(invalid()),
     }
 }
 

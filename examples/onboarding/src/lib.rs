@@ -9,10 +9,11 @@
 //!   server. Which answer it gives depends only on the request (the number of
 //!   assistant messages already in it), so a retried model call gets the same
 //!   answer.
-//! - [`crm_server`]: the CRM behind the example's three tools (look up a
-//!   customer, create an account, send a welcome email), with idempotency keys
-//!   and injectable faults (hang or fail before or after the side effect) so
-//!   tests can reproduce every row of the engine's repeat-safety table.
+//! - [`crm_server`]: the CRM behind the example's tools (look up a customer,
+//!   create an account, send reminder and welcome emails, check identity
+//!   documents), with idempotency keys and injectable faults (hang or fail
+//!   before or after the side effect) so tests can reproduce every row of the
+//!   engine's repeat-safety table.
 //!
 //! Both run in-process ([`model_server::serve_model_server`],
 //! [`crm_server::serve_crm_server`]) or as the `scripted-model` and `crm-server`
@@ -31,7 +32,12 @@ pub use model_server::{ModelServerState, Script, serve_model_server};
 /// embedded so the model server binary works from any directory.
 pub const ONBOARDING_SCRIPT: &str = include_str!("../script.yaml");
 
-/// Model name of the happy-path onboarding script.
+/// Model name of the intake agent's script (the `onboarding` workflow):
+/// look the customer up, create the account, answer with its id.
+pub const INTAKE_MODEL: &str = "scripted-intake";
+
+/// Model name of the one-agent onboarding script (the `onboarding_express`
+/// workflow): look up, create the account, send the welcome email.
 pub const ONBOARDING_MODEL: &str = "scripted-onboarding";
 
 /// Model name of the script that first proposes three calls the engine must

@@ -1,5 +1,6 @@
 //! The `scripted-model` and `crm-server` binaries as separate processes: the
-//! one stdout line with the address, serving, flags, and stopping on SIGTERM.
+//! one stdout line with the address, serving, flags, and stopping on SIGTERM;
+//! and the `onboarding` runner end to end.
 
 #![allow(missing_docs)]
 
@@ -172,4 +173,60 @@ async fn scripted_model_binary_refuses_a_bad_script_without_announcing() {
     assert!(!output.status.success());
     assert!(output.stdout.is_empty());
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read script"));
+}
+
+/// Runs the `onboarding` runner (in-memory SQLite) with `args`.
+async fn onboarding(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_onboarding"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run onboarding");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn onboarding_runner_plays_documents_reminder_and_approval_to_completion() {
+    let (status, stdout, stderr) = onboarding(&["--approved-plan", "enterprise"]).await;
+    assert!(status.success(), "{stdout}\n{stderr}");
+    for expected in [
+        "wait_started",
+        "timer_fired                 node=documents timer=documents.w2",
+        "send_reminder_email",
+        "signal_received",
+        "a duplicate, applied once",
+        "kyc_check",
+        "approval_requested",
+        "approval_decided",
+        "node=welcome input={\"account_id\":\"acct_000001\",\"email\":\"margaret@example.com\",\"plan\":\"enterprise\"}",
+        "run_completed",
+        "status: completed",
+        "1 reminder(s), 1 KYC check(s), 1 welcome email(s) (plan enterprise)",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} missing:\n{stdout}");
+    }
+    assert_eq!(stdout.matches("signal_received").count(), 1, "{stdout}");
+}
+
+#[tokio::test]
+async fn onboarding_runner_exits_non_zero_when_kyc_asks_for_a_review() {
+    let (status, stdout, stderr) = onboarding(&[
+        "--email",
+        "m+review@example.com",
+        "--days-without-documents",
+        "0",
+    ])
+    .await;
+    assert!(!status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("status: failed"), "{stdout}");
+    assert!(stdout.contains("needs a manual review"), "{stdout}");
+    assert!(stdout.contains("0 reminder(s)"), "{stdout}");
 }

@@ -198,6 +198,92 @@ async fn welcome_email_needs_an_existing_account_and_honours_keys() {
 }
 
 #[tokio::test]
+async fn welcome_email_names_the_plan_when_given() {
+    let crm = start_crm().await;
+    let (_, created) = post(&crm.url, "/accounts", None, ALICE).await;
+    let account_id = created["account_id"].as_str().expect("id");
+    let email =
+        json!({"email": "alice@example.com", "account_id": account_id, "plan": "enterprise"})
+            .to_string();
+    let (status, _) = post(&crm.url, "/emails/welcome", Some("w1"), &email).await;
+    assert_eq!(status, 200);
+    // The same key without the plan is another request.
+    let plain = json!({"email": "alice@example.com", "account_id": account_id}).to_string();
+    let (status, body) = post(&crm.url, "/emails/welcome", Some("w1"), &plain).await;
+    assert_eq!(status, 409, "{body}");
+    let (_, state) = get(&crm.url, "/_state").await;
+    assert_eq!(state["emails"][0]["plan"], "enterprise");
+    crm.stop().await;
+}
+
+#[tokio::test]
+async fn reminders_need_an_existing_account_and_honour_keys() {
+    let crm = start_crm().await;
+    let (_, created) = post(&crm.url, "/accounts", None, ALICE).await;
+    let account_id = created["account_id"].as_str().expect("id");
+    let reminder =
+        json!({"email": "alice@example.com", "account_id": account_id, "reminder": 2}).to_string();
+    let (status, sent) = post(&crm.url, "/emails/reminder", Some("r1"), &reminder).await;
+    assert_eq!((status, &sent), (200, &json!({"message_id": "rem_000001"})));
+    let (status, again) = post(&crm.url, "/emails/reminder", Some("r1"), &reminder).await;
+    assert_eq!((status, again), (200, sent));
+    let unknown = r#"{"email": "alice@example.com", "account_id": "acct_999999"}"#;
+    let (status, body) = post(&crm.url, "/emails/reminder", None, unknown).await;
+    assert_eq!((status, &body["error"]), (404, &json!("account_not_found")));
+    let zeroth = json!({"email": "a@b.c", "account_id": account_id, "reminder": 0}).to_string();
+    let (status, body) = post(&crm.url, "/emails/reminder", None, &zeroth).await;
+    assert_eq!((status, &body["error"]), (400, &json!("invalid_field")));
+    let (_, state) = get(&crm.url, "/_state").await;
+    let reminders = state["reminders"].as_array().expect("reminders");
+    assert_eq!(reminders.len(), 1);
+    assert_eq!(reminders[0]["reminder"], 2);
+    assert_eq!(reminders[0]["idempotency_key"], "r1");
+    crm.stop().await;
+}
+
+#[tokio::test]
+async fn kyc_checks_are_clear_unless_documents_are_missing_or_review_is_asked_for() {
+    let crm = start_crm().await;
+    let (_, created) = post(&crm.url, "/accounts", None, ALICE).await;
+    let account_id = created["account_id"].as_str().expect("id");
+    let check = |email: &str, files: Value| {
+        json!({"account_id": account_id, "email": email, "name": "Alice", "files": files})
+            .to_string()
+    };
+    let clear = check("alice@example.com", json!(["passport.pdf"]));
+    let (status, first) = post(&crm.url, "/kyc/checks", Some("k1"), &clear).await;
+    assert_eq!(
+        (status, &first),
+        (200, &json!({"check_id": "kyc_000001", "status": "clear"}))
+    );
+    let (status, again) = post(&crm.url, "/kyc/checks", Some("k1"), &clear).await;
+    assert_eq!((status, again), (200, first));
+    let (_, none) = post(
+        &crm.url,
+        "/kyc/checks",
+        None,
+        &check("alice@example.com", json!([])),
+    )
+    .await;
+    assert_eq!(none["status"], "review");
+    let asked = check("alice+review@example.com", json!(["passport.pdf"]));
+    let (_, asked) = post(&crm.url, "/kyc/checks", None, &asked).await;
+    assert_eq!(asked["status"], "review");
+    let (status, body) = post(
+        &crm.url,
+        "/kyc/checks",
+        None,
+        &check("alice@example.com", json!("passport.pdf")),
+    )
+    .await;
+    assert_eq!((status, &body["error"]), (400, &json!("invalid_field")));
+    let (_, state) = get(&crm.url, "/_state").await;
+    assert_eq!(state["kyc_checks"].as_array().map(Vec::len), Some(3));
+    assert_eq!(state["kyc_checks"][0]["files"], json!(["passport.pdf"]));
+    crm.stop().await;
+}
+
+#[tokio::test]
 async fn bad_requests_are_400_with_a_json_error() {
     let crm = start_crm().await;
     let cases = [

@@ -7,7 +7,7 @@
 
 mod common;
 
-use belay_example_onboarding::{ONBOARDING_MODEL, REFUSALS_MODEL};
+use belay_example_onboarding::{INTAKE_MODEL, ONBOARDING_MODEL, REFUSALS_MODEL};
 use common::{client, start_crm, start_onboarding_model};
 use serde_json::{Value, json};
 
@@ -123,6 +123,26 @@ async fn onboarding_script_onboards_a_customer() {
     );
     let turns: Vec<Option<usize>> = model.state.requests().iter().map(|r| r.turn).collect();
     assert_eq!(turns, [Some(0), Some(1), Some(2), Some(3)]);
+    model.stop().await;
+    crm.stop().await;
+}
+
+#[tokio::test]
+async fn intake_script_creates_the_account_and_answers_its_id() {
+    let model = start_onboarding_model().await;
+    let crm = start_crm().await;
+    let input = json!({"email": "new@example.com", "name": "New Person", "plan": "pro"});
+    let (answer, calls, refusals) = run(&model.url, &crm.url, INTAKE_MODEL, &input).await;
+    assert_eq!(calls, 3);
+    assert!(refusals.is_empty());
+    let state = crm.state.snapshot();
+    assert_eq!(state.accounts.len(), 1);
+    assert_eq!(state.accounts[0].plan, "pro");
+    assert!(
+        state.emails.is_empty(),
+        "the workflow sends the welcome email"
+    );
+    assert_eq!(answer, json!({"account_id": state.accounts[0].account_id}));
     model.stop().await;
     crm.stop().await;
 }

@@ -1,9 +1,17 @@
 //! `onboarding`: runs the customer-onboarding example end to end in one
 //! process: an engine (on an in-memory SQLite database unless
-//! `--database-url` names a SQLite file or a PostgreSQL database), a worker, the scripted model server and
-//! the CRM server (on free local ports); registers the example's definitions,
-//! submits one run, prints its event timeline and final output, and exits 0
-//! when the run completed.
+//! `--database-url` names a SQLite file or a PostgreSQL database), a worker,
+//! the scripted model server and the CRM server (on free local ports);
+//! registers the example's definitions and submits one `onboarding` run.
+//!
+//! The run waits twice for the outside world, and the runner plays it: when
+//! the run waits for documents, it lets `--days-without-documents` days pass
+//! on the engine's clock (so the 3-day reminder goes out), then sends the
+//! `documents_received` signal (twice, with one signal id: applied once);
+//! when the run waits for approval, it approves as an approver holding
+//! `onboarding.approve`, optionally changing the plan. It prints the event
+//! timeline, the final output and what the CRM received, and exits 0 when
+//! the run completed.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,15 +19,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
-use belay_engine::store::Store;
 use belay_example_onboarding::{
     CrmState, ModelServerState, Script, serve_crm_server, serve_model_server,
 };
-use belay_sdk::{Client, StartOptions, timeline_line};
+use belay_sdk::{Client, RunEvent, StartOptions, timeline_line};
 use clap::Parser;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 #[derive(Parser)]
 #[command(
@@ -32,12 +39,26 @@ struct Args {
     /// (`postgres://user@host:port/db`). The engine applies its migrations.
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite::memory:")]
     database_url: String,
-    /// Customer email.
+    /// Customer email (an email whose local part contains `+review` makes the
+    /// CRM's KYC check answer `review`, and the run fails at `kyc_review`).
     #[arg(long, default_value = "margaret@example.com")]
     email: String,
     /// Customer name.
     #[arg(long, default_value = "Margaret Hamilton")]
     name: String,
+    /// The plan the customer asks for.
+    #[arg(long, default_value = "pro")]
+    plan: String,
+    /// Days that pass before the customer sends the documents: the runner
+    /// moves the engine's clock forward this far (the test clock in the
+    /// `belay_clock` table, kept in the database; 0 leaves the clock alone).
+    /// From 3 days on, the reminder email goes out first.
+    #[arg(long, default_value_t = 3)]
+    days_without_documents: u32,
+    /// Approve with this plan instead of the requested one (an approver's
+    /// edit: starter, pro or enterprise).
+    #[arg(long)]
+    approved_plan: Option<String>,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
@@ -45,11 +66,128 @@ struct Args {
 
 const TENANT: &str = "example";
 const GRANTS: [&str; 3] = ["crm.read", "crm.write", "email.send"];
+const DAY_MS: u64 = 24 * 3600 * 1000;
 
 async fn bind() -> Result<(TcpListener, String)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     Ok((listener, url))
+}
+
+/// What the runner does in the outside world's place.
+struct Outside<'a> {
+    client: &'a Client,
+    coord: &'a Coordinator,
+    args: &'a Args,
+    run_id: String,
+    /// Whether the days without documents have passed.
+    days_passed: bool,
+}
+
+impl Outside<'_> {
+    /// React to one event of the run.
+    async fn on_event(&mut self, event: &RunEvent) -> Result<()> {
+        let payload: Value = serde_json::from_str(&event.payload_json).unwrap_or(Value::Null);
+        match event.kind.as_str() {
+            "wait_started" if payload["node"] == "documents" => {
+                self.show_waiting().await?;
+                if !self.days_passed && self.args.days_without_documents > 0 {
+                    self.days_passed = true;
+                    let ms = u64::from(self.args.days_without_documents) * DAY_MS;
+                    println!(
+                        "      ⏩ {} day(s) pass without documents (the engine's clock moves forward)",
+                        self.args.days_without_documents
+                    );
+                    self.coord
+                        .store()
+                        .advance_clock(i64::try_from(ms)?)
+                        .await
+                        .context("moving the engine's clock")?;
+                    // A timer due by now fires and brings the run back to
+                    // this wait (after the reminder); otherwise the
+                    // documents come now.
+                    let due = payload["timers"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|t| t["after_ms"].as_u64())
+                        .any(|after| after <= ms);
+                    if due {
+                        return Ok(());
+                    }
+                }
+                self.send_documents().await
+            }
+            "approval_requested" => {
+                self.show_waiting().await?;
+                self.approve(&payload).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn show_waiting(&self) -> Result<()> {
+        let run = self.client.get_run(&self.run_id).await?;
+        println!("      … run {}: {}", run.status, run.status_reason);
+        Ok(())
+    }
+
+    /// The customer portal sends the documents, and (a retry) again with the
+    /// same signal id: the second is a duplicate, applied once.
+    async fn send_documents(&self) -> Result<()> {
+        let signal_id = format!("documents-{}", self.run_id);
+        let payload = json!({"files": ["passport.pdf", "proof_of_address.pdf"]});
+        for attempt in ["sent", "resent"] {
+            let (_, duplicate) = self
+                .client
+                .signal(
+                    &self.run_id,
+                    "documents_received",
+                    &signal_id,
+                    &payload,
+                    "customer-portal",
+                )
+                .await
+                .context("sending the documents_received signal")?;
+            println!(
+                "      ✉ customer portal {attempt} signal documents_received ({signal_id}): {}",
+                if duplicate {
+                    "a duplicate, applied once"
+                } else {
+                    "delivered"
+                }
+            );
+        }
+        Ok(())
+    }
+
+    /// An approver with `onboarding.approve` approves, with the plan edited
+    /// when `--approved-plan` says so.
+    async fn approve(&self, request: &Value) -> Result<()> {
+        let node = request["node"].as_str().unwrap_or("approve");
+        let edit = self.args.approved_plan.as_ref().map(|plan| {
+            let mut subject = request["subject"].clone();
+            subject["plan"] = json!(plan);
+            subject
+        });
+        self.client
+            .decide_approval(
+                &self.run_id,
+                node,
+                true,
+                edit.as_ref(),
+                "example-approver",
+                vec!["onboarding.approve".into()],
+                "documents and KYC checked",
+            )
+            .await
+            .context("approving")?;
+        match &edit {
+            Some(subject) => println!("      ✔ example-approver approved {node} as {subject}"),
+            None => println!("      ✔ example-approver approved {node}"),
+        }
+        Ok(())
+    }
 }
 
 async fn run(args: Args) -> Result<bool> {
@@ -70,8 +208,9 @@ async fn run(args: Args) -> Result<bool> {
     let crm = Arc::new(CrmState::new());
     tokio::spawn(serve_crm_server(crm_listener, Arc::clone(&crm), stopped()));
 
-    // The engine.
-    let store = Store::connect(&args.database_url, 8)
+    // The engine. Timers are found by the sweeper, so a short interval makes
+    // the reminder go out promptly once the clock has moved.
+    let store = belay_engine::store::Store::connect(&args.database_url, 8)
         .await
         .with_context(|| format!("opening the database {}", args.database_url))?;
     store.migrate().await.context("applying migrations")?;
@@ -79,7 +218,7 @@ async fn run(args: Args) -> Result<bool> {
         store,
         CoordinatorConfig {
             lease_ms: 10_000,
-            sweep_interval_ms: 500,
+            sweep_interval_ms: 200,
         },
     );
     let background = coord.spawn_background();
@@ -122,7 +261,7 @@ async fn run(args: Args) -> Result<bool> {
     let (run, _) = client
         .start_run(
             "onboarding",
-            &json!({"email": args.email, "name": args.name, "plan": "pro"}),
+            &json!({"email": args.email, "name": args.name, "plan": args.plan}),
             StartOptions {
                 idempotency_key: key,
                 caller: "onboarding-example".into(),
@@ -131,13 +270,39 @@ async fn run(args: Args) -> Result<bool> {
         )
         .await?;
     println!("\nrun {} started; timeline:", run.run_id);
-    let watched = tokio::time::timeout(
-        Duration::from_secs(args.timeout_secs),
-        client.watch(&run.run_id, 0, |e| {
-            println!("{}", timeline_line(e));
-            false
-        }),
-    )
+
+    // The watch stream feeds a channel, so the runner can call the engine
+    // (signal, approve) between events.
+    let (events_tx, mut events) = mpsc::unbounded_channel::<RunEvent>();
+    let watcher = tokio::spawn({
+        let client = client.clone();
+        let run_id = run.run_id.clone();
+        async move {
+            client
+                .watch(&run_id, 0, |e| {
+                    let _ = events_tx.send(e.clone());
+                    false
+                })
+                .await
+        }
+    });
+    let mut outside = Outside {
+        client: &client,
+        coord: &coord,
+        args: &args,
+        run_id: run.run_id.clone(),
+        days_passed: false,
+    };
+    let mut watcher = watcher;
+    let played = tokio::time::timeout(Duration::from_secs(args.timeout_secs), async {
+        while let Some(event) = events.recv().await {
+            println!("{}", timeline_line(&event));
+            outside.on_event(&event).await?;
+        }
+        // The stream ended: the run finished, or the watch failed.
+        (&mut watcher).await?.context("watching the run")?;
+        anyhow::Ok(())
+    })
     .await;
     let final_run = client.get_run(&run.run_id).await?;
     println!("\nstatus: {}", final_run.status);
@@ -145,30 +310,39 @@ async fn run(args: Args) -> Result<bool> {
         println!("reason: {}", final_run.status_reason);
     }
     if !final_run.output_json.is_empty() {
-        let output: serde_json::Value = serde_json::from_str(&final_run.output_json)?;
+        let output: Value = serde_json::from_str(&final_run.output_json)?;
         println!("output: {}", serde_json::to_string_pretty(&output)?);
     }
+    let state = crm.snapshot();
     println!(
-        "crm: {} request(s), {} account(s) created",
+        "crm: {} request(s); {} account(s), {} reminder(s), {} KYC check(s), {} welcome email(s){}",
         crm.request_count(None),
-        crm.snapshot().accounts.len()
+        state.accounts.len(),
+        state.reminders.len(),
+        state.kyc_checks.len(),
+        state.emails.len(),
+        state
+            .emails
+            .last()
+            .and_then(|e| e.plan.as_deref())
+            .map(|plan| format!(" (plan {plan})"))
+            .unwrap_or_default()
     );
 
     let _ = stop_tx.send(true);
     for h in background {
         h.abort();
     }
+    watcher.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), worker).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), engine).await;
-    match watched {
+    match played {
         Err(_) => bail!(
             "run {} did not finish within {} s",
             run.run_id,
             args.timeout_secs
         ),
-        Ok(result) => {
-            result?;
-        }
+        Ok(result) => result?,
     }
     Ok(final_run.status == "completed")
 }
