@@ -1,6 +1,39 @@
 //! `belay`: the command-line client for users and operators, and `belay
 //! dev` (an engine and a worker in one process, see [`dev`]).
 
+/// `println!` for output that may go to a closed pipe (`belay … | head`):
+/// a broken pipe ends the process quietly (exit 0) instead of panicking;
+/// any other write error ends it with exit 1.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*).and_then(|()| out.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
+/// `print!` with the broken-pipe handling of [`outln!`].
+#[allow(unused_macros)]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = write!(out, $($arg)*).and_then(|()| out.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
 mod dev;
 
 use std::path::PathBuf;
@@ -347,16 +380,20 @@ fn short_time(t: &str) -> String {
 }
 
 fn print_uncertain_table(items: &[UncertainOutcome]) {
-    println!(
+    outln!(
         "{:<36}  {:<16} {:<36}  {:<8} {:<20}  REASON",
-        "ID", "TOOL", "RUN", "STATUS", "CREATED"
+        "ID",
+        "TOOL",
+        "RUN",
+        "STATUS",
+        "CREATED"
     );
     for r in items {
         let status = match (&r.status[..], &r.resolution_kind) {
             ("resolved", Some(kind)) => kind.clone(),
             (s, _) => s.to_owned(),
         };
-        println!(
+        outln!(
             "{:<36}  {:<16} {:<36}  {:<8} {:<20}  {}",
             r.uncertain_id,
             compact(&Value::String(r.tool.clone()), 16),
@@ -370,7 +407,7 @@ fn print_uncertain_table(items: &[UncertainOutcome]) {
 
 fn print_uncertain(r: &UncertainOutcome, as_json: bool) {
     if as_json {
-        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        outln!("{}", serde_json::to_string(r).unwrap_or_default());
         return;
     }
     let pretty = |v: &Value| {
@@ -378,20 +415,22 @@ fn print_uncertain(r: &UncertainOutcome, as_json: bool) {
             .unwrap_or_default()
             .replace('\n', "\n                 ")
     };
-    println!("uncertain outcome  {}  ({})", r.uncertain_id, r.status);
-    println!("tenant           {}", r.tenant);
-    println!("run              {}", r.run_id);
-    println!(
+    outln!("uncertain outcome  {}  ({})", r.uncertain_id, r.status);
+    outln!("tenant           {}", r.tenant);
+    outln!("run              {}", r.run_id);
+    outln!(
         "node / call      {} / {}  (task {})",
-        r.node_id, r.call_id, r.task_id
+        r.node_id,
+        r.call_id,
+        r.task_id
     );
-    println!("tool             {} v{}", r.tool, r.tool_version);
-    println!("arguments        {}", pretty(&r.arguments));
-    println!("idempotency key  {}", r.idempotency_key);
-    println!("worker           {}", r.worker_id.as_deref().unwrap_or("-"));
-    println!("reason           {}", r.reason);
-    println!("created          {}", r.created_at);
-    println!("attempts");
+    outln!("tool             {} v{}", r.tool, r.tool_version);
+    outln!("arguments        {}", pretty(&r.arguments));
+    outln!("idempotency key  {}", r.idempotency_key);
+    outln!("worker           {}", r.worker_id.as_deref().unwrap_or("-"));
+    outln!("reason           {}", r.reason);
+    outln!("created          {}", r.created_at);
+    outln!("attempts");
     for a in &r.attempts {
         let n = a.get("attempt").map(|v| compact(v, 8)).unwrap_or_default();
         let rest: Vec<String> = a
@@ -403,33 +442,33 @@ fn print_uncertain(r: &UncertainOutcome, as_json: bool) {
                     .collect()
             })
             .unwrap_or_default();
-        println!("  #{n:<3} {}", rest.join("  "));
+        outln!("  #{n:<3} {}", rest.join("  "));
     }
     if let Some(probe) = &r.probe {
-        println!("probe            {}", compact(probe, 200));
+        outln!("probe            {}", compact(probe, 200));
     }
     if r.status == "resolved" {
-        println!(
+        outln!(
             "resolution       {} by {} via {} at {}",
             r.resolution_kind.as_deref().unwrap_or("?"),
             r.resolved_by.as_deref().unwrap_or("?"),
             r.resolved_via.as_deref().unwrap_or("?"),
             r.resolved_at.as_deref().unwrap_or("?")
         );
-        println!(
+        outln!(
             "  why            {}",
             r.resolution_reason.as_deref().unwrap_or("")
         );
         if let Some(res) = &r.resolution {
             for key in ["result", "error", "idempotency_key"] {
                 if let Some(v) = res.get(key) {
-                    println!("  {key:<17} {}", pretty(v));
+                    outln!("  {key:<17} {}", pretty(v));
                 }
             }
         }
     }
     if let Some(d) = r.discrepancy.as_ref().filter(|d| !d.is_null()) {
-        println!(
+        outln!(
             "DISCREPANCY      late result(s) after resolution: {}",
             compact(d, 300)
         );
@@ -450,12 +489,12 @@ fn run_json(r: &Run) -> Value {
 
 fn print_run(r: &Run, as_json: bool) {
     if as_json {
-        println!("{}", run_json(r));
+        outln!("{}", run_json(r));
         return;
     }
-    println!("run       {}", r.run_id);
-    println!("workflow  {} v{}", r.workflow, r.workflow_version);
-    println!(
+    outln!("run       {}", r.run_id);
+    outln!("workflow  {} v{}", r.workflow, r.workflow_version);
+    outln!(
         "status    {}{}",
         r.status,
         if r.status_reason.is_empty() {
@@ -464,12 +503,12 @@ fn print_run(r: &Run, as_json: bool) {
             format!(" ({})", r.status_reason)
         }
     );
-    println!("input     {}", r.input_json);
+    outln!("input     {}", r.input_json);
     if !r.output_json.is_empty() {
-        println!("output    {}", r.output_json);
+        outln!("output    {}", r.output_json);
     }
-    println!("events    {}", r.last_seq);
-    println!("created   {}  updated {}", r.created_at, r.updated_at);
+    outln!("events    {}", r.last_seq);
+    outln!("created   {}  updated {}", r.created_at, r.updated_at);
 }
 
 fn read_input(input: &str) -> Result<Value, SdkError> {
@@ -495,12 +534,12 @@ fn read_json(input: &str, flag: &str) -> Result<Value, SdkError> {
 fn print_event(e: &belay_sdk::RunEvent, as_json: bool) {
     if as_json {
         let payload = serde_json::from_str::<Value>(&e.payload_json).unwrap_or(Value::Null);
-        println!(
+        outln!(
             "{}",
             json!({"seq": e.seq, "kind": e.kind, "recorded_at": e.recorded_at, "payload": payload})
         );
     } else {
-        println!("{}", timeline_line(e));
+        outln!("{}", timeline_line(e));
     }
 }
 
@@ -578,11 +617,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 })
                 .await?;
             if as_json {
-                println!("{}", serde_json::to_string(&page).unwrap_or_default());
+                outln!("{}", serde_json::to_string(&page).unwrap_or_default());
             } else {
                 print_uncertain_table(&page.items);
                 if let Some(next) = &page.next_page_token {
-                    println!("next page: --page-token '{next}'");
+                    outln!("next page: --page-token '{next}'");
                 }
             }
         }
@@ -618,7 +657,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .resolve_uncertain(&id, resolution, &reason, operator.as_deref())
                 .await?;
             if !as_json {
-                println!("resolved; the run resumes unless something else holds it\n");
+                outln!("resolved; the run resumes unless something else holds it\n");
             }
             print_uncertain(&r, as_json);
         }
@@ -658,17 +697,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .signal(&run_id, &name, &signal_id, &payload, &operator_name(from))
                 .await?;
             if as_json {
-                println!(
+                outln!(
                     "{}",
                     json!({"signal_id": signal_id, "duplicate": duplicate, "run": run_json(&r)})
                 );
             } else {
                 if duplicate {
-                    println!(
+                    outln!(
                         "signal {name} {signal_id} was already delivered: applied once, not again"
                     );
                 } else {
-                    println!("signal {name} delivered (signal id {signal_id})");
+                    outln!("signal {name} delivered (signal id {signal_id})");
                 }
                 print_run(&r, as_json);
             }
@@ -682,7 +721,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let edit = edit.map(|text| read_json(&text, "--edit")).transpose()?;
             let r = decide(&client, &run_id, &node, true, edit.as_ref(), decision).await?;
             if !as_json {
-                println!(
+                outln!(
                     "approved node {node}{}",
                     if edit.is_some() { " with an edit" } else { "" }
                 );
@@ -696,7 +735,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }) => {
             let r = decide(&client, &run_id, &node, false, None, decision).await?;
             if !as_json {
-                println!("declined node {node}");
+                outln!("declined node {node}");
             }
             print_run(&r, as_json);
         }
@@ -704,12 +743,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let defs = client.register_paths(&paths).await?;
             for d in defs {
                 if as_json {
-                    println!(
+                    outln!(
                         "{}",
                         json!({"kind": d.kind, "name": d.name, "version": d.version, "content_hash": d.content_hash, "created": d.created})
                     );
                 } else {
-                    println!(
+                    outln!(
                         "{:<9} {:<28} v{:<4} {}",
                         d.kind,
                         d.name,
@@ -722,12 +761,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Definitions(DefCmd::List { kind }) => {
             for d in client.list_definitions(&kind).await? {
                 if as_json {
-                    println!(
+                    outln!(
                         "{}",
                         json!({"kind": d.kind, "name": d.name, "version": d.version, "content_hash": d.content_hash, "created_at": d.created_at})
                     );
                 } else {
-                    println!(
+                    outln!(
                         "{:<9} {:<28} v{:<4} {}  {}",
                         d.kind,
                         d.name,
@@ -740,7 +779,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Tenant(TenantCmd::SetGrants { grants, none: _ }) => {
             let grants = client.set_tenant_grants(grants).await?;
-            println!(
+            outln!(
                 "{}",
                 if as_json {
                     json!({"tenant": client.tenant(), "grants": grants}).to_string()
@@ -751,7 +790,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Tenant(TenantCmd::Show) => {
             let grants = client.tenant_grants().await?;
-            println!(
+            outln!(
                 "{}",
                 if as_json {
                     json!({"tenant": client.tenant(), "grants": grants}).to_string()
@@ -782,7 +821,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 )
                 .await?;
             if !as_json && !created {
-                println!("(idempotency key already used: existing run)");
+                outln!("(idempotency key already used: existing run)");
             }
             print_run(&r, as_json);
             if follow {
@@ -798,23 +837,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }) => {
             let (runs, next) = client.list_runs(&status, page_size, &page_token).await?;
             if as_json {
-                println!(
+                outln!(
                     "{}",
                     json!({"runs": runs.iter().map(run_json).collect::<Vec<_>>(), "next_page_token": next})
                 );
             } else {
-                println!(
+                outln!(
                     "{:<36}  {:<20} {:<10} {:>6}  CREATED",
-                    "RUN", "WORKFLOW", "STATUS", "EVENTS"
+                    "RUN",
+                    "WORKFLOW",
+                    "STATUS",
+                    "EVENTS"
                 );
                 for r in &runs {
-                    println!(
+                    outln!(
                         "{:<36}  {:<20} {:<10} {:>6}  {}",
-                        r.run_id, r.workflow, r.status, r.last_seq, r.created_at
+                        r.run_id,
+                        r.workflow,
+                        r.status,
+                        r.last_seq,
+                        r.created_at
                     );
                 }
                 if !next.is_empty() {
-                    println!("next page: --page-token '{next}'");
+                    outln!("next page: --page-token '{next}'");
                 }
             }
         }
@@ -868,10 +914,20 @@ fn uuid_like() -> String {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let engine_url = cli.engine_url.clone();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            let unreachable = e.downcast_ref::<SdkError>().is_some_and(|e| {
+                matches!(e, SdkError::Status(s) if s.code() == tonic::Code::Unavailable
+                    && s.message().contains("connect"))
+            });
+            if unreachable {
+                eprintln!(
+                    "hint: no engine answers at {engine_url} (--engine-url / BELAY_ENGINE_URL); is one running? `belay dev` starts one"
+                );
+            }
             ExitCode::FAILURE
         }
     }

@@ -20,6 +20,30 @@ pub use belay_proto::v1::{Definition, Run, RunEvent};
 /// Largest gRPC message the client sends or accepts, bytes (64 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// A gRPC status code as short words (`not found`, `permission denied`).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown error",
+        Code::InvalidArgument => "invalid argument",
+        Code::DeadlineExceeded => "deadline exceeded",
+        Code::NotFound => "not found",
+        Code::AlreadyExists => "already exists",
+        Code::PermissionDenied => "permission denied",
+        Code::ResourceExhausted => "resource exhausted",
+        Code::FailedPrecondition => "failed precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out of range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal error",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]
 pub enum SdkError {
@@ -31,9 +55,18 @@ pub enum SdkError {
         /// Cause.
         source: tonic::transport::Error,
     },
-    /// The engine answered with an error status.
-    #[error("{}: {}", .0.code(), .0.message())]
+    /// The engine answered with an error status (or could not be reached:
+    /// `Unavailable`).
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
     Status(#[from] tonic::Status),
+    /// The URL asks for TLS, which this client does not speak.
+    #[error(
+        "engine URL {url:?} uses https, but this client speaks plaintext gRPC only; use http:// (put a TLS-terminating proxy in front of the engine for TLS)"
+    )]
+    TlsUnsupported {
+        /// URL given.
+        url: String,
+    },
     /// Reading definition files failed.
     #[error("reading {path}: {source}")]
     Io {
@@ -106,6 +139,15 @@ impl Client {
     /// Connect lazily to `url` (e.g. `http://127.0.0.1:50051`) for `tenant`;
     /// the first call establishes the connection.
     pub fn connect_lazy(url: &str, tenant: &str) -> Result<Client, SdkError> {
+        if url
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("https://")
+        {
+            return Err(SdkError::TlsUnsupported {
+                url: url.to_owned(),
+            });
+        }
         let channel = Endpoint::from_shared(url.to_owned())
             .map_err(|source| SdkError::InvalidUrl {
                 url: url.to_owned(),

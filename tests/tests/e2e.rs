@@ -421,6 +421,20 @@ async fn the_cli_starts_watches_and_lists_runs(backend: DbBackend) -> Result<()>
     let out = cli(&["run", "list", "--status", "bogus"])?;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown status `bogus`"));
+
+    // Output into a pipe whose reader has gone (`belay … | head -1`): a
+    // quiet exit 0, not a panic.
+    let (reader, writer) = std::io::pipe()?;
+    drop(reader);
+    let out = std::process::Command::new(&belay)
+        .args(["--engine-url", &env.engines[0].url, "--tenant", "acme"])
+        .args(["run", "events", &run_id])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
     env.stop().await
 }
 

@@ -7,9 +7,10 @@
 //!   serialised inside the engine process: that is the run-row lock and
 //!   `SKIP LOCKED` of PostgreSQL. Reads use a separate pool (WAL mode lets
 //!   them run beside the writer).
-//! - **One engine process per file.** The engine holds an exclusive lock on
-//!   `<file>.lock` while the store is open; a second engine on the same file
-//!   is refused with [`StoreError::Config`]. Workers connect over gRPC, any
+//! - **One engine process per file.** The engine holds an exclusive `flock`
+//!   on the database file while the store is open; a second engine on the
+//!   same file (by any path, symlink or hard link) is refused with
+//!   [`StoreError::Config`]. Workers connect over gRPC, any
 //!   number of them.
 //! - **Wake-ups** are an in-process broadcast channel fed after each commit
 //!   (PostgreSQL: `LISTEN/NOTIFY`).
@@ -18,7 +19,6 @@
 //! - **Clock**: SQLite's `'now'` (the engine machine's clock, ms precision);
 //!   leases are judged by it, as PostgreSQL's `now()` is on the other backend.
 
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,7 +88,7 @@ pub(crate) struct Lite {
     states: Arc<Mutex<StateCache>>,
     /// Wake-ups, sent after commit.
     wake: broadcast::Sender<Wake>,
-    /// The exclusive lock on `<file>.lock`, held while any clone lives and
+    /// The exclusive `flock` on the database file, held while any clone lives and
     /// the store is not closed.
     lock: Arc<Mutex<Option<std::fs::File>>>,
 }
@@ -920,33 +920,34 @@ impl Lite {
     }
 }
 
-/// Take the exclusive lock on `<path>.lock` (released when the file closes,
-/// including when the process dies).
+/// Take an exclusive `flock` on the database file itself (created empty if
+/// missing; SQLite takes an empty file as a new database). The lock follows
+/// the file, not the name: a symlink, a hard link or another spelling of the
+/// path finds it taken. It is released when the handle closes, including
+/// when the process dies. (SQLite's own locks are POSIX `fcntl` locks, which
+/// `flock` does not interact with on Linux; the handle is closed only after
+/// every SQLite connection, as closing it would drop this process's `fcntl`
+/// locks on the file.)
 fn lock_file(path: &std::path::Path) -> Result<std::fs::File, StoreError> {
-    let mut lock_path = PathBuf::from(path);
-    let mut name = lock_path
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(".lock");
-    lock_path.set_file_name(name);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
-        .open(&lock_path)
-        .map_err(|e| StoreError::Config(format!("opening {}: {e}", lock_path.display())))?;
+        .open(path)
+        .map_err(|e| {
+            StoreError::Config(format!("opening SQLite database {}: {e}", path.display()))
+        })?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Config(format!(
-            "SQLite database {} is in use by another engine process (it holds {}); \
+            "SQLite database {} is in use by another engine process; \
              one engine process per SQLite file; use PostgreSQL for several engine replicas",
             path.display(),
-            lock_path.display()
         ))),
         Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Config(format!(
-            "locking {}: {e}",
-            lock_path.display()
+            "locking SQLite database {}: {e}",
+            path.display()
         ))),
     }
 }

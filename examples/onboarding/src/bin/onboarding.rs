@@ -13,6 +13,39 @@
 //! timeline, the final output and what the CRM received, and exits 0 when
 //! the run completed.
 
+/// `println!` for output that may go to a closed pipe (`belay … | head`):
+/// a broken pipe ends the process quietly (exit 0) instead of panicking;
+/// any other write error ends it with exit 1.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*).and_then(|()| out.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
+/// `print!` with the broken-pipe handling of [`outln!`].
+#[allow(unused_macros)]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = write!(out, $($arg)*).and_then(|()| out.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,7 +127,7 @@ impl Outside<'_> {
                 if !self.days_passed && self.args.days_without_documents > 0 {
                     self.days_passed = true;
                     let ms = u64::from(self.args.days_without_documents) * DAY_MS;
-                    println!(
+                    outln!(
                         "      ⏩ {} day(s) pass without documents (the engine's clock moves forward)",
                         self.args.days_without_documents
                     );
@@ -128,7 +161,7 @@ impl Outside<'_> {
 
     async fn show_waiting(&self) -> Result<()> {
         let run = self.client.get_run(&self.run_id).await?;
-        println!("      … run {}: {}", run.status, run.status_reason);
+        outln!("      … run {}: {}", run.status, run.status_reason);
         Ok(())
     }
 
@@ -149,7 +182,7 @@ impl Outside<'_> {
                 )
                 .await
                 .context("sending the documents_received signal")?;
-            println!(
+            outln!(
                 "      ✉ customer portal {attempt} signal documents_received ({signal_id}): {}",
                 if duplicate {
                     "a duplicate, applied once"
@@ -183,8 +216,8 @@ impl Outside<'_> {
             .await
             .context("approving")?;
         match &edit {
-            Some(subject) => println!("      ✔ example-approver approved {node} as {subject}"),
-            None => println!("      ✔ example-approver approved {node}"),
+            Some(subject) => outln!("      ✔ example-approver approved {node} as {subject}"),
+            None => outln!("      ✔ example-approver approved {node}"),
         }
         Ok(())
     }
@@ -252,7 +285,7 @@ async fn run(args: Args) -> Result<bool> {
         } else {
             "unchanged "
         };
-        println!("{what} {} {} v{}", d.kind, d.name, d.version);
+        outln!("{what} {} {} v{}", d.kind, d.name, d.version);
     }
     client
         .set_tenant_grants(GRANTS.iter().map(|g| (*g).to_owned()).collect())
@@ -269,7 +302,7 @@ async fn run(args: Args) -> Result<bool> {
             },
         )
         .await?;
-    println!("\nrun {} started; timeline:", run.run_id);
+    outln!("\nrun {} started; timeline:", run.run_id);
 
     // The watch stream feeds a channel, so the runner can call the engine
     // (signal, approve) between events.
@@ -296,7 +329,7 @@ async fn run(args: Args) -> Result<bool> {
     let mut watcher = watcher;
     let played = tokio::time::timeout(Duration::from_secs(args.timeout_secs), async {
         while let Some(event) = events.recv().await {
-            println!("{}", timeline_line(&event));
+            outln!("{}", timeline_line(&event));
             outside.on_event(&event).await?;
         }
         // The stream ended: the run finished, or the watch failed.
@@ -305,16 +338,16 @@ async fn run(args: Args) -> Result<bool> {
     })
     .await;
     let final_run = client.get_run(&run.run_id).await?;
-    println!("\nstatus: {}", final_run.status);
+    outln!("\nstatus: {}", final_run.status);
     if !final_run.status_reason.is_empty() {
-        println!("reason: {}", final_run.status_reason);
+        outln!("reason: {}", final_run.status_reason);
     }
     if !final_run.output_json.is_empty() {
         let output: Value = serde_json::from_str(&final_run.output_json)?;
-        println!("output: {}", serde_json::to_string_pretty(&output)?);
+        outln!("output: {}", serde_json::to_string_pretty(&output)?);
     }
     let state = crm.snapshot();
-    println!(
+    outln!(
         "crm: {} request(s); {} account(s), {} reminder(s), {} KYC check(s), {} welcome email(s){}",
         crm.request_count(None),
         state.accounts.len(),
