@@ -1396,11 +1396,15 @@ impl Coordinator {
         let sync = p.get("sync").and_then(Value::as_bool).unwrap_or(true);
         // A cancelled (or failed) parent keeps its last step in the state,
         // so its status is looked at too.
+        let child_id = child_run_id.to_string();
         let awaited = !parent_state.status.is_terminal()
-            && matches!(
+            && (matches!(
                 parent_state.step.as_ref().map(|s| &s.kind),
-                Some(machine::StepKind::Child { child_run_id: c, .. }) if *c == child_run_id.to_string()
-            );
+                Some(machine::StepKind::Child { child_run_id: c, .. }) if *c == child_id
+            ) || parent_state.tool_calls.values().any(|c| {
+                c.status == machine::CallStatus::Open
+                    && c.child_run_id.as_deref() == Some(child_id.as_str())
+            }));
         if sync && !awaited {
             // The parent stopped waiting before the child started (it was
             // cancelled, or gave up): starting it now would orphan it.

@@ -1331,7 +1331,80 @@ async fn a_waiting_run_holds_no_task_and_no_lease(backend: Backend) {
     db.drop().await;
 }
 
+const WORKFLOW_TOOL: &str = r#"TOOLS:
+  run_kyc(customer_email: string) -> {kyc: string}
+    description: "Runs the KYC workflow"
+    type: workflow
+    workflow_id: child
+    timeout_ms: 86400000
+    param_mapping:
+      email: customer_email
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+const TOOL_PARENT: &str = r#"kind: workflow
+name: tool_parent
+nodes:
+  - {id: check, type: tool, tool: run_kyc, args: {customer_email: "${ .input.email }"}, grants: [crm.write]}
+"#;
+
+async fn a_workflow_tool_runs_a_child_and_its_output_is_the_calls_result(backend: Backend) {
+    let (db, coord) = setup(backend).await;
+    register(&coord, FAMILY).await;
+    coord
+        .register_bundle(
+            TENANT,
+            vec![
+                SourceFile {
+                    path: "kyc.tools.abl".into(),
+                    content: WORKFLOW_TOOL.into(),
+                },
+                SourceFile {
+                    path: "tool_parent.yaml".into(),
+                    content: TOOL_PARENT.into(),
+                },
+            ],
+        )
+        .await
+        .expect("register the workflow tool");
+    let p = start(&coord, "tool_parent", json!({"email": "a@x.io"}), "wt1").await;
+    let c = Uuid::parse_str(&child_run_id(&p.run_id.to_string(), "check.t1")).expect("uuid");
+    // No task for a worker: the engine starts the child itself.
+    assert_eq!(coord.claim("w1", 4, 0).await.expect("claim").len(), 0);
+    assert_eq!(outbox(&coord).await, 1);
+    let child = run(&coord, c).await;
+    assert_eq!(child.status, "waiting");
+    // `param_mapping` renamed the tool's parameter to the child's input key.
+    assert_eq!(child.input, json!({"email": "a@x.io"}));
+    signal(&coord, c, "checked", "c1", json!({"result": "clear"}))
+        .await
+        .expect("signal the child");
+    assert_eq!(outbox(&coord).await, 1);
+    let parent = run(&coord, p.run_id).await;
+    assert_eq!(
+        (parent.status.as_str(), parent.output),
+        (
+            "completed",
+            Some(json!({"kyc": "clear", "email": "a@x.io"}))
+        )
+    );
+
+    // Cancelling a parent whose workflow-tool call waits cancels the child.
+    let p = start(&coord, "tool_parent", json!({"email": "b@x.io"}), "wt2").await;
+    let c = Uuid::parse_str(&child_run_id(&p.run_id.to_string(), "check.t1")).expect("uuid");
+    assert_eq!(outbox(&coord).await, 1);
+    coord
+        .cancel_run(TENANT, &p.run_id.to_string(), "no longer needed")
+        .await
+        .expect("cancel");
+    assert_eq!(outbox(&coord).await, 1);
+    assert_eq!(run(&coord, c).await.status, "cancelled");
+    db.drop().await;
+}
+
 on_both_backends!(
+    a_workflow_tool_runs_a_child_and_its_output_is_the_calls_result,
     a_signal_sent_before_its_wait_is_kept_and_taken_at_once,
     a_duplicate_signal_is_reported_and_writes_nothing,
     a_signal_nobody_waits_for_or_a_bad_payload_is_refused_and_writes_nothing,

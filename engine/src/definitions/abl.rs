@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::model::{RepeatSafety, ToolBindingDef, ToolDef};
+use super::model::{ChildMode, RepeatSafety, ToolBindingDef, ToolDef};
 use super::signature::{
     self, Direction, Field, MAX_TYPE_DEPTH, Prim, Signature, TypeExpr, check_input_type,
     parse_field_decl, parse_signature,
@@ -30,7 +30,6 @@ const SEED_BINDING_TYPES: &[&str] = &[
     "sandbox",
     "lambda",
     "async_webhook",
-    "workflow",
     "searchai",
     "table",
 ];
@@ -135,6 +134,8 @@ pub(super) struct AblOutput {
     pub declared: Vec<NameAt>,
     /// `(tool, probe)` of every `reconcile_with:`, checked across the bundle.
     pub reconcile_refs: Vec<(String, NameAt)>,
+    /// Workflows named by `type: workflow` tools, to resolve against the bundle.
+    pub workflow_refs: Vec<NameAt>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }
@@ -439,13 +440,29 @@ fn is_signature_start(text: &str) -> bool {
     rest.len() < text.len() && rest.trim_start().starts_with('(')
 }
 
+/// How a tool is called, from `type:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BindingType {
+    Http,
+    Workflow,
+    Unsupported,
+}
+
 /// Everything read from a tool's property lines.
 #[derive(Default)]
 struct Props<'b> {
     description: Option<String>,
-    /// `Some(true)` for `type: http`, `Some(false)` for a type already
-    /// reported as unsupported (so no "missing `type`" error follows).
-    binding_type: Option<bool>,
+    /// The `type:` read, or `Unsupported` for a type already reported (so
+    /// no "missing `type`" error follows).
+    binding_type: Option<BindingType>,
+    /// `workflow_id:` of a `type: workflow` tool.
+    workflow_id: Option<NameAt>,
+    /// `mode:` of a `type: workflow` tool.
+    mode: Option<ChildMode>,
+    /// `timeout_ms:` of a `type: workflow` tool.
+    workflow_timeout_ms: Option<u64>,
+    /// `param_mapping:` of a `type: workflow` tool: workflow input key → tool parameter.
+    param_mapping: BTreeMap<String, String>,
     endpoint: Option<(String, u32, u32)>,
     method: Option<String>,
     headers: BTreeMap<String, String>,
@@ -510,8 +527,50 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
     };
     match props.binding_type {
         None => missing(cx, "`type: http` (how the tool is called)"),
-        Some(true) if !props.present.contains("endpoint") => missing(cx, "`endpoint:`"),
+        Some(BindingType::Http) if !props.present.contains("endpoint") => {
+            missing(cx, "`endpoint:`")
+        }
+        Some(BindingType::Workflow) if !props.present.contains("workflow_id") => {
+            missing(cx, "`workflow_id:` (the workflow a call starts)")
+        }
         _ => {}
+    }
+    if props.binding_type == Some(BindingType::Workflow) {
+        for key in ["endpoint", "method", "headers", "timeout"] {
+            if props.present.contains(key) {
+                cx.error(
+                    line.no,
+                    line.col(),
+                    format!(
+                        "tool `{name}` is `type: workflow`: `{key}:` applies to `type: http` only"
+                    ),
+                );
+            }
+        }
+        if let (Some(sig), false) = (&signature, props.param_mapping.is_empty()) {
+            for (key, param) in &props.param_mapping {
+                if !sig.params.iter().any(|p| &p.name == param) {
+                    cx.error(
+                        line.no,
+                        line.col(),
+                        format!("`param_mapping` maps `{key}` from `{param}`, which is not a parameter of `{name}`"),
+                    );
+                }
+            }
+        }
+        if let Some(w) = &props.workflow_id {
+            cx.out.workflow_refs.push(w.clone());
+        }
+    } else {
+        for key in ["workflow_id", "mode", "timeout_ms", "param_mapping"] {
+            if props.present.contains(key) {
+                cx.error(
+                    line.no,
+                    line.col(),
+                    format!("`{key}:` applies to `type: workflow` tools only"),
+                );
+            }
+        }
     }
     if !props.present.contains("permission") {
         missing(
@@ -554,14 +613,25 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
     }
     // No error was recorded, so every required piece is present; the
     // `let ... else` only satisfies the types.
-    let (Some(sig), Some(true), Some((endpoint, _, _)), Some(permission), Some(repeat_safety)) = (
-        signature,
-        props.binding_type,
-        props.endpoint,
-        props.permission,
-        props.repeat_safety,
-    ) else {
+    let (Some(sig), Some(permission), Some(repeat_safety)) =
+        (signature, props.permission, props.repeat_safety)
+    else {
         return;
+    };
+    let binding = match (props.binding_type, props.endpoint, props.workflow_id) {
+        (Some(BindingType::Http), Some((endpoint, _, _)), _) => ToolBindingDef::Http {
+            endpoint,
+            method: props.method.unwrap_or_else(|| "POST".to_string()),
+            headers: props.headers,
+            timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        },
+        (Some(BindingType::Workflow), _, Some(workflow)) => ToolBindingDef::Workflow {
+            workflow: workflow.name,
+            mode: props.mode.unwrap_or_default(),
+            timeout_ms: props.workflow_timeout_ms,
+            param_mapping: props.param_mapping,
+        },
+        _ => return,
     };
     cx.out.tools.push(ToolDef {
         name: sig.name,
@@ -571,12 +641,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         permission,
         repeat_safety,
         reconcile_with: props.reconcile_with.map(|p| p.name),
-        binding: ToolBindingDef::Http {
-            endpoint,
-            method: props.method.unwrap_or_else(|| "POST".to_string()),
-            headers: props.headers,
-            timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-        },
+        binding,
         source_file: cx.file.to_string(),
         source_line: line.no,
     });
@@ -621,13 +686,15 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
             "type" => {
                 if let Some(s) = scalar(child, &kv, cx) {
                     if s == "http" {
-                        props.binding_type = Some(true);
+                        props.binding_type = Some(BindingType::Http);
+                    } else if s == "workflow" {
+                        props.binding_type = Some(BindingType::Workflow);
                     } else {
-                        props.binding_type = Some(false);
+                        props.binding_type = Some(BindingType::Unsupported);
                         let message = if SEED_BINDING_TYPES.contains(&s.as_str()) {
                             format!("binding type `{s}` is not supported yet")
                         } else {
-                            format!("unknown binding type `{s}` (expected `http`)")
+                            format!("unknown binding type `{s}` (expected `http` or `workflow`)")
                         };
                         cx.error(line.no, kv.value_col, message);
                     }
@@ -718,6 +785,71 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
             "parameters" => {
                 if block_only(child, &kv, cx) {
                     props.parameters = Some(child);
+                }
+            }
+            "workflow_id" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match check_name("workflow", &s) {
+                        Some(m) => cx.error(line.no, kv.value_col, m),
+                        None => {
+                            props.workflow_id = Some(NameAt {
+                                name: s,
+                                line: line.no,
+                                column: kv.value_col,
+                            })
+                        }
+                    }
+                }
+            }
+            "mode" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match s.as_str() {
+                        "sync" => props.mode = Some(ChildMode::Sync),
+                        "async" => props.mode = Some(ChildMode::Async),
+                        _ => cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!("unknown mode `{s}` (expected `sync` or `async`)"),
+                        ),
+                    }
+                }
+            }
+            "timeout_ms" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match s.parse::<u64>() {
+                        Ok(ms) if ms >= 1 => props.workflow_timeout_ms = Some(ms),
+                        _ => cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!(
+                                "`timeout_ms` must be a whole number of ms, at least 1, not `{s}`"
+                            ),
+                        ),
+                    }
+                }
+            }
+            "param_mapping" => {
+                if block_only(child, &kv, cx) {
+                    for entry in &child.children {
+                        let Some(m) = split_key(&entry.line) else {
+                            cx.error(
+                                entry.line.no,
+                                entry.line.col(),
+                                "expected `workflow_input_key: tool_parameter`",
+                            );
+                            continue;
+                        };
+                        match parse_scalar(m.value, m.value_col) {
+                            Ok(param) if !param.is_empty() => {
+                                props.param_mapping.insert(m.key.to_owned(), param);
+                            }
+                            _ => cx.error(
+                                entry.line.no,
+                                m.value_col,
+                                format!("`{}` needs the name of a tool parameter", m.key),
+                            ),
+                        }
+                    }
                 }
             }
             other => {
@@ -1289,7 +1421,9 @@ TOOLS:
             Err("timeout `999999999999999999m` is too large".into())
         );
         let t = one_tool(&tool_with("f() -> string", "    timeout: 250ms\n"));
-        let ToolBindingDef::Http { timeout_ms, .. } = t.binding;
+        let ToolBindingDef::Http { timeout_ms, .. } = t.binding else {
+            panic!("an http tool");
+        };
         assert_eq!(timeout_ms, 250);
     }
 
@@ -1434,6 +1568,57 @@ TOOLS:
     }
 
     #[test]
+    fn workflow_tools() {
+        let out = parse(
+            "TOOLS:\n  kyc(email: string) -> {status: string}\n    description: \"k\"\n    type: workflow\n    workflow_id: kyc_check\n    mode: async\n    timeout_ms: 5000\n    param_mapping:\n      customer: email\n    permission: crm.read\n    repeat_safety: idempotent\n",
+        );
+        assert_eq!(out.errors, vec![]);
+        let ToolBindingDef::Workflow {
+            workflow,
+            mode,
+            timeout_ms,
+            param_mapping,
+        } = &out.tools[0].binding
+        else {
+            panic!("{:?}", out.tools[0].binding);
+        };
+        assert_eq!(workflow, "kyc_check");
+        assert_eq!(*mode, ChildMode::Async);
+        assert_eq!(*timeout_ms, Some(5000));
+        assert_eq!(
+            param_mapping.get("customer").map(String::as_str),
+            Some("email")
+        );
+        assert_eq!(out.workflow_refs[0].name, "kyc_check");
+        let bad = parse(
+            "TOOLS:\n  kyc(email: string) -> {status: string}\n    type: workflow\n    endpoint: \"/x\"\n    mode: later\n    param_mapping:\n      customer: mail\n    permission: crm.read\n    repeat_safety: idempotent\n",
+        );
+        let messages: Vec<String> = bad.errors.iter().map(|e| e.message.clone()).collect();
+        assert!(
+            messages.iter().any(|m| m.contains("unknown mode `later`")),
+            "{messages:?}"
+        );
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("missing `workflow_id:`")),
+            "{messages:?}"
+        );
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("`endpoint:` applies to `type: http` only")),
+            "{messages:?}"
+        );
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("`mail`, which is not a parameter")),
+            "{messages:?}"
+        );
+    }
+
+    #[test]
     fn unsupported_binding_type() {
         assert_eq!(
             errors(
@@ -1445,7 +1630,7 @@ TOOLS:
             errors(
                 "TOOLS:\n  search(q: string) -> string\n    type: carrier_pigeon\n    permission: web.read\n    repeat_safety: idempotent\n"
             ),
-            vec!["3:11: unknown binding type `carrier_pigeon` (expected `http`)"]
+            vec!["3:11: unknown binding type `carrier_pigeon` (expected `http` or `workflow`)"]
         );
     }
 
@@ -1561,7 +1746,9 @@ TOOLS:
             "f() -> string",
             "    headers:\n      Authorization: \"Bearer {{config.TOKEN}}\"\n      X-Empty:\n",
         ));
-        let ToolBindingDef::Http { headers, .. } = t.binding;
+        let ToolBindingDef::Http { headers, .. } = t.binding else {
+            panic!("an http tool");
+        };
         assert_eq!(headers["Authorization"], "Bearer {{config.TOKEN}}");
         assert_eq!(headers["X-Empty"], "");
     }
@@ -1803,7 +1990,9 @@ TOOLS:
                 "additionalProperties": true
             })
         );
-        let ToolBindingDef::Http { timeout_ms, .. } = &out.tools[2].binding;
+        let ToolBindingDef::Http { timeout_ms, .. } = &out.tools[2].binding else {
+            panic!("an http tool");
+        };
         assert_eq!(*timeout_ms, 10_000);
         // Every generated schema is itself a valid JSON Schema.
         for t in &out.tools {

@@ -133,6 +133,7 @@ pub fn parse_bundle(
                 bundle.tools.extend(out.tools);
                 tools_declared.extend(out.declared.into_iter().map(|n| (path, n)));
                 probe_refs.extend(out.reconcile_refs.into_iter().map(|(t, n)| (path, t, n)));
+                workflow_refs.extend(out.workflow_refs.into_iter().map(|n| (path, n)));
                 errors.extend(out.errors);
             }
             Some(FileKind::Yaml) => {

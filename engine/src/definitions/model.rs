@@ -50,6 +50,24 @@ pub enum ToolBindingDef {
         /// `timeout:` in ms; default 30000.
         timeout_ms: u64,
     },
+    /// `type: workflow`: a call starts a child run of `workflow` (no worker
+    /// involved); `sync` waits for it and its output is the result, `async`
+    /// returns `{"run_id"}` at once. Added after v0.1.
+    Workflow {
+        /// `workflow_id:`, a workflow of the same tenant (its newest version
+        /// when the child starts).
+        workflow: String,
+        /// `mode:`; default `sync`.
+        #[serde(default)]
+        mode: ChildMode,
+        /// `timeout_ms:`: a sync call fails (and the child is cancelled) after this.
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+        /// `param_mapping:` workflow input key → tool parameter; empty: the
+        /// arguments are the child's input as they are.
+        #[serde(default)]
+        param_mapping: BTreeMap<String, String>,
+    },
 }
 
 /// A tool declared in a `.tools.abl` file.

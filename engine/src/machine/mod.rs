@@ -684,6 +684,19 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                     reason: format!("its parent run was cancelled: {reason}"),
                 });
             }
+            let children: Vec<String> = m
+                .state
+                .tool_calls
+                .values()
+                .filter(|c| c.status == CallStatus::Open)
+                .filter_map(|c| c.child_run_id.clone())
+                .collect();
+            for child_run_id in children {
+                m.command(Command::CancelChildRun {
+                    child_run_id,
+                    reason: format!("its parent run was cancelled: {reason}"),
+                });
+            }
             m.emit(Event::RunCancelled { reason });
             m.command(Command::CancelOpenTasks);
         }
@@ -991,10 +1004,15 @@ impl Step {
 
         let call_id = format!("{}.t{}", node_state.prefix, node_state.tool_calls + 1);
         let key = idempotency_key(&self.state.run_id, &call_id);
-        let spec = tool_spec(tool, &arguments, &key)?;
+        let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
+            .then(|| (tool.def.binding.clone(), arguments.clone()));
+        let spec = match child {
+            None => Some(tool_spec(tool, &arguments, &key)?),
+            Some(_) => None,
+        };
         let repeat_safety = tool.def.repeat_safety;
         let event = Event::ToolCallScheduled {
-            node: node_id,
+            node: node_id.clone(),
             call_id: call_id.clone(),
             tool_use_id: tool_use.id.clone(),
             tool: tool.def.name.clone(),
@@ -1004,15 +1022,91 @@ impl Step {
             repeat_safety,
         };
         self.emit(event);
-        self.command(Command::ScheduleTask {
-            call_id,
-            kind: TaskKind::ToolCall,
-            spec,
-            idempotency_key: key,
-            repeat_safety: Some(repeat_safety),
-            runs_while_paused: false,
-        });
+        match (spec, child) {
+            (Some(spec), _) => self.command(Command::ScheduleTask {
+                call_id,
+                kind: TaskKind::ToolCall,
+                spec,
+                idempotency_key: key,
+                repeat_safety: Some(repeat_safety),
+                runs_while_paused: false,
+            }),
+            (None, Some((binding, arguments))) => {
+                self.start_tool_child(&node_id, &call_id, &binding, &arguments)
+            }
+            (None, None) => {}
+        }
         Ok(())
+    }
+
+    /// A call of a `type: workflow` tool: start its child run (no task);
+    /// `sync` leaves the call open until the child ends, `async` completes
+    /// it at once with `{"run_id"}`.
+    fn start_tool_child(
+        &mut self,
+        node: &str,
+        call_id: &str,
+        binding: &ToolBindingDef,
+        arguments: &Value,
+    ) {
+        let ToolBindingDef::Workflow {
+            workflow,
+            mode,
+            timeout_ms,
+            param_mapping,
+        } = binding
+        else {
+            return;
+        };
+        let input = if param_mapping.is_empty() {
+            arguments.clone()
+        } else {
+            Value::Object(
+                param_mapping
+                    .iter()
+                    .map(|(key, param)| {
+                        (
+                            key.clone(),
+                            arguments.get(param).cloned().unwrap_or(Value::Null),
+                        )
+                    })
+                    .collect(),
+            )
+        };
+        let child_run_id = child_run_id(&self.state.run_id, call_id);
+        let sync = *mode == ChildMode::Sync;
+        let timer = timeout_ms.filter(|_| sync).map(|ms| TimerSpec {
+            timer_id: format!("{call_id}.timeout"),
+            after_ms: Some(ms),
+            at: None,
+            purpose: TimerPurpose::Timeout,
+        });
+        self.emit(Event::ChildRunStarted {
+            node: node.to_owned(),
+            call_id: call_id.to_owned(),
+            child_run_id: child_run_id.clone(),
+            workflow: workflow.clone(),
+            input: input.clone(),
+            mode: *mode,
+            timer: timer.clone(),
+        });
+        self.command(Command::StartChildRun {
+            call_id: call_id.to_owned(),
+            child_run_id: child_run_id.clone(),
+            workflow: workflow.clone(),
+            input,
+            sync,
+        });
+        if let Some(timer) = timer {
+            self.command(Command::ScheduleTimer(timer));
+        }
+        if !sync {
+            self.emit(Event::ToolCallCompleted {
+                call_id: call_id.to_owned(),
+                attempt: 0,
+                result: json!({"run_id": child_run_id}),
+            });
+        }
     }
 
     fn on_dispatch(
@@ -2217,7 +2311,12 @@ impl Step {
         }
         let call_id = format!("{}.t1", self.step_prefix(&def.id));
         let key = idempotency_key(&self.state.run_id, &call_id);
-        let spec = tool_spec(tool, &arguments, &key)?;
+        let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
+            .then(|| (tool.def.binding.clone(), arguments.clone()));
+        let spec = match child {
+            None => Some(tool_spec(tool, &arguments, &key)?),
+            Some(_) => None,
+        };
         let repeat_safety = tool.def.repeat_safety;
         self.emit(Event::ToolCallScheduled {
             node: def.id.clone(),
@@ -2229,14 +2328,20 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
         });
-        self.command(Command::ScheduleTask {
-            call_id,
-            kind: TaskKind::ToolCall,
-            spec,
-            idempotency_key: key,
-            repeat_safety: Some(repeat_safety),
-            runs_while_paused: false,
-        });
+        match (spec, child) {
+            (Some(spec), _) => self.command(Command::ScheduleTask {
+                call_id,
+                kind: TaskKind::ToolCall,
+                spec,
+                idempotency_key: key,
+                repeat_safety: Some(repeat_safety),
+                runs_while_paused: false,
+            }),
+            (None, Some((binding, arguments))) => {
+                self.start_tool_child(&def.id, &call_id, &binding, &arguments)
+            }
+            (None, None) => {}
+        }
         Ok(())
     }
 
@@ -2518,6 +2623,43 @@ impl Step {
             stale(self);
             return Ok(());
         }
+        if let Some((call_id, call)) = self
+            .state
+            .tool_calls
+            .iter()
+            .find(|(_, c)| {
+                c.status == CallStatus::Open
+                    && c.child_timer
+                        .as_ref()
+                        .is_some_and(|t| t.timer_id == timer_id)
+            })
+            .map(|(id, c)| (id.clone(), c.clone()))
+        {
+            let child = call.child_run_id.clone().unwrap_or_default();
+            let after = call
+                .child_timer
+                .as_ref()
+                .and_then(|t| t.after_ms)
+                .map(show_ms)
+                .unwrap_or_default();
+            self.emit(Event::TimerFired {
+                node: call.node.clone(),
+                timer_id: timer_id.to_owned(),
+            });
+            self.command(Command::CancelTimer {
+                timer_id: timer_id.to_owned(),
+            });
+            self.command(Command::CancelChildRun {
+                child_run_id: child.clone(),
+                reason: format!("its parent gave up waiting after {after}"),
+            });
+            self.emit(Event::ToolCallFailed {
+                call_id,
+                attempt: 0,
+                error: format!("child run {child} did not finish within {after}"),
+            });
+            return Ok(());
+        }
         let Some(step) = self.state.step.clone() else {
             stale(self);
             return Ok(());
@@ -2648,6 +2790,46 @@ impl Step {
     ) -> Result<(), MachineError> {
         if self.state.status.is_terminal() || self.state.status == RunStatus::New {
             return Ok(()); // nothing waits for it any more
+        }
+        // A sync call of a `type: workflow` tool waiting for this child.
+        if let Some((call_id, call)) = self
+            .state
+            .tool_calls
+            .iter()
+            .find(|(_, c)| {
+                c.status == CallStatus::Open && c.child_run_id.as_deref() == Some(&child_run_id)
+            })
+            .map(|(id, c)| (id.clone(), c.clone()))
+        {
+            self.emit(Event::ChildRunFinished {
+                node: call.node.clone(),
+                child_run_id: child_run_id.clone(),
+                status: status.clone(),
+                output: output.clone(),
+                error: error.clone(),
+            });
+            if let Some(t) = &call.child_timer {
+                self.command(Command::CancelTimer {
+                    timer_id: t.timer_id.clone(),
+                });
+            }
+            if status == "completed" {
+                self.emit(Event::ToolCallCompleted {
+                    call_id,
+                    attempt: 0,
+                    result: output.unwrap_or(Value::Null),
+                });
+            } else {
+                self.emit(Event::ToolCallFailed {
+                    call_id,
+                    attempt: 0,
+                    error: format!(
+                        "child run {child_run_id} {status}: {}",
+                        error.unwrap_or_else(|| status.clone())
+                    ),
+                });
+            }
+            return Ok(());
         }
         let Some(step) = self.state.step.clone() else {
             return Ok(());
@@ -2838,7 +3020,13 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
         method,
         headers,
         timeout_ms,
-    } = &tool.def.binding;
+    } = &tool.def.binding
+    else {
+        return Err(MachineError::InvalidPlan(format!(
+            "tool `{}` is not called through a worker",
+            tool.def.name
+        )));
+    };
     let spec = ToolCallSpec {
         tool: tool.def.name.clone(),
         tool_version: tool.version,

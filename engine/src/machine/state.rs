@@ -109,6 +109,10 @@ pub struct ToolCallState {
     pub result: Option<Value>,
     /// The error once failed.
     pub error: Option<String>,
+    /// For a `type: workflow` tool: the child run a sync call waits for.
+    pub child_run_id: Option<String>,
+    /// Its timeout timer.
+    pub child_timer: Option<TimerSpec>,
 }
 
 impl ToolCallState {
@@ -139,6 +143,8 @@ impl ToolCallState {
             uncertain_reason: None,
             result: None,
             error: None,
+            child_run_id: None,
+            child_timer: None,
         }
     }
 }
@@ -758,13 +764,26 @@ impl RunState {
             }
             Event::ChildRunStarted {
                 node,
+                call_id,
                 child_run_id,
                 mode,
                 timer,
                 workflow,
                 ..
             } => {
-                if *mode == crate::definitions::model::ChildMode::Sync {
+                let from_tool = self
+                    .step
+                    .as_ref()
+                    .is_none_or(|s| &s.id != node || s.kind != StepKind::Started);
+                if from_tool {
+                    // A call of a `type: workflow` tool: the call waits.
+                    if let Some(call) = self.tool_calls.get_mut(call_id)
+                        && *mode == crate::definitions::model::ChildMode::Sync
+                    {
+                        call.child_run_id = Some(child_run_id.clone());
+                        call.child_timer = timer.clone();
+                    }
+                } else if *mode == crate::definitions::model::ChildMode::Sync {
                     if let Some(step) = self.step.as_mut()
                         && &step.id == node
                     {

@@ -25,10 +25,15 @@ const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [cr
 
 /// A plan from a workflow YAML (plus the tool and agent above).
 fn plan(workflow: &str) -> RunPlan {
+    plan_with(TOOLS, workflow)
+}
+
+/// A plan from a tools file and a workflow YAML (plus the agent above).
+fn plan_with(tools: &str, workflow: &str) -> RunPlan {
     let files = [
         SourceFile {
             path: "t.tools.abl".into(),
-            content: TOOLS.into(),
+            content: tools.into(),
         },
         SourceFile {
             path: "a.yaml".into(),
@@ -82,6 +87,10 @@ struct Run {
 
 impl Run {
     fn start(workflow: &str, input: Value) -> (Run, Decision) {
+        Self::start_plan(plan(workflow), input)
+    }
+
+    fn start_plan(plan: RunPlan, input: Value) -> (Run, Decision) {
         let mut run = Run {
             state: RunState::default(),
             history: vec![],
@@ -93,7 +102,7 @@ impl Run {
             caller_grants: vec!["crm.write".into()],
             tenant_grants: vec!["crm.write".into()],
             input,
-            plan: Box::new(plan(workflow)),
+            plan: Box::new(plan),
         });
         (run, d)
     }
@@ -769,4 +778,77 @@ fn cancelling_a_parent_cancels_its_sync_child_and_an_async_child_does_not_block(
     assert!(!sync);
     assert_eq!(run.state.status, RunStatus::Completed);
     assert_eq!(run.state.output, Some(json!({"run_id": child})));
+}
+
+const WORKFLOW_TOOLS: &str = r#"TOOLS:
+  create_account(email: string, plan?: string = "starter") -> {account_id: string}
+    description: "Create an account"
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+  run_kyc(customer_email: string) -> {status: string}
+    description: "Runs the KYC workflow for a customer"
+    type: workflow
+    workflow_id: kyc
+    mode: sync
+    timeout_ms: 60000
+    param_mapping:
+      email: customer_email
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+#[test]
+fn a_workflow_tool_starts_a_child_with_mapped_params_and_its_output_is_the_result() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: check, type: tool, tool: run_kyc, args: {customer_email: "${ .input.email }"}, grants: [crm.write]}
+---
+kind: workflow
+name: kyc
+nodes:
+  - {id: ok, type: succeed, output: {status: clear}}
+"#;
+    let (mut run, d) = Run::start_plan(plan_with(WORKFLOW_TOOLS, wf), json!({"email": "a@x.io"}));
+    // No task: the engine starts the child itself.
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    let (call_id, child, input, sync) = child_start(&d);
+    assert_eq!((call_id.as_str(), sync), ("check.t1", true));
+    assert_eq!(
+        input,
+        json!({"email": "a@x.io"}),
+        "param_mapping renames the parameter"
+    );
+    assert_eq!(timers(&d)[0].timer_id, "check.t1.timeout");
+    let d = run.step(Input::ChildRunFinished {
+        child_run_id: child,
+        status: "completed".into(),
+        output: Some(json!({"status": "clear"})),
+        error: None,
+    });
+    assert_eq!(cancelled(&d), vec!["check.t1.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"status": "clear"})));
+
+    // Its timeout fails the call (and cancels the child).
+    let (mut run, d) = Run::start_plan(plan_with(WORKFLOW_TOOLS, wf), json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let d = run.step(Input::TimerFired {
+        timer_id: "check.t1.timeout".into(),
+    });
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
+    ));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("did not finish within 1m"),
+        "{}",
+        run.state.status_reason
+    );
 }
