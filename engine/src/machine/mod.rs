@@ -1039,6 +1039,51 @@ impl Step {
         Ok(())
     }
 
+    /// Start a child run for `call_id` (a `workflow` node's `<node>.c1`, or a
+    /// `type: workflow` tool's call): the event, the outbox command and, for
+    /// a sync child with a timeout, its timer `timer_id`. Returns the child's
+    /// id and whether the caller waits for it.
+    #[allow(clippy::too_many_arguments)]
+    fn start_child(
+        &mut self,
+        node: &str,
+        call_id: &str,
+        workflow: &str,
+        input: Value,
+        mode: ChildMode,
+        timeout_ms: Option<u64>,
+        timer_id: String,
+    ) -> (String, bool) {
+        let child_run_id = child_run_id(&self.state.run_id, call_id);
+        let sync = mode == ChildMode::Sync;
+        let timer = timeout_ms.filter(|_| sync).map(|ms| TimerSpec {
+            timer_id,
+            after_ms: Some(ms),
+            at: None,
+            purpose: TimerPurpose::Timeout,
+        });
+        self.emit(Event::ChildRunStarted {
+            node: node.to_owned(),
+            call_id: call_id.to_owned(),
+            child_run_id: child_run_id.clone(),
+            workflow: workflow.to_owned(),
+            input: input.clone(),
+            mode,
+            timer: timer.clone(),
+        });
+        self.command(Command::StartChildRun {
+            call_id: call_id.to_owned(),
+            child_run_id: child_run_id.clone(),
+            workflow: workflow.to_owned(),
+            input,
+            sync,
+        });
+        if let Some(timer) = timer {
+            self.command(Command::ScheduleTimer(timer));
+        }
+        (child_run_id, sync)
+    }
+
     /// A call of a `type: workflow` tool: start its child run (no task);
     /// `sync` leaves the call open until the child ends, `async` completes
     /// it at once with `{"run_id"}`.
@@ -1073,33 +1118,15 @@ impl Step {
                     .collect(),
             )
         };
-        let child_run_id = child_run_id(&self.state.run_id, call_id);
-        let sync = *mode == ChildMode::Sync;
-        let timer = timeout_ms.filter(|_| sync).map(|ms| TimerSpec {
-            timer_id: format!("{call_id}.timeout"),
-            after_ms: Some(ms),
-            at: None,
-            purpose: TimerPurpose::Timeout,
-        });
-        self.emit(Event::ChildRunStarted {
-            node: node.to_owned(),
-            call_id: call_id.to_owned(),
-            child_run_id: child_run_id.clone(),
-            workflow: workflow.clone(),
-            input: input.clone(),
-            mode: *mode,
-            timer: timer.clone(),
-        });
-        self.command(Command::StartChildRun {
-            call_id: call_id.to_owned(),
-            child_run_id: child_run_id.clone(),
-            workflow: workflow.clone(),
+        let (child_run_id, sync) = self.start_child(
+            node,
+            call_id,
+            workflow,
             input,
-            sync,
-        });
-        if let Some(timer) = timer {
-            self.command(Command::ScheduleTimer(timer));
-        }
+            *mode,
+            *timeout_ms,
+            format!("{call_id}.timeout"),
+        );
         if !sync {
             self.emit(Event::ToolCallCompleted {
                 call_id: call_id.to_owned(),
@@ -2078,34 +2105,15 @@ impl Step {
                     input: input.clone(),
                 });
                 let prefix = self.step_prefix(id);
-                let call_id = format!("{prefix}.c1");
-                let child_run_id = child_run_id(&self.state.run_id, &call_id);
-                let sync = *mode == ChildMode::Sync;
-                let timer = timeout_ms.filter(|_| sync).map(|ms| TimerSpec {
-                    timer_id: format!("{prefix}.timeout"),
-                    after_ms: Some(ms),
-                    at: None,
-                    purpose: TimerPurpose::Timeout,
-                });
-                self.emit(Event::ChildRunStarted {
-                    node: id.to_owned(),
-                    call_id: call_id.clone(),
-                    child_run_id: child_run_id.clone(),
-                    workflow: workflow.clone(),
-                    input: input.clone(),
-                    mode: *mode,
-                    timer: timer.clone(),
-                });
-                self.command(Command::StartChildRun {
-                    call_id,
-                    child_run_id: child_run_id.clone(),
-                    workflow: workflow.clone(),
+                let (child_run_id, sync) = self.start_child(
+                    id,
+                    &format!("{prefix}.c1"),
+                    workflow,
                     input,
-                    sync,
-                });
-                if let Some(timer) = timer {
-                    self.command(Command::ScheduleTimer(timer));
-                }
+                    *mode,
+                    *timeout_ms,
+                    format!("{prefix}.timeout"),
+                );
                 if !sync {
                     self.emit(Event::NodeCompleted {
                         node: id.to_owned(),
