@@ -1370,7 +1370,8 @@ async fn a_workflow_tool_runs_a_child_and_its_output_is_the_calls_result(backend
         .expect("register the workflow tool");
     let p = start(&coord, "tool_parent", json!({"email": "a@x.io"}), "wt1").await;
     let c = Uuid::parse_str(&child_run_id(&p.run_id.to_string(), "check.t1")).expect("uuid");
-    // No task for a worker: the engine starts the child itself.
+    // No task for a worker: the engine starts the child itself; the run waits visibly.
+    assert_eq!(p.status, "waiting");
     assert_eq!(coord.claim("w1", 4, 0).await.expect("claim").len(), 0);
     assert_eq!(outbox(&coord).await, 1);
     let child = run(&coord, c).await;

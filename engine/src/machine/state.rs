@@ -569,9 +569,11 @@ impl RunState {
                     call.completed_by_attempt = Some(*attempt);
                 }
                 self.complete_call(call_id, result);
+                self.end_child_wait(call_id);
             }
             Event::ToolCallFailed { call_id, error, .. } => {
                 self.fail_call(call_id, error);
+                self.end_child_wait(call_id);
             }
             Event::UncertainOutcomeRecorded {
                 call_id, reason, ..
@@ -782,6 +784,10 @@ impl RunState {
                     {
                         call.child_run_id = Some(child_run_id.clone());
                         call.child_timer = timer.clone();
+                        let tool = call.tool.clone();
+                        self.set_waiting(format!(
+                            "call `{call_id}` of tool `{tool}` waits for child run {child_run_id} (workflow `{workflow}`)"
+                        ));
                     }
                 } else if *mode == crate::definitions::model::ChildMode::Sync {
                     if let Some(step) = self.step.as_mut()
@@ -913,8 +919,37 @@ impl RunState {
         }
     }
 
+    /// A `type: workflow` call ended: the run stops waiting for it (unless
+    /// another child call still holds it).
+    fn end_child_wait(&mut self, call_id: &str) {
+        let was_child = self
+            .tool_calls
+            .get(call_id)
+            .is_some_and(|c| c.child_run_id.is_some());
+        if was_child && self.status == RunStatus::Waiting {
+            match self.waiting_reason() {
+                Some(reason) => self.status_reason = reason,
+                None => {
+                    self.status = RunStatus::Running;
+                    self.status_reason.clear();
+                }
+            }
+        }
+    }
+
     /// Why the run would be waiting now, if its current node waits.
     fn waiting_reason(&self) -> Option<String> {
+        if let Some((call_id, call)) = self
+            .tool_calls
+            .iter()
+            .find(|(_, c)| c.status == CallStatus::Open && c.child_run_id.is_some())
+        {
+            return Some(format!(
+                "call `{call_id}` of tool `{}` waits for child run {}",
+                call.tool,
+                call.child_run_id.as_deref().unwrap_or_default()
+            ));
+        }
         let step = self.step.as_ref()?;
         match &step.kind {
             StepKind::Wait { signals, .. } => Some(format!(

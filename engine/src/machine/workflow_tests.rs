@@ -826,6 +826,13 @@ nodes:
         "param_mapping renames the parameter"
     );
     assert_eq!(timers(&d)[0].timer_id, "check.t1.timeout");
+    // The run waits visibly, holding no task.
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state.status_reason.contains("waits for child run"),
+        "{}",
+        run.state.status_reason
+    );
     let d = run.step(Input::ChildRunFinished {
         child_run_id: child,
         status: "completed".into(),
