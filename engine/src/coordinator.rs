@@ -28,6 +28,11 @@ use crate::store::{
 /// take it, ms.
 pub const OUTBOX_LEASE_MS: i64 = 10_000;
 
+/// Most bytes of a signal's payload (JSON text): 256 KiB. A payload is
+/// copied into the run's events and the nodes that use it, so documents
+/// should travel by reference.
+pub const MAX_SIGNAL_BYTES: usize = 256 * 1024;
+
 /// Most bytes accepted in a run input or a task result.
 pub const MAX_JSON_BYTES: usize = 4 * 1024 * 1024;
 
@@ -678,9 +683,10 @@ impl Coordinator {
         require("signal_id", signal_id)?;
         check_text("signal_id", signal_id, MAX_ID_BYTES)?;
         check_text("sent_by", sent_by, MAX_ID_BYTES)?;
-        if payload_json.len() > MAX_JSON_BYTES {
+        if payload_json.len() > MAX_SIGNAL_BYTES {
             return Err(CoordinatorError::InvalidArgument(format!(
-                "`payload_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                "`payload_json` is {} bytes, more than the {MAX_SIGNAL_BYTES} bytes a signal may carry; \
+                 send a reference (a URL, a document id) instead of the document",
                 payload_json.len()
             )));
         }

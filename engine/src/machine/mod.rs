@@ -2908,6 +2908,19 @@ impl Step {
         grants: Vec<String>,
         reason: String,
     ) -> Result<(), MachineError> {
+        if self.state.status.is_terminal() || self.state.status == RunStatus::New {
+            // A second decision is told about the first, even after the run
+            // has ended; any other decision on an ended run is refused.
+            if let Some(d) = self.state.decided.get(&node) {
+                return Err(MachineError::AlreadyDecided {
+                    node,
+                    by: d.by.clone(),
+                    approved: d.approved,
+                    seq: d.seq,
+                });
+            }
+            return Err(self.wrong_status(&format!("decide node `{node}`")));
+        }
         let waiting = self
             .state
             .step

@@ -645,6 +645,26 @@ fn an_operator_pause_during_a_wait_holds_the_next_node_until_resume() {
 }
 
 #[test]
+fn a_decision_on_a_cancelled_run_is_refused_and_writes_nothing() {
+    let (mut run, _) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    for approve in [true, false] {
+        assert!(matches!(
+            decide(
+                &run.state,
+                decide_input(approve, None, &["onboarding.approve"])
+            ),
+            Err(MachineError::WrongStatus {
+                status: "cancelled",
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
 fn cancelling_a_waiting_run_ends_it() {
     let (mut run, _) = Run::start(WAIT, json!({}));
     run.step(Input::Cancel {
