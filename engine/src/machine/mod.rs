@@ -763,6 +763,19 @@ pub fn show_ms(ms: u64) -> String {
     humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
 }
 
+/// Why starting a node stopped: the machine refused, or the run fails (a
+/// template could not be rendered, a `fail` node).
+enum Halt {
+    Machine(MachineError),
+    Fail(String),
+}
+
+impl From<MachineError> for Halt {
+    fn from(e: MachineError) -> Self {
+        Halt::Machine(e)
+    }
+}
+
 /// A failed attempt, as reported by a worker or implied by a lost lease.
 struct Failure {
     call_id: String,
@@ -1916,12 +1929,7 @@ impl Step {
                 match next {
                     Some(id) => self.start_node(&plan, &id)?,
                     None => {
-                        let output = self
-                            .state
-                            .completed_nodes
-                            .last()
-                            .map(|(_, o)| o.clone())
-                            .unwrap_or(Value::Null);
+                        let output = self.previous_output().unwrap_or(Value::Null);
                         self.emit(Event::RunCompleted { output });
                     }
                 }
@@ -2032,6 +2040,19 @@ impl Step {
     /// Start node `id`: emit `NodeStarted`, and finish at once the nodes
     /// that need nothing from outside (branch, set, fail, succeed).
     fn start_node(&mut self, plan: &RunPlan, id: &str) -> Result<(), MachineError> {
+        match self.try_start_node(plan, id) {
+            Ok(()) => Ok(()),
+            Err(Halt::Fail(error)) => {
+                self.fail_run(error);
+                Ok(())
+            }
+            Err(Halt::Machine(e)) => Err(e),
+        }
+    }
+
+    /// [`Step::start_node`]; a template that cannot be rendered is
+    /// [`Halt::Fail`] (the run fails, nothing of the node is written).
+    fn try_start_node(&mut self, plan: &RunPlan, id: &str) -> Result<(), Halt> {
         let def = plan
             .workflow
             .def
@@ -2043,22 +2064,13 @@ impl Step {
         let doc = self.state.document();
         let render = |t: &Template, what: &str| {
             t.render(&doc)
-                .map_err(|e| format!("node `{id}`: `{what}`: {e}"))
+                .map_err(|e| Halt::Fail(format!("node `{id}`: `{what}`: {e}")))
         };
         match &def.kind {
             NodeKind::Agent { input, .. } => {
                 let input = match input {
-                    Some(t) => match render(t, "input") {
-                        Ok(v) => v,
-                        Err(e) => {
-                            self.fail_run(e);
-                            return Ok(());
-                        }
-                    },
-                    None => match self.state.completed_nodes.last() {
-                        None => self.state.input.clone(),
-                        Some((_, output)) => output.clone(),
-                    },
+                    Some(t) => render(t, "input")?,
+                    None => self.previous_output_or_input(),
                 };
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
@@ -2066,13 +2078,7 @@ impl Step {
                 });
             }
             NodeKind::Tool { tool, args, .. } => {
-                let args = match render(args, "args") {
-                    Ok(v) => v,
-                    Err(e) => {
-                        self.fail_run(e);
-                        return Ok(());
-                    }
-                };
+                let args = render(args, "args")?;
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: args.clone(),
@@ -2088,17 +2094,8 @@ impl Step {
                 ..
             } => {
                 let input = match input {
-                    Some(t) => match render(t, "input") {
-                        Ok(v) => v,
-                        Err(e) => {
-                            self.fail_run(e);
-                            return Ok(());
-                        }
-                    },
-                    None => match self.state.completed_nodes.last() {
-                        None => self.state.input.clone(),
-                        Some((_, output)) => output.clone(),
-                    },
+                    Some(t) => render(t, "input")?,
+                    None => self.previous_output_or_input(),
                 };
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
@@ -2123,21 +2120,12 @@ impl Step {
                 }
             }
             NodeKind::Approval(approval) => {
-                let subject = match render(&approval.subject, "subject") {
-                    Ok(v) => v,
-                    Err(e) => {
-                        self.fail_run(e);
-                        return Ok(());
-                    }
-                };
-                let prompt = match approval.prompt.as_ref().map(|p| render(p, "prompt")) {
-                    Some(Err(e)) => {
-                        self.fail_run(e);
-                        return Ok(());
-                    }
-                    Some(Ok(v)) => Some(v),
-                    None => None,
-                };
+                let subject = render(&approval.subject, "subject")?;
+                let prompt = approval
+                    .prompt
+                    .as_ref()
+                    .map(|p| render(p, "prompt"))
+                    .transpose()?;
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: subject.clone(),
@@ -2175,8 +2163,10 @@ impl Step {
                         }
                         Ok(_) => {}
                         Err(e) => {
-                            self.fail_run(format!("node `{id}`: `when` of case {}: {e}", i + 1));
-                            return Ok(());
+                            return Err(Halt::Fail(format!(
+                                "node `{id}`: `when` of case {}: {e}",
+                                i + 1
+                            )));
                         }
                     }
                 }
@@ -2194,17 +2184,12 @@ impl Step {
                 });
             }
             NodeKind::Set { values } => {
-                let values = match render(values, "values") {
-                    Ok(v @ Value::Object(_)) => v,
-                    Ok(other) => {
-                        self.fail_run(format!(
+                let values = match render(values, "values")? {
+                    v @ Value::Object(_) => v,
+                    other => {
+                        return Err(Halt::Fail(format!(
                             "node `{id}`: `values` must render to an object, not {other}"
-                        ));
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        self.fail_run(e);
-                        return Ok(());
+                        )));
                     }
                 };
                 self.emit(Event::NodeStarted {
@@ -2225,25 +2210,15 @@ impl Step {
                 let message = match render(error, "error") {
                     Ok(Value::String(s)) => s,
                     Ok(other) => other.to_string(),
-                    Err(e) => e,
+                    Err(Halt::Fail(e)) => e,
+                    Err(e) => return Err(e),
                 };
-                self.fail_run(format!("node `{id}`: {message}"));
+                return Err(Halt::Fail(format!("node `{id}`: {message}")));
             }
             NodeKind::Succeed { output } => {
                 let output = match output {
-                    Some(t) => match render(t, "output") {
-                        Ok(v) => v,
-                        Err(e) => {
-                            self.fail_run(e);
-                            return Ok(());
-                        }
-                    },
-                    None => self
-                        .state
-                        .completed_nodes
-                        .last()
-                        .map(|(_, o)| o.clone())
-                        .unwrap_or(Value::Null),
+                    Some(t) => render(t, "output")?,
+                    None => self.previous_output().unwrap_or(Value::Null),
                 };
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
@@ -2257,6 +2232,18 @@ impl Step {
             }
         }
         Ok(())
+    }
+
+    /// The output of the latest completed node, if any.
+    fn previous_output(&self) -> Option<Value> {
+        self.state.completed_nodes.last().map(|(_, o)| o.clone())
+    }
+
+    /// A node's default input: the previous node's output, or the run input
+    /// for the first node.
+    fn previous_output_or_input(&self) -> Value {
+        self.previous_output()
+            .unwrap_or_else(|| self.state.input.clone())
     }
 
     /// The call/timer id prefix of the step being started.

@@ -338,6 +338,29 @@ pub struct OutboxRow {
     pub attempts: i32,
 }
 
+/// Apply the events `(seq, payload)` that follow `state` (in seq order),
+/// checking that `seq` stays gapless.
+///
+/// Errors: [`StoreError::Corrupt`] for an event that does not decode or a
+/// gap.
+pub(crate) fn fold_tail(
+    state: &mut RunState,
+    run_id: Uuid,
+    rows: Vec<(i64, Value)>,
+) -> Result<(), StoreError> {
+    for (seq, payload) in rows {
+        let event: crate::machine::Event = serde_json::from_value(payload)
+            .map_err(|e| StoreError::Corrupt(format!("run {run_id} event {seq}: {e}")))?;
+        state.apply(&event);
+        if state.last_seq != seq as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "run {run_id}: gap before seq {seq}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a decision ends its run (a terminal event).
 pub(crate) fn ends_run(decision: &Decision) -> bool {
     decision.events.iter().any(|e| {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use super::{
@@ -14,7 +14,7 @@ use super::{
     STATE_CACHE_RUNS, StateCache, StoreError, Target, TaskRow, TransitionError, UncertainQuery,
     UncertainRow, Wake,
 };
-use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
+use crate::machine::{Command, Decision, RunState, TaskEnd};
 
 /// Channel notified when tasks become claimable (payload empty).
 pub const TASKS_CHANNEL: &str = "belay_tasks";
@@ -809,24 +809,14 @@ async fn load_state(
     from: Option<RunState>,
 ) -> Result<RunState, StoreError> {
     let mut state = from.unwrap_or_default();
-    let rows =
-        sqlx::query("SELECT seq, payload FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq")
-            .bind(run_id)
-            .bind(state.last_seq as i64)
-            .fetch_all(&mut **tx)
-            .await?;
-    for row in rows {
-        let seq: i64 = row.try_get("seq")?;
-        let payload: Value = row.try_get("payload")?;
-        let event: Event = serde_json::from_value(payload)
-            .map_err(|e| StoreError::Corrupt(format!("run {run_id} event {seq}: {e}")))?;
-        state.apply(&event);
-        if state.last_seq != seq as u64 {
-            return Err(StoreError::Corrupt(format!(
-                "run {run_id}: gap before seq {seq}"
-            )));
-        }
-    }
+    let rows: Vec<(i64, Value)> = sqlx::query_as(
+        "SELECT seq, payload FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq",
+    )
+    .bind(run_id)
+    .bind(state.last_seq as i64)
+    .fetch_all(&mut **tx)
+    .await?;
+    super::fold_tail(&mut state, run_id, rows)?;
     Ok(state)
 }
 

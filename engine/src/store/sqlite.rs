@@ -28,7 +28,7 @@ use serde_json::Value;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Sqlite, Transaction};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
@@ -37,7 +37,7 @@ use super::{
     NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target,
     TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
 };
-use crate::machine::{Command, Decision, Event, RunState, TaskEnd};
+use crate::machine::{Command, Decision, RunState, TaskEnd};
 
 /// SQL for "now" in the stored time format (`YYYY-MM-DDTHH:MM:SS.SSSZ`).
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now', COALESCE((SELECT printf('%+.3f seconds', offset_ms / 1000.0) FROM belay_clock WHERE id = 1), '+0 seconds'))";
@@ -986,24 +986,14 @@ async fn load_state(
     from: Option<RunState>,
 ) -> Result<RunState, StoreError> {
     let mut state = from.unwrap_or_default();
-    let rows =
-        sqlx::query("SELECT seq, payload FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
-            .bind(run_id)
-            .bind(state.last_seq as i64)
-            .fetch_all(&mut **tx)
-            .await?;
-    for row in rows {
-        let seq: i64 = row.try_get("seq")?;
-        let payload: Value = row.try_get("payload")?;
-        let event: Event = serde_json::from_value(payload)
-            .map_err(|e| StoreError::Corrupt(format!("run {run_id} event {seq}: {e}")))?;
-        state.apply(&event);
-        if state.last_seq != seq as u64 {
-            return Err(StoreError::Corrupt(format!(
-                "run {run_id}: gap before seq {seq}"
-            )));
-        }
-    }
+    let rows: Vec<(i64, Value)> = sqlx::query_as(
+        "SELECT seq, payload FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
+    )
+    .bind(run_id)
+    .bind(state.last_seq as i64)
+    .fetch_all(&mut **tx)
+    .await?;
+    super::fold_tail(&mut state, run_id, rows)?;
     Ok(state)
 }
 
