@@ -320,6 +320,9 @@ impl Fleet {
         ] {
             cmd.env_remove(var);
         }
+        // Replicas must not fight over belay-engine's fixed callback port
+        // (the bench's own `engine` command ignores this).
+        cmd.env("BELAY_CALLBACK_LISTEN", "127.0.0.1:0");
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name}: {}", command.program.display()))?;

@@ -320,6 +320,11 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             sweep_interval_ms: args.sweep_interval_ms,
         },
     );
+    // Callbacks of `type: async_webhook` tools are served beside the admin
+    // endpoint (one port fewer for a developer).
+    coord
+        .serve_callbacks_at(&format!("http://{}", reachable(admin_addr)))
+        .map_err(|e| anyhow!("--admin-listen: {e}"))?;
     let background = coord.spawn_background();
     let (engine_stop, engine_stopped) = watch::channel(false);
     let mut api = tokio::spawn(belay_engine::api::serve(
@@ -327,12 +332,14 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         grpc_listener,
         stopped(&engine_stopped),
     ));
-    let mut admin = tokio::spawn(admin::serve(
-        Arc::clone(&coord),
-        auth,
-        admin_listener,
-        stopped(&engine_stopped),
-    ));
+    let admin_router = admin::router(Arc::clone(&coord), auth)
+        .merge(belay_engine::callbacks::routes(Arc::clone(&coord)));
+    let admin_stopped = stopped(&engine_stopped);
+    let mut admin = tokio::spawn(async move {
+        axum::serve(admin_listener, admin_router)
+            .with_graceful_shutdown(admin_stopped)
+            .await
+    });
     let (worker_stop, worker_stopped) = watch::channel(false);
     let worker_id = format!("dev-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let config = WorkerConfig {
@@ -358,6 +365,11 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     } else {
         writeln!(out, "admin token: from --admin-token (BELAY_ADMIN_TOKEN)")?;
     }
+    writeln!(
+        out,
+        "callbacks (type: async_webhook): http://{}/callbacks/v1/{{token}}",
+        reachable(admin_addr)
+    )?;
     out.flush()?;
     drop(out);
 

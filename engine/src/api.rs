@@ -548,10 +548,13 @@ impl WorkerService for Api {
         req: Request<v1::DispatchToolCallRequest>,
     ) -> Result<Response<v1::DispatchToolCallResponse>, Status> {
         let r = req.into_inner();
-        self.coord
+        let callback_url = self
+            .coord
             .dispatch(&r.worker_id, &r.task_id, r.attempt)
             .await?;
-        Ok(Response::new(v1::DispatchToolCallResponse {}))
+        Ok(Response::new(v1::DispatchToolCallResponse {
+            callback_url: callback_url.unwrap_or_default(),
+        }))
     }
 
     async fn complete_task(

@@ -94,6 +94,7 @@ impl From<MachineError> for CoordinatorError {
                 errors,
             },
             MachineError::InvalidSignal(msg) => CoordinatorError::InvalidArgument(msg),
+            MachineError::NoSuchNode { .. } => CoordinatorError::InvalidArgument(e.to_string()),
             MachineError::InvalidEdit { node, errors } => CoordinatorError::Unprocessable {
                 message: format!(
                     "the edited subject does not match the `edits_schema` of node `{node}`"
@@ -134,6 +135,30 @@ pub struct Coordinator {
     run_events: broadcast::Sender<Uuid>,
     /// Outbox rows were written (here or by another replica).
     outbox_ready: Notify,
+    /// Base URL of the callback endpoint (`type: async_webhook`), as tool
+    /// servers reach it; unset: such tools are refused at dispatch.
+    callback_base_url: std::sync::OnceLock<String>,
+}
+
+/// What `POST /callbacks/v1/{token}` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallbackOutcome {
+    /// The run the token belongs to.
+    pub run_id: Uuid,
+    /// `false` when the token had been used before: nothing changed.
+    pub applied: bool,
+}
+
+/// Most bytes of a callback's body: the tool's result (JSON).
+pub const MAX_CALLBACK_BYTES: usize = MAX_JSON_BYTES;
+
+/// Path of the callback endpoint, under the callback base URL.
+pub const CALLBACK_PATH_PREFIX: &str = "/callbacks/v1/";
+
+/// Hex SHA-256 of a callback token.
+pub fn callback_token_sha256(token: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
 /// A request to start a run.
@@ -249,7 +274,35 @@ impl Coordinator {
             tasks_ready: Notify::new(),
             outbox_ready: Notify::new(),
             run_events,
+            callback_base_url: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Serve callbacks of `type: async_webhook` tools at `base_url` (what
+    /// tool servers reach, e.g. `https://belay.example.com` or
+    /// `http://127.0.0.1:50053`; a trailing `/` is dropped): dispatches then
+    /// hand out `{base_url}/callbacks/v1/{token}`. Set once; a second call is
+    /// refused with `FailedPrecondition`; a base that is not an http(s) URL
+    /// with `InvalidArgument`.
+    pub fn serve_callbacks_at(&self, base_url: &str) -> Result<(), CoordinatorError> {
+        let base = base_url.trim().trim_end_matches('/');
+        let parsed = reqwest::Url::parse(base).map_err(|e| {
+            CoordinatorError::InvalidArgument(format!("callback base URL {}: {e}", shown(base_url)))
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "callback base URL {} must be an http:// or https:// URL with a host",
+                shown(base_url)
+            )));
+        }
+        self.callback_base_url.set(base.to_owned()).map_err(|_| {
+            CoordinatorError::FailedPrecondition("the callback base URL is already set".into())
+        })
+    }
+
+    /// The callback base URL, if callbacks are served.
+    pub fn callback_base_url(&self) -> Option<&str> {
+        self.callback_base_url.get().map(String::as_str)
     }
 
     /// The store.
@@ -667,7 +720,8 @@ impl Coordinator {
     /// whether `signal_id` had been delivered before (then nothing changed).
     ///
     /// Errors: `InvalidArgument` for a signal the workflow does not wait for
-    /// or a payload its wait refuses; `FailedPrecondition` for a finished run.
+    /// or a payload its wait refuses; `FailedPrecondition` for a finished run,
+    /// or for a `signal_id` already delivered with another name or payload.
     #[allow(clippy::too_many_arguments)]
     pub async fn signal_run(
         &self,
@@ -722,7 +776,8 @@ impl Coordinator {
     /// Errors: `PermissionDenied` without the node's `approver_grant` (or an
     /// edit where none is allowed), `Conflict` for a second decision,
     /// `FailedPrecondition` when the node is not waiting, `Unprocessable` for
-    /// an edit that does not match `edits_schema`.
+    /// an edit that does not match `edits_schema`, `InvalidArgument` ("no
+    /// such node") for a node the run's workflow does not have.
     #[allow(clippy::too_many_arguments)]
     pub async fn decide_approval(
         &self,
@@ -1060,17 +1115,35 @@ impl Coordinator {
     }
 
     /// Allow the side effect of a tool call attempt to start; records
-    /// `ToolCallDispatched`. Any error means: do not act.
+    /// `ToolCallDispatched`. Any error means: do not act. Returns the
+    /// callback URL for a `type: async_webhook` call (a fresh single-use
+    /// token each time; only its SHA-256 is stored), `None` for other tools.
     pub async fn dispatch(
         &self,
         worker_id: &str,
         task_id: &str,
         attempt: u32,
-    ) -> Result<(), CoordinatorError> {
+    ) -> Result<Option<String>, CoordinatorError> {
         require("worker_id", worker_id)?;
         let task = parse_uuid("task_id", task_id)?;
         let worker = worker_id.to_owned();
         let mut refusal: Option<String> = None;
+        // 256 random bits from the OS; minted for every dispatch (cheap),
+        // used only if the machine issues it.
+        let token = match self.callback_base_url() {
+            Some(_) => {
+                let mut bytes = [0u8; 32];
+                getrandom::fill(&mut bytes).map_err(|e| {
+                    CoordinatorError::Store(StoreError::Corrupt(format!(
+                        "the OS random source failed: {e}"
+                    )))
+                })?;
+                Some(hex::encode(bytes))
+            }
+            None => None,
+        };
+        let token_sha256 = token.as_deref().map(callback_token_sha256);
+        let mut issued = false;
         self.store
             .transition_task(task, |state, row| {
                 let row = fenced(row, attempt, Some(worker_id))?;
@@ -1090,14 +1163,22 @@ impl Coordinator {
                         "the lease of task {task_id} attempt {attempt} has expired"
                     )));
                 }
-                match machine::decide(
+                let decided = machine::decide(
                     state,
                     Input::DispatchToolCall {
                         call_id: row.call_id.clone(),
                         attempt,
                         worker_id: worker,
+                        callback_token_sha256: token_sha256,
                     },
-                ) {
+                );
+                if let Ok(d) = &decided {
+                    issued = d
+                        .events
+                        .iter()
+                        .any(|e| matches!(e, machine::Event::CallbackIssued { .. }));
+                }
+                match decided {
                     // A refusal that will repeat on every attempt (a grant
                     // withdrawn, a call that may already have acted) fails
                     // the attempt now, in the history, instead of leaving it
@@ -1127,8 +1208,67 @@ impl Coordinator {
                 "dispatch refused: {detail}"
             )));
         }
-        tracing::info!(%task, attempt, worker_id, "tool call dispatched");
-        Ok(())
+        tracing::info!(%task, attempt, worker_id, callback = issued, "tool call dispatched");
+        Ok(match (issued, token, self.callback_base_url()) {
+            (true, Some(token), Some(base)) => Some(format!("{base}{CALLBACK_PATH_PREFIX}{token}")),
+            _ => None,
+        })
+    }
+
+    /// A tool server's callback for a `type: async_webhook` call: `token`
+    /// from the URL, `body` the result as JSON (empty: `null`).
+    ///
+    /// Errors: `NotFound` for a token never issued (or malformed);
+    /// `InvalidArgument` for a body that is not JSON or is too large;
+    /// `Unprocessable` for a result that does not match the tool's output
+    /// type (the token stays unused, so a corrected callback can follow);
+    /// `FailedPrecondition` when the run has ended.
+    pub async fn callback(
+        &self,
+        token: &str,
+        body: &[u8],
+    ) -> Result<CallbackOutcome, CoordinatorError> {
+        // Tokens are 64 hex digits; anything else was never issued.
+        if token.len() != 64 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(CoordinatorError::NotFound("callback token".into()));
+        }
+        let token_sha256 = callback_token_sha256(&token.to_ascii_lowercase());
+        let run_id = self
+            .store
+            .callback_run(&token_sha256)
+            .await?
+            .ok_or_else(|| CoordinatorError::NotFound("callback token".into()))?;
+        if body.len() > MAX_CALLBACK_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "the callback body is {} bytes, more than {MAX_CALLBACK_BYTES}",
+                body.len()
+            )));
+        }
+        let payload = if body.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            serde_json::from_slice::<Value>(body)
+                .map(machine::normalize::strip_nul_value)
+                .map_err(|e| {
+                    CoordinatorError::InvalidArgument(format!("the callback body is not JSON: {e}"))
+                })?
+        };
+        let applied = self
+            .store
+            .transition(run_id, None, |state, _| {
+                machine::decide(
+                    state,
+                    Input::Callback {
+                        token_sha256: token_sha256.clone(),
+                        payload,
+                    },
+                )
+                .map_err(CoordinatorError::from)
+            })
+            .await?;
+        let applied = applied.events > 0;
+        tracing::info!(%run_id, applied, "callback received");
+        Ok(CallbackOutcome { run_id, applied })
     }
 
     /// Record a task's result.

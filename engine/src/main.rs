@@ -62,6 +62,16 @@ struct ServeArgs {
     /// `*`, the default, means every tenant).
     #[arg(long, env = "BELAY_ADMIN_TOKENS", hide_env_values = true)]
     admin_tokens: Option<String>,
+    /// Listen address of the callback endpoint of `type: async_webhook`
+    /// tools (`POST /callbacks/v1/{token}`); port 0 picks a free port; empty:
+    /// not served (such tools are then refused at dispatch).
+    #[arg(long, env = "BELAY_CALLBACK_LISTEN", default_value = "127.0.0.1:50053")]
+    callback_listen: String,
+    /// Base URL tool servers use to reach the callback endpoint (behind a
+    /// load balancer or ingress: its public URL); default
+    /// `http://<callback listen address>`.
+    #[arg(long, env = "BELAY_CALLBACK_BASE_URL")]
+    callback_base_url: Option<String>,
     /// Webhook URL that receives signed notifications (a run paused on an
     /// uncertain outcome); needs --webhook-secret.
     #[arg(long, env = "BELAY_WEBHOOK_URL")]
@@ -146,6 +156,25 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding the admin endpoint {}", args.admin_listen))?;
         Some(l)
     };
+    let callback_listener = if args.callback_listen.trim().is_empty() {
+        None
+    } else {
+        let l = tokio::net::TcpListener::bind(&args.callback_listen)
+            .await
+            .with_context(|| format!("binding the callback endpoint {}", args.callback_listen))?;
+        let base = match args
+            .callback_base_url
+            .as_deref()
+            .filter(|b| !b.trim().is_empty())
+        {
+            Some(base) => base.to_owned(),
+            None => format!("http://{}", l.local_addr()?),
+        };
+        coord
+            .serve_callbacks_at(&base)
+            .context("--callback-base-url (BELAY_CALLBACK_BASE_URL)")?;
+        Some(l)
+    };
     let notifier = match webhook {
         Some((url, secret)) => Some(
             Notifier::new(coord.store().clone(), &url, &secret)
@@ -179,6 +208,26 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             None
         }
     };
+    let callbacks = match callback_listener {
+        Some(l) => {
+            println!("callbacks listening on http://{}", l.local_addr()?);
+            tracing::info!(
+                base_url = coord.callback_base_url().unwrap_or_default(),
+                "callback URLs handed to tool servers"
+            );
+            let mut stop = stop_rx.clone();
+            let coord = Arc::clone(&coord);
+            Some(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                };
+                if let Err(e) = belay_engine::callbacks::serve(coord, l, shutdown).await {
+                    tracing::error!(error = %e, "callback endpoint failed");
+                }
+            }))
+        }
+        None => None,
+    };
     use std::io::Write;
     std::io::stdout().flush()?;
     let shutdown = async move {
@@ -188,6 +237,9 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let result = belay_engine::api::serve(Arc::clone(&coord), listener, shutdown).await;
     if let Some(admin) = admin {
         let _ = admin.await;
+    }
+    if let Some(callbacks) = callbacks {
+        let _ = callbacks.await;
     }
     for h in background {
         h.abort();

@@ -316,12 +316,34 @@ async fn a_duplicate_signal_is_reported_and_writes_nothing(backend: Backend) {
     let n = events(&coord, r.run_id).await.len();
     let raw = db.raw().await;
     let before = snapshot(&raw).await;
-    for payload in [json!({"n": 1}), json!({"n": "another payload"})] {
-        let (after, duplicate) = signal(&coord, r.run_id, "go", "g1", payload)
+    // The same signal again: a duplicate.
+    let (after, duplicate) = signal(&coord, r.run_id, "go", "g1", json!({"n": 1}))
+        .await
+        .expect("again");
+    assert!(duplicate, "the same signal id is a duplicate");
+    assert_eq!(after.last_seq, seq);
+    // The same id for another payload or another name: refused, naming
+    // the id, not passed off as a duplicate.
+    for (name, payload, says) in [
+        (
+            "go",
+            json!({"n": "another payload"}),
+            "signal `go` with a different payload",
+        ),
+        ("more", json!({"n": 1}), "signal `go`, not `more`"),
+    ] {
+        let err = signal(&coord, r.run_id, name, "g1", payload)
             .await
-            .expect("again");
-        assert!(duplicate, "the same signal id is a duplicate");
-        assert_eq!(after.last_seq, seq);
+            .expect_err("another signal under a used id");
+        assert!(
+            matches!(&err, CoordinatorError::FailedPrecondition(m)
+                if m.starts_with("signal id `g1` was already used for ") && m.contains(says)),
+            "{err:?}"
+        );
+        assert_eq!(
+            tonic::Status::from(err).code(),
+            tonic::Code::FailedPrecondition
+        );
     }
     assert_eq!(events(&coord, r.run_id).await.len(), n, "no event written");
     assert_eq!(snapshot(&raw).await, before, "the run row is untouched too");
@@ -770,6 +792,31 @@ async fn an_approval_needs_the_grant_is_decided_once_and_the_next_node_sees_the_
     assert!(
         matches!(err, CoordinatorError::FailedPrecondition(_)),
         "{err:?}"
+    );
+    // A node the workflow does not have is named as such, not "not waiting".
+    let err = coord
+        .decide_approval(
+            TENANT,
+            &id,
+            "aprove",
+            true,
+            "",
+            "grace",
+            &["onboarding.approve".into()],
+            "",
+        )
+        .await
+        .expect_err("misspelt node");
+    assert!(
+        matches!(&err, CoordinatorError::InvalidArgument(m)
+            if m.starts_with("no such node `aprove` in workflow ") && m.ends_with("its approval nodes: approve")),
+        "{err:?}"
+    );
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("no such node `aprove`"),
+        "{status:?}"
     );
     assert_eq!(snapshot(&raw).await, before, "refusals write nothing");
 

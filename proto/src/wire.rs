@@ -121,6 +121,22 @@ pub struct ModelCallResult {
 pub enum ToolBinding {
     /// An HTTP endpoint.
     Http(HttpBinding),
+    /// An HTTP endpoint that answers later, by POSTing the result to a
+    /// callback URL (`type: async_webhook`). The worker gets the URL from
+    /// `DispatchToolCallResponse.callback_url`, puts it into the JSON body at
+    /// `callback_url_field`, and reports the 2xx answer as the acceptance.
+    AsyncWebhook(AsyncWebhookBinding),
+}
+
+/// Binding of a `type: async_webhook` tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AsyncWebhookBinding {
+    /// The request, as for `type: http` (its method is POST, PUT or PATCH).
+    #[serde(flatten)]
+    pub http: HttpBinding,
+    /// Dot-path in the JSON body where the callback URL goes, e.g.
+    /// `callbackUrl` or `meta.reply_to` (objects on the way are created).
+    pub callback_url_field: String,
 }
 
 /// HTTP binding of a tool (`type: http` in `.tools.abl`).

@@ -413,13 +413,16 @@ impl Client {
     /// Send signal `name` to a run (`SignalRun`), for a `wait` node that
     /// waits for it; a signal that comes before its wait is kept until the
     /// wait starts. `signal_id` is the sender's id for this signal: sending
-    /// the same id again is applied once, and returns `true` as the second
-    /// value (a duplicate). `sent_by` is recorded in the event.
+    /// the same signal (name and payload) with it again is applied once, and
+    /// returns `true` as the second value (a duplicate). `sent_by` is
+    /// recorded in the event.
     ///
     /// Errors come back as [`SdkError::Status`]: `INVALID_ARGUMENT` when the
     /// workflow waits for no such signal or the payload does not match the
     /// wait's `payload_schema`, `NOT_FOUND` for an unknown run, and
-    /// `FAILED_PRECONDITION` when the run has ended.
+    /// `FAILED_PRECONDITION` when the run has ended or when `signal_id` was
+    /// already delivered with another name or payload (the message names
+    /// the id).
     pub async fn signal(
         &self,
         run_id: &str,
@@ -459,7 +462,8 @@ impl Client {
     /// the grant (or with an edit the node does not allow), `ABORTED` when
     /// the node was already decided (the message names who decided),
     /// `FAILED_PRECONDITION` when the node is not waiting for a decision,
-    /// `INVALID_ARGUMENT` for an edit that does not match `edits_schema`.
+    /// `INVALID_ARGUMENT` for an edit that does not match `edits_schema` or
+    /// for a node the run's workflow does not have ("no such node").
     #[allow(clippy::too_many_arguments)]
     pub async fn decide_approval(
         &self,
@@ -661,6 +665,22 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("call_id"),
             s("attempt"),
             s("worker_id")
+        ),
+        "callback_issued" | "callback_received" => format!(
+            "{} attempt={} token_sha256={}",
+            s("call_id"),
+            s("attempt"),
+            short(&p["token_sha256"], 12)
+        ),
+        "tool_call_accepted" => format!(
+            "{} attempt={} response={} waits up to {}",
+            s("call_id"),
+            s("attempt"),
+            s("response"),
+            p["timer"]["after_ms"]
+                .as_u64()
+                .map(|ms| format!("{} s", ms / 1000))
+                .unwrap_or_default()
         ),
         "tool_call_completed" => format!(
             "{} attempt={} result={}",

@@ -336,6 +336,23 @@ impl Proc {
         self.urls.get(1).map(String::as_str).unwrap_or("")
     }
 
+    /// Base URL of an engine's callback endpoint (its third line).
+    pub fn callback_url(&self) -> &str {
+        self.urls.get(2).map(String::as_str).unwrap_or("")
+    }
+
+    /// An engine's admin and callback ports, to restart it on the same ones.
+    fn ports_after_grpc(&self) -> Result<(u16, u16)> {
+        let port = |url: &str| -> Result<u16> {
+            url.rsplit(':')
+                .next()
+                .unwrap_or_default()
+                .parse()
+                .with_context(|| format!("{}: no port in {url:?}", self.name))
+        };
+        Ok((port(self.admin_url())?, port(self.callback_url())?))
+    }
+
     /// Port of `url`.
     pub fn port(&self) -> Result<u16> {
         let port = self.url.rsplit(':').next().unwrap_or_default();
@@ -441,7 +458,7 @@ impl Env {
     }
 
     /// Start another engine on the same database (on `port`, or a free one),
-    /// with its admin endpoint on `admin_port` (or a free one).
+    /// with its admin and callback endpoints on free ports.
     pub async fn start_engine(&mut self, port: Option<u16>) -> Result<usize> {
         self.start_engine_on(port, None).await
     }
@@ -449,8 +466,9 @@ impl Env {
     async fn start_engine_on(
         &mut self,
         port: Option<u16>,
-        admin_port: Option<u16>,
+        ports: Option<(u16, u16)>,
     ) -> Result<usize> {
+        let (admin_port, callback_port) = ports.unwrap_or((0, 0));
         let listen = format!("127.0.0.1:{}", port.unwrap_or(0));
         let engine = Proc::spawn_lines(
             &format!("engine{}", self.engines.len()),
@@ -465,13 +483,15 @@ impl Env {
                 "--db-connections".into(),
                 "6".into(),
                 "--admin-listen".into(),
-                format!("127.0.0.1:{}", admin_port.unwrap_or(0)),
+                format!("127.0.0.1:{admin_port}"),
+                "--callback-listen".into(),
+                format!("127.0.0.1:{callback_port}"),
             ],
             &[
                 ("DATABASE_URL", self.db.url.clone()),
                 ("BELAY_ADMIN_TOKENS", format!("ops:{ADMIN_TOKEN}:*")),
             ],
-            2,
+            3,
         )
         .await?;
         self.engines.push(engine);
@@ -481,15 +501,9 @@ impl Env {
     /// SIGKILL engine `i` and start a new one on the same port, replacing it.
     pub async fn restart_engine(&mut self, i: usize) -> Result<()> {
         let port = self.engines[i].port()?;
-        let admin_port = self.engines[i]
-            .admin_url()
-            .rsplit(':')
-            .next()
-            .unwrap_or_default()
-            .parse()
-            .ok();
+        let ports = self.engines[i].ports_after_grpc()?;
         self.engines[i].kill().await?;
-        let new = self.start_engine_on(Some(port), admin_port).await?;
+        let new = self.start_engine_on(Some(port), Some(ports)).await?;
         let proc = self.engines.remove(new);
         self.engines[i] = proc;
         Ok(())
@@ -505,14 +519,8 @@ impl Env {
     /// admin ports, replacing it.
     pub async fn start_engine_again(&mut self, i: usize) -> Result<()> {
         let port = self.engines[i].port()?;
-        let admin_port = self.engines[i]
-            .admin_url()
-            .rsplit(':')
-            .next()
-            .unwrap_or_default()
-            .parse()
-            .ok();
-        let new = self.start_engine_on(Some(port), admin_port).await?;
+        let ports = self.engines[i].ports_after_grpc()?;
+        let new = self.start_engine_on(Some(port), Some(ports)).await?;
         let proc = self.engines.remove(new);
         self.engines[i] = proc;
         Ok(())

@@ -162,8 +162,10 @@ impl EngineClient {
     }
 
     /// `DispatchToolCall`, retried while transient. `Ok` means the dispatch is
-    /// recorded and the worker may act; any error means it must not.
-    pub async fn dispatch(&self, task_id: &str, attempt: u32) -> Result<(), Status> {
+    /// recorded and the worker may act; any error means it must not. The
+    /// `Ok` value is the callback URL of a `type: async_webhook` call
+    /// (`None` for other tools).
+    pub async fn dispatch(&self, task_id: &str, attempt: u32) -> Result<Option<String>, Status> {
         let request = DispatchToolCallRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
@@ -175,7 +177,7 @@ impl EngineClient {
                 client
                     .dispatch_tool_call(with_deadline(request))
                     .await
-                    .map(drop)
+                    .map(|r| Some(r.into_inner().callback_url).filter(|u| !u.is_empty()))
             }
         })
         .await
@@ -226,16 +228,16 @@ impl EngineClient {
         .await
     }
 
-    async fn retrying<F, Fut>(
+    async fn retrying<F, Fut, T>(
         &self,
         call: &'static str,
         task_id: &str,
         attempt: u32,
         f: F,
-    ) -> Result<(), Status>
+    ) -> Result<T, Status>
     where
         F: Fn(WorkerServiceClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<(), Status>>,
+        Fut: Future<Output = Result<T, Status>>,
     {
         let mut retries = 0u32;
         (|| f(self.client.clone()))

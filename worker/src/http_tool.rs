@@ -22,6 +22,14 @@
 //!
 //! A 2xx answer's body is the result: parsed as JSON, a non-JSON body becomes
 //! a JSON string, an empty body `null`.
+//!
+//! [`ToolBinding::AsyncWebhook`] builds the same request (POST, PUT or PATCH
+//! only); the callback URL the engine hands out at dispatch is then put into
+//! the JSON body at the binding's dot-path `callback_url_field`
+//! ([`PreparedRequest::set_callback_url`]), creating objects on the way. The
+//! body must then be a JSON object, and every value on the path an object or
+//! absent: otherwise the call is refused before dispatch. The 2xx answer is
+//! reported as the acceptance; the result comes by callback.
 
 use std::time::Duration;
 
@@ -139,6 +147,38 @@ pub struct PreparedRequest {
     headers: HeaderMap,
     body: Option<Vec<u8>>,
     timeout_ms: u64,
+    /// `callback_url_field` of an async webhook: the callback URL goes here.
+    callback_url_field: Option<String>,
+}
+
+/// Put `url` into `body` (a JSON object) at the dot-path `field`, creating
+/// objects on the way. Errors name the segment that is not an object.
+fn inject_at(body: &mut Value, field: &str, url: &str) -> Result<(), String> {
+    let mut at = body;
+    let segments: Vec<&str> = field.split('.').collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let path = segments[..=i].join(".");
+        let Value::Object(map) = at else {
+            return Err(format!(
+                "cannot put the callback URL at `{field}`: the value before `{seg}` is not a JSON object"
+            ));
+        };
+        if i + 1 == segments.len() {
+            map.insert((*seg).to_owned(), Value::String(url.to_owned()));
+            return Ok(());
+        }
+        let next = map
+            .entry((*seg).to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !next.is_object() {
+            return Err(format!(
+                "cannot put the callback URL at `{field}`: `{path}` is {}, not an object",
+                json_kind(next)
+            ));
+        }
+        at = next;
+    }
+    Err(format!("`callback_url_field` {field:?} is empty"))
 }
 
 impl PreparedRequest {
@@ -155,6 +195,32 @@ impl PreparedRequest {
     /// The JSON body, for POST, PUT and PATCH.
     pub fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
+    }
+
+    /// For a `type: async_webhook` request: put the callback URL from the
+    /// dispatch into the body at the binding's `callback_url_field`.
+    /// [`HttpToolError::Config`] if the request is not an async webhook or
+    /// the body cannot hold it (both are refused by `prepare` already).
+    pub fn set_callback_url(&mut self, url: &str) -> Result<(), HttpToolError> {
+        let Some(field) = self.callback_url_field.as_deref() else {
+            return Err(config("this request takes no callback URL"));
+        };
+        let mut body: Value = match self.body.as_deref() {
+            Some(bytes) => serde_json::from_slice(bytes)
+                .map_err(|e| config(format!("the request body is not JSON: {e}")))?,
+            None => return Err(config("an async webhook request needs a body")),
+        };
+        inject_at(&mut body, field, url).map_err(config)?;
+        self.body = Some(
+            serde_json::to_vec(&body)
+                .map_err(|e| config(format!("cannot encode the body: {e}")))?,
+        );
+        Ok(())
+    }
+
+    /// Whether the request waits for a callback URL ([`Self::set_callback_url`]).
+    pub fn wants_callback_url(&self) -> bool {
+        self.callback_url_field.is_some()
     }
 }
 
@@ -184,13 +250,34 @@ impl HttpToolClient {
     /// Builds the request for `spec` without any I/O. Every error is
     /// [`HttpToolError::Config`]: the call must not be dispatched.
     pub fn prepare(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
-        let ToolBinding::Http(binding) = &spec.binding;
-        prepare_http(
-            binding,
-            &spec.arguments,
-            &spec.idempotency_key,
-            self.base_url.as_deref(),
-        )
+        match &spec.binding {
+            ToolBinding::Http(binding) => prepare_http(
+                binding,
+                &spec.arguments,
+                &spec.idempotency_key,
+                self.base_url.as_deref(),
+            ),
+            ToolBinding::AsyncWebhook(binding) => {
+                let mut request = prepare_http(
+                    &binding.http,
+                    &spec.arguments,
+                    &spec.idempotency_key,
+                    self.base_url.as_deref(),
+                )?;
+                if !has_body(&request.method) {
+                    return Err(config(format!(
+                        "an async webhook is sent with POST, PUT or PATCH, not {}",
+                        request.method
+                    )));
+                }
+                request.callback_url_field = Some(binding.callback_url_field.clone());
+                // Try the injection now, so a body that cannot carry the URL
+                // is refused before dispatch.
+                let mut trial = request.clone();
+                trial.set_callback_url("https://callback.invalid/")?;
+                Ok(request)
+            }
+        }
     }
 
     /// Sends `request` once and returns the result value. See the module docs
@@ -341,6 +428,7 @@ fn prepare_http(
         headers,
         body,
         timeout_ms: binding.timeout_ms,
+        callback_url_field: None,
     })
 }
 

@@ -15,6 +15,8 @@
 //!   keeps it as history).
 //! - A `tool_call` is dispatched (`DispatchToolCall`) before the HTTP request
 //!   starts; if dispatch fails the worker does not act and does not report.
+//!   An async webhook's request gets the callback URL the dispatch returned;
+//!   its 2xx answer is reported as a result the engine reads as "accepted".
 //! - On shutdown the claim loop stops, in-flight tasks get a grace period to
 //!   finish and report (heartbeats continue meanwhile), the rest are dropped
 //!   and their leases expire.
@@ -471,18 +473,34 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     };
     // Build the request before dispatch: a call that cannot be made is
     // refused without ever being dispatched.
-    let request = match ctx.tools.prepare(&spec) {
+    let mut request = match ctx.tools.prepare(&spec) {
         Ok(request) => request,
         Err(e) => return report_failure(ctx, task, e.class(), e.to_string()).await,
     };
-    if let Err(status) = ctx.engine.dispatch(task_id, attempt).await {
-        tracing::warn!(
-            %task_id, attempt, code = ?status.code(), error = status.message(),
-            "dispatch refused; not acting and not reporting"
-        );
-        return;
-    }
+    let callback_url = match ctx.engine.dispatch(task_id, attempt).await {
+        Ok(url) => url,
+        Err(status) => {
+            tracing::warn!(
+                %task_id, attempt, code = ?status.code(), error = status.message(),
+                "dispatch refused; not acting and not reporting"
+            );
+            return;
+        }
+    };
     dispatched.store(true, Ordering::SeqCst);
+    if request.wants_callback_url() {
+        // An async webhook: the engine's single-use callback URL goes into
+        // the body. Without one nothing is sent (NOT_SENT: safe to retry).
+        let injected = match callback_url.as_deref() {
+            Some(url) => request.set_callback_url(url),
+            None => Err(crate::http_tool::HttpToolError::Connect(
+                "the engine gave no callback URL for an async webhook".into(),
+            )),
+        };
+        if let Err(e) = injected {
+            return report_failure(ctx, task, FailureClass::NotSent, e.to_string()).await;
+        }
+    }
     tracing::info!(%task_id, attempt, tool = %spec.tool, "tool call dispatched");
     match ctx.tools.execute(request).await {
         Ok(value) => report_complete(ctx, task, value.to_string()).await,

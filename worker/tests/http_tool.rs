@@ -60,7 +60,9 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
 }
 
 fn with_timeout(mut spec: ToolCallSpec, timeout_ms: u64) -> ToolCallSpec {
-    let ToolBinding::Http(binding) = &mut spec.binding;
+    let ToolBinding::Http(binding) = &mut spec.binding else {
+        panic!("an http binding")
+    };
     binding.timeout_ms = timeout_ms;
     spec
 }
@@ -163,7 +165,9 @@ async fn idempotency_key_wins_over_a_binding_header() {
     let (base, seen) = tool_server(200, "{}").await;
     let client = HttpToolClient::new(Some(base)).unwrap();
     let mut spec = spec("/x", "POST", json!({}));
-    let ToolBinding::Http(binding) = &mut spec.binding;
+    let ToolBinding::Http(binding) = &mut spec.binding else {
+        panic!("an http binding")
+    };
     binding
         .headers
         .insert("Idempotency-Key".into(), "forged".into());
@@ -286,4 +290,79 @@ async fn connection_closed_after_sending_may_have_acted() {
         .unwrap_err();
     assert!(matches!(err, HttpToolError::Transport(_)), "{err:?}");
     assert_eq!(err.class(), FailureClass::MayHaveActed);
+}
+
+fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> ToolCallSpec {
+    ToolCallSpec {
+        tool: "kyc".into(),
+        tool_version: 1,
+        arguments,
+        binding: ToolBinding::AsyncWebhook(belay_proto::wire::AsyncWebhookBinding {
+            http: HttpBinding {
+                endpoint: endpoint.into(),
+                method: method.into(),
+                headers: BTreeMap::new(),
+                timeout_ms: 5_000,
+            },
+            callback_url_field: field.into(),
+        }),
+        idempotency_key: "run-1/call-8".into(),
+    }
+}
+
+#[tokio::test]
+async fn an_async_webhook_carries_its_callback_url_at_the_dot_path() {
+    let (base, seen) = tool_server(202, r#"{"check_id": "kyc_1", "status": "pending"}"#).await;
+    let client = HttpToolClient::new(None).unwrap();
+    let mut request = client
+        .prepare(&webhook_spec(
+            &format!("{base}/kyc/checks"),
+            "POST",
+            "meta.reply_to",
+            json!({"email": "a@x.io", "meta": {"source": "belay"}}),
+        ))
+        .unwrap();
+    assert!(request.wants_callback_url());
+    request
+        .set_callback_url("http://engine:50053/callbacks/v1/abc")
+        .unwrap();
+    let accepted = client.execute(request).await.unwrap();
+    assert_eq!(accepted, json!({"check_id": "kyc_1", "status": "pending"}));
+    let seen = seen.lock().unwrap();
+    let body: Value = serde_json::from_slice(&seen[0].body).unwrap();
+    // Objects on the path are kept and extended; the URL goes in as a string.
+    assert_eq!(
+        body,
+        json!({"email": "a@x.io", "meta": {"source": "belay", "reply_to": "http://engine:50053/callbacks/v1/abc"}})
+    );
+    assert_eq!(seen[0].headers["idempotency-key"], "run-1/call-8");
+}
+
+#[tokio::test]
+async fn an_async_webhook_that_cannot_carry_its_url_is_refused_before_dispatch() {
+    let client = HttpToolClient::new(Some("http://127.0.0.1:9".into())).unwrap();
+    // A value on the path that is not an object.
+    let err = client
+        .prepare(&webhook_spec(
+            "/k",
+            "POST",
+            "meta.reply_to",
+            json!({"meta": "x"}),
+        ))
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::Rejected);
+    assert!(
+        err.to_string()
+            .contains("`meta` is a string, not an object"),
+        "{err}"
+    );
+    // A method without a body.
+    let err = client
+        .prepare(&webhook_spec("/k", "GET", "callbackUrl", json!({})))
+        .unwrap_err();
+    assert!(err.to_string().contains("POST, PUT or PATCH"), "{err}");
+    // A plain HTTP request takes no callback URL.
+    let mut plain = client.prepare(&spec("/k", "POST", json!({}))).unwrap();
+    assert!(!plain.wants_callback_url());
+    assert!(plain.set_callback_url("http://x/").is_err());
 }

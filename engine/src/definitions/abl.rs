@@ -19,20 +19,22 @@ use super::{DefinitionError, NameAt, check_name, check_permission};
 /// Default `timeout:`, ms (the model's documented default).
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 
+/// Default `callback_url_field:` of a `type: async_webhook` tool (the seed's).
+const DEFAULT_CALLBACK_URL_FIELD: &str = "callbackUrl";
+
+/// Default `timeout_seconds:` of a `type: async_webhook` tool (the seed's).
+const DEFAULT_CALLBACK_TIMEOUT_SECONDS: u64 = 3600;
+
+/// Largest `timeout_seconds:` accepted: 30 days.
+const MAX_CALLBACK_TIMEOUT_SECONDS: u64 = 30 * 24 * 3600;
+
 /// Deepest indentation nesting accepted; deeper lines are refused rather
 /// than recursed into, so a hostile file cannot overflow the stack.
 const MAX_BLOCK_DEPTH: usize = 64;
 
 /// Binding types the seed documents that Belay does not run yet: named in
 /// the error so the author knows it is a gap, not a typo.
-const SEED_BINDING_TYPES: &[&str] = &[
-    "mcp",
-    "sandbox",
-    "lambda",
-    "async_webhook",
-    "searchai",
-    "table",
-];
+const SEED_BINDING_TYPES: &[&str] = &["mcp", "sandbox", "lambda", "searchai", "table"];
 
 /// Tool properties the seed documents that Belay does not implement yet.
 /// Refused (never silently ignored: an ignored `auth:` or `confirmation:`
@@ -85,8 +87,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "runtime",
     "memory_mb",
     "function",
-    "callback_url_field",
-    "timeout_seconds",
     "timeout_ms",
     "workflow_id",
     "mode",
@@ -445,6 +445,7 @@ fn is_signature_start(text: &str) -> bool {
 enum BindingType {
     Http,
     Workflow,
+    AsyncWebhook,
     Unsupported,
 }
 
@@ -463,6 +464,10 @@ struct Props<'b> {
     workflow_timeout_ms: Option<u64>,
     /// `param_mapping:` of a `type: workflow` tool: workflow input key → tool parameter.
     param_mapping: BTreeMap<String, String>,
+    /// `callback_url_field:` of a `type: async_webhook` tool, with its line and column.
+    callback_url_field: Option<(String, u32, u32)>,
+    /// `timeout_seconds:` of a `type: async_webhook` tool.
+    callback_timeout_seconds: Option<u64>,
     endpoint: Option<(String, u32, u32)>,
     method: Option<String>,
     headers: BTreeMap<String, String>,
@@ -527,9 +532,15 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
     };
     match props.binding_type {
         None => missing(cx, "`type: http` (how the tool is called)"),
-        Some(BindingType::Http) if !props.present.contains("endpoint") => {
+        Some(BindingType::Http | BindingType::AsyncWebhook)
+            if !props.present.contains("endpoint") =>
+        {
             missing(cx, "`endpoint:`")
         }
+        Some(BindingType::AsyncWebhook) if !props.present.contains("method") => missing(
+            cx,
+            "`method:` (`POST`, `PUT` or `PATCH`: an async webhook sends a body with the callback URL)",
+        ),
         Some(BindingType::Workflow) if !props.present.contains("workflow_id") => {
             missing(cx, "`workflow_id:` (the workflow a call starts)")
         }
@@ -568,6 +579,41 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
                     line.no,
                     line.col(),
                     format!("`{key}:` applies to `type: workflow` tools only"),
+                );
+            }
+        }
+    }
+    if props.binding_type == Some(BindingType::AsyncWebhook) {
+        if let Some(method) = &props.method
+            && !["POST", "PUT", "PATCH"].contains(&method.as_str())
+        {
+            cx.error(
+                line.no,
+                line.col(),
+                format!(
+                    "tool `{name}` is `type: async_webhook`: `method: {method}` sends no body to carry the callback URL (expected POST, PUT or PATCH)"
+                ),
+            );
+        }
+        if let (Some(sig), Some((field, fline, fcol))) = (&signature, &props.callback_url_field) {
+            let first = field.split('.').next().unwrap_or_default();
+            if sig.params.iter().any(|p| p.name == first) {
+                cx.error(
+                    *fline,
+                    *fcol,
+                    format!(
+                        "`callback_url_field: {field}` would overwrite the parameter `{first}` of `{name}`; pick a field no parameter uses"
+                    ),
+                );
+            }
+        }
+    } else {
+        for key in ["callback_url_field", "timeout_seconds"] {
+            if props.present.contains(key) {
+                cx.error(
+                    line.no,
+                    line.col(),
+                    format!("`{key}:` applies to `type: async_webhook` tools only"),
                 );
             }
         }
@@ -631,6 +677,22 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
             timeout_ms: props.workflow_timeout_ms,
             param_mapping: props.param_mapping,
         },
+        (Some(BindingType::AsyncWebhook), Some((endpoint, _, _)), _) => {
+            ToolBindingDef::AsyncWebhook {
+                endpoint,
+                method: props.method.unwrap_or_else(|| "POST".to_string()),
+                headers: props.headers,
+                timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+                callback_url_field: props
+                    .callback_url_field
+                    .map(|(f, _, _)| f)
+                    .unwrap_or_else(|| DEFAULT_CALLBACK_URL_FIELD.to_string()),
+                callback_timeout_ms: props
+                    .callback_timeout_seconds
+                    .unwrap_or(DEFAULT_CALLBACK_TIMEOUT_SECONDS)
+                    * 1000,
+            }
+        }
         _ => return,
     };
     cx.out.tools.push(ToolDef {
@@ -689,12 +751,16 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                         props.binding_type = Some(BindingType::Http);
                     } else if s == "workflow" {
                         props.binding_type = Some(BindingType::Workflow);
+                    } else if s == "async_webhook" {
+                        props.binding_type = Some(BindingType::AsyncWebhook);
                     } else {
                         props.binding_type = Some(BindingType::Unsupported);
                         let message = if SEED_BINDING_TYPES.contains(&s.as_str()) {
                             format!("binding type `{s}` is not supported yet")
                         } else {
-                            format!("unknown binding type `{s}` (expected `http` or `workflow`)")
+                            format!(
+                                "unknown binding type `{s}` (expected `http`, `workflow` or `async_webhook`)"
+                            )
                         };
                         cx.error(line.no, kv.value_col, message);
                     }
@@ -823,6 +889,44 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                             kv.value_col,
                             format!(
                                 "`timeout_ms` must be a whole number of ms, at least 1, not `{s}`"
+                            ),
+                        ),
+                    }
+                }
+            }
+            "callback_url_field" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    let valid = !s.is_empty()
+                        && s.split('.').all(|seg| {
+                            !seg.is_empty()
+                                && seg
+                                    .chars()
+                                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                        });
+                    if valid {
+                        props.callback_url_field = Some((s, line.no, kv.value_col));
+                    } else {
+                        cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!(
+                                "`callback_url_field` must be a dot-path of field names (letters, digits, `_`, `-`), like `callbackUrl` or `meta.reply_to`, not `{s}`"
+                            ),
+                        );
+                    }
+                }
+            }
+            "timeout_seconds" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match s.parse::<u64>() {
+                        Ok(n) if (1..=MAX_CALLBACK_TIMEOUT_SECONDS).contains(&n) => {
+                            props.callback_timeout_seconds = Some(n)
+                        }
+                        _ => cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!(
+                                "`timeout_seconds` must be a whole number of seconds from 1 to {MAX_CALLBACK_TIMEOUT_SECONDS} (30 days), not `{s}`"
                             ),
                         ),
                     }
@@ -1619,6 +1723,71 @@ TOOLS:
     }
 
     #[test]
+    fn async_webhook_tools() {
+        // The seed's example, with Belay's two required properties.
+        let t = one_tool(
+            "TOOLS:\n  generate_report(report_type: string, date_range: string) -> {report_url: string, status: string}\n    description: \"Generate a financial report (processed asynchronously)\"\n    type: async_webhook\n    endpoint: \"https://reports.internal/api/generate\"\n    method: POST\n    callback_url_field: \"callbackUrl\"\n    timeout_seconds: 3600\n    permission: reports.write\n    repeat_safety: idempotent\n",
+        );
+        assert_eq!(
+            t.binding,
+            ToolBindingDef::AsyncWebhook {
+                endpoint: "https://reports.internal/api/generate".into(),
+                method: "POST".into(),
+                headers: BTreeMap::new(),
+                timeout_ms: DEFAULT_TIMEOUT_MS,
+                callback_url_field: "callbackUrl".into(),
+                callback_timeout_ms: 3_600_000,
+            }
+        );
+        // Defaults: callbackUrl, one hour.
+        let t = one_tool(
+            "TOOLS:\n  r(x: string) -> string\n    type: async_webhook\n    endpoint: /r\n    method: put\n    permission: p\n    repeat_safety: never\n",
+        );
+        let ToolBindingDef::AsyncWebhook {
+            method,
+            callback_url_field,
+            callback_timeout_ms,
+            ..
+        } = &t.binding
+        else {
+            panic!("{:?}", t.binding);
+        };
+        assert_eq!(
+            (
+                method.as_str(),
+                callback_url_field.as_str(),
+                *callback_timeout_ms
+            ),
+            ("PUT", "callbackUrl", 3_600_000)
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  r(x: string) -> string\n    type: async_webhook\n    endpoint: /r\n    method: GET\n    callback_url_field: \"a..b\"\n    timeout_seconds: 0\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "6:25: `callback_url_field` must be a dot-path of field names (letters, digits, `_`, `-`), like `callbackUrl` or `meta.reply_to`, not `a..b`",
+                "7:22: `timeout_seconds` must be a whole number of seconds from 1 to 2592000 (30 days), not `0`",
+                "2:3: tool `r` is `type: async_webhook`: `method: GET` sends no body to carry the callback URL (expected POST, PUT or PATCH)",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  r(x: string) -> string\n    type: async_webhook\n    endpoint: /r\n    permission: p\n    repeat_safety: never\n    callback_url_field: x.y\n"
+            ),
+            vec![
+                "2:3: tool `r` is missing `method:` (`POST`, `PUT` or `PATCH`: an async webhook sends a body with the callback URL)",
+                "7:25: `callback_url_field: x.y` would overwrite the parameter `x` of `r`; pick a field no parameter uses",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  r(x: string) -> string\n    type: http\n    endpoint: /r\n    timeout_seconds: 5\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec!["2:3: `timeout_seconds:` applies to `type: async_webhook` tools only"]
+        );
+    }
+
+    #[test]
     fn unsupported_binding_type() {
         assert_eq!(
             errors(
@@ -1630,7 +1799,9 @@ TOOLS:
             errors(
                 "TOOLS:\n  search(q: string) -> string\n    type: carrier_pigeon\n    permission: web.read\n    repeat_safety: idempotent\n"
             ),
-            vec!["3:11: unknown binding type `carrier_pigeon` (expected `http` or `workflow`)"]
+            vec![
+                "3:11: unknown binding type `carrier_pigeon` (expected `http`, `workflow` or `async_webhook`)"
+            ]
         );
     }
 

@@ -17,14 +17,68 @@
 //! database stored them in (`keys_unsorted`, `to_entries` and `.[]` depend
 //! on it): this holds while serde_json's `preserve_order` feature is off.
 //!
-//! What is not bounded: jaq does not limit the time, memory or stack an
-//! expression uses (`[repeat(1)]` never ends; `def f: 1 + f; f` overflows
-//! the stack). Only multiple outputs are counted up to a limit.
+//! # Bounded evaluation
+//!
+//! An expression is evaluated inside the engine's transition, under the
+//! run's lock, so it must end. jaq (3.1) offers no fuel, step limit or
+//! interruption hook: its evaluator is a tree of lazy iterators that
+//! returns only when the value is there, and nothing outside can stop it.
+//! So the bound comes from what an expression may say, plus counts kept
+//! by the parts of the evaluation this module controls.
+//!
+//! Refused when parsed ([`ExprError::Unbounded`], with the position;
+//! `guard.rs`), because each can run for ever:
+//! - recursion: a `def` whose body calls itself, directly, through a
+//!   `def` nested in it, or through a filter it passes on (jq resolves
+//!   names lexically, so these are all the ways back into a definition);
+//! - the library filters that loop until something happens: `repeat(f)`,
+//!   `while(c; u)`, `until(c; u)`, `recurse(f)`, `recurse(f; c)` (plain
+//!   `recurse` and `..` walk a finite value and stay), and
+//!   `combinations`, whose count of values is exponential in its input;
+//! - `range` with literal bounds that never end (a step of 0) or give more
+//!   than [`MAX_RANGE_VALUES`] values;
+//! - `*` that repeats a string (a string literal, an interpolation, a
+//!   `@format` or a library filter that returns a string on one side)
+//!   by anything but a number written in the expression, or by more than
+//!   [`MAX_STRING_REPEAT`].
+//!
+//! Counted when evaluated: all the values `range` produces in one
+//! evaluation, whatever its bounds ([`ExprError::RangeLimit`], even when
+//! the expression catches the error it raises); the outputs, when there
+//! is more than one ([`ExprError::ManyValues`], counting stops at 1000);
+//! the value's size as compact JSON, counted while it is converted, so a
+//! value whose JSON would dwarf its memory (one array shared many times)
+//! stops early ([`ExprError::TooLarge`], [`MAX_VALUE_BYTES`]); its
+//! nesting (100 levels, [`ExprError::NotJson`]). Each evaluation, and
+//! each compilation, runs on a thread with an [`EVAL_STACK_BYTES`] stack:
+//! jaq walks and drops nested values recursively (a 2 MiB stack overflows,
+//! which aborts the process, at about 10 000 levels of a value), and its
+//! parser recurses per level of the text's nesting (about 200 brackets in
+//! a debug build), which [`MAX_EXPR_BYTES`] keeps within that stack.
+//!
+//! What this proves: without recursion, without those filters, and with
+//! every `range` counted, each generator an expression can reach yields
+//! finitely many values (`.[]`, `..`, `paths`, regular expressions walk
+//! finite values; `limit`, `first`, `skip` only take from others), and a
+//! call can only reach definitions written before it, so every
+//! evaluation ends. What it does not prove is a small bound: a value can
+//! still double (or square) at each step of a bounded loop or of a chain
+//! written out, and jaq gives no place to count that.
+//! `reduce range(40) as $i (2; . * .)` asks for 2^40 bits of integer and
+//! aborts the process on a failed allocation; `reduce range(60) as $i
+//! ("x"; . + .)`, `.s * .n` (a string repeated by a computed count that
+//! the parser cannot see is one) and a long computed string repeated by a
+//! literal count (up to [`MAX_STRING_REPEAT`] times its length) are the
+//! same kind. Bounding those needs
+//! size checks inside every operation, i.e. a value type of our own
+//! around jaq's or a fuel counter in jaq itself; until then they are the
+//! one known way for a workflow author to stall or crash an engine.
 //!
 //! Pure: no I/O, no clock. Compiled filters are shared between
 //! expressions with the same text through a process-wide cache, which
 //! changes how long a parse takes, never what an expression means.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
@@ -32,10 +86,12 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
 use jaq_core::load::parse::Def;
 use jaq_core::load::{self, Arena, File, Loader, lex, parse};
 use jaq_core::native::Fun;
-use jaq_core::{Ctx, Exn, Vars, compile, data};
+use jaq_core::{Ctx, Cv, Exn, Native, ValXs, Vars, compile, data};
 use jaq_json::{Num, Val};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
+
+mod guard;
 
 /// jq functions (and the variable `$ENV`) that workflow expressions may not
 /// use, with the reason an author is shown. Names that jq has and jaq
@@ -67,6 +123,34 @@ pub const EXCLUDED: &[(&str, &str)] = &[
 
 /// Most outputs counted when an expression produces more than one.
 const MAX_COUNTED_OUTPUTS: usize = 1000;
+
+/// Most values `range` may produce in one evaluation, all its calls
+/// together ([`ExprError::RangeLimit`]); literal bounds beyond it are
+/// refused when parsed.
+pub const MAX_RANGE_VALUES: u64 = 100_000;
+
+/// Largest count by which `*` may repeat a string; it must be written as
+/// a number in the expression.
+pub const MAX_STRING_REPEAT: u64 = 1_000;
+
+/// Largest value an expression may produce, in bytes of compact JSON
+/// ([`ExprError::TooLarge`]). Values end up in events.
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+
+/// Longest expression (the text inside one `${ }`), in bytes. With
+/// [`EVAL_STACK_BYTES`] it bounds the nesting jaq's parser and compiler
+/// recurse through (16 000 nested `-` take about 170 MiB of stack in a
+/// debug build).
+pub const MAX_EXPR_BYTES: usize = 16 * 1024;
+
+/// Stack of the thread an evaluation runs on. jaq drops and walks nested
+/// values recursively, and a loop can nest a value one level per step
+/// (`reduce range(20000) as $i (0; [.])` overflows a 2 MiB stack, which
+/// aborts the process); this leaves room for a few hundred thousand.
+/// Only the pages used are backed by memory; starting the thread costs
+/// some tens of microseconds per evaluation (a template's expressions
+/// share one).
+const EVAL_STACK_BYTES: usize = 256 << 20;
 
 /// Deepest array/object nesting of a value an expression may produce.
 /// Values end up in events that are read back with `serde_json`, which
@@ -133,10 +217,24 @@ impl fmt::Display for Position {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExprError {
     /// Not valid jq: lexing or parsing failed, it names an undefined
-    /// function or variable, or it imports a module.
+    /// function or variable, it imports a module, or it is longer than
+    /// [`MAX_EXPR_BYTES`].
     #[error("{position}: {message}")]
     Syntax {
         /// What is wrong.
+        message: String,
+        /// Where.
+        position: Position,
+    },
+    /// It uses a construct that lets an evaluation run without end
+    /// (recursion, `repeat`, `while`, `until`, `recurse(f)`,
+    /// `combinations`, a literal `range` beyond [`MAX_RANGE_VALUES`], a
+    /// string repeated by a computed count); see the module doc.
+    #[error(
+        "{position}: {message}; a workflow expression runs inside the engine's transition and must finish"
+    )]
+    Unbounded {
+        /// What is refused and why.
         message: String,
         /// Where.
         position: Position,
@@ -175,6 +273,20 @@ pub enum ExprError {
         /// Counting stopped early (at an error or a limit).
         at_least: bool,
     },
+    /// `range` produced more than [`MAX_RANGE_VALUES`] values in one
+    /// evaluation (reported even when the expression caught the error it
+    /// raised).
+    #[error("the expression asked `range` for more than {limit} values in one evaluation")]
+    RangeLimit {
+        /// The limit.
+        limit: u64,
+    },
+    /// The value is larger than [`MAX_VALUE_BYTES`] as compact JSON.
+    #[error("the expression's value is larger than {limit} bytes of JSON")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// The value cannot be written as JSON (NaN, infinity, a byte string,
     /// a non-string object key, nesting deeper than 100).
     #[error("the expression's value is not JSON: {reason}")]
@@ -200,6 +312,10 @@ impl ExprError {
             } => ExprError::Excluded {
                 name,
                 reason,
+                position: position.shifted(whole, start),
+            },
+            ExprError::Unbounded { message, position } => ExprError::Unbounded {
+                message,
                 position: position.shifted(whole, start),
             },
             other => other,
@@ -254,7 +370,7 @@ impl Expr {
     /// [`ExprError::Runtime`]; a value with no JSON form is
     /// [`ExprError::NotJson`]. A missing field is `null`, as in jq.
     pub fn eval(&self, state: &Value) -> Result<Value, ExprError> {
-        self.eval_val(json_to_val(state))
+        on_eval_stack(|| self.eval_val(json_to_val(state)))
     }
 
     fn eval_val(&self, input: Val) -> Result<Value, ExprError> {
@@ -263,8 +379,7 @@ impl Expr {
             .get_or_init(|| filter_for(&self.source).map_err(Box::new))
             .clone()
             .map_err(|e| *e)?;
-        let value = run_one(&filter, input)?;
-        val_to_json(value, 0).map_err(|reason| ExprError::NotJson { reason })
+        to_json(run_one(&filter, input)?)
     }
 }
 
@@ -420,7 +535,7 @@ impl Template {
         match &self.root {
             Node::Const(v) => Ok(v.clone()),
             // Convert the state once for all the expressions.
-            root => render_node(root, &json_to_val(state)),
+            root => on_eval_stack(|| render_node(root, &json_to_val(state))),
         }
     }
 
@@ -801,12 +916,69 @@ fn prelude() -> &'static [Def<&'static str>] {
 }
 
 /// The functions implemented in Rust (`length`, `test`, ...), without the
-/// excluded ones.
+/// excluded ones, and with `range` counted against the evaluation's
+/// budget ([`counted_range`]).
 fn natives() -> impl Iterator<Item = Fun<D>> {
     jaq_core::funs()
         .chain(jaq_std::funs())
         .chain(jaq_json::funs())
         .filter(|(name, _, _)| excluded(name).is_none())
+        .map(|(name, args, f)| {
+            if name == "range" {
+                (name, args, Native::<D>::new(counted_range))
+            } else {
+                (name, args, f)
+            }
+        })
+}
+
+thread_local! {
+    /// Values `range` may still produce in the evaluation running on this
+    /// thread (reset by [`run_one`]).
+    static RANGE_LEFT: Cell<u64> = const { Cell::new(MAX_RANGE_VALUES) };
+    /// Whether the evaluation running on this thread ran out of it.
+    static RANGE_EXHAUSTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// jaq's `range($from; $upto; $by)` (the other arities are defined with
+/// it), with each value taken from the thread's budget. Out of budget, it
+/// raises an error and stops; [`run_one`] then reports
+/// [`ExprError::RangeLimit`] whatever the expression did with that error.
+fn counted_range(mut cv: Cv<'_, D>) -> ValXs<'_, Val> {
+    use std::cmp::Ordering;
+    let by = cv.0.pop_var();
+    let to = cv.0.pop_var();
+    let from = cv.0.pop_var();
+    let direction = by
+        .partial_cmp(&Val::from(0_isize))
+        .unwrap_or(Ordering::Equal);
+    // As in jaq: the value, then the error of computing the next one (if
+    // any), then nothing.
+    let mut next: Option<Result<Val, Exn<'_, Val>>> = Some(Ok(from));
+    Box::new(std::iter::from_fn(move || {
+        let x = match next.take()? {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
+        let more = match direction {
+            Ordering::Greater => x < to,
+            Ordering::Less => x > to,
+            Ordering::Equal => x != to,
+        };
+        if !more {
+            return None;
+        }
+        let left = RANGE_LEFT.with(Cell::get);
+        if left == 0 {
+            RANGE_EXHAUSTED.with(|e| e.set(true));
+            return Some(Err(Exn::from(jaq_core::Error::str(format!(
+                "`range` produced more than {MAX_RANGE_VALUES} values in one evaluation"
+            )))));
+        }
+        RANGE_LEFT.with(|l| l.set(left - 1));
+        next = Some((x.clone() + by.clone()).map_err(Exn::from));
+        Some(Ok(x))
+    }))
 }
 
 /// Compiled filters by source text: the live ones (held by some [`Expr`])
@@ -838,8 +1010,20 @@ fn filter_for(source: &str) -> Result<Arc<JqFilter>, ExprError> {
         return Ok(filter);
     }
     // Compile outside the lock; two threads may both compile the same
-    // text, which costs time but not correctness.
-    let filter = Arc::new(compile_filter(source)?);
+    // text, which costs time but not correctness. jaq's lexer, parser and
+    // compiler recurse once per level of nesting (a 2 MiB stack overflows
+    // at about 200 nested brackets in a debug build), so they get the
+    // evaluation's stack, and the text is capped so that its nesting fits.
+    if source.len() > MAX_EXPR_BYTES {
+        return Err(ExprError::Syntax {
+            message: format!(
+                "the expression is {} bytes long, more than the {MAX_EXPR_BYTES} an expression may have",
+                source.len()
+            ),
+            position: Position::at(source, MAX_EXPR_BYTES),
+        });
+    }
+    let filter = Arc::new(on_eval_stack(|| compile_filter(source))?);
     let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     if cache.live.len() >= cache.sweep_at {
         cache.live.retain(|_, f| f.strong_count() > 0);
@@ -874,10 +1058,18 @@ fn compile_filter(source: &str) -> Result<JqFilter, ExprError> {
         )
         .map_err(|errors| load_error(source, errors))?;
     let natives = natives().map(|(name, args, f)| -> (&str, _, _) { (name, args, f) });
-    compile::Compiler::default()
+    let filter = compile::Compiler::default()
         .with_funs(natives)
         .compile(modules)
-        .map_err(|errors| compile_error(source, errors))
+        .map_err(|errors| compile_error(source, errors))?;
+    // The loader accepted the text, so it parses; a `module` directive
+    // (metadata) is the one thing the loader takes and a term does not.
+    let term = load::parse(source, |p| p.term()).ok_or_else(|| ExprError::Syntax {
+        message: "`module` directives are not available in workflow expressions".into(),
+        position: Position::at(source, 0),
+    })?;
+    guard::check(source, &term)?;
+    Ok(filter)
 }
 
 /// Byte offset of `part` in `whole`, when `part` is a slice of it.
@@ -1009,9 +1201,9 @@ fn first_error(errors: Vec<ExprError>) -> ExprError {
     errors
         .into_iter()
         .min_by_key(|e| match e {
-            ExprError::Syntax { position, .. } | ExprError::Excluded { position, .. } => {
-                position.offset
-            }
+            ExprError::Syntax { position, .. }
+            | ExprError::Excluded { position, .. }
+            | ExprError::Unbounded { position, .. } => position.offset,
             _ => 0,
         })
         .unwrap_or_else(|| ExprError::Syntax {
@@ -1024,8 +1216,51 @@ fn first_error(errors: Vec<ExprError>) -> ExprError {
         })
 }
 
-/// Run `filter` on `input`; exactly one output is wanted.
+/// Run `f` on a thread of its own with an [`EVAL_STACK_BYTES`] stack, and
+/// wait for it: an evaluation, or a compilation. jaq's values are not
+/// `Send`, so `f` makes and drops them all on that thread. Should the
+/// thread not start, `f` runs here.
+fn on_eval_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let slot = Mutex::new(Some(f));
+    let take = || slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("belay-jq".into())
+            .stack_size(EVAL_STACK_BYTES)
+            .spawn_scoped(scope, || take().map(|f| f()));
+        let ran = match spawned {
+            Ok(handle) => match handle.join() {
+                Ok(ran) => ran,
+                Err(panic) => std::panic::resume_unwind(panic),
+            },
+            Err(_) => None,
+        };
+        match ran {
+            Some(value) => value,
+            // Not started: `f` is still in the slot.
+            None => match take() {
+                Some(f) => f(),
+                None => unreachable!("an evaluation ran and returned nothing"),
+            },
+        }
+    })
+}
+
+/// Run `filter` on `input`; exactly one output is wanted, and `range`
+/// may produce at most [`MAX_RANGE_VALUES`] values on the way.
 fn run_one(filter: &JqFilter, input: Val) -> Result<Val, ExprError> {
+    RANGE_LEFT.with(|l| l.set(MAX_RANGE_VALUES));
+    RANGE_EXHAUSTED.with(|e| e.set(false));
+    let result = run_outputs(filter, input);
+    if RANGE_EXHAUSTED.with(Cell::get) {
+        return Err(ExprError::RangeLimit {
+            limit: MAX_RANGE_VALUES,
+        });
+    }
+    result
+}
+
+fn run_outputs(filter: &JqFilter, input: Val) -> Result<Val, ExprError> {
     let ctx = Ctx::<D>::new(&filter.lut, Vars::new([]));
     let mut outputs = filter.id.run((ctx, input));
     let first = match outputs.next() {
@@ -1102,41 +1337,97 @@ fn json_to_val(value: &Value) -> Val {
     }
 }
 
-/// jaq to `serde_json`; Err says what has no JSON form.
-fn val_to_json(value: Val, depth: usize) -> Result<Value, String> {
+/// jaq to `serde_json`: [`ExprError::NotJson`] for what has no JSON form,
+/// [`ExprError::TooLarge`] past [`MAX_VALUE_BYTES`] of compact JSON.
+fn to_json(value: Val) -> Result<Value, ExprError> {
+    let mut left = MAX_VALUE_BYTES;
+    val_to_json(value, 0, &mut left)
+}
+
+/// Take `bytes` from what the value may still use. Charged before
+/// descending into an array or object, so a value whose JSON is far larger
+/// than its memory (the same array shared many times over) stops early.
+fn charge(left: &mut usize, bytes: usize) -> Result<(), ExprError> {
+    if bytes > *left {
+        return Err(ExprError::TooLarge {
+            limit: MAX_VALUE_BYTES,
+        });
+    }
+    *left -= bytes;
+    Ok(())
+}
+
+/// Bytes of `s` as a JSON string, quotes and escapes included (as
+/// `serde_json` writes it).
+fn json_string_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+fn val_to_json(value: Val, depth: usize, left: &mut usize) -> Result<Value, ExprError> {
+    let not_json = |reason: String| ExprError::NotJson { reason };
     let nested = |depth: usize| {
         if depth >= MAX_OUTPUT_DEPTH {
-            Err(format!(
+            Err(not_json(format!(
                 "it is nested deeper than {MAX_OUTPUT_DEPTH} levels"
-            ))
+            )))
         } else {
             Ok(depth + 1)
         }
     };
     Ok(match value {
-        Val::Null => Value::Null,
-        Val::Bool(b) => Value::Bool(b),
-        Val::Num(n) => Value::Number(num_to_json(&n)?),
-        Val::TStr(text) => Value::String(String::from_utf8_lossy(&text).into_owned()),
-        Val::BStr(_) => return Err("a byte string (from `tobytes`) has no JSON form".into()),
+        Val::Null => {
+            charge(left, 4)?;
+            Value::Null
+        }
+        Val::Bool(b) => {
+            charge(left, if b { 4 } else { 5 })?;
+            Value::Bool(b)
+        }
+        Val::Num(n) => {
+            let number = num_to_json(&n).map_err(not_json)?;
+            charge(left, number.to_string().len())?;
+            Value::Number(number)
+        }
+        Val::TStr(text) => {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            charge(left, json_string_len(&text))?;
+            Value::String(text)
+        }
+        Val::BStr(_) => {
+            return Err(not_json(
+                "a byte string (from `tobytes`) has no JSON form".into(),
+            ));
+        }
         Val::Arr(items) => {
             let depth = nested(depth)?;
+            // Brackets and commas.
+            charge(left, items.len().max(1) + 1)?;
             Value::Array(
                 items
                     .iter()
-                    .map(|item| val_to_json(item.clone(), depth))
+                    .map(|item| val_to_json(item.clone(), depth, left))
                     .collect::<Result<_, _>>()?,
             )
         }
         Val::Obj(map) => {
             let depth = nested(depth)?;
+            // Braces, commas and colons.
+            charge(left, if map.is_empty() { 2 } else { 2 * map.len() + 1 })?;
             let mut out = Map::new();
             for (key, item) in map.iter() {
                 let key = match key {
                     Val::TStr(text) => String::from_utf8_lossy(text).into_owned(),
-                    other => return Err(format!("object key {other} is not a string")),
+                    other => return Err(not_json(format!("object key {other} is not a string"))),
                 };
-                out.insert(key, val_to_json(item.clone(), depth)?);
+                charge(left, json_string_len(&key))?;
+                out.insert(key, val_to_json(item.clone(), depth, left)?);
             }
             Value::Object(out)
         }
@@ -1346,13 +1637,246 @@ mod tests {
             eval("[.nodes.intake.output.items[]] | length").unwrap(),
             json!(3)
         );
-        // Infinite output is counted up to a limit.
+        // Many outputs are counted up to a limit.
         assert_eq!(
-            message(eval("repeat(1)")),
+            message(eval("range(.input.n * 1000)")),
             "the expression produced at least 1000 values; wrap it in [ ] to collect them"
         );
         // A runtime error as the second output is that error.
         assert_eq!(message(eval("1, error(\"second\")")), "second");
+    }
+
+    /// Each construct that can make an evaluation endless, refused when
+    /// parsed, with where it is.
+    #[test]
+    fn unbounded_constructs_are_refused_when_parsed() {
+        let cases: &[(&str, usize, &str)] = &[
+            ("def f: f; f", 7, "`f` calls itself"),
+            ("def f: 1 + f; f", 11, "`f` calls itself"),
+            (".a | def f(x): f(x + 1); f(0)", 15, "`f` calls itself"),
+            ("def f: def g: f; g; f", 14, "`f` calls itself"),
+            // In jq a definition's own name in its body is itself.
+            ("def f: 1; def f: f + 1; f", 17, "`f` calls itself"),
+            ("def f(g): g; def h: f(h); h", 22, "`h` calls itself"),
+            ("def @f: @f; @f", 8, "`@f` calls itself"),
+            ("repeat(1)", 0, "`repeat/1` is not available"),
+            ("[limit(3; repeat(1))]", 10, "`repeat/1` is not available"),
+            ("1 | while(. < 10; . + 1)", 4, "`while/2` is not available"),
+            ("until(. > 3; . + 1)", 0, "`until/2` is not available"),
+            ("[recurse(.a)]", 1, "`recurse/1` is not available"),
+            (
+                "[recurse(.a; . != null)]",
+                1,
+                "`recurse/2` is not available",
+            ),
+            (
+                "[.[] | combinations]",
+                7,
+                "`combinations/0` is not available",
+            ),
+            ("[combinations(2)]", 1, "`combinations/1` is not available"),
+            (
+                "[range(1e12)]",
+                1,
+                "`range` with these bounds produces 1000000000000 values",
+            ),
+            ("last(range(1e15))", 5, "`range` with these bounds produces"),
+            ("[range(5; 100006)]", 1, "produces 100001 values"),
+            (
+                "first(range(0; 10; 0))",
+                6,
+                "`range` with these bounds never ends",
+            ),
+            ("\"x\" * 10000000000", 6, "`*` repeats a string here"),
+            ("\"x\" * 1e10", 6, "`*` repeats a string here"),
+            ("\"x\" * .input.n", 7, "`*` repeats a string here"),
+            (".input.n * \"x\"", 1, "`*` repeats a string here"),
+            ("\"a\\(.x)\" * 1001", 11, "at most 1000"),
+            (
+                ".input.name | tostring * .input.n",
+                26,
+                "`*` repeats a string",
+            ),
+            (".a *= \"-\"", 1, "`*` repeats a string here"),
+        ];
+        for (src, offset, fragment) in cases {
+            match Expr::parse(src) {
+                Err(ExprError::Unbounded { message, position }) => {
+                    assert!(message.contains(fragment), "{src}: {message}");
+                    assert_eq!(position.offset, *offset, "{src}: {message}");
+                }
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            Expr::parse("def f: f; f").unwrap_err().to_string(),
+            "column 8: `f` calls itself (directly or through a filter it passes on), and recursion is not available: it need never end; a workflow expression runs inside the engine's transition and must finish"
+        );
+        // In a template, the position counts from the start of the string.
+        let e = Template::parse(&json!({"a": "n: ${ repeat(1) }"})).unwrap_err();
+        assert_eq!(e[0].pointer, "/a");
+        assert!(matches!(
+            e[0].error,
+            ExprError::Unbounded {
+                position: Position { offset: 6, .. },
+                ..
+            }
+        ));
+        // A stored expression is checked on first use.
+        let stored: Expr = serde_json::from_value(json!("[repeat(1)]")).unwrap();
+        assert!(matches!(
+            stored.eval(&state()),
+            Err(ExprError::Unbounded { .. })
+        ));
+    }
+
+    /// What the guard lets through: definitions that do not call
+    /// themselves, bounded library filters, literal repetition.
+    #[test]
+    fn bounded_constructs_are_kept() {
+        let cases: &[(&str, Value)] = &[
+            ("def f: 1; def g: f + 1; g", json!(2)),
+            ("1 | def f(g): g | g; f(. + 1)", json!(3)),
+            ("def f($x): $x * 2; f(.input.n)", json!(6)),
+            // A definition of one's own with a refused name is its own.
+            ("def repeat(f): f; repeat(1)", json!(1)),
+            ("\"-\" * 3", json!("---")),
+            ("3 * \"ab\"", json!("ababab")),
+            (".input.n * 2", json!(6)),
+            (".input.n * .input.n", json!(9)),
+            ("[range(3)]", json!([0, 1, 2])),
+            ("[range(0; 10; 4)]", json!([0, 4, 8])),
+            ("[range(3; 0; -1)]", json!([3, 2, 1])),
+            // As in jaq, a value comes before the error of the next one.
+            ("first(range(0; 3; \"a\"))", json!(0)),
+            ("[range(1; 1; 0)] | length", json!(0)),
+            ("[range(.input.n)]", json!([0, 1, 2])),
+            ("[range(100000)] | length", json!(100_000)),
+            ("[.input | recurse] | length", json!(5)),
+            ("[.input | ..] | length", json!(5)),
+            (
+                "[limit(2; .nodes.intake.output.items[])] | length",
+                json!(2),
+            ),
+            ("[1, [2, [3]]] | flatten", json!([1, 2, 3])),
+            ("[{a: 1}] | map(.a + 1)", json!([2])),
+            ("reduce range(5) as $i (0; . + $i)", json!(10)),
+            ("[foreach range(3) as $i (0; . + $i)]", json!([0, 1, 3])),
+        ];
+        for (src, want) in cases {
+            assert_eq!(&eval(src).unwrap(), want, "{src}");
+        }
+    }
+
+    #[test]
+    fn range_values_are_counted_per_evaluation() {
+        let limit = ExprError::RangeLimit { limit: 100_000 };
+        assert_eq!(
+            eval("[range(.input.n * 100000)] | length").unwrap_err(),
+            limit
+        );
+        assert_eq!(
+            eval("[range(60000), range(60000)] | length").unwrap_err(),
+            limit
+        );
+        assert_eq!(
+            eval("[.nodes.intake.output.items[] | range(40000)] | length").unwrap_err(),
+            limit
+        );
+        // A computed step of 0 never ends, and is counted.
+        assert_eq!(eval("last(range(0; 1; .input.n - 3))").unwrap_err(), limit);
+        // Catching the error does not hide the limit.
+        assert_eq!(
+            eval("try ([range(.input.n * 100000)] | length) catch 0").unwrap_err(),
+            limit
+        );
+        assert_eq!(
+            message(eval("[range(.input.n * 100000)]")),
+            "the expression asked `range` for more than 100000 values in one evaluation"
+        );
+        // The count starts again for each evaluation.
+        let e = Expr::parse("[range(.input.n * 30000)] | length").unwrap();
+        for _ in 0..3 {
+            assert_eq!(e.eval(&state()).unwrap(), json!(90_000));
+        }
+        let t = Template::parse(&json!([
+            "${ [range(90000)] | length }",
+            "${ [range(90000)] | length }"
+        ]))
+        .unwrap();
+        assert_eq!(t.render(&state()).unwrap(), json!([90_000, 90_000]));
+    }
+
+    #[test]
+    fn values_are_capped_in_json_bytes() {
+        let too_large = ExprError::TooLarge {
+            limit: MAX_VALUE_BYTES,
+        };
+        // 100 000 strings of 12 bytes, with commas: about 1.3 MB.
+        assert_eq!(
+            eval("[range(100000) | \"xxxxxxxxxx\"]").unwrap_err(),
+            too_large
+        );
+        // An array shared 2^40 times over: small in memory, enormous as
+        // JSON; stopped early rather than written out.
+        assert_eq!(
+            eval("reduce range(40) as $i (0; [., .] | [.]) | .[0]").unwrap_err(),
+            too_large
+        );
+        assert_eq!(
+            message(eval("[range(100000) | \"xxxxxxxxxx\"]")),
+            "the expression's value is larger than 1048576 bytes of JSON"
+        );
+        // Exactly at the limit is allowed, one byte more is not.
+        let at = |n: usize| json!({"s": "x".repeat(n)});
+        let s = Expr::parse(".s").unwrap();
+        assert!(s.eval(&at(MAX_VALUE_BYTES - 2)).is_ok());
+        assert_eq!(s.eval(&at(MAX_VALUE_BYTES - 1)).unwrap_err(), too_large);
+        // The count is serde_json's compact form, byte for byte.
+        for value in [
+            json!(null),
+            json!([]),
+            json!({}),
+            json!([1, -2.5, true, false, null, "a\"b\\c\nd\u{1}é"]),
+            json!({"k\t": {"x": [[], {}], "y": 12345678901234_u64}, "": ""}),
+        ] {
+            let mut left = MAX_VALUE_BYTES;
+            let back = val_to_json(json_to_val(&value), 0, &mut left).unwrap();
+            assert_eq!(back, value);
+            assert_eq!(
+                MAX_VALUE_BYTES - left,
+                serde_json::to_string(&value).unwrap().len(),
+                "{value}"
+            );
+        }
+    }
+
+    /// Text nested deeply: jaq's parser needs more than 2 MiB of stack for
+    /// 200 levels (debug build); long text is refused.
+    #[test]
+    fn deep_or_long_text_does_not_overflow_the_stack() {
+        let deep = format!("{}1{}", "[".repeat(2000), "]".repeat(2000));
+        assert!(matches!(eval(&deep), Err(ExprError::NotJson { .. })));
+        let minus = format!("{}1", "-".repeat(MAX_EXPR_BYTES - 1));
+        assert_eq!(eval(&minus).unwrap(), json!(-1));
+        let long = format!("{}1", "-".repeat(MAX_EXPR_BYTES));
+        assert_eq!(
+            Expr::parse(&long).unwrap_err().to_string(),
+            "column 16385: the expression is 16385 bytes long, more than the 16384 an expression may have"
+        );
+    }
+
+    /// A value nested one level per step: a 2 MiB stack overflows while
+    /// jaq drops it (which aborts the process); the evaluation's own
+    /// stack has room.
+    #[test]
+    fn deep_values_do_not_overflow_the_stack() {
+        assert_eq!(
+            eval("reduce range(100000) as $i (0; [.]) | 1").unwrap(),
+            json!(1)
+        );
+        let t = Template::parse(&json!("${ reduce range(100000) as $i (0; [.]) | 1 }")).unwrap();
+        assert_eq!(t.render(&state()).unwrap(), json!(1));
     }
 
     #[test]
@@ -1969,7 +2493,7 @@ mod tests {
         for _ in 0..COST_ITERATIONS {
             let filter = compile_filter(".nodes.intake.output.account_id").unwrap();
             let value = run_one(&filter, json_to_val(&state)).unwrap();
-            assert_eq!(val_to_json(value, 0).unwrap(), json!("acc_42"));
+            assert_eq!(to_json(value).unwrap(), json!("acc_42"));
         }
     }
 

@@ -191,6 +191,16 @@ pub fn parse_bundle(
                             r.name
                         ),
                     ));
+                } else if !matches!(probe.binding, model::ToolBindingDef::Http { .. }) {
+                    errors.push(DefinitionError::new(
+                        file,
+                        r.line,
+                        r.column,
+                        format!(
+                            "`{}`, the reconcile probe of `{tool}`, must be `type: http`: a probe answers in the same request",
+                            r.name
+                        ),
+                    ));
                 }
             }
             None if tool_names.contains(r.name.as_str()) || registered.tools.contains(&r.name) => {}

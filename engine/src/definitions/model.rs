@@ -68,6 +68,28 @@ pub enum ToolBindingDef {
         #[serde(default)]
         param_mapping: BTreeMap<String, String>,
     },
+    /// `type: async_webhook` (fire and call back): a worker sends the request
+    /// with a single-use callback URL injected at `callback_url_field`; a 2xx
+    /// answer only means "accepted", and the call stays open until the tool
+    /// server POSTs the result to that URL or `callback_timeout_ms` passes.
+    /// Added after v0.1.
+    AsyncWebhook {
+        /// `endpoint:`, absolute URL or path; `{param}` segments are path parameters.
+        endpoint: String,
+        /// `method:`: `POST`, `PUT` or `PATCH`.
+        method: String,
+        /// `headers:`.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        /// `timeout:` of the initial request in ms; default 30000.
+        timeout_ms: u64,
+        /// `callback_url_field:`: dot-path in the JSON body where the callback
+        /// URL goes (`callbackUrl`, `meta.reply_to`); default `callbackUrl`.
+        callback_url_field: String,
+        /// `timeout_seconds:` in ms: how long the call waits for its callback
+        /// after the request was accepted; default 3 600 000 (one hour).
+        callback_timeout_ms: u64,
+    },
 }
 
 /// A tool declared in a `.tools.abl` file.

@@ -753,7 +753,8 @@ fn parse_workflow(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
             }
         }
     }
-    check_cycles(&nodes, &ids, cx);
+    let forced = check_cycles(&nodes, &ids, cx);
+    check_idle_cycles(&nodes, &ids, &forced, cx);
 
     if cx.out.errors.len() > errors_before {
         return;
@@ -1160,7 +1161,7 @@ fn wait_for(
             next,
         }),
         (None, None, Some(u)) => Some(WaitFor::Until {
-            at: template(u, "until", cx)?,
+            at: until_time(u, cx)?,
             next,
         }),
         _ => {
@@ -1170,6 +1171,39 @@ fn wait_for(
             );
             None
         }
+    }
+}
+
+/// The `until:` of a wait: a template rendered when the wait starts. One
+/// without `${ }` is a fixed time, checked now as the machine would check
+/// it then (an RFC 3339 time, surrounding spaces ignored), so a typo is
+/// refused at registration rather than failing every run that gets there.
+fn until_time(node: &Node, cx: &mut Cx<'_>) -> Option<Template> {
+    let at = template(node, "until", cx)?;
+    if !at.is_constant() {
+        return Some(at);
+    }
+    // A constant renders without reading the state.
+    let problem = match at.render(&Value::Null) {
+        Ok(Value::String(s)) => chrono::DateTime::parse_from_rfc3339(s.trim())
+            .err()
+            .map(|e| format!("`until` is not an RFC 3339 time ({e}): {s:?}")),
+        _ => Some(format!(
+            "`until` must be an RFC 3339 time string, not {}",
+            type_name(&node.value)
+        )),
+    };
+    match problem {
+        Some(message) => {
+            cx.error_at(
+                node,
+                format!(
+                    "{message}; write a time such as `2030-01-31T09:00:00Z`, or a `${{ }}` expression that gives one"
+                ),
+            );
+            None
+        }
+        None => Some(at),
     }
 }
 
@@ -1258,8 +1292,12 @@ fn expr(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<Expr> {
 /// A cycle of nodes that each have exactly one way out (`next`) can never
 /// finish; a cycle through a node with a choice (branch, wait, approval,
 /// `on_error`) can, so only the first kind is an error. `fail` and `succeed`
-/// end the run.
-fn check_cycles(nodes: &[ParsedNode], ids: &BTreeMap<&str, usize>, cx: &mut Cx<'_>) {
+/// end the run. Returns the nodes of the cycles reported.
+fn check_cycles(
+    nodes: &[ParsedNode],
+    ids: &BTreeMap<&str, usize>,
+    cx: &mut Cx<'_>,
+) -> BTreeSet<usize> {
     let next_of = |i: usize| -> Option<usize> {
         let [(key, next)] = nodes[i].edges.as_slice() else {
             return None;
@@ -1310,6 +1348,128 @@ fn check_cycles(nodes: &[ParsedNode], ids: &BTreeMap<&str, usize>, cx: &mut Cx<'
         }
         done.extend(path);
     }
+    reported
+}
+
+/// Whether a run passes through `node` within one step, without waiting
+/// for anything outside or handing work to anyone: `branch`, `set`, an
+/// `async` `workflow` node (it starts its child and goes on), and a `wait`
+/// whose every entry is a fixed `until:` time with no `timeout` (once the
+/// time has passed, which it has on every visit after the first, the wait
+/// ends as soon as it starts).
+fn passes_through(node: &NodeDef) -> bool {
+    match &node.kind {
+        NodeKind::Branch { .. } | NodeKind::Set { .. } => true,
+        NodeKind::Workflow { mode, .. } => *mode == ChildMode::Async,
+        NodeKind::Wait(wait) => {
+            wait.timeout_ms.is_none()
+                && wait
+                    .any
+                    .iter()
+                    .all(|f| matches!(f, WaitFor::Until { at, .. } if at.is_constant()))
+        }
+        NodeKind::Agent { .. }
+        | NodeKind::Tool { .. }
+        | NodeKind::Approval(_)
+        | NodeKind::Fail { .. }
+        | NodeKind::Succeed { .. } => false,
+    }
+}
+
+/// A cycle whose every node passes through ([`passes_through`]) loops
+/// inside one step of the run for as long as its conditions hold, and
+/// nothing outside can change them: the engine would spin in one
+/// transition, writing events without end. So it is refused, even when a
+/// branch could leave it (a counter in `set` is the same loop; count in
+/// one jq expression instead). A cycle with a node that waits (a signal,
+/// a duration, an `until:` expression, an approval) or does work (an
+/// agent, a tool, a sync child workflow) is a loop the run takes one step
+/// at a time, e.g. polling every 10 minutes; it is allowed.
+fn check_idle_cycles(
+    nodes: &[ParsedNode],
+    ids: &BTreeMap<&str, usize>,
+    already: &BTreeSet<usize>,
+    cx: &mut Cx<'_>,
+) {
+    let idle: Vec<bool> = nodes
+        .iter()
+        .map(|n| n.def.as_ref().is_some_and(passes_through))
+        .collect();
+    // Successors within the idle part of the graph, in edge order.
+    let succ: Vec<Vec<usize>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if !idle[i] {
+                return Vec::new();
+            }
+            let mut out: Vec<usize> = Vec::new();
+            for (_, target) in &n.edges {
+                if let Some(&j) = ids.get(target.name.as_str())
+                    && idle[j]
+                    && !out.contains(&j)
+                {
+                    out.push(j);
+                }
+            }
+            out
+        })
+        .collect();
+    let mut reported: BTreeSet<usize> = already.clone();
+    // In file order: the shortest way from each idle node back to itself.
+    for start in 0..nodes.len() {
+        if !idle[start] || reported.contains(&start) {
+            continue;
+        }
+        let Some(cycle) = shortest_cycle(start, &succ) else {
+            continue;
+        };
+        if cycle.iter().any(|c| reported.contains(c)) {
+            continue;
+        }
+        reported.extend(cycle.iter().copied());
+        let name = |i: usize| nodes[i].id.as_ref().map_or("?", |n| n.name.as_str());
+        let mut names: Vec<&str> = cycle.iter().map(|&c| name(c)).collect();
+        names.push(name(start));
+        let to = cycle.get(1).copied().unwrap_or(start);
+        let Some((_, edge)) = nodes[start].edges.iter().find(|(_, t)| t.name == name(to)) else {
+            continue;
+        };
+        cx.error(
+            edge.line,
+            edge.column,
+            format!(
+                "nodes form a loop ({}) that neither waits nor does work: a run that enters it would go round inside one step without end; put a node in it that waits (`wait` with a `duration` or a signal, an `approval`) or does work (`agent`, `tool`)",
+                names.join(" -> ")
+            ),
+        );
+    }
+}
+
+/// The nodes of a shortest cycle through `start` (beginning with it), by
+/// breadth-first search over `succ`.
+fn shortest_cycle(start: usize, succ: &[Vec<usize>]) -> Option<Vec<usize>> {
+    let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start]);
+    while let Some(i) = queue.pop_front() {
+        for &j in &succ[i] {
+            if j == start {
+                let mut cycle = vec![i];
+                let mut cur = i;
+                while cur != start {
+                    cur = *parent.get(&cur)?;
+                    cycle.push(cur);
+                }
+                cycle.reverse();
+                return Some(cycle);
+            }
+            if let std::collections::btree_map::Entry::Vacant(e) = parent.entry(j) {
+                e.insert(i);
+                queue.push_back(j);
+            }
+        }
+    }
+    None
 }
 
 /// The JSON of a YAML value (for `input_schema`).
@@ -1810,5 +1970,80 @@ nodes:
                 "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens)"
             ]
         );
+    }
+
+    #[test]
+    fn literal_until_must_be_a_time() {
+        assert_eq!(
+            errors(&workflow(
+                "  - {id: a, type: wait, until: \"next tuesday\"}\n  - id: b\n    type: wait\n    for:\n      - {until: 2030-13-01T00:00:00Z}\n      - {until: 5}\n"
+            )),
+            vec![
+                "4:32: `until` is not an RFC 3339 time (premature end of input): \"next tuesday\"; write a time such as `2030-01-31T09:00:00Z`, or a `${ }` expression that gives one",
+                "8:17: `until` is not an RFC 3339 time (input is out of range): \"2030-13-01T00:00:00Z\"; write a time such as `2030-01-31T09:00:00Z`, or a `${ }` expression that gives one",
+                "9:17: `until` must be an RFC 3339 time string, not a number; write a time such as `2030-01-31T09:00:00Z`, or a `${ }` expression that gives one",
+            ]
+        );
+        // A real time, with spaces around it, and an expression (checked
+        // when the wait starts) are both fine.
+        let out = parse(&workflow(
+            "  - {id: a, type: wait, until: \" 2030-01-31T09:00:00+01:00 \"}\n  - {id: b, type: wait, until: \"${ .input.deadline }\"}\n",
+        ));
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(out.workflows[0].nodes.len(), 2);
+    }
+
+    #[test]
+    fn loops_that_neither_wait_nor_work_are_refused() {
+        // A counter loop of branch and set: it could leave, but it would
+        // go round inside one step.
+        let e = errors(&workflow(
+            "  - {id: count, type: set, values: {n: \"${ (.vars.n // 0) + 1 }\"}, next: check}\n  - id: check\n    type: branch\n    cases:\n      - {when: \"${ .vars.n < 3 }\", next: count}\n    default: done\n  - {id: done, type: succeed}\n",
+        ));
+        assert_eq!(
+            e,
+            vec![
+                "4:74: nodes form a loop (count -> check -> count) that neither waits nor does work: a run that enters it would go round inside one step without end; put a node in it that waits (`wait` with a `duration` or a signal, an `approval`) or does work (`agent`, `tool`)"
+            ]
+        );
+        // Branches alone, an async child, and a fixed `until` are the same.
+        let e = errors(&workflow(
+            "  - id: a\n    type: branch\n    cases: [{when: \"${ .input.x }\", next: b}]\n    default: done\n  - id: b\n    type: workflow\n    workflow: child\n    mode: async\n    next: c\n  - {id: c, type: wait, until: \"2030-01-01T00:00:00Z\", next: a}\n  - {id: done, type: succeed}\n  - id: s\n    type: branch\n    cases: [{when: \"${ true }\", next: s}]\n    default: done\n",
+        ));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("6:43: nodes form a loop (a -> b -> c -> a)"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("17:39: nodes form a loop (s -> s)"),
+            "{e:?}"
+        );
+        // A forced cycle is reported once, by the forced-cycle check.
+        let e = errors(&workflow(
+            "  - {id: a, type: set, values: {x: 1}, next: b}\n  - {id: b, type: set, values: {x: 2}, next: a}\n",
+        ));
+        assert_eq!(
+            e,
+            vec![
+                "4:46: nodes form a cycle (a -> b -> a) with no way out; the workflow could never finish"
+            ]
+        );
+        // Polling loops: a duration, a signal, an `until` expression, a
+        // timeout, an agent or a tool in the loop make it a step at a time.
+        for breaker in [
+            "{id: w, type: wait, duration: 10m, next: check}",
+            "{id: w, type: wait, signal: poke, next: check}",
+            "{id: w, type: wait, until: \"${ .vars.next }\", next: check}",
+            "{id: w, type: wait, until: \"2030-01-01T00:00:00Z\", timeout: 1h, on_timeout: check, next: check}",
+            "{id: w, type: agent, agent: x, next: check}",
+            "{id: w, type: tool, tool: t, next: check}",
+            "{id: w, type: workflow, workflow: child, next: check}",
+        ] {
+            let out = parse(&workflow(&format!(
+                "  - {breaker}\n  - id: check\n    type: branch\n    cases: [{{when: \"${{ .vars.done }}\", next: done}}]\n    default: w\n  - {{id: done, type: succeed}}\n"
+            )));
+            assert_eq!(out.errors, vec![], "{breaker}");
+        }
     }
 }

@@ -59,6 +59,8 @@ pub enum ResolvedVia {
     LateResult,
     /// A reconcile probe looked the effect up.
     Probe,
+    /// The tool server's callback (`type: async_webhook`). Added after v0.1.
+    Callback,
 }
 
 impl ResolvedVia {
@@ -68,6 +70,7 @@ impl ResolvedVia {
             ResolvedVia::Operator => "operator",
             ResolvedVia::LateResult => "late_result",
             ResolvedVia::Probe => "probe",
+            ResolvedVia::Callback => "callback",
         }
     }
 }
@@ -222,6 +225,42 @@ pub enum Event {
         attempt: u32,
         /// Worker that asked.
         worker_id: String,
+    },
+    /// A dispatched attempt of a `type: async_webhook` call got a callback
+    /// URL. Only the SHA-256 of its single-use token is kept (here and in the
+    /// `callbacks` table); the token itself went to the worker once. Every
+    /// token issued for a call stays valid until the call ends or the token
+    /// is used. Added after v0.1.
+    CallbackIssued {
+        /// Call id.
+        call_id: String,
+        /// Attempt it was issued to.
+        attempt: u32,
+        /// Lower-case hex SHA-256 of the token.
+        token_sha256: String,
+    },
+    /// The tool server accepted a `type: async_webhook` request (2xx); the
+    /// call now waits for its callback until `timer` fires. Added after v0.1.
+    ToolCallAccepted {
+        /// Call id.
+        call_id: String,
+        /// Attempt whose request was accepted.
+        attempt: u32,
+        /// The server's answer to the request (not the result).
+        response: Value,
+        /// When the call gives up waiting (`<call>.callback`).
+        timer: TimerSpec,
+    },
+    /// A callback arrived for a `type: async_webhook` call and its token was
+    /// used up; a `ToolCallCompleted` (or a resolution, or a late result)
+    /// follows in the same transition. Added after v0.1.
+    CallbackReceived {
+        /// Call id.
+        call_id: String,
+        /// Attempt the token was issued to.
+        attempt: u32,
+        /// Hex SHA-256 of the token used.
+        token_sha256: String,
     },
     /// An attempt of a tool call failed (reported, or its lease expired).
     ToolCallAttemptFailed {
@@ -503,6 +542,9 @@ impl Event {
             Event::ToolCallRefused { .. } => "tool_call_refused",
             Event::ToolCallScheduled { .. } => "tool_call_scheduled",
             Event::ToolCallDispatched { .. } => "tool_call_dispatched",
+            Event::CallbackIssued { .. } => "callback_issued",
+            Event::ToolCallAccepted { .. } => "tool_call_accepted",
+            Event::CallbackReceived { .. } => "callback_received",
             Event::ToolCallAttemptFailed { .. } => "tool_call_attempt_failed",
             Event::ToolCallCompleted { .. } => "tool_call_completed",
             Event::ToolCallFailed { .. } => "tool_call_failed",

@@ -13,8 +13,8 @@ pub mod plan;
 pub mod state;
 
 use belay_proto::wire::{
-    ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, ToolBinding, ToolCallSpec,
-    ToolSchema, ToolUse,
+    AsyncWebhookBinding, ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, ToolBinding,
+    ToolCallSpec, ToolSchema, ToolUse,
 };
 use serde_json::{Map, Value, json};
 
@@ -161,6 +161,14 @@ pub enum Command {
         /// Delay before it can be claimed again, ms.
         delay_ms: u64,
     },
+    /// Remember which run and call a callback token belongs to, so that
+    /// `POST /callbacks/v1/{token}` can find the run.
+    RegisterCallback {
+        /// Call id.
+        call_id: String,
+        /// Lower-case hex SHA-256 of the token.
+        token_sha256: String,
+    },
     /// Mark the current attempt of a tool call task as dispatched.
     MarkDispatched {
         /// Call id.
@@ -244,6 +252,18 @@ pub enum Input {
         attempt: u32,
         /// Worker.
         worker_id: String,
+        /// Hex SHA-256 of a fresh callback token the coordinator minted, or
+        /// `None` when the engine serves no callback endpoint. Used only for
+        /// `type: async_webhook` tools (which are refused without one).
+        callback_token_sha256: Option<String>,
+    },
+    /// The tool server of a `type: async_webhook` call POSTed to its
+    /// callback URL. A token is used once: a replay changes nothing.
+    Callback {
+        /// Hex SHA-256 of the token in the URL.
+        token_sha256: String,
+        /// The body: the call's result (checked against the tool's output schema).
+        payload: Value,
     },
     /// A worker reported a tool result.
     ToolCallCompleted {
@@ -436,6 +456,24 @@ pub enum MachineError {
     /// match the waiting node's schema.
     #[error("{0}")]
     InvalidSignal(String),
+    /// A signal id already delivered to the run, sent again with another
+    /// name or payload (an exact repeat is a duplicate, applied once).
+    #[error(
+        "signal id `{signal_id}` was already used for {}; a signal id names one signal, so send this one with a new id",
+        if .delivered_name == .name {
+            format!("signal `{name}` with a different payload")
+        } else {
+            format!("signal `{delivered_name}`, not `{name}`")
+        }
+    )]
+    SignalIdReused {
+        /// The id.
+        signal_id: String,
+        /// Name of the signal delivered with it.
+        delivered_name: String,
+        /// Name sent now.
+        name: String,
+    },
     /// An approval that was already decided.
     #[error("node `{node}` was already {} by {by} (event {seq})", if *.approved { "approved" } else { "declined" })]
     AlreadyDecided {
@@ -462,11 +500,32 @@ pub enum MachineError {
     /// A decision for a node that is not waiting for one.
     #[error("{0}")]
     NotWaiting(String),
+    /// A decision naming a node the run's workflow does not have.
+    #[error(
+        "no such node `{node}` in workflow `{workflow}`; {}",
+        if .approvals.is_empty() {
+            "it has no approval nodes".to_owned()
+        } else {
+            format!("its approval nodes: {}", .approvals.join(", "))
+        }
+    )]
+    NoSuchNode {
+        /// The node named.
+        node: String,
+        /// The run's workflow.
+        workflow: String,
+        /// Its approval nodes, in file order.
+        approvals: Vec<String>,
+    },
 }
 
 /// Attempts of a `tool` node's call (idempotent, or not yet dispatched)
 /// before it fails: the agents' default `max_tool_attempts`.
 pub const TOOL_NODE_ATTEMPTS: u32 = 5;
+
+/// Largest arguments of a `tool` node's call, bytes of JSON (after
+/// defaults are filled in): the agents' default `max_argument_bytes`.
+pub const TOOL_NODE_MAX_ARGUMENT_BYTES: usize = 65_536;
 
 /// Retry delay for attempt number `failed` (1-based), ms: 500 · 2^(n-1), at most 30 s.
 pub fn retry_delay_ms(failed: u32) -> u64 {
@@ -522,8 +581,15 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             call_id,
             attempt,
             worker_id,
+            callback_token_sha256,
         } => {
-            m.on_dispatch(call_id, attempt, worker_id)?;
+            m.on_dispatch(call_id, attempt, worker_id, callback_token_sha256)?;
+        }
+        Input::Callback {
+            token_sha256,
+            payload,
+        } => {
+            m.on_callback(&token_sha256, payload)?;
         }
         Input::ToolCallCompleted {
             call_id,
@@ -706,10 +772,20 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             payload,
             sent_by,
         } => {
-            if m.state.signal_ids.contains(&signal_id) {
+            if let Some(delivered) = m.state.signal_ids.get(&signal_id) {
                 // Applied once already (even if the run has ended since: a
                 // sender retrying after a lost reply is told it arrived).
-                return Ok(m.out);
+                if *delivered == state::DeliveredSignal::new(&name, &payload) {
+                    return Ok(m.out);
+                }
+                // The same id for another signal: applying it would lose
+                // it, answering "duplicate" would tell the sender it
+                // arrived.
+                return Err(MachineError::SignalIdReused {
+                    signal_id,
+                    delivered_name: delivered.name.clone(),
+                    name,
+                });
             }
             if m.state.status.is_terminal() || m.state.status == RunStatus::New {
                 return Err(m.wrong_status(&format!("signal `{name}`")));
@@ -864,6 +940,18 @@ impl Step {
     }
 
     /// The model answered: record it, then check each proposed call in order.
+    /// `callback_timeout_ms` of the call's tool if it is `type: async_webhook`.
+    fn callback_timeout_ms(&self, call_id: &str) -> Option<u64> {
+        let call = self.state.tool_calls.get(call_id)?;
+        match &self.plan().ok()?.tools.get(&call.tool)?.def.binding {
+            ToolBindingDef::AsyncWebhook {
+                callback_timeout_ms,
+                ..
+            } => Some(*callback_timeout_ms),
+            _ => None,
+        }
+    }
+
     fn on_model_result(
         &mut self,
         call_id: String,
@@ -1154,21 +1242,55 @@ impl Step {
         call_id: String,
         attempt: u32,
         worker_id: String,
+        callback_token_sha256: Option<String>,
     ) -> Result<(), MachineError> {
         let call = self.require_open_tool_call(&call_id)?.clone();
         // Reconcile probes run while the run is paused on what they look up;
         // everything else only while it runs.
+        // A run `waiting` on one call's child or callback still runs the
+        // other calls of the same turn.
         let allowed = match self.state.status {
-            RunStatus::Running => true,
+            RunStatus::Running | RunStatus::Waiting => true,
             RunStatus::Paused => call.probe_for.is_some(),
             _ => false,
         };
         if !allowed {
             return Err(self.wrong_status("dispatch"));
         }
+        let is_webhook = self.plan().is_ok_and(|p| {
+            p.tools
+                .get(&call.tool)
+                .is_some_and(|t| matches!(t.def.binding, ToolBindingDef::AsyncWebhook { .. }))
+        });
+        let issue_callback = |m: &mut Step| -> Result<(), MachineError> {
+            if !is_webhook {
+                return Ok(());
+            }
+            let Some(token_sha256) = callback_token_sha256.clone() else {
+                return Err(MachineError::DispatchRefused {
+                    call_id: call_id.clone(),
+                    detail: format!(
+                        "tool `{}` is `type: async_webhook`, and this engine serves no callback endpoint (start it with --callback-listen)",
+                        call.tool
+                    ),
+                });
+            };
+            m.emit(Event::CallbackIssued {
+                call_id: call_id.clone(),
+                attempt,
+                token_sha256: token_sha256.clone(),
+            });
+            m.command(Command::RegisterCallback {
+                call_id: call_id.clone(),
+                token_sha256,
+            });
+            Ok(())
+        };
         if call.dispatched_attempt == Some(attempt) {
-            // The same attempt asking again (its reply was lost): already recorded.
-            return Ok(());
+            // The same attempt asking again (its reply was lost): already
+            // recorded. An async webhook gets a fresh token, as the first
+            // reply (and its token) never reached the worker.
+            return issue_callback(self);
         }
         if call.may_have_acted && call.repeat_safety != RepeatSafety::Idempotent {
             return Err(MachineError::DispatchRefused {
@@ -1201,8 +1323,94 @@ impl Step {
             attempt,
             worker_id,
         });
+        issue_callback(self)?;
         self.command(Command::MarkDispatched { call_id, attempt });
         Ok(())
+    }
+
+    /// A callback of a `type: async_webhook` call: its result, once. An
+    /// open call completes (whether or not the worker has reported the
+    /// acceptance yet); an uncertain one is resolved by it; a call that
+    /// already ended keeps it as history. The token is used up in every case,
+    /// so a replay changes nothing.
+    fn on_callback(&mut self, token_sha256: &str, payload: Value) -> Result<(), MachineError> {
+        let Some((call_id, call, attempt, used)) =
+            self.state.tool_calls.iter().find_map(|(id, c)| {
+                c.callback_tokens
+                    .get(token_sha256)
+                    .map(|(attempt, used)| (id.clone(), c.clone(), *attempt, *used))
+            })
+        else {
+            return Err(MachineError::CallNotOpen {
+                call_id: String::new(),
+                detail: "no call of this run issued that callback token".into(),
+            });
+        };
+        if used {
+            return Ok(());
+        }
+        if self.state.status.is_terminal() {
+            return Err(self.wrong_status("callback"));
+        }
+        let plan = self.plan()?;
+        let tool = plan
+            .tools
+            .get(&call.tool)
+            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
+        crate::definitions::validate_json(&tool.def.output_schema, &payload).map_err(|errors| {
+            MachineError::InvalidResult {
+                tool: call.tool.clone(),
+                errors,
+            }
+        })?;
+        self.emit(Event::CallbackReceived {
+            call_id: call_id.clone(),
+            attempt,
+            token_sha256: token_sha256.to_owned(),
+        });
+        match call.status {
+            CallStatus::Open => {
+                if let Some(timer) = &call.callback_timer {
+                    self.command(Command::CancelTimer {
+                        timer_id: timer.timer_id.clone(),
+                    });
+                }
+                self.emit(Event::ToolCallCompleted {
+                    call_id: call_id.clone(),
+                    attempt,
+                    result: payload,
+                });
+                // The worker may not have reported the acceptance yet: its
+                // task ends here, and its report finds the call completed.
+                self.command(Command::EndTask {
+                    call_id,
+                    end: TaskEnd::Completed,
+                });
+                Ok(())
+            }
+            CallStatus::Uncertain => {
+                self.late_attempt = Some(attempt);
+                self.resolve(
+                    &call_id,
+                    Resolution::Succeeded { result: payload },
+                    "callback".to_owned(),
+                    format!("the tool server called back for attempt {attempt}"),
+                    ResolvedVia::Callback,
+                )
+            }
+            CallStatus::Completed | CallStatus::Failed | CallStatus::Cancelled => {
+                self.emit(Event::LateResultRecorded {
+                    call_id,
+                    attempt,
+                    result: payload,
+                    discrepancy: Some(format!(
+                        "the callback for attempt {attempt} arrived after the call was {}; it is kept here, not applied",
+                        call.status.as_str()
+                    )),
+                });
+                Ok(())
+            }
+        }
     }
 
     /// A worker's result for the current attempt of an open tool call.
@@ -1217,6 +1425,39 @@ impl Step {
             .tool_calls
             .get(&call_id)
             .and_then(|c| c.probe_for.clone());
+        if let Some(callback_timeout_ms) = self.callback_timeout_ms(&call_id)
+            && probe_for.is_none()
+        {
+            // An async webhook's 2xx answer is an acceptance: the result
+            // comes by callback.
+            let timer = TimerSpec {
+                timer_id: format!("{call_id}.callback"),
+                after_ms: Some(callback_timeout_ms),
+                at: None,
+                purpose: TimerPurpose::Timeout,
+            };
+            if self
+                .state
+                .tool_calls
+                .get(&call_id)
+                .is_some_and(|c| c.callback_timer.is_some())
+            {
+                // Already accepted (a second report of the same acceptance).
+                return Ok(());
+            }
+            self.emit(Event::ToolCallAccepted {
+                call_id: call_id.clone(),
+                attempt,
+                response: result,
+                timer: timer.clone(),
+            });
+            self.command(Command::EndTask {
+                call_id,
+                end: TaskEnd::Completed,
+            });
+            self.command(Command::ScheduleTimer(timer));
+            return Ok(());
+        }
         self.emit(Event::ToolCallCompleted {
             call_id: call_id.clone(),
             attempt,
@@ -2278,6 +2519,16 @@ impl Step {
         };
         fill_defaults(&mut map, &tool.def.input_schema);
         let arguments = Value::Object(map);
+        // The same bound as a model's proposal (measured as the JSON that
+        // is persisted and sent).
+        let size = serde_json::to_string(&arguments).map_or(usize::MAX, |s| s.len());
+        if size > TOOL_NODE_MAX_ARGUMENT_BYTES {
+            self.fail_run(format!(
+                "node `{}`: `args` of tool `{tool_name}` are {size} bytes, more than the limit of {TOOL_NODE_MAX_ARGUMENT_BYTES} bytes",
+                def.id
+            ));
+            return Ok(());
+        }
         if let Err(errors) = crate::definitions::validate_json(&tool.def.input_schema, &arguments) {
             self.fail_run(format!(
                 "node `{}`: `args` do not match the input type of tool `{tool_name}`: {}",
@@ -2377,6 +2628,11 @@ impl Step {
                         output: json!({"error": error}),
                         next: Some(next),
                     }),
+                    // Most call errors already say "tool `t` failed…";
+                    // name the tool only when the error does not.
+                    None if error.starts_with(&format!("tool `{}` ", call.tool)) => {
+                        self.fail_run(format!("node `{}`: {error}", step.id))
+                    }
                     None => self.fail_run(format!(
                         "node `{}`: tool `{}` failed: {error}",
                         step.id, call.tool
@@ -2618,25 +2874,15 @@ impl Step {
             stale(self);
             return Ok(());
         }
-        if let Some((call_id, call)) = self
-            .state
-            .tool_calls
-            .iter()
-            .find(|(_, c)| {
-                c.status == CallStatus::Open
-                    && c.child_timer
-                        .as_ref()
-                        .is_some_and(|t| t.timer_id == timer_id)
-            })
-            .map(|(id, c)| (id.clone(), c.clone()))
-        {
-            let child = call.child_run_id.clone().unwrap_or_default();
-            let after = call
-                .child_timer
-                .as_ref()
-                .and_then(|t| t.after_ms)
-                .map(show_ms)
-                .unwrap_or_default();
+        // A call's own timer: a sync child's timeout or a callback's.
+        if let Some((call_id, call, timer)) = self.state.tool_calls.iter().find_map(|(id, c)| {
+            let timer = [&c.child_timer, &c.callback_timer]
+                .into_iter()
+                .flatten()
+                .find(|t| t.timer_id == timer_id)?;
+            (c.status == CallStatus::Open).then(|| (id.clone(), c.clone(), timer.clone()))
+        }) {
+            let after = timer.after_ms.map(show_ms).unwrap_or_default();
             self.emit(Event::TimerFired {
                 node: call.node.clone(),
                 timer_id: timer_id.to_owned(),
@@ -2644,14 +2890,28 @@ impl Step {
             self.command(Command::CancelTimer {
                 timer_id: timer_id.to_owned(),
             });
-            self.command(Command::CancelChildRun {
-                child_run_id: child.clone(),
-                reason: format!("its parent gave up waiting after {after}"),
-            });
+            let (attempt, error) = match &call.child_run_id {
+                Some(child) => {
+                    self.command(Command::CancelChildRun {
+                        child_run_id: child.clone(),
+                        reason: format!("its parent gave up waiting after {after}"),
+                    });
+                    (
+                        0,
+                        format!("child run {child} did not finish within {after}"),
+                    )
+                }
+                None => (
+                    call.dispatched_attempt.unwrap_or(0),
+                    format!(
+                        "the tool server accepted the request but did not call back within {after}"
+                    ),
+                ),
+            };
             self.emit(Event::ToolCallFailed {
                 call_id,
-                attempt: 0,
-                error: format!("child run {child} did not finish within {after}"),
+                attempt,
+                error,
             });
             return Ok(());
         }
@@ -2895,6 +3155,23 @@ impl Step {
         grants: Vec<String>,
         reason: String,
     ) -> Result<(), MachineError> {
+        // A misspelt node is named as such, whatever the run is doing.
+        if let Ok(plan) = self.plan()
+            && !plan.workflow.def.nodes.iter().any(|n| n.id == node)
+        {
+            return Err(MachineError::NoSuchNode {
+                node,
+                workflow: plan.workflow.def.name.clone(),
+                approvals: plan
+                    .workflow
+                    .def
+                    .nodes
+                    .iter()
+                    .filter(|n| matches!(n.kind, NodeKind::Approval(_)))
+                    .map(|n| n.id.clone())
+                    .collect(),
+            });
+        }
         if self.state.status.is_terminal() || self.state.status == RunStatus::New {
             // A second decision is told about the first, even after the run
             // has ended; any other decision on an ended run is refused.
@@ -3023,28 +3300,46 @@ impl Step {
 
 /// The task spec of a call of `tool` with `arguments` and idempotency `key`.
 fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Value, MachineError> {
-    let ToolBindingDef::Http {
-        endpoint,
-        method,
-        headers,
-        timeout_ms,
-    } = &tool.def.binding
-    else {
-        return Err(MachineError::InvalidPlan(format!(
-            "tool `{}` is not called through a worker",
-            tool.def.name
-        )));
-    };
-    let spec = ToolCallSpec {
-        tool: tool.def.name.clone(),
-        tool_version: tool.version,
-        arguments: arguments.clone(),
-        binding: ToolBinding::Http(HttpBinding {
+    let binding = match &tool.def.binding {
+        ToolBindingDef::Http {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+        } => ToolBinding::Http(HttpBinding {
             endpoint: endpoint.clone(),
             method: method.clone(),
             headers: headers.clone(),
             timeout_ms: *timeout_ms,
         }),
+        ToolBindingDef::AsyncWebhook {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+            callback_url_field,
+            ..
+        } => ToolBinding::AsyncWebhook(AsyncWebhookBinding {
+            http: HttpBinding {
+                endpoint: endpoint.clone(),
+                method: method.clone(),
+                headers: headers.clone(),
+                timeout_ms: *timeout_ms,
+            },
+            callback_url_field: callback_url_field.clone(),
+        }),
+        ToolBindingDef::Workflow { .. } => {
+            return Err(MachineError::InvalidPlan(format!(
+                "tool `{}` is not called through a worker",
+                tool.def.name
+            )));
+        }
+    };
+    let spec = ToolCallSpec {
+        tool: tool.def.name.clone(),
+        tool_version: tool.version,
+        arguments: arguments.clone(),
+        binding,
         idempotency_key: key.to_owned(),
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))

@@ -1,7 +1,7 @@
 //! A run's state: the fold of its events. `apply` is the only way state
 //! changes, so replaying a recorded history always gives the same state.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use belay_proto::wire::{ChatMessage, ToolUse};
 use serde_json::{Map, Value, json};
@@ -67,6 +67,20 @@ pub enum CallStatus {
     Cancelled,
 }
 
+impl CallStatus {
+    /// Lower-case word for messages: `open`, `completed`, `failed`,
+    /// `uncertain`, `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Open => "open",
+            CallStatus::Completed => "completed",
+            CallStatus::Failed => "failed",
+            CallStatus::Uncertain => "uncertain",
+            CallStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// What the run knows about one accepted tool call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCallState {
@@ -113,6 +127,21 @@ pub struct ToolCallState {
     pub child_run_id: Option<String>,
     /// Its timeout timer.
     pub child_timer: Option<TimerSpec>,
+    /// For a `type: async_webhook` call: the callback tokens issued (hex
+    /// SHA-256 → the attempt it was issued to, and whether it was used).
+    pub callback_tokens: BTreeMap<String, (u32, bool)>,
+    /// Set once the server accepted the request: the timer that ends the
+    /// wait for the callback.
+    pub callback_timer: Option<TimerSpec>,
+}
+
+impl ToolCallState {
+    /// Whether the call waits for something outside any task: a child run
+    /// (sync `type: workflow`) or a callback (accepted `type: async_webhook`).
+    pub fn waits_outside(&self) -> bool {
+        self.status == CallStatus::Open
+            && (self.child_run_id.is_some() || self.callback_timer.is_some())
+    }
 }
 
 impl ToolCallState {
@@ -145,6 +174,8 @@ impl ToolCallState {
             error: None,
             child_run_id: None,
             child_timer: None,
+            callback_tokens: BTreeMap::new(),
+            callback_timer: None,
         }
     }
 }
@@ -253,6 +284,27 @@ pub struct BufferedSignal {
     pub payload: Value,
 }
 
+/// What a delivered signal was, kept for as long as the run: its name and
+/// a digest of its payload (payloads can be large).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveredSignal {
+    /// Name.
+    pub name: String,
+    /// SHA-256 of the payload's compact JSON (object keys sorted).
+    pub payload_sha256: [u8; 32],
+}
+
+impl DeliveredSignal {
+    /// The record of signal `name` with `payload`.
+    pub fn new(name: &str, payload: &Value) -> DeliveredSignal {
+        use sha2::{Digest, Sha256};
+        DeliveredSignal {
+            name: name.to_owned(),
+            payload_sha256: Sha256::digest(payload.to_string().as_bytes()).into(),
+        }
+    }
+}
+
 /// A decided approval, for refusing a second decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decided {
@@ -300,8 +352,9 @@ pub struct RunState {
     pub chosen_next: Option<String>,
     /// Delivered signals not yet taken by a wait, oldest first.
     pub signals: Vec<BufferedSignal>,
-    /// Ids of every signal delivered.
-    pub signal_ids: BTreeSet<String>,
+    /// Every signal delivered, by its id: what it was, so that the same
+    /// id sent again is told apart from a retry.
+    pub signal_ids: BTreeMap<String, DeliveredSignal>,
     /// Approvals decided, by node id (latest visit).
     pub decided: BTreeMap<String, Decided>,
     /// Every accepted tool call by call id.
@@ -333,7 +386,7 @@ impl Default for RunState {
             visits: BTreeMap::new(),
             chosen_next: None,
             signals: Vec::new(),
-            signal_ids: BTreeSet::new(),
+            signal_ids: BTreeMap::new(),
             decided: BTreeMap::new(),
             tool_calls: BTreeMap::new(),
             output: None,
@@ -533,6 +586,37 @@ impl RunState {
                     call.dispatched_attempt = Some(*attempt);
                 }
             }
+            Event::CallbackIssued {
+                call_id,
+                attempt,
+                token_sha256,
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.callback_tokens
+                        .insert(token_sha256.clone(), (*attempt, false));
+                }
+            }
+            Event::ToolCallAccepted { call_id, timer, .. } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.callback_timer = Some(timer.clone());
+                    let tool = call.tool.clone();
+                    let after = timer.after_ms.map(super::show_ms).unwrap_or_default();
+                    self.set_waiting(format!(
+                        "call `{call_id}` of tool `{tool}` waits for its callback (up to {after})"
+                    ));
+                }
+            }
+            Event::CallbackReceived {
+                call_id,
+                token_sha256,
+                ..
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id)
+                    && let Some(token) = call.callback_tokens.get_mut(token_sha256)
+                {
+                    token.1 = true;
+                }
+            }
             Event::ToolCallAttemptFailed {
                 call_id,
                 class,
@@ -705,7 +789,8 @@ impl RunState {
                 payload,
                 ..
             } => {
-                self.signal_ids.insert(signal_id.clone());
+                self.signal_ids
+                    .insert(signal_id.clone(), DeliveredSignal::new(name, payload));
                 self.signals.push(BufferedSignal {
                     signal_id: signal_id.clone(),
                     name: name.clone(),
@@ -925,7 +1010,7 @@ impl RunState {
         let was_child = self
             .tool_calls
             .get(call_id)
-            .is_some_and(|c| c.child_run_id.is_some());
+            .is_some_and(|c| c.child_run_id.is_some() || c.callback_timer.is_some());
         if was_child && self.status == RunStatus::Waiting {
             match self.waiting_reason() {
                 Some(reason) => self.status_reason = reason,
@@ -939,6 +1024,22 @@ impl RunState {
 
     /// Why the run would be waiting now, if its current node waits.
     fn waiting_reason(&self) -> Option<String> {
+        if let Some((call_id, call)) = self
+            .tool_calls
+            .iter()
+            .find(|(_, c)| c.waits_outside() && c.callback_timer.is_some())
+        {
+            let after = call
+                .callback_timer
+                .as_ref()
+                .and_then(|t| t.after_ms)
+                .map(super::show_ms)
+                .unwrap_or_default();
+            return Some(format!(
+                "call `{call_id}` of tool `{}` waits for its callback (up to {after})",
+                call.tool
+            ));
+        }
         if let Some((call_id, call)) = self
             .tool_calls
             .iter()

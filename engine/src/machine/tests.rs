@@ -291,6 +291,7 @@ fn happy_path_runs_model_tool_model_and_completes() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w1".into(),
+        callback_token_sha256: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     let d = run.step(Input::ToolCallCompleted {
@@ -389,6 +390,7 @@ fn each_failed_check_goes_back_to_the_model_in_order() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::ToolCallCompleted {
         call_id: "intake.t1".into(),
@@ -517,6 +519,7 @@ fn idempotent_call_lost_after_dispatch_is_retried_with_the_same_key_until_attemp
             call_id: "intake.t1".into(),
             attempt,
             worker_id: "w".into(),
+            callback_token_sha256: None,
         });
         let d = run.step(Input::LeaseExpired {
             call_id: "intake.t1".into(),
@@ -530,6 +533,7 @@ fn idempotent_call_lost_after_dispatch_is_retried_with_the_same_key_until_attemp
         call_id: "intake.t1".into(),
         attempt: 3,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -554,6 +558,7 @@ fn never_call_lost_after_dispatch_fails_and_the_model_is_told() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -580,6 +585,7 @@ fn reconcile_call_lost_after_dispatch_becomes_uncertain_and_pauses_the_run() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -607,7 +613,8 @@ fn reconcile_call_lost_after_dispatch_becomes_uncertain_and_pauses_the_run() {
             Input::DispatchToolCall {
                 call_id: "intake.t1".into(),
                 attempt: 2,
-                worker_id: "w".into()
+                worker_id: "w".into(),
+                callback_token_sha256: None,
             }
         )
         .is_err()
@@ -623,6 +630,7 @@ fn reported_failures_follow_the_class() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::TaskFailed {
         call_id: "intake.t1".into(),
@@ -648,6 +656,7 @@ fn reported_failures_follow_the_class() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::TaskFailed {
         call_id: "intake.t1".into(),
@@ -689,12 +698,14 @@ fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     let again = run.step(Input::DispatchToolCall {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     assert!(
         again.events.is_empty(),
@@ -714,6 +725,7 @@ fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
         call_id: "intake.t1".into(),
         attempt: 2,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     assert!(!run.state.tool_calls["intake.t1"].may_have_acted);
@@ -908,6 +920,7 @@ fn uncertain_run(opts: Opts) -> (Run, Decision) {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -1047,6 +1060,7 @@ fn retry_keeps_the_key_or_mints_a_new_one_and_allows_one_more_dispatch() {
         call_id: "intake.t1".into(),
         attempt: 2,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
 
@@ -1114,6 +1128,7 @@ fn a_probe_that_finds_the_effect_resolves_it_without_an_operator() {
         call_id: probe_id.clone(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::ToolCallCompleted {
         call_id: probe_id,
@@ -1143,6 +1158,7 @@ fn a_probe_answering_404_retries_with_the_same_key_and_an_undecided_probe_calls_
         call_id: "intake.t1.p1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::TaskFailed {
         call_id: "intake.t1.p1".into(),
@@ -1241,6 +1257,7 @@ fn for_an_idempotent_call_the_first_result_wins() {
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -1383,6 +1400,7 @@ fn a_call_can_become_uncertain_again_after_a_retry() {
         call_id: "intake.t1".into(),
         attempt: 2,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -1419,6 +1437,7 @@ fn cancelling_records_dispatched_reconcile_calls_and_their_records_stay_resolvab
         call_id: "intake.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     let d = run.step(Input::Cancel {
         reason: "customer left".into(),
@@ -1476,6 +1495,7 @@ fn the_probe_needs_the_tenants_grant_not_the_callers_and_an_undecided_probe_asks
         call_id: "intake.t1.p1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     run.step(Input::ToolCallCompleted {

@@ -277,7 +277,7 @@ fn a_wait_sets_its_timeout_and_a_signal_ends_it() {
         Input::Signal {
             signal_id: "s1".into(),
             name: "documents_received".into(),
-            payload: json!({"files": []}),
+            payload: json!({"files": ["id.pdf"]}),
             sent_by: "t".into(),
         },
     );
@@ -303,8 +303,12 @@ nodes:
     let d = run.signal("x2", "second", json!({"n": 2})).unwrap();
     assert_eq!(d.events.len(), 1, "buffered only");
     assert_eq!(run.state.status, RunStatus::Waiting);
-    let dup = run.signal("x2", "second", json!({"n": 3})).unwrap();
+    let dup = run.signal("x2", "second", json!({"n": 2})).unwrap();
     assert!(dup.events.is_empty() && dup.commands.is_empty());
+    assert!(matches!(
+        run.signal("x2", "second", json!({"n": 3})),
+        Err(MachineError::SignalIdReused { .. })
+    ));
     run.signal("x1", "first", json!({"n": 1})).unwrap();
     assert_eq!(run.state.status, RunStatus::Completed);
     assert_eq!(
@@ -569,6 +573,7 @@ nodes:
         call_id: "create.t1".into(),
         attempt: 1,
         worker_id: "w".into(),
+        callback_token_sha256: None,
     });
     run.step(Input::ToolCallCompleted {
         call_id: "create.t1".into(),
@@ -877,5 +882,328 @@ nodes:
         run.state.status_reason.contains("did not finish within 1m"),
         "{}",
         run.state.status_reason
+    );
+}
+
+const WEBHOOK_TOOLS: &str = r#"TOOLS:
+  create_account(email: string) -> {account_id: string}
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+  kyc(email: string) -> {check_id: string, status: string}
+    description: "Check identity documents; the provider calls back"
+    type: async_webhook
+    endpoint: "/kyc/checks"
+    method: POST
+    callback_url_field: meta.reply_to
+    timeout_seconds: 600
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+const WEBHOOK_WF: &str = r#"kind: workflow
+name: w
+nodes:
+  - {id: check, type: tool, tool: kyc, args: {email: "${ .input.email }"}, grants: [crm.write], on_error: failed, next: done}
+  - {id: done, type: succeed, output: "${ .nodes.check.output }"}
+  - {id: failed, type: fail, error: "${ .nodes.check.output.error }"}
+"#;
+
+fn dispatch_webhook(
+    run: &mut Run,
+    attempt: u32,
+    token: Option<&str>,
+) -> Result<Decision, MachineError> {
+    run.try_step(Input::DispatchToolCall {
+        call_id: "check.t1".into(),
+        attempt,
+        worker_id: "w".into(),
+        callback_token_sha256: token.map(str::to_owned),
+    })
+}
+
+fn callback(run: &mut Run, token: &str, payload: Value) -> Result<Decision, MachineError> {
+    run.try_step(Input::Callback {
+        token_sha256: token.into(),
+        payload,
+    })
+}
+
+#[test]
+fn an_async_webhook_is_accepted_then_completed_by_its_callback_once() {
+    let (mut run, d) = Run::start_plan(
+        plan_with(WEBHOOK_TOOLS, WEBHOOK_WF),
+        json!({"email": "a@x.io"}),
+    );
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(spec["binding"]["type"], "async_webhook");
+    assert_eq!(spec["binding"]["callback_url_field"], "meta.reply_to");
+    assert_eq!(spec["binding"]["endpoint"], "/kyc/checks");
+
+    // Dispatch issues the token (only its hash is known here) and registers it.
+    let d = dispatch_webhook(&mut run, 1, Some("h1")).unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["tool_call_dispatched", "callback_issued"]
+    );
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::RegisterCallback { token_sha256, .. } if token_sha256 == "h1")
+    ));
+    // The same attempt asking again (its reply lost) gets a second token.
+    let d = dispatch_webhook(&mut run, 1, Some("h1b")).unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["callback_issued"]
+    );
+
+    // The 2xx answer is an acceptance: the task ends, the call waits.
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "check.t1".into(),
+        attempt: 1,
+        result: json!({"check_id": "kyc_1", "status": "pending"}),
+    });
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["tool_call_accepted"]
+    );
+    assert!(d.commands.iter().any(|c| matches!(
+        c,
+        Command::EndTask {
+            end: TaskEnd::Completed,
+            ..
+        }
+    )));
+    assert_eq!(timers(&d)[0].timer_id, "check.t1.callback");
+    assert_eq!(timers(&d)[0].after_ms, Some(600_000));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state
+            .status_reason
+            .contains("waits for its callback (up to 10m)"),
+        "{}",
+        run.state.status_reason
+    );
+
+    // A result that does not match the output type is refused; the token stays unused.
+    let bad = callback(&mut run, "h1", json!({"check_id": 7}));
+    assert!(
+        matches!(bad, Err(MachineError::InvalidResult { .. })),
+        "{bad:?}"
+    );
+    // An unknown token is refused.
+    assert!(matches!(
+        callback(&mut run, "nope", json!({})),
+        Err(MachineError::CallNotOpen { .. })
+    ));
+
+    let d = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        [
+            "callback_received",
+            "tool_call_completed",
+            "node_completed",
+            "node_started",
+            "node_completed",
+            "run_completed"
+        ]
+    );
+    assert_eq!(cancelled(&d), vec!["check.t1.callback"]);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"check_id": "kyc_1", "status": "clear"}))
+    );
+
+    // A replay of the same callback changes nothing; so does the other token
+    // of the call once the run has ended (it is refused, as the run is over).
+    let d = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert!(d.events.is_empty() && d.commands.is_empty());
+    assert!(matches!(
+        callback(
+            &mut run,
+            "h1b",
+            json!({"check_id": "kyc_1", "status": "clear"})
+        ),
+        Err(MachineError::WrongStatus { .. })
+    ));
+}
+
+#[test]
+fn a_callback_before_the_acceptance_completes_the_call_and_the_late_acceptance_is_ignored() {
+    let (mut run, _) = Run::start_plan(
+        plan_with(WEBHOOK_TOOLS, WEBHOOK_WF),
+        json!({"email": "a@x.io"}),
+    );
+    dispatch_webhook(&mut run, 1, Some("h1")).unwrap();
+    // Fast servers call back before they answer the request.
+    let d = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert!(d.commands.iter().any(|c| matches!(
+        c,
+        Command::EndTask {
+            end: TaskEnd::Completed,
+            ..
+        }
+    )));
+    assert_eq!(run.state.status, RunStatus::Completed);
+    // The worker's report of the acceptance now arrives as a late result of
+    // the same attempt: nothing changes (the run has ended: it is refused).
+    let before = run.state.clone();
+    let late = run.try_step(Input::LateToolResult {
+        call_id: "check.t1".into(),
+        attempt: 1,
+        result: json!({"check_id": "kyc_1", "status": "pending"}),
+        worker_id: "w".into(),
+    });
+    assert!(
+        late.as_ref().map_or(true, |d| d.events.is_empty()),
+        "{late:?}"
+    );
+    assert_eq!(run.state, before);
+}
+
+#[test]
+fn an_async_webhook_without_a_callback_in_time_fails_and_needs_a_callback_endpoint() {
+    let (mut run, _) = Run::start_plan(
+        plan_with(WEBHOOK_TOOLS, WEBHOOK_WF),
+        json!({"email": "a@x.io"}),
+    );
+    // An engine that serves no callback endpoint refuses the dispatch.
+    let refused = dispatch_webhook(&mut run, 1, None);
+    assert!(
+        matches!(&refused, Err(MachineError::DispatchRefused { detail, .. }) if detail.contains("--callback-listen")),
+        "{refused:?}"
+    );
+    dispatch_webhook(&mut run, 1, Some("h1")).unwrap();
+    run.step(Input::ToolCallCompleted {
+        call_id: "check.t1".into(),
+        attempt: 1,
+        result: json!({"accepted": true}),
+    });
+    let d = run.step(Input::TimerFired {
+        timer_id: "check.t1.callback".into(),
+    });
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallFailed { .. }))
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state
+            .status_reason
+            .contains("did not call back within 10m"),
+        "{}",
+        run.state.status_reason
+    );
+    // The callback arriving after the timeout is kept as history, not applied.
+    let failed_run = run.state.status;
+    let late = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    );
+    assert!(
+        matches!(late, Err(MachineError::WrongStatus { .. })),
+        "{late:?}"
+    );
+    assert_eq!(run.state.status, failed_run);
+}
+
+#[test]
+fn a_tool_node_failure_names_the_tool_once() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: create, type: tool, tool: create_account, args: {email: x}, grants: [crm.write]}\n";
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::TaskFailed {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        error: "HTTP 400: bad email".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `create`: tool `create_account` failed: HTTP 400: bad email"
+    );
+}
+
+#[test]
+fn a_tool_node_with_oversized_args_fails_before_any_task() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: create, type: tool, tool: create_account, args: {email: \"${ .input.email }\"}, grants: [crm.write]}\n";
+    // `{"email":"…","plan":"starter"}` around the email: 29 bytes.
+    let email = |n: usize| json!({"email": "x".repeat(n - 29)});
+    let (run, d) = Run::start(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES + 1));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. })),
+        "{:?}",
+        d.commands
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `create`: `args` of tool `create_account` are 65537 bytes, more than the limit of 65536 bytes"
+    );
+    // At the limit, the call is scheduled.
+    let (run, d) = Run::start(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES));
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::ScheduleTask { .. })),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn a_signal_id_is_one_signal() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.signal("s1", "documents_received", json!({"files": [1], "by": "x"}))
+        .unwrap();
+    let n = run.history.len();
+    // The same signal again (keys in another order): applied once.
+    let d = run
+        .signal("s1", "documents_received", json!({"by": "x", "files": [1]}))
+        .unwrap();
+    assert!(d.events.is_empty() && d.commands.is_empty());
+    // Another payload or name under the same id: refused.
+    let err = run
+        .signal("s1", "documents_received", json!({"files": [2], "by": "x"}))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "signal id `s1` was already used for signal `documents_received` with a different payload; a signal id names one signal, so send this one with a new id"
+    );
+    let err = run.signal("s1", "other", json!({})).unwrap_err();
+    assert!(
+        matches!(&err, MachineError::SignalIdReused { signal_id, delivered_name, name }
+            if signal_id == "s1" && delivered_name == "documents_received" && name == "other"),
+        "{err:?}"
+    );
+    assert_eq!(run.history.len(), n);
+    // The record survives a replay of the history.
+    assert_eq!(
+        RunState::fold(&run.history).signal_ids,
+        run.state.signal_ids
     );
 }

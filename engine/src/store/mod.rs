@@ -719,6 +719,12 @@ impl Store {
         on_backend!(self, b => b.due_timers(limit).await)
     }
 
+    /// The run a callback token (hex SHA-256) was issued in, if any
+    /// ([`crate::machine::Command::RegisterCallback`]).
+    pub async fn callback_run(&self, token_sha256: &str) -> Result<Option<Uuid>, StoreError> {
+        on_backend!(self, b => b.callback_run(token_sha256).await)
+    }
+
     /// Move the engine's clock forward by `ms` (negative: back) for every
     /// engine on this database: leases, retry delays and timers are all
     /// judged by it. For tests (a 7-day wait in milliseconds); production

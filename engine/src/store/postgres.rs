@@ -514,7 +514,7 @@ impl Pg {
             "WITH picked AS (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
                  WHERE t.status = 'ready' AND t.available_at <= belay_now()
-                   AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))
+                   AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT $2
                  FOR UPDATE OF t SKIP LOCKED)
@@ -576,7 +576,7 @@ impl Pg {
             "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - belay_now())) * 1000)::float8
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.status = 'ready'
-               AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))",
+               AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))",
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -612,6 +612,18 @@ impl Pg {
         .bind(limit)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    pub(crate) async fn callback_run(
+        &self,
+        token_sha256: &str,
+    ) -> Result<Option<Uuid>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT run_id FROM callbacks WHERE token_sha256 = $1")
+                .bind(token_sha256)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 
     pub(crate) async fn advance_clock(&self, ms: i64) -> Result<(), StoreError> {
@@ -1061,6 +1073,20 @@ async fn write_decision(
                 .bind(&timer.timer_id)
                 .bind(timer.at.as_deref().and_then(parse_time))
                 .bind(timer.after_ms.unwrap_or(0) as f64)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RegisterCallback {
+                call_id,
+                token_sha256,
+            } => {
+                sqlx::query(
+                    "INSERT INTO callbacks (token_sha256, run_id, call_id) VALUES ($1, $2, $3)
+                     ON CONFLICT (token_sha256) DO NOTHING",
+                )
+                .bind(token_sha256)
+                .bind(run_id)
+                .bind(call_id)
                 .execute(&mut **tx)
                 .await?;
             }

@@ -593,7 +593,7 @@ impl Lite {
              WHERE task_id IN (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
                  WHERE t.status = 'ready' AND t.available_at <= {NOW}
-                   AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))
+                   AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT ?2)
              RETURNING task_id, run_id, tenant, kind, attempt, spec, idempotency_key",
@@ -650,7 +650,7 @@ impl Lite {
             "SELECT (julianday(MIN(t.available_at)) - julianday('now', {CLOCK})) * 86400000.0
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.status = 'ready'
-               AND (r.status = 'running' OR (r.status = 'paused' AND t.runs_while_paused))"
+               AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))"
         )))
         .fetch_optional(&self.read)
         .await?;
@@ -693,6 +693,18 @@ impl Lite {
         .bind(limit)
         .fetch_all(&self.read)
         .await?)
+    }
+
+    pub(crate) async fn callback_run(
+        &self,
+        token_sha256: &str,
+    ) -> Result<Option<Uuid>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT run_id FROM callbacks WHERE token_sha256 = ?1")
+                .bind(token_sha256)
+                .fetch_optional(&self.read)
+                .await?,
+        )
     }
 
     pub(crate) async fn advance_clock(&self, ms: i64) -> Result<(), StoreError> {
@@ -1263,6 +1275,20 @@ async fn write_decision(
                 .bind(run_id)
                 .bind(&timer.timer_id)
                 .bind(fire_at)
+                .execute(&mut **tx)
+                .await?;
+            }
+            Command::RegisterCallback {
+                call_id,
+                token_sha256,
+            } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO callbacks (token_sha256, run_id, call_id, created_at)
+                     VALUES (?1, ?2, ?3, {NOW}) ON CONFLICT (token_sha256) DO NOTHING"
+                )))
+                .bind(token_sha256)
+                .bind(run_id)
+                .bind(call_id)
                 .execute(&mut **tx)
                 .await?;
             }

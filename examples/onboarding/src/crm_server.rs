@@ -16,7 +16,11 @@
 //! - `POST /kyc/checks` `{account_id, email, name, files}` → `200 {check_id,
 //!   status}`, or `404` if the account does not exist. `status` is `review`
 //!   when `files` is empty or the email's local part contains `+review`
-//!   ([`kyc_status`]), else `clear`.
+//!   ([`kyc_status`]), else `clear`. With a `callbackUrl` (a `type:
+//!   async_webhook` call), it answers `202 {check_id, status: "pending"}`
+//!   at once and POSTs `{check_id, status}` to `callbackUrl` afterwards, as a
+//!   KYC provider does (retrying connection failures and 5xx up to 5 times);
+//!   a repeated idempotency key gets the first answer and no second callback.
 //! - `GET /accounts/by-idempotency-key/{key}` → `200 {account_id, ...}` or
 //!   `404 {"error": "not_found"}`: a read-only lookup to reconcile an uncertain
 //!   account creation.
@@ -43,6 +47,11 @@
 //!   A fault path ending in `*` matches every path with that prefix.
 //! - `POST /_release`: answer the requests held by `hold_after_effect`.
 //! - `GET /_state`: the accounts, emails and KYC checks ([`CrmSnapshot`]).
+//! - `GET /_callbacks`: callbacks sent so far ([`SentCallback`]) and how many
+//!   are held; `POST /_callbacks/hold {hold}`: hold new callbacks (or stop
+//!   holding); `POST /_callbacks/send`: send the held ones now; `POST
+//!   /_callbacks/replay`: send the last callback again (same URL and body)
+//!   and answer with what its receiver said.
 //!
 //! A request is recorded, its fault chosen and its effect applied in one
 //! critical section, and only then are `/_wait` callers woken: when `/_wait`
@@ -184,6 +193,30 @@ pub struct KycCheck {
     pub request_seq: u64,
 }
 
+/// A callback the CRM sent (`GET /_callbacks`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SentCallback {
+    /// Where it went.
+    pub url: String,
+    /// What it carried.
+    pub body: Value,
+    /// The receiver's HTTP status, if it answered.
+    pub status: Option<u16>,
+    /// The receiver's answer (JSON, or its text as a JSON string).
+    pub response: Value,
+    /// Attempts made (connection failures and 5xx are retried).
+    pub attempts: u32,
+}
+
+/// Callbacks sent and held, for `GET /_callbacks`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallbackLog {
+    /// Sent callbacks, in the order they finished.
+    pub sent: Vec<SentCallback>,
+    /// Callbacks waiting for `POST /_callbacks/send`.
+    pub held: usize,
+}
+
 /// Everything the CRM has created, for `GET /_state`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CrmSnapshot {
@@ -277,6 +310,14 @@ struct Inner {
     kyc_keys: HashMap<String, Keyed>,
     /// Armed faults, oldest first; a request consumes the first matching one.
     faults: Vec<Fault>,
+    /// Callbacks due to be sent (URL, body), taken by the request's handler.
+    outgoing: Vec<(String, Value)>,
+    /// Callbacks held by `POST /_callbacks/hold`.
+    held: Vec<(String, Value)>,
+    /// Whether new callbacks are held.
+    hold_callbacks: bool,
+    /// Callbacks sent.
+    sent: Vec<SentCallback>,
 }
 
 /// The first request and answer seen for an idempotency key.
@@ -367,6 +408,31 @@ impl CrmState {
             .iter()
             .filter(|request| path.is_none_or(|path| request.path == path))
             .count()
+    }
+
+    /// Callbacks sent so far and how many are held.
+    pub fn callbacks(&self) -> CallbackLog {
+        let inner = self.lock();
+        CallbackLog {
+            sent: inner.sent.clone(),
+            held: inner.held.len(),
+        }
+    }
+
+    /// Hold new callbacks (`true`) or send them as they come (`false`).
+    pub fn hold_callbacks(&self, hold: bool) {
+        self.lock().hold_callbacks = hold;
+    }
+
+    /// Take the callbacks due now: those of the requests just applied, plus
+    /// the held ones when `held` is set.
+    fn take_callbacks(&self, held: bool) -> Vec<(String, Value)> {
+        let mut inner = self.lock();
+        let mut due = std::mem::take(&mut inner.outgoing);
+        if held {
+            due.append(&mut inner.held);
+        }
+        due
     }
 
     /// The accounts and emails created so far.
@@ -745,6 +811,23 @@ impl Inner {
             Ok(fields) => fields,
             Err(reply) => return reply,
         };
+        // The callback URL differs per attempt (each dispatch mints a token),
+        // so it is not part of what an idempotency key must repeat.
+        let callback_url = match body.get("callbackUrl") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(url))
+                if url.starts_with("http://") || url.starts_with("https://") =>
+            {
+                Some(url.clone())
+            }
+            Some(_) => {
+                return Reply::error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_field",
+                    "`callbackUrl` must be an http(s) URL",
+                );
+            }
+        };
         let request =
             json!({"account_id": account_id, "email": email, "name": name, "files": files});
         if let Some(reply) = replay(&self.kyc_keys, key, &request, KYC) {
@@ -765,7 +848,21 @@ impl Inner {
             idempotency_key: key.map(str::to_owned),
             request_seq: seq,
         });
-        let reply = Reply::ok(json!({"check_id": check_id, "status": status}));
+        let reply = match callback_url {
+            Some(url) => {
+                let result = json!({"check_id": check_id, "status": status});
+                if self.hold_callbacks {
+                    self.held.push((url, result));
+                } else {
+                    self.outgoing.push((url, result));
+                }
+                Reply {
+                    status: StatusCode::ACCEPTED,
+                    body: json!({"check_id": check_id, "status": "pending"}),
+                }
+            }
+            None => Reply::ok(json!({"check_id": check_id, "status": status})),
+        };
         if let Some(key) = key {
             self.kyc_keys.insert(
                 key.to_owned(),
@@ -930,6 +1027,121 @@ fn method_not_allowed(method: &Method, path: &str) -> Reply {
 struct Ctx {
     state: Arc<CrmState>,
     stopper: Stopper,
+    http: reqwest::Client,
+}
+
+/// POST `body` to `url` as a KYC provider would: connection failures and 5xx
+/// are retried (5 attempts, 50 ms doubling); the outcome is logged in
+/// `GET /_callbacks`.
+async fn send_callback(
+    state: &CrmState,
+    http: &reqwest::Client,
+    url: String,
+    body: Value,
+) -> SentCallback {
+    use backon::{ExponentialBuilder, Retryable as _};
+    let mut attempts = 0u32;
+    let result = (|| {
+        attempts += 1;
+        let request = http.post(&url).json(&body).timeout(Duration::from_secs(10));
+        async move {
+            let response = request.send().await.map_err(|e| e.to_string())?;
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            if status.is_server_error() {
+                return Err(format!("HTTP {status}: {text}"));
+            }
+            Ok((status.as_u16(), text))
+        }
+    })
+    .retry(
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_times(4),
+    )
+    .await;
+    let sent = match result {
+        Ok((status, text)) => SentCallback {
+            url,
+            body,
+            status: Some(status),
+            response: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            attempts,
+        },
+        Err(error) => SentCallback {
+            url,
+            body,
+            status: None,
+            response: Value::String(error),
+            attempts,
+        },
+    };
+    tracing::info!(url = %sent.url, status = ?sent.status, attempts, "callback sent");
+    state.lock().sent.push(sent.clone());
+    sent
+}
+
+fn spawn_callbacks(ctx: &Ctx, due: Vec<(String, Value)>) {
+    for (url, body) in due {
+        let state = Arc::clone(&ctx.state);
+        let http = ctx.http.clone();
+        tokio::spawn(async move {
+            send_callback(&state, &http, url, body).await;
+        });
+    }
+}
+
+#[derive(Deserialize)]
+struct HoldRequest {
+    hold: bool,
+}
+
+/// `GET /_callbacks`.
+async fn control_callbacks(State(ctx): State<Ctx>) -> Response {
+    axum::Json(ctx.state.callbacks()).into_response()
+}
+
+/// `POST /_callbacks/hold {hold}`.
+async fn control_hold_callbacks(
+    State(ctx): State<Ctx>,
+    body: Result<axum::Json<HoldRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    match body {
+        Ok(axum::Json(req)) => {
+            ctx.state.hold_callbacks(req.hold);
+            axum::Json(json!({"hold": req.hold})).into_response()
+        }
+        Err(r) => {
+            Reply::error(StatusCode::BAD_REQUEST, "invalid_body", r.body_text()).into_response()
+        }
+    }
+}
+
+/// `POST /_callbacks/send`: send the held callbacks now and answer with
+/// what their receivers said.
+async fn control_send_callbacks(State(ctx): State<Ctx>) -> Response {
+    let mut sent = Vec::new();
+    for (url, body) in ctx.state.take_callbacks(true) {
+        sent.push(send_callback(&ctx.state, &ctx.http, url, body).await);
+    }
+    axum::Json(json!({"sent": sent})).into_response()
+}
+
+/// `POST /_callbacks/replay`: send the last callback again.
+async fn control_replay_callback(State(ctx): State<Ctx>) -> Response {
+    let last = ctx.state.lock().sent.last().cloned();
+    match last {
+        Some(last) => {
+            let sent = send_callback(&ctx.state, &ctx.http, last.url, last.body).await;
+            axum::Json(sent).into_response()
+        }
+        None => Reply::error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no callback was sent yet",
+        )
+        .into_response(),
+    }
 }
 
 /// Serves the CRM on `listener` until `shutdown` completes.
@@ -946,9 +1158,13 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let stopper = Stopper::new();
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(|e| std::io::Error::other(format!("building the callback HTTP client: {e}")))?;
     let ctx = Ctx {
         state,
         stopper: stopper.clone(),
+        http,
     };
     let router = Router::new()
         .route("/_requests", get(control_requests))
@@ -961,6 +1177,19 @@ where
         )
         .route("/_state", get(control_state))
         .route("/_release", axum::routing::post(control_release))
+        .route("/_callbacks", get(control_callbacks))
+        .route(
+            "/_callbacks/hold",
+            axum::routing::post(control_hold_callbacks),
+        )
+        .route(
+            "/_callbacks/send",
+            axum::routing::post(control_send_callbacks),
+        )
+        .route(
+            "/_callbacks/replay",
+            axum::routing::post(control_replay_callback),
+        )
         .fallback(service)
         .with_state(ctx);
     let signal = async move {
@@ -1002,6 +1231,9 @@ async fn service(
         },
     };
     let (fault, reply) = ctx.state.process(&method, path, key, &body);
+    // Callbacks go out while the answer is on its way, as with a real
+    // provider: one may arrive before the answer does.
+    spawn_callbacks(&ctx, ctx.state.take_callbacks(false));
     match fault {
         None => reply.into_response(),
         Some(FaultAction::HangAfterEffect | FaultAction::HangBeforeEffect) => {

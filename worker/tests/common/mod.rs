@@ -268,7 +268,7 @@ impl WorkerService for FakeService {
         if refused {
             return Err(Status::failed_precondition("budget exhausted"));
         }
-        Ok(Response::new(DispatchToolCallResponse {}))
+        Ok(Response::new(DispatchToolCallResponse::default()))
     }
 
     async fn complete_task(

@@ -254,6 +254,16 @@ async fn run(args: Args) -> Result<bool> {
             sweep_interval_ms: 200,
         },
     );
+    // The callback endpoint of the KYC check (`type: async_webhook`).
+    let (callback_listener, callback_url) = bind().await?;
+    coord
+        .serve_callbacks_at(&callback_url)
+        .context("serving callbacks")?;
+    tokio::spawn(belay_engine::callbacks::serve(
+        Arc::clone(&coord),
+        callback_listener,
+        stopped(),
+    ));
     let background = coord.spawn_background();
     let (engine_listener, engine_url) = bind().await?;
     let engine = tokio::spawn(belay_engine::api::serve(
