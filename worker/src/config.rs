@@ -1,8 +1,10 @@
 //! Worker configuration: where the engine is, how many tasks to run at once,
-//! and how to reach model providers and HTTP tools.
+//! and how to reach model providers, HTTP tools and MCP servers.
 //!
 //! Everything here comes from flags or environment variables (see `main.rs`);
 //! a worker holds no other state, durable or not.
+
+use crate::mcp::McpConfig;
 
 /// Default engine gRPC URL.
 pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:50051";
@@ -65,6 +67,10 @@ pub struct WorkerConfig {
     /// in ms. Dropped tasks are not reported; their leases expire. Default
     /// [`DEFAULT_SHUTDOWN_GRACE_MS`].
     pub shutdown_grace_ms: u64,
+    /// MCP servers by logical name and the values of their `{{config.X}}`
+    /// placeholders (`--mcp-config FILE`, JSON; see [`crate::mcp::config`]).
+    /// Empty by default.
+    pub mcp: McpConfig,
 }
 
 impl WorkerConfig {
@@ -79,6 +85,7 @@ impl WorkerConfig {
             model: ModelProviderConfig::default(),
             http_base_url: None,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+            mcp: McpConfig::default(),
         }
     }
 }

@@ -8,6 +8,8 @@
 //!   ([`EngineClient`]).
 //! - [`runner`]: the claim / heartbeat / perform / report loop ([`run`]).
 //! - [`config`]: the settings, [`WorkerConfig`].
+//! - [`mcp`]: the MCP client ([`mcp::McpClient`]): servers by logical name,
+//!   tool discovery pinned by hash, calls with typed outcomes.
 //!
 //! Every failure is reported with a [`belay_proto::v1::FailureClass`] saying
 //! whether the effect may have happened: `NOT_SENT` (provably nothing was
@@ -19,6 +21,7 @@ pub mod config;
 pub mod engine_client;
 pub mod http_tool;
 mod http_util;
+pub mod mcp;
 pub mod model;
 pub mod runner;
 

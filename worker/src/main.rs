@@ -6,6 +6,7 @@ use belay_worker::config::{
     DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_MODEL_BASE_URL,
     DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS,
 };
+use belay_worker::mcp::McpConfig;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
 use std::io::IsTerminal as _;
 
@@ -46,6 +47,10 @@ struct Args {
     /// On shutdown, how long to wait for in-flight tasks, in ms.
     #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
+    /// MCP servers (JSON: {"servers": {NAME: {"transport": "stdio"|"http", ...}},
+    /// "config": {NAME: VALUE}}); checked at start.
+    #[arg(long, env = "BELAY_MCP_CONFIG")]
+    mcp_config: Option<std::path::PathBuf>,
 }
 
 /// The flag (or its `BELAY_*` variable) if set and not empty, else the first
@@ -85,6 +90,19 @@ async fn main() -> anyhow::Result<()> {
             args.engine_url
         ),
     }
+    let mcp = match &args.mcp_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("--mcp-config {}: cannot read: {e}", path.display())
+            })?;
+            let mcp = McpConfig::from_json(&text)
+                .map_err(|e| anyhow::anyhow!("--mcp-config {}: {e}", path.display()))?;
+            mcp.validate()
+                .map_err(|e| anyhow::anyhow!("--mcp-config {}: {e}", path.display()))?;
+            mcp
+        }
+        None => McpConfig::default(),
+    };
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,
@@ -98,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
         },
         http_base_url: args.http_base_url.filter(|u| !u.is_empty()),
         shutdown_grace_ms: args.shutdown_grace_ms,
+        mcp,
     };
     belay_worker::run(config, shutdown_signal()).await
 }

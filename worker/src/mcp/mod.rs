@@ -1,0 +1,742 @@
+//! MCP client: discovers and calls the tools of MCP servers, with every
+//! outcome typed so that the engine can apply repeat safety.
+//!
+//! - [`config`]: servers by logical name (stdio or Streamable HTTP) and
+//!   `{{config.X}}` placeholders ([`McpConfig`]).
+//! - [`McpClient`]: the interface the worker uses; [`connect`] makes one for a
+//!   server, [`McpServers`] holds one per configured server.
+//! - [`schema`]: listed tool → pinned [`McpToolDefinition`] (hash, refusals).
+//! - [`default_repeat_safety`]: the default repeat safety of an MCP tool.
+//! - `rmcp_client`: the only module that imports `rmcp` (pinned `=3.11.0`); it
+//!   speaks protocol 2026-07-28 and falls back to 2025-11-25 for servers that
+//!   do not know it.
+//!
+//! A call ([`McpClient::call_tool`]) never retries an effect and never waits
+//! for a person: it returns one [`CallOutcome`] saying whether the request
+//! reached the server. A stdio server that dies is restarted (with backoff)
+//! by the client; the call that was in flight is `LostAfterSend`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use belay_proto::v1::FailureClass;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, watch};
+
+pub mod config;
+mod result;
+mod rmcp_client;
+pub mod schema;
+
+pub use config::{
+    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, ResolvedServer, ResolvedTransport,
+    StdioServerConfig,
+};
+pub use result::Truncation;
+pub use schema::{RawTool, SchemaRefusal, SchemaSide};
+pub use tokio_util::sync::CancellationToken;
+
+/// A boxed, `Send` future, so that [`McpClient`] can be used as a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Default whole-call timeout of [`CallRequest::new`], in ms.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
+/// Default result size limit of [`CallRequest::new`], in bytes.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+/// `_meta` key carrying [`CallRequest::idempotency_key`] to the server.
+pub const IDEMPOTENCY_META_KEY: &str = "io.belay/idempotency-key";
+
+/// A connection to one MCP server, by logical name.
+///
+/// Implementations keep the connection alive (restarting a stdio server that
+/// died) and hold no durable state.
+pub trait McpClient: Send + Sync {
+    /// The server's logical name.
+    fn server(&self) -> &str;
+
+    /// Whether the configuration trusts this server's hints
+    /// (see [`default_repeat_safety`]).
+    fn trusted(&self) -> bool;
+
+    /// Lists every tool (following `nextCursor` through all pages) and maps
+    /// each to a pinned definition or a refusal. Waits for a connection up to
+    /// the server's connect timeout. The result also becomes the catalog that
+    /// calls are checked against.
+    ///
+    /// # Errors
+    /// [`McpError::Disconnected`] when no connection came up in time,
+    /// [`McpError::Protocol`] when the server answered with an error or
+    /// something that is not a tool list, [`McpError::Closed`] after
+    /// [`McpClient::shutdown`].
+    fn list_tools(&self) -> BoxFuture<'_, Result<Discovery, McpError>>;
+
+    /// Calls one tool once. Checks before sending (not sent when refused):
+    /// per-call headers, the tool is listed and mappable, its definition hash
+    /// is [`CallRequest::expected_hash`], the arguments match its input
+    /// schema. The catalog is re-listed first when it is stale
+    /// ([`McpClient::tools_changed`] moved on).
+    fn call_tool(&self, request: CallRequest) -> BoxFuture<'_, CallOutcome>;
+
+    /// A counter that increases on every `notifications/tools/list_changed`
+    /// and every reconnection (a restarted server may list other tools).
+    /// `changed().await` on it is the "tools changed" signal; a
+    /// [`Discovery`] whose [`Discovery::change_seq`] is below the current
+    /// value is stale.
+    fn tools_changed(&self) -> watch::Receiver<u64>;
+
+    /// Connection state, now.
+    fn status(&self) -> ServerStatus;
+
+    /// Connection, progress and tool-change events, as they happen. Slow
+    /// receivers lose the oldest events (`broadcast` semantics).
+    fn events(&self) -> broadcast::Receiver<McpEvent>;
+
+    /// Stops the connection (and the stdio process); later calls return
+    /// `Disconnected`. Idempotent.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}
+
+/// Connects to one server: starts it (stdio) or opens a session (HTTP) and
+/// performs the MCP handshake, waiting at most the server's connect timeout.
+/// From then on the connection is supervised: when it is lost it is re-made,
+/// with exponential backoff between attempts.
+///
+/// # Errors
+/// [`McpError::Spawn`] when the stdio command cannot be started,
+/// [`McpError::Connect`] when the handshake fails or times out.
+pub async fn connect(server: ResolvedServer) -> Result<Arc<dyn McpClient>, McpError> {
+    let client = rmcp_client::RmcpClient::connect(server).await?;
+    Ok(Arc::new(client))
+}
+
+/// One [`McpClient`] per configured server.
+#[derive(Clone, Default)]
+pub struct McpServers {
+    clients: BTreeMap<String, Arc<dyn McpClient>>,
+}
+
+impl McpServers {
+    /// Validates the whole configuration, then connects to every server.
+    ///
+    /// # Errors
+    /// The first [`McpError::Config`] (nothing is started then), or the first
+    /// server that fails to connect (those already connected are shut down).
+    pub async fn connect_all(config: &McpConfig) -> Result<Self, McpError> {
+        config.validate().map_err(McpError::Config)?;
+        let mut servers = Self::default();
+        for name in config.servers.keys() {
+            let resolved = config.resolve(name).map_err(McpError::Config)?;
+            match connect(resolved).await {
+                Ok(client) => {
+                    servers.clients.insert(name.clone(), client);
+                }
+                Err(e) => {
+                    servers.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(servers)
+    }
+
+    /// The client of server `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn McpClient>> {
+        self.clients.get(name)
+    }
+
+    /// Server names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.clients.keys().map(String::as_str)
+    }
+
+    /// Shuts every client down.
+    pub async fn shutdown(&self) {
+        for client in self.clients.values() {
+            client.shutdown().await;
+        }
+    }
+}
+
+/// Why a client could not be made, or a listing failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum McpError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The stdio command could not be started.
+    #[error("MCP server `{server}`: cannot start `{command}`: {message}")]
+    Spawn {
+        /// Server name.
+        server: String,
+        /// The command as configured.
+        command: String,
+        /// The OS error, e.g. "No such file or directory (os error 2)".
+        message: String,
+    },
+    /// The handshake (`server/discover` or `initialize`) failed or timed out.
+    #[error("MCP server `{server}`: connection failed: {message}")]
+    Connect {
+        /// Server name.
+        server: String,
+        /// What happened.
+        message: String,
+    },
+    /// No live connection within the connect timeout.
+    #[error("MCP server `{server}` is not connected: {reason}")]
+    Disconnected {
+        /// Server name.
+        server: String,
+        /// The last connection error, or what was lost.
+        reason: String,
+    },
+    /// The server answered, but not with what MCP says it must.
+    #[error("MCP server `{server}` answered with an error: {message}")]
+    Protocol {
+        /// Server name.
+        server: String,
+        /// The error or a description of the bad answer.
+        message: String,
+    },
+    /// The client was shut down.
+    #[error("MCP client for `{server}` is shut down")]
+    Closed {
+        /// Server name.
+        server: String,
+    },
+}
+
+/// A tool's behaviour hints (MCP `annotations`). Untrusted: they matter only
+/// for a server configured as trusted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolHints {
+    /// `annotations.title`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// `readOnlyHint`: the tool does not change its environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// `destructiveHint`: it may destroy or overwrite (MCP default: true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive: Option<bool>,
+    /// `idempotentHint`: repeating a call with the same arguments has no
+    /// further effect (MCP default: false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// `openWorldHint`: it reaches outside entities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world: Option<bool>,
+}
+
+impl ToolHints {
+    /// Reads the hints from an MCP `annotations` object; anything not a
+    /// boolean (or string, for the title) is treated as absent.
+    pub fn from_annotations(annotations: Option<&Value>) -> Self {
+        let flag = |key: &str| {
+            annotations
+                .and_then(|a| a.get(key))
+                .and_then(Value::as_bool)
+        };
+        Self {
+            title: annotations
+                .and_then(|a| a.get("title"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            read_only: flag("readOnlyHint"),
+            destructive: flag("destructiveHint"),
+            idempotent: flag("idempotentHint"),
+            open_world: flag("openWorldHint"),
+        }
+    }
+}
+
+/// Default repeat safety of an MCP tool (an ABL binding can still declare
+/// its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefaultRepeatSafety {
+    /// Never repeated after it may have acted.
+    Never,
+    /// Repeated with the same idempotency key.
+    Idempotent,
+}
+
+/// `never`, unless the server is `trusted` and the tool says it is
+/// `readOnlyHint` or `idempotentHint`: then `idempotent`. Hints of an
+/// untrusted server are ignored (a server could claim anything).
+pub fn default_repeat_safety(trusted: bool, hints: &ToolHints) -> DefaultRepeatSafety {
+    if trusted && (hints.read_only == Some(true) || hints.idempotent == Some(true)) {
+        DefaultRepeatSafety::Idempotent
+    } else {
+        DefaultRepeatSafety::Never
+    }
+}
+
+/// A listed tool that Belay can represent, pinned by hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToolDefinition {
+    /// Name on the server (`server_tool` in ABL).
+    pub name: String,
+    /// Display title, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Description: untrusted text, for the model as data only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments (`"type": "object"`).
+    pub input_schema: Value,
+    /// JSON Schema of `structuredContent`, when the tool declares one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// Behaviour hints.
+    pub hints: ToolHints,
+    /// `sha256:<hex>`, see [`schema`].
+    pub definition_hash: String,
+}
+
+/// A listed tool that Belay refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedTool {
+    /// Name on the server.
+    pub name: String,
+    /// Hash of what was refused.
+    pub definition_hash: String,
+    /// Why.
+    pub reason: SchemaRefusal,
+}
+
+/// The result of listing a server's tools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Discovery {
+    /// Server's logical name.
+    pub server: String,
+    /// Negotiated protocol revision, e.g. `2025-11-25`.
+    pub protocol_version: String,
+    /// Value of [`McpClient::tools_changed`] when the listing started.
+    pub change_seq: u64,
+    /// Tools Belay can call, in the server's order.
+    pub tools: Vec<McpToolDefinition>,
+    /// Tools Belay refuses, with reasons, in the server's order.
+    pub refused: Vec<RefusedTool>,
+}
+
+/// One tool call.
+#[derive(Debug, Clone)]
+pub struct CallRequest {
+    /// Tool name on the server (after ABL `server_tool` renaming).
+    pub tool: String,
+    /// The arguments object, already validated by the engine (checked again
+    /// against the input schema before sending).
+    pub arguments: Map<String, Value>,
+    /// The pinned [`McpToolDefinition::definition_hash`]; when set and the
+    /// server now lists a different definition (or none), the call is
+    /// refused with [`CallRefusal::DefinitionChanged`].
+    pub expected_hash: Option<String>,
+    /// Extra HTTP headers for this call (HTTP servers only); values may hold
+    /// `{{config.X}}`.
+    pub headers: BTreeMap<String, String>,
+    /// Whole-call timeout (waiting for a connection included), in ms.
+    pub timeout_ms: u64,
+    /// Result size limit, in bytes (see [`Truncation`]).
+    pub max_result_bytes: usize,
+    /// The call's idempotency key (`<run_id>/<call_id>`), sent in `_meta` as
+    /// [`IDEMPOTENCY_META_KEY`] and used to label events.
+    pub idempotency_key: Option<String>,
+    /// Answers to a previous [`CallOutcome::NeedsInput`] of this call.
+    pub input: Option<InputAnswers>,
+    /// Cancels the call: the outcome becomes [`CallOutcome::Cancelled`] and
+    /// the server is sent `notifications/cancelled`.
+    pub cancel: Option<CancellationToken>,
+}
+
+impl CallRequest {
+    /// A call with [`DEFAULT_CALL_TIMEOUT_MS`], [`DEFAULT_MAX_RESULT_BYTES`]
+    /// and nothing else set.
+    pub fn new(tool: impl Into<String>, arguments: Map<String, Value>) -> Self {
+        Self {
+            tool: tool.into(),
+            arguments,
+            expected_hash: None,
+            headers: BTreeMap::new(),
+            timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            idempotency_key: None,
+            input: None,
+            cancel: None,
+        }
+    }
+}
+
+/// The user's answers to a [`CallOutcome::NeedsInput`], collected durably by
+/// the engine, for the repeated call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InputAnswers {
+    /// Protocol 2026-07-28 (`input_required`): responses by the keys of
+    /// [`InputNeeded::requests`], sent as `inputResponses`.
+    #[serde(default)]
+    pub responses: Map<String, Value>,
+    /// Protocol 2026-07-28: [`InputNeeded::request_state`], echoed unchanged.
+    #[serde(default)]
+    pub request_state: Option<String>,
+    /// Older protocols: answers to the server's `elicitation/create`
+    /// requests during the repeated call, in the order it asks.
+    #[serde(default)]
+    pub elicitations: Vec<ElicitationAnswer>,
+}
+
+/// One answer to an `elicitation/create` request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ElicitationAnswer {
+    /// What the user did.
+    pub action: ElicitationAction,
+    /// The form's content, for `accept`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Value>,
+}
+
+/// MCP elicitation actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ElicitationAction {
+    /// The user submitted the form.
+    Accept,
+    /// The user said no.
+    Decline,
+    /// The user dismissed it.
+    Cancel,
+}
+
+/// A tool's result, possibly cut to the size limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// MCP content blocks as JSON (`{"type": "text", "text": …}`, images, …).
+    /// Untrusted data.
+    pub content: Vec<Value>,
+    /// `structuredContent`; validated against the output schema for a
+    /// successful result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_content: Option<Value>,
+    /// Set when the result was cut to [`CallRequest::max_result_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation: Option<Truncation>,
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CallOutcome {
+    /// The tool succeeded.
+    Ok(ToolResult),
+    /// The tool ran and reported failure (`isError: true`): a tool failure,
+    /// never a success.
+    ToolError(ToolResult),
+    /// The server needs input from the user before the call can complete.
+    NeedsInput(InputNeeded),
+    /// Refused before anything was sent.
+    Refused(CallRefusal),
+    /// No connection, or the request could not be written: nothing was sent.
+    Disconnected {
+        /// What happened.
+        reason: String,
+    },
+    /// The request was sent but its answer was lost (the server died, the
+    /// stream broke): the tool may have acted.
+    LostAfterSend {
+        /// What happened.
+        reason: String,
+    },
+    /// The server answered `tools/call` with a JSON-RPC error (unknown tool,
+    /// invalid arguments, …): a protocol-level refusal.
+    Rejected {
+        /// JSON-RPC error code.
+        code: i32,
+        /// Error message (untrusted text).
+        message: String,
+        /// Error data, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+    },
+    /// The server answered with something unusable (not a tool result, or
+    /// `structuredContent` missing or not matching the output schema): the
+    /// tool may have acted.
+    Malformed {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Cancelled through [`CallRequest::cancel`] or by the server.
+    Cancelled {
+        /// Whether the request had been handed to the transport (the tool may
+        /// have acted).
+        sent: bool,
+        /// Why, if known.
+        reason: Option<String>,
+    },
+    /// [`CallRequest::timeout_ms`] passed without an answer.
+    Timeout {
+        /// The timeout, in ms.
+        timeout_ms: u64,
+        /// Whether the request had been handed to the transport.
+        sent: bool,
+    },
+}
+
+impl CallOutcome {
+    /// Whether the tool may have acted on the server (the request was sent
+    /// and no definite answer says otherwise). `Ok` and `ToolError` did act.
+    pub fn may_have_acted(&self) -> bool {
+        match self {
+            Self::Ok(_) | Self::ToolError(_) => true,
+            Self::NeedsInput(n) => n.may_have_acted,
+            Self::Refused(_) | Self::Disconnected { .. } | Self::Rejected { .. } => false,
+            Self::LostAfterSend { .. } | Self::Malformed { .. } => true,
+            Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => *sent,
+        }
+    }
+
+    /// The failure class to report in `FailTask`; `None` for `Ok` (report a
+    /// result) and `NeedsInput` (the engine waits for the user).
+    /// `ToolError` and `Rejected` are definite answers (`REJECTED`);
+    /// `Refused` too, since repeating changes nothing.
+    pub fn failure_class(&self) -> Option<FailureClass> {
+        match self {
+            Self::Ok(_) | Self::NeedsInput(_) => None,
+            Self::ToolError(_) | Self::Rejected { .. } | Self::Refused(_) => {
+                Some(FailureClass::Rejected)
+            }
+            Self::Disconnected { .. } => Some(FailureClass::NotSent),
+            Self::LostAfterSend { .. } | Self::Malformed { .. } => Some(FailureClass::MayHaveActed),
+            Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => Some(if *sent {
+                FailureClass::MayHaveActed
+            } else {
+                FailureClass::NotSent
+            }),
+        }
+    }
+}
+
+/// What the server asks the user for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputNeeded {
+    /// How it asked.
+    pub via: InputVia,
+    /// What it asked, as MCP JSON: the `inputRequests` map
+    /// ([`InputVia::InputRequired`]), the `elicitation/create` params
+    /// ([`InputVia::Elicitation`]), or the `-32042` error data
+    /// ([`InputVia::UrlElicitationRequired`]). Untrusted.
+    pub requests: Value,
+    /// Opaque state to echo in [`InputAnswers::request_state`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_state: Option<String>,
+    /// True for [`InputVia::Elicitation`]: the server kept running the tool
+    /// after Belay answered `cancel`, so it may have acted.
+    pub may_have_acted: bool,
+}
+
+/// The three ways MCP servers ask for input mid-call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputVia {
+    /// Protocol 2026-07-28: the call returned `resultType: input_required`.
+    InputRequired,
+    /// Older protocols: the server sent `elicitation/create` during the call;
+    /// Belay answered `cancel` (it never waits for a person in memory).
+    Elicitation,
+    /// The server answered with error `-32042` (URL elicitation required).
+    UrlElicitationRequired,
+}
+
+/// Why a call was refused before sending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CallRefusal {
+    /// The server does not list this tool.
+    #[error("the server does not list a tool `{tool}`")]
+    UnknownTool {
+        /// Tool name.
+        tool: String,
+    },
+    /// The tool's schema cannot be represented.
+    #[error("tool `{tool}` is refused: {reason}")]
+    SchemaRefused {
+        /// Tool name.
+        tool: String,
+        /// Why.
+        reason: SchemaRefusal,
+    },
+    /// The listed definition differs from the pinned one.
+    #[error("tool `{tool}` changed: pinned {expected}, listed {}", actual.as_deref().unwrap_or("nothing"))]
+    DefinitionChanged {
+        /// Tool name.
+        tool: String,
+        /// The pinned hash.
+        expected: String,
+        /// The listed hash; `None` when the tool is gone.
+        actual: Option<String>,
+    },
+    /// The arguments do not match the input schema.
+    #[error("arguments of `{tool}` do not match its input schema: {errors}")]
+    InvalidArguments {
+        /// Tool name.
+        tool: String,
+        /// Violations, `pointer: message; …`.
+        errors: String,
+    },
+    /// A per-call header is invalid, reserved, or has an unresolvable
+    /// placeholder.
+    #[error("header `{name}`: {reason}")]
+    InvalidHeader {
+        /// Header name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Per-call headers were given for a stdio server.
+    #[error("per-call headers need an HTTP server; `{server}` is stdio")]
+    HeadersNotSupported {
+        /// Server name.
+        server: String,
+    },
+}
+
+/// Connection state of a client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    /// Logical name.
+    pub server: String,
+    /// `stdio` or `http`.
+    pub transport: String,
+    /// Whether a live connection is up now.
+    pub connected: bool,
+    /// Number of the latest connection that came up: 1 for the first; every
+    /// later attempt takes the next number, so failed attempts skip some.
+    pub generation: u64,
+    /// Process id of the stdio server, when up.
+    pub pid: Option<u32>,
+    /// Negotiated protocol revision, when up.
+    pub protocol_version: Option<String>,
+    /// Why the last connection was lost or the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// Something that happened on a connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum McpEvent {
+    /// A connection came up (first or re-made).
+    Connected {
+        /// Connection number.
+        generation: u64,
+        /// Process id (stdio).
+        pid: Option<u32>,
+        /// Negotiated protocol revision.
+        protocol_version: String,
+    },
+    /// The connection was lost; a new one will be attempted.
+    ConnectionLost {
+        /// Connection number that was lost.
+        generation: u64,
+        /// Why.
+        reason: String,
+    },
+    /// An attempt to reconnect failed; another follows after a delay.
+    ConnectFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The server sent `notifications/tools/list_changed`.
+    ToolsChanged,
+    /// A `tools/call` request was handed over by the transport (stdio: the
+    /// line is written to the server's stdin; HTTP: the server answered the
+    /// POST).
+    RequestWritten {
+        /// [`CallRequest::idempotency_key`], or `call-<n>`.
+        call: String,
+    },
+    /// The server reported progress on a call.
+    Progress {
+        /// As in [`McpEvent::RequestWritten`].
+        call: String,
+        /// Progress so far.
+        progress: f64,
+        /// Total, if known.
+        total: Option<f64>,
+        /// Message (untrusted).
+        message: Option<String>,
+    },
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hints(read_only: Option<bool>, idempotent: Option<bool>) -> ToolHints {
+        ToolHints {
+            read_only,
+            idempotent,
+            ..ToolHints::default()
+        }
+    }
+
+    #[test]
+    fn repeat_safety_is_never_unless_trusted_and_hinted() {
+        use DefaultRepeatSafety::{Idempotent, Never};
+        let cases = [
+            (false, hints(Some(true), Some(true)), Never),
+            (false, hints(None, None), Never),
+            (true, hints(None, None), Never),
+            (true, hints(Some(false), Some(false)), Never),
+            (true, hints(Some(true), None), Idempotent),
+            (true, hints(None, Some(true)), Idempotent),
+            (true, hints(Some(false), Some(true)), Idempotent),
+        ];
+        for (trusted, h, expected) in cases {
+            assert_eq!(
+                default_repeat_safety(trusted, &h),
+                expected,
+                "{trusted} {h:?}"
+            );
+        }
+        // A destructive hint does not matter once the tool is idempotent.
+        let destructive = ToolHints {
+            destructive: Some(true),
+            ..hints(None, Some(true))
+        };
+        assert_eq!(default_repeat_safety(true, &destructive), Idempotent);
+    }
+
+    #[test]
+    fn hints_come_from_annotations() {
+        let h = ToolHints::from_annotations(Some(&json!({
+            "title": "T", "readOnlyHint": true, "destructiveHint": "yes", "idempotentHint": false
+        })));
+        assert_eq!(h.title.as_deref(), Some("T"));
+        assert_eq!(h.read_only, Some(true));
+        assert_eq!(h.destructive, None);
+        assert_eq!(h.idempotent, Some(false));
+        assert_eq!(ToolHints::from_annotations(None), ToolHints::default());
+    }
+
+    #[test]
+    fn outcomes_map_to_failure_classes() {
+        let lost = CallOutcome::LostAfterSend { reason: "x".into() };
+        assert_eq!(lost.failure_class(), Some(FailureClass::MayHaveActed));
+        assert!(lost.may_have_acted());
+        let down = CallOutcome::Disconnected { reason: "x".into() };
+        assert_eq!(down.failure_class(), Some(FailureClass::NotSent));
+        assert!(!down.may_have_acted());
+        let err = CallOutcome::ToolError(ToolResult::default());
+        assert_eq!(err.failure_class(), Some(FailureClass::Rejected));
+        let timeout = CallOutcome::Timeout {
+            timeout_ms: 1,
+            sent: false,
+        };
+        assert_eq!(timeout.failure_class(), Some(FailureClass::NotSent));
+        assert_eq!(CallOutcome::Ok(ToolResult::default()).failure_class(), None);
+        let json = serde_json::to_value(&lost).unwrap();
+        assert_eq!(json["outcome"], "lost_after_send");
+    }
+}

@@ -1,0 +1,1401 @@
+//! [`McpClient`] over `rmcp` (pinned `=3.11.0`). The only module that
+//! imports `rmcp`: when its API moves, this file moves with it.
+//!
+//! Pieces:
+//! - [`Tracked`]: wraps the rmcp transport to learn, per call, whether the
+//!   `tools/call` request was handed over (written to stdin, or POSTed),
+//!   which is what tells `Disconnected` (not sent) from `LostAfterSend`. Calls
+//!   are found by a marker in the request's `_meta` that the wrapper strips
+//!   before the request leaves, so servers see unmodified requests.
+//! - [`HeaderClient`]: the Streamable HTTP backend (reqwest) plus per-call
+//!   headers, looked up by JSON-RPC request id.
+//! - [`Handler`]: the client side of server requests and notifications:
+//!   `tools/list_changed` (bumps the change counter), progress, logging, and
+//!   `elicitation/create`, which is answered from the call's durable answers
+//!   or with `cancel` (the call then ends as `NeedsInput`).
+//! - the supervisor task: waits for the connection to end, then reconnects
+//!   (restarting a stdio server) with exponential backoff (`backon`).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::error::Error as StdError;
+use std::future::Future;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use rmcp::model::GetMeta as _;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult, ElicitationCapability,
+    FormElicitationCapability, Implementation, JsonRpcMessage, ProgressNotificationParam,
+    ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, UrlElicitationCapability,
+};
+// Logging notifications are deprecated by the 2026-07-28 revision but still
+// sent by servers on older ones; they are only logged here.
+#[allow(deprecated)]
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+use rmcp::service::{
+    ClientCacheConfig, ClientLifecycleMode, ClientServiceExt as _, InboundStreamOrigin,
+    NotificationContext, RequestContext, RoleClient, RunningService,
+};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
+use rmcp::{ClientHandler, ErrorData, ServiceError};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::config::{ResolvedServer, ResolvedTransport, check_header, resolve_placeholders};
+use super::schema::{self, CompiledTool, RawTool};
+use super::{
+    BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
+    ElicitationAnswer, IDEMPOTENCY_META_KEY, InputNeeded, InputVia, McpClient, McpError, McpEvent,
+    RefusedTool, ServerStatus, result,
+};
+
+/// `_meta` key of the call marker (stripped before sending).
+const MARKER_KEY: &str = "io.belay/call-marker";
+/// JSON-RPC error code of "URL elicitation required".
+const URL_ELICITATION_REQUIRED: i32 = -32042;
+/// Longest stderr line logged at once, in bytes; longer lines are split.
+const MAX_STDERR_LINE: u64 = 8 * 1024;
+/// Connect timeout of the HTTP backend, in ms.
+const HTTP_CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------
+// Per-call bookkeeping shared by the transport wrapper, the handler and the
+// HTTP backend.
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SendState {
+    /// Given to rmcp, not yet to the transport.
+    Queued,
+    /// The transport has it (writing or POSTing).
+    Handed,
+    /// The transport finished sending it.
+    Written,
+    /// The transport failed to send it; `not_sent` when provably nothing
+    /// reached the server.
+    WriteFailed { not_sent: bool },
+}
+
+struct CallSlot {
+    label: String,
+    generation: u64,
+    state: SendState,
+    request_id: Option<RequestId>,
+    progress_token: Option<Value>,
+    headers: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>,
+    answers: VecDeque<ElicitationAnswer>,
+    needs_input: Option<InputNeeded>,
+}
+
+#[derive(Default)]
+struct Calls {
+    slots: Mutex<HashMap<u64, CallSlot>>,
+}
+
+impl Calls {
+    fn state(&self, marker: u64) -> SendState {
+        lock(&self.slots)
+            .get(&marker)
+            .map_or(SendState::Queued, |s| s.state.clone())
+    }
+
+    /// Marks the call of `marker` as handed to the transport of `generation`.
+    fn handed(&self, marker: u64, generation: u64, id: RequestId, progress: Option<Value>) {
+        if let Some(slot) = lock(&self.slots).get_mut(&marker) {
+            slot.state = SendState::Handed;
+            slot.generation = generation;
+            slot.request_id = Some(id);
+            slot.progress_token = progress;
+        }
+    }
+
+    fn sent(&self, marker: u64, outcome: SendState) -> Option<String> {
+        let mut slots = lock(&self.slots);
+        let slot = slots.get_mut(&marker)?;
+        slot.state = outcome;
+        Some(slot.label.clone())
+    }
+
+    fn by_request_id(&self, generation: u64, id: &RequestId) -> Option<u64> {
+        lock(&self.slots)
+            .iter()
+            .find(|(_, s)| s.generation == generation && s.request_id.as_ref() == Some(id))
+            .map(|(m, _)| *m)
+    }
+
+    fn label_by_progress(&self, token: &Value) -> Option<String> {
+        lock(&self.slots)
+            .values()
+            .find(|s| s.progress_token.as_ref() == Some(token))
+            .map(|s| s.label.clone())
+    }
+
+    /// The only call in flight on `generation`, if exactly one is.
+    fn single_in_flight(&self, generation: u64) -> Option<u64> {
+        let slots = lock(&self.slots);
+        let mut in_flight = slots.iter().filter(|(_, s)| {
+            s.generation == generation && matches!(s.state, SendState::Handed | SendState::Written)
+        });
+        match (in_flight.next(), in_flight.next()) {
+            (Some((m, _)), None) => Some(*m),
+            _ => None,
+        }
+    }
+}
+
+/// Drops a call's slot when the call ends.
+struct SlotGuard<'a> {
+    calls: &'a Calls,
+    marker: u64,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.calls.slots).remove(&self.marker);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Transport wrapper.
+
+/// Whether a transport's send error proves that nothing reached the server.
+type NotSentFn<E> = fn(&E) -> bool;
+
+struct Tracked<T: Transport<RoleClient>> {
+    inner: T,
+    calls: Arc<Calls>,
+    events: broadcast::Sender<McpEvent>,
+    generation: u64,
+    not_sent: NotSentFn<T::Error>,
+}
+
+impl<T: Transport<RoleClient>> Tracked<T> {
+    /// Strips the marker of a `tools/call` request and records it as handed.
+    fn take_marker(&self, item: &mut ClientJsonRpcMessage) -> Option<u64> {
+        let JsonRpcMessage::Request(request) = item else {
+            return None;
+        };
+        // rmcp keeps the progress token in the request's extensions and
+        // merges it into `_meta` when it serializes.
+        let progress = request
+            .request
+            .get_meta()
+            .get_progress_token()
+            .and_then(|token| serde_json::to_value(token).ok());
+        let ClientRequest::CallToolRequest(call) = &mut request.request else {
+            return None;
+        };
+        let meta = call.params.meta.as_mut()?;
+        let marker = meta.0.0.remove(MARKER_KEY)?.as_u64()?;
+        self.calls
+            .handed(marker, self.generation, request.id.clone(), progress);
+        Some(marker)
+    }
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Tracked<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        mut item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let marker = self.take_marker(&mut item);
+        let sending = self.inner.send(item);
+        let calls = self.calls.clone();
+        let events = self.events.clone();
+        let not_sent = self.not_sent;
+        async move {
+            let result = sending.await;
+            if let Some(marker) = marker {
+                let state = match &result {
+                    Ok(()) => SendState::Written,
+                    Err(e) => SendState::WriteFailed {
+                        not_sent: not_sent(e),
+                    },
+                };
+                let written = state == SendState::Written;
+                if let Some(label) = calls.sent(marker, state)
+                    && written
+                {
+                    let _ = events.send(McpEvent::RequestWritten { call: label });
+                }
+            }
+            result
+        }
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
+        self.inner.receive()
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+/// A failed write to a server's stdin means its read end is closed: the
+/// server cannot have read the request (a partial line is not a request).
+fn stdio_not_sent(_: &std::io::Error) -> bool {
+    true
+}
+
+/// HTTP: provably not processed when the connection was never made, the
+/// request never built, or the server refused it before handling it.
+fn http_not_sent(error: &StreamableHttpError<reqwest::Error>) -> bool {
+    match error {
+        StreamableHttpError::Client(e) => e.is_connect() || e.is_builder(),
+        StreamableHttpError::HttpStatus(status) => status.status == 429,
+        StreamableHttpError::SessionExpired | StreamableHttpError::ReservedHeaderConflict(_) => {
+            true
+        }
+        _ => false,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Streamable HTTP backend with per-call headers.
+
+#[derive(Clone)]
+struct HeaderClient {
+    inner: reqwest::Client,
+    calls: Arc<Calls>,
+    generation: u64,
+}
+
+type HeaderMap = HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
+
+impl HeaderClient {
+    fn headers_for(&self, message: &ClientJsonRpcMessage, mut headers: HeaderMap) -> HeaderMap {
+        if let JsonRpcMessage::Request(request) = message
+            && let Some(marker) = self.calls.by_request_id(self.generation, &request.id)
+            && let Some(slot) = lock(&self.calls.slots).get(&marker)
+        {
+            headers.extend(slot.headers.iter().cloned());
+        }
+        headers
+    }
+}
+
+type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
+
+impl StreamableHttpClient for HeaderClient {
+    type Error = reqwest::Error;
+
+    fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMap,
+    ) -> impl Future<Output = PostResult> + Send + '_ {
+        let headers = self.headers_for(&message, custom_headers);
+        self.inner
+            .post_message(uri, message, session_id, auth_header, headers)
+    }
+
+    fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMap,
+        max_sse_event_size: usize,
+    ) -> impl Future<Output = PostResult> + Send + '_ {
+        let headers = self.headers_for(&message, custom_headers);
+        self.inner.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            headers,
+            max_sse_event_size,
+        )
+    }
+
+    fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMap,
+        limits: StreamableHttpResponseLimits,
+    ) -> impl Future<Output = PostResult> + Send + '_ {
+        let headers = self.headers_for(&message, custom_headers);
+        self.inner.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            headers,
+            limits,
+        )
+    }
+
+    fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMap,
+    ) -> impl Future<Output = Result<(), StreamableHttpError<reqwest::Error>>> + Send + '_ {
+        self.inner
+            .delete_session(uri, session_id, auth_header, custom_headers)
+    }
+
+    fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HeaderMap,
+    ) -> impl Future<
+        Output = Result<
+            futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
+            StreamableHttpError<reqwest::Error>,
+        >,
+    > + Send
+    + '_ {
+        self.inner
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client handler.
+
+struct Handler {
+    shared: Arc<Shared>,
+    generation: u64,
+}
+
+impl Handler {
+    fn info() -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        let mut elicitation = ElicitationCapability::default();
+        elicitation.form = Some(FormElicitationCapability::default());
+        elicitation.url = Some(UrlElicitationCapability::default());
+        capabilities.elicitation = Some(elicitation);
+        ClientConfig::new(
+            capabilities,
+            Implementation::new("belay-worker", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    /// The call an `elicitation/create` belongs to: by the request stream it
+    /// came on (HTTP), else the only call in flight.
+    fn call_of(&self, context: &RequestContext<RoleClient>) -> Option<u64> {
+        if let Some(InboundStreamOrigin::OutboundRequest(id)) =
+            context.extensions.get::<InboundStreamOrigin>()
+            && let Some(marker) = self.shared.calls.by_request_id(self.generation, id)
+        {
+            return Some(marker);
+        }
+        self.shared.calls.single_in_flight(self.generation)
+    }
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        Self::info()
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        let server = &self.shared.server.name;
+        let Some(marker) = self.call_of(&context) else {
+            tracing::warn!(
+                server,
+                "elicitation/create outside any single call: answered cancel"
+            );
+            return Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel));
+        };
+        let mut slots = lock(&self.shared.calls.slots);
+        let Some(slot) = slots.get_mut(&marker) else {
+            return Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel));
+        };
+        if let Some(answer) = slot.answers.pop_front() {
+            let action = match answer.action {
+                ElicitationAction::Accept => rmcp::model::ElicitationAction::Accept,
+                ElicitationAction::Decline => rmcp::model::ElicitationAction::Decline,
+                ElicitationAction::Cancel => rmcp::model::ElicitationAction::Cancel,
+            };
+            let mut result = ElicitResult::new(action);
+            if let Some(content) = answer.content {
+                result = result.with_content(content);
+            }
+            tracing::info!(
+                server,
+                call = slot.label,
+                "elicitation answered from the call's answers"
+            );
+            return Ok(result);
+        }
+        let requests = serde_json::to_value(&request).unwrap_or(Value::Null);
+        tracing::info!(
+            server,
+            call = slot.label,
+            "elicitation/create: the call needs input"
+        );
+        // The first request is what the user must answer first; later ones
+        // (after our cancel) are not kept.
+        if slot.needs_input.is_none() {
+            slot.needs_input = Some(InputNeeded {
+                via: InputVia::Elicitation,
+                requests,
+                request_state: None,
+                may_have_acted: true,
+            });
+        }
+        Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel))
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::info!(server = self.shared.server.name, "tools/list_changed");
+        self.shared.changes.send_modify(|seq| *seq += 1);
+        let _ = self.shared.events.send(McpEvent::ToolsChanged);
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let token = serde_json::to_value(&params.progress_token).unwrap_or(Value::Null);
+        if let Some(call) = self.shared.calls.label_by_progress(&token) {
+            let _ = self.shared.events.send(McpEvent::Progress {
+                call,
+                progress: params.progress,
+                total: params.total,
+                message: params.message,
+            });
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let server = &self.shared.server.name;
+        let data = params.data.to_string();
+        match params.level {
+            LoggingLevel::Debug => tracing::debug!(server, logger = params.logger, "{data}"),
+            LoggingLevel::Info | LoggingLevel::Notice => {
+                tracing::info!(server, logger = params.logger, "{data}");
+            }
+            LoggingLevel::Warning => tracing::warn!(server, logger = params.logger, "{data}"),
+            _ => tracing::error!(server, logger = params.logger, "{data}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Connection state and supervision.
+
+struct Live {
+    peer: rmcp::Peer<RoleClient>,
+    generation: u64,
+    pid: Option<u32>,
+    protocol_version: String,
+}
+
+#[derive(Clone)]
+enum ConnState {
+    Connecting,
+    Up(Arc<Live>),
+    Down(String),
+    Closed,
+}
+
+struct Catalog {
+    change_seq: u64,
+    tools: HashMap<String, Arc<CompiledTool>>,
+    refused: HashMap<String, RefusedTool>,
+}
+
+struct Shared {
+    server: ResolvedServer,
+    state: watch::Sender<ConnState>,
+    changes: watch::Sender<u64>,
+    events: broadcast::Sender<McpEvent>,
+    calls: Arc<Calls>,
+    catalog: tokio::sync::Mutex<Option<Catalog>>,
+    shutdown: CancellationToken,
+    next_marker: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    /// Number of the latest connection that came up.
+    generation: AtomicU64,
+}
+
+/// The rmcp-backed [`McpClient`].
+pub(crate) struct RmcpClient {
+    shared: Arc<Shared>,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for RmcpClient {
+    fn drop(&mut self) {
+        // The supervisor owns the connection; without this it would keep the
+        // server process alive after the last handle is gone.
+        self.shared.shutdown.cancel();
+    }
+}
+
+type Running = RunningService<RoleClient, Handler>;
+
+impl RmcpClient {
+    /// Connects once (see [`super::connect`]) and starts the supervisor.
+    pub(crate) async fn connect(server: ResolvedServer) -> Result<Self, McpError> {
+        let (state, _) = watch::channel(ConnState::Connecting);
+        let (changes, _) = watch::channel(0u64);
+        let (events, _) = broadcast::channel(256);
+        let shared = Arc::new(Shared {
+            server,
+            state,
+            changes,
+            events,
+            calls: Arc::new(Calls::default()),
+            catalog: tokio::sync::Mutex::new(None),
+            shutdown: CancellationToken::new(),
+            next_marker: AtomicU64::new(1),
+            last_error: Mutex::new(None),
+            generation: AtomicU64::new(0),
+        });
+        let (live, running) = connect_once(&shared, 1).await?;
+        publish_up(&shared, &live);
+        let supervisor = tokio::spawn(supervise(shared.clone(), live, running));
+        Ok(Self {
+            shared,
+            supervisor: Mutex::new(Some(supervisor)),
+        })
+    }
+}
+
+fn publish_up(shared: &Shared, live: &Arc<Live>) {
+    shared.generation.store(live.generation, Ordering::Relaxed);
+    shared.state.send_replace(ConnState::Up(live.clone()));
+    let _ = shared.events.send(McpEvent::Connected {
+        generation: live.generation,
+        pid: live.pid,
+        protocol_version: live.protocol_version.clone(),
+    });
+    tracing::info!(
+        server = shared.server.name,
+        generation = live.generation,
+        pid = live.pid,
+        protocol = live.protocol_version,
+        "MCP server connected"
+    );
+}
+
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::V_2025_11_25),
+    }
+}
+
+/// Starts the process (stdio) or session (HTTP) and performs the handshake.
+async fn connect_once(
+    shared: &Arc<Shared>,
+    generation: u64,
+) -> Result<(Arc<Live>, Running), McpError> {
+    let name = shared.server.name.clone();
+    let connect_failed = |message: String| McpError::Connect {
+        server: name.clone(),
+        message,
+    };
+    let handler = Handler {
+        shared: shared.clone(),
+        generation,
+    };
+    let timeout = Duration::from_millis(shared.server.common.connect_timeout_ms);
+    let (running, pid) = match &shared.server.transport {
+        ResolvedTransport::Stdio {
+            command,
+            args,
+            env,
+            inherit_env,
+            cwd,
+        } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear().kill_on_drop(true);
+            for key in super::config::INHERITED_ENV
+                .iter()
+                .copied()
+                .chain(inherit_env.iter().map(String::as_str))
+            {
+                if let Some(value) = std::env::var_os(key) {
+                    cmd.env(key, value);
+                }
+            }
+            cmd.envs(env);
+            if let Some(dir) = cwd {
+                cmd.current_dir(dir);
+            }
+            let (process, stderr) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| McpError::Spawn {
+                    server: name.clone(),
+                    command: command.clone(),
+                    message: e.to_string(),
+                })?;
+            let pid = process.id();
+            if let Some(stderr) = stderr {
+                tokio::spawn(log_stderr(name.clone(), pid, stderr));
+            }
+            let transport = Tracked {
+                inner: process,
+                calls: shared.calls.clone(),
+                events: shared.events.clone(),
+                generation,
+                not_sent: stdio_not_sent,
+            };
+            let running = tokio::time::timeout(
+                timeout,
+                handler.serve_with_lifecycle(transport, lifecycle()),
+            )
+            .await
+            .map_err(|_| connect_failed(format!("no handshake within {} ms", timeout.as_millis())))?
+            .map_err(|e| connect_failed(error_chain(&e)))?;
+            (running, pid)
+        }
+        ResolvedTransport::Http { url, headers } => {
+            let mut fixed = HeaderMap::new();
+            for (key, value) in headers {
+                let key = reqwest::header::HeaderName::from_bytes(key.as_bytes())
+                    .map_err(|e| connect_failed(format!("header `{key}`: {e}")))?;
+                let value = reqwest::header::HeaderValue::from_str(value)
+                    .map_err(|e| connect_failed(format!("header `{key}`: {e}")))?;
+                fixed.insert(key, value);
+            }
+            // No idle keep-alive connections: every POST opens its own, so a
+            // connection that cannot be made proves the request was not sent.
+            // A reused connection that the server had closed would leave that
+            // ambiguous (and a `never` tool's call uncertain).
+            let http = reqwest::Client::builder()
+                .connect_timeout(Duration::from_millis(HTTP_CONNECT_TIMEOUT_MS))
+                .pool_max_idle_per_host(0)
+                .build()
+                .map_err(|e| connect_failed(error_chain(&e)))?;
+            let client = HeaderClient {
+                inner: http,
+                calls: shared.calls.clone(),
+                generation,
+            };
+            let config =
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(fixed);
+            let transport = Tracked {
+                inner: StreamableHttpClientTransport::with_client(client, config),
+                calls: shared.calls.clone(),
+                events: shared.events.clone(),
+                generation,
+                not_sent: http_not_sent,
+            };
+            let running = tokio::time::timeout(
+                timeout,
+                handler.serve_with_lifecycle(transport, lifecycle()),
+            )
+            .await
+            .map_err(|_| connect_failed(format!("no handshake within {} ms", timeout.as_millis())))?
+            .map_err(|e| connect_failed(error_chain(&e)))?;
+            (running, None)
+        }
+    };
+    let peer = running.peer().clone();
+    // Discovery must see what the server lists now, not a cached page.
+    peer.set_response_cache_config(ClientCacheConfig::disabled())
+        .await;
+    let protocol_version = peer
+        .peer_info()
+        .map(|info| info.protocol_version.as_str().to_owned())
+        .unwrap_or_default();
+    let live = Arc::new(Live {
+        peer,
+        generation,
+        pid,
+        protocol_version,
+    });
+    Ok((live, running))
+}
+
+/// Logs a stdio server's stderr line by line, so it never mixes with the
+/// protocol on stdout.
+async fn log_stderr(server: String, pid: Option<u32>, stderr: tokio::process::ChildStderr) {
+    let mut reader = BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut reader)
+            .take(MAX_STDERR_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                tracing::info!(target: "belay_worker::mcp::stderr", server, pid, "{}", text.trim_end());
+            }
+        }
+    }
+}
+
+/// Waits for the connection to end, then re-makes it, until shutdown.
+async fn supervise(shared: Arc<Shared>, mut live: Arc<Live>, mut running: Running) {
+    let server = shared.server.name.clone();
+    let common = &shared.server.common;
+    let min = Duration::from_millis(common.restart_min_delay_ms);
+    let max = Duration::from_millis(common.restart_max_delay_ms);
+    let new_backoff = || {
+        ExponentialBuilder::default()
+            .with_min_delay(min)
+            .with_max_delay(max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    };
+    let mut backoff = new_backoff();
+    loop {
+        let connected_at = Instant::now();
+        let cancel = running.cancellation_token();
+        let waiting = running.waiting();
+        tokio::pin!(waiting);
+        let quit = tokio::select! {
+            quit = &mut waiting => quit,
+            () = shared.shutdown.cancelled() => {
+                cancel.cancel();
+                let _ = waiting.await;
+                shared.state.send_replace(ConnState::Closed);
+                return;
+            }
+        };
+        let reason = match quit {
+            Ok(reason) => format!("connection ended ({reason:?})"),
+            Err(e) => format!("connection task failed: {e}"),
+        };
+        tracing::warn!(
+            server,
+            generation = live.generation,
+            reason,
+            "MCP server connection lost"
+        );
+        *lock(&shared.last_error) = Some(reason.clone());
+        shared.state.send_replace(ConnState::Down(reason.clone()));
+        let _ = shared.events.send(McpEvent::ConnectionLost {
+            generation: live.generation,
+            reason,
+        });
+        if connected_at.elapsed() >= max {
+            backoff = new_backoff();
+        }
+        let mut generation = live.generation;
+        loop {
+            let delay = backoff.next().unwrap_or(max);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = shared.shutdown.cancelled() => {
+                    shared.state.send_replace(ConnState::Closed);
+                    return;
+                }
+            }
+            generation += 1;
+            shared.state.send_replace(ConnState::Connecting);
+            match connect_once(&shared, generation).await {
+                Ok((l, r)) => {
+                    live = l;
+                    running = r;
+                    // A restarted server may list other tools.
+                    shared.changes.send_modify(|seq| *seq += 1);
+                    publish_up(&shared, &live);
+                    break;
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    tracing::warn!(server, reason, "MCP server reconnect failed");
+                    *lock(&shared.last_error) = Some(reason.clone());
+                    shared.state.send_replace(ConnState::Down(reason.clone()));
+                    let _ = shared.events.send(McpEvent::ConnectFailed { reason });
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The client.
+
+impl Shared {
+    /// A live connection, waiting until `deadline` for one.
+    async fn live(&self, deadline: tokio::time::Instant) -> Result<Arc<Live>, McpError> {
+        let mut rx = self.state.subscribe();
+        loop {
+            let reason = match &*rx.borrow_and_update() {
+                ConnState::Up(live) if !live.peer.is_transport_closed() => {
+                    return Ok(live.clone());
+                }
+                ConnState::Closed => {
+                    return Err(McpError::Closed {
+                        server: self.server.name.clone(),
+                    });
+                }
+                ConnState::Up(_) => "connection closed".to_owned(),
+                ConnState::Connecting => "connecting".to_owned(),
+                ConnState::Down(reason) => reason.clone(),
+            };
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    return Err(McpError::Closed {
+                        server: self.server.name.clone(),
+                    });
+                }
+                Err(_) => {
+                    return Err(McpError::Disconnected {
+                        server: self.server.name.clone(),
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+
+    fn is_stdio(&self) -> bool {
+        matches!(self.server.transport, ResolvedTransport::Stdio { .. })
+    }
+
+    fn connect_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_millis(self.server.common.connect_timeout_ms)
+    }
+
+    /// Lists all tools on a live connection and replaces the catalog.
+    async fn discover(&self) -> Result<(Discovery, Catalog), McpError> {
+        let deadline = self.connect_deadline();
+        loop {
+            let live = self.live(deadline).await?;
+            let change_seq = *self.changes.borrow();
+            let tools = match live.peer.list_all_tools().await {
+                Ok(tools) => tools,
+                // Listing has no effect: when the connection died under us
+                // (a stdio server's pipe broke), wait for the next one.
+                Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
+                    let reconnects = matches!(e, ServiceError::TransportClosed) || self.is_stdio();
+                    if reconnects && tokio::time::Instant::now() < deadline {
+                        self.wait_past(&live, deadline).await;
+                        continue;
+                    }
+                    return Err(McpError::Disconnected {
+                        server: self.server.name.clone(),
+                        reason: error_chain(&e),
+                    });
+                }
+                Err(e) => {
+                    return Err(McpError::Protocol {
+                        server: self.server.name.clone(),
+                        message: error_chain(&e),
+                    });
+                }
+            };
+            let mut discovery = Discovery {
+                server: self.server.name.clone(),
+                protocol_version: live.protocol_version.clone(),
+                change_seq,
+                tools: Vec::new(),
+                refused: Vec::new(),
+            };
+            let mut catalog = Catalog {
+                change_seq,
+                tools: HashMap::new(),
+                refused: HashMap::new(),
+            };
+            for tool in tools {
+                let raw = RawTool {
+                    name: tool.name.to_string(),
+                    title: tool.title.clone(),
+                    description: tool.description.as_ref().map(ToString::to_string),
+                    input_schema: Value::Object((*tool.input_schema).clone()),
+                    output_schema: tool
+                        .output_schema
+                        .as_ref()
+                        .map(|s| Value::Object((**s).clone())),
+                    annotations: tool
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| serde_json::to_value(a).ok()),
+                };
+                match schema::map_tool(&raw) {
+                    Ok(compiled) => {
+                        discovery.tools.push(compiled.definition.clone());
+                        catalog.tools.insert(raw.name, Arc::new(compiled));
+                    }
+                    Err((definition_hash, reason)) => {
+                        tracing::warn!(
+                            server = self.server.name,
+                            tool = raw.name,
+                            %reason,
+                            "MCP tool refused"
+                        );
+                        let refused = RefusedTool {
+                            name: raw.name.clone(),
+                            definition_hash,
+                            reason,
+                        };
+                        discovery.refused.push(refused.clone());
+                        catalog.refused.insert(raw.name, refused);
+                    }
+                }
+            }
+            return Ok((discovery, catalog));
+        }
+    }
+
+    /// Waits until the state moves past `live` (or `deadline`).
+    async fn wait_past(&self, live: &Arc<Live>, deadline: tokio::time::Instant) {
+        let mut rx = self.state.subscribe();
+        loop {
+            let moved = match &*rx.borrow_and_update() {
+                ConnState::Up(l) => l.generation != live.generation,
+                ConnState::Closed => true,
+                ConnState::Connecting | ConnState::Down(_) => true,
+            };
+            if moved {
+                return;
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, rx.changed()).await,
+                Ok(Ok(()))
+            ) {
+                return;
+            }
+        }
+    }
+
+    async fn call(&self, request: CallRequest) -> CallOutcome {
+        let server = self.server.name.clone();
+        // 1. Headers.
+        let mut headers = Vec::new();
+        if !request.headers.is_empty() {
+            if matches!(self.server.transport, ResolvedTransport::Stdio { .. }) {
+                return CallOutcome::Refused(CallRefusal::HeadersNotSupported { server });
+            }
+            for (name, value) in &request.headers {
+                let invalid = |reason: String| {
+                    CallOutcome::Refused(CallRefusal::InvalidHeader {
+                        name: name.clone(),
+                        reason,
+                    })
+                };
+                let value = match resolve_placeholders(&server, value, &self.server.config_values) {
+                    Ok(v) => v,
+                    Err(e) => return invalid(e.to_string()),
+                };
+                if let Err(e) = check_header(&server, name, &value) {
+                    return invalid(e.to_string());
+                }
+                match (
+                    reqwest::header::HeaderName::from_bytes(name.as_bytes()),
+                    reqwest::header::HeaderValue::from_str(&value),
+                ) {
+                    (Ok(n), Ok(v)) => headers.push((n, v)),
+                    _ => return invalid("not valid HTTP".into()),
+                }
+            }
+        }
+
+        let timeout = Duration::from_millis(request.timeout_ms);
+        let cancel = request.cancel.clone().unwrap_or_default();
+        let marker = self.next_marker.fetch_add(1, Ordering::Relaxed);
+        let label = request
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| format!("call-{marker}"));
+        lock(&self.calls.slots).insert(
+            marker,
+            CallSlot {
+                label,
+                generation: 0,
+                state: SendState::Queued,
+                request_id: None,
+                progress_token: None,
+                headers,
+                answers: request
+                    .input
+                    .as_ref()
+                    .map(|i| i.elicitations.iter().cloned().collect())
+                    .unwrap_or_default(),
+                needs_input: None,
+            },
+        );
+        // Removes the slot however this future ends (a caller may drop it).
+        let _slot = SlotGuard {
+            calls: &self.calls,
+            marker,
+        };
+        tokio::select! {
+            outcome = self.checked_call(&request, marker) => outcome,
+            () = tokio::time::sleep(timeout) => CallOutcome::Timeout {
+                timeout_ms: request.timeout_ms,
+                sent: handed(&self.calls.state(marker)),
+            },
+            () = cancel.cancelled() => CallOutcome::Cancelled {
+                sent: handed(&self.calls.state(marker)),
+                reason: Some("cancelled by the caller".into()),
+            },
+        }
+    }
+
+    /// Checks against the catalog, then sends (see [`McpClient::call_tool`]).
+    async fn checked_call(&self, request: &CallRequest, marker: u64) -> CallOutcome {
+        let tool = match self.catalog_tool(request).await {
+            Ok(tool) => tool,
+            Err(outcome) => return outcome,
+        };
+        let arguments = Value::Object(request.arguments.clone());
+        if let Err(errors) = schema::validate(&tool.input, &arguments) {
+            return CallOutcome::Refused(CallRefusal::InvalidArguments {
+                tool: request.tool.clone(),
+                errors,
+            });
+        }
+        let deadline = self.connect_deadline();
+        loop {
+            let live = match self.live(deadline).await {
+                Ok(live) => live,
+                Err(e) => {
+                    return CallOutcome::Disconnected {
+                        reason: e.to_string(),
+                    };
+                }
+            };
+            let outcome = self.send_call(&live, request, marker, &tool).await;
+            // Nothing was sent and the connection is gone: the request can
+            // go to the next connection, which the supervisor is making.
+            let state = self.calls.state(marker);
+            let retry = state == SendState::Queued || (self.is_stdio() && !handed(&state));
+            if let CallOutcome::Disconnected { .. } = &outcome
+                && retry
+                && tokio::time::Instant::now() < deadline
+            {
+                self.wait_past(&live, deadline).await;
+                continue;
+            }
+            return outcome;
+        }
+    }
+
+    /// The catalog entry of the requested tool, re-listing a stale catalog.
+    async fn catalog_tool(&self, request: &CallRequest) -> Result<Arc<CompiledTool>, CallOutcome> {
+        let mut catalog = self.catalog.lock().await;
+        let current = *self.changes.borrow();
+        if catalog.as_ref().is_none_or(|c| c.change_seq < current) {
+            match self.discover().await {
+                Ok((_, fresh)) => *catalog = Some(fresh),
+                Err(McpError::Protocol { message, .. }) => {
+                    return Err(CallOutcome::Malformed {
+                        reason: format!("tools/list failed: {message}"),
+                    });
+                }
+                Err(e) => {
+                    return Err(CallOutcome::Disconnected {
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        let Some(catalog) = catalog.as_ref() else {
+            return Err(CallOutcome::Disconnected {
+                reason: "no tool list".into(),
+            });
+        };
+        let name = &request.tool;
+        let listed_hash = catalog
+            .tools
+            .get(name)
+            .map(|t| t.definition.definition_hash.clone())
+            .or_else(|| catalog.refused.get(name).map(|r| r.definition_hash.clone()));
+        if let Some(expected) = &request.expected_hash
+            && listed_hash.as_ref() != Some(expected)
+        {
+            return Err(CallOutcome::Refused(CallRefusal::DefinitionChanged {
+                tool: name.clone(),
+                expected: expected.clone(),
+                actual: listed_hash,
+            }));
+        }
+        if let Some(refused) = catalog.refused.get(name) {
+            return Err(CallOutcome::Refused(CallRefusal::SchemaRefused {
+                tool: name.clone(),
+                reason: refused.reason.clone(),
+            }));
+        }
+        catalog
+            .tools
+            .get(name)
+            .cloned()
+            .ok_or_else(|| CallOutcome::Refused(CallRefusal::UnknownTool { tool: name.clone() }))
+    }
+
+    async fn send_call(
+        &self,
+        live: &Live,
+        request: &CallRequest,
+        marker: u64,
+        tool: &CompiledTool,
+    ) -> CallOutcome {
+        let mut meta = RequestMetaObject::default();
+        meta.0.0.insert(MARKER_KEY.into(), Value::from(marker));
+        if let Some(key) = &request.idempotency_key {
+            meta.0
+                .0
+                .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key.clone()));
+        }
+        let mut params = CallToolRequestParams::new(request.tool.clone())
+            .with_arguments(request.arguments.clone());
+        params.meta = Some(meta);
+        if let Some(input) = &request.input {
+            if !input.responses.is_empty() {
+                params.input_responses = Some(
+                    input
+                        .responses
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect::<BTreeMap<_, _>>(),
+                );
+            }
+            params.request_state = input.request_state.clone();
+        }
+        let response = live.peer.call_tool_once(params).await;
+        let needs_input = lock(&self.calls.slots)
+            .get_mut(&marker)
+            .and_then(|s| s.needs_input.take());
+        if let Some(needed) = needs_input {
+            // We answered the server's elicitation with `cancel`; whatever it
+            // returned after that is not the answer the user would give.
+            return CallOutcome::NeedsInput(needed);
+        }
+        match response {
+            Ok(CallToolResponse::Complete(result)) => {
+                finish(result, tool, request.max_result_bytes)
+            }
+            Ok(CallToolResponse::InputRequired(input)) => CallOutcome::NeedsInput(InputNeeded {
+                via: InputVia::InputRequired,
+                requests: input
+                    .input_requests
+                    .as_ref()
+                    .and_then(|r| serde_json::to_value(r).ok())
+                    .unwrap_or(Value::Null),
+                request_state: input.request_state.clone(),
+                may_have_acted: false,
+            }),
+            Ok(CallToolResponse::Task(_)) => CallOutcome::Malformed {
+                reason: "the server answered with a task, which Belay did not ask for".into(),
+            },
+            Ok(_) => CallOutcome::Malformed {
+                reason: "the server's answer to tools/call is of an unknown kind".into(),
+            },
+            Err(e) => classify(e, &self.calls.state(marker)),
+        }
+    }
+}
+
+fn handed(state: &SendState) -> bool {
+    !matches!(
+        state,
+        SendState::Queued | SendState::WriteFailed { not_sent: true }
+    )
+}
+
+/// Maps an rmcp error to an outcome, using what the transport saw.
+fn classify(error: ServiceError, state: &SendState) -> CallOutcome {
+    let reason = error_chain(&error);
+    let lost = |reason: String| {
+        if handed(state) {
+            CallOutcome::LostAfterSend { reason }
+        } else {
+            CallOutcome::Disconnected { reason }
+        }
+    };
+    match error {
+        ServiceError::McpError(data) if data.code.0 == URL_ELICITATION_REQUIRED => {
+            CallOutcome::NeedsInput(InputNeeded {
+                via: InputVia::UrlElicitationRequired,
+                requests: data
+                    .data
+                    .clone()
+                    .unwrap_or_else(|| Value::String(data.message.to_string())),
+                request_state: None,
+                may_have_acted: false,
+            })
+        }
+        ServiceError::McpError(data) => CallOutcome::Rejected {
+            code: data.code.0,
+            message: data.message.to_string(),
+            data: data.data,
+        },
+        ServiceError::UnexpectedResponse => CallOutcome::Malformed {
+            reason: "the server's answer to tools/call is not a tool result".into(),
+        },
+        ServiceError::Cancelled { reason } => CallOutcome::Cancelled {
+            sent: handed(state),
+            reason,
+        },
+        ServiceError::Timeout { timeout } => CallOutcome::Timeout {
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            sent: handed(state),
+        },
+        _ => lost(reason),
+    }
+}
+
+/// A complete `tools/call` result: error or success, output schema checked,
+/// truncated.
+fn finish(result: CallToolResult, tool: &CompiledTool, max_bytes: usize) -> CallOutcome {
+    let content: Result<Vec<Value>, _> = result.content.iter().map(serde_json::to_value).collect();
+    let Ok(content) = content else {
+        return CallOutcome::Malformed {
+            reason: "a content block cannot be represented as JSON".into(),
+        };
+    };
+    if result.is_error == Some(true) {
+        return CallOutcome::ToolError(result::truncate(
+            content,
+            result.structured_content,
+            max_bytes,
+        ));
+    }
+    if let Some(validator) = &tool.output {
+        match &result.structured_content {
+            None => {
+                return CallOutcome::Malformed {
+                    reason: "the tool declares an output schema but returned no structuredContent"
+                        .into(),
+                };
+            }
+            Some(structured) => {
+                if let Err(errors) = schema::validate(validator, structured) {
+                    return CallOutcome::Malformed {
+                        reason: format!(
+                            "structuredContent does not match the output schema: {errors}"
+                        ),
+                    };
+                }
+            }
+        }
+    }
+    CallOutcome::Ok(result::truncate(
+        content,
+        result.structured_content,
+        max_bytes,
+    ))
+}
+
+/// The error and its sources joined with `": "`.
+fn error_chain(error: &(dyn StdError + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = inner.source();
+    }
+    out
+}
+
+impl McpClient for RmcpClient {
+    fn server(&self) -> &str {
+        &self.shared.server.name
+    }
+
+    fn trusted(&self) -> bool {
+        self.shared.server.common.trusted
+    }
+
+    fn list_tools(&self) -> BoxFuture<'_, Result<Discovery, McpError>> {
+        Box::pin(async move {
+            let mut catalog = self.shared.catalog.lock().await;
+            let (discovery, fresh) = self.shared.discover().await?;
+            *catalog = Some(fresh);
+            Ok(discovery)
+        })
+    }
+
+    fn call_tool(&self, request: CallRequest) -> BoxFuture<'_, CallOutcome> {
+        Box::pin(self.shared.call(request))
+    }
+
+    fn tools_changed(&self) -> watch::Receiver<u64> {
+        self.shared.changes.subscribe()
+    }
+
+    fn status(&self) -> ServerStatus {
+        let state = self.shared.state.borrow().clone();
+        let transport = match self.shared.server.transport {
+            ResolvedTransport::Stdio { .. } => "stdio",
+            ResolvedTransport::Http { .. } => "http",
+        };
+        let (connected, generation, pid, protocol_version) = match &state {
+            ConnState::Up(live) if !live.peer.is_transport_closed() => (
+                true,
+                live.generation,
+                live.pid,
+                Some(live.protocol_version.clone()),
+            ),
+            _ => (
+                false,
+                self.shared.generation.load(Ordering::Relaxed),
+                None,
+                None,
+            ),
+        };
+        ServerStatus {
+            server: self.shared.server.name.clone(),
+            transport: transport.to_owned(),
+            connected,
+            generation,
+            pid,
+            protocol_version,
+            last_error: lock(&self.shared.last_error).clone(),
+        }
+    }
+
+    fn events(&self) -> broadcast::Receiver<McpEvent> {
+        self.shared.events.subscribe()
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.shared.shutdown.cancel();
+            let handle = lock(&self.supervisor).take();
+            if let Some(handle) = handle {
+                let _ = handle.await;
+            }
+        })
+    }
+}

@@ -1,0 +1,908 @@
+//! The MCP client against real, unmodified MCP servers installed from their
+//! registries by `.ci/mcp-servers.sh` (`eval "$(.ci/mcp-servers.sh)"` sets
+//! the variables below): `@modelcontextprotocol/server-everything` over stdio
+//! and over Streamable HTTP, and `mcp-server-time` over stdio.
+//!
+//! Without the variables, the tests run the script themselves (once per
+//! test binary). A server that cannot be installed fails the test: these
+//! tests never skip.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use belay_proto::v1::FailureClass;
+use belay_worker::mcp::{
+    self, CallOutcome, CallRefusal, CallRequest, ConfigError, ElicitationAction, ElicitationAnswer,
+    InputAnswers, InputVia, McpClient, McpConfig, McpError, McpEvent, McpServerConfig,
+    ResolvedServer,
+};
+use common::GUARD;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+/// The servers' paths from `.ci/mcp-servers.sh`, run once per test binary
+/// when the environment does not name them (so the README's test command
+/// works on a fresh machine): it installs them into a cache outside the
+/// clone the first time, and prints `export NAME=PATH` lines.
+fn installed_by_script() -> &'static Result<BTreeMap<String, String>, String> {
+    static PATHS: std::sync::OnceLock<Result<BTreeMap<String, String>, String>> =
+        std::sync::OnceLock::new();
+    PATHS.get_or_init(|| {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/mcp-servers.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} failed ({}); see its output above",
+                script.display(),
+                out.status
+            ));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut paths = BTreeMap::new();
+        for line in text.lines() {
+            let Some((name, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('='))
+            else {
+                continue;
+            };
+            // `printf %q` leaves plain paths as they are; anything it had to
+            // quote is refused rather than guessed at.
+            if value.contains(['\\', '\'', '"', '$']) {
+                return Err(format!(
+                    "{name}: the path {value} needs shell quoting; set {name} yourself"
+                ));
+            }
+            paths.insert(name.to_owned(), value.to_owned());
+        }
+        Ok(paths)
+    })
+}
+
+/// Path of an installed server: from the environment (`.ci/run` sets it),
+/// else from `.ci/mcp-servers.sh`; panics with the reason.
+fn installed(var: &str) -> String {
+    let path = match std::env::var(var) {
+        Ok(path) if !path.is_empty() => path,
+        _ => match installed_by_script() {
+            Ok(paths) => match paths.get(var) {
+                Some(path) => path.clone(),
+                None => panic!(".ci/mcp-servers.sh printed no {var}"),
+            },
+            Err(e) => panic!(
+                "{var} is not set and the MCP servers could not be installed: {e}; \
+                 the MCP tests need the real servers (npm and python3 on PATH)"
+            ),
+        },
+    };
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{var}={path} does not exist: run `eval \"$(.ci/mcp-servers.sh)\"`"
+    );
+    path
+}
+
+fn resolve(name: &str, server: McpServerConfig, vars: &[(&str, &str)]) -> ResolvedServer {
+    let config = McpConfig {
+        servers: BTreeMap::from([(name.to_owned(), server)]),
+        config: vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    };
+    config.resolve(name).unwrap()
+}
+
+fn everything_stdio_config() -> McpServerConfig {
+    let mut server =
+        McpServerConfig::stdio(installed("BELAY_MCP_EVERYTHING"), vec!["stdio".into()]);
+    server.set_restart_delays(50, 1_000);
+    server
+}
+
+async fn everything_stdio() -> Arc<dyn McpClient> {
+    mcp::connect(resolve("everything", everything_stdio_config(), &[]))
+        .await
+        .unwrap()
+}
+
+fn args(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+fn text_of(outcome: &CallOutcome) -> String {
+    let result = match outcome {
+        CallOutcome::Ok(r) | CallOutcome::ToolError(r) => r,
+        other => panic!("no result: {other:?}"),
+    };
+    result
+        .content
+        .iter()
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Tools server-everything lists to a client that declares elicitation (form
+/// and URL) and nothing else: its always-on tools plus those it registers
+/// for that capability.
+const EVERYTHING_TOOLS: &[&str] = &[
+    "echo",
+    "get-annotated-message",
+    "get-env",
+    "get-resource-links",
+    "get-resource-reference",
+    "get-structured-content",
+    "get-sum",
+    "get-tiny-image",
+    "gzip-file-as-resource",
+    "toggle-simulated-logging",
+    "toggle-subscriber-updates",
+    "trigger-long-running-operation",
+    "trigger-elicitation-request",
+    "trigger-url-elicitation",
+    "simulate-research-query",
+];
+
+/// Discovery of every tool: the exact set of names, every one mapped or
+/// refused with a reason, hashes stable across listings.
+async fn check_everything_discovery(client: &dyn McpClient) {
+    let discovery = client.list_tools().await.unwrap();
+    assert_eq!(discovery.protocol_version, "2025-11-25");
+    let listed: BTreeSet<&str> = discovery
+        .tools
+        .iter()
+        .map(|t| t.name.as_str())
+        .chain(discovery.refused.iter().map(|r| r.name.as_str()))
+        .collect();
+    let expected: BTreeSet<&str> = EVERYTHING_TOOLS.iter().copied().collect();
+    assert_eq!(listed, expected, "discovery: {discovery:#?}");
+    for refused in &discovery.refused {
+        assert!(!refused.reason.to_string().is_empty());
+        assert!(refused.definition_hash.starts_with("sha256:"));
+    }
+    for tool in &discovery.tools {
+        assert_eq!(tool.input_schema["type"], "object", "{}", tool.name);
+        assert!(tool.definition_hash.starts_with("sha256:"));
+    }
+    let structured = discovery
+        .tools
+        .iter()
+        .find(|t| t.name == "get-structured-content")
+        .unwrap();
+    assert!(structured.output_schema.is_some());
+    assert_eq!(structured.hints.read_only, Some(true));
+    assert_eq!(
+        mcp::default_repeat_safety(false, &structured.hints),
+        mcp::DefaultRepeatSafety::Never
+    );
+    assert_eq!(
+        mcp::default_repeat_safety(true, &structured.hints),
+        mcp::DefaultRepeatSafety::Idempotent
+    );
+    let again = client.list_tools().await.unwrap();
+    let hashes = |d: &mcp::Discovery| {
+        d.tools
+            .iter()
+            .map(|t| (t.name.clone(), t.definition_hash.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(hashes(&discovery), hashes(&again));
+}
+
+/// A call with structured output, an `isError` result, refusals before
+/// sending, and truncation.
+async fn check_everything_calls(client: &dyn McpClient) {
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "get-structured-content",
+            args(json!({"location": "Chicago"})),
+        ))
+        .await;
+    let CallOutcome::Ok(result) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(
+        result.structured_content,
+        Some(json!({"temperature": 36, "conditions": "Light rain / drizzle", "humidity": 82}))
+    );
+    assert_eq!(result.truncation, None);
+
+    // A tool that throws: reported as a tool failure, never as success.
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "get-resource-reference",
+            args(json!({"resourceType": "Text", "resourceId": 0})),
+        ))
+        .await;
+    assert!(matches!(outcome, CallOutcome::ToolError(_)), "{outcome:?}");
+    assert!(
+        text_of(&outcome).contains("Invalid resourceId"),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+
+    // Refused before sending.
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "get-sum",
+            args(json!({"a": "one", "b": 2})),
+        ))
+        .await;
+    assert!(
+        matches!(&outcome, CallOutcome::Refused(CallRefusal::InvalidArguments { errors, .. }) if errors.contains("/a")),
+        "{outcome:?}"
+    );
+    let outcome = client
+        .call_tool(CallRequest::new("no-such-tool", Map::new()))
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            CallOutcome::Refused(CallRefusal::UnknownTool { .. })
+        ),
+        "{outcome:?}"
+    );
+    let mut pinned = CallRequest::new("get-sum", args(json!({"a": 1, "b": 2})));
+    pinned.expected_hash = Some("sha256:0000".into());
+    let outcome = client.call_tool(pinned).await;
+    assert!(
+        matches!(
+            &outcome,
+            CallOutcome::Refused(CallRefusal::DefinitionChanged {
+                actual: Some(_),
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    assert!(!outcome.may_have_acted());
+
+    // The pinned hash goes through, and the sum is right.
+    let hash = client
+        .list_tools()
+        .await
+        .unwrap()
+        .tools
+        .into_iter()
+        .find(|t| t.name == "get-sum")
+        .unwrap()
+        .definition_hash;
+    let mut pinned = CallRequest::new("get-sum", args(json!({"a": 19, "b": 23})));
+    pinned.expected_hash = Some(hash);
+    pinned.idempotency_key = Some("run-1/call-1".into());
+    let outcome = client.call_tool(pinned).await;
+    assert!(text_of(&outcome).contains("42"), "{outcome:?}");
+
+    // Truncated to the caller's limit.
+    let mut long = CallRequest::new("echo", args(json!({"message": "x".repeat(10_000)})));
+    long.max_result_bytes = 500;
+    let outcome = client.call_tool(long).await;
+    let CallOutcome::Ok(result) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    let truncation = result.truncation.as_ref().unwrap();
+    assert!(truncation.kept_bytes <= 500, "{truncation:?}");
+    assert!(truncation.original_bytes > 10_000, "{truncation:?}");
+    assert!(truncation.text_cut);
+}
+
+#[tokio::test]
+async fn everything_over_stdio_discovers_and_calls() {
+    let client = everything_stdio().await;
+    // server-everything registers its capability-dependent tools after the
+    // handshake and says so with tools/list_changed: the change signal moves.
+    let mut changed = client.tools_changed();
+    tokio::time::timeout(GUARD, changed.wait_for(|seq| *seq >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+    check_everything_discovery(client.as_ref()).await;
+    check_everything_calls(client.as_ref()).await;
+
+    // Per-call headers need an HTTP server.
+    let mut with_headers = CallRequest::new("echo", args(json!({"message": "hi"})));
+    with_headers.headers.insert("X-Tenant".into(), "t1".into());
+    let outcome = client.call_tool(with_headers).await;
+    assert!(
+        matches!(
+            outcome,
+            CallOutcome::Refused(CallRefusal::HeadersNotSupported { .. })
+        ),
+        "{outcome:?}"
+    );
+    client.shutdown().await;
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "hi"}))))
+        .await;
+    assert!(
+        matches!(outcome, CallOutcome::Disconnected { .. }),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn stdio_server_gets_only_the_configured_environment() {
+    let mut server = everything_stdio_config();
+    if let McpServerConfig::Stdio(s) = &mut server {
+        s.env
+            .insert("BELAY_TEST_VALUE".into(), "value-{{config.V}}".into());
+    }
+    let client = mcp::connect(resolve("everything", server, &[("V", "42")]))
+        .await
+        .unwrap();
+    let outcome = client
+        .call_tool(CallRequest::new("get-env", Map::new()))
+        .await;
+    let text = text_of(&outcome);
+    assert!(text.contains("value-42"), "{text}");
+    // The worker's own environment (here: the test's) is not passed on.
+    assert!(!text.contains("BELAY_MCP_EVERYTHING"), "{text}");
+    assert!(text.contains("\"PATH\""), "{text}");
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn stdio_server_killed_mid_call_is_lost_after_send_then_restarted() {
+    let client = everything_stdio().await;
+    let first = client.status();
+    assert!(first.connected);
+    assert_eq!(first.generation, 1);
+    let pid = first.pid.unwrap();
+    let mut events = client.events();
+
+    let slow = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut request = CallRequest::new(
+                "trigger-long-running-operation",
+                args(json!({"duration": 60, "steps": 60})),
+            );
+            request.idempotency_key = Some("run-9/call-1".into());
+            client.call_tool(request).await
+        })
+    };
+    // The server is working on the call once it reports progress.
+    tokio::time::timeout(GUARD, async {
+        loop {
+            match events.recv().await.unwrap() {
+                McpEvent::Progress { call, .. } if call == "run-9/call-1" => break,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let outcome = tokio::time::timeout(GUARD, slow).await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, CallOutcome::LostAfterSend { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::MayHaveActed));
+
+    // The supervisor restarts the server; the next call waits for it.
+    let outcome = tokio::time::timeout(
+        GUARD,
+        client.call_tool(CallRequest::new("echo", args(json!({"message": "again"})))),
+    )
+    .await
+    .unwrap();
+    assert!(text_of(&outcome).contains("again"), "{outcome:?}");
+    let second = client.status();
+    assert!(second.connected);
+    assert!(second.generation >= 2, "{second:?}");
+    assert_ne!(second.pid, Some(pid));
+    assert!(second.last_error.is_some());
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn elicitation_mid_call_becomes_needs_input_then_answers_complete_it() {
+    let client = everything_stdio().await;
+    let outcome = client
+        .call_tool(CallRequest::new("trigger-elicitation-request", Map::new()))
+        .await;
+    let CallOutcome::NeedsInput(needed) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(needed.via, InputVia::Elicitation);
+    assert!(needed.may_have_acted);
+    assert_eq!(needed.requests["requestedSchema"]["type"], "object");
+    assert!(needed.requests["requestedSchema"]["properties"]["name"].is_object());
+    assert_eq!(outcome.failure_class(), None);
+
+    // The engine waits durably for the person, then calls again with the
+    // answer; the server's question is answered from it.
+    let mut again = CallRequest::new("trigger-elicitation-request", Map::new());
+    again.input = Some(InputAnswers {
+        elicitations: vec![ElicitationAnswer {
+            action: ElicitationAction::Accept,
+            content: Some(json!({"name": "Ada Lovelace", "check": true})),
+        }],
+        ..InputAnswers::default()
+    });
+    let outcome = client.call_tool(again).await;
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    assert!(text_of(&outcome).contains("Ada Lovelace"), "{outcome:?}");
+
+    // URL mode, mid-call: the same, with the URL to send the person to.
+    let url_args = json!({"url": "https://example.com/authorize", "elicitationId": "e-1"});
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "trigger-url-elicitation",
+            args(url_args.clone()),
+        ))
+        .await;
+    let CallOutcome::NeedsInput(needed) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(needed.via, InputVia::Elicitation);
+    assert_eq!(needed.requests["mode"], "url");
+    assert_eq!(needed.requests["url"], "https://example.com/authorize");
+
+    // URL mode as error -32042: the server refused to start; nothing acted.
+    let mut error_path = url_args;
+    error_path["errorPath"] = json!(true);
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "trigger-url-elicitation",
+            args(error_path),
+        ))
+        .await;
+    let CallOutcome::NeedsInput(needed) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(needed.via, InputVia::UrlElicitationRequired);
+    assert!(!needed.may_have_acted);
+    assert_eq!(
+        needed.requests["elicitations"][0]["url"], "https://modelcontextprotocol.io",
+        "{needed:?}"
+    );
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn cancelled_and_timed_out_calls_are_typed() {
+    let client = everything_stdio().await;
+    let mut slow = CallRequest::new(
+        "trigger-long-running-operation",
+        args(json!({"duration": 30, "steps": 30})),
+    );
+    slow.timeout_ms = 300;
+    let outcome = client.call_tool(slow.clone()).await;
+    assert_eq!(
+        outcome,
+        CallOutcome::Timeout {
+            timeout_ms: 300,
+            sent: true
+        }
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::MayHaveActed));
+
+    let token = mcp::CancellationToken::new();
+    slow.timeout_ms = 60_000;
+    slow.cancel = Some(token.clone());
+    let mut events = client.events();
+    let call = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool(slow).await })
+    };
+    tokio::time::timeout(GUARD, async {
+        while !matches!(
+            events.recv().await.unwrap(),
+            McpEvent::RequestWritten { .. }
+        ) {}
+    })
+    .await
+    .unwrap();
+    token.cancel();
+    let outcome = tokio::time::timeout(GUARD, call).await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, CallOutcome::Cancelled { sent: true, .. }),
+        "{outcome:?}"
+    );
+    // The connection is still usable.
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "echo",
+            args(json!({"message": "still here"})),
+        ))
+        .await;
+    assert!(text_of(&outcome).contains("still here"), "{outcome:?}");
+    client.shutdown().await;
+}
+
+/// server-everything's Streamable HTTP mode on a free local port; killed
+/// when dropped.
+struct HttpEverything {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl HttpEverything {
+    /// SIGKILL, and wait until it is gone (its port closed).
+    async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+async fn everything_http() -> HttpEverything {
+    let port = common::closed_port().port();
+    let mut child = tokio::process::Command::new(installed("BELAY_MCP_EVERYTHING"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // It says on stderr when it listens.
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    tokio::time::timeout(GUARD, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("listening on port") {
+                return;
+            }
+        }
+        panic!("server-everything exited before listening");
+    })
+    .await
+    .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    HttpEverything {
+        child,
+        url: format!("http://127.0.0.1:{port}/mcp"),
+    }
+}
+
+/// What the recording proxy saw of one request.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+/// A pass-through HTTP proxy in front of `upstream` that records every
+/// request, to see what the client puts on the wire.
+async fn recording_proxy(upstream: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let log: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let client = reqwest::Client::new();
+    let seen = log.clone();
+    let router = axum::Router::new().route(
+        "/mcp",
+        axum::routing::any(
+            move |method: axum::http::Method,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| {
+                let (client, upstream, seen) = (client.clone(), upstream.clone(), seen.clone());
+                async move {
+                    seen.lock().unwrap().push(Seen {
+                        method: method.to_string(),
+                        headers: headers.clone(),
+                        body: String::from_utf8_lossy(&body).into_owned(),
+                    });
+                    let mut request = client.request(method, &upstream).body(body);
+                    for (name, value) in &headers {
+                        if name != "host" && name != "content-length" {
+                            request = request.header(name, value);
+                        }
+                    }
+                    let response = request.send().await.unwrap();
+                    let mut builder = axum::http::Response::builder().status(response.status());
+                    for (name, value) in response.headers() {
+                        if name != "content-length" && name != "transfer-encoding" {
+                            builder = builder.header(name, value);
+                        }
+                    }
+                    let chunks = futures_util::stream::unfold(response, |mut r| async move {
+                        match r.chunk().await {
+                            Ok(Some(chunk)) => Some((Ok::<_, std::io::Error>(chunk), r)),
+                            _ => None,
+                        }
+                    });
+                    builder.body(axum::body::Body::from_stream(chunks)).unwrap()
+                }
+            },
+        ),
+    );
+    let addr = common::serve(router).await;
+    (format!("http://{addr}/mcp"), log)
+}
+
+#[tokio::test]
+async fn everything_over_streamable_http_discovers_and_calls() {
+    let server = everything_http().await;
+    let (proxy_url, seen) = recording_proxy(server.url.clone()).await;
+    let mut config = McpServerConfig::http(proxy_url);
+    if let McpServerConfig::Http(h) = &mut config {
+        h.headers
+            .insert("Authorization".into(), "Bearer {{config.TOKEN}}".into());
+    }
+    let client = mcp::connect(resolve("everything-http", config, &[("TOKEN", "t0k3n")]))
+        .await
+        .unwrap();
+    assert_eq!(client.status().transport, "http");
+    check_everything_discovery(client.as_ref()).await;
+    check_everything_calls(client.as_ref()).await;
+
+    // Per-call headers: accepted when valid, refused when reserved or
+    // unresolvable, before anything is sent.
+    let mut with_headers = CallRequest::new("echo", args(json!({"message": "hello"})));
+    with_headers
+        .headers
+        .insert("X-Belay-Tenant".into(), "{{config.TOKEN}}-t1".into());
+    let outcome = client.call_tool(with_headers).await;
+    assert!(text_of(&outcome).contains("hello"), "{outcome:?}");
+    for (name, value) in [("Mcp-Session-Id", "x"), ("X-Secret", "{{config.NOPE}}")] {
+        let mut bad = CallRequest::new("echo", args(json!({"message": "hello"})));
+        bad.headers.insert(name.into(), value.into());
+        let outcome = client.call_tool(bad).await;
+        assert!(
+            matches!(
+                outcome,
+                CallOutcome::Refused(CallRefusal::InvalidHeader { .. })
+            ),
+            "{outcome:?}"
+        );
+    }
+    client.shutdown().await;
+    // On the wire: the configured header on every request, the per-call
+    // header on its call only, the idempotency key in `_meta`, and never
+    // the client's internal call marker.
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|r| r.method == "POST" && r.body.contains("tools/call"))
+    );
+    for request in &seen {
+        assert_eq!(
+            request.headers["authorization"], "Bearer t0k3n",
+            "{request:?}"
+        );
+        assert!(!request.body.contains("call-marker"), "{request:?}");
+    }
+    let tenant: Vec<&Seen> = seen
+        .iter()
+        .filter(|r| r.headers.contains_key("x-belay-tenant"))
+        .collect();
+    assert_eq!(tenant.len(), 1, "{tenant:?}");
+    assert_eq!(tenant[0].headers["x-belay-tenant"], "t0k3n-t1");
+    assert!(tenant[0].body.contains("\"hello\""), "{:?}", tenant[0]);
+    assert!(
+        seen.iter().any(|r| r
+            .body
+            .contains("\"io.belay/idempotency-key\":\"run-1/call-1\"")),
+        "no idempotency key in any request"
+    );
+}
+
+#[tokio::test]
+async fn http_server_gone_before_the_call_is_not_sent() {
+    let server = everything_http().await;
+    let mut config = McpServerConfig::http(server.url.clone());
+    config.set_connect_timeout_ms(2_000);
+    let client = mcp::connect(resolve("everything-http", config, &[]))
+        .await
+        .unwrap();
+    client.list_tools().await.unwrap();
+    server.kill().await;
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "hello"}))))
+        .await;
+    assert!(
+        matches!(outcome, CallOutcome::Disconnected { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::NotSent));
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn time_server_over_stdio_discovers_and_calls() {
+    let client = mcp::connect(resolve(
+        "time",
+        McpServerConfig::stdio(
+            installed("BELAY_MCP_TIME"),
+            vec!["--local-timezone".into(), "UTC".into()],
+        ),
+        &[],
+    ))
+    .await
+    .unwrap();
+    let discovery = client.list_tools().await.unwrap();
+    // mcp-server-time (on the `mcp` 2.x SDK) speaks the current revision:
+    // the client's `server/discover` path, where server-everything takes
+    // the `initialize` fallback.
+    assert_eq!(discovery.protocol_version, "2026-07-28");
+    let names: BTreeSet<&str> = discovery.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["convert_time", "get_current_time"]),
+        "{discovery:#?}"
+    );
+    assert!(discovery.refused.is_empty(), "{discovery:#?}");
+    for tool in &discovery.tools {
+        assert!(tool.output_schema.is_some(), "{}", tool.name);
+    }
+
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "convert_time",
+            args(
+                json!({"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
+            ),
+        ))
+        .await;
+    let CallOutcome::Ok(result) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    let structured = result.structured_content.as_ref().unwrap();
+    assert_eq!(
+        structured["target"]["timezone"], "Asia/Tokyo",
+        "{structured}"
+    );
+    assert!(
+        structured["target"]["datetime"]
+            .as_str()
+            .unwrap()
+            .contains("T21:00:00"),
+        "{structured}"
+    );
+
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "get_current_time",
+            args(json!({"timezone": "Not/A_Zone"})),
+        ))
+        .await;
+    assert!(matches!(outcome, CallOutcome::ToolError(_)), "{outcome:?}");
+    assert!(
+        text_of(&outcome).contains("Invalid timezone"),
+        "{outcome:?}"
+    );
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_configurations_are_typed_errors() {
+    let missing = McpServerConfig::stdio("", vec![]);
+    let config = McpConfig {
+        servers: BTreeMap::from([("broken".to_owned(), missing)]),
+        config: BTreeMap::new(),
+    };
+    assert_eq!(
+        config.resolve("broken"),
+        Err(ConfigError::MissingCommand {
+            server: "broken".into()
+        })
+    );
+    assert!(matches!(
+        mcp::McpServers::connect_all(&config).await,
+        Err(McpError::Config(ConfigError::MissingCommand { .. }))
+    ));
+
+    let absent = resolve(
+        "absent",
+        McpServerConfig::stdio("/nonexistent/belay-mcp-server", vec![]),
+        &[],
+    );
+    match mcp::connect(absent).await {
+        Err(McpError::Spawn {
+            server,
+            command,
+            message,
+        }) => {
+            assert_eq!(server, "absent");
+            assert_eq!(command, "/nonexistent/belay-mcp-server");
+            assert!(message.contains("No such file"), "{message}");
+        }
+        other => panic!("{:?}", other.map(|c| c.status())),
+    }
+
+    // A process that exits at once never completes the handshake.
+    let exits = resolve("exits", McpServerConfig::stdio("true", vec![]), &[]);
+    assert!(matches!(
+        mcp::connect(exits).await.map(|c| c.status()),
+        Err(McpError::Connect { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_changed_definition_is_refused_after_a_restart() {
+    // The time server names its local time zone in its argument
+    // descriptions; a restart with another zone changes the definition.
+    let zone_file = std::env::temp_dir().join(format!("belay-mcp-tz-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&zone_file, "UTC").unwrap();
+    let mut server = McpServerConfig::stdio(
+        "/bin/sh",
+        vec![
+            "-c".into(),
+            r#"exec "$TIME_SERVER" --local-timezone "$(cat "$ZONE_FILE")""#.into(),
+        ],
+    );
+    if let McpServerConfig::Stdio(s) = &mut server {
+        s.env
+            .insert("TIME_SERVER".into(), installed("BELAY_MCP_TIME"));
+        s.env
+            .insert("ZONE_FILE".into(), zone_file.display().to_string());
+    }
+    server.set_restart_delays(50, 1_000);
+    let client = mcp::connect(resolve("time", server, &[])).await.unwrap();
+    let hash_of = |d: &mcp::Discovery| {
+        d.tools
+            .iter()
+            .find(|t| t.name == "get_current_time")
+            .unwrap()
+            .definition_hash
+            .clone()
+    };
+    let pinned = hash_of(&client.list_tools().await.unwrap());
+    let mut call = CallRequest::new("get_current_time", args(json!({"timezone": "UTC"})));
+    call.expected_hash = Some(pinned.clone());
+    let outcome = client.call_tool(call.clone()).await;
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+
+    // The server restarts with another configuration.
+    std::fs::write(&zone_file, "Europe/Paris").unwrap();
+    let mut changed = client.tools_changed();
+    changed.borrow_and_update();
+    let mut events = client.events();
+    let pid = client.status().pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    tokio::time::timeout(GUARD, async {
+        while !matches!(events.recv().await.unwrap(), McpEvent::Connected { .. }) {}
+    })
+    .await
+    .unwrap();
+    // The reconnection is a tools-changed signal: the catalog is re-listed
+    // before the next call, and the pinned definition no longer matches.
+    assert!(changed.has_changed().unwrap());
+    let outcome = client.call_tool(call.clone()).await;
+    let CallOutcome::Refused(CallRefusal::DefinitionChanged {
+        expected, actual, ..
+    }) = &outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(expected, &pinned);
+    let current = actual.clone().unwrap();
+    assert_ne!(current, pinned);
+    assert!(!outcome.may_have_acted());
+
+    // Once the new definition is accepted (pinned), calls go through.
+    let discovery = client.list_tools().await.unwrap();
+    assert_eq!(hash_of(&discovery), current);
+    let described = discovery
+        .tools
+        .iter()
+        .find(|t| t.name == "get_current_time")
+        .unwrap();
+    assert!(described.input_schema.to_string().contains("Europe/Paris"));
+    call.expected_hash = Some(current);
+    let outcome = client.call_tool(call).await;
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    client.shutdown().await;
+    let _ = std::fs::remove_file(&zone_file);
+}
