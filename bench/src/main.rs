@@ -243,8 +243,16 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn main() -> ExitCode {
+    // Started as an expression evaluator of the sandbox: serve and exit.
+    belay_engine::expr_sandbox::run_sandbox_if_requested();
+    // Otherwise evaluate workflow expressions in such evaluators.
+    belay_engine::expr_sandbox::enable_sandbox();
+    async_main()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn async_main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

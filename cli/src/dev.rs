@@ -83,6 +83,10 @@ pub struct DevArgs {
     /// On shutdown, how long the worker waits for its in-flight tasks, ms.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
+    /// MCP servers of `type: mcp` tools (the worker's `--mcp-config` JSON
+    /// document); checked at start.
+    #[arg(long, env = "BELAY_MCP_CONFIG", value_name = "FILE")]
+    mcp_config: Option<PathBuf>,
 }
 
 /// Where the database is, and which flag said so (for error messages).
@@ -287,6 +291,18 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     if let Some(url) = &http_base_url {
         check_http_url("--http-base-url", url)?;
     }
+    let mcp = match &args.mcp_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow!("--mcp-config {}: cannot read: {e}", path.display()))?;
+            let mcp = belay_worker::mcp::McpConfig::from_json(&text)
+                .map_err(|e| anyhow!("--mcp-config {}: {e}", path.display()))?;
+            mcp.validate()
+                .map_err(|e| anyhow!("--mcp-config {}: {e}", path.display()))?;
+            mcp
+        }
+        None => belay_worker::mcp::McpConfig::default(),
+    };
     let (token, generated) = match admin_token.filter(|t| !t.is_empty()) {
         Some(token) => (token, false),
         None => (uuid::Uuid::new_v4().to_string(), true),
@@ -351,6 +367,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         },
         http_base_url,
         shutdown_grace_ms: args.shutdown_grace_ms,
+        mcp,
         ..WorkerConfig::new(format!("http://{}", reachable(grpc_addr)), worker_id)
     };
     let mut worker = tokio::spawn(belay_worker::run(config, stopped(&worker_stopped)));

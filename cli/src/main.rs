@@ -911,8 +911,16 @@ fn uuid_like() -> String {
     format!("{nanos:x}-{:x}", std::process::id())
 }
 
+fn main() -> ExitCode {
+    // Started as an expression evaluator of the sandbox: serve and exit.
+    belay_engine::expr_sandbox::run_sandbox_if_requested();
+    // Otherwise evaluate workflow expressions in such evaluators.
+    belay_engine::expr_sandbox::enable_sandbox();
+    async_main()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn async_main() -> ExitCode {
     let cli = Cli::parse();
     let engine_url = cli.engine_url.clone();
     match run(cli).await {

@@ -1,6 +1,7 @@
 //! The admin HTTP endpoint: JSON over HTTP/1.1 on its own port, for
-//! operators. It lists, shows and resolves uncertain outcomes and pauses,
-//! resumes and cancels runs. Every route but the OpenAPI document
+//! operators. It lists, shows and resolves uncertain outcomes, pauses,
+//! resumes and cancels runs, and lists MCP tool definitions and accepts
+//! changed ones ([`crate::mcp_pins`]). Every route but the OpenAPI document
 //! ([`OPENAPI_PATH`]) needs a bearer token ([`AdminAuth`]); tenants are named
 //! in the path (`/admin/v1/tenants/{tenant}/...`).
 //!
@@ -36,6 +37,7 @@ use tokio::net::TcpListener;
 
 use crate::coordinator::{Coordinator, CoordinatorError, UncertainFilter};
 use crate::machine::Resolution;
+use crate::mcp_pins::{McpToolDetail, McpToolFilter, McpToolStatus, McpToolView};
 use crate::store::{RunRow, UncertainRow};
 
 /// Largest request body accepted, bytes (64 KiB); larger bodies get 413.
@@ -62,6 +64,17 @@ pub const RUN_PAUSE_PATH: &str = "/admin/v1/tenants/{tenant}/runs/{run_id}/pause
 pub const RUN_RESUME_PATH: &str = "/admin/v1/tenants/{tenant}/runs/{run_id}/resume";
 /// `POST`: cancel a run.
 pub const RUN_CANCEL_PATH: &str = "/admin/v1/tenants/{tenant}/runs/{run_id}/cancel";
+/// `POST`: fail a call that waits outside any task (an accepted async
+/// webhook whose callback never came, a sync child run).
+pub const RUN_CALL_FAIL_PATH: &str =
+    "/admin/v1/tenants/{tenant}/runs/{run_id}/calls/{call_id}/fail";
+/// `GET`: the tenant's MCP tools (pinned and listed definitions).
+pub const MCP_TOOLS_PATH: &str = "/admin/v1/tenants/{tenant}/mcp-tools";
+/// `GET`: one MCP tool, with every definition workers reported.
+pub const MCP_TOOL_PATH: &str = "/admin/v1/tenants/{tenant}/mcp-tools/{server}/{tool}";
+/// `POST`: accept a reported definition of an MCP tool for the tenant.
+pub const MCP_TOOL_ACCEPT_PATH: &str =
+    "/admin/v1/tenants/{tenant}/mcp-tools/{server}/{tool}/accept";
 
 /// Every route the router serves, as `(method, path template)`; the OpenAPI
 /// document describes exactly these.
@@ -74,6 +87,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", RUN_PAUSE_PATH),
     ("POST", RUN_RESUME_PATH),
     ("POST", RUN_CANCEL_PATH),
+    ("POST", RUN_CALL_FAIL_PATH),
+    ("GET", MCP_TOOLS_PATH),
+    ("GET", MCP_TOOL_PATH),
+    ("POST", MCP_TOOL_ACCEPT_PATH),
 ];
 
 /// Errors of the admin layer. Each becomes one HTTP status and error code
@@ -721,6 +738,32 @@ struct RunControlBody {
     operator: Option<String>,
 }
 
+/// Query of `GET .../mcp-tools`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpToolsQuery {
+    /// `pinned`, `changed`, `unpinned`, `unlisted` or `any` (default).
+    status: Option<String>,
+    /// Only tools of this server.
+    server: Option<String>,
+}
+
+/// Response of `GET .../mcp-tools`.
+#[derive(Debug, Serialize)]
+struct McpToolsPage {
+    items: Vec<McpToolView>,
+}
+
+/// Body of `POST .../mcp-tools/{server}/{tool}/accept`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcceptMcpToolBody {
+    /// The reported definition to accept (`sha256:<hex>`).
+    definition_hash: String,
+    reason: String,
+    operator: Option<String>,
+}
+
 /// A run as the admin endpoint shows it.
 #[derive(Debug, Serialize)]
 struct RunView {
@@ -888,6 +931,71 @@ async fn cancel_run(
     Ok(Json(run_view(&state, run).await?))
 }
 
+async fn fail_waiting_call(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    AdminPath((tenant, run_id, call_id)): AdminPath<(String, String, String)>,
+    AdminJson(body): AdminJson<RunControlBody>,
+) -> Result<Json<RunView>, AdminError> {
+    let reason = check_reason(&body.reason)?;
+    let by = principal.actor(body.operator.as_deref())?;
+    let run = state
+        .coord
+        .fail_waiting_call(&tenant, &run_id, &call_id, &by, &reason)
+        .await?;
+    tracing::info!(run_id = %run.run_id, call_id, by, "waiting call failed by operator");
+    Ok(Json(run_view(&state, run).await?))
+}
+
+async fn list_mcp_tools(
+    State(state): State<AppState>,
+    AdminPath(tenant): AdminPath<String>,
+    AdminQuery(q): AdminQuery<McpToolsQuery>,
+) -> Result<Json<McpToolsPage>, AdminError> {
+    let status = match q.status.as_deref() {
+        None | Some("any") => None,
+        Some("pinned") => Some(McpToolStatus::Pinned),
+        Some("changed") => Some(McpToolStatus::Changed),
+        Some("unpinned") => Some(McpToolStatus::Unpinned),
+        Some("unlisted") => Some(McpToolStatus::Unlisted),
+        Some(other) => {
+            return Err(AdminError::bad_request(format!(
+                "invalid query string: `status` {other:?} is not one of `pinned`, `changed`, `unpinned`, `unlisted`, `any`"
+            )));
+        }
+    };
+    let filter = McpToolFilter {
+        status,
+        server: q.server,
+    };
+    let items = state.coord.list_mcp_tools(&tenant, &filter).await?;
+    Ok(Json(McpToolsPage { items }))
+}
+
+async fn show_mcp_tool(
+    State(state): State<AppState>,
+    AdminPath((tenant, server, tool)): AdminPath<(String, String, String)>,
+) -> Result<Json<McpToolDetail>, AdminError> {
+    Ok(Json(
+        state.coord.get_mcp_tool(&tenant, &server, &tool).await?,
+    ))
+}
+
+async fn accept_mcp_tool(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    AdminPath((tenant, server, tool)): AdminPath<(String, String, String)>,
+    AdminJson(body): AdminJson<AcceptMcpToolBody>,
+) -> Result<Json<McpToolView>, AdminError> {
+    let reason = check_reason(&body.reason)?;
+    let by = principal.actor(body.operator.as_deref())?;
+    let view = state
+        .coord
+        .accept_mcp_tool(&tenant, &server, &tool, &body.definition_hash, &by, &reason)
+        .await?;
+    Ok(Json(view))
+}
+
 async fn no_route(req: Request) -> AdminError {
     AdminError::RouteNotFound(format!(
         "no admin route {} {}; see {OPENAPI_PATH}",
@@ -920,6 +1028,10 @@ pub fn router(coord: Arc<Coordinator>, auth: AdminAuth) -> Router {
         .route(RUN_PAUSE_PATH, post(pause_run))
         .route(RUN_RESUME_PATH, post(resume_run))
         .route(RUN_CANCEL_PATH, post(cancel_run))
+        .route(RUN_CALL_FAIL_PATH, post(fail_waiting_call))
+        .route(MCP_TOOLS_PATH, get(list_mcp_tools))
+        .route(MCP_TOOL_PATH, get(show_mcp_tool))
+        .route(MCP_TOOL_ACCEPT_PATH, post(accept_mcp_tool))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route(OPENAPI_PATH, get(openapi_doc))

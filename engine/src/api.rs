@@ -548,12 +548,48 @@ impl WorkerService for Api {
         req: Request<v1::DispatchToolCallRequest>,
     ) -> Result<Response<v1::DispatchToolCallResponse>, Status> {
         let r = req.into_inner();
+        // A `type: mcp` call: the tenant's pinned definition, looked up (or
+        // pinned on first use) before the dispatch is recorded, so a failure
+        // here leaves the call undispatched.
+        let mcp_pinned_hash = if r.mcp_definition_hash.is_empty() {
+            String::new()
+        } else {
+            self.coord
+                .pin_mcp_for_dispatch(&r.worker_id, &r.task_id, r.attempt, &r.mcp_definition_hash)
+                .await?
+        };
         let callback_url = self
             .coord
             .dispatch(&r.worker_id, &r.task_id, r.attempt)
             .await?;
         Ok(Response::new(v1::DispatchToolCallResponse {
             callback_url: callback_url.unwrap_or_default(),
+            mcp_pinned_hash,
+        }))
+    }
+
+    async fn report_mcp_tools(
+        &self,
+        req: Request<v1::ReportMcpToolsRequest>,
+    ) -> Result<Response<v1::ReportMcpToolsResponse>, Status> {
+        let r = req.into_inner();
+        let tools = r
+            .tools
+            .into_iter()
+            .map(|t| crate::mcp_pins::McpToolReport {
+                name: t.name,
+                definition_hash: t.definition_hash,
+                definition_json: t.definition_json,
+                refusal: t.refusal,
+                suggested_repeat_safety: t.suggested_repeat_safety,
+            })
+            .collect();
+        let new = self
+            .coord
+            .report_mcp_tools(&r.worker_id, &r.server, &r.protocol_version, tools)
+            .await?;
+        Ok(Response::new(v1::ReportMcpToolsResponse {
+            new_definitions: u32::try_from(new).unwrap_or(u32::MAX),
         }))
     }
 

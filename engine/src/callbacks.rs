@@ -9,15 +9,17 @@
 //! API.
 //!
 //! Answers (JSON; errors use the admin endpoint's error shape):
-//! - 200 `{"applied": true, "run_id"}`: the result was recorded; the call
-//!   completed (or its uncertain outcome was resolved, or, if the call had
-//!   already ended, the callback is kept in the history, not applied).
-//! - 200 `{"applied": false, "run_id"}`: the token was used before (a
-//!   replay); nothing changed. Senders that retry on timeouts are safe.
+//! - 200 `{"applied": true, "run_id"}`: the result completed the call (or
+//!   resolved its uncertain outcome).
+//! - 200 `{"applied": false, "run_id", "detail"}`: nothing was applied: the
+//!   token was used before (a replay; nothing changed), or the call or the
+//!   run had already ended (the timeout fired, the run was cancelled): the
+//!   callback is then kept in the run's history as a late result. Either way
+//!   the sender should not retry.
 //! - 404: no such token. 400: the body is not JSON. 413: larger than
 //!   [`MAX_CALLBACK_BYTES`]. 422: the result does not match the tool's output
 //!   type (the token stays unused: a corrected callback may follow).
-//!   409: the run has ended. 503: the database is unavailable.
+//!   503: the database is unavailable.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -58,7 +60,14 @@ async fn receive(
     let outcome = coord.callback(&token, &body).await?;
     Ok((
         StatusCode::OK,
-        axum::Json(json!({"applied": outcome.applied, "run_id": outcome.run_id.to_string()})),
+        axum::Json(match outcome.detail {
+            Some(detail) => json!({
+                "applied": outcome.applied,
+                "run_id": outcome.run_id.to_string(),
+                "detail": detail,
+            }),
+            None => json!({"applied": outcome.applied, "run_id": outcome.run_id.to_string()}),
+        }),
     )
         .into_response())
 }

@@ -28,6 +28,14 @@ use crate::store::{
 /// take it, ms.
 pub const OUTBOX_LEASE_MS: i64 = 10_000;
 
+/// Most levels of child runs below a run that no other run started: a
+/// child that would nest deeper is not created, and the `workflow` node
+/// (or `type: workflow` tool call) that starts it fails with a message
+/// naming this limit. Registration refuses a bundle whose workflows start
+/// themselves again; this bounds what it cannot see (a cycle closed by
+/// registering a new version of an already registered workflow).
+pub const MAX_CHILD_DEPTH: u32 = 8;
+
 /// Most bytes of a signal's payload (JSON text): 256 KiB. A payload is
 /// copied into the run's events and the nodes that use it, so documents
 /// should travel by reference.
@@ -145,8 +153,13 @@ pub struct Coordinator {
 pub struct CallbackOutcome {
     /// The run the token belongs to.
     pub run_id: Uuid,
-    /// `false` when the token had been used before: nothing changed.
+    /// Whether the result was applied: it completed the call or resolved
+    /// its uncertain outcome.
     pub applied: bool,
+    /// Why not, when not applied: the token was used before (a replay), or
+    /// the call or run had ended (the callback is then kept in the run's
+    /// history as a late result).
+    pub detail: Option<String>,
 }
 
 /// Most bytes of a callback's body: the tool's result (JSON).
@@ -289,6 +302,12 @@ impl Coordinator {
         let parsed = reqwest::Url::parse(base).map_err(|e| {
             CoordinatorError::InvalidArgument(format!("callback base URL {}: {e}", shown(base_url)))
         })?;
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "callback base URL {} must not have a query or fragment: `/callbacks/v1/<token>` is appended to it",
+                shown(base_url)
+            )));
+        }
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
             return Err(CoordinatorError::InvalidArgument(format!(
                 "callback base URL {} must be an http:// or https:// URL with a host",
@@ -680,6 +699,37 @@ impl Coordinator {
             .await
     }
 
+    /// Operator: fail a call that waits outside any task (an accepted async
+    /// webhook whose callback never came, a sync child run), so the run goes
+    /// on (an agent sees the failure; a tool node takes `on_error`).
+    ///
+    /// Errors: `NotFound` for an unknown run; `FailedPrecondition` when the
+    /// call is not open or does not wait outside a task, or the run ended;
+    /// `InvalidArgument` for a bad call id or reason.
+    pub async fn fail_waiting_call(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        call_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        require("call_id", call_id)?;
+        check_text("call_id", call_id, MAX_ID_BYTES)?;
+        check_text("reason", reason, MAX_TEXT_BYTES)?;
+        let input = Input::FailWaitingCall {
+            call_id: call_id.to_owned(),
+            by: by.to_owned(),
+            reason: if reason.trim().is_empty() {
+                "no reason given".to_owned()
+            } else {
+                reason.to_owned()
+            },
+        };
+        self.control_run(tenant, run_id, input, "waiting call failed by operator")
+            .await
+    }
+
     /// Operator pause: the run's tasks are not claimed until [`Coordinator::resume_run`].
     pub async fn pause_run(
         &self,
@@ -1065,6 +1115,10 @@ impl Coordinator {
                 .store
                 .claim_tasks(worker_id, max as i64, self.config.lease_ms as i64)
                 .await?;
+            if tasks.len() as u32 == max {
+                // A full batch: more may be ready; let the next claimer look.
+                self.tasks_ready.notify_one();
+            }
             if !tasks.is_empty() {
                 for t in &tasks {
                     tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task claimed");
@@ -1179,6 +1233,23 @@ impl Coordinator {
                         .any(|e| matches!(e, machine::Event::CallbackIssued { .. }));
                 }
                 match decided {
+                    // This engine cannot serve the call; another replica
+                    // may: not sent, retried with backoff.
+                    Err(MachineError::DispatchUnavailable { call_id, detail }) => {
+                        refusal = Some(detail.clone());
+                        machine::decide(
+                            state,
+                            Input::TaskFailed {
+                                call_id,
+                                attempt,
+                                error: format!("not dispatched: {detail}"),
+                                class: FailureClass::NotSent,
+                                dispatched: false,
+                                status_code: None,
+                            },
+                        )
+                        .map_err(CoordinatorError::from)
+                    }
                     // A refusal that will repeat on every attempt (a grant
                     // withdrawn, a call that may already have acted) fails
                     // the attempt now, in the history, instead of leaving it
@@ -1253,22 +1324,44 @@ impl Coordinator {
                     CoordinatorError::InvalidArgument(format!("the callback body is not JSON: {e}"))
                 })?
         };
-        let applied = self
-            .store
+        let mut detail: Option<String> = None;
+        let mut applied = false;
+        self.store
             .transition(run_id, None, |state, _| {
-                machine::decide(
+                let d = machine::decide(
                     state,
                     Input::Callback {
                         token_sha256: token_sha256.clone(),
                         payload,
                     },
                 )
-                .map_err(CoordinatorError::from)
+                .map_err(CoordinatorError::from)?;
+                applied = d.events.iter().any(|e| {
+                    matches!(
+                        e,
+                        machine::Event::ToolCallCompleted { .. }
+                            | machine::Event::UncertainOutcomeResolved { .. }
+                    )
+                });
+                detail = if d.events.is_empty() {
+                    Some("this callback token was used before; nothing changed".to_owned())
+                } else {
+                    d.events.iter().find_map(|e| match e {
+                        machine::Event::LateResultRecorded { discrepancy, .. } => {
+                            discrepancy.clone()
+                        }
+                        _ => None,
+                    })
+                };
+                Ok(d)
             })
             .await?;
-        let applied = applied.events > 0;
         tracing::info!(%run_id, applied, "callback received");
-        Ok(CallbackOutcome { run_id, applied })
+        Ok(CallbackOutcome {
+            run_id,
+            applied,
+            detail: detail.filter(|_| !applied),
+        })
     }
 
     /// Record a task's result.
@@ -1558,6 +1651,17 @@ impl Coordinator {
             return Ok(());
         }
         let started = async {
+            // The parent's ancestors plus the parent itself: the child's level.
+            let depth = self
+                .store
+                .run_depth(row.run_id, MAX_CHILD_DEPTH)
+                .await?
+                .saturating_add(1);
+            if depth > MAX_CHILD_DEPTH {
+                return Err(CoordinatorError::FailedPrecondition(format!(
+                    "workflow `{workflow}` would be a child run {depth} levels deep, more than the {MAX_CHILD_DEPTH} a run may nest (does a workflow start itself again?)"
+                )));
+            }
             let plan = self.resolve_plan(&tenant, &workflow).await?;
             if let Some(schema) = &plan.workflow.def.input_schema {
                 definitions::validate_json(schema, &input).map_err(|errors| {
@@ -1721,7 +1825,10 @@ impl Coordinator {
         let run_events = &self.run_events;
         self.store
             .listen(&mut |wake| match wake {
-                Wake::Tasks => tasks_ready.notify_waiters(),
+                // One claimer per wake-up (not all: each would run a claim
+                // query, all but one for nothing); a claimer that fills its
+                // batch passes the wake-up on.
+                Wake::Tasks => tasks_ready.notify_one(),
                 Wake::Outbox => outbox_ready.notify_one(),
                 Wake::RunEvents(run) => {
                     let _ = run_events.send(run);

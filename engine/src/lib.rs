@@ -2,18 +2,28 @@
 //!
 //! - [`definitions`]: parse and validate `.tools.abl` and YAML definitions (pure).
 //! - [`machine`]: the pure run state machine (events in, decisions out).
+//! - [`expr_sandbox`]: jq expressions evaluated in child processes with
+//!   hard limits (memory, CPU time, a deadline).
 //! - [`store`]: every SQL statement; PostgreSQL.
 //! - [`coordinator`]: drives the machine through the store; leases, sweeper.
 //! - [`api`]: the gRPC services (`belay.v1`), health and reflection.
 //! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls).
 //! - [`callbacks`]: the callback HTTP endpoint of `type: async_webhook` tools.
 //! - [`notify`]: webhook delivery of operator notifications.
+//! - [`mcp_pins`]: pinning of MCP tool definitions (reports, trust on first
+//!   use, operator acceptance).
+//! - `mcp_server` (cargo feature `mcp-server`): chosen workflows served as
+//!   MCP tools over Streamable HTTP, each call a durable run.
 
 pub mod admin;
 pub mod api;
 pub mod callbacks;
 pub mod coordinator;
 pub mod definitions;
+pub mod expr_sandbox;
 pub mod machine;
+pub mod mcp_pins;
+#[cfg(feature = "mcp-server")]
+pub mod mcp_server;
 pub mod notify;
 pub mod store;

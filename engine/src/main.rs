@@ -82,10 +82,56 @@ struct ServeArgs {
     /// How often due webhook notifications are looked for, ms.
     #[arg(long, env = "BELAY_WEBHOOK_INTERVAL_MS", default_value_t = 1_000)]
     webhook_interval_ms: u64,
+    #[cfg(feature = "mcp-server")]
+    #[command(flatten)]
+    mcp: McpServerArgs,
+}
+
+/// Belay as an MCP server (cargo feature `mcp-server`).
+#[cfg(feature = "mcp-server")]
+#[derive(clap::Args)]
+struct McpServerArgs {
+    /// Listen address of the MCP endpoint (Streamable HTTP at `/mcp`);
+    /// port 0 picks a free port; empty (the default): not served.
+    #[arg(long, env = "BELAY_MCP_LISTEN", default_value = "")]
+    mcp_listen: String,
+    /// The tenant whose workflows are served as MCP tools.
+    #[arg(long, env = "BELAY_MCP_TENANT", default_value = "")]
+    mcp_tenant: String,
+    /// Workflows served as MCP tools, comma-separated.
+    #[arg(long, env = "BELAY_MCP_WORKFLOWS", value_delimiter = ',')]
+    mcp_workflows: Vec<String>,
+    /// Bearer tokens of MCP callers: comma-separated `name:token[:tenant]`;
+    /// a run's caller is `mcp:<name>`.
+    #[arg(long, env = "BELAY_MCP_TOKENS", hide_env_values = true)]
+    mcp_tokens: Option<String>,
+    /// Grants of MCP callers, comma-separated.
+    #[arg(long, env = "BELAY_MCP_CALLER_GRANTS", value_delimiter = ',')]
+    mcp_caller_grants: Vec<String>,
+    /// Accepted `Host` values (`host` or `host:port`), comma-separated;
+    /// default: loopback names only (DNS rebinding protection).
+    #[arg(long, env = "BELAY_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
+    mcp_allowed_hosts: Vec<String>,
+    /// Accepted `Origin` values (`scheme://host:port`), comma-separated;
+    /// default: none (requests from browsers are refused).
+    #[arg(long, env = "BELAY_MCP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    mcp_allowed_origins: Vec<String>,
+    /// How long a call waits for its run to end before answering with its
+    /// run id, ms.
+    #[arg(long, env = "BELAY_MCP_WAIT_MS", default_value_t = belay_engine::mcp_server::DEFAULT_WAIT_MS)]
+    mcp_wait_ms: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    // Started as an expression evaluator of the sandbox: serve and exit.
+    belay_engine::expr_sandbox::run_sandbox_if_requested();
+    // Otherwise evaluate workflow expressions in such evaluators.
+    belay_engine::expr_sandbox::enable_sandbox();
+    async_main()
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn async_main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -168,12 +214,50 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             .filter(|b| !b.trim().is_empty())
         {
             Some(base) => base.to_owned(),
-            None => format!("http://{}", l.local_addr()?),
+            None => {
+                // A wildcard address is not one a tool server can call:
+                // name the loopback one and say that others need the flag.
+                let mut addr = l.local_addr()?;
+                if addr.ip().is_unspecified() {
+                    tracing::warn!(
+                        listen = %addr,
+                        "callbacks listen on every interface; URLs handed to tool servers name 127.0.0.1: set --callback-base-url to what they reach"
+                    );
+                    addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                format!("http://{addr}")
+            }
         };
         coord
             .serve_callbacks_at(&base)
             .context("--callback-base-url (BELAY_CALLBACK_BASE_URL)")?;
         Some(l)
+    };
+    #[cfg(feature = "mcp-server")]
+    let mcp_server = if args.mcp.mcp_listen.trim().is_empty() {
+        None
+    } else {
+        let clean = |v: &[String]| -> Vec<String> {
+            v.iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        let settings = belay_engine::mcp_server::McpServerSettings {
+            tenant: args.mcp.mcp_tenant.trim().to_owned(),
+            workflows: clean(&args.mcp.mcp_workflows),
+            caller_grants: clean(&args.mcp.mcp_caller_grants),
+            auth: AdminAuth::parse(args.mcp.mcp_tokens.as_deref().unwrap_or(""))
+                .context("--mcp-tokens (BELAY_MCP_TOKENS)")?,
+            allowed_hosts: clean(&args.mcp.mcp_allowed_hosts),
+            allowed_origins: clean(&args.mcp.mcp_allowed_origins),
+            wait_ms: args.mcp.mcp_wait_ms,
+        };
+        settings.check()?;
+        let l = tokio::net::TcpListener::bind(&args.mcp.mcp_listen)
+            .await
+            .with_context(|| format!("binding the MCP endpoint {}", args.mcp.mcp_listen))?;
+        Some((l, settings))
     };
     let notifier = match webhook {
         Some((url, secret)) => Some(
@@ -228,6 +312,28 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    #[cfg(feature = "mcp-server")]
+    let mcp_task = match mcp_server {
+        Some((l, settings)) => {
+            println!(
+                "mcp listening on http://{}{}",
+                l.local_addr()?,
+                belay_engine::mcp_server::MCP_PATH
+            );
+            let mut stop = stop_rx.clone();
+            let coord = Arc::clone(&coord);
+            Some(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                };
+                if let Err(e) = belay_engine::mcp_server::serve(coord, settings, l, shutdown).await
+                {
+                    tracing::error!(error = %e, "MCP endpoint failed");
+                }
+            }))
+        }
+        None => None,
+    };
     use std::io::Write;
     std::io::stdout().flush()?;
     let shutdown = async move {
@@ -240,6 +346,10 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(callbacks) = callbacks {
         let _ = callbacks.await;
+    }
+    #[cfg(feature = "mcp-server")]
+    if let Some(mcp) = mcp_task {
+        let _ = mcp.await;
     }
     for h in background {
         h.abort();

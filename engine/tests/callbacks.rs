@@ -309,9 +309,39 @@ async fn the_callback_wait_times_out_by_the_engines_clock(backend: Backend) {
     let (st, reason, _) = status(&e.coord, run).await;
     assert_eq!(st, "failed");
     assert!(reason.contains("did not call back within 10m"), "{reason}");
-    // Too late: the run has ended; the callback is refused (409).
+    // Too late: the run has ended; the callback is kept in the history, not
+    // applied, and the sender is told so (200, so it does not retry).
     let (code, body) = post(&url, r#"{"check_id": "kyc_1", "status": "clear"}"#).await;
-    assert_eq!(code, 409, "{body}");
+    assert_eq!(
+        (code, body["applied"].clone()),
+        (200, json!(false)),
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("after the run was failed"),
+        "{body}"
+    );
+    assert!(
+        kinds(&e.coord, run)
+            .await
+            .contains(&"late_result_recorded".to_owned())
+    );
+    let (code, body) = post(&url, r#"{"check_id": "kyc_1", "status": "clear"}"#).await;
+    assert_eq!(
+        (code, body["applied"].clone()),
+        (200, json!(false)),
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("used before"),
+        "{body}"
+    );
     db.drop().await;
 }
 
@@ -355,12 +385,23 @@ async fn an_engine_without_a_callback_endpoint_refuses_the_dispatch(backend: Bac
         refused.to_string().contains("--callback-listen"),
         "{refused}"
     );
-    // The refusal is in the history, not a silent lease expiry.
-    assert!(
-        kinds(&e.coord, run)
-            .await
-            .contains(&"tool_call_attempt_failed".to_owned())
-    );
+    // The refusal is in the history, not a silent lease expiry, and the
+    // attempt is retried (another replica may serve callbacks).
+    let events = e
+        .coord
+        .store()
+        .list_events(run, 0, 1000)
+        .await
+        .expect("events");
+    let failed = events
+        .iter()
+        .find(|ev| ev.kind == "tool_call_attempt_failed")
+        .expect("attempt failed");
+    assert_eq!(failed.payload["class"], "not_sent", "{:?}", failed.payload);
+    assert_eq!(failed.payload["will_retry"], true, "{:?}", failed.payload);
+    e.coord.store().advance_clock(60_000).await.expect("clock");
+    let (_task, url) = dispatch(&e.coord).await;
+    assert!(url.contains("/callbacks/v1/"));
     db.drop().await;
 }
 
@@ -431,7 +472,67 @@ async fn the_other_calls_of_a_turn_run_while_one_waits_for_its_callback(backend:
     db.drop().await;
 }
 
+async fn an_operator_fails_a_call_whose_callback_never_comes(backend: Backend) {
+    let (db, e) = setup(backend).await;
+    let run = start(&e.coord, "cb6").await;
+    let (task, url) = dispatch(&e.coord).await;
+    accept(&e.coord, &task).await;
+    // An unknown call cannot be failed.
+    let refused = e
+        .coord
+        .fail_waiting_call(TENANT, &run.to_string(), "nope.t1", "ops", "lost")
+        .await
+        .expect_err("unknown call");
+    assert!(refused.to_string().contains("nope.t1"), "{refused}");
+    // Through the admin endpoint, as an operator does.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind admin");
+    let admin_url = format!("http://{}", listener.local_addr().expect("addr"));
+    let auth = belay_engine::admin::AdminAuth::parse("ops:ops-token-0123456789").expect("auth");
+    tokio::spawn(belay_engine::admin::serve(
+        Arc::clone(&e.coord),
+        auth,
+        listener,
+        std::future::pending(),
+    ));
+    let fail_url = format!("{admin_url}/admin/v1/tenants/{TENANT}/runs/{run}/calls/check.t1/fail");
+    let response = reqwest::Client::new()
+        .post(&fail_url)
+        .bearer_auth("ops-token-0123456789")
+        .json(&json!({"reason": "the provider lost it"}))
+        .send()
+        .await
+        .expect("POST fail");
+    assert_eq!(response.status().as_u16(), 200);
+    // A second time: the call is no longer open (409).
+    let again = reqwest::Client::new()
+        .post(&fail_url)
+        .bearer_auth("ops-token-0123456789")
+        .json(&json!({"reason": "again"}))
+        .send()
+        .await
+        .expect("POST fail again");
+    assert_eq!(again.status().as_u16(), 409);
+    let (st, reason, _) = status(&e.coord, run).await;
+    // The tool node takes on_error: the run fails with the call's error.
+    assert_eq!(st, "failed");
+    assert!(
+        reason.contains("failed by operator ops: the provider lost it"),
+        "{reason}"
+    );
+    // The callback arriving afterwards is kept, not applied.
+    let (code, body) = post(&url, r#"{"check_id": "kyc_1", "status": "clear"}"#).await;
+    assert_eq!(
+        (code, body["applied"].clone()),
+        (200, json!(false)),
+        "{body}"
+    );
+    db.drop().await;
+}
+
 on_both_backends!(
+    an_operator_fails_a_call_whose_callback_never_comes,
     the_other_calls_of_a_turn_run_while_one_waits_for_its_callback,
     a_callback_completes_its_call_once_and_a_replay_changes_nothing,
     the_callback_wait_times_out_by_the_engines_clock,

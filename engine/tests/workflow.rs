@@ -1451,7 +1451,205 @@ async fn a_workflow_tool_runs_a_child_and_its_output_is_the_calls_result(backend
     db.drop().await;
 }
 
+// ---- child runs that nest without end ------------------------------------
+
+const SELF_LOOP: &str = r#"kind: workflow
+name: looper
+nodes:
+  - {id: first, type: succeed}
+  - {id: again, type: workflow, workflow: looper}
+"#;
+
+async fn a_workflow_that_starts_itself_is_refused_at_registration(backend: Backend) {
+    let (db, coord) = setup(backend).await;
+    let refused = coord
+        .register_bundle(
+            TENANT,
+            vec![SourceFile {
+                path: "loop.yaml".into(),
+                content: SELF_LOOP.into(),
+            }],
+        )
+        .await;
+    let Err(CoordinatorError::Definitions(errors)) = refused else {
+        panic!("expected definition errors, got {refused:?}");
+    };
+    let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(
+        messages[0].starts_with(
+            "loop.yaml:5:43: workflow `looper` starts itself again through child runs: `looper` (node `again`) → `looper`;"
+        ),
+        "{messages:?}"
+    );
+    // Through a `type: workflow` tool of the same bundle, too.
+    let refused = coord
+        .register_bundle(
+            TENANT,
+            vec![
+                SourceFile {
+                    path: "kyc.tools.abl".into(),
+                    content: WORKFLOW_TOOL.into(),
+                },
+                SourceFile {
+                    path: "flows.yaml".into(),
+                    content: "kind: workflow\nname: child\nnodes:\n  - {id: check, type: tool, tool: run_kyc, args: {customer_email: x}, grants: [crm.write]}\n".into(),
+                },
+            ],
+        )
+        .await;
+    let Err(CoordinatorError::Definitions(errors)) = refused else {
+        panic!("expected definition errors, got {refused:?}");
+    };
+    assert!(
+        errors[0]
+            .message
+            .contains("`child` (node `check`, tool `run_kyc`) → `child`"),
+        "{errors:?}"
+    );
+    assert!(
+        coord
+            .store()
+            .definition_names(TENANT, "workflow")
+            .await
+            .expect("names")
+            .is_empty(),
+        "nothing registered"
+    );
+    db.drop().await;
+}
+
+/// `w0` → `w1` → … → `w<levels>`, each a sync child of the one before.
+fn chain(levels: u32) -> String {
+    let mut yaml = String::new();
+    for i in 0..levels {
+        yaml.push_str(&format!(
+            "kind: workflow\nname: w{i}\nnodes:\n  - {{id: deeper, type: workflow, workflow: w{}}}\n---\n",
+            i + 1
+        ));
+    }
+    yaml.push_str(&format!(
+        "kind: workflow\nname: w{levels}\nnodes:\n  - {{id: done, type: succeed, output: bottom}}\n"
+    ));
+    yaml
+}
+
+/// Carry out the outbox until nothing is left (bounded).
+async fn drain_outbox(coord: &Coordinator) {
+    for _ in 0..100 {
+        if outbox(coord).await == 0 {
+            return;
+        }
+    }
+    panic!("the outbox never emptied");
+}
+
+/// `run` and the chain of `deeper.c1` children below it, as far as they exist.
+async fn descendants(coord: &Coordinator, run: Uuid) -> Vec<RunRow> {
+    let mut rows = vec![self::run(coord, run).await];
+    loop {
+        let parent = rows.last().expect("a run").run_id;
+        let child = Uuid::parse_str(&child_run_id(&parent.to_string(), "deeper.c1")).expect("uuid");
+        match coord.get_run(TENANT, &child.to_string()).await {
+            Ok(row) => rows.push(row),
+            Err(CoordinatorError::NotFound(_)) => return rows,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+async fn child_runs_nest_at_most_max_child_depth(backend: Backend) {
+    use belay_engine::coordinator::MAX_CHILD_DEPTH;
+    let (db, coord) = setup(backend).await;
+
+    // As deep as allowed: every level runs, and the top completes.
+    register(&coord, &chain(MAX_CHILD_DEPTH)).await;
+    let p = start(&coord, "w0", json!({}), "deep-ok").await;
+    drain_outbox(&coord).await;
+    let runs = descendants(&coord, p.run_id).await;
+    assert_eq!(runs.len() as u32, MAX_CHILD_DEPTH + 1);
+    assert!(
+        runs.iter().all(|r| r.status == "completed"),
+        "{:?}",
+        runs.iter()
+            .map(|r| (&r.workflow, &r.status, &r.status_reason))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(runs[0].output, Some(json!("bottom")));
+
+    // One level more: the deepest child is not created; the node that
+    // would start it fails, and so does every run above it.
+    register_in(&coord, "t2", &chain(MAX_CHILD_DEPTH + 1)).await;
+    let p = start_in(&coord, "t2", "w0", json!({}), "deep-too").await;
+    drain_outbox(&coord).await;
+    let mut rows = vec![run_in(&coord, "t2", p.run_id).await];
+    loop {
+        let parent = rows.last().expect("a run").run_id;
+        let child = Uuid::parse_str(&child_run_id(&parent.to_string(), "deeper.c1")).expect("uuid");
+        match coord.get_run("t2", &child.to_string()).await {
+            Ok(row) => rows.push(row),
+            Err(CoordinatorError::NotFound(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        rows.len() as u32,
+        MAX_CHILD_DEPTH + 1,
+        "no run below level {MAX_CHILD_DEPTH}"
+    );
+    let deepest = rows.last().expect("a run");
+    assert_eq!(deepest.workflow, format!("w{MAX_CHILD_DEPTH}"));
+    assert_eq!(deepest.status, "failed");
+    assert!(
+        deepest.status_reason.contains("could not start")
+            && deepest.status_reason.contains(&format!(
+                "workflow `w{}` would be a child run {} levels deep, more than the {MAX_CHILD_DEPTH}",
+                MAX_CHILD_DEPTH + 1,
+                MAX_CHILD_DEPTH + 1
+            )),
+        "{}",
+        deepest.status_reason
+    );
+    assert!(rows.iter().all(|r| r.status == "failed"));
+
+    // A cycle registration cannot see (a new version of a registered
+    // workflow closes it) is bounded the same way.
+    let a_b = |b_body: &str| {
+        format!(
+            "kind: workflow\nname: a\nnodes:\n  - {{id: deeper, type: workflow, workflow: b}}\n---\nkind: workflow\nname: b\nnodes:\n  - {b_body}\n"
+        )
+    };
+    register_in(&coord, "t3", &a_b("{id: done, type: succeed}")).await;
+    register_in(
+        &coord,
+        "t3",
+        "kind: workflow\nname: b\nnodes:\n  - {id: deeper, type: workflow, workflow: a}\n",
+    )
+    .await;
+    let p = start_in(&coord, "t3", "a", json!({}), "cycle").await;
+    drain_outbox(&coord).await;
+    let mut levels = 1;
+    let mut at = p.run_id;
+    loop {
+        let child = Uuid::parse_str(&child_run_id(&at.to_string(), "deeper.c1")).expect("uuid");
+        match coord.get_run("t3", &child.to_string()).await {
+            Ok(row) => {
+                assert_eq!(row.status, "failed");
+                levels += 1;
+                at = row.run_id;
+            }
+            Err(CoordinatorError::NotFound(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(levels, MAX_CHILD_DEPTH + 1);
+    assert_eq!(run_in(&coord, "t3", p.run_id).await.status, "failed");
+    db.drop().await;
+}
+
 on_both_backends!(
+    a_workflow_that_starts_itself_is_refused_at_registration,
+    child_runs_nest_at_most_max_child_depth,
     a_workflow_tool_runs_a_child_and_its_output_is_the_calls_result,
     a_signal_sent_before_its_wait_is_kept_and_taken_at_once,
     a_duplicate_signal_is_reported_and_writes_nothing,

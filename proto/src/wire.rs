@@ -126,6 +126,26 @@ pub enum ToolBinding {
     /// `DispatchToolCallResponse.callback_url`, puts it into the JSON body at
     /// `callback_url_field`, and reports the 2xx answer as the acceptance.
     AsyncWebhook(AsyncWebhookBinding),
+    /// A tool of an MCP server (`type: mcp`), called by the worker's MCP
+    /// client. Added after v0.1.
+    Mcp(McpBinding),
+}
+
+/// Binding of a `type: mcp` tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpBinding {
+    /// The server's logical name, resolved by the worker's MCP configuration
+    /// (`--mcp-config`).
+    pub server: String,
+    /// The tool's name on the server (`server_tool:`; the tool's own name
+    /// when not renamed).
+    pub server_tool: String,
+    /// Per-call HTTP headers (Streamable HTTP servers only); values may hold
+    /// `{{config.X}}`, resolved by the worker from its configuration.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Whole-call timeout in ms (waiting for the server's connection included).
+    pub timeout_ms: u64,
 }
 
 /// Binding of a `type: async_webhook` tool.

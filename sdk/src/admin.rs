@@ -297,6 +297,41 @@ impl AdminClient {
         self.send(self.http.get(self.url(&["runs", run_id]))).await
     }
 
+    /// The tenant's MCP tools (`{"items": [...]}`: per tool its `status`,
+    /// `pinned` and `listed` definitions), optionally only those in
+    /// `status` (`pinned`, `changed`, `unpinned`, `unlisted`, `any`).
+    pub async fn list_mcp_tools(&self, status: Option<&str>) -> Result<Value, SdkError> {
+        let mut url = self.url(&["mcp-tools"]);
+        if let Some(status) = status {
+            url.query_pairs_mut().append_pair("status", status);
+        }
+        self.send(self.http.get(url)).await
+    }
+
+    /// One MCP tool of `server`, with every definition workers reported.
+    pub async fn get_mcp_tool(&self, server: &str, tool: &str) -> Result<Value, SdkError> {
+        self.send(self.http.get(self.url(&["mcp-tools", server, tool])))
+            .await
+    }
+
+    /// Accept the reported definition `definition_hash` of `tool` on
+    /// `server` for the tenant's runs; returns the tool with its new pin.
+    pub async fn accept_mcp_tool(
+        &self,
+        server: &str,
+        tool: &str,
+        definition_hash: &str,
+        reason: &str,
+        operator: Option<&str>,
+    ) -> Result<Value, SdkError> {
+        let mut body = json!({"definition_hash": definition_hash, "reason": reason});
+        if let Some(op) = operator {
+            body["operator"] = json!(op);
+        }
+        let url = self.url(&["mcp-tools", server, tool, "accept"]);
+        self.send(self.http.post(url).json(&body)).await
+    }
+
     async fn control(
         &self,
         action: &str,

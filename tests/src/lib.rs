@@ -181,6 +181,36 @@ impl TestDb {
         }
     }
 
+    /// The spec (JSON) of a run's task for `call_id`: for a model call, the
+    /// transcript the model was sent.
+    pub async fn task_spec(&self, run_id: &str, call_id: &str) -> Result<Value> {
+        let run = uuid::Uuid::parse_str(run_id)?;
+        match self.backend {
+            DbBackend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await?;
+                let spec: Value =
+                    sqlx::query_scalar("SELECT spec FROM tasks WHERE run_id = $1 AND call_id = $2")
+                        .bind(run)
+                        .bind(call_id)
+                        .fetch_one(&pool)
+                        .await?;
+                pool.close().await;
+                Ok(spec)
+            }
+            DbBackend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await?;
+                let spec: String =
+                    sqlx::query_scalar("SELECT spec FROM tasks WHERE run_id = ?1 AND call_id = ?2")
+                        .bind(run)
+                        .bind(call_id)
+                        .fetch_one(&pool)
+                        .await?;
+                pool.close().await;
+                Ok(serde_json::from_str(&spec)?)
+            }
+        }
+    }
+
     /// Move the engine's clock forward by `ms` (the offset in
     /// `belay_clock`, as `Store::advance_clock` does), for every engine on
     /// this database, running or not: leases, retry delays and timers are
@@ -463,35 +493,58 @@ impl Env {
         self.start_engine_on(port, None).await
     }
 
+    /// Start another engine with `extra` flags that make it print
+    /// `extra_lines` more `… listening on <url>` lines (after the gRPC,
+    /// admin and callback ones; see [`Proc::urls`]).
+    pub async fn start_engine_with(
+        &mut self,
+        extra: &[String],
+        extra_lines: usize,
+    ) -> Result<usize> {
+        self.start_engine_full(None, None, extra, extra_lines).await
+    }
+
     async fn start_engine_on(
         &mut self,
         port: Option<u16>,
         ports: Option<(u16, u16)>,
     ) -> Result<usize> {
+        self.start_engine_full(port, ports, &[], 0).await
+    }
+
+    async fn start_engine_full(
+        &mut self,
+        port: Option<u16>,
+        ports: Option<(u16, u16)>,
+        extra: &[String],
+        extra_lines: usize,
+    ) -> Result<usize> {
         let (admin_port, callback_port) = ports.unwrap_or((0, 0));
         let listen = format!("127.0.0.1:{}", port.unwrap_or(0));
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            listen,
+            "--lease-ms".into(),
+            self.opts.lease_ms.to_string(),
+            "--sweep-interval-ms".into(),
+            self.opts.sweep_ms.to_string(),
+            "--db-connections".into(),
+            "6".into(),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin_port}"),
+            "--callback-listen".into(),
+            format!("127.0.0.1:{callback_port}"),
+        ];
+        args.extend(extra.iter().cloned());
         let engine = Proc::spawn_lines(
             &format!("engine{}", self.engines.len()),
             &bin("belay-engine")?,
-            &[
-                "--listen".into(),
-                listen,
-                "--lease-ms".into(),
-                self.opts.lease_ms.to_string(),
-                "--sweep-interval-ms".into(),
-                self.opts.sweep_ms.to_string(),
-                "--db-connections".into(),
-                "6".into(),
-                "--admin-listen".into(),
-                format!("127.0.0.1:{admin_port}"),
-                "--callback-listen".into(),
-                format!("127.0.0.1:{callback_port}"),
-            ],
+            &args,
             &[
                 ("DATABASE_URL", self.db.url.clone()),
                 ("BELAY_ADMIN_TOKENS", format!("ops:{ADMIN_TOKEN}:*")),
             ],
-            3,
+            3 + extra_lines,
         )
         .await?;
         self.engines.push(engine);
@@ -543,6 +596,44 @@ impl Env {
                 self.crm.url.clone(),
                 "--concurrency".into(),
                 "4".into(),
+            ],
+            &[],
+            false,
+        )
+        .await?;
+        self.workers.push(worker);
+        Ok(self.workers.len() - 1)
+    }
+
+    /// Start a worker connected to engine `engine` whose MCP servers are
+    /// `mcp_config` (the `--mcp-config` JSON document, written to a file
+    /// next to the test logs).
+    pub async fn start_worker_with_mcp(
+        &mut self,
+        engine: usize,
+        mcp_config: &Value,
+    ) -> Result<usize> {
+        let dir = std::env::temp_dir().join("belay-test-logs");
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("mcp-{}.json", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, serde_json::to_vec_pretty(mcp_config)?)?;
+        let id = format!("worker{}", self.workers.len());
+        let worker = Proc::spawn(
+            &id,
+            &bin("belay-worker")?,
+            &[
+                "--engine-url".into(),
+                self.engines[engine].url.clone(),
+                "--worker-id".into(),
+                id.clone(),
+                "--model-base-url".into(),
+                format!("{}/v1", self.model.url),
+                "--http-base-url".into(),
+                self.crm.url.clone(),
+                "--concurrency".into(),
+                "4".into(),
+                "--mcp-config".into(),
+                path.display().to_string(),
             ],
             &[],
             false,
@@ -851,4 +942,53 @@ pub fn dispatch_counts(events: &[Value]) -> std::collections::BTreeMap<String, u
             .or_insert(0) += 1;
     }
     counts
+}
+
+/// Path of a real MCP server installed by `.ci/mcp-servers.sh`
+/// (`BELAY_MCP_EVERYTHING`, `BELAY_MCP_TIME`, `BELAY_MCP_PYTHON`): from the
+/// environment (`.ci/run` sets it), else from running the script once per
+/// test binary (it installs into a cache outside the clone and prints
+/// `export NAME=PATH` lines).
+pub fn mcp_server(var: &str) -> Result<String> {
+    static PATHS: std::sync::OnceLock<
+        std::result::Result<std::collections::BTreeMap<String, String>, String>,
+    > = std::sync::OnceLock::new();
+    let path = match std::env::var(var) {
+        Ok(path) if !path.is_empty() => path,
+        _ => {
+            let paths = PATHS.get_or_init(|| {
+                let script = repo_root().join(".ci/mcp-servers.sh");
+                let out = std::process::Command::new("bash")
+                    .arg(&script)
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .map_err(|e| format!("running {}: {e}", script.display()))?;
+                if !out.status.success() {
+                    return Err(format!("{} failed ({})", script.display(), out.status));
+                }
+                let mut paths = std::collections::BTreeMap::new();
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    if let Some((name, value)) =
+                        line.strip_prefix("export ").and_then(|l| l.split_once('='))
+                    {
+                        paths.insert(name.to_owned(), value.to_owned());
+                    }
+                }
+                Ok(paths)
+            });
+            match paths {
+                Ok(paths) => paths
+                    .get(var)
+                    .cloned()
+                    .ok_or_else(|| anyhow!(".ci/mcp-servers.sh printed no {var}"))?,
+                Err(e) => bail!(
+                    "{var} is not set and the MCP servers could not be installed: {e} (npm and python3 are needed)"
+                ),
+            }
+        }
+    };
+    if !Path::new(&path).exists() {
+        bail!("{var}={path} does not exist: run `eval \"$(.ci/mcp-servers.sh)\"`");
+    }
+    Ok(path)
 }

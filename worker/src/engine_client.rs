@@ -2,8 +2,9 @@
 //!
 //! The channel connects lazily, so a worker starts before the engine and
 //! reconnects by itself after an engine restart. The reporting calls
-//! ([`EngineClient::dispatch`], [`EngineClient::report_complete`],
-//! [`EngineClient::report_failure`]) retry transient errors with exponential
+//! ([`EngineClient::dispatch`], [`EngineClient::dispatch_mcp`],
+//! [`EngineClient::report_complete`], [`EngineClient::report_failure`],
+//! [`EngineClient::report_mcp_tools`]) retry transient errors with exponential
 //! backoff because losing them costs a lease expiry (and, after dispatch, an
 //! uncertain outcome). A refusal that will not change on retry
 //! (`FAILED_PRECONDITION`, `NOT_FOUND`, `PERMISSION_DENIED`,
@@ -23,7 +24,7 @@ use backon::{ExponentialBuilder, Retryable};
 use belay_proto::v1::worker_service_client::WorkerServiceClient;
 use belay_proto::v1::{
     ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, FailTaskRequest, FailureClass,
-    HeartbeatRequest, LeaseStatus, Task, TaskLease,
+    HeartbeatRequest, LeaseStatus, McpToolListing, ReportMcpToolsRequest, Task, TaskLease,
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -170,6 +171,7 @@ impl EngineClient {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
             attempt,
+            mcp_definition_hash: String::new(),
         };
         self.retrying("DispatchToolCall", task_id, attempt, |mut client| {
             let request = request.clone();
@@ -178,6 +180,61 @@ impl EngineClient {
                     .dispatch_tool_call(with_deadline(request))
                     .await
                     .map(|r| Some(r.into_inner().callback_url).filter(|u| !u.is_empty()))
+            }
+        })
+        .await
+    }
+
+    /// `DispatchToolCall` for a `type: mcp` call, retried while transient:
+    /// sends the definition hash the worker's server lists for the tool now
+    /// and returns the hash the engine pinned for the run's tenant (the one
+    /// the call must find). As for [`EngineClient::dispatch`], any error
+    /// means the worker must not act.
+    pub async fn dispatch_mcp(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        listed_hash: &str,
+    ) -> Result<String, Status> {
+        let request = DispatchToolCallRequest {
+            worker_id: self.worker_id.clone(),
+            task_id: task_id.to_owned(),
+            attempt,
+            mcp_definition_hash: listed_hash.to_owned(),
+        };
+        self.retrying("DispatchToolCall", task_id, attempt, |mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .dispatch_tool_call(with_deadline(request))
+                    .await
+                    .map(|r| r.into_inner().mcp_pinned_hash)
+            }
+        })
+        .await
+    }
+
+    /// `ReportMcpTools`: what `server` lists, retried while transient.
+    /// Returns how many listings the engine had not seen.
+    pub async fn report_mcp_tools(
+        &self,
+        server: &str,
+        protocol_version: &str,
+        tools: Vec<McpToolListing>,
+    ) -> Result<u32, Status> {
+        let request = ReportMcpToolsRequest {
+            worker_id: self.worker_id.clone(),
+            server: server.to_owned(),
+            protocol_version: protocol_version.to_owned(),
+            tools,
+        };
+        self.retrying("ReportMcpTools", server, 0, |mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .report_mcp_tools(with_deadline(request))
+                    .await
+                    .map(|r| r.into_inner().new_definitions)
             }
         })
         .await

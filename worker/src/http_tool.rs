@@ -277,6 +277,10 @@ impl HttpToolClient {
                 trial.set_callback_url("https://callback.invalid/")?;
                 Ok(request)
             }
+            ToolBinding::Mcp(binding) => Err(config(format!(
+                "tool `{}` is `type: mcp` (server `{}`): it is called by the MCP client, not over HTTP",
+                spec.tool, binding.server
+            ))),
         }
     }
 

@@ -10,6 +10,9 @@
 //! - [`config`]: the settings, [`WorkerConfig`].
 //! - [`mcp`]: the MCP client ([`mcp::McpClient`]): servers by logical name,
 //!   tool discovery pinned by hash, calls with typed outcomes.
+//! - [`mcp_tool`]: `tool_call` tasks with an MCP binding ([`mcp_tool::McpTools`]):
+//!   servers connected at start, tools reported to the engine, calls
+//!   dispatched with the definition hash and checked against the pin.
 //!
 //! Every failure is reported with a [`belay_proto::v1::FailureClass`] saying
 //! whether the effect may have happened: `NOT_SENT` (provably nothing was
@@ -22,6 +25,7 @@ pub mod engine_client;
 pub mod http_tool;
 mod http_util;
 pub mod mcp;
+pub mod mcp_tool;
 pub mod model;
 pub mod runner;
 

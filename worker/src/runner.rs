@@ -17,6 +17,8 @@
 //!   starts; if dispatch fails the worker does not act and does not report.
 //!   An async webhook's request gets the callback URL the dispatch returned;
 //!   its 2xx answer is reported as a result the engine reads as "accepted".
+//!   A `type: mcp` call goes through [`crate::mcp_tool`]: the dispatch also
+//!   carries the tool's listed definition hash and returns the pinned one.
 //! - On shutdown the claim loop stops, in-flight tasks get a grace period to
 //!   finish and report (heartbeats continue meanwhile), the rest are dropped
 //!   and their leases expire.
@@ -28,7 +30,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use belay_proto::v1::{FailureClass, LeaseStatus, Task, TaskLease};
-use belay_proto::wire::{ModelCallSpec, TASK_KIND_MODEL_CALL, TASK_KIND_TOOL_CALL, ToolCallSpec};
+use belay_proto::wire::{
+    McpBinding, ModelCallSpec, TASK_KIND_MODEL_CALL, TASK_KIND_TOOL_CALL, ToolBinding, ToolCallSpec,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tokio::time::Instant;
@@ -37,6 +41,7 @@ use tonic::Code;
 use crate::config::WorkerConfig;
 use crate::engine_client::EngineClient;
 use crate::http_tool::HttpToolClient;
+use crate::mcp_tool::{McpCallReport, McpTools};
 use crate::model::ModelClient;
 
 /// Most tasks one `ClaimTasks` may ask for (the engine's limit).
@@ -77,10 +82,21 @@ pub async fn run_with_engine(
     let model = ModelClient::new(&config.model).context("cannot build the model client")?;
     let tools = HttpToolClient::new(config.http_base_url.clone())
         .context("cannot build the HTTP tool client")?;
+    // MCP servers connect (and report their tools) before the first claim.
+    let mcp = if config.mcp.servers.is_empty() {
+        None
+    } else {
+        Some(
+            McpTools::start(&config.mcp, engine.clone())
+                .await
+                .context("invalid MCP configuration")?,
+        )
+    };
     let ctx = Arc::new(Ctx {
         engine,
         model,
         tools,
+        mcp,
         leases: Mutex::new(HashMap::new()),
         lease_added: Notify::new(),
     });
@@ -205,6 +221,9 @@ pub async fn run_with_engine(
     if let Err(e) = heartbeats.await {
         tracing::error!(error = %e, "heartbeat loop ended abnormally");
     }
+    if let Some(mcp) = &ctx.mcp {
+        mcp.shutdown().await;
+    }
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -214,6 +233,8 @@ struct Ctx {
     engine: EngineClient,
     model: ModelClient,
     tools: HttpToolClient,
+    /// MCP servers, when configured (`type: mcp` tools).
+    mcp: Option<Arc<McpTools>>,
     /// Leases held, by (task id, attempt).
     leases: Mutex<HashMap<LeaseKey, HeldLease>>,
     /// Wakes the heartbeat loop when a lease is added (it may be the shortest).
@@ -471,6 +492,9 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
             return report_failure(ctx, task, FailureClass::Rejected, error).await;
         }
     };
+    if let ToolBinding::Mcp(binding) = &spec.binding {
+        return perform_mcp_call(ctx, task, &spec, binding, dispatched).await;
+    }
     // Build the request before dispatch: a call that cannot be made is
     // refused without ever being dispatched.
     let mut request = match ctx.tools.prepare(&spec) {
@@ -512,6 +536,40 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
             );
             report_failure_with_status(ctx, task, class, e.to_string(), e.status_code()).await;
         }
+    }
+}
+
+/// A `type: mcp` call (see [`crate::mcp_tool`]): checked, dispatched,
+/// called, reported.
+async fn perform_mcp_call(
+    ctx: &Ctx,
+    task: &Task,
+    spec: &ToolCallSpec,
+    binding: &McpBinding,
+    dispatched: &AtomicBool,
+) {
+    let Some(mcp) = &ctx.mcp else {
+        let error = format!(
+            "MCP server `{}` is not configured on this worker (it has no --mcp-config)",
+            binding.server
+        );
+        return report_failure(ctx, task, FailureClass::Rejected, error).await;
+    };
+    let report = mcp
+        .call(task, spec, binding, || {
+            dispatched.store(true, Ordering::SeqCst)
+        })
+        .await;
+    match report {
+        McpCallReport::Complete(json) => report_complete(ctx, task, json).await,
+        McpCallReport::Fail { class, error } => {
+            tracing::warn!(
+                task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
+                class = class.as_str_name(), %error, "MCP tool call failed"
+            );
+            report_failure(ctx, task, class, error).await;
+        }
+        McpCallReport::NotDispatched => {}
     }
 }
 

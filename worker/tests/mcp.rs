@@ -542,7 +542,11 @@ impl HttpEverything {
 }
 
 async fn everything_http() -> HttpEverything {
-    let port = common::closed_port().port();
+    everything_http_on(common::closed_port().port()).await
+}
+
+/// [`everything_http`] on a given port (to restart it where it was).
+async fn everything_http_on(port: u16) -> HttpEverything {
     let mut child = tokio::process::Command::new(installed("BELAY_MCP_EVERYTHING"))
         .arg("streamableHttp")
         .env("PORT", port.to_string())
@@ -903,6 +907,115 @@ async fn a_changed_definition_is_refused_after_a_restart() {
     call.expected_hash = Some(current);
     let outcome = client.call_tool(call).await;
     assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    client.shutdown().await;
+    let _ = std::fs::remove_file(&zone_file);
+}
+
+#[tokio::test]
+async fn http_server_restarted_is_reached_on_a_new_session() {
+    // server-everything answers a POST for a session it does not know with
+    // 400 and a JSON-RPC error without an id; the client must not wait for
+    // an answer that never comes, but make a new session and go on.
+    let port = common::closed_port().port();
+    let server = everything_http_on(port).await;
+    let mut config = McpServerConfig::http(server.url.clone());
+    config.set_restart_delays(50, 500);
+    let client = mcp::connect(resolve("everything-http", config, &[]))
+        .await
+        .unwrap();
+    let hash = client
+        .list_tools()
+        .await
+        .unwrap()
+        .tools
+        .into_iter()
+        .find(|t| t.name == "echo")
+        .unwrap()
+        .definition_hash;
+    let mut call = CallRequest::new("echo", args(json!({"message": "first"})));
+    call.expected_hash = Some(hash.clone());
+    assert!(text_of(&client.call_tool(call).await).contains("first"));
+    assert_eq!(client.status().generation, 1);
+
+    server.kill().await;
+    let _again = everything_http_on(port).await;
+    let mut call = CallRequest::new("echo", args(json!({"message": "second"})));
+    call.expected_hash = Some(hash);
+    call.timeout_ms = 20_000;
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(call))
+        .await
+        .unwrap();
+    assert!(text_of(&outcome).contains("second"), "{outcome:?}");
+    // The forgotten session ended the connection; the call went out on the
+    // next one, checked against that connection's listing.
+    assert!(client.status().generation >= 2, "{:?}", client.status());
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_a_restart_is_checked_against_the_new_listing() {
+    // As in `a_changed_definition_is_refused_after_a_restart`, but the call
+    // is made at once after the kill: it waits for the re-made connection
+    // and must be checked against what the restarted server lists, not
+    // against the listing of the connection that died.
+    let zone_file = std::env::temp_dir().join(format!("belay-mcp-tz-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&zone_file, "UTC").unwrap();
+    let mut server = McpServerConfig::stdio(
+        "/bin/sh",
+        vec![
+            "-c".into(),
+            r#"exec "$TIME_SERVER" --local-timezone "$(cat "$ZONE_FILE")""#.into(),
+        ],
+    );
+    if let McpServerConfig::Stdio(s) = &mut server {
+        s.env
+            .insert("TIME_SERVER".into(), installed("BELAY_MCP_TIME"));
+        s.env
+            .insert("ZONE_FILE".into(), zone_file.display().to_string());
+    }
+    server.set_restart_delays(200, 1_000);
+    let client = mcp::connect(resolve("time", server, &[])).await.unwrap();
+    let pinned = client
+        .list_tools()
+        .await
+        .unwrap()
+        .tools
+        .into_iter()
+        .find(|t| t.name == "get_current_time")
+        .unwrap()
+        .definition_hash;
+    std::fs::write(&zone_file, "Asia/Tokyo").unwrap();
+    let mut events = client.events();
+    let pid = client.status().pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Lost, not yet re-made (the restart waits at least 200 ms).
+    tokio::time::timeout(GUARD, async {
+        while !matches!(
+            events.recv().await.unwrap(),
+            McpEvent::ConnectionLost { .. }
+        ) {}
+    })
+    .await
+    .unwrap();
+    assert!(!client.status().connected);
+    let mut call = CallRequest::new("get_current_time", args(json!({"timezone": "UTC"})));
+    call.expected_hash = Some(pinned.clone());
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(call))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            &outcome,
+            CallOutcome::Refused(CallRefusal::DefinitionChanged { expected, actual: Some(actual), .. })
+                if expected == &pinned && actual != &pinned
+        ),
+        "{outcome:?}"
+    );
+    assert!(client.status().generation >= 2);
     client.shutdown().await;
     let _ = std::fs::remove_file(&zone_file);
 }

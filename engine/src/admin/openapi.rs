@@ -6,8 +6,9 @@
 use serde_json::{Value, json};
 
 use super::{
-    MAX_BODY_BYTES, MAX_OPERATOR_BYTES, MAX_REASON_BYTES, OPENAPI_PATH, RUN_CANCEL_PATH, RUN_PATH,
-    RUN_PAUSE_PATH, RUN_RESUME_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
+    MAX_BODY_BYTES, MAX_OPERATOR_BYTES, MAX_REASON_BYTES, MCP_TOOL_ACCEPT_PATH, MCP_TOOL_PATH,
+    MCP_TOOLS_PATH, OPENAPI_PATH, RUN_CALL_FAIL_PATH, RUN_CANCEL_PATH, RUN_PATH, RUN_PAUSE_PATH,
+    RUN_RESUME_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
 };
 
 fn error_response(description: &str) -> Value {
@@ -235,6 +236,72 @@ fn schemas() -> Value {
                         "open_uncertain_outcomes": {"type": "array", "items": {"type": "string", "format": "uuid"}},
                     }
                 }));
+    let hash = json!({"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"});
+    map.insert("McpToolPin".into(), json!({
+        "type": "object",
+        "description": "The definition of an MCP tool the tenant accepted: calls go through only while the server lists exactly this hash.",
+        "required": ["tenant", "server", "tool", "definition_hash", "accepted_by", "reason", "accepted_at"],
+        "properties": {
+            "tenant": {"type": "string"},
+            "server": {"type": "string"},
+            "tool": {"type": "string"},
+            "definition_hash": hash,
+            "previous_hash": {"type": ["string", "null"], "description": "The hash accepted before this one."},
+            "accepted_by": {"type": "string", "description": "`first use (worker <id>)` for the pin made at the tenant's first call, else `<token name>` or `<token name>/<operator>`."},
+            "reason": {"type": "string"},
+            "accepted_at": timestamp,
+        }
+    }));
+    map.insert("McpToolListing".into(), json!({
+        "type": "object",
+        "description": "One definition of an MCP tool as a worker's MCP client listed and mapped it. Untrusted data from the server: shown for review, never run.",
+        "required": ["server", "tool", "definition_hash", "definition", "suggested_repeat_safety", "protocol_version", "first_seen_at", "last_seen_at", "reported_by"],
+        "properties": {
+            "server": {"type": "string"},
+            "tool": {"type": "string"},
+            "definition_hash": hash,
+            "definition": {"type": "object", "description": "`name`, `title`, `description`, `input_schema`, `output_schema`, `hints`, `definition_hash`."},
+            "refusal": {"type": ["string", "null"], "description": "Why Belay cannot call this definition (its schema cannot be represented)."},
+            "suggested_repeat_safety": {"type": "string", "enum": ["never", "idempotent"], "description": "What the server's hints suggest (`idempotent` only for a server the worker's configuration trusts); the tool's declared `repeat_safety:` is what applies."},
+            "protocol_version": {"type": "string"},
+            "first_seen_at": timestamp,
+            "last_seen_at": timestamp,
+            "reported_by": {"type": "string", "description": "The worker whose report last listed it."},
+        }
+    }));
+    map.insert("McpTool".into(), json!({
+        "type": "object",
+        "required": ["server", "tool", "status", "pinned", "listed"],
+        "properties": {
+            "server": {"type": "string"},
+            "tool": {"type": "string"},
+            "status": {"type": "string", "enum": ["pinned", "changed", "unpinned", "unlisted"], "description": "`pinned`: the newest listing is the accepted definition; `changed`: it is not, and calls are refused until one is accepted; `unpinned`: the tenant's first call will pin the definition listed then; `unlisted`: pinned, but no worker reported it."},
+            "pinned": {"oneOf": [{"$ref": "#/components/schemas/McpToolPin"}, {"type": "null"}]},
+            "listed": {"oneOf": [{"$ref": "#/components/schemas/McpToolListing"}, {"type": "null"}], "description": "The newest listing any worker reported."},
+        }
+    }));
+    map.insert("McpToolDetail".into(), json!({
+        "allOf": [{"$ref": "#/components/schemas/McpTool"}, {
+            "type": "object",
+            "required": ["history"],
+            "properties": {"history": {"type": "array", "items": {"$ref": "#/components/schemas/McpToolListing"}, "description": "Every definition reported, newest listing first."}}
+        }]
+    }));
+    map.insert("McpToolPage".into(), json!({
+        "type": "object",
+        "required": ["items"],
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/components/schemas/McpTool"}}}
+    }));
+    map.insert("AcceptMcpToolRequest".into(), json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["definition_hash", "reason"],
+        "properties": {
+            "definition_hash": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$", "description": "A definition a worker reported (see `history`)."},
+            "reason": {"$ref": "#/components/schemas/Reason"},
+            "operator": {"$ref": "#/components/schemas/Operator"},
+        }
+    }));
     Value::Object(map)
 }
 
@@ -308,18 +375,57 @@ pub fn document() -> Value {
             "The reason is recorded with who cancelled; 409 when the run is finished.",
         ),
     );
+    paths.insert(RUN_CALL_FAIL_PATH.into(), json!({"post": {
+        "operationId": "failWaitingCall",
+        "summary": "Fail a call that waits outside any task: an accepted async webhook whose callback never came, or a sync child run (which is cancelled).",
+        "description": "The run goes on as if the call's timeout had fired: an agent sees the failure, a tool node takes its `on_error`. 409 when the call is not open or does not wait for a callback or a child, or the run is finished.",
+        "tags": ["runs"],
+        "parameters": [param("tenant"), param("run_id"), param("call_id")],
+        "requestBody": body("RunControlRequest"),
+        "responses": responses(ok("The run afterwards.", "Run"),
+            &["400", "401", "403", "404", "409", "413", "415", "503"]),
+    }}));
+    paths.insert(MCP_TOOLS_PATH.into(), json!({"get": {
+        "operationId": "listMcpTools",
+        "summary": "The tenant's MCP tools: every tool a worker reported and every tool the tenant pinned, with the accepted and the newest listed definition.",
+        "tags": ["mcp-tools"],
+        "parameters": [
+            param("tenant"),
+            query("status", json!({"type": "string", "enum": ["pinned", "changed", "unpinned", "unlisted", "any"], "default": "any"}), "Only tools in this state; `changed` lists the definitions waiting for an operator."),
+            query("server", json!({"type": "string"}), "Only tools of this server."),
+        ],
+        "responses": responses(ok("The tools, by server and tool.", "McpToolPage"), &["400", "401", "403", "503"]),
+    }}));
+    paths.insert(MCP_TOOL_PATH.into(), json!({"get": {
+        "operationId": "getMcpTool",
+        "summary": "One MCP tool, with every definition workers reported for it.",
+        "tags": ["mcp-tools"],
+        "parameters": [param("tenant"), param("server"), param("tool")],
+        "responses": responses(ok("The tool.", "McpToolDetail"), &["400", "401", "403", "404", "503"]),
+    }}));
+    paths.insert(MCP_TOOL_ACCEPT_PATH.into(), json!({"post": {
+        "operationId": "acceptMcpTool",
+        "summary": "Accept a reported definition of an MCP tool for the tenant's runs.",
+        "description": "Later calls of the tool go through while its server lists exactly this definition (the previous hash is kept as `previous_hash`). The hash must be one a worker reported (404 otherwise, naming those reported); a definition Belay refuses to call is 409. Recorded with who (`<token name>` or `<token name>/<operator>`), when and why.",
+        "tags": ["mcp-tools"],
+        "parameters": [param("tenant"), param("server"), param("tool")],
+        "requestBody": body("AcceptMcpToolRequest"),
+        "responses": responses(ok("The tool, with its new pin.", "McpTool"),
+            &["400", "401", "403", "404", "409", "413", "415", "503"]),
+    }}));
 
     json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Belay admin API",
             "version": "v1",
-            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes and run controls. Every route but this document needs `Authorization: Bearer <token>`; a token is scoped to one tenant or to all. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
+            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes, run controls and MCP tool definitions. Every route but this document needs `Authorization: Bearer <token>`; a token is scoped to one tenant or to all. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
         },
         "security": [{"bearer": []}],
         "tags": [
             {"name": "uncertain-outcomes", "description": "Tool calls that may have acted but whose result was lost."},
             {"name": "runs", "description": "Operator run controls."},
+            {"name": "mcp-tools", "description": "Definitions of MCP tools: the one each tenant accepted (pinned) and the ones workers list; a changed definition is refused until accepted."},
             {"name": "meta"},
         ],
         "paths": paths,
@@ -329,6 +435,9 @@ pub fn document() -> Value {
                 "tenant": {"name": "tenant", "in": "path", "required": true, "schema": {"type": "string"}},
                 "id": {"name": "id", "in": "path", "required": true, "description": "Uncertain outcome id.", "schema": {"type": "string", "format": "uuid"}},
                 "run_id": {"name": "run_id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}},
+                "call_id": {"name": "call_id", "in": "path", "required": true, "description": "A tool call of the run (`<node>.t<n>`, as in its events).", "schema": {"type": "string"}},
+                "server": {"name": "server", "in": "path", "required": true, "description": "The MCP server's logical name.", "schema": {"type": "string"}},
+                "tool": {"name": "tool", "in": "path", "required": true, "description": "The tool's name on the server.", "schema": {"type": "string"}},
             },
             "responses": {
                 "BadRequest": error_response("`invalid_argument`: malformed JSON (with line and column), unknown field, wrong type, missing field, bad query or path parameter (a malformed UUID), empty `reason`."),

@@ -34,7 +34,24 @@ const MAX_BLOCK_DEPTH: usize = 64;
 
 /// Binding types the seed documents that Belay does not run yet: named in
 /// the error so the author knows it is a gap, not a typo.
-const SEED_BINDING_TYPES: &[&str] = &["mcp", "sandbox", "lambda", "searchai", "table"];
+const SEED_BINDING_TYPES: &[&str] = &["sandbox", "lambda", "searchai", "table"];
+
+/// Header names the MCP transport sets itself: a `type: mcp` tool's
+/// `headers:` may not override them (the worker refuses them too).
+const MCP_RESERVED_HEADERS: &[&str] = &[
+    "accept",
+    "content-type",
+    "content-length",
+    "host",
+    "last-event-id",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "transfer-encoding",
+];
+
+/// Longest `server:` or `server_tool:` name accepted, in characters (MCP
+/// tool names are 1 to 128 characters).
+const MAX_MCP_NAME_CHARS: usize = 128;
 
 /// Tool properties the seed documents that Belay does not implement yet.
 /// Refused (never silently ignored: an ignored `auth:` or `confirmation:`
@@ -81,8 +98,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "SECRET_ACCESS",
     "on_result",
     "on_error",
-    "server",
-    "server_tool",
     "code",
     "runtime",
     "memory_mb",
@@ -446,6 +461,7 @@ enum BindingType {
     Http,
     Workflow,
     AsyncWebhook,
+    Mcp,
     Unsupported,
 }
 
@@ -468,6 +484,13 @@ struct Props<'b> {
     callback_url_field: Option<(String, u32, u32)>,
     /// `timeout_seconds:` of a `type: async_webhook` tool.
     callback_timeout_seconds: Option<u64>,
+    /// `server:` of a `type: mcp` tool.
+    server: Option<String>,
+    /// `server_tool:` of a `type: mcp` tool.
+    server_tool: Option<String>,
+    /// `headers:` lines whose value holds a `{{...}}` placeholder: (line,
+    /// column, header name, raw value), checked once the binding type is known.
+    header_placeholders: Vec<(u32, u32, String, String)>,
     endpoint: Option<(String, u32, u32)>,
     method: Option<String>,
     headers: BTreeMap<String, String>,
@@ -544,8 +567,13 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         Some(BindingType::Workflow) if !props.present.contains("workflow_id") => {
             missing(cx, "`workflow_id:` (the workflow a call starts)")
         }
+        Some(BindingType::Mcp) if !props.present.contains("server") => missing(
+            cx,
+            "`server:` (the MCP server's logical name, as the worker's MCP configuration names it)",
+        ),
         _ => {}
     }
+    check_mcp_props(&props, &name, line, cx);
     if props.binding_type == Some(BindingType::Workflow) {
         for key in ["endpoint", "method", "headers", "timeout"] {
             if props.present.contains(key) {
@@ -665,6 +693,17 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         return;
     };
     let binding = match (props.binding_type, props.endpoint, props.workflow_id) {
+        (Some(BindingType::Mcp), _, _) => {
+            let Some(server) = props.server else {
+                return;
+            };
+            ToolBindingDef::Mcp {
+                server,
+                server_tool: props.server_tool.unwrap_or_else(|| sig.name.clone()),
+                headers: props.headers,
+                timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+            }
+        }
         (Some(BindingType::Http), Some((endpoint, _, _)), _) => ToolBindingDef::Http {
             endpoint,
             method: props.method.unwrap_or_else(|| "POST".to_string()),
@@ -707,6 +746,98 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         source_file: cx.file.to_string(),
         source_line: line.no,
     });
+}
+
+/// The `type: mcp` rules: `endpoint:` and `method:` do not apply (the
+/// worker's configuration says how to reach the server), header values hold
+/// only `{{config.NAME}}` placeholders and no header the MCP transport sets
+/// itself; `server:` and `server_tool:` belong to `type: mcp` tools only.
+fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) {
+    if props.binding_type != Some(BindingType::Mcp) {
+        for key in ["server", "server_tool"] {
+            if props.present.contains(key) {
+                cx.error(
+                    line.no,
+                    line.col(),
+                    format!("`{key}:` applies to `type: mcp` tools only"),
+                );
+            }
+        }
+        return;
+    }
+    for key in ["endpoint", "method"] {
+        if props.present.contains(key) {
+            cx.error(
+                line.no,
+                line.col(),
+                format!(
+                    "tool `{name}` is `type: mcp`: `{key}:` does not apply (the worker's MCP configuration says how to reach the server)"
+                ),
+            );
+        }
+    }
+    for header in props.headers.keys() {
+        if MCP_RESERVED_HEADERS.contains(&header.to_ascii_lowercase().as_str()) {
+            cx.error(
+                line.no,
+                line.col(),
+                format!(
+                    "tool `{name}`: header `{header}` is set by the MCP transport itself and cannot be given in `headers:`"
+                ),
+            );
+        }
+    }
+    for (hline, hcol, header, value) in &props.header_placeholders {
+        if let Some(message) = check_config_placeholders(value) {
+            cx.error(*hline, *hcol, format!("header `{header}`: {message}"));
+        }
+    }
+}
+
+/// `None` when every `{{...}}` in `value` is `{{config.NAME}}` (NAME of
+/// letters, digits, `_`, `-`, `.`), else what is wrong.
+fn check_config_placeholders(value: &str) -> Option<String> {
+    let mut rest = value;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            return Some("a `{{` placeholder is not closed with `}}`".into());
+        };
+        let inner = after[..end].trim();
+        let valid = inner.strip_prefix("config.").is_some_and(|n| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        });
+        if !valid {
+            return Some(format!(
+                "placeholder `{{{{{inner}}}}}` is not supported (only `{{{{config.NAME}}}}`, resolved by the worker from its MCP configuration)"
+            ));
+        }
+        rest = &after[end + 2..];
+    }
+    None
+}
+
+/// `None` when `value` is a usable `server:` / `server_tool:` name: 1 to
+/// [`MAX_MCP_NAME_CHARS`] characters without whitespace, control characters
+/// or `/`.
+fn check_mcp_name(key: &str, value: &str) -> Option<String> {
+    let chars = value.chars().count();
+    if chars == 0 || chars > MAX_MCP_NAME_CHARS {
+        return Some(format!(
+            "`{key}` must be 1 to {MAX_MCP_NAME_CHARS} characters, not {chars}"
+        ));
+    }
+    if value
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+    {
+        return Some(format!(
+            "`{key}: {value}` must not contain whitespace, control characters or `/`"
+        ));
+    }
+    None
 }
 
 fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
@@ -753,13 +884,15 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                         props.binding_type = Some(BindingType::Workflow);
                     } else if s == "async_webhook" {
                         props.binding_type = Some(BindingType::AsyncWebhook);
+                    } else if s == "mcp" {
+                        props.binding_type = Some(BindingType::Mcp);
                     } else {
                         props.binding_type = Some(BindingType::Unsupported);
                         let message = if SEED_BINDING_TYPES.contains(&s.as_str()) {
                             format!("binding type `{s}` is not supported yet")
                         } else {
                             format!(
-                                "unknown binding type `{s}` (expected `http`, `workflow` or `async_webhook`)"
+                                "unknown binding type `{s}` (expected `http`, `workflow`, `async_webhook` or `mcp`)"
                             )
                         };
                         cx.error(line.no, kv.value_col, message);
@@ -846,6 +979,27 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
             "headers" => {
                 if block_only(child, &kv, cx) {
                     props.headers = read_headers(child, cx);
+                    for header in &child.children {
+                        if let Some((name, value)) = header.line.text.split_once(':')
+                            && value.contains("{{")
+                        {
+                            props.header_placeholders.push((
+                                header.line.no,
+                                header.line.col(),
+                                name.trim_end().to_owned(),
+                                value.trim().to_owned(),
+                            ));
+                        }
+                    }
+                }
+            }
+            "server" | "server_tool" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match check_mcp_name(kv.key, &s) {
+                        Some(m) => cx.error(line.no, kv.value_col, m),
+                        None if kv.key == "server" => props.server = Some(s),
+                        None => props.server_tool = Some(s),
+                    }
                 }
             }
             "parameters" => {
@@ -1791,16 +1945,105 @@ TOOLS:
     fn unsupported_binding_type() {
         assert_eq!(
             errors(
-                "TOOLS:\n  search(q: string) -> string\n    type: mcp\n    permission: web.read\n    repeat_safety: idempotent\n"
+                "TOOLS:\n  search(q: string) -> string\n    type: sandbox\n    permission: web.read\n    repeat_safety: idempotent\n"
             ),
-            vec!["3:11: binding type `mcp` is not supported yet"]
+            vec!["3:11: binding type `sandbox` is not supported yet"]
         );
         assert_eq!(
             errors(
                 "TOOLS:\n  search(q: string) -> string\n    type: carrier_pigeon\n    permission: web.read\n    repeat_safety: idempotent\n"
             ),
             vec![
-                "3:11: unknown binding type `carrier_pigeon` (expected `http`, `workflow` or `async_webhook`)"
+                "3:11: unknown binding type `carrier_pigeon` (expected `http`, `workflow`, `async_webhook` or `mcp`)"
+            ]
+        );
+    }
+
+    #[test]
+    fn mcp_tools() {
+        // The seed's example, with Belay's two required properties.
+        let t = one_tool(
+            "TOOLS:\n  web_search(query: string) -> {results: {title: string, url: string, snippet: string}[]}\n    description: \"Search the web\"\n    type: mcp\n    server: \"brave-search\"\n    permission: web.read\n    repeat_safety: idempotent\n",
+        );
+        assert_eq!(
+            t.binding,
+            ToolBindingDef::Mcp {
+                server: "brave-search".into(),
+                server_tool: "web_search".into(),
+                headers: BTreeMap::new(),
+                timeout_ms: DEFAULT_TIMEOUT_MS,
+            }
+        );
+        assert_eq!(t.repeat_safety, RepeatSafety::Idempotent);
+        // Renamed, with per-call headers holding config placeholders and a timeout.
+        let t = one_tool(
+            "TOOLS:\n  search(query: string) -> {results: object[]}\n    type: mcp\n    server: brave-search\n    server_tool: brave_web_search\n    headers:\n      Authorization: \"Bearer {{config.BRAVE_TOKEN}}\"\n      X-Tenant: \"{{ config.tenant-id }}-search\"\n    timeout: 5s\n    permission: web.read\n    repeat_safety: never\n",
+        );
+        assert_eq!(
+            t.binding,
+            ToolBindingDef::Mcp {
+                server: "brave-search".into(),
+                server_tool: "brave_web_search".into(),
+                headers: BTreeMap::from([
+                    (
+                        "Authorization".to_owned(),
+                        "Bearer {{config.BRAVE_TOKEN}}".to_owned()
+                    ),
+                    (
+                        "X-Tenant".to_owned(),
+                        "{{ config.tenant-id }}-search".to_owned()
+                    ),
+                ]),
+                timeout_ms: 5_000,
+            }
+        );
+        // The stored shape is tagged like the other bindings.
+        let stored = serde_json::to_value(&t.binding).unwrap();
+        assert_eq!(stored["type"], "mcp");
+        assert_eq!(
+            serde_json::from_value::<ToolBindingDef>(stored).unwrap(),
+            t.binding
+        );
+    }
+
+    #[test]
+    fn mcp_tool_errors() {
+        // repeat_safety stays mandatory; server is required.
+        assert_eq!(
+            errors("TOOLS:\n  t(q: string) -> string\n    type: mcp\n    permission: p\n"),
+            vec![
+                "2:3: tool `t` is missing `server:` (the MCP server's logical name, as the worker's MCP configuration names it)",
+                "2:3: tool `t` is missing `repeat_safety:` (`never`, `idempotent` or `reconcile`)",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  t(q: string) -> string\n    type: mcp\n    server: \"a b\"\n    server_tool: x/y\n    endpoint: /t\n    method: POST\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "4:13: `server: a b` must not contain whitespace, control characters or `/`",
+                "5:18: `server_tool: x/y` must not contain whitespace, control characters or `/`",
+                "2:3: tool `t` is `type: mcp`: `endpoint:` does not apply (the worker's MCP configuration says how to reach the server)",
+                "2:3: tool `t` is `type: mcp`: `method:` does not apply (the worker's MCP configuration says how to reach the server)",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  t(q: string) -> string\n    type: mcp\n    server: s\n    headers:\n      X-User: \"{{session.user}}\"\n      X-Key: \"{{config.K\"\n      Mcp-Session-Id: abc\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "2:3: tool `t`: header `Mcp-Session-Id` is set by the MCP transport itself and cannot be given in `headers:`",
+                "6:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its MCP configuration)",
+                "7:7: header `X-Key`: a `{{` placeholder is not closed with `}}`",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  t(q: string) -> string\n    type: http\n    endpoint: /t\n    server: s\n    server_tool: u\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "2:3: `server:` applies to `type: mcp` tools only",
+                "2:3: `server_tool:` applies to `type: mcp` tools only",
             ]
         );
     }

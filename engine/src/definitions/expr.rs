@@ -69,12 +69,32 @@
 //! ("x"; . + .)`, `.s * .n` (a string repeated by a computed count that
 //! the parser cannot see is one) and a long computed string repeated by a
 //! literal count (up to [`MAX_STRING_REPEAT`] times its length) are the
-//! same kind. Bounding those needs
-//! size checks inside every operation, i.e. a value type of our own
-//! around jaq's or a fuel counter in jaq itself; until then they are the
-//! one known way for a workflow author to stall or crash an engine.
+//! same kind, and so is a chain of calls that doubles the work at each
+//! level (`def f(g): g | g; f(f(f(...)))`) or loops nested over a large
+//! array. Bounding those inside the evaluation needs size checks inside
+//! every operation, i.e. a value type of our own around jaq's or a fuel
+//! counter in jaq itself.
 //!
-//! Pure: no I/O, no clock. Compiled filters are shared between
+//! # The sandbox
+//!
+//! What the rules above leave open is closed outside this module: a
+//! process that calls [`crate::expr_sandbox::enable_sandbox`] (every
+//! binary that runs an engine does) sends each evaluation to a child
+//! process with hard limits (memory, CPU time) and waits for it with a
+//! deadline; a child that runs out of time or memory is killed and the
+//! evaluation fails with [`ExprError::TimedOut`] or
+//! [`ExprError::ResourceLimit`], so the run fails instead of the engine.
+//! The child evaluates with the code of this module, every rule above
+//! included. Compilation (and so every error with a position) stays in
+//! the calling process: only compiled expressions are sent. Without the
+//! sandbox (the engine crate's own tests, a program that did not enable
+//! it), evaluation runs in this process as described above.
+//!
+//! Pure when evaluated in process: no I/O, no clock. With the sandbox,
+//! [`Expr::eval`] and [`Template::render`] do process I/O behind the hook
+//! installed by `expr_sandbox` (this module names no process, pipe or
+//! clock); their results go into the run's events, so a replay folds the
+//! values and never evaluates again. Compiled filters are shared between
 //! expressions with the same text through a process-wide cache, which
 //! changes how long a parse takes, never what an expression means.
 
@@ -150,7 +170,7 @@ pub const MAX_EXPR_BYTES: usize = 16 * 1024;
 /// Only the pages used are backed by memory; starting the thread costs
 /// some tens of microseconds per evaluation (a template's expressions
 /// share one).
-const EVAL_STACK_BYTES: usize = 256 << 20;
+pub(crate) const EVAL_STACK_BYTES: usize = 256 << 20;
 
 /// Deepest array/object nesting of a value an expression may produce.
 /// Values end up in events that are read back with `serde_json`, which
@@ -294,6 +314,34 @@ pub enum ExprError {
         /// What part is not JSON.
         reason: String,
     },
+    /// The evaluation did not end within the sandbox's deadline
+    /// ([`crate::expr_sandbox::EVAL_DEADLINE_MS`]): the evaluator process
+    /// was killed.
+    #[error(
+        "the expression did not finish within {ms} ms and was stopped; a workflow expression runs inside the engine's transition and must finish quickly"
+    )]
+    TimedOut {
+        /// The deadline, in milliseconds.
+        ms: u64,
+    },
+    /// The evaluation needed more of a resource than the sandbox's
+    /// evaluator process may use ([`crate::expr_sandbox::MEMORY_LIMIT_BYTES`]
+    /// of memory, [`crate::expr_sandbox::CPU_LIMIT_SECS`] of CPU time): the
+    /// process died of it.
+    #[error(
+        "the expression was stopped: its evaluation needed more than {limit}; a workflow expression must stay small"
+    )]
+    ResourceLimit {
+        /// The limit it hit, in words (`1024 MiB of memory`).
+        limit: String,
+    },
+    /// The sandbox could not evaluate the expression (its evaluator process
+    /// did not start, or answered something it should not have).
+    #[error("the expression could not be evaluated: {message}")]
+    Sandbox {
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl ExprError {
@@ -369,16 +417,34 @@ impl Expr {
     /// several are [`ExprError::ManyValues`]. A jq error is
     /// [`ExprError::Runtime`]; a value with no JSON form is
     /// [`ExprError::NotJson`]. A missing field is `null`, as in jq.
+    ///
+    /// With the sandbox enabled (see the module doc), the expression is
+    /// compiled here and evaluated in an evaluator process, which may also
+    /// give [`ExprError::TimedOut`], [`ExprError::ResourceLimit`] or
+    /// [`ExprError::Sandbox`].
     pub fn eval(&self, state: &Value) -> Result<Value, ExprError> {
-        on_eval_stack(|| self.eval_val(json_to_val(state)))
+        match remote() {
+            Some(remote) => {
+                self.filter()?;
+                remote(&[self.source.as_str()], state)
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| Err(missing_outcome()))
+            }
+            None => on_eval_stack(|| self.eval_val(json_to_val(state))),
+        }
+    }
+
+    /// The compiled filter (compiled now if it was not).
+    fn filter(&self) -> Result<Arc<JqFilter>, ExprError> {
+        self.compiled
+            .get_or_init(|| filter_for(&self.source).map_err(Box::new))
+            .clone()
+            .map_err(|e| *e)
     }
 
     fn eval_val(&self, input: Val) -> Result<Value, ExprError> {
-        let filter = self
-            .compiled
-            .get_or_init(|| filter_for(&self.source).map_err(Box::new))
-            .clone()
-            .map_err(|e| *e)?;
+        let filter = self.filter()?;
         to_json(run_one(&filter, input)?)
     }
 }
@@ -491,11 +557,16 @@ impl Located {
     fn eval(&self, input: &Val) -> Result<Value, TemplateError> {
         self.expr
             .eval_val(input.clone())
-            .map_err(|error| TemplateError {
-                pointer: self.pointer.clone(),
-                offset: self.offset,
-                error: error.shifted(&self.string, self.offset),
-            })
+            .map_err(|error| self.error(error))
+    }
+
+    /// `error` of this expression, placed in its template.
+    fn error(&self, error: ExprError) -> TemplateError {
+        TemplateError {
+            pointer: self.pointer.clone(),
+            offset: self.offset,
+            error: error.shifted(&self.string, self.offset),
+        }
     }
 }
 
@@ -530,12 +601,18 @@ impl Template {
     /// The value with every expression replaced by its result over `state`.
     ///
     /// The first failing expression's error is returned, with the pointer
-    /// of its string.
+    /// of its string. With the sandbox enabled, all the expressions of the
+    /// template are evaluated in one request to an evaluator process (one
+    /// deadline for them all), as [`Expr::eval`] describes.
     pub fn render(&self, state: &Value) -> Result<Value, TemplateError> {
-        match &self.root {
-            Node::Const(v) => Ok(v.clone()),
+        match (&self.root, remote()) {
+            (Node::Const(v), _) => Ok(v.clone()),
+            (root, Some(remote)) => render_remote(root, state, remote),
             // Convert the state once for all the expressions.
-            root => on_eval_stack(|| render_node(root, &json_to_val(state))),
+            (root, None) => on_eval_stack(|| {
+                let input = json_to_val(state);
+                render_node(root, &mut |located| located.eval(&input))
+            }),
         }
     }
 
@@ -742,16 +819,21 @@ fn build_string(s: &str, pointer: &str, check: bool, errors: &mut Vec<TemplateEr
     }
 }
 
-fn render_node(node: &Node, input: &Val) -> Result<Value, TemplateError> {
+/// Render `node`, taking each expression's value from `eval`, in document
+/// order ([`collect_exprs`]'s order), stopping at the first error.
+fn render_node(
+    node: &Node,
+    eval: &mut dyn FnMut(&Located) -> Result<Value, TemplateError>,
+) -> Result<Value, TemplateError> {
     match node {
         Node::Const(v) => Ok(v.clone()),
-        Node::Whole(located) => located.eval(input),
+        Node::Whole(located) => eval(located),
         Node::Interp(pieces) => {
             let mut out = String::new();
             for piece in pieces {
                 match piece {
                     Piece::Text(text) => out.push_str(text),
-                    Piece::Expr(located) => match located.eval(input)? {
+                    Piece::Expr(located) => match eval(located)? {
                         Value::String(s) => out.push_str(&s),
                         other => out.push_str(&other.to_string()),
                     },
@@ -761,15 +843,57 @@ fn render_node(node: &Node, input: &Val) -> Result<Value, TemplateError> {
         }
         Node::Array(nodes) => nodes
             .iter()
-            .map(|n| render_node(n, input))
+            .map(|n| render_node(n, eval))
             .collect::<Result<Vec<_>, _>>()
             .map(Value::Array),
         Node::Object(entries) => entries
             .iter()
-            .map(|(k, n)| Ok((k.clone(), render_node(n, input)?)))
+            .map(|(k, n)| Ok((k.clone(), render_node(n, eval)?)))
             .collect::<Result<Map<_, _>, _>>()
             .map(Value::Object),
     }
+}
+
+/// The expressions of `node`, in the order [`render_node`] evaluates them.
+fn collect_exprs<'n>(node: &'n Node, out: &mut Vec<&'n Located>) {
+    match node {
+        Node::Const(_) => {}
+        Node::Whole(located) => out.push(located),
+        Node::Interp(pieces) => out.extend(pieces.iter().filter_map(|p| match p {
+            Piece::Expr(located) => Some(located),
+            Piece::Text(_) => None,
+        })),
+        Node::Array(nodes) => nodes.iter().for_each(|n| collect_exprs(n, out)),
+        Node::Object(entries) => entries.iter().for_each(|(_, n)| collect_exprs(n, out)),
+    }
+}
+
+/// [`Template::render`] through the sandbox: compile here (an expression
+/// that does not compile fails as it would in process, and nothing after
+/// it is evaluated), evaluate the rest in one request.
+fn render_remote(root: &Node, state: &Value, remote: Remote) -> Result<Value, TemplateError> {
+    let mut located = Vec::new();
+    collect_exprs(root, &mut located);
+    let compiled = located
+        .iter()
+        .take_while(|l| l.expr.filter().is_ok())
+        .count();
+    let sources: Vec<&str> = located[..compiled]
+        .iter()
+        .map(|l| l.expr.source())
+        .collect();
+    let mut outcomes = if sources.is_empty() {
+        Vec::new()
+    } else {
+        remote(&sources, state)
+    }
+    .into_iter();
+    render_node(root, &mut |l| {
+        l.expr
+            .filter()
+            .and_then(|_| outcomes.next().unwrap_or_else(|| Err(missing_outcome())))
+            .map_err(|error| l.error(error))
+    })
 }
 
 /// A part of a template string.
@@ -1216,18 +1340,89 @@ fn first_error(errors: Vec<ExprError>) -> ExprError {
         })
 }
 
+// ---------------------------------------------------------------------
+// Evaluating somewhere else: the sandbox's hook.
+
+/// Evaluates compiled expressions outside this thread (the sandbox's
+/// evaluator processes, `crate::expr_sandbox`): given their sources, in
+/// order, and the input, the outcome of each, in order, ending at the first
+/// error (so fewer outcomes than sources only after an error).
+pub(crate) type Remote = fn(&[&str], &Value) -> Vec<Result<Value, ExprError>>;
+
+static REMOTE: OnceLock<Remote> = OnceLock::new();
+
+/// Send every evaluation of this process to `remote` from now on. Set once;
+/// false if it was set already.
+pub(crate) fn set_remote(remote: Remote) -> bool {
+    REMOTE.set(remote).is_ok()
+}
+
+/// Where evaluations go, when not to this process.
+fn remote() -> Option<Remote> {
+    REMOTE.get().copied()
+}
+
+fn missing_outcome() -> ExprError {
+    ExprError::Sandbox {
+        message: "the evaluator answered fewer values than it was asked for".into(),
+    }
+}
+
+/// Evaluate `sources`, in order, over `input` on this thread, as one
+/// request to the sandbox's evaluator is: `emit` gets each outcome, and
+/// nothing after the first error. Each source is compiled (through the
+/// cache) and evaluated with every rule of the module doc. Must run on a
+/// thread with an [`EVAL_STACK_BYTES`] stack marked by
+/// [`mark_eval_stack`].
+pub(crate) fn eval_sources(
+    sources: &[String],
+    input: &Value,
+    mut emit: impl FnMut(Result<Value, ExprError>),
+) {
+    let input = json_to_val(input);
+    for source in sources {
+        let outcome = filter_for(source)
+            .and_then(|filter| run_one(&filter, input.clone()))
+            .and_then(to_json);
+        let failed = outcome.is_err();
+        emit(outcome);
+        if failed {
+            break;
+        }
+    }
+}
+
+thread_local! {
+    /// Whether this thread has an [`EVAL_STACK_BYTES`] stack (so
+    /// [`on_eval_stack`] runs its function right here).
+    static ON_EVAL_STACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Record that the calling thread was started with an [`EVAL_STACK_BYTES`]
+/// stack: evaluations and compilations run on it directly.
+pub(crate) fn mark_eval_stack() {
+    ON_EVAL_STACK.with(|on| on.set(true));
+}
+
 /// Run `f` on a thread of its own with an [`EVAL_STACK_BYTES`] stack, and
 /// wait for it: an evaluation, or a compilation. jaq's values are not
-/// `Send`, so `f` makes and drops them all on that thread. Should the
-/// thread not start, `f` runs here.
+/// `Send`, so `f` makes and drops them all on that thread. On such a
+/// thread already (a compilation inside an evaluation, the sandbox's
+/// evaluator), or should the thread not start, `f` runs here.
 fn on_eval_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if ON_EVAL_STACK.with(Cell::get) {
+        return f();
+    }
     let slot = Mutex::new(Some(f));
     let take = || slot.lock().unwrap_or_else(PoisonError::into_inner).take();
     std::thread::scope(|scope| {
         let spawned = std::thread::Builder::new()
             .name("belay-jq".into())
             .stack_size(EVAL_STACK_BYTES)
-            .spawn_scoped(scope, || take().map(|f| f()));
+            .spawn_scoped(scope, || {
+                mark_eval_stack();
+                take().map(|f| f())
+            });
         let ran = match spawned {
             Ok(handle) => match handle.join() {
                 Ok(ran) => ran,
@@ -2505,5 +2700,90 @@ mod tests {
             let expr = Expr::parse(".nodes.intake.output.account_id").unwrap();
             assert_eq!(expr.eval(&state).unwrap(), json!("acc_42"));
         }
+    }
+
+    /// Expressions that pass every rule of the guard and still cost more
+    /// than any engine has: what the sandbox (`expr_sandbox`) is for. Only
+    /// parsed here; `tests/tests/expr_sandbox.rs` runs them.
+    #[test]
+    fn some_expensive_expressions_pass_the_guard() {
+        let doubling = format!("def f(g): g | g; {}.{}", "f(".repeat(34), ")".repeat(34));
+        for source in [
+            "reduce range(40) as $i (2; . * .)",
+            "reduce range(60) as $i (\"x\"; . + .)",
+            "\"x\" | . * 1000 | . * 1000 | . * 1000 | . * 1000",
+            "[range(100000)] as $a | [$a[] | $a[]] | length",
+            doubling.as_str(),
+            "[range(1000)] as $a | reduce $a[] as $i (0; reduce $a[] as $j (.; reduce $a[] as $k (.; . + 1)))",
+        ] {
+            assert!(Expr::parse(source).is_ok(), "{source}");
+        }
+    }
+
+    thread_local! {
+        static SENT: std::cell::RefCell<Vec<Vec<String>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A stand-in for the sandbox: evaluates here, records what it was
+    /// sent, and "times out" on `.slow`.
+    fn fake_remote(sources: &[&str], input: &Value) -> Vec<Result<Value, ExprError>> {
+        SENT.with(|s| {
+            s.borrow_mut()
+                .push(sources.iter().map(|s| s.trim().to_owned()).collect())
+        });
+        let mut out = Vec::new();
+        for source in sources {
+            let outcome = if source.trim() == ".slow" {
+                Err(ExprError::TimedOut { ms: 1 })
+            } else {
+                Expr::parse(source).and_then(|e| e.eval(input))
+            };
+            let failed = outcome.is_err();
+            out.push(outcome);
+            if failed {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_remote_render_sends_the_expressions_in_document_order_and_places_errors() {
+        let input = json!({"x": 1, "y": "why"});
+        let render = |template: &Template| match &template.root {
+            Node::Const(v) => Ok(v.clone()),
+            root => render_remote(root, &input, fake_remote),
+        };
+        let template = Template::parse(&json!({
+            "a": "${ .x }",
+            "b": ["${ .y } and ${ .x + 1 }"],
+        }))
+        .unwrap();
+        assert_eq!(
+            render(&template).unwrap(),
+            json!({"a": 1, "b": ["why and 2"]})
+        );
+        let slow =
+            Template::parse(&json!({"a": "${ .x }", "b": {"c": "${ .slow }"}, "d": "${ .y }"}))
+                .unwrap();
+        let error = render(&slow).unwrap_err();
+        assert_eq!(error.pointer, "/b/c");
+        assert_eq!(error.error, ExprError::TimedOut { ms: 1 });
+        // A stored template whose expression no longer compiles: reported
+        // as in process, and nothing from it on is sent.
+        let stored: Template =
+            serde_json::from_value(json!({"a": "${ .x }", "b": "${ nosuch }", "c": "${ .y }"}))
+                .unwrap();
+        let error = render(&stored).unwrap_err();
+        assert_eq!(error.pointer, "/b");
+        assert!(matches!(error.error, ExprError::Syntax { .. }), "{error}");
+        assert_eq!(
+            SENT.with(|s| s.borrow().clone()),
+            vec![
+                vec![".x".to_owned(), ".y".to_owned(), ".x + 1".to_owned()],
+                vec![".x".to_owned(), ".slow".to_owned(), ".y".to_owned()],
+                vec![".x".to_owned()],
+            ]
+        );
     }
 }

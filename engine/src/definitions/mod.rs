@@ -191,13 +191,16 @@ pub fn parse_bundle(
                             r.name
                         ),
                     ));
-                } else if !matches!(probe.binding, model::ToolBindingDef::Http { .. }) {
+                } else if !matches!(
+                    probe.binding,
+                    model::ToolBindingDef::Http { .. } | model::ToolBindingDef::Mcp { .. }
+                ) {
                     errors.push(DefinitionError::new(
                         file,
                         r.line,
                         r.column,
                         format!(
-                            "`{}`, the reconcile probe of `{tool}`, must be `type: http`: a probe answers in the same request",
+                            "`{}`, the reconcile probe of `{tool}`, must be `type: http` or `type: mcp`: a probe answers in the same request",
                             r.name
                         ),
                     ));
@@ -242,6 +245,15 @@ pub fn parse_bundle(
             ));
         }
     }
+    check_child_cycles(
+        &bundle,
+        &Refs {
+            workflows: &workflow_refs,
+            tools: &tool_refs,
+            agents: &agent_refs,
+        },
+        &mut errors,
+    );
 
     if errors.is_empty() {
         return Ok(bundle);
@@ -261,6 +273,176 @@ pub fn parse_bundle(
         )
     });
     Err(errors)
+}
+
+/// The references of a bundle, with the file each is written in.
+struct Refs<'r> {
+    /// `workflow:` of workflow nodes, `workflow_id:` of workflow tools.
+    workflows: &'r [(&'r str, NameAt)],
+    /// `tool:` of tool nodes, `tools:` of agents.
+    tools: &'r [(&'r str, NameAt)],
+    /// `agent:` of agent nodes.
+    agents: &'r [(&'r str, NameAt)],
+}
+
+impl Refs<'_> {
+    /// Line and column of the reference to `name` that node `node` of
+    /// `file` writes: the first one at or after the node's line (a node's
+    /// keys follow its start), else the node's line.
+    fn position(&self, file: &str, node: &model::NodeDef) -> (u32, u32) {
+        let (list, name) = match &node.kind {
+            model::NodeKind::Workflow { workflow, .. } => (self.workflows, workflow),
+            model::NodeKind::Tool { tool, .. } => (self.tools, tool),
+            model::NodeKind::Agent { agent, .. } => (self.agents, agent),
+            _ => return (node.source_line, 1),
+        };
+        list.iter()
+            .filter(|(f, r)| *f == file && r.name == *name && r.line >= node.source_line)
+            .map(|(_, r)| (r.line, r.column))
+            .min()
+            .unwrap_or((node.source_line, 1))
+    }
+}
+
+/// One way a workflow of a bundle starts another as a child run.
+struct ChildStart<'b> {
+    /// The workflow started.
+    child: &'b str,
+    /// The node that starts it.
+    node: &'b model::NodeDef,
+    /// How, in words: "node `kyc`", "node `check`, tool `run_kyc`",
+    /// "node `intake`, agent `a`, tool `run_kyc`".
+    how: String,
+}
+
+/// Every child start of every workflow of `bundle`: `workflow` nodes, tool
+/// nodes whose tool is a `type: workflow` tool, and agent nodes whose agent
+/// may call one. Only definitions of the bundle are known here.
+fn child_starts(bundle: &model::Bundle) -> BTreeMap<&str, Vec<ChildStart<'_>>> {
+    let tool_child = |tool: &str| {
+        bundle
+            .tools
+            .iter()
+            .find(|t| t.name == tool)
+            .and_then(|t| match &t.binding {
+                model::ToolBindingDef::Workflow { workflow, .. } => Some(workflow.as_str()),
+                _ => None,
+            })
+    };
+    let mut starts: BTreeMap<&str, Vec<ChildStart<'_>>> = BTreeMap::new();
+    for w in &bundle.workflows {
+        let list = starts.entry(w.name.as_str()).or_default();
+        for node in &w.nodes {
+            match &node.kind {
+                model::NodeKind::Workflow { workflow, .. } => list.push(ChildStart {
+                    child: workflow,
+                    node,
+                    how: format!("node `{}`", node.id),
+                }),
+                model::NodeKind::Tool { tool, .. } => {
+                    if let Some(child) = tool_child(tool) {
+                        list.push(ChildStart {
+                            child,
+                            node,
+                            how: format!("node `{}`, tool `{tool}`", node.id),
+                        });
+                    }
+                }
+                model::NodeKind::Agent { agent, .. } => {
+                    let tools = bundle
+                        .agents
+                        .iter()
+                        .find(|a| a.name == *agent)
+                        .map(|a| a.tools.as_slice())
+                        .unwrap_or_default();
+                    for tool in tools {
+                        if let Some(child) = tool_child(tool) {
+                            list.push(ChildStart {
+                                child,
+                                node,
+                                how: format!("node `{}`, agent `{agent}`, tool `{tool}`", node.id),
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    starts
+}
+
+/// Refuse workflows that start themselves again through child runs,
+/// directly or through other workflows of the bundle (each run would start
+/// another, without end). One error per cycle, at the first workflow of the
+/// bundle in it, on the node that starts the next one, naming every step.
+///
+/// Only the bundle's definitions are followed: a registered workflow's
+/// references are not known here, so a cycle closed by registering a new
+/// version of a workflow that another registered one starts is not seen;
+/// the coordinator bounds those at run time (`MAX_CHILD_DEPTH`).
+fn check_child_cycles(bundle: &model::Bundle, refs: &Refs<'_>, errors: &mut Vec<DefinitionError>) {
+    use std::collections::VecDeque;
+    let starts = child_starts(bundle);
+    let mut reported: BTreeSet<&str> = BTreeSet::new();
+    for w in &bundle.workflows {
+        let root = w.name.as_str();
+        if reported.contains(root) {
+            continue;
+        }
+        // Breadth first, so the shortest way back is the one named. `came`:
+        // each workflow reached, and the (workflow, start) it was reached by.
+        let mut came: BTreeMap<&str, (&str, usize)> = BTreeMap::new();
+        let mut queue = VecDeque::from([root]);
+        let mut back: Option<(&str, usize)> = None;
+        'search: while let Some(at) = queue.pop_front() {
+            for (i, start) in starts.get(at).into_iter().flatten().enumerate() {
+                if start.child == root {
+                    back = Some((at, i));
+                    break 'search;
+                }
+                if starts.contains_key(start.child) && !came.contains_key(start.child) {
+                    came.insert(start.child, (at, i));
+                    queue.push_back(start.child);
+                }
+            }
+        }
+        let Some(last) = back else {
+            continue;
+        };
+        let mut hops = vec![last];
+        let mut at = last.0;
+        while at != root {
+            match came.get(at) {
+                Some(&previous) => {
+                    hops.push(previous);
+                    at = previous.0;
+                }
+                None => break,
+            }
+        }
+        hops.reverse();
+        let step = |&(from, i): &(&str, usize)| starts.get(from).and_then(|s| s.get(i));
+        let mut chain = format!("`{root}`");
+        for start in hops.iter().filter_map(step) {
+            chain.push_str(&format!(" ({}) → `{}`", start.how, start.child));
+        }
+        let (line, column) = hops
+            .first()
+            .and_then(step)
+            .map_or((w.source_line, 1), |start| {
+                refs.position(&w.source_file, start.node)
+            });
+        errors.push(DefinitionError::new(
+            &w.source_file,
+            line,
+            column,
+            format!(
+                "workflow `{root}` starts itself again through child runs: {chain}; a workflow may not run itself as a child, directly or through other workflows, since its runs would nest without end"
+            ),
+        ));
+        reported.extend(hops.iter().map(|(from, _)| *from));
+    }
 }
 
 /// Report every declaration of a name after its first; return all names.
@@ -726,5 +908,65 @@ nodes:
     fn error_display() {
         let e = DefinitionError::new("a.yaml", 3, 7, "boom");
         assert_eq!(e.to_string(), "a.yaml:3:7: boom");
+    }
+
+    const RUN_A_TOOL: &str = "TOOLS:\n  run_a(email: string) -> {ok: boolean}\n    description: \"Runs a\"\n    type: workflow\n    workflow_id: a\n    permission: p\n    repeat_safety: idempotent\n";
+
+    #[test]
+    fn workflows_that_start_themselves_are_refused_with_the_cycle_named() {
+        // Directly.
+        let direct =
+            "kind: workflow\nname: a\nnodes:\n  - id: again\n    type: workflow\n    workflow: a\n";
+        assert_eq!(
+            rendered(
+                parse_bundle(&[file("a.yaml", direct)], &RegisteredNames::default()).unwrap_err()
+            ),
+            vec![
+                "a.yaml:6:15: workflow `a` starts itself again through child runs: `a` (node `again`) → `a`; a workflow may not run itself as a child, directly or through other workflows, since its runs would nest without end",
+            ]
+        );
+        // Through another workflow and a `type: workflow` tool: one error,
+        // at the first workflow of the cycle.
+        let through = "kind: workflow\nname: a\nnodes:\n  - {id: first, type: succeed}\n  - {id: kyc, type: workflow, workflow: b}\n---\nkind: workflow\nname: b\nnodes:\n  - {id: check, type: tool, tool: run_a, args: {email: x}}\n";
+        let errors = rendered(
+            parse_bundle(
+                &[file("t.tools.abl", RUN_A_TOOL), file("w.yaml", through)],
+                &RegisteredNames::default(),
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "w.yaml:5:41: workflow `a` starts itself again through child runs: `a` (node `kyc`) → `b` (node `check`, tool `run_a`) → `a`;"
+            ),
+            "{errors:?}"
+        );
+        // Through an agent that may call such a tool.
+        let agent = "kind: agent\nname: helper\nmodel: m\ninstructions: i\ntools: [run_a]\n---\nkind: workflow\nname: a\nnodes:\n  - {id: intake, type: agent, agent: helper}\n";
+        let errors = rendered(
+            parse_bundle(
+                &[file("t.tools.abl", RUN_A_TOOL), file("w.yaml", agent)],
+                &RegisteredNames::default(),
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("`a` (node `intake`, agent `helper`, tool `run_a`) → `a`"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn shared_children_are_not_cycles() {
+        // a → b, a → c, b → c, c → registered d: every chain ends.
+        let yaml = "kind: workflow\nname: a\nnodes:\n  - {id: one, type: workflow, workflow: b, next: two}\n  - {id: two, type: workflow, workflow: c, mode: async}\n---\nkind: workflow\nname: b\nnodes:\n  - {id: one, type: workflow, workflow: c}\n---\nkind: workflow\nname: c\nnodes:\n  - {id: one, type: workflow, workflow: d}\n";
+        let registered = RegisteredNames {
+            workflows: BTreeSet::from(["d".to_string()]),
+            ..RegisteredNames::default()
+        };
+        let bundle = parse_bundle(&[file("w.yaml", yaml)], &registered).unwrap();
+        assert_eq!(bundle.workflows.len(), 3);
     }
 }

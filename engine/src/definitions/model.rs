@@ -90,6 +90,24 @@ pub enum ToolBindingDef {
         /// after the request was accepted; default 3 600 000 (one hour).
         callback_timeout_ms: u64,
     },
+    /// `type: mcp`: a tool of an MCP server, called by a worker's MCP client.
+    /// The server is a logical name the worker's configuration resolves;
+    /// the tool's signature here is what the model sees and what arguments
+    /// are validated against (the server's own description never reaches
+    /// the model). Added after v0.1.
+    Mcp {
+        /// `server:`, the server's logical name.
+        server: String,
+        /// `server_tool:`, the tool's name on the server; the tool's own
+        /// name when not given.
+        server_tool: String,
+        /// `headers:`, per-call HTTP headers (Streamable HTTP servers only);
+        /// values may hold `{{config.X}}`, resolved by the worker.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        /// `timeout:` of the whole call in ms; default 30000.
+        timeout_ms: u64,
+    },
 }
 
 /// A tool declared in a `.tools.abl` file.

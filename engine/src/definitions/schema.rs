@@ -37,9 +37,39 @@ pub(super) fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
         .map_err(|e| cap(&e.to_string()))
 }
 
+/// Most compiled validators kept; when full the cache starts over.
+const MAX_CACHED_VALIDATORS: usize = 1024;
+
+/// A compiled validator for `schema`, from a process-wide cache keyed by the
+/// schema's JSON text. Compiling is far costlier than validating (it walks
+/// and indexes the whole schema), and every tool call validates against one
+/// of a handful of pinned schemas. Pure memoisation: the validator depends
+/// only on the text.
+fn cached(schema: &Value) -> Result<std::sync::Arc<jsonschema::Validator>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> = OnceLock::new();
+    let key = schema.to_string();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(v) = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return Ok(Arc::clone(v));
+    }
+    let validator = Arc::new(compile(schema)?);
+    let mut map = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if map.len() >= MAX_CACHED_VALIDATORS {
+        map.clear();
+    }
+    map.insert(key, Arc::clone(&validator));
+    Ok(validator)
+}
+
 /// See [`super::validate_json`].
 pub(super) fn validate_json(schema: &Value, value: &Value) -> Result<(), Vec<String>> {
-    let validator = compile(schema).map_err(|e| vec![format!("invalid schema: {e}")])?;
+    let validator = cached(schema).map_err(|e| vec![format!("invalid schema: {e}")])?;
     let errors: Vec<String> = validator
         .iter_errors(value)
         .map(|e| {

@@ -13,8 +13,8 @@ pub mod plan;
 pub mod state;
 
 use belay_proto::wire::{
-    AsyncWebhookBinding, ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, ToolBinding,
-    ToolCallSpec, ToolSchema, ToolUse,
+    AsyncWebhookBinding, ChatMessage, HttpBinding, McpBinding, ModelCallResult, ModelCallSpec,
+    ToolBinding, ToolCallSpec, ToolSchema, ToolUse,
 };
 use serde_json::{Map, Value, json};
 
@@ -257,6 +257,17 @@ pub enum Input {
         /// `type: async_webhook` tools (which are refused without one).
         callback_token_sha256: Option<String>,
     },
+    /// An operator gives up on a call that waits outside any task (an
+    /// accepted async webhook whose callback was lost, a sync child run): it
+    /// fails now, as if its timeout had fired, and a child is cancelled.
+    FailWaitingCall {
+        /// Call id.
+        call_id: String,
+        /// Who.
+        by: String,
+        /// Why.
+        reason: String,
+    },
     /// The tool server of a `type: async_webhook` call POSTed to its
     /// callback URL. A token is used once: a replay changes nothing.
     Callback {
@@ -433,6 +444,16 @@ pub enum MachineError {
         /// Why.
         detail: String,
     },
+    /// This engine cannot dispatch the call, though another replica may
+    /// (an async webhook on an engine without a callback endpoint): the
+    /// attempt fails as not sent and is retried with backoff.
+    #[error("dispatch of `{call_id}` not possible on this engine: {detail}")]
+    DispatchUnavailable {
+        /// Call id.
+        call_id: String,
+        /// Why.
+        detail: String,
+    },
     /// The call has no open uncertain outcome (never had, or already resolved).
     #[error("call `{call_id}` has no open uncertain outcome: {detail}")]
     NotUncertain {
@@ -590,6 +611,39 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             payload,
         } => {
             m.on_callback(&token_sha256, payload)?;
+        }
+        Input::FailWaitingCall {
+            call_id,
+            by,
+            reason,
+        } => {
+            m.require_active("failing a call")?;
+            let call = m.require_open_tool_call(&call_id)?.clone();
+            if !call.waits_outside() {
+                return Err(MachineError::CallNotOpen {
+                    call_id,
+                    detail: "it does not wait for a callback or a child run (only such calls can be failed by an operator; a call with a task ends with its task)".into(),
+                });
+            }
+            for timer in [&call.child_timer, &call.callback_timer]
+                .into_iter()
+                .flatten()
+            {
+                m.command(Command::CancelTimer {
+                    timer_id: timer.timer_id.clone(),
+                });
+            }
+            if let Some(child) = &call.child_run_id {
+                m.command(Command::CancelChildRun {
+                    child_run_id: child.clone(),
+                    reason: format!("its parent's call was failed by {by}: {reason}"),
+                });
+            }
+            m.emit(Event::ToolCallFailed {
+                call_id,
+                attempt: call.dispatched_attempt.unwrap_or(0),
+                error: format!("failed by operator {by}: {reason}"),
+            });
         }
         Input::ToolCallCompleted {
             call_id,
@@ -1267,7 +1321,7 @@ impl Step {
                 return Ok(());
             }
             let Some(token_sha256) = callback_token_sha256.clone() else {
-                return Err(MachineError::DispatchRefused {
+                return Err(MachineError::DispatchUnavailable {
                     call_id: call_id.clone(),
                     detail: format!(
                         "tool `{}` is `type: async_webhook`, and this engine serves no callback endpoint (start it with --callback-listen)",
@@ -1349,25 +1403,39 @@ impl Step {
         if used {
             return Ok(());
         }
-        if self.state.status.is_terminal() {
-            return Err(self.wrong_status("callback"));
+        // Only a result that will be applied is checked against the tool's
+        // type (a late one is kept as it came).
+        let applies = !self.state.status.is_terminal()
+            && matches!(call.status, CallStatus::Open | CallStatus::Uncertain);
+        if applies {
+            let plan = self.plan()?;
+            let tool = plan.tools.get(&call.tool).ok_or_else(|| {
+                MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
+            })?;
+            crate::definitions::validate_json(&tool.def.output_schema, &payload).map_err(
+                |errors| MachineError::InvalidResult {
+                    tool: call.tool.clone(),
+                    errors,
+                },
+            )?;
         }
-        let plan = self.plan()?;
-        let tool = plan
-            .tools
-            .get(&call.tool)
-            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
-        crate::definitions::validate_json(&tool.def.output_schema, &payload).map_err(|errors| {
-            MachineError::InvalidResult {
-                tool: call.tool.clone(),
-                errors,
-            }
-        })?;
         self.emit(Event::CallbackReceived {
             call_id: call_id.clone(),
             attempt,
             token_sha256: token_sha256.to_owned(),
         });
+        if self.state.status.is_terminal() {
+            self.emit(Event::LateResultRecorded {
+                call_id,
+                attempt,
+                result: payload,
+                discrepancy: Some(format!(
+                    "the callback for attempt {attempt} arrived after the run was {}; it is kept here, not applied",
+                    self.state.status.as_str()
+                )),
+            });
+            return Ok(());
+        }
         match call.status {
             CallStatus::Open => {
                 if let Some(timer) = &call.callback_timer {
@@ -3327,6 +3395,17 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
                 timeout_ms: *timeout_ms,
             },
             callback_url_field: callback_url_field.clone(),
+        }),
+        ToolBindingDef::Mcp {
+            server,
+            server_tool,
+            headers,
+            timeout_ms,
+        } => ToolBinding::Mcp(McpBinding {
+            server: server.clone(),
+            server_tool: server_tool.clone(),
+            headers: headers.clone(),
+            timeout_ms: *timeout_ms,
         }),
         ToolBindingDef::Workflow { .. } => {
             return Err(MachineError::InvalidPlan(format!(

@@ -1546,3 +1546,27 @@ fn a_probe_result_is_cut_to_what_the_tool_declares() {
     });
     assert_eq!(tool_results(&run), [r#"{"account_id":"acc_1"}"#]);
 }
+
+#[test]
+fn an_mcp_tool_call_is_handed_to_the_worker_with_its_server_and_server_tool() {
+    let mut search = tool("search", "web.read", RepeatSafety::Never, &["q"]);
+    search.def.binding = ToolBindingDef::Mcp {
+        server: "everything".into(),
+        server_tool: "echo".into(),
+        headers: BTreeMap::from([("X-Key".to_owned(), "{{config.KEY}}".to_owned())]),
+        timeout_ms: 5_000,
+    };
+    let spec = tool_spec(&search, &json!({"q": "hi"}), "r1/intake.t1").expect("spec");
+    assert_eq!(
+        spec["binding"],
+        json!({"type": "mcp", "server": "everything", "server_tool": "echo",
+               "headers": {"X-Key": "{{config.KEY}}"}, "timeout_ms": 5000})
+    );
+    let spec: ToolCallSpec = serde_json::from_value(spec).expect("wire spec");
+    assert_eq!(spec.tool, "search");
+    assert_eq!(spec.idempotency_key, "r1/intake.t1");
+    assert!(matches!(
+        spec.binding,
+        belay_proto::wire::ToolBinding::Mcp(ref b) if b.server_tool == "echo" && b.timeout_ms == 5_000
+    ));
+}

@@ -14,6 +14,7 @@
 //! `seq` is gapless. Leases are judged by the database clock (`now()`), never
 //! by comparing the clocks of two machines.
 
+mod mcp_tools;
 mod notifications;
 mod postgres;
 mod sqlite;
@@ -24,6 +25,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use mcp_tools::{McpPinTask, McpToolDefinitionRow, McpToolListingIn, McpToolPinRow};
 pub use notifications::{NotificationRow, NotificationStatus};
 pub use postgres::{EVENTS_CHANNEL, TASKS_CHANNEL};
 
@@ -608,6 +610,14 @@ impl Store {
         on_backend!(self, b => b.get_run(tenant, run_id).await)
     }
 
+    /// How many runs `run_id` descends from through `parent_run_id` (0 for
+    /// a run no other run started, or an unknown run), counting at most
+    /// `limit + 1`: enough to tell whether a child of it would nest more
+    /// than `limit` deep.
+    pub async fn run_depth(&self, run_id: Uuid, limit: u32) -> Result<u32, StoreError> {
+        on_backend!(self, b => b.run_depth(run_id, limit).await)
+    }
+
     /// Runs of a tenant, newest first, keyset-paged by `(created_at, run_id)`.
     pub async fn list_runs(
         &self,
@@ -817,5 +827,75 @@ impl Store {
         run_id: Uuid,
     ) -> Result<Vec<NotificationStatus>, StoreError> {
         on_backend!(self, b => b.notifications_for_run(run_id).await)
+    }
+
+    // ---- MCP tools (definitions reported by workers, pins) -------------
+
+    /// Record one report of an MCP server's tools: each (tool, hash) not
+    /// seen before is inserted, the others have `last_seen_at`,
+    /// `reported_by` and `protocol_version` refreshed. Returns how many
+    /// were new.
+    pub async fn record_mcp_tools(
+        &self,
+        server: &str,
+        protocol_version: &str,
+        reported_by: &str,
+        listings: &[McpToolListingIn],
+    ) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.record_mcp_tools(server, protocol_version, reported_by, listings).await)
+    }
+
+    /// Reported MCP tool definitions, every hash, optionally of one server
+    /// (and one tool); ordered by server, tool, newest report first.
+    pub async fn mcp_tool_definitions(
+        &self,
+        server: Option<&str>,
+        tool: Option<&str>,
+    ) -> Result<Vec<McpToolDefinitionRow>, StoreError> {
+        on_backend!(self, b => b.mcp_tool_definitions(server, tool).await)
+    }
+
+    /// A tenant's pinned MCP tool definitions, optionally of one server
+    /// (and one tool), ordered by server and tool.
+    pub async fn mcp_tool_pins(
+        &self,
+        tenant: &str,
+        server: Option<&str>,
+        tool: Option<&str>,
+    ) -> Result<Vec<McpToolPinRow>, StoreError> {
+        on_backend!(self, b => b.mcp_tool_pins(tenant, server, tool).await)
+    }
+
+    /// Pin `definition_hash` for the tenant's (server, tool) unless a pin
+    /// exists (trust on first use); returns the pin in force either way.
+    pub async fn pin_mcp_tool_first_use(
+        &self,
+        tenant: &str,
+        server: &str,
+        tool: &str,
+        definition_hash: &str,
+        accepted_by: &str,
+    ) -> Result<McpToolPinRow, StoreError> {
+        on_backend!(self, b => b.pin_mcp_tool_first_use(tenant, server, tool, definition_hash, accepted_by).await)
+    }
+
+    /// Pin `definition_hash` for the tenant's (server, tool), replacing the
+    /// pin in force (kept as `previous_hash`); returns the new pin.
+    pub async fn accept_mcp_tool(
+        &self,
+        tenant: &str,
+        server: &str,
+        tool: &str,
+        definition_hash: &str,
+        accepted_by: &str,
+        reason: &str,
+    ) -> Result<McpToolPinRow, StoreError> {
+        on_backend!(self, b => b.accept_mcp_tool(tenant, server, tool, definition_hash, accepted_by, reason).await)
+    }
+
+    /// The tenant, state and spec of a task, for pinning its MCP tool at
+    /// dispatch; `None` when there is no such task.
+    pub async fn mcp_pin_task(&self, task_id: Uuid) -> Result<Option<McpPinTask>, StoreError> {
+        on_backend!(self, b => b.mcp_pin_task(task_id).await)
     }
 }

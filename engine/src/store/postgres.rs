@@ -344,6 +344,25 @@ impl Pg {
         .await?)
     }
 
+    /// How many ancestors `run_id` has, counting at most `limit + 1`.
+    pub(crate) async fn run_depth(&self, run_id: Uuid, limit: u32) -> Result<u32, StoreError> {
+        let depth: i64 = sqlx::query_scalar(
+            "WITH RECURSIVE chain (parent_run_id, depth) AS (
+                 SELECT parent_run_id, 0 FROM runs WHERE run_id = $1
+               UNION ALL
+                 SELECT r.parent_run_id, c.depth + 1
+                 FROM runs r JOIN chain c ON r.run_id = c.parent_run_id
+                 WHERE c.depth <= $2
+             )
+             SELECT CAST(COALESCE(MAX(depth), 0) AS BIGINT) FROM chain",
+        )
+        .bind(run_id)
+        .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u32::try_from(depth).unwrap_or(u32::MAX))
+    }
+
     /// Runs of a tenant, newest first, keyset-paged by `(created_at, run_id)`.
     pub(crate) async fn list_runs(
         &self,
@@ -399,51 +418,45 @@ impl Pg {
         F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
     {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        // Lock order everywhere: run row, then task row.
-        let (run, task_id): (Option<(Uuid, String, i64)>, Option<Uuid>) = match target {
-            Target::Run(run_id, task_id) => (
-                sqlx::query_as(
-                    "SELECT run_id, tenant, last_seq FROM runs WHERE run_id = $1 FOR UPDATE",
-                )
-                .bind(run_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from)?,
-                task_id,
-            ),
-            Target::Task(task_id) => (
-                sqlx::query_as(
-                    "SELECT run_id, tenant, last_seq FROM runs
-                     WHERE run_id = (SELECT run_id FROM tasks WHERE task_id = $1) FOR UPDATE",
-                )
-                .bind(task_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from)?,
-                Some(task_id),
-            ),
+        // Lock order everywhere: run row, then task row. Both are locked by
+        // one statement (one round trip): the CTE locks the run row, then the
+        // lateral sub-select locks the task row of that run.
+        let (run_id, task_id) = match target {
+            Target::Run(run_id, task_id) => (Some(run_id), task_id),
+            Target::Task(task_id) => (None, Some(task_id)),
         };
-        let Some((run_id, tenant, last_seq)) = run else {
+        let row: Option<LockedRow> = sqlx::query_as(
+            "WITH r AS (
+                 SELECT run_id, tenant, last_seq FROM runs
+                 WHERE run_id = COALESCE($1, (SELECT run_id FROM tasks WHERE task_id = $2))
+                 FOR UPDATE)
+             SELECT r.run_id, r.tenant, r.last_seq,
+                    t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
+                    t.dispatched_at, t.lease_expired
+             FROM r LEFT JOIN LATERAL (
+                 SELECT task_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
+                        (lease_expires_at IS NOT NULL AND lease_expires_at <= belay_now()) AS lease_expired
+                 FROM tasks WHERE task_id = $2 AND run_id = r.run_id
+                 FOR UPDATE) t ON true",
+        )
+        .bind(run_id)
+        .bind(task_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+        let Some(row) = row else {
             return Err(StoreError::NotFound(match target {
                 Target::Run(run_id, _) => format!("run {run_id}"),
                 Target::Task(task_id) => format!("task {task_id}"),
             })
             .into());
         };
+        let (run_id, tenant, last_seq) = (row.run_id, row.tenant.clone(), row.last_seq);
         let task = match task_id {
-            Some(task_id) => {
-                let row: Option<TaskRow> = sqlx::query_as(
-                    "SELECT task_id, run_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
-                            (lease_expires_at IS NOT NULL AND lease_expires_at <= belay_now()) AS lease_expired
-                     FROM tasks WHERE task_id = $1 AND run_id = $2 FOR UPDATE",
-                )
-                .bind(task_id)
-                .bind(run_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
-                Some(row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?)
-            }
+            Some(task_id) => Some(
+                row.task()
+                    .ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?,
+            ),
             None => None,
         };
         // Start from the cached state when it is not ahead of the run row
@@ -453,7 +466,7 @@ impl Pg {
             .cache()
             .take(&run_id)
             .filter(|s| s.last_seq <= last_seq as u64);
-        let state = load_state(&mut tx, run_id, cached).await?;
+        let state = load_state(&mut tx, run_id, cached, Some(last_seq as u64)).await?;
         if state.last_seq != last_seq as u64 {
             return Err(StoreError::Corrupt(format!(
                 "run {run_id}: last_seq {last_seq} but {} events",
@@ -494,7 +507,7 @@ impl Pg {
     /// The folded state of a run (for reads and tests).
     pub(crate) async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let state = load_state(&mut tx, run_id, None).await?;
+        let state = load_state(&mut tx, run_id, None, None).await?;
         tx.commit().await?;
         Ok(state)
     }
@@ -815,12 +828,56 @@ fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
 /// Fold a run's events (inside the transition's transaction).
 /// Fold a run's events after `from` (a state known to be a prefix of the
 /// history: its `last_seq` events), or from the start.
+/// The run row and (for a task's transition) the task row, locked by the
+/// first statement of a transition.
+#[derive(sqlx::FromRow)]
+struct LockedRow {
+    run_id: Uuid,
+    tenant: String,
+    last_seq: i64,
+    task_id: Option<Uuid>,
+    call_id: Option<String>,
+    kind: Option<String>,
+    status: Option<String>,
+    attempt: Option<i32>,
+    worker_id: Option<String>,
+    dispatched: Option<bool>,
+    dispatched_at: Option<chrono::DateTime<chrono::Utc>>,
+    lease_expired: Option<bool>,
+}
+
+impl LockedRow {
+    /// The task row, if one was asked for and belongs to the run.
+    fn task(&self) -> Option<TaskRow> {
+        Some(TaskRow {
+            task_id: self.task_id?,
+            run_id: self.run_id,
+            call_id: self.call_id.clone()?,
+            kind: self.kind.clone()?,
+            status: self.status.clone()?,
+            attempt: self.attempt?,
+            worker_id: self.worker_id.clone(),
+            dispatched: self.dispatched?,
+            dispatched_at: self.dispatched_at,
+            lease_expired: self.lease_expired?,
+        })
+    }
+}
+
+/// The run's state: `from` (a cached prefix) plus the events after it. With
+/// `known_last_seq` (the locked run row's), a prefix that is already that
+/// far is returned without a query.
 async fn load_state(
     tx: &mut Transaction<'static, Postgres>,
     run_id: Uuid,
     from: Option<RunState>,
+    known_last_seq: Option<u64>,
 ) -> Result<RunState, StoreError> {
     let mut state = from.unwrap_or_default();
+    if known_last_seq == Some(state.last_seq) && state.last_seq > 0 {
+        // The cached state is the run row's: no event to read.
+        return Ok(state);
+    }
     let rows: Vec<(i64, Value)> = sqlx::query_as(
         "SELECT seq, payload FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq",
     )
@@ -842,6 +899,18 @@ async fn write_decision(
     decision: &Decision,
     after: &RunState,
 ) -> Result<(), StoreError> {
+    let notify_tasks = decision
+        .commands
+        .iter()
+        .any(|c| matches!(c, Command::ScheduleTask { .. } | Command::RetryTask { .. }));
+    let notify_outbox = decision.commands.iter().any(|c| {
+        matches!(
+            c,
+            Command::StartChildRun { .. } | Command::CancelChildRun { .. }
+        )
+    });
+    let mut parent_run_id: Option<Uuid> = None;
+    let mut notified = false;
     if !decision.events.is_empty() {
         let mut seqs = Vec::with_capacity(decision.events.len());
         let mut kinds = Vec::with_capacity(decision.events.len());
@@ -854,19 +923,40 @@ async fn write_decision(
                     .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
             );
         }
-        sqlx::query(
-            "INSERT INTO events (run_id, seq, kind, payload)
-             SELECT $1, s, k, p FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)",
+        // One round trip: the events, the run row (a projection of them) and
+        // the wake-ups (delivered at commit).
+        let new_seq = last_seq + decision.events.len() as i64;
+        let (parent,): (Option<Uuid>,) = sqlx::query_as(
+            "WITH ins AS (
+                 INSERT INTO events (run_id, seq, kind, payload)
+                 SELECT $1, s, k, p FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
+             upd AS (
+                 UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
+                        updated_at = belay_now()
+                 WHERE run_id = $1 RETURNING parent_run_id),
+             woken AS (
+                 SELECT pg_notify($9, $1::text),
+                        CASE WHEN $10 THEN pg_notify($11, '') END,
+                        CASE WHEN $12 THEN pg_notify($11, 'outbox') END)
+             SELECT (SELECT parent_run_id FROM upd) FROM woken",
         )
         .bind(run_id)
         .bind(&seqs)
         .bind(&kinds)
         .bind(&payloads)
-        .execute(&mut **tx)
+        .bind(after.status.as_str())
+        .bind(&after.status_reason)
+        .bind(after.output.as_ref())
+        .bind(new_seq)
+        .bind(EVENTS_CHANNEL)
+        .bind(notify_tasks)
+        .bind(TASKS_CHANNEL)
+        .bind(notify_outbox)
+        .fetch_one(&mut **tx)
         .await?;
+        parent_run_id = parent;
+        notified = true;
     }
-    let mut notify_tasks = false;
-    let mut notify_outbox = false;
     for command in &decision.commands {
         match command {
             Command::ScheduleTask {
@@ -892,7 +982,6 @@ async fn write_decision(
                 .bind(runs_while_paused)
                 .execute(&mut **tx)
                 .await?;
-                notify_tasks = true;
             }
             Command::RetryTask { call_id, delay_ms } => {
                 sqlx::query(
@@ -905,7 +994,6 @@ async fn write_decision(
                 .bind(*delay_ms as f64)
                 .execute(&mut **tx)
                 .await?;
-                notify_tasks = true;
             }
             Command::MarkDispatched { call_id, attempt } => {
                 sqlx::query(
@@ -1109,7 +1197,6 @@ async fn write_decision(
                     "workflow": workflow, "input": input, "sync": sync,
                 });
                 insert_outbox(tx, run_id, "start_child", &payload).await?;
-                notify_outbox = true;
             }
             Command::CancelChildRun {
                 child_run_id,
@@ -1119,7 +1206,6 @@ async fn write_decision(
                     "tenant": tenant, "child_run_id": child_run_id, "reason": reason,
                 });
                 insert_outbox(tx, run_id, "cancel_child", &payload).await?;
-                notify_outbox = true;
             }
             Command::CancelOpenTasks => {
                 sqlx::query(
@@ -1132,61 +1218,212 @@ async fn write_decision(
             }
         }
     }
-    if after.status.is_terminal() {
-        // A run that ended has nothing left to wake it.
+    // A run that ended has nothing left to wake it; a child run that ends
+    // tells its parent (through the outbox).
+    let mut notify_parent = false;
+    if super::ends_run(decision) {
         sqlx::query("DELETE FROM timers WHERE run_id = $1")
             .bind(run_id)
             .execute(&mut **tx)
             .await?;
-        // A child run that ends tells its parent (through the outbox).
-        if super::ends_run(decision) {
-            let parent: Option<(Option<Uuid>,)> =
-                sqlx::query_as("SELECT parent_run_id FROM runs WHERE run_id = $1")
-                    .bind(run_id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-            if let Some((Some(parent),)) = parent {
-                let payload = super::child_finished_payload(tenant, parent, run_id, after);
-                insert_outbox(tx, run_id, "child_finished", &payload).await?;
-                notify_outbox = true;
-            }
+        if let Some(parent) = parent_run_id {
+            let payload = super::child_finished_payload(tenant, parent, run_id, after);
+            insert_outbox(tx, run_id, "child_finished", &payload).await?;
+            notify_parent = true;
         }
     }
-    // The run row is a projection of the events: a decision without any
-    // (a duplicate signal, a stale timer, a repeated child report) leaves
-    // it as it is, `updated_at` included.
-    if !decision.events.is_empty() {
-        let new_seq = last_seq + decision.events.len() as i64;
-        sqlx::query(
-            "UPDATE runs SET status = $2, status_reason = $3, output = $4, last_seq = $5, updated_at = belay_now()
-             WHERE run_id = $1",
-        )
-        .bind(run_id)
-        .bind(after.status.as_str())
-        .bind(&after.status_reason)
-        .bind(after.output.as_ref())
-        .bind(new_seq)
-        .execute(&mut **tx)
-        .await?;
-    }
-    if notify_tasks {
+    if !notified && notify_tasks {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(TASKS_CHANNEL)
             .execute(&mut **tx)
             .await?;
     }
-    if notify_outbox {
+    if notify_parent || (!notified && notify_outbox) {
         sqlx::query("SELECT pg_notify($1, 'outbox')")
             .bind(TASKS_CHANNEL)
             .execute(&mut **tx)
             .await?;
     }
-    if !decision.events.is_empty() {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(EVENTS_CHANNEL)
-            .bind(run_id.to_string())
-            .execute(&mut **tx)
-            .await?;
-    }
     Ok(())
+}
+
+// ---- MCP tools (definitions reported by workers, pins) -----------------
+// New statements only; the rules are in `crate::mcp_pins`.
+
+const MCP_DEFINITION_COLUMNS: &str = "server, tool, definition_hash, definition, refusal, suggested_repeat_safety, protocol_version, first_seen_at, last_seen_at, reported_by";
+const MCP_PIN_COLUMNS: &str =
+    "tenant, server, tool, definition_hash, previous_hash, accepted_by, reason, accepted_at";
+
+impl Pg {
+    /// See [`super::Store::record_mcp_tools`].
+    pub(crate) async fn record_mcp_tools(
+        &self,
+        server: &str,
+        protocol_version: &str,
+        reported_by: &str,
+        listings: &[super::McpToolListingIn],
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let seq: i64 = sqlx::query_scalar("SELECT nextval('mcp_tool_report_seq')")
+            .fetch_one(&mut *tx)
+            .await?;
+        let mut new = 0;
+        for l in listings {
+            let inserted = sqlx::query(
+                "INSERT INTO mcp_tool_definitions
+                     (server, tool, definition_hash, definition, refusal, suggested_repeat_safety,
+                      protocol_version, reported_by, report_seq)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                 ON CONFLICT (server, tool, definition_hash) DO NOTHING",
+            )
+            .bind(server)
+            .bind(&l.tool)
+            .bind(&l.definition_hash)
+            .bind(&l.definition)
+            .bind(l.refusal.as_deref())
+            .bind(&l.suggested_repeat_safety)
+            .bind(protocol_version)
+            .bind(reported_by)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+            if inserted.rows_affected() == 1 {
+                new += 1;
+            } else {
+                sqlx::query(
+                    "UPDATE mcp_tool_definitions
+                     SET last_seen_at = belay_now(), reported_by = $4, protocol_version = $5,
+                         report_seq = $6
+                     WHERE server = $1 AND tool = $2 AND definition_hash = $3",
+                )
+                .bind(server)
+                .bind(&l.tool)
+                .bind(&l.definition_hash)
+                .bind(reported_by)
+                .bind(protocol_version)
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(new)
+    }
+
+    /// See [`super::Store::mcp_tool_definitions`].
+    pub(crate) async fn mcp_tool_definitions(
+        &self,
+        server: Option<&str>,
+        tool: Option<&str>,
+    ) -> Result<Vec<super::McpToolDefinitionRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {MCP_DEFINITION_COLUMNS} FROM mcp_tool_definitions
+             WHERE ($1::text IS NULL OR server = $1) AND ($2::text IS NULL OR tool = $2)
+             ORDER BY server, tool, report_seq DESC, definition_hash"
+        )))
+        .bind(server)
+        .bind(tool)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// See [`super::Store::mcp_tool_pins`].
+    pub(crate) async fn mcp_tool_pins(
+        &self,
+        tenant: &str,
+        server: Option<&str>,
+        tool: Option<&str>,
+    ) -> Result<Vec<super::McpToolPinRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {MCP_PIN_COLUMNS} FROM mcp_tool_pins
+             WHERE tenant = $1 AND ($2::text IS NULL OR server = $2) AND ($3::text IS NULL OR tool = $3)
+             ORDER BY server, tool"
+        )))
+        .bind(tenant)
+        .bind(server)
+        .bind(tool)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// See [`super::Store::pin_mcp_tool_first_use`].
+    pub(crate) async fn pin_mcp_tool_first_use(
+        &self,
+        tenant: &str,
+        server: &str,
+        tool: &str,
+        definition_hash: &str,
+        accepted_by: &str,
+    ) -> Result<super::McpToolPinRow, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO mcp_tool_pins (tenant, server, tool, definition_hash, accepted_by, reason)
+             VALUES ($1, $2, $3, $4, $5, 'trusted on first use')
+             ON CONFLICT (tenant, server, tool) DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(server)
+        .bind(tool)
+        .bind(definition_hash)
+        .bind(accepted_by)
+        .execute(&mut *tx)
+        .await?;
+        let pin = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {MCP_PIN_COLUMNS} FROM mcp_tool_pins
+             WHERE tenant = $1 AND server = $2 AND tool = $3"
+        )))
+        .bind(tenant)
+        .bind(server)
+        .bind(tool)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(pin)
+    }
+
+    /// See [`super::Store::accept_mcp_tool`].
+    pub(crate) async fn accept_mcp_tool(
+        &self,
+        tenant: &str,
+        server: &str,
+        tool: &str,
+        definition_hash: &str,
+        accepted_by: &str,
+        reason: &str,
+    ) -> Result<super::McpToolPinRow, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO mcp_tool_pins (tenant, server, tool, definition_hash, accepted_by, reason)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (tenant, server, tool) DO UPDATE
+             SET previous_hash = CASE WHEN mcp_tool_pins.definition_hash = excluded.definition_hash
+                                      THEN mcp_tool_pins.previous_hash
+                                      ELSE mcp_tool_pins.definition_hash END,
+                 definition_hash = excluded.definition_hash,
+                 accepted_by = excluded.accepted_by,
+                 reason = excluded.reason,
+                 accepted_at = belay_now()
+             RETURNING {MCP_PIN_COLUMNS}"
+        )))
+        .bind(tenant)
+        .bind(server)
+        .bind(tool)
+        .bind(definition_hash)
+        .bind(accepted_by)
+        .bind(reason)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// See [`super::Store::mcp_pin_task`].
+    pub(crate) async fn mcp_pin_task(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<super::McpPinTask>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT tenant, kind, status, attempt, worker_id, spec FROM tasks WHERE task_id = $1",
+        )
+        .bind(task_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
 }

@@ -19,7 +19,7 @@
 //!   ([`kyc_status`]), else `clear`. With a `callbackUrl` (a `type:
 //!   async_webhook` call), it answers `202 {check_id, status: "pending"}`
 //!   at once and POSTs `{check_id, status}` to `callbackUrl` afterwards, as a
-//!   KYC provider does (retrying connection failures and 5xx up to 5 times);
+//!   KYC provider does (retrying connection failures and 5xx for about two minutes);
 //!   a repeated idempotency key gets the first answer and no second callback.
 //! - `GET /accounts/by-idempotency-key/{key}` → `200 {account_id, ...}` or
 //!   `404 {"error": "not_found"}`: a read-only lookup to reconcile an uncertain
@@ -1030,8 +1030,12 @@ struct Ctx {
     http: reqwest::Client,
 }
 
+/// Attempts to deliver one callback: 50 ms doubling to 2 s between them,
+/// about two minutes in all.
+const CALLBACK_ATTEMPTS: usize = 64;
+
 /// POST `body` to `url` as a KYC provider would: connection failures and 5xx
-/// are retried (5 attempts, 50 ms doubling); the outcome is logged in
+/// are retried ([`CALLBACK_ATTEMPTS`]); the outcome is logged in
 /// `GET /_callbacks`.
 async fn send_callback(
     state: &CrmState,
@@ -1054,10 +1058,13 @@ async fn send_callback(
             Ok((status.as_u16(), text))
         }
     })
+    // Providers retry for a long while: an engine restarting (or all of
+    // them down for a deploy) must not lose the result.
     .retry(
         ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
-            .with_max_times(4),
+            .with_max_delay(Duration::from_secs(2))
+            .with_max_times(CALLBACK_ATTEMPTS - 1),
     )
     .await;
     let sent = match result {

@@ -43,3 +43,12 @@ pub const ONBOARDING_MODEL: &str = "scripted-onboarding";
 /// Model name of the script that first proposes three calls the engine must
 /// refuse (unknown tool, invalid JSON, schema violation), then onboards.
 pub const REFUSALS_MODEL: &str = "scripted-refusals";
+
+/// Model names of the scripts of the MCP end-to-end tests
+/// (`tests/tests/mcp.rs`, `tests/mcp-fixtures/`), in name order.
+pub const MCP_TEST_MODELS: [&str; 4] = [
+    "scripted-mcp-clock",
+    "scripted-mcp-echo-http",
+    "scripted-mcp-everything",
+    "scripted-mcp-slow",
+];

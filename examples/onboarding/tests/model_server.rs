@@ -8,7 +8,7 @@ mod common;
 use belay_example_onboarding::model_server::{
     DEFAULT_COMPLETION_TOKENS, DEFAULT_PROMPT_TOKENS, Script, ScriptError,
 };
-use belay_example_onboarding::{INTAKE_MODEL, ONBOARDING_MODEL, REFUSALS_MODEL};
+use belay_example_onboarding::{INTAKE_MODEL, MCP_TEST_MODELS, ONBOARDING_MODEL, REFUSALS_MODEL};
 use common::{client, start_model, start_onboarding_model};
 use serde_json::{Value, json};
 
@@ -424,7 +424,10 @@ async fn api_key_is_required_when_configured() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    assert_eq!(ids, [INTAKE_MODEL, ONBOARDING_MODEL, REFUSALS_MODEL]);
+    let mut expected = vec![INTAKE_MODEL];
+    expected.extend(MCP_TEST_MODELS);
+    expected.extend([ONBOARDING_MODEL, REFUSALS_MODEL]);
+    assert_eq!(ids, expected);
     server.stop().await;
 }
 
@@ -544,10 +547,10 @@ fn invalid_scripts_are_refused_with_a_reason() {
 #[test]
 fn embedded_script_is_the_file_and_has_every_model() {
     let script = Script::onboarding().expect("embedded script parses");
-    assert_eq!(
-        script.models().collect::<Vec<_>>(),
-        [INTAKE_MODEL, ONBOARDING_MODEL, REFUSALS_MODEL]
-    );
+    let mut expected = vec![INTAKE_MODEL];
+    expected.extend(MCP_TEST_MODELS);
+    expected.extend([ONBOARDING_MODEL, REFUSALS_MODEL]);
+    assert_eq!(script.models().collect::<Vec<_>>(), expected);
     assert_eq!(script.turns(INTAKE_MODEL).map(<[_]>::len), Some(3));
     assert_eq!(script.turns(ONBOARDING_MODEL).map(<[_]>::len), Some(4));
     assert_eq!(script.turns(REFUSALS_MODEL).map(<[_]>::len), Some(7));

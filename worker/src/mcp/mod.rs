@@ -76,8 +76,10 @@ pub trait McpClient: Send + Sync {
     /// Calls one tool once. Checks before sending (not sent when refused):
     /// per-call headers, the tool is listed and mappable, its definition hash
     /// is [`CallRequest::expected_hash`], the arguments match its input
-    /// schema. The catalog is re-listed first when it is stale
-    /// ([`McpClient::tools_changed`] moved on).
+    /// schema. The checks run against the catalog of the connection the
+    /// call is sent on: it is re-listed first when it is stale
+    /// ([`McpClient::tools_changed`] moved on, e.g. the server restarted
+    /// while the call waited for the connection).
     fn call_tool(&self, request: CallRequest) -> BoxFuture<'_, CallOutcome>;
 
     /// A counter that increases on every `notifications/tools/list_changed`

@@ -67,6 +67,14 @@ const URL_ELICITATION_REQUIRED: i32 = -32042;
 const MAX_STDERR_LINE: u64 = 8 * 1024;
 /// Connect timeout of the HTTP backend, in ms.
 const HTTP_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// How often a broken SSE stream (a call's answer, or the server's own
+/// stream) is resumed with `Last-Event-ID` before it counts as lost. rmcp's
+/// default retries for ever, which would leave a call to a dead server
+/// waiting for its whole timeout instead of being reported as lost after
+/// sending.
+const HTTP_SSE_RESUME_ATTEMPTS: usize = 3;
+/// First delay between SSE resumption attempts, in ms (doubling).
+const HTTP_SSE_RESUME_DELAY_MS: u64 = 200;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
@@ -276,11 +284,56 @@ struct HeaderClient {
     inner: reqwest::Client,
     calls: Arc<Calls>,
     generation: u64,
+    /// Cancelled when the server no longer knows this connection's session:
+    /// the supervisor then re-makes the connection (see [`HeaderClient::answered`]).
+    lost: CancellationToken,
 }
 
 type HeaderMap = HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
 
 impl HeaderClient {
+    /// What a POST's answer means for the request it carried.
+    ///
+    /// A JSON-RPC error without an `id` answering a request is the server
+    /// refusing that request before handling it (it could not read it, or
+    /// does not know the session). rmcp cannot match it to the request, which
+    /// would then wait for its whole timeout; so with a session attached and
+    /// an error about the session (some servers answer an unknown session
+    /// with 400 rather than the 404 the specification asks for) it becomes
+    /// `SessionExpired`, and otherwise it is given the request's id. A
+    /// `SessionExpired` (either way) marks the connection lost: rmcp's own
+    /// re-initialisation is off, because it would repeat a call on a new
+    /// session without the definition check of a re-made connection.
+    fn answered(
+        &self,
+        message_id: Option<RequestId>,
+        session_attached: bool,
+        result: PostResult,
+    ) -> PostResult {
+        let result = match (result, message_id) {
+            (
+                Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(mut error), session)),
+                Some(id),
+            ) if error.id.is_none() => {
+                let about_session = error.error.message.to_ascii_lowercase().contains("session");
+                if session_attached && about_session {
+                    Err(StreamableHttpError::SessionExpired)
+                } else {
+                    error.id = Some(id);
+                    Ok(StreamableHttpPostResponse::Json(
+                        JsonRpcMessage::Error(error),
+                        session,
+                    ))
+                }
+            }
+            (result, _) => result,
+        };
+        if matches!(result, Err(StreamableHttpError::SessionExpired)) {
+            self.lost.cancel();
+        }
+        result
+    }
+
     fn headers_for(&self, message: &ClientJsonRpcMessage, mut headers: HeaderMap) -> HeaderMap {
         if let JsonRpcMessage::Request(request) = message
             && let Some(marker) = self.calls.by_request_id(self.generation, &request.id)
@@ -294,6 +347,14 @@ impl HeaderClient {
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
 
+/// The id of a request message (`None` for notifications and answers).
+fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        JsonRpcMessage::Request(request) => Some(request.id.clone()),
+        _ => None,
+    }
+}
+
 impl StreamableHttpClient for HeaderClient {
     type Error = reqwest::Error;
 
@@ -306,8 +367,14 @@ impl StreamableHttpClient for HeaderClient {
         custom_headers: HeaderMap,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let headers = self.headers_for(&message, custom_headers);
-        self.inner
-            .post_message(uri, message, session_id, auth_header, headers)
+        let (id, attached) = (request_id(&message), session_id.is_some());
+        async move {
+            let result = self
+                .inner
+                .post_message(uri, message, session_id, auth_header, headers)
+                .await;
+            self.answered(id, attached, result)
+        }
     }
 
     fn post_message_with_max_sse_event_size(
@@ -320,14 +387,21 @@ impl StreamableHttpClient for HeaderClient {
         max_sse_event_size: usize,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let headers = self.headers_for(&message, custom_headers);
-        self.inner.post_message_with_max_sse_event_size(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            headers,
-            max_sse_event_size,
-        )
+        let (id, attached) = (request_id(&message), session_id.is_some());
+        async move {
+            let result = self
+                .inner
+                .post_message_with_max_sse_event_size(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    headers,
+                    max_sse_event_size,
+                )
+                .await;
+            self.answered(id, attached, result)
+        }
     }
 
     fn post_message_with_response_limits(
@@ -340,14 +414,21 @@ impl StreamableHttpClient for HeaderClient {
         limits: StreamableHttpResponseLimits,
     ) -> impl Future<Output = PostResult> + Send + '_ {
         let headers = self.headers_for(&message, custom_headers);
-        self.inner.post_message_with_response_limits(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            headers,
-            limits,
-        )
+        let (id, attached) = (request_id(&message), session_id.is_some());
+        async move {
+            let result = self
+                .inner
+                .post_message_with_response_limits(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    headers,
+                    limits,
+                )
+                .await;
+            self.answered(id, attached, result)
+        }
     }
 
     fn delete_session(
@@ -521,6 +602,9 @@ struct Live {
     generation: u64,
     pid: Option<u32>,
     protocol_version: String,
+    /// Cancelled when the connection is known to be lost before rmcp noticed
+    /// (HTTP: the server forgot the session).
+    lost: CancellationToken,
 }
 
 #[derive(Clone)]
@@ -634,6 +718,8 @@ async fn connect_once(
         generation,
     };
     let timeout = Duration::from_millis(shared.server.common.connect_timeout_ms);
+    // Cancelled (HTTP) when the server forgot the session: ends the connection.
+    let lost = CancellationToken::new();
     let (running, pid) = match &shared.server.transport {
         ResolvedTransport::Stdio {
             command,
@@ -707,9 +793,19 @@ async fn connect_once(
                 inner: http,
                 calls: shared.calls.clone(),
                 generation,
+                lost: lost.clone(),
             };
-            let config =
+            let mut config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(fixed);
+            let mut resume =
+                rmcp::transport::common::client_side_sse::ExponentialBackoff::default();
+            resume.max_times = Some(HTTP_SSE_RESUME_ATTEMPTS);
+            resume.base_duration = Duration::from_millis(HTTP_SSE_RESUME_DELAY_MS);
+            resume.max_delay = Some(Duration::from_secs(2));
+            config.retry_config = Arc::new(resume);
+            // A session the server forgot is a lost connection (see
+            // `HeaderClient::answered`), never silently re-made by rmcp.
+            config.reinit_on_expired_session = false;
             let transport = Tracked {
                 inner: StreamableHttpClientTransport::with_client(client, config),
                 calls: shared.calls.clone(),
@@ -740,6 +836,7 @@ async fn connect_once(
         generation,
         pid,
         protocol_version,
+        lost,
     });
     Ok((live, running))
 }
@@ -787,6 +884,11 @@ async fn supervise(shared: Arc<Shared>, mut live: Arc<Live>, mut running: Runnin
         tokio::pin!(waiting);
         let quit = tokio::select! {
             quit = &mut waiting => quit,
+            // The server forgot the session: end this connection, make another.
+            () = live.lost.cancelled() => {
+                cancel.cancel();
+                (&mut waiting).await
+            }
             () = shared.shutdown.cancelled() => {
                 cancel.cancel();
                 let _ = waiting.await;
@@ -1070,17 +1172,6 @@ impl Shared {
 
     /// Checks against the catalog, then sends (see [`McpClient::call_tool`]).
     async fn checked_call(&self, request: &CallRequest, marker: u64) -> CallOutcome {
-        let tool = match self.catalog_tool(request).await {
-            Ok(tool) => tool,
-            Err(outcome) => return outcome,
-        };
-        let arguments = Value::Object(request.arguments.clone());
-        if let Err(errors) = schema::validate(&tool.input, &arguments) {
-            return CallOutcome::Refused(CallRefusal::InvalidArguments {
-                tool: request.tool.clone(),
-                errors,
-            });
-        }
         let deadline = self.connect_deadline();
         loop {
             let live = match self.live(deadline).await {
@@ -1091,11 +1182,29 @@ impl Shared {
                     };
                 }
             };
+            // Checked against the catalog of the connection the call goes
+            // out on: the change counter moves before a re-made connection
+            // is published, so a server restarted since the last listing
+            // (which may list other definitions) is listed again first.
+            let tool = match self.catalog_tool(request).await {
+                Ok(tool) => tool,
+                Err(outcome) => return outcome,
+            };
+            let arguments = Value::Object(request.arguments.clone());
+            if let Err(errors) = schema::validate(&tool.input, &arguments) {
+                return CallOutcome::Refused(CallRefusal::InvalidArguments {
+                    tool: request.tool.clone(),
+                    errors,
+                });
+            }
             let outcome = self.send_call(&live, request, marker, &tool).await;
             // Nothing was sent and the connection is gone: the request can
             // go to the next connection, which the supervisor is making.
             let state = self.calls.state(marker);
-            let retry = state == SendState::Queued || (self.is_stdio() && !handed(&state));
+            // (HTTP: only once the connection is known to be lost, so the
+            // next one is a new session, checked against its own listing.)
+            let retry = state == SendState::Queued
+                || (!handed(&state) && (self.is_stdio() || live.lost.is_cancelled()));
             if let CallOutcome::Disconnected { .. } = &outcome
                 && retry
                 && tokio::time::Instant::now() < deadline

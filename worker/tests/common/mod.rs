@@ -264,11 +264,31 @@ impl WorkerService for FakeService {
             request.attempt,
             if refused { " refused" } else { "" }
         ));
+        // An MCP call: pin whatever the worker lists (trust on first use).
+        let mcp_pinned_hash = request.mcp_definition_hash.clone();
         state.dispatches.push(request);
         if refused {
             return Err(Status::failed_precondition("budget exhausted"));
         }
-        Ok(Response::new(DispatchToolCallResponse::default()))
+        Ok(Response::new(DispatchToolCallResponse {
+            mcp_pinned_hash,
+            ..DispatchToolCallResponse::default()
+        }))
+    }
+
+    async fn report_mcp_tools(
+        &self,
+        request: Request<belay_proto::v1::ReportMcpToolsRequest>,
+    ) -> Result<Response<belay_proto::v1::ReportMcpToolsResponse>, Status> {
+        let request = request.into_inner();
+        self.log.push(format!(
+            "report_mcp_tools {} {}",
+            request.server,
+            request.tools.len()
+        ));
+        Ok(Response::new(belay_proto::v1::ReportMcpToolsResponse {
+            new_definitions: 0,
+        }))
     }
 
     async fn complete_task(

@@ -390,8 +390,16 @@ async fn run(args: Args) -> Result<bool> {
     Ok(final_run.status == "completed")
 }
 
+fn main() -> ExitCode {
+    // Started as an expression evaluator of the sandbox: serve and exit.
+    belay_engine::expr_sandbox::run_sandbox_if_requested();
+    // Otherwise evaluate workflow expressions in such evaluators.
+    belay_engine::expr_sandbox::enable_sandbox();
+    async_main()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn async_main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
