@@ -1647,7 +1647,108 @@ async fn child_runs_nest_at_most_max_child_depth(backend: Backend) {
     db.drop().await;
 }
 
+const CONFIRMED_TOOL: &str = r#"TOOLS:
+  pay(amount: number, recipient: string) -> {payment_id: string}
+    description: "Execute a payment"
+    type: http
+    endpoint: "/payments"
+    permission: crm.write
+    repeat_safety: idempotent
+    confirmation:
+      require: always
+      immutable_params: [recipient]
+"#;
+
+const CONFIRMED_FLOW: &str = r#"kind: workflow
+name: payout
+nodes:
+  - {id: pay, type: tool, tool: pay, args: {amount: 120, recipient: "acct_9"}, grants: [crm.write]}
+"#;
+
+async fn a_confirmed_tool_call_waits_for_a_decision_and_runs_the_approved_arguments(
+    backend: Backend,
+) {
+    let (db, coord) = setup(backend).await;
+    coord
+        .register_bundle(
+            TENANT,
+            vec![
+                SourceFile {
+                    path: "pay.tools.abl".into(),
+                    content: CONFIRMED_TOOL.into(),
+                },
+                SourceFile {
+                    path: "payout.yaml".into(),
+                    content: CONFIRMED_FLOW.into(),
+                },
+            ],
+        )
+        .await
+        .expect("register");
+    let r = start(&coord, "payout", json!({}), "pay1").await;
+    assert_eq!(r.status, "waiting");
+    // Nothing to dispatch before the decision.
+    assert!(coord.claim("w1", 4, 0).await.expect("claim").is_empty());
+    let id = r.run_id.to_string();
+    let refused = coord
+        .decide_approval(
+            TENANT,
+            &id,
+            "pay.t1",
+            true,
+            r#"{"amount": 120, "recipient": "x"}"#,
+            "ana",
+            &["crm.write".into()],
+            "ok",
+        )
+        .await
+        .expect_err("immutable");
+    assert!(
+        matches!(refused, CoordinatorError::Unprocessable { .. }),
+        "{refused:?}"
+    );
+    coord
+        .decide_approval(
+            TENANT,
+            &id,
+            "pay.t1",
+            true,
+            r#"{"amount": 100, "recipient": "acct_9"}"#,
+            "ana",
+            &["crm.write".into()],
+            "ok",
+        )
+        .await
+        .expect("approve");
+    let tasks = coord.claim("w1", 4, 0).await.expect("claim");
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(
+        tasks[0].spec["arguments"],
+        json!({"amount": 100, "recipient": "acct_9"})
+    );
+    let again = coord
+        .decide_approval(
+            TENANT,
+            &id,
+            "pay.t1",
+            false,
+            "",
+            "bob",
+            &["crm.write".into()],
+            "no",
+        )
+        .await
+        .expect_err("second decision");
+    assert!(matches!(again, CoordinatorError::Conflict(_)), "{again:?}");
+    assert_eq!(
+        count_kind(&coord, r.run_id, "confirmation_decided").await,
+        1
+    );
+    db.drop().await;
+}
+
 on_both_backends!(
+    a_confirmed_tool_call_waits_for_a_decision_and_runs_the_approved_arguments,
     a_workflow_that_starts_itself_is_refused_at_registration,
     child_runs_nest_at_most_max_child_depth,
     a_workflow_tool_runs_a_child_and_its_output_is_the_calls_result,

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::model::{ChildMode, RepeatSafety, ToolBindingDef, ToolDef};
+use super::model::{ChildMode, ConfirmationDef, RepeatSafety, ToolBindingDef, ToolDef};
 use super::signature::{
     self, Direction, Field, MAX_TYPE_DEPTH, Prim, Signature, TypeExpr, check_input_type,
     parse_field_decl, parse_signature,
@@ -85,7 +85,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "wsdl_operation",
     "wsdl_version",
     "hints",
-    "confirmation",
     "effect",
     "provides",
     "compaction",
@@ -498,6 +497,9 @@ struct Props<'b> {
     permission: Option<String>,
     repeat_safety: Option<RepeatSafety>,
     reconcile_with: Option<NameAt>,
+    /// `confirmation:` with `require: always`: immutable params (with their
+    /// line and column) and the approver grant, if given.
+    confirmation: Option<(Vec<(String, u32, u32)>, Option<String>)>,
     parameters: Option<&'b Block>,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing.
@@ -546,6 +548,19 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         apply_parameters(params_block, &mut sig.params, &name, cx);
     }
 
+    if let (Some(sig), Some((immutable, _))) = (&signature, &props.confirmation) {
+        for (param, pline, pcol) in immutable {
+            if !sig.params.iter().any(|p| &p.name == param) {
+                cx.error(
+                    *pline,
+                    *pcol,
+                    format!(
+                        "`immutable_params` names `{param}`, which is not a parameter of `{name}`"
+                    ),
+                );
+            }
+        }
+    }
     let missing = |cx: &mut Cx<'_>, what: &str| {
         cx.error(
             line.no,
@@ -734,6 +749,12 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         }
         _ => return,
     };
+    let confirmation = props
+        .confirmation
+        .map(|(immutable, grant)| ConfirmationDef {
+            immutable_params: immutable.into_iter().map(|(p, _, _)| p).collect(),
+            approver_grant: grant.unwrap_or_else(|| permission.clone()),
+        });
     cx.out.tools.push(ToolDef {
         name: sig.name,
         description: props.description.unwrap_or_default(),
@@ -743,6 +764,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         repeat_safety,
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
+        confirmation,
         source_file: cx.file.to_string(),
         source_line: line.no,
     });
@@ -1048,6 +1070,11 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                     }
                 }
             }
+            "confirmation" => {
+                if block_only(child, &kv, cx) {
+                    props.confirmation = read_confirmation(child, cx);
+                }
+            }
             "callback_url_field" => {
                 if let Some(s) = scalar(child, &kv, cx) {
                     let valid = !s.is_empty()
@@ -1146,6 +1173,94 @@ fn scalar(block: &Block, kv: &KeyValue<'_>, cx: &mut Cx<'_>) -> Option<String> {
         Ok(s) => Some(s),
         Err((col, m)) => {
             cx.error(line.no, col, m);
+            None
+        }
+    }
+}
+
+/// The `confirmation:` block: `require: always | never` (`when_side_effects`
+/// needs `effect:`, which Belay does not read yet, and the `consent_*`
+/// properties are not supported: both are refused, not ignored),
+/// `immutable_params: [a, b]`, `approver_grant: perm`. `None` for `never`.
+#[allow(clippy::type_complexity)]
+fn read_confirmation(
+    block: &Block,
+    cx: &mut Cx<'_>,
+) -> Option<(Vec<(String, u32, u32)>, Option<String>)> {
+    let mut require: Option<String> = None;
+    let mut immutable = Vec::new();
+    let mut grant = None;
+    for entry in &block.children {
+        let line = &entry.line;
+        let Some(kv) = split_key(line) else {
+            cx.error(
+                line.no,
+                line.col(),
+                "expected `property: value` in `confirmation:`",
+            );
+            continue;
+        };
+        match kv.key {
+            "require" => {
+                let Some(v) = scalar(entry, &kv, cx) else { continue };
+                match v.as_str() {
+                    "always" | "never" => require = Some(v),
+                    "when_side_effects" => cx.error(
+                        line.no,
+                        kv.value_col,
+                        "`require: when_side_effects` needs the tool's `effect:`, which Belay does not read yet; use `always` or `never`",
+                    ),
+                    other => cx.error(
+                        line.no,
+                        kv.value_col,
+                        format!("unknown `require: {other}` (expected `always` or `never`)"),
+                    ),
+                }
+            }
+            "immutable_params" => {
+                let text = kv.value.trim();
+                let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) else {
+                    cx.error(
+                        line.no,
+                        kv.value_col,
+                        "`immutable_params` takes a list of parameter names, like `[recipient, amount]`",
+                    );
+                    continue;
+                };
+                for item in inner.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                    let name = item.trim_matches(|c| c == '"' || c == '\'');
+                    immutable.push((name.to_owned(), line.no, kv.value_col));
+                }
+            }
+            "approver_grant" => {
+                if let Some(v) = scalar(entry, &kv, cx) {
+                    match check_permission("approver_grant", &v) {
+                        Some(m) => cx.error(line.no, kv.value_col, m),
+                        None => grant = Some(v),
+                    }
+                }
+            }
+            key if key.starts_with("consent_") => cx.error(
+                line.no,
+                kv.key_col,
+                format!("`{key}` is not supported yet: Belay asks an approver, not the end user in a conversation"),
+            ),
+            other => cx.error(
+                line.no,
+                kv.key_col,
+                format!("unknown property `{other}` in `confirmation:` (expected `require`, `immutable_params`, `approver_grant`)"),
+            ),
+        }
+    }
+    match require.as_deref() {
+        Some("always") => Some((immutable, grant)),
+        Some(_) => None,
+        None => {
+            cx.error(
+                block.line.no,
+                block.line.col(),
+                "`confirmation:` needs `require: always` or `require: never`",
+            );
             None
         }
     }
@@ -1873,6 +1988,40 @@ TOOLS:
                 .iter()
                 .any(|m| m.contains("`mail`, which is not a parameter")),
             "{messages:?}"
+        );
+    }
+
+    #[test]
+    fn confirmation_blocks() {
+        let t = one_tool(
+            "TOOLS:\n  execute_payment(amount: number, recipient: string) -> {confirmation_id: string}\n    description: \"Execute a payment\"\n    type: http\n    endpoint: \"/api/payments\"\n    method: POST\n    confirmation:\n      require: always\n      immutable_params: [recipient]\n    permission: pay.exec\n    repeat_safety: idempotent\n",
+        );
+        assert_eq!(
+            t.confirmation,
+            Some(ConfirmationDef {
+                immutable_params: vec!["recipient".into()],
+                approver_grant: "pay.exec".into(),
+            })
+        );
+        let t = one_tool(
+            "TOOLS:\n  f(a: string) -> string\n    type: http\n    endpoint: /f\n    confirmation:\n      require: never\n    permission: p\n    repeat_safety: never\n",
+        );
+        assert_eq!(t.confirmation, None);
+        assert_eq!(
+            errors(
+                "TOOLS:\n  f(a: string) -> string\n    type: http\n    endpoint: /f\n    confirmation:\n      require: when_side_effects\n      immutable_params: [b]\n      consent_scope: [x]\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "6:16: `require: when_side_effects` needs the tool's `effect:`, which Belay does not read yet; use `always` or `never`",
+                "8:7: `consent_scope` is not supported yet: Belay asks an approver, not the end user in a conversation",
+                "5:5: `confirmation:` needs `require: always` or `require: never`",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  f(a: string) -> string\n    type: http\n    endpoint: /f\n    confirmation:\n      require: always\n      immutable_params: [b]\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec!["7:25: `immutable_params` names `b`, which is not a parameter of `f`"]
         );
     }
 

@@ -110,6 +110,20 @@ pub enum ToolBindingDef {
     },
 }
 
+/// `confirmation:` of a tool with `require: always` (the seed's "Tool
+/// features: Confirmation"): every call waits for a person's decision
+/// before it is dispatched. Added after v0.1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfirmationDef {
+    /// `immutable_params:`: arguments an approver may not edit (the others
+    /// may be edited; the call then runs with the edited arguments).
+    #[serde(default)]
+    pub immutable_params: Vec<String>,
+    /// `approver_grant:` (a Belay extension): the permission an approver
+    /// needs; default the tool's own `permission:`.
+    pub approver_grant: String,
+}
+
 /// A tool declared in a `.tools.abl` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDef {
@@ -135,6 +149,9 @@ pub struct ToolDef {
     pub reconcile_with: Option<String>,
     /// `type:` and its binding properties.
     pub binding: ToolBindingDef,
+    /// `confirmation:` with `require: always`; `None` for `never` or none.
+    #[serde(default)]
+    pub confirmation: Option<ConfirmationDef>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.

@@ -262,6 +262,39 @@ pub enum Event {
         /// Hex SHA-256 of the token used.
         token_sha256: String,
     },
+    /// A call of a tool with `confirmation: require: always` waits for a
+    /// person's decision before anything is dispatched. Added after v0.1.
+    ConfirmationRequested {
+        /// Node id.
+        node: String,
+        /// Call id (the decision names it, as `DecideApproval.node`).
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// The exact arguments the approver sees.
+        arguments: Value,
+        /// Permission an approver needs.
+        approver_grant: String,
+        /// Arguments the approver may not edit.
+        immutable_params: Vec<String>,
+    },
+    /// A person decided a confirmation. On approval the call runs with
+    /// exactly `arguments`; a decline goes back as "the user declined".
+    /// Added after v0.1.
+    ConfirmationDecided {
+        /// Call id.
+        call_id: String,
+        /// Approved or declined.
+        approved: bool,
+        /// Who.
+        by: String,
+        /// Why.
+        reason: String,
+        /// The arguments approved (edited or not); `null` when declined.
+        arguments: Value,
+        /// Whether the approver edited them.
+        edited: bool,
+    },
     /// An attempt of a tool call failed (reported, or its lease expired).
     ToolCallAttemptFailed {
         /// Call id.
@@ -543,6 +576,8 @@ impl Event {
             Event::ToolCallScheduled { .. } => "tool_call_scheduled",
             Event::ToolCallDispatched { .. } => "tool_call_dispatched",
             Event::CallbackIssued { .. } => "callback_issued",
+            Event::ConfirmationRequested { .. } => "confirmation_requested",
+            Event::ConfirmationDecided { .. } => "confirmation_decided",
             Event::ToolCallAccepted { .. } => "tool_call_accepted",
             Event::CallbackReceived { .. } => "callback_received",
             Event::ToolCallAttemptFailed { .. } => "tool_call_attempt_failed",

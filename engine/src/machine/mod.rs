@@ -872,7 +872,23 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             grants,
             reason,
         } => {
-            m.on_decision(node, approve, edited_subject, by, grants, reason)?;
+            // A call id names a tool call's confirmation; anything else a node.
+            let call = m.state.tool_calls.get(&node).cloned();
+            match call {
+                Some(c) if c.awaiting_confirmation.is_some() => {
+                    m.on_confirmation(node, approve, edited_subject, by, grants, reason)?
+                }
+                Some(c) if c.confirmed.is_some() => {
+                    let (first_by, approved, seq) = c.confirmed.unwrap_or_default();
+                    return Err(MachineError::AlreadyDecided {
+                        node,
+                        by: first_by,
+                        approved,
+                        seq,
+                    });
+                }
+                _ => m.on_decision(node, approve, edited_subject, by, grants, reason)?,
+            }
         }
     }
     m.advance()?;
@@ -1176,10 +1192,56 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
         };
+        let confirmation = tool.def.confirmation.clone();
+        let tool_name = tool.def.name.clone();
         self.emit(event);
+        if let Some(confirmation) = confirmation {
+            self.request_confirmation(&node_id, &call_id, &tool_name, &confirmation);
+            return Ok(());
+        }
+        self.launch_call(&node_id, &call_id, key, repeat_safety, spec, child);
+        Ok(())
+    }
+
+    /// A call of a tool with `confirmation:`: nothing is dispatched until a
+    /// person decides ([`Step::on_confirmation`]).
+    fn request_confirmation(
+        &mut self,
+        node: &str,
+        call_id: &str,
+        tool: &str,
+        confirmation: &crate::definitions::model::ConfirmationDef,
+    ) {
+        let arguments = self
+            .state
+            .tool_calls
+            .get(call_id)
+            .map(|c| c.arguments.clone())
+            .unwrap_or(Value::Null);
+        self.emit(Event::ConfirmationRequested {
+            node: node.to_owned(),
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            arguments,
+            approver_grant: confirmation.approver_grant.clone(),
+            immutable_params: confirmation.immutable_params.clone(),
+        });
+    }
+
+    /// Start a scheduled call: its task (a worker's tool) or its child run
+    /// (a `type: workflow` tool).
+    fn launch_call(
+        &mut self,
+        node_id: &str,
+        call_id: &str,
+        key: String,
+        repeat_safety: RepeatSafety,
+        spec: Option<Value>,
+        child: Option<(ToolBindingDef, Value)>,
+    ) {
         match (spec, child) {
             (Some(spec), _) => self.command(Command::ScheduleTask {
-                call_id,
+                call_id: call_id.to_owned(),
                 kind: TaskKind::ToolCall,
                 spec,
                 idempotency_key: key,
@@ -1187,10 +1249,106 @@ impl Step {
                 runs_while_paused: false,
             }),
             (None, Some((binding, arguments))) => {
-                self.start_tool_child(&node_id, &call_id, &binding, &arguments)
+                self.start_tool_child(node_id, call_id, &binding, &arguments)
             }
             (None, None) => {}
         }
+    }
+
+    /// A decision on a call's confirmation (`DecideApproval` naming the
+    /// call id): the approver needs the grant; edits may not touch
+    /// immutable params and must match the tool's input type; the call then
+    /// runs with exactly the approved arguments, or fails with "the user
+    /// declined".
+    #[allow(clippy::too_many_arguments)]
+    fn on_confirmation(
+        &mut self,
+        call_id: String,
+        approve: bool,
+        edited: Option<Value>,
+        by: String,
+        grants: Vec<String>,
+        reason: String,
+    ) -> Result<(), MachineError> {
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        let Some((grant, immutable)) = call.awaiting_confirmation.clone() else {
+            return Err(MachineError::NotWaiting(format!(
+                "call `{call_id}` does not wait for a confirmation"
+            )));
+        };
+        if !grants.contains(&grant) {
+            return Err(MachineError::NotAllowed(format!(
+                "confirming call `{call_id}` of tool `{}` needs the grant `{grant}`",
+                call.tool
+            )));
+        }
+        let plan = self.plan()?.clone();
+        let tool = plan
+            .tools
+            .get(&call.tool)
+            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
+        let (arguments, was_edited) = match (approve, edited) {
+            (true, Some(edit)) => {
+                let Value::Object(mut map) = normalize::strip_nul_value(edit) else {
+                    return Err(MachineError::InvalidEdit {
+                        node: call_id,
+                        errors: vec!["/: the edited arguments must be a JSON object".into()],
+                    });
+                };
+                let mut errors: Vec<String> = immutable
+                    .iter()
+                    .filter(|p| map.get(p.as_str()) != call.arguments.get(p.as_str()))
+                    .map(|p| {
+                        format!(
+                            "/{p}: `{p}` is immutable (`immutable_params`) and may not be edited"
+                        )
+                    })
+                    .collect();
+                fill_defaults(&mut map, &tool.def.input_schema);
+                let value = Value::Object(map);
+                if let Err(e) = crate::definitions::validate_json(&tool.def.input_schema, &value) {
+                    errors.extend(e);
+                }
+                if !errors.is_empty() {
+                    return Err(MachineError::InvalidEdit {
+                        node: call_id,
+                        errors,
+                    });
+                }
+                let changed = value != call.arguments;
+                (value, changed)
+            }
+            (true, None) => (call.arguments.clone(), false),
+            (false, _) => (Value::Null, false),
+        };
+        self.emit(Event::ConfirmationDecided {
+            call_id: call_id.clone(),
+            approved: approve,
+            by: by.clone(),
+            reason: reason.clone(),
+            arguments: arguments.clone(),
+            edited: was_edited,
+        });
+        if !approve {
+            self.emit(Event::ToolCallFailed {
+                call_id,
+                attempt: 0,
+                error: if reason.trim().is_empty() {
+                    format!("the user declined (decided by {by})")
+                } else {
+                    format!("the user declined (decided by {by}): {reason}")
+                },
+            });
+            return Ok(());
+        }
+        let key = call.idempotency_key.clone();
+        let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
+            .then(|| (tool.def.binding.clone(), arguments.clone()));
+        let spec = match child {
+            None => Some(tool_spec(tool, &arguments, &key)?),
+            Some(_) => None,
+        };
+        self.launch_call(&call.node, &call_id, key, call.repeat_safety, spec, child);
         Ok(())
     }
 
@@ -2642,20 +2800,11 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
         });
-        match (spec, child) {
-            (Some(spec), _) => self.command(Command::ScheduleTask {
-                call_id,
-                kind: TaskKind::ToolCall,
-                spec,
-                idempotency_key: key,
-                repeat_safety: Some(repeat_safety),
-                runs_while_paused: false,
-            }),
-            (None, Some((binding, arguments))) => {
-                self.start_tool_child(&def.id, &call_id, &binding, &arguments)
-            }
-            (None, None) => {}
+        if let Some(confirmation) = &tool.def.confirmation {
+            self.request_confirmation(&def.id, &call_id, &tool.def.name, confirmation);
+            return Ok(());
         }
+        self.launch_call(&def.id, &call_id, key, repeat_safety, spec, child);
         Ok(())
     }
 

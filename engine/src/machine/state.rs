@@ -133,6 +133,11 @@ pub struct ToolCallState {
     /// Set once the server accepted the request: the timer that ends the
     /// wait for the callback.
     pub callback_timer: Option<TimerSpec>,
+    /// A `confirmation:` waiting for a decision: the approver grant and the
+    /// immutable params. Cleared by the decision.
+    pub awaiting_confirmation: Option<(String, Vec<String>)>,
+    /// The confirmation decision, once made: who, approved, its seq.
+    pub confirmed: Option<(String, bool, u64)>,
 }
 
 impl ToolCallState {
@@ -140,7 +145,9 @@ impl ToolCallState {
     /// (sync `type: workflow`) or a callback (accepted `type: async_webhook`).
     pub fn waits_outside(&self) -> bool {
         self.status == CallStatus::Open
-            && (self.child_run_id.is_some() || self.callback_timer.is_some())
+            && (self.child_run_id.is_some()
+                || self.callback_timer.is_some()
+                || self.awaiting_confirmation.is_some())
     }
 }
 
@@ -176,6 +183,8 @@ impl ToolCallState {
             child_timer: None,
             callback_tokens: BTreeMap::new(),
             callback_timer: None,
+            awaiting_confirmation: None,
+            confirmed: None,
         }
     }
 }
@@ -596,6 +605,46 @@ impl RunState {
                         .insert(token_sha256.clone(), (*attempt, false));
                 }
             }
+            Event::ConfirmationRequested {
+                call_id,
+                tool,
+                approver_grant,
+                immutable_params,
+                ..
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.awaiting_confirmation =
+                        Some((approver_grant.clone(), immutable_params.clone()));
+                }
+                self.set_waiting(format!(
+                    "call `{call_id}` of tool `{tool}` waits for a confirmation by a holder of `{approver_grant}`"
+                ));
+            }
+            Event::ConfirmationDecided {
+                call_id,
+                approved,
+                by,
+                arguments,
+                ..
+            } => {
+                let seq = self.last_seq;
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.awaiting_confirmation = None;
+                    call.confirmed = Some((by.clone(), *approved, seq));
+                    if *approved {
+                        call.arguments = arguments.clone();
+                    }
+                }
+                if self.status == RunStatus::Waiting {
+                    match self.waiting_reason() {
+                        Some(reason) => self.status_reason = reason,
+                        None => {
+                            self.status = RunStatus::Running;
+                            self.status_reason.clear();
+                        }
+                    }
+                }
+            }
             Event::ToolCallAccepted { call_id, timer, .. } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.callback_timer = Some(timer.clone());
@@ -1007,10 +1056,9 @@ impl RunState {
     /// A `type: workflow` call ended: the run stops waiting for it (unless
     /// another child call still holds it).
     fn end_child_wait(&mut self, call_id: &str) {
-        let was_child = self
-            .tool_calls
-            .get(call_id)
-            .is_some_and(|c| c.child_run_id.is_some() || c.callback_timer.is_some());
+        let was_child = self.tool_calls.get(call_id).is_some_and(|c| {
+            c.child_run_id.is_some() || c.callback_timer.is_some() || c.confirmed.is_some()
+        });
         if was_child && self.status == RunStatus::Waiting {
             match self.waiting_reason() {
                 Some(reason) => self.status_reason = reason,
@@ -1024,6 +1072,15 @@ impl RunState {
 
     /// Why the run would be waiting now, if its current node waits.
     fn waiting_reason(&self) -> Option<String> {
+        if let Some((call_id, call, grant)) = self.tool_calls.iter().find_map(|(id, c)| {
+            let (grant, _) = c.awaiting_confirmation.as_ref()?;
+            (c.status == CallStatus::Open).then_some((id, c, grant))
+        }) {
+            return Some(format!(
+                "call `{call_id}` of tool `{}` waits for a confirmation by a holder of `{grant}`",
+                call.tool
+            ));
+        }
         if let Some((call_id, call)) = self
             .tool_calls
             .iter()

@@ -45,6 +45,7 @@ fn tool(
                 headers: BTreeMap::new(),
                 timeout_ms: 1000,
             },
+            confirmation: None,
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },

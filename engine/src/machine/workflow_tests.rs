@@ -1211,3 +1211,126 @@ fn a_signal_id_is_one_signal() {
         run.state.signal_ids
     );
 }
+
+const CONFIRM_TOOLS: &str = r#"TOOLS:
+  create_account(email: string) -> {account_id: string}
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+  pay(amount: number, recipient: string) -> {payment_id: string}
+    description: "Execute a payment"
+    type: http
+    endpoint: "/payments"
+    permission: crm.write
+    repeat_safety: idempotent
+    confirmation:
+      require: always
+      immutable_params: [recipient]
+      approver_grant: payments.approve
+"#;
+
+const CONFIRM_WF: &str = r#"kind: workflow
+name: w
+nodes:
+  - {id: pay, type: tool, tool: pay, args: {amount: 120, recipient: "acct_9"}, grants: [crm.write], on_error: declined, next: done}
+  - {id: done, type: succeed, output: "${ .nodes.pay.output }"}
+  - {id: declined, type: fail, error: "${ .nodes.pay.output.error }"}
+"#;
+
+fn confirm(edit: Option<Value>, approve: bool, grants: &[&str]) -> Input {
+    Input::DecideApproval {
+        node: "pay.t1".into(),
+        approve,
+        edited_subject: edit,
+        by: "ana".into(),
+        grants: grants.iter().map(|g| (*g).to_owned()).collect(),
+        reason: "checked the invoice".into(),
+    }
+}
+
+#[test]
+fn a_confirmed_tool_waits_and_runs_with_exactly_the_approved_arguments() {
+    let (mut run, d) = Run::start_plan(plan_with(CONFIRM_TOOLS, CONFIRM_WF), json!({}));
+    // Nothing is dispatched before the decision; the approver sees the call.
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    assert!(run.kinds().contains(&"confirmation_requested"));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state
+            .status_reason
+            .contains("waits for a confirmation by a holder of `payments.approve`"),
+        "{}",
+        run.state.status_reason
+    );
+    // Without the grant: refused; editing an immutable param: refused.
+    assert!(matches!(
+        run.try_step(confirm(None, true, &["crm.write"])),
+        Err(MachineError::NotAllowed(_))
+    ));
+    let bad = run.try_step(confirm(
+        Some(json!({"amount": 120, "recipient": "acct_EVIL"})),
+        true,
+        &["payments.approve"],
+    ));
+    assert!(
+        matches!(&bad, Err(MachineError::InvalidEdit { errors, .. }) if errors.iter().any(|e| e.contains("recipient"))),
+        "{bad:?}"
+    );
+    // An edit that breaks the input type: refused.
+    let bad = run.try_step(confirm(
+        Some(json!({"amount": "lots", "recipient": "acct_9"})),
+        true,
+        &["payments.approve"],
+    ));
+    assert!(
+        matches!(bad, Err(MachineError::InvalidEdit { .. })),
+        "{bad:?}"
+    );
+    // Approve with an edit of a mutable param: the task carries exactly it.
+    let d = run.step(confirm(
+        Some(json!({"amount": 100, "recipient": "acct_9"})),
+        true,
+        &["payments.approve"],
+    ));
+    let Some(Command::ScheduleTask { spec, .. }) = d
+        .commands
+        .iter()
+        .find(|c| matches!(c, Command::ScheduleTask { .. }))
+    else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(
+        spec["arguments"],
+        json!({"amount": 100, "recipient": "acct_9"})
+    );
+    assert_eq!(run.state.status, RunStatus::Running);
+    // A second decision is refused, naming the first.
+    assert!(matches!(
+        run.try_step(confirm(None, false, &["payments.approve"])),
+        Err(MachineError::AlreadyDecided { by, approved: true, .. }) if by == "ana"
+    ));
+}
+
+#[test]
+fn a_declined_confirmation_fails_the_call_as_the_user_declined() {
+    let (mut run, _) = Run::start_plan(plan_with(CONFIRM_TOOLS, CONFIRM_WF), json!({}));
+    let d = run.step(confirm(None, false, &["payments.approve"]));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state
+            .status_reason
+            .contains("the user declined (decided by ana): checked the invoice"),
+        "{}",
+        run.state.status_reason
+    );
+}
