@@ -492,6 +492,8 @@ struct Props<'b> {
     header_placeholders: Vec<(u32, u32, String, String)>,
     endpoint: Option<(String, u32, u32)>,
     method: Option<String>,
+    /// Line and column of the `method:` value.
+    method_at: (u32, u32),
     headers: BTreeMap<String, String>,
     timeout_ms: Option<u64>,
     permission: Option<String>,
@@ -631,8 +633,8 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
             && !["POST", "PUT", "PATCH"].contains(&method.as_str())
         {
             cx.error(
-                line.no,
-                line.col(),
+                props.method_at.0,
+                props.method_at.1,
                 format!(
                     "tool `{name}` is `type: async_webhook`: `method: {method}` sends no body to carry the callback URL (expected POST, PUT or PATCH)"
                 ),
@@ -937,6 +939,7 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                     let upper = s.to_ascii_uppercase();
                     if ["GET", "POST", "PUT", "PATCH", "DELETE"].contains(&upper.as_str()) {
                         props.method = Some(upper);
+                        props.method_at = (line.no, kv.value_col);
                     } else {
                         cx.error(
                             line.no,
@@ -2070,7 +2073,7 @@ TOOLS:
             vec![
                 "6:25: `callback_url_field` must be a dot-path of field names (letters, digits, `_`, `-`), like `callbackUrl` or `meta.reply_to`, not `a..b`",
                 "7:22: `timeout_seconds` must be a whole number of seconds from 1 to 2592000 (30 days), not `0`",
-                "2:3: tool `r` is `type: async_webhook`: `method: GET` sends no body to carry the callback URL (expected POST, PUT or PATCH)",
+                "5:13: tool `r` is `type: async_webhook`: `method: GET` sends no body to carry the callback URL (expected POST, PUT or PATCH)",
             ]
         );
         assert_eq!(
