@@ -1232,45 +1232,33 @@ impl Coordinator {
                         .iter()
                         .any(|e| matches!(e, machine::Event::CallbackIssued { .. }));
                 }
-                match decided {
-                    // This engine cannot serve the call; another replica
-                    // may: not sent, retried with backoff.
+                // A refusal fails the attempt now, in the history, instead of
+                // leaving it to expire its lease in silence: as not sent
+                // (retried) when another replica may serve the call, as
+                // rejected when it will repeat on every attempt (a grant
+                // withdrawn, a call that may already have acted).
+                let (call_id, detail, class, what) = match decided {
                     Err(MachineError::DispatchUnavailable { call_id, detail }) => {
-                        refusal = Some(detail.clone());
-                        machine::decide(
-                            state,
-                            Input::TaskFailed {
-                                call_id,
-                                attempt,
-                                error: format!("not dispatched: {detail}"),
-                                class: FailureClass::NotSent,
-                                dispatched: false,
-                                status_code: None,
-                            },
-                        )
-                        .map_err(CoordinatorError::from)
+                        (call_id, detail, FailureClass::NotSent, "not dispatched")
                     }
-                    // A refusal that will repeat on every attempt (a grant
-                    // withdrawn, a call that may already have acted) fails
-                    // the attempt now, in the history, instead of leaving it
-                    // to expire its lease in silence.
                     Err(MachineError::DispatchRefused { call_id, detail }) => {
-                        refusal = Some(detail.clone());
-                        machine::decide(
-                            state,
-                            Input::TaskFailed {
-                                call_id,
-                                attempt,
-                                error: format!("dispatch refused: {detail}"),
-                                class: FailureClass::Rejected,
-                                dispatched: false,
-                                status_code: None,
-                            },
-                        )
-                        .map_err(CoordinatorError::from)
+                        (call_id, detail, FailureClass::Rejected, "dispatch refused")
                     }
-                    other => other.map_err(CoordinatorError::from),
-                }
+                    other => return other.map_err(CoordinatorError::from),
+                };
+                refusal = Some(detail.clone());
+                machine::decide(
+                    state,
+                    Input::TaskFailed {
+                        call_id,
+                        attempt,
+                        error: format!("{what}: {detail}"),
+                        class,
+                        dispatched: false,
+                        status_code: None,
+                    },
+                )
+                .map_err(CoordinatorError::from)
             })
             .await?;
         if let Some(detail) = refusal {
