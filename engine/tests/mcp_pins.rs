@@ -523,8 +523,57 @@ async fn a_refused_definition_cannot_be_accepted(backend: Backend) {
     env.finish().await;
 }
 
+async fn accepting_the_pinned_definition_again_changes_nothing(backend: Backend) {
+    let env = Env::new(backend).await;
+    let (a, b) = (hash('a'), hash('b'));
+    for (h, d) in [(&a, "v1"), (&b, "v2")] {
+        env.coord
+            .report_mcp_tools("w1", "everything", "2025-11-25", vec![report("echo", h, d)])
+            .await
+            .expect("report");
+    }
+    let accept = "/admin/v1/tenants/acme/mcp-tools/everything/echo/accept";
+    let (status, first) = env
+        .post(
+            OPS,
+            accept,
+            json!({"definition_hash": a, "reason": "first", "operator": "alice"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, second) = env
+        .post(
+            OPS,
+            accept,
+            json!({"definition_hash": b, "reason": "reviewed v2", "operator": "alice"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["pinned"]["previous_hash"], a.as_str());
+    // The same hash again (a retried request, another operator): a no-op
+    // answered with the pin unchanged.
+    let (status, again) = env
+        .post(
+            OPS,
+            accept,
+            json!({"definition_hash": b, "reason": "again", "operator": "bob"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["pinned"], second["pinned"], "{again}");
+    assert_eq!(again["pinned"]["previous_hash"], a.as_str());
+    assert_eq!(again["pinned"]["accepted_by"], "ops/alice");
+    assert_eq!(again["pinned"]["reason"], "reviewed v2");
+    let (_, detail) = env
+        .get(OPS, "/admin/v1/tenants/acme/mcp-tools/everything/echo")
+        .await;
+    assert_eq!(detail["pinned"], second["pinned"], "{detail}");
+    env.finish().await;
+}
+
 on_both_backends!(
     reports_record_each_definition_once_and_refuse_bad_listings,
     the_first_dispatch_pins_and_a_changed_definition_waits_for_an_operator,
     a_refused_definition_cannot_be_accepted,
+    accepting_the_pinned_definition_again_changes_nothing,
 );

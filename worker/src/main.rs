@@ -48,9 +48,24 @@ struct Args {
     #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
     /// MCP servers (JSON: {"servers": {NAME: {"transport": "stdio"|"http", ...}},
-    /// "config": {NAME: VALUE}}); checked at start.
+    /// "config": {NAME: VALUE}}); checked at start. Empty: no MCP servers.
     #[arg(long, env = "BELAY_MCP_CONFIG")]
-    mcp_config: Option<std::path::PathBuf>,
+    mcp_config: Option<String>,
+}
+
+/// The MCP configuration at `path`, checked; none (or an empty path, e.g.
+/// `BELAY_MCP_CONFIG=`) is no MCP servers.
+fn load_mcp_config(path: Option<&str>) -> anyhow::Result<McpConfig> {
+    let Some(path) = path.filter(|p| !p.is_empty()) else {
+        return Ok(McpConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--mcp-config {path}: cannot read: {e}"))?;
+    let mcp =
+        McpConfig::from_json(&text).map_err(|e| anyhow::anyhow!("--mcp-config {path}: {e}"))?;
+    mcp.validate()
+        .map_err(|e| anyhow::anyhow!("--mcp-config {path}: {e}"))?;
+    Ok(mcp)
 }
 
 /// The flag (or its `BELAY_*` variable) if set and not empty, else the first
@@ -90,19 +105,7 @@ async fn main() -> anyhow::Result<()> {
             args.engine_url
         ),
     }
-    let mcp = match &args.mcp_config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!("--mcp-config {}: cannot read: {e}", path.display())
-            })?;
-            let mcp = McpConfig::from_json(&text)
-                .map_err(|e| anyhow::anyhow!("--mcp-config {}: {e}", path.display()))?;
-            mcp.validate()
-                .map_err(|e| anyhow::anyhow!("--mcp-config {}: {e}", path.display()))?;
-            mcp
-        }
-        None => McpConfig::default(),
-    };
+    let mcp = load_mcp_config(args.mcp_config.as_deref())?;
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,
@@ -146,5 +149,27 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => tracing::info!("Ctrl-C received"),
         () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_mcp_config_is_no_mcp_servers() {
+        // `BELAY_MCP_CONFIG=` reaches clap as an empty value, as this does.
+        let args = Args::try_parse_from(["belay-worker", "--mcp-config", ""]).expect("parses");
+        let mcp = load_mcp_config(args.mcp_config.as_deref()).expect("no servers");
+        assert!(mcp.servers.is_empty());
+        let args = Args::try_parse_from(["belay-worker"]).expect("parses");
+        assert!(
+            load_mcp_config(args.mcp_config.as_deref())
+                .expect("no servers")
+                .servers
+                .is_empty()
+        );
+        let err = load_mcp_config(Some("/nonexistent/mcp.json")).expect_err("missing file");
+        assert!(err.to_string().contains("cannot read"), "{err}");
     }
 }

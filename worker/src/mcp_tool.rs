@@ -11,9 +11,11 @@
 //! A call ([`McpTools::call`]), in order:
 //!
 //! 1. Before dispatch (nothing acts yet; a failure here is reported with the
-//!    call undispatched): the server is configured and connected, the
-//!    arguments are an object, and the server lists the tool (re-listed
-//!    first when the listing is stale) with a definition Belay can call.
+//!    call undispatched): the server is configured and connected (else
+//!    `NOT_SENT`: another worker may serve it), the arguments are an object,
+//!    the server lists the tool (re-listed first when the listing is stale)
+//!    with a definition Belay can call, and the arguments match the listed
+//!    input schema.
 //! 2. `DispatchToolCall` with the definition hash listed now; the engine
 //!    answers with the hash pinned for the run's tenant (pinning this one on
 //!    the tenant's first call). A refused dispatch: nothing is done or
@@ -100,8 +102,8 @@ struct Slot {
 
 /// What a server lists for one tool now.
 enum Listed {
-    /// Callable, with this definition hash.
-    Callable(String),
+    /// Callable, with this definition hash and input schema.
+    Callable(String, Value),
     /// Listed but refused (its schema cannot be represented).
     Refused(String),
     /// Not listed; the names it does list.
@@ -324,7 +326,10 @@ impl McpTools {
             None => self.refresh(server, client).await?,
         };
         if let Some(t) = discovery.tools.iter().find(|t| t.name == tool) {
-            return Ok(Listed::Callable(t.definition_hash.clone()));
+            return Ok(Listed::Callable(
+                t.definition_hash.clone(),
+                t.input_schema.clone(),
+            ));
         }
         if let Some(r) = discovery.refused.iter().find(|r| r.name == tool) {
             return Ok(Listed::Refused(r.reason.to_string()));
@@ -347,9 +352,10 @@ impl McpTools {
         let tool = binding.server_tool.as_str();
         let (client, last_error) =
             match self.slot(server, |s| (s.client.clone(), s.last_error.clone())) {
+                // Another worker (with another --mcp-config) may serve it.
                 None => {
                     return fail(
-                        FailureClass::Rejected,
+                        FailureClass::NotSent,
                         format!(
                             "MCP server `{server}` is not configured on worker `{}` (--mcp-config)",
                             self.engine.worker_id()
@@ -374,7 +380,24 @@ impl McpTools {
             );
         };
         let listed_hash = match self.listed(server, client.as_ref(), tool).await {
-            Ok(Listed::Callable(hash)) => hash,
+            Ok(Listed::Callable(hash, input_schema)) => {
+                // Checked here too (the client checks again before sending),
+                // so that a refusal is reported undispatched, with no pin.
+                let checked = mcp::schema::compile(&input_schema).and_then(|validator| {
+                    mcp::schema::validate(&validator, &Value::Object(arguments.clone()))
+                });
+                if let Err(errors) = checked {
+                    return fail(
+                        FailureClass::Rejected,
+                        format!(
+                            "MCP tool `{tool}` of server `{server}` was not called: \
+                             the arguments do not match its input schema: {}",
+                            cut(&errors, MAX_ERROR_TEXT_BYTES)
+                        ),
+                    );
+                }
+                hash
+            }
             Ok(Listed::Refused(reason)) => {
                 return fail(
                     FailureClass::Rejected,
@@ -510,6 +533,13 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
             format!(
                 "{named} answered with something unusable: {}",
                 cut(&reason, MAX_ERROR_TEXT_BYTES)
+            ),
+        ),
+        CallOutcome::AnswerTooLarge { limit_bytes } => fail(
+            FailureClass::MayHaveActed,
+            format!(
+                "{named}: the call was sent but its answer is larger than {limit_bytes} bytes \
+                 and could not be read; it has acted"
             ),
         ),
         CallOutcome::Cancelled { sent, reason } => fail(

@@ -1019,3 +1019,171 @@ async fn a_call_waiting_for_a_restart_is_checked_against_the_new_listing() {
     client.shutdown().await;
     let _ = std::fs::remove_file(&zone_file);
 }
+
+/// A tiny MCP server (the Python SDK's `MCPServer`) whose tool `big`
+/// returns `n` bytes of text (twice in its answer: as content and as
+/// `structuredContent`).
+fn big_answer_server() -> McpServerConfig {
+    let script = std::env::temp_dir().join(format!("belay-mcp-big-{}.py", uuid::Uuid::new_v4()));
+    std::fs::write(
+        &script,
+        r#"from mcp.server.mcpserver import MCPServer
+server = MCPServer("big")
+@server.tool()
+def big(n: int) -> str:
+    """Returns n bytes."""
+    return "x" * n
+server.run()
+"#,
+    )
+    .unwrap();
+    McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    )
+}
+
+#[tokio::test]
+async fn an_answer_too_large_for_stdio_fails_at_once_as_may_have_acted() {
+    let client = mcp::connect(resolve("big", big_answer_server(), &[]))
+        .await
+        .unwrap();
+    let big = |n: usize| {
+        let mut call = CallRequest::new("big", args(json!({ "n": n })));
+        // Far longer than the test may take: a discarded answer must not
+        // wait for it.
+        call.timeout_ms = 3_600_000;
+        call
+    };
+    // 40 MiB twice: past the 64 MiB stdio message limit.
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(big(40 << 20)))
+        .await
+        .expect("the call ends without waiting for its timeout");
+    assert_eq!(
+        outcome,
+        CallOutcome::AnswerTooLarge {
+            limit_bytes: 64 << 20
+        }
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::MayHaveActed));
+    // 10 MiB twice: past rmcp's default 16 MiB line, within Belay's limit;
+    // read, then truncated to the call's result limit.
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(big(10 << 20)))
+        .await
+        .unwrap();
+    let CallOutcome::Ok(result) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(result.truncation.is_some(), "{:?}", result.truncation);
+    // The connection is still usable.
+    let outcome = client.call_tool(big(3)).await;
+    assert!(text_of(&outcome).contains("xxx"), "{outcome:?}");
+    client.shutdown().await;
+}
+
+/// `McpTools` of a worker whose `--mcp-config` holds `servers`, reporting to
+/// a fake engine.
+async fn mcp_tools(
+    servers: Vec<(&str, McpServerConfig)>,
+) -> (common::FakeEngine, Arc<belay_worker::mcp_tool::McpTools>) {
+    let engine = common::FakeEngine::start(common::Log::default()).await;
+    let client = belay_worker::EngineClient::connect_lazy(&engine.url(), "w-mcp").unwrap();
+    let config = McpConfig {
+        servers: servers
+            .into_iter()
+            .map(|(name, server)| (name.to_owned(), server))
+            .collect(),
+        config: BTreeMap::new(),
+    };
+    let tools = belay_worker::mcp_tool::McpTools::start(&config, client)
+        .await
+        .unwrap();
+    (engine, tools)
+}
+
+/// Calls `server`'s `tool` through `tools`; also says whether the call was
+/// dispatched.
+async fn call_through(
+    tools: &belay_worker::mcp_tool::McpTools,
+    server: &str,
+    tool: &str,
+    arguments: Value,
+) -> (belay_worker::mcp_tool::McpCallReport, bool) {
+    let task = belay_proto::v1::Task {
+        task_id: "task-1".into(),
+        run_id: "run-1".into(),
+        tenant: "acme".into(),
+        kind: "tool_call".into(),
+        attempt: 1,
+        ..Default::default()
+    };
+    let binding = belay_proto::wire::McpBinding {
+        server: server.into(),
+        server_tool: tool.into(),
+        headers: BTreeMap::new(),
+        timeout_ms: 30_000,
+    };
+    let spec = belay_proto::wire::ToolCallSpec {
+        tool: tool.into(),
+        tool_version: 1,
+        arguments,
+        binding: belay_proto::wire::ToolBinding::Mcp(binding.clone()),
+        idempotency_key: "run-1/call-1".into(),
+    };
+    let mut dispatched = false;
+    let report = tools
+        .call(&task, &spec, &binding, || dispatched = true)
+        .await;
+    (report, dispatched)
+}
+
+#[tokio::test]
+async fn a_server_this_worker_lacks_is_not_sent_so_another_worker_may_serve_it() {
+    let (engine, tools) = mcp_tools(vec![]).await;
+    let (report, dispatched) = call_through(&tools, "elsewhere", "echo", json!({})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::NotSent);
+    assert!(
+        error.contains("MCP server `elsewhere` is not configured on worker `w-mcp`"),
+        "{error}"
+    );
+    assert!(!dispatched);
+    assert!(engine.state.lock().unwrap().dispatches.is_empty());
+    tools.shutdown().await;
+}
+
+#[tokio::test]
+async fn arguments_the_input_schema_refuses_are_rejected_before_dispatch() {
+    let (engine, tools) = mcp_tools(vec![(
+        "time",
+        McpServerConfig::stdio(installed("BELAY_MCP_TIME"), vec![]),
+    )])
+    .await;
+    // `timezone` is a required string.
+    let (report, dispatched) =
+        call_through(&tools, "time", "get_current_time", json!({"timezone": 5})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(error.contains("do not match its input schema"), "{error}");
+    assert!(!dispatched);
+    assert!(engine.state.lock().unwrap().dispatches.is_empty());
+    // Valid arguments are dispatched (pinning the listed definition) and sent.
+    let (report, dispatched) = call_through(
+        &tools,
+        "time",
+        "get_current_time",
+        json!({"timezone": "UTC"}),
+    )
+    .await;
+    assert!(
+        matches!(report, belay_worker::mcp_tool::McpCallReport::Complete(_)),
+        "{report:?}"
+    );
+    assert!(dispatched);
+    assert_eq!(engine.state.lock().unwrap().dispatches.len(), 1);
+    tools.shutdown().await;
+}

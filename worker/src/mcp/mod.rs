@@ -467,6 +467,12 @@ pub enum CallOutcome {
         /// What is wrong.
         reason: String,
     },
+    /// The server's answer was larger than a stdio message may be (64 MiB),
+    /// so it could not be read: the tool acted, its result is lost.
+    AnswerTooLarge {
+        /// The limit, in bytes.
+        limit_bytes: u64,
+    },
     /// Cancelled through [`CallRequest::cancel`] or by the server.
     Cancelled {
         /// Whether the request had been handed to the transport (the tool may
@@ -492,7 +498,9 @@ impl CallOutcome {
             Self::Ok(_) | Self::ToolError(_) => true,
             Self::NeedsInput(n) => n.may_have_acted,
             Self::Refused(_) | Self::Disconnected { .. } | Self::Rejected { .. } => false,
-            Self::LostAfterSend { .. } | Self::Malformed { .. } => true,
+            Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
+                true
+            }
             Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => *sent,
         }
     }
@@ -508,7 +516,9 @@ impl CallOutcome {
                 Some(FailureClass::Rejected)
             }
             Self::Disconnected { .. } => Some(FailureClass::NotSent),
-            Self::LostAfterSend { .. } | Self::Malformed { .. } => Some(FailureClass::MayHaveActed),
+            Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
+                Some(FailureClass::MayHaveActed)
+            }
             Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => Some(if *sent {
                 FailureClass::MayHaveActed
             } else {

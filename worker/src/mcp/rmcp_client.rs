@@ -40,15 +40,16 @@ use rmcp::service::{
     ClientCacheConfig, ClientLifecycleMode, ClientServiceExt as _, InboundStreamOrigin,
     NotificationContext, RequestContext, RoleClient, RunningService,
 };
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
+use rmcp::transport::{StreamableHttpClientTransport, Transport};
 use rmcp::{ClientHandler, ErrorData, ServiceError};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
-use tokio::sync::{broadcast, watch};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, BufReader, ReadBuf};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::config::{ResolvedServer, ResolvedTransport, check_header, resolve_placeholders};
@@ -65,6 +66,17 @@ const MARKER_KEY: &str = "io.belay/call-marker";
 const URL_ELICITATION_REQUIRED: i32 = -32042;
 /// Longest stderr line logged at once, in bytes; longer lines are split.
 const MAX_STDERR_LINE: u64 = 8 * 1024;
+/// Longest message a stdio server may send, in bytes (one JSON-RPC line).
+/// rmcp discards a longer line; [`LineWatch`] sees it and the call it
+/// answers ends at once as [`CallOutcome::AnswerTooLarge`]. Results are
+/// truncated to the call's size limit after they are read, so this only
+/// bounds the memory one message may take.
+pub(crate) const MAX_STDIO_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// How much of a line's start is kept to find its JSON-RPC `id`.
+const LINE_HEAD_BYTES: usize = 512;
+/// Private JSON-RPC error code of the error put in place of a discarded
+/// oversized answer (never sent by a server: the slot's flag decides).
+const ANSWER_TOO_LARGE_CODE: i32 = -32_099;
 /// Connect timeout of the HTTP backend, in ms.
 const HTTP_CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// How often a broken SSE stream (a call's answer, or the server's own
@@ -108,6 +120,8 @@ struct CallSlot {
     headers: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>,
     answers: VecDeque<ElicitationAnswer>,
     needs_input: Option<InputNeeded>,
+    /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
+    too_large: bool,
 }
 
 #[derive(Default)]
@@ -190,6 +204,9 @@ struct Tracked<T: Transport<RoleClient>> {
     events: broadcast::Sender<McpEvent>,
     generation: u64,
     not_sent: NotSentFn<T::Error>,
+    /// Stdio: the JSON-RPC ids (when found) of lines [`LineWatch`] saw grow
+    /// past [`MAX_STDIO_MESSAGE_BYTES`], which rmcp discards.
+    oversized: Option<mpsc::UnboundedReceiver<Option<RequestId>>>,
 }
 
 impl<T: Transport<RoleClient>> Tracked<T> {
@@ -248,12 +265,243 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Tracked<T> {
         }
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
-        self.inner.receive()
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        loop {
+            let Some(oversized) = self.oversized.as_mut() else {
+                return self.inner.receive().await;
+            };
+            // rmcp's line reader is cancellation safe (its own service
+            // loop polls it inside a `select!`), so a discarded answer
+            // can be reported while it is still skipping the rest of it.
+            let id = tokio::select! {
+                biased;
+                Some(id) = oversized.recv() => id,
+                message = self.inner.receive() => return message,
+            };
+            if let Some(message) = self.too_large(id) {
+                return Some(message);
+            }
+        }
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
+    }
+}
+
+impl<T: Transport<RoleClient>> Tracked<T> {
+    /// An error answer to the call whose answer was discarded as too large
+    /// (found by the line's `id`, else the only call in flight), so that it
+    /// ends now rather than at its timeout; `None` when no call is known.
+    fn too_large(&self, id: Option<RequestId>) -> Option<ServerJsonRpcMessage> {
+        let marker = match &id {
+            Some(id) => self.calls.by_request_id(self.generation, id),
+            None => self.calls.single_in_flight(self.generation),
+        };
+        let Some(marker) = marker else {
+            tracing::error!(
+                ?id,
+                max_bytes = MAX_STDIO_MESSAGE_BYTES,
+                "an MCP server sent a message too large to read, answering no known call; discarded"
+            );
+            return None;
+        };
+        let mut slots = lock(&self.calls.slots);
+        let slot = slots.get_mut(&marker)?;
+        let id = slot.request_id.clone()?;
+        slot.too_large = true;
+        Some(ServerJsonRpcMessage::error(
+            ErrorData::new(
+                rmcp::model::ErrorCode(ANSWER_TOO_LARGE_CODE),
+                format!("the answer is larger than {MAX_STDIO_MESSAGE_BYTES} bytes"),
+                None,
+            ),
+            Some(id),
+        ))
+    }
+}
+
+/// A stdio server's stdout, watched for lines longer than
+/// [`MAX_STDIO_MESSAGE_BYTES`] (the limit given to rmcp's line reader, which
+/// drops such a line without telling anyone). For each, the `id` found at
+/// the line's start (if any) is sent on `oversized`.
+struct LineWatch<R> {
+    inner: R,
+    /// Bytes of the current line so far (without its newline).
+    len: usize,
+    head: Vec<u8>,
+    reported: bool,
+    oversized: mpsc::UnboundedSender<Option<RequestId>>,
+}
+
+impl<R> LineWatch<R> {
+    fn new(inner: R, oversized: mpsc::UnboundedSender<Option<RequestId>>) -> Self {
+        Self {
+            inner,
+            len: 0,
+            head: Vec::new(),
+            reported: false,
+            oversized,
+        }
+    }
+
+    fn saw(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let newline = bytes.iter().position(|b| *b == b'\n');
+            let part = &bytes[..newline.unwrap_or(bytes.len())];
+            let room = LINE_HEAD_BYTES.saturating_sub(self.head.len());
+            self.head.extend_from_slice(&part[..part.len().min(room)]);
+            self.len = self.len.saturating_add(part.len());
+            // rmcp drops a line when it and its newline exceed the limit.
+            if !self.reported && self.len >= MAX_STDIO_MESSAGE_BYTES {
+                self.reported = true;
+                let _ = self.oversized.send(id_in_head(&self.head));
+            }
+            match newline {
+                Some(at) => {
+                    self.len = 0;
+                    self.head.clear();
+                    self.reported = false;
+                    bytes = &bytes[at + 1..];
+                }
+                None => bytes = &[],
+            }
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for LineWatch<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            let this = &mut *self;
+            this.saw(&buf.filled()[before..]);
+        }
+        polled
+    }
+}
+
+/// The top-level `"id"` of a JSON-RPC message from the start of its line,
+/// when it is there (a number, or a string without escapes).
+fn id_in_head(head: &[u8]) -> Option<RequestId> {
+    let skip_ws = |mut i: usize| {
+        while head.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < head.len() {
+        match head[i] {
+            b'"' => {
+                let start = i + 1;
+                i = start;
+                while *head.get(i)? != b'"' {
+                    i += if head[i] == b'\\' { 2 } else { 1 };
+                }
+                let key = &head[start..i];
+                i += 1;
+                if depth == 1 && key == b"id" {
+                    let colon = skip_ws(i);
+                    if head.get(colon) != Some(&b':') {
+                        continue;
+                    }
+                    let value = skip_ws(colon + 1);
+                    if head.get(value) == Some(&b'"') {
+                        let end = value + 1 + head[value + 1..].iter().position(|b| *b == b'"')?;
+                        let text = std::str::from_utf8(&head[value + 1..end]).ok()?;
+                        if text.contains('\\') {
+                            return None;
+                        }
+                        return Some(RequestId::String(text.into()));
+                    }
+                    let end = value
+                        + head[value..]
+                            .iter()
+                            .position(|b| !(b.is_ascii_digit() || *b == b'-'))?;
+                    let number = std::str::from_utf8(&head[value..end]).ok()?.parse().ok()?;
+                    return Some(RequestId::Number(number));
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// A stdio server process and rmcp's line transport over its pipes (with
+/// [`MAX_STDIO_MESSAGE_BYTES`] and [`LineWatch`]). The process is killed
+/// when this is dropped (`kill_on_drop`); `close` first closes its stdin
+/// and lets it exit for a moment.
+struct StdioProcess {
+    child: tokio::process::Child,
+    transport: AsyncRwTransport<
+        RoleClient,
+        LineWatch<tokio::process::ChildStdout>,
+        tokio::process::ChildStdin,
+    >,
+}
+
+/// How long a closed stdio server may take to exit before it is killed.
+const STDIO_EXIT_WAIT: Duration = Duration::from_secs(3);
+
+impl StdioProcess {
+    fn spawn(
+        mut cmd: tokio::process::Command,
+    ) -> std::io::Result<(
+        Self,
+        tokio::process::ChildStderr,
+        mpsc::UnboundedReceiver<Option<RequestId>>,
+    )> {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let missing = || std::io::Error::other("a pipe of the child process is missing");
+        let stdin = child.stdin.take().ok_or_else(missing)?;
+        let stdout = child.stdout.take().ok_or_else(missing)?;
+        let stderr = child.stderr.take().ok_or_else(missing)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let transport = AsyncRwTransport::new(LineWatch::new(stdout, tx), stdin)
+            .with_max_line_length(MAX_STDIO_MESSAGE_BYTES);
+        Ok((Self { child, transport }, stderr, rx))
+    }
+}
+
+impl Transport<RoleClient> for StdioProcess {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.transport.send(item)
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
+        self.transport.receive()
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.transport.close().await?;
+        if tokio::time::timeout(STDIO_EXIT_WAIT, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        Ok(())
     }
 }
 
@@ -743,24 +991,21 @@ async fn connect_once(
             if let Some(dir) = cwd {
                 cmd.current_dir(dir);
             }
-            let (process, stderr) = TokioChildProcess::builder(cmd)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| McpError::Spawn {
+            let (process, stderr, oversized) =
+                StdioProcess::spawn(cmd).map_err(|e| McpError::Spawn {
                     server: name.clone(),
                     command: command.clone(),
                     message: e.to_string(),
                 })?;
-            let pid = process.id();
-            if let Some(stderr) = stderr {
-                tokio::spawn(log_stderr(name.clone(), pid, stderr));
-            }
+            let pid = process.child.id();
+            tokio::spawn(log_stderr(name.clone(), pid, stderr));
             let transport = Tracked {
                 inner: process,
                 calls: shared.calls.clone(),
                 events: shared.events.clone(),
                 generation,
                 not_sent: stdio_not_sent,
+                oversized: Some(oversized),
             };
             let running = tokio::time::timeout(
                 timeout,
@@ -812,6 +1057,7 @@ async fn connect_once(
                 events: shared.events.clone(),
                 generation,
                 not_sent: http_not_sent,
+                oversized: None,
             };
             let running = tokio::time::timeout(
                 timeout,
@@ -1150,6 +1396,7 @@ impl Shared {
                     .map(|i| i.elicitations.iter().cloned().collect())
                     .unwrap_or_default(),
                 needs_input: None,
+                too_large: false,
             },
         );
         // Removes the slot however this future ends (a caller may drop it).
@@ -1298,9 +1545,15 @@ impl Shared {
             params.request_state = input.request_state.clone();
         }
         let response = live.peer.call_tool_once(params).await;
-        let needs_input = lock(&self.calls.slots)
+        let (needs_input, too_large) = lock(&self.calls.slots)
             .get_mut(&marker)
-            .and_then(|s| s.needs_input.take());
+            .map(|s| (s.needs_input.take(), s.too_large))
+            .unwrap_or_default();
+        if too_large {
+            return CallOutcome::AnswerTooLarge {
+                limit_bytes: u64::try_from(MAX_STDIO_MESSAGE_BYTES).unwrap_or(u64::MAX),
+            };
+        }
         if let Some(needed) = needs_input {
             // We answered the server's elicitation with `cancel`; whatever it
             // returned after that is not the answer the user would give.
@@ -1506,5 +1759,41 @@ impl McpClient for RmcpClient {
                 let _ = handle.await;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_of_an_oversized_line_is_read_from_its_start() {
+        let id = |head: &str| id_in_head(head.as_bytes());
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"text":"xx"#),
+            Some(RequestId::Number(7))
+        );
+        assert_eq!(
+            id(r#"{"id" : "a-1", "jsonrpc":"2.0","result":{"#),
+            Some(RequestId::String("a-1".into()))
+        );
+        // Only the top-level `id` counts; a cut-off head has none.
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","result":{"id":3,"content":[{"text":"xx"#),
+            None
+        );
+        assert_eq!(id(r#"{"jsonrpc":"2.0","result":{"text":"\"id\":4"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":12"#), None);
+    }
+
+    #[tokio::test]
+    async fn a_line_past_the_limit_is_reported_once_with_its_id() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut watch = LineWatch::new(&b""[..], tx);
+        watch.saw(br#"{"jsonrpc":"2.0","id":5,"result":"#);
+        watch.saw(&vec![b'x'; MAX_STDIO_MESSAGE_BYTES]);
+        watch.saw(b"more\n{\"jsonrpc\":\"2.0\",\"id\":6}\n");
+        assert_eq!(rx.try_recv().ok(), Some(Some(RequestId::Number(5))));
+        assert!(rx.try_recv().is_err());
     }
 }
