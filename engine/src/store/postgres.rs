@@ -1391,7 +1391,9 @@ impl Pg {
         accepted_by: &str,
         reason: &str,
     ) -> Result<super::McpToolPinRow, StoreError> {
-        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        // Accepting the hash already pinned changes nothing (the WHERE
+        // leaves the row alone and returns none): answer with the pin.
+        let written: Option<super::McpToolPinRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "INSERT INTO mcp_tool_pins (tenant, server, tool, definition_hash, accepted_by, reason)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (tenant, server, tool) DO UPDATE
@@ -1402,6 +1404,7 @@ impl Pg {
                  accepted_by = excluded.accepted_by,
                  reason = excluded.reason,
                  accepted_at = belay_now()
+             WHERE mcp_tool_pins.definition_hash <> excluded.definition_hash
              RETURNING {MCP_PIN_COLUMNS}"
         )))
         .bind(tenant)
@@ -1410,8 +1413,17 @@ impl Pg {
         .bind(definition_hash)
         .bind(accepted_by)
         .bind(reason)
-        .fetch_one(&self.pool)
-        .await?)
+        .fetch_optional(&self.pool)
+        .await?;
+        match written {
+            Some(row) => Ok(row),
+            None => self
+                .mcp_tool_pins(tenant, Some(server), Some(tool))
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::NotFound(format!("MCP tool pin {server}/{tool}"))),
+        }
     }
 
     /// See [`super::Store::mcp_pin_task`].

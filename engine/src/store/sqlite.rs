@@ -1552,6 +1552,7 @@ impl Lite {
                  accepted_by = excluded.accepted_by,
                  reason = excluded.reason,
                  accepted_at = excluded.accepted_at
+             WHERE mcp_tool_pins.definition_hash <> excluded.definition_hash
              RETURNING {MCP_PIN_COLUMNS}"
         )))
         .bind(tenant)
@@ -1560,10 +1561,20 @@ impl Lite {
         .bind(definition_hash)
         .bind(accepted_by)
         .bind(reason)
-        .fetch_one(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(pin)
+        // Accepting the hash already pinned changes nothing (the WHERE leaves
+        // the row alone and returns none): answer with the pin.
+        match pin {
+            Some(row) => Ok(row),
+            None => self
+                .mcp_tool_pins(tenant, Some(server), Some(tool))
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::NotFound(format!("MCP tool pin {server}/{tool}"))),
+        }
     }
 
     /// See [`super::Store::mcp_pin_task`].
