@@ -474,23 +474,9 @@ impl Coordinator {
                 "definition {definition_hash} of MCP tool `{tool}` cannot be called: {refusal}"
             )));
         }
-        // Accepting the hash already pinned changes nothing (a repeated
-        // request keeps the first acceptance's time, author and history).
-        let current = self
-            .store()
-            .mcp_tool_pins(tenant, Some(server), Some(tool))
-            .await
-            .map_err(store_err)?
-            .into_iter()
-            .next();
-        if let Some(pin) = current.filter(|p| p.definition_hash == definition_hash) {
-            return Ok(view(
-                server.to_owned(),
-                tool.to_owned(),
-                Some(pin),
-                history.first().cloned(),
-            ));
-        }
+        // Accepting the hash already pinned changes nothing (the store's
+        // upsert leaves the row alone and returns it): a repeated request
+        // keeps the first acceptance's time, author and history.
         let pin = self
             .store()
             .accept_mcp_tool(tenant, server, tool, definition_hash, by, reason)

@@ -581,28 +581,7 @@ impl Env {
 
     /// Start a worker connected to engine `engine`.
     pub async fn start_worker(&mut self, engine: usize) -> Result<usize> {
-        let id = format!("worker{}", self.workers.len());
-        let worker = Proc::spawn(
-            &id,
-            &bin("belay-worker")?,
-            &[
-                "--engine-url".into(),
-                self.engines[engine].url.clone(),
-                "--worker-id".into(),
-                id.clone(),
-                "--model-base-url".into(),
-                format!("{}/v1", self.model.url),
-                "--http-base-url".into(),
-                self.crm.url.clone(),
-                "--concurrency".into(),
-                "4".into(),
-            ],
-            &[],
-            false,
-        )
-        .await?;
-        self.workers.push(worker);
-        Ok(self.workers.len() - 1)
+        self.spawn_worker(engine, &[]).await
     }
 
     /// Start a worker connected to engine `engine` whose MCP servers are
@@ -617,28 +596,27 @@ impl Env {
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(format!("mcp-{}.json", uuid::Uuid::new_v4().simple()));
         std::fs::write(&path, serde_json::to_vec_pretty(mcp_config)?)?;
+        self.spawn_worker(engine, &["--mcp-config".into(), path.display().to_string()])
+            .await
+    }
+
+    /// A worker on engine `engine` with the example's model and CRM, plus `extra` flags.
+    async fn spawn_worker(&mut self, engine: usize, extra: &[String]) -> Result<usize> {
         let id = format!("worker{}", self.workers.len());
-        let worker = Proc::spawn(
-            &id,
-            &bin("belay-worker")?,
-            &[
-                "--engine-url".into(),
-                self.engines[engine].url.clone(),
-                "--worker-id".into(),
-                id.clone(),
-                "--model-base-url".into(),
-                format!("{}/v1", self.model.url),
-                "--http-base-url".into(),
-                self.crm.url.clone(),
-                "--concurrency".into(),
-                "4".into(),
-                "--mcp-config".into(),
-                path.display().to_string(),
-            ],
-            &[],
-            false,
-        )
-        .await?;
+        let mut args: Vec<String> = vec![
+            "--engine-url".into(),
+            self.engines[engine].url.clone(),
+            "--worker-id".into(),
+            id.clone(),
+            "--model-base-url".into(),
+            format!("{}/v1", self.model.url),
+            "--http-base-url".into(),
+            self.crm.url.clone(),
+            "--concurrency".into(),
+            "4".into(),
+        ];
+        args.extend_from_slice(extra);
+        let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, &[], false).await?;
         self.workers.push(worker);
         Ok(self.workers.len() - 1)
     }

@@ -141,6 +141,29 @@ pub struct ToolCallState {
 }
 
 impl ToolCallState {
+    /// Why this open call holds the run `waiting`, if it does: a
+    /// confirmation, a callback, or a sync child run (in that order).
+    fn outside_wait_reason(&self, call_id: &str) -> Option<String> {
+        if self.status != CallStatus::Open {
+            return None;
+        }
+        let tool = &self.tool;
+        if let Some((grant, _)) = &self.awaiting_confirmation {
+            return Some(format!(
+                "call `{call_id}` of tool `{tool}` waits for a confirmation by a holder of `{grant}`"
+            ));
+        }
+        if let Some(timer) = &self.callback_timer {
+            let after = timer.after_ms.map(super::show_ms).unwrap_or_default();
+            return Some(format!(
+                "call `{call_id}` of tool `{tool}` waits for its callback (up to {after})"
+            ));
+        }
+        self.child_run_id
+            .as_ref()
+            .map(|child| format!("call `{call_id}` of tool `{tool}` waits for child run {child}"))
+    }
+
     /// Whether the call waits for something outside any task: a child run
     /// (sync `type: workflow`) or a callback (accepted `type: async_webhook`).
     pub fn waits_outside(&self) -> bool {
@@ -607,7 +630,6 @@ impl RunState {
             }
             Event::ConfirmationRequested {
                 call_id,
-                tool,
                 approver_grant,
                 immutable_params,
                 ..
@@ -615,10 +637,10 @@ impl RunState {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.awaiting_confirmation =
                         Some((approver_grant.clone(), immutable_params.clone()));
+                    if let Some(reason) = call.outside_wait_reason(call_id) {
+                        self.set_waiting(reason);
+                    }
                 }
-                self.set_waiting(format!(
-                    "call `{call_id}` of tool `{tool}` waits for a confirmation by a holder of `{approver_grant}`"
-                ));
             }
             Event::ConfirmationDecided {
                 call_id,
@@ -635,24 +657,14 @@ impl RunState {
                         call.arguments = arguments.clone();
                     }
                 }
-                if self.status == RunStatus::Waiting {
-                    match self.waiting_reason() {
-                        Some(reason) => self.status_reason = reason,
-                        None => {
-                            self.status = RunStatus::Running;
-                            self.status_reason.clear();
-                        }
-                    }
-                }
+                self.refresh_waiting();
             }
             Event::ToolCallAccepted { call_id, timer, .. } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.callback_timer = Some(timer.clone());
-                    let tool = call.tool.clone();
-                    let after = timer.after_ms.map(super::show_ms).unwrap_or_default();
-                    self.set_waiting(format!(
-                        "call `{call_id}` of tool `{tool}` waits for its callback (up to {after})"
-                    ));
+                    if let Some(reason) = call.outside_wait_reason(call_id) {
+                        self.set_waiting(reason);
+                    }
                 }
             }
             Event::CallbackReceived {
@@ -1059,7 +1071,15 @@ impl RunState {
         let was_child = self.tool_calls.get(call_id).is_some_and(|c| {
             c.child_run_id.is_some() || c.callback_timer.is_some() || c.confirmed.is_some()
         });
-        if was_child && self.status == RunStatus::Waiting {
+        if was_child {
+            self.refresh_waiting();
+        }
+    }
+
+    /// A waiting run whose wait may have ended: still waiting (with the
+    /// current reason) or running again.
+    fn refresh_waiting(&mut self) {
+        if self.status == RunStatus::Waiting {
             match self.waiting_reason() {
                 Some(reason) => self.status_reason = reason,
                 None => {
@@ -1072,41 +1092,21 @@ impl RunState {
 
     /// Why the run would be waiting now, if its current node waits.
     fn waiting_reason(&self) -> Option<String> {
-        if let Some((call_id, call, grant)) = self.tool_calls.iter().find_map(|(id, c)| {
-            let (grant, _) = c.awaiting_confirmation.as_ref()?;
-            (c.status == CallStatus::Open).then_some((id, c, grant))
-        }) {
-            return Some(format!(
-                "call `{call_id}` of tool `{}` waits for a confirmation by a holder of `{grant}`",
-                call.tool
-            ));
-        }
-        if let Some((call_id, call)) = self
+        // Calls first: a confirmation, then a callback, then a child.
+        let call_wait = self
             .tool_calls
             .iter()
-            .find(|(_, c)| c.waits_outside() && c.callback_timer.is_some())
-        {
-            let after = call
-                .callback_timer
-                .as_ref()
-                .and_then(|t| t.after_ms)
-                .map(super::show_ms)
-                .unwrap_or_default();
-            return Some(format!(
-                "call `{call_id}` of tool `{}` waits for its callback (up to {after})",
-                call.tool
-            ));
-        }
-        if let Some((call_id, call)) = self
-            .tool_calls
-            .iter()
-            .find(|(_, c)| c.status == CallStatus::Open && c.child_run_id.is_some())
-        {
-            return Some(format!(
-                "call `{call_id}` of tool `{}` waits for child run {}",
-                call.tool,
-                call.child_run_id.as_deref().unwrap_or_default()
-            ));
+            .filter_map(|(id, c)| {
+                let rank = match (&c.awaiting_confirmation, &c.callback_timer) {
+                    (Some(_), _) => 0,
+                    (None, Some(_)) => 1,
+                    (None, None) => 2,
+                };
+                Some((rank, c.outside_wait_reason(id)?))
+            })
+            .min_by_key(|(rank, _)| *rank);
+        if let Some((_, reason)) = call_wait {
+            return Some(reason);
         }
         let step = self.step.as_ref()?;
         match &step.kind {

@@ -880,7 +880,9 @@ impl Store {
     }
 
     /// Pin `definition_hash` for the tenant's (server, tool), replacing the
-    /// pin in force (kept as `previous_hash`); returns the new pin.
+    /// pin in force (kept as `previous_hash`); returns the new pin. The hash
+    /// already pinned leaves the row as it is (time, author, history) and
+    /// returns it.
     pub async fn accept_mcp_tool(
         &self,
         tenant: &str,
