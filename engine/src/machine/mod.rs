@@ -548,6 +548,10 @@ pub const TOOL_NODE_ATTEMPTS: u32 = 5;
 /// defaults are filled in): the agents' default `max_argument_bytes`.
 pub const TOOL_NODE_MAX_ARGUMENT_BYTES: usize = 65_536;
 
+/// Most bytes of a mistyped tool result quoted in the failure it becomes
+/// (the whole result is not kept: it does not match what the tool declares).
+pub const RESULT_EXCERPT_BYTES: usize = 2048;
+
 /// Retry delay for attempt number `failed` (1-based), ms: 500 · 2^(n-1), at most 30 s.
 pub fn retry_delay_ms(failed: u32) -> u64 {
     let exp = failed.saturating_sub(1).min(16);
@@ -1684,6 +1688,11 @@ impl Step {
             self.command(Command::ScheduleTimer(timer));
             return Ok(());
         }
+        if probe_for.is_none()
+            && let Some(failure) = self.result_type_failure(&call_id, attempt, &result)?
+        {
+            return self.on_failure(failure);
+        }
         self.emit(Event::ToolCallCompleted {
             call_id: call_id.clone(),
             attempt,
@@ -1697,6 +1706,52 @@ impl Step {
             self.on_probe_found(&target, &call_id, result)?;
         }
         Ok(())
+    }
+
+    /// The failure a worker's result is recorded as when it does not match
+    /// the tool's declared return type (the fourth check of the tool model:
+    /// a result reaches the model and the run's state only as the type the
+    /// tool declares). The tool has acted, so nothing repeats it: a
+    /// `reconcile` tool's call becomes an uncertain outcome (an operator
+    /// looks at what it did), any other fails with the violations and the
+    /// first [`RESULT_EXCERPT_BYTES`] bytes of the result, which the model
+    /// sees as the call's error. `None` when the result is valid.
+    fn result_type_failure(
+        &self,
+        call_id: &str,
+        attempt: u32,
+        result: &Value,
+    ) -> Result<Option<Failure>, MachineError> {
+        let Some(call) = self.state.tool_calls.get(call_id) else {
+            return Ok(None);
+        };
+        let plan = self.plan()?;
+        let tool = plan
+            .tools
+            .get(&call.tool)
+            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
+        let Err(errors) = crate::definitions::validate_json(&tool.def.output_schema, result) else {
+            return Ok(None);
+        };
+        let text = result.to_string();
+        let excerpt = normalize::truncate_str(&text, RESULT_EXCERPT_BYTES);
+        let class = if call.repeat_safety == RepeatSafety::Reconcile {
+            FailureClass::MayHaveActed
+        } else {
+            FailureClass::Rejected
+        };
+        Ok(Some(Failure {
+            call_id: call_id.to_owned(),
+            attempt,
+            error: format!(
+                "the tool answered, but its result does not match its declared return type ({}); result: {excerpt}",
+                errors.join("; ")
+            ),
+            class,
+            dispatched: true,
+            lease_expired: false,
+            status_code: None,
+        }))
     }
 
     /// A probe answered with a result: found, if it is a valid result of the

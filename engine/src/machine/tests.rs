@@ -35,7 +35,8 @@ fn tool(
             name: name.into(),
             description: format!("{name} tool"),
             input_schema: json!({"type": "object", "properties": props, "required": required, "additionalProperties": false}),
-            output_schema: json!({"type": "object"}),
+            // Any value: most tests here are about the loop, not the type.
+            output_schema: json!({}),
             permission: permission.into(),
             repeat_safety,
             reconcile_with: None,
@@ -86,6 +87,9 @@ fn plan(opts: &Opts) -> RunPlan {
         "wipe".to_owned(),
         tool("wipe", "ops.danger", RepeatSafety::Never, &["email"]),
     );
+    if let Some(wipe) = tools.get_mut("wipe") {
+        wipe.def.output_schema = json!({"type": "object", "required": ["wiped"]});
+    }
     if let Some(create) = tools.get_mut("create") {
         create.def.output_schema = json!({"type": "object", "required": ["account_id"], "properties": {"account_id": {"type": "string"}}});
         if opts.probe {
@@ -1570,4 +1574,69 @@ fn an_mcp_tool_call_is_handed_to_the_worker_with_its_server_and_server_tool() {
         spec.binding,
         belay_proto::wire::ToolBinding::Mcp(ref b) if b.server_tool == "echo" && b.timeout_ms == 5_000
     ));
+}
+
+#[test]
+fn a_result_that_does_not_match_the_declared_type_fails_the_call_or_becomes_uncertain() {
+    // A `never` tool: the call fails (the tool answered, nothing is
+    // repeated), and the model hears why, with the result quoted.
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("wipe", r#"{"email":"e"}"#)], None);
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!(["not", "an", "object"]),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "tool_call_attempt_failed",
+            "tool_call_failed",
+            "model_call_scheduled"
+        ]
+    );
+    let told = tool_results(&run);
+    assert_eq!(told.len(), 1);
+    assert!(
+        told[0].contains("does not match its declared return type")
+            && told[0].contains("[\"not\",\"an\",\"object\"]"),
+        "{told:?}"
+    );
+    assert!(
+        !d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallCompleted { .. })),
+        "a mistyped result is never a success"
+    );
+
+    // A reconcile tool: what it did is unknown to the run, so an operator
+    // decides; the run pauses.
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("create", r#"{"email":"e"}"#)], None);
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({"id": 7}),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "tool_call_attempt_failed",
+            "uncertain_outcome_recorded",
+            "run_paused"
+        ]
+    );
+    assert_eq!(run.state.status, RunStatus::Paused);
 }
