@@ -316,6 +316,20 @@ enum RunCmd {
         #[command(flatten)]
         decision: DecisionArgs,
     },
+    /// Answer a tool's question to a person (an MCP elicitation): the call
+    /// then runs again with the answer.
+    Answer {
+        /// Run id.
+        run_id: String,
+        /// The call that asked (see its `tool_call_input_requested` event).
+        call_id: String,
+        /// The answer (JSON, or @path to a JSON file), e.g.
+        /// `{"action":"accept","content":{"name":"Ada"}}`.
+        answer: String,
+        /// Who answers (recorded; default: $BELAY_OPERATOR, else $USER).
+        #[arg(long = "by", value_name = "WHO")]
+        by: Option<String>,
+    },
     /// Lift an operator pause (a run with open uncertain outcomes stays paused).
     Resume {
         /// Run id.
@@ -736,6 +750,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let r = decide(&client, &run_id, &node, false, None, decision).await?;
             if !as_json {
                 outln!("declined node {node}");
+            }
+            print_run(&r, as_json);
+        }
+        Cmd::Run(RunCmd::Answer {
+            run_id,
+            call_id,
+            answer,
+            by,
+        }) => {
+            let answer = read_json(&answer, "ANSWER")?;
+            let r = client
+                .provide_tool_input(&run_id, &call_id, &answer, &operator_name(by))
+                .await?;
+            if !as_json {
+                outln!("answered call {call_id}");
             }
             print_run(&r, as_json);
         }

@@ -375,6 +375,20 @@ impl RunService for Api {
             run: Some(run_msg(run)),
         }))
     }
+
+    async fn provide_tool_input(
+        &self,
+        req: Request<v1::ProvideToolInputRequest>,
+    ) -> Result<Response<v1::ProvideToolInputResponse>, Status> {
+        let r = req.into_inner();
+        let run = self
+            .coord
+            .provide_tool_input(&r.tenant, &r.run_id, &r.call_id, &r.answer_json, &r.by)
+            .await?;
+        Ok(Response::new(v1::ProvideToolInputResponse {
+            run: Some(run_msg(run)),
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -622,6 +636,25 @@ impl WorkerService for Api {
             )
             .await?;
         Ok(Response::new(v1::FailTaskResponse {}))
+    }
+
+    async fn request_tool_input(
+        &self,
+        req: Request<v1::RequestToolInputRequest>,
+    ) -> Result<Response<v1::RequestToolInputResponse>, Status> {
+        let r = req.into_inner();
+        self.coord
+            .request_tool_input(
+                &r.worker_id,
+                &r.task_id,
+                r.attempt,
+                &r.via,
+                &r.requests_json,
+                &r.request_state,
+                r.may_have_acted,
+            )
+            .await?;
+        Ok(Response::new(v1::RequestToolInputResponse {}))
     }
 }
 

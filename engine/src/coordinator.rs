@@ -109,6 +109,10 @@ impl From<MachineError> for CoordinatorError {
                 ),
                 errors,
             },
+            MachineError::InvalidInput { call_id, errors } => CoordinatorError::Unprocessable {
+                message: format!("the input for call `{call_id}` does not fit what the tool asked"),
+                errors,
+            },
             MachineError::AlreadyDecided { .. } => CoordinatorError::Conflict(e.to_string()),
             MachineError::NotAllowed(msg) => CoordinatorError::PermissionDenied(msg),
             other => CoordinatorError::FailedPrecondition(other.to_string()),
@@ -1465,6 +1469,109 @@ impl Coordinator {
             .await?;
         tracing::info!(%task, attempt, worker_id, ?class, "task failed");
         Ok(())
+    }
+
+    /// A worker reports that the tool asked, mid-call, for input from a
+    /// person (`WorkerService.RequestToolInput`). The machine decides:
+    /// wait for `ProvideToolInput`, or fail / record an uncertain outcome
+    /// when repeating the call is unsafe.
+    ///
+    /// Errors: `InvalidArgument` for a bad id, `via` or JSON over
+    /// `MAX_JSON_BYTES`; `FailedPrecondition` for a task this attempt no
+    /// longer holds.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn request_tool_input(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+        via: &str,
+        requests_json: &str,
+        request_state: &str,
+        may_have_acted: bool,
+    ) -> Result<(), CoordinatorError> {
+        require("worker_id", worker_id)?;
+        require("via", via)?;
+        check_text("via", via, MAX_ID_BYTES)?;
+        check_text("request_state", request_state, MAX_JSON_BYTES)?;
+        if requests_json.len() > MAX_JSON_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`requests_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                requests_json.len()
+            )));
+        }
+        let requests: Value = serde_json::from_str(requests_json).map_err(|e| {
+            CoordinatorError::InvalidArgument(format!("`requests_json` is not valid JSON: {e}"))
+        })?;
+        let requests = machine::normalize::strip_nul_value(requests);
+        let task = parse_uuid("task_id", task_id)?;
+        self.store
+            .transition_task(task, |state, row| {
+                let row = fenced(row, attempt, Some(worker_id))?;
+                if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
+                    return Err(CoordinatorError::InvalidArgument(format!(
+                        "task {task_id} is not a tool call"
+                    )));
+                }
+                if row.status != "leased" {
+                    return Err(CoordinatorError::FailedPrecondition(format!(
+                        "task {task_id} is {}, not leased",
+                        row.status
+                    )));
+                }
+                machine::decide(
+                    state,
+                    Input::ToolInputRequested {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        via: via.to_owned(),
+                        requests,
+                        request_state: (!request_state.is_empty())
+                            .then(|| request_state.to_owned()),
+                        may_have_acted,
+                    },
+                )
+                .map_err(CoordinatorError::from)
+            })
+            .await?;
+        tracing::info!(%task, attempt, worker_id, via, "tool asked for input");
+        Ok(())
+    }
+
+    /// A person answers a tool's question (`RunService.ProvideToolInput`).
+    ///
+    /// Errors: `NotFound` for an unknown run; `InvalidArgument` for a bad
+    /// call id, `by` or JSON; `Unprocessable` listing each problem when the
+    /// answer does not fit the question; `FailedPrecondition` when the call
+    /// does not wait for input or the run ended.
+    pub async fn provide_tool_input(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        call_id: &str,
+        answer_json: &str,
+        by: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        require("call_id", call_id)?;
+        check_text("call_id", call_id, MAX_ID_BYTES)?;
+        require("by", by)?;
+        check_text("by", by, MAX_ID_BYTES)?;
+        if answer_json.len() > MAX_JSON_BYTES {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "`answer_json` is {} bytes, more than {MAX_JSON_BYTES}",
+                answer_json.len()
+            )));
+        }
+        let answer: Value = serde_json::from_str(answer_json).map_err(|e| {
+            CoordinatorError::InvalidArgument(format!("`answer_json` is not valid JSON: {e}"))
+        })?;
+        let input = Input::ProvideToolInput {
+            call_id: call_id.to_owned(),
+            answer,
+            by: by.to_owned(),
+        };
+        self.control_run(tenant, run_id, input, "tool input provided")
+            .await
     }
 
     /// Judge every expired lease once. Returns how many were handled.

@@ -188,4 +188,10 @@ pub struct ToolCallSpec {
     /// Belongs to the call (run + call), identical on every attempt; sent as
     /// the `Idempotency-Key` header by HTTP tools.
     pub idempotency_key: String,
+    /// A call repeated after a person answered the tool's question (an MCP
+    /// elicitation): the answers, as the worker's MCP client reads them
+    /// (`{"responses", "request_state"}` or `{"elicitations": [...]}`).
+    /// Absent on a first call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
 }

@@ -495,6 +495,41 @@ impl Client {
             .ok_or_else(|| tonic::Status::internal("DecideApproval returned no run"))?)
     }
 
+    /// Answer a tool's question to a person (`ProvideToolInput`): the call
+    /// `call_id` of run `run_id` waits for it (its `tool_call_input_requested`
+    /// event holds what the MCP server asked). `answer` is
+    /// `{"action": "accept"|"decline"|"cancel", "content": {...}}` for an
+    /// elicitation (the content must match the form's `requestedSchema`),
+    /// `{"responses": {"<key>": <answer>}}` for `input_required`. `by` is
+    /// recorded. The call then runs again with the answer.
+    ///
+    /// Errors come back as [`SdkError::Status`]: `INVALID_ARGUMENT` listing
+    /// each problem when the answer does not fit the question,
+    /// `FAILED_PRECONDITION` when the call does not wait for input.
+    pub async fn provide_tool_input(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        answer: &Value,
+        by: &str,
+    ) -> Result<Run, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .provide_tool_input(v1::ProvideToolInputRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+                call_id: call_id.to_owned(),
+                answer_json: answer.to_string(),
+                by: by.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .run
+            .ok_or_else(|| tonic::Status::internal("ProvideToolInput returned no run"))?)
+    }
+
     /// Cancel a run.
     pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<Run, SdkError> {
         let resp = self

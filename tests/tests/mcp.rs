@@ -10,6 +10,8 @@
 //! - a server killed mid-call: the call may have acted, so its repeat safety
 //!   (`reconcile`) makes it an uncertain outcome an operator resolves; the
 //!   server comes back and later calls go through;
+//! - a tool asking a person for input mid-call (elicitation) waits durably
+//!   for `ProvideToolInput`, then runs again with the answer;
 //! - Belay as an MCP server (the engine's `mcp-server` feature, on in this
 //!   workspace's build): the `mcp` Python package lists and calls the
 //!   onboarding agent's workflow; tokens, `Origin` and `Host` are checked.
@@ -800,7 +802,105 @@ async fn a_long_run_answers_with_a_handle_and_its_status_later(backend: DbBacken
     env.stop().await
 }
 
-belay_tests::on_both_backends!(an_agent_run_calls_mcp_tools_over_stdio_and_completes);
+/// A tool asking a person for input mid-call (`trigger-elicitation-request`
+/// of server-everything sends `elicitation/create`): the run waits durably,
+/// across a worker's death, until `ProvideToolInput` answers; a wrong answer
+/// is refused and changes nothing; the call then runs again with the answer
+/// (same idempotency key). A `never` tool asking the same fails instead.
+async fn a_tool_asking_for_input_waits_durably_for_the_answer(backend: DbBackend) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
+    setup(&env).await?;
+    let everything = mcp_server("BELAY_MCP_EVERYTHING")?;
+    let config = json!({"servers": {"everything": {"transport": "stdio", "command": everything, "args": ["stdio"]}}});
+    let worker = env.start_worker_with_mcp(0, &config).await?;
+    let run = start(&env, "mcp_elicit", "elicit-1").await?;
+    env.wait_for(0, &run, "tool_call_input_requested", T)
+        .await?;
+    let client = env.client(0)?;
+    let waiting = client.get_run(&run).await?;
+    ensure!(
+        waiting.status == "waiting"
+            && waiting
+                .status_reason
+                .contains("waits for input from a person"),
+        "{waiting:?}"
+    );
+    let events = env.events(&run).await?;
+    let asked = of_kind(&events, "tool_call_input_requested");
+    ensure!(asked.len() == 1, "{asked:?}");
+    let call = asked[0]["call_id"].as_str().unwrap_or_default().to_owned();
+    ensure!(
+        asked[0]["via"] == "elicitation"
+            && asked[0]["requests"]["requestedSchema"]["properties"]["name"].is_object(),
+        "{}",
+        asked[0]
+    );
+    // The worker that saw the question dies; nothing is lost.
+    env.workers[worker].kill().await?;
+
+    // An answer that does not fit the form: refused, naming the field.
+    let bad = client
+        .provide_tool_input(
+            &run,
+            &call,
+            &json!({"action": "accept", "content": {"name": 7}}),
+            "ada",
+        )
+        .await;
+    let message = format!(
+        "{:?}",
+        bad.err()
+            .ok_or_else(|| anyhow!("a wrong answer was accepted"))?
+    );
+    ensure!(message.contains("/content/name"), "{message}");
+    ensure!(client.get_run(&run).await?.status == "waiting");
+
+    let answer = json!({"action": "accept", "content": {"name": "Ada Lovelace", "check": true}});
+    let answered = client
+        .provide_tool_input(&run, &call, &answer, "ada")
+        .await?;
+    ensure!(answered.status == "running", "{answered:?}");
+    // A second answer is refused: the call no longer waits.
+    ensure!(
+        client
+            .provide_tool_input(&run, &call, &answer, "ada")
+            .await
+            .is_err(),
+        "answered twice"
+    );
+    env.start_worker_with_mcp(0, &config).await?;
+    let output = completed(&env, &run).await?;
+    ensure!(output.to_string().contains("Ada Lovelace"), "{output}");
+    let events = env.events(&run).await?;
+    let provided = of_kind(&events, "tool_call_input_provided");
+    ensure!(
+        provided.len() == 1 && provided[0]["by"] == "ada" && provided[0]["answer"] == answer,
+        "{provided:?}"
+    );
+    let spec = env.db.task_spec(&run, &call).await?;
+    ensure!(spec["input"] == json!({"elicitations": [answer]}), "{spec}");
+    ensure!(
+        dispatch_counts(&events).get(&call) == Some(&2),
+        "{:?}",
+        dispatch_counts(&events)
+    );
+
+    // A `never` tool whose server kept running after Belay did not answer
+    // at once may have acted: it is not repeated, and says why.
+    let once = start(&env, "mcp_elicit_once", "elicit-2").await?;
+    env.wait_for(0, &once, "run_failed", T).await?;
+    let errors = errors_of(&env.events(&once).await?);
+    ensure!(
+        errors.len() == 1 && errors[0].contains("repeat safety `never`"),
+        "{errors:?}"
+    );
+    env.stop().await
+}
+
+belay_tests::on_both_backends!(
+    an_agent_run_calls_mcp_tools_over_stdio_and_completes,
+    a_tool_asking_for_input_waits_durably_for_the_answer
+);
 
 mod postgres_only {
     use super::*;

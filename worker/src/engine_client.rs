@@ -24,7 +24,8 @@ use backon::{ExponentialBuilder, Retryable};
 use belay_proto::v1::worker_service_client::WorkerServiceClient;
 use belay_proto::v1::{
     ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, FailTaskRequest, FailureClass,
-    HeartbeatRequest, LeaseStatus, McpToolListing, ReportMcpToolsRequest, Task, TaskLease,
+    HeartbeatRequest, LeaseStatus, McpToolListing, ReportMcpToolsRequest, RequestToolInputRequest,
+    Task, TaskLease,
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -281,6 +282,39 @@ impl EngineClient {
         self.retrying("FailTask", task_id, attempt, |mut client| {
             let request = request.clone();
             async move { client.fail_task(with_deadline(request)).await.map(drop) }
+        })
+        .await
+    }
+
+    /// `RequestToolInput`: the tool asked a person for input mid-call
+    /// (`needed`, from the MCP client), retried while transient.
+    pub async fn report_needs_input(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        needed: &crate::mcp::InputNeeded,
+    ) -> Result<(), Status> {
+        let via = serde_json::to_value(needed.via)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let request = RequestToolInputRequest {
+            worker_id: self.worker_id.clone(),
+            task_id: task_id.to_owned(),
+            attempt,
+            via,
+            requests_json: needed.requests.to_string(),
+            request_state: needed.request_state.clone().unwrap_or_default(),
+            may_have_acted: needed.may_have_acted,
+        };
+        self.retrying("RequestToolInput", task_id, attempt, |mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .request_tool_input(with_deadline(request))
+                    .await
+                    .map(drop)
+            }
         })
         .await
     }

@@ -32,10 +32,12 @@
 //!    outcome).
 //!
 //! A tool that asks for user input mid-call ([`CallOutcome::NeedsInput`]) is
-//! not supported yet: it fails the call (`REJECTED`, or `MAY_HAVE_ACTED` when
-//! the server kept running after Belay declined to answer), saying so. The
-//! client can answer a repeated call ([`crate::mcp::InputAnswers`]); the
-//! engine has no durable "waiting for the user" state for tool calls yet.
+//! reported with `RequestToolInput`: the engine waits durably for a person
+//! (`RunService.ProvideToolInput`), then schedules the call again with the
+//! answers in `ToolCallSpec.input`, which this module hands to the client as
+//! its [`crate::mcp::InputAnswers`] (the repeated call meets the same
+//! questions and answers them from there). Whether repeating the call is
+//! safe is the engine's decision (the tool's repeat safety).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -79,6 +81,8 @@ pub enum McpCallReport {
         /// What happened, for the model (server text included is data).
         error: String,
     },
+    /// `RequestToolInput`: the tool asked a person for input mid-call.
+    NeedsInput(mcp::InputNeeded),
     /// The engine refused the dispatch: nothing was done; report nothing.
     NotDispatched,
 }
@@ -379,6 +383,24 @@ impl McpTools {
                 format!("the arguments of `{}` are not a JSON object", spec.tool),
             );
         };
+        // A repeat after a person answered the tool's question.
+        let input = match spec
+            .input
+            .clone()
+            .map(serde_json::from_value::<mcp::InputAnswers>)
+        {
+            None => None,
+            Some(Ok(answers)) => Some(answers),
+            Some(Err(e)) => {
+                return fail(
+                    FailureClass::Rejected,
+                    format!(
+                        "the engine's answers for `{}` cannot be read: {e}",
+                        spec.tool
+                    ),
+                );
+            }
+        };
         let listed_hash = match self.listed(server, client.as_ref(), tool).await {
             Ok(Listed::Callable(hash, input_schema)) => {
                 // Checked here too (the client checks again before sending),
@@ -455,7 +477,7 @@ impl McpTools {
             timeout_ms: binding.timeout_ms.max(1),
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             idempotency_key: Some(spec.idempotency_key.clone()),
-            input: None,
+            input,
             cancel: None,
         };
         let outcome = client.call_tool(request).await;
@@ -485,17 +507,7 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
             FailureClass::Rejected,
             format!("{named} reported an error: {}", text_of(&result)),
         ),
-        CallOutcome::NeedsInput(needed) => fail(
-            if needed.may_have_acted {
-                FailureClass::MayHaveActed
-            } else {
-                FailureClass::Rejected
-            },
-            format!(
-                "{named} asked for user input mid-call ({:?}), which Belay does not support yet",
-                needed.via
-            ),
-        ),
+        CallOutcome::NeedsInput(needed) => McpCallReport::NeedsInput(needed),
         CallOutcome::Refused(CallRefusal::DefinitionChanged {
             expected, actual, ..
         }) => fail(
@@ -717,24 +729,17 @@ mod tests {
             "{error}"
         );
 
-        let needs = |may_have_acted| {
-            report(CallOutcome::NeedsInput(InputNeeded {
-                via: InputVia::Elicitation,
-                requests: json!({}),
-                request_state: None,
-                may_have_acted,
-            }))
+        // A question for a person is handed to the engine as it came (the
+        // engine decides, by repeat safety, whether to wait).
+        let needed = InputNeeded {
+            via: InputVia::Elicitation,
+            requests: json!({"message": "name?"}),
+            request_state: None,
+            may_have_acted: true,
         };
         assert!(matches!(
-            needs(true),
-            McpCallReport::Fail { class: FailureClass::MayHaveActed, ref error } if error.contains("does not support yet")
-        ));
-        assert!(matches!(
-            needs(false),
-            McpCallReport::Fail {
-                class: FailureClass::Rejected,
-                ..
-            }
+            report(CallOutcome::NeedsInput(needed.clone())),
+            McpCallReport::NeedsInput(ref n) if *n == needed
         ));
         assert!(matches!(
             report(CallOutcome::Disconnected { reason: "x".into() }),

@@ -569,6 +569,21 @@ async fn perform_mcp_call(
             );
             report_failure(ctx, task, class, error).await;
         }
+        McpCallReport::NeedsInput(needed) => {
+            let task_id = &task.task_id;
+            let attempt = task.attempt;
+            match ctx
+                .engine
+                .report_needs_input(task_id, attempt, &needed)
+                .await
+            {
+                Ok(()) => tracing::info!(
+                    %task_id, attempt, tool = %spec.tool, via = ?needed.via,
+                    "MCP tool asked for input from a person; the engine waits for it"
+                ),
+                Err(status) => log_report_refused("RequestToolInput", task, &status),
+            }
+        }
         McpCallReport::NotDispatched => {}
     }
 }

@@ -56,6 +56,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
             timeout_ms: 5_000,
         }),
         idempotency_key: "run-1/call-7".into(),
+        input: None,
     }
 }
 
@@ -307,6 +308,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
             callback_url_field: field.into(),
         }),
         idempotency_key: "run-1/call-8".into(),
+        input: None,
     }
 }
 

@@ -1129,6 +1129,7 @@ async fn call_through(
         arguments,
         binding: belay_proto::wire::ToolBinding::Mcp(binding.clone()),
         idempotency_key: "run-1/call-1".into(),
+        input: None,
     };
     let mut dispatched = false;
     let report = tools

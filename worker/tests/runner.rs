@@ -77,6 +77,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
             timeout_ms: 60_000,
         }),
         idempotency_key: format!("key-{task_id}"),
+        input: None,
     };
     Task {
         task_id: task_id.into(),

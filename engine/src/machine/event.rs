@@ -295,6 +295,39 @@ pub enum Event {
         /// Whether the approver edited them.
         edited: bool,
     },
+    /// A tool call asked, mid-call, for input from a person (an MCP
+    /// server's elicitation). The attempt's task ended; the run waits until
+    /// `ProvideToolInput` answers, then the call runs again with the same
+    /// idempotency key and the answers. Added after v0.1.
+    ToolCallInputRequested {
+        /// Call id.
+        call_id: String,
+        /// The attempt that asked.
+        attempt: u32,
+        /// How the server asked: `input_required` (MCP 2026-07-28),
+        /// `elicitation` (`elicitation/create` during the call) or
+        /// `url_elicitation_required` (error -32042).
+        via: String,
+        /// What it asked, as the server sent it (untrusted data: shown to
+        /// the person, never executed).
+        requests: Value,
+        /// Opaque state the server wants echoed with the answers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_state: Option<String>,
+    },
+    /// A person answered a [`Event::ToolCallInputRequested`]; the call is
+    /// scheduled again with `input`. Added after v0.1.
+    ToolCallInputProvided {
+        /// Call id.
+        call_id: String,
+        /// Who answered.
+        by: String,
+        /// The answer as given (checked against what was asked).
+        answer: Value,
+        /// What the repeated call carries (`ToolCallSpec.input`): every
+        /// answer of the call so far, in order.
+        input: Value,
+    },
     /// An attempt of a tool call failed (reported, or its lease expired).
     ToolCallAttemptFailed {
         /// Call id.
@@ -578,6 +611,8 @@ impl Event {
             Event::CallbackIssued { .. } => "callback_issued",
             Event::ConfirmationRequested { .. } => "confirmation_requested",
             Event::ConfirmationDecided { .. } => "confirmation_decided",
+            Event::ToolCallInputRequested { .. } => "tool_call_input_requested",
+            Event::ToolCallInputProvided { .. } => "tool_call_input_provided",
             Event::ToolCallAccepted { .. } => "tool_call_accepted",
             Event::CallbackReceived { .. } => "callback_received",
             Event::ToolCallAttemptFailed { .. } => "tool_call_attempt_failed",

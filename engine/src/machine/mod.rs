@@ -379,6 +379,34 @@ pub enum Input {
         /// Timer id.
         timer_id: String,
     },
+    /// A worker reports that the tool asked, mid-call, for input from a
+    /// person (an MCP server's elicitation) instead of answering.
+    ToolInputRequested {
+        /// Call id.
+        call_id: String,
+        /// The attempt that asked.
+        attempt: u32,
+        /// `input_required`, `elicitation` or `url_elicitation_required`.
+        via: String,
+        /// What the server asked (untrusted).
+        requests: Value,
+        /// Opaque server state to echo with the answers.
+        request_state: Option<String>,
+        /// The server kept running after Belay declined to answer at once
+        /// (`elicitation`): the tool may have acted.
+        may_have_acted: bool,
+    },
+    /// A person answers a tool's question ([`Input::ToolInputRequested`]).
+    ProvideToolInput {
+        /// Call id.
+        call_id: String,
+        /// The answer: `{"action": "accept"|"decline"|"cancel", "content"?:
+        /// {...}}` for `elicitation` and `url_elicitation_required`,
+        /// `{"responses": {<key>: <answer>}}` for `input_required`.
+        answer: Value,
+        /// Who answers.
+        by: String,
+    },
     /// A person decides an approval node.
     DecideApproval {
         /// Node id.
@@ -515,6 +543,14 @@ pub enum MachineError {
         /// Each violation.
         errors: Vec<String>,
     },
+    /// A person's answer to a tool's question does not fit the question.
+    #[error("the input for call `{call_id}` does not fit what the tool asked: {}", .errors.join("; "))]
+    InvalidInput {
+        /// Call id.
+        call_id: String,
+        /// Each problem, with its JSON pointer.
+        errors: Vec<String>,
+    },
     /// The caller may not do this (an approver without the node's grant).
     #[error("{0}")]
     NotAllowed(String),
@@ -551,6 +587,10 @@ pub const TOOL_NODE_MAX_ARGUMENT_BYTES: usize = 65_536;
 /// Most bytes of a mistyped tool result quoted in the failure it becomes
 /// (the whole result is not kept: it does not match what the tool declares).
 pub const RESULT_EXCERPT_BYTES: usize = 2048;
+
+/// Most questions one tool call may ask a person (MCP elicitation rounds)
+/// before it fails: a server that asks for ever does not hold a run for ever.
+pub const MAX_INPUT_ROUNDS: u32 = 8;
 
 /// Retry delay for attempt number `failed` (1-based), ms: 500 · 2^(n-1), at most 30 s.
 pub fn retry_delay_ms(failed: u32) -> u64 {
@@ -626,7 +666,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             if !call.waits_outside() {
                 return Err(MachineError::CallNotOpen {
                     call_id,
-                    detail: "it does not wait for a callback or a child run (only such calls can be failed by an operator; a call with a task ends with its task)".into(),
+                    detail: "it does not wait for a callback, a child run, a confirmation or a person's input (only such calls can be failed by an operator; a call with a task ends with its task)".into(),
                 });
             }
             for timer in [&call.child_timer, &call.callback_timer]
@@ -657,6 +697,33 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             m.require_active("tool result")?;
             m.require_open_tool_call(&call_id)?;
             m.on_tool_result(call_id, attempt, result)?;
+        }
+        Input::ToolInputRequested {
+            call_id,
+            attempt,
+            via,
+            requests,
+            request_state,
+            may_have_acted,
+        } => {
+            m.require_active("input request")?;
+            m.require_open_tool_call(&call_id)?;
+            m.on_input_requested(
+                call_id,
+                attempt,
+                via,
+                requests,
+                request_state,
+                may_have_acted,
+            )?;
+        }
+        Input::ProvideToolInput {
+            call_id,
+            answer,
+            by,
+        } => {
+            m.require_active("input")?;
+            m.on_input_provided(call_id, answer, by)?;
         }
         Input::TaskFailed {
             call_id,
@@ -1705,6 +1772,131 @@ impl Step {
         if let Some(target) = probe_for {
             self.on_probe_found(&target, &call_id, result)?;
         }
+        Ok(())
+    }
+
+    /// A tool asked, mid-call, for input from a person (an MCP server's
+    /// elicitation). The run waits durably for the answer
+    /// ([`Step::on_input_provided`]), then the call runs again with the same
+    /// idempotency key, carrying the answers. Repeating the call must be
+    /// safe for that: when the server kept running after Belay declined to
+    /// answer at once (`may_have_acted`), only an `idempotent` tool waits; a
+    /// `never` tool fails and a `reconcile` tool's call becomes an uncertain
+    /// outcome, as for any answer lost after the call acted. A reconcile
+    /// probe (the engine's own lookup), and a call past
+    /// [`MAX_INPUT_ROUNDS`] questions, fail instead of waiting.
+    fn on_input_requested(
+        &mut self,
+        call_id: String,
+        attempt: u32,
+        via: String,
+        requests: Value,
+        request_state: Option<String>,
+        may_have_acted: bool,
+    ) -> Result<(), MachineError> {
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        let refusal = if !matches!(
+            via.as_str(),
+            "input_required" | "elicitation" | "url_elicitation_required"
+        ) {
+            Some(format!("asked for input in an unknown way `{via}`"))
+        } else if call.probe_for.is_some() {
+            Some("a reconcile probe cannot wait for a person".to_owned())
+        } else if call.input_rounds >= MAX_INPUT_ROUNDS {
+            Some(format!(
+                "it asked for input more than {MAX_INPUT_ROUNDS} times"
+            ))
+        } else if may_have_acted && call.repeat_safety != RepeatSafety::Idempotent {
+            Some(format!(
+                "it asked for input mid-call and kept running when Belay did not answer at once, so it may have acted; \
+                 calling it again with the answer would repeat it, which its repeat safety `{}` does not allow \
+                 (declare it `idempotent` if repeating it is safe)",
+                call.repeat_safety.as_str()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            return self.on_failure(Failure {
+                call_id,
+                attempt,
+                error: format!("the tool asked for input from a person: {why}"),
+                class: if may_have_acted {
+                    FailureClass::MayHaveActed
+                } else {
+                    FailureClass::Rejected
+                },
+                dispatched: true,
+                lease_expired: false,
+                status_code: None,
+            });
+        }
+        self.emit(Event::ToolCallInputRequested {
+            call_id: call_id.clone(),
+            attempt,
+            via: via.clone(),
+            requests,
+            request_state,
+        });
+        self.command(Command::EndTask {
+            call_id: call_id.clone(),
+            end: TaskEnd::Completed,
+        });
+        self.command(Command::NotifyOperator {
+            kind: "run.waiting.tool_input".into(),
+            payload: serde_json::json!({
+                "type": "run.waiting.tool_input",
+                "tenant": self.state.tenant,
+                "run_id": self.state.run_id,
+                "call_id": call_id,
+                "tool": call.tool,
+                "via": via,
+            }),
+        });
+        Ok(())
+    }
+
+    /// A person answered a tool's question: the answer must fit it (the
+    /// form's `requestedSchema` for an accepted elicitation), then the call
+    /// is scheduled again with every answer so far as its `input`.
+    fn on_input_provided(
+        &mut self,
+        call_id: String,
+        answer: Value,
+        by: String,
+    ) -> Result<(), MachineError> {
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        let Some(asked) = call.awaiting_input.clone() else {
+            return Err(MachineError::CallNotOpen {
+                call_id,
+                detail: "it does not wait for input".into(),
+            });
+        };
+        let answer = normalize::strip_nul_value(answer);
+        let input = input_for_repeat(&call_id, &asked, &answer, &call.input)?;
+        let tool =
+            self.plan()?.tools.get(&call.tool).cloned().ok_or_else(|| {
+                MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
+            })?;
+        let mut spec = tool_spec(&tool, &call.arguments, &call.idempotency_key)?;
+        if let Value::Object(map) = &mut spec {
+            map.insert("input".into(), input.clone());
+        }
+        self.emit(Event::ToolCallInputProvided {
+            call_id: call_id.clone(),
+            by,
+            answer,
+            input,
+        });
+        self.command(Command::RekeyTask {
+            call_id: call_id.clone(),
+            idempotency_key: call.idempotency_key.clone(),
+            spec,
+        });
+        self.command(Command::RetryTask {
+            call_id,
+            delay_ms: 0,
+        });
         Ok(())
     }
 
@@ -3571,6 +3763,129 @@ impl Step {
 }
 
 /// The task spec of a call of `tool` with `arguments` and idempotency `key`.
+/// The `ToolCallSpec.input` of a call repeated after a person's answer
+/// (the worker's MCP client reads it as its `InputAnswers`): for
+/// `input_required`, the responses with the server's `request_state`; for an
+/// elicitation, every answer of the call so far in the order asked (the
+/// repeated call meets the same questions again); for
+/// `url_elicitation_required`, nothing but the fact that the person was
+/// there. Errors: [`MachineError::InvalidInput`] naming each problem.
+fn input_for_repeat(
+    call_id: &str,
+    asked: &state::AwaitingInput,
+    answer: &Value,
+    so_far: &Value,
+) -> Result<Value, MachineError> {
+    let invalid = |errors: Vec<String>| MachineError::InvalidInput {
+        call_id: call_id.to_owned(),
+        errors,
+    };
+    // One elicitation answer: `{action, content?}`, the content checked
+    // against the form's schema when accepted.
+    let check_answer = |pointer: &str, answer: &Value, schema: Option<&Value>| -> Vec<String> {
+        let Some(map) = answer.as_object() else {
+            return vec![format!(
+                "{pointer}: an answer is an object `{{\"action\": \"accept\"|\"decline\"|\"cancel\", \"content\": {{...}}}}`"
+            )];
+        };
+        let mut errors = Vec::new();
+        if let Some(key) = map
+            .keys()
+            .find(|k| !matches!(k.as_str(), "action" | "content"))
+        {
+            errors.push(format!(
+                "{pointer}/{key}: unknown field (an answer has `action` and `content`)"
+            ));
+        }
+        match map.get("action").and_then(Value::as_str) {
+            Some("accept") => {
+                if let (Some(schema), content) = (schema, map.get("content")) {
+                    let content = content
+                        .cloned()
+                        .unwrap_or(Value::Object(Default::default()));
+                    if let Err(e) = crate::definitions::validate_json(schema, &content) {
+                        errors.extend(e.into_iter().map(|e| format!("{pointer}/content{e}")));
+                    }
+                }
+            }
+            Some("decline" | "cancel") => {
+                if map.contains_key("content") {
+                    errors.push(format!(
+                        "{pointer}/content: only an accepted answer has content"
+                    ));
+                }
+            }
+            _ => errors.push(format!(
+                "{pointer}/action: must be \"accept\", \"decline\" or \"cancel\""
+            )),
+        }
+        errors
+    };
+    match asked.via.as_str() {
+        "input_required" => {
+            let Some(responses) = answer.get("responses").and_then(Value::as_object) else {
+                return Err(invalid(vec![
+                    "/responses: an object answering each of the tool's requests by its key".into(),
+                ]));
+            };
+            let requests = asked.requests.as_object().cloned().unwrap_or_default();
+            let mut errors = Vec::new();
+            for key in requests.keys().filter(|k| !responses.contains_key(*k)) {
+                errors.push(format!("/responses/{key}: not answered"));
+            }
+            for (key, response) in responses {
+                match requests.get(key) {
+                    None => {
+                        errors.push(format!("/responses/{key}: the tool asked no such request"))
+                    }
+                    Some(request) => {
+                        let schema = request.pointer("/params/requestedSchema");
+                        errors.extend(check_answer(&format!("/responses/{key}"), response, schema));
+                    }
+                }
+            }
+            if !errors.is_empty() {
+                return Err(invalid(errors));
+            }
+            Ok(serde_json::json!({
+                "responses": responses,
+                "request_state": asked.request_state,
+            }))
+        }
+        via => {
+            // An elicitation form (or a URL the person visited).
+            let url = via == "url_elicitation_required"
+                || asked.requests.get("mode").and_then(Value::as_str) == Some("url");
+            let schema = if url {
+                None
+            } else {
+                asked.requests.get("requestedSchema")
+            };
+            let errors = check_answer("", answer, schema);
+            if !errors.is_empty() {
+                return Err(invalid(errors));
+            }
+            if url && answer.get("content").is_some() {
+                return Err(invalid(vec![
+                    "/content: a URL request has no form to fill; answer with the action only"
+                        .into(),
+                ]));
+            }
+            if via == "url_elicitation_required" {
+                // The server refused to start until the person finished at the URL.
+                return Ok(serde_json::json!({}));
+            }
+            let mut elicitations = so_far
+                .get("elicitations")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            elicitations.push(answer.clone());
+            Ok(serde_json::json!({ "elicitations": elicitations }))
+        }
+    }
+}
+
 fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Value, MachineError> {
     let binding = match &tool.def.binding {
         ToolBindingDef::Http {
@@ -3624,6 +3939,7 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
         arguments: arguments.clone(),
         binding,
         idempotency_key: key.to_owned(),
+        input: None,
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }

@@ -138,6 +138,27 @@ pub struct ToolCallState {
     pub awaiting_confirmation: Option<(String, Vec<String>)>,
     /// The confirmation decision, once made: who, approved, its seq.
     pub confirmed: Option<(String, bool, u64)>,
+    /// A question of the tool (MCP elicitation) waiting for a person's
+    /// answer. Cleared by the answer.
+    pub awaiting_input: Option<AwaitingInput>,
+    /// Questions answered so far, and what the repeated call carries
+    /// (`ToolCallSpec.input`; `null` before the first answer).
+    pub input_rounds: u32,
+    /// See `input_rounds`.
+    pub input: Value,
+}
+
+/// A tool's question to a person, from [`Event::ToolCallInputRequested`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct AwaitingInput {
+    /// The attempt that asked.
+    pub attempt: u32,
+    /// `input_required`, `elicitation` or `url_elicitation_required`.
+    pub via: String,
+    /// What the server asked (untrusted).
+    pub requests: Value,
+    /// Opaque server state to echo.
+    pub request_state: Option<String>,
 }
 
 impl ToolCallState {
@@ -153,6 +174,11 @@ impl ToolCallState {
                 "call `{call_id}` of tool `{tool}` waits for a confirmation by a holder of `{grant}`"
             ));
         }
+        if self.awaiting_input.is_some() {
+            return Some(format!(
+                "call `{call_id}` of tool `{tool}` waits for input from a person (ProvideToolInput)"
+            ));
+        }
         if let Some(timer) = &self.callback_timer {
             let after = timer.after_ms.map(super::show_ms).unwrap_or_default();
             return Some(format!(
@@ -165,12 +191,14 @@ impl ToolCallState {
     }
 
     /// Whether the call waits for something outside any task: a child run
-    /// (sync `type: workflow`) or a callback (accepted `type: async_webhook`).
+    /// (sync `type: workflow`), a callback (accepted `type: async_webhook`),
+    /// a confirmation or a person's input.
     pub fn waits_outside(&self) -> bool {
         self.status == CallStatus::Open
             && (self.child_run_id.is_some()
                 || self.callback_timer.is_some()
-                || self.awaiting_confirmation.is_some())
+                || self.awaiting_confirmation.is_some()
+                || self.awaiting_input.is_some())
     }
 }
 
@@ -208,6 +236,9 @@ impl ToolCallState {
             callback_timer: None,
             awaiting_confirmation: None,
             confirmed: None,
+            awaiting_input: None,
+            input_rounds: 0,
+            input: Value::Null,
         }
     }
 }
@@ -659,6 +690,34 @@ impl RunState {
                 }
                 self.refresh_waiting();
             }
+            Event::ToolCallInputRequested {
+                call_id,
+                attempt,
+                via,
+                requests,
+                request_state,
+            } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.awaiting_input = Some(AwaitingInput {
+                        attempt: *attempt,
+                        via: via.clone(),
+                        requests: requests.clone(),
+                        request_state: request_state.clone(),
+                    });
+                    call.dispatched_attempt = None;
+                    if let Some(reason) = call.outside_wait_reason(call_id) {
+                        self.set_waiting(reason);
+                    }
+                }
+            }
+            Event::ToolCallInputProvided { call_id, input, .. } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.awaiting_input = None;
+                    call.input_rounds += 1;
+                    call.input = input.clone();
+                }
+                self.refresh_waiting();
+            }
             Event::ToolCallAccepted { call_id, timer, .. } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.callback_timer = Some(timer.clone());
@@ -1069,7 +1128,10 @@ impl RunState {
     /// another child call still holds it).
     fn end_child_wait(&mut self, call_id: &str) {
         let was_child = self.tool_calls.get(call_id).is_some_and(|c| {
-            c.child_run_id.is_some() || c.callback_timer.is_some() || c.confirmed.is_some()
+            c.child_run_id.is_some()
+                || c.callback_timer.is_some()
+                || c.confirmed.is_some()
+                || c.awaiting_input.is_some()
         });
         if was_child {
             self.refresh_waiting();
@@ -1097,10 +1159,15 @@ impl RunState {
             .tool_calls
             .iter()
             .filter_map(|(id, c)| {
-                let rank = match (&c.awaiting_confirmation, &c.callback_timer) {
-                    (Some(_), _) => 0,
-                    (None, Some(_)) => 1,
-                    (None, None) => 2,
+                let rank = match (
+                    &c.awaiting_confirmation,
+                    &c.awaiting_input,
+                    &c.callback_timer,
+                ) {
+                    (Some(_), _, _) => 0,
+                    (None, Some(_), _) => 1,
+                    (None, None, Some(_)) => 2,
+                    (None, None, None) => 3,
                 };
                 Some((rank, c.outside_wait_reason(id)?))
             })

@@ -11,7 +11,8 @@ use belay_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer}
 use belay_proto::v1::{
     ClaimTasksRequest, ClaimTasksResponse, CompleteTaskRequest, CompleteTaskResponse,
     DispatchToolCallRequest, DispatchToolCallResponse, FailTaskRequest, FailTaskResponse,
-    HeartbeatRequest, HeartbeatResponse, LeaseStatus, Task,
+    HeartbeatRequest, HeartbeatResponse, LeaseStatus, RequestToolInputRequest,
+    RequestToolInputResponse, Task,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
@@ -84,6 +85,7 @@ impl Log {
 pub enum Report {
     Complete(CompleteTaskRequest),
     Fail(FailTaskRequest),
+    NeedsInput(RequestToolInputRequest),
 }
 
 impl Report {
@@ -91,6 +93,7 @@ impl Report {
         match self {
             Report::Complete(r) => &r.task_id,
             Report::Fail(r) => &r.task_id,
+            Report::NeedsInput(r) => &r.task_id,
         }
     }
 }
@@ -319,5 +322,16 @@ impl WorkerService for FakeService {
             .push(format!("fail {} {}", request.task_id, request.attempt));
         let _ = self.reports.send(Report::Fail(request));
         Ok(Response::new(FailTaskResponse {}))
+    }
+
+    async fn request_tool_input(
+        &self,
+        request: Request<RequestToolInputRequest>,
+    ) -> Result<Response<RequestToolInputResponse>, Status> {
+        let request = request.into_inner();
+        self.log
+            .push(format!("needs-input {} {}", request.task_id, request.attempt));
+        let _ = self.reports.send(Report::NeedsInput(request));
+        Ok(Response::new(RequestToolInputResponse {}))
     }
 }
