@@ -255,6 +255,23 @@ pub(crate) fn require(field: &str, value: &str) -> Result<(), CoordinatorError> 
     check_text(field, value, MAX_ID_BYTES)
 }
 
+/// The JSON document of request field `field`: at most `MAX_JSON_BYTES`,
+/// valid JSON, NUL characters stripped (PostgreSQL `jsonb` refuses them).
+///
+/// Errors: `InvalidArgument` naming the field, its size or the parse error.
+fn json_arg(field: &str, text: &str) -> Result<Value, CoordinatorError> {
+    if text.len() > MAX_JSON_BYTES {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "`{field}` is {} bytes, more than {MAX_JSON_BYTES}",
+            text.len()
+        )));
+    }
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        CoordinatorError::InvalidArgument(format!("`{field}` is not valid JSON: {e}"))
+    })?;
+    Ok(machine::normalize::strip_nul_value(value))
+}
+
 fn parse_uuid(field: &str, value: &str) -> Result<Uuid, CoordinatorError> {
     Uuid::parse_str(value).map_err(|e| {
         CoordinatorError::InvalidArgument(format!(
@@ -533,16 +550,7 @@ impl Coordinator {
         } else {
             req.input_json.as_str()
         };
-        if input_text.len() > MAX_JSON_BYTES {
-            return Err(CoordinatorError::InvalidArgument(format!(
-                "`input_json` is {} bytes, more than {MAX_JSON_BYTES}",
-                input_text.len()
-            )));
-        }
-        let input: Value = serde_json::from_str(input_text).map_err(|e| {
-            CoordinatorError::InvalidArgument(format!("`input_json` is not valid JSON: {e}"))
-        })?;
-        let input = machine::normalize::strip_nul_value(input);
+        let input = json_arg("input_json", input_text)?;
         let plan = self.resolve_plan(&req.tenant, &req.workflow).await?;
         if let Some(schema) = &plan.workflow.def.input_schema {
             definitions::validate_json(schema, &input).map_err(|errors| {
@@ -855,19 +863,7 @@ impl Coordinator {
         let edited_subject = if edited_subject_json.trim().is_empty() {
             None
         } else {
-            if edited_subject_json.len() > MAX_JSON_BYTES {
-                return Err(CoordinatorError::InvalidArgument(format!(
-                    "`edited_subject_json` is {} bytes, more than {MAX_JSON_BYTES}",
-                    edited_subject_json.len()
-                )));
-            }
-            Some(
-                serde_json::from_str::<Value>(edited_subject_json).map_err(|e| {
-                    CoordinatorError::InvalidArgument(format!(
-                        "`edited_subject_json` is not JSON: {e}"
-                    ))
-                })?,
-            )
+            Some(json_arg("edited_subject_json", edited_subject_json)?)
         };
         let run = self.get_run(tenant, run_id).await?;
         let input = Input::DecideApproval {
@@ -1365,16 +1361,7 @@ impl Coordinator {
         result_json: &str,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
-        if result_json.len() > MAX_JSON_BYTES {
-            return Err(CoordinatorError::InvalidArgument(format!(
-                "`result_json` is {} bytes, more than {MAX_JSON_BYTES}",
-                result_json.len()
-            )));
-        }
-        let value: Value = serde_json::from_str(result_json).map_err(|e| {
-            CoordinatorError::InvalidArgument(format!("`result_json` is not valid JSON: {e}"))
-        })?;
-        let value = machine::normalize::strip_nul_value(value);
+        let value = json_arg("result_json", result_json)?;
         let task = parse_uuid("task_id", task_id)?;
         self.store
             .transition_task(task, |state, row| {
@@ -1494,16 +1481,7 @@ impl Coordinator {
         require("via", via)?;
         check_text("via", via, MAX_ID_BYTES)?;
         check_text("request_state", request_state, MAX_JSON_BYTES)?;
-        if requests_json.len() > MAX_JSON_BYTES {
-            return Err(CoordinatorError::InvalidArgument(format!(
-                "`requests_json` is {} bytes, more than {MAX_JSON_BYTES}",
-                requests_json.len()
-            )));
-        }
-        let requests: Value = serde_json::from_str(requests_json).map_err(|e| {
-            CoordinatorError::InvalidArgument(format!("`requests_json` is not valid JSON: {e}"))
-        })?;
-        let requests = machine::normalize::strip_nul_value(requests);
+        let requests = json_arg("requests_json", requests_json)?;
         let task = parse_uuid("task_id", task_id)?;
         self.store
             .transition_task(task, |state, row| {
@@ -1556,15 +1534,7 @@ impl Coordinator {
         check_text("call_id", call_id, MAX_ID_BYTES)?;
         require("by", by)?;
         check_text("by", by, MAX_ID_BYTES)?;
-        if answer_json.len() > MAX_JSON_BYTES {
-            return Err(CoordinatorError::InvalidArgument(format!(
-                "`answer_json` is {} bytes, more than {MAX_JSON_BYTES}",
-                answer_json.len()
-            )));
-        }
-        let answer: Value = serde_json::from_str(answer_json).map_err(|e| {
-            CoordinatorError::InvalidArgument(format!("`answer_json` is not valid JSON: {e}"))
-        })?;
+        let answer = json_arg("answer_json", answer_json)?;
         let input = Input::ProvideToolInput {
             call_id: call_id.to_owned(),
             answer,

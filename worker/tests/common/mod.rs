@@ -329,8 +329,10 @@ impl WorkerService for FakeService {
         request: Request<RequestToolInputRequest>,
     ) -> Result<Response<RequestToolInputResponse>, Status> {
         let request = request.into_inner();
-        self.log
-            .push(format!("needs-input {} {}", request.task_id, request.attempt));
+        self.log.push(format!(
+            "needs-input {} {}",
+            request.task_id, request.attempt
+        ));
         let _ = self.reports.send(Report::NeedsInput(request));
         Ok(Response::new(RequestToolInputResponse {}))
     }
