@@ -508,7 +508,8 @@ impl Coordinator {
                     "tool `{tool}` of {used_by} is not registered"
                 ))
             })?;
-        let tdef: ToolDef = decode(&trow)?;
+        let mut tdef: ToolDef = decode(&trow)?;
+        self.repeat_safety_from_server(&mut tdef).await?;
         // A reconcile probe is pinned too (never offered to the model).
         if let Some(probe) = tdef.reconcile_with.clone()
             && !tools.contains_key(&probe)
@@ -518,6 +519,37 @@ impl Coordinator {
             tools.insert(probe, pinned(&prow, pdef));
         }
         tools.insert(tool.to_owned(), pinned(&trow, tdef));
+        Ok(())
+    }
+
+    /// A `type: mcp` tool declared without `repeat_safety:` gets, for the
+    /// run being planned, what the newest report of its server's listing
+    /// suggests (`idempotent` only for a trusted server's read-only or
+    /// idempotent tool; see `ToolDef::repeat_safety_from_server`); without
+    /// a report it stays `never`. Pinned into the plan, so the run keeps it.
+    async fn repeat_safety_from_server(&self, tool: &mut ToolDef) -> Result<(), CoordinatorError> {
+        let crate::definitions::model::ToolBindingDef::Mcp {
+            server,
+            server_tool,
+            ..
+        } = &tool.binding
+        else {
+            return Ok(());
+        };
+        if !tool.repeat_safety_from_server {
+            return Ok(());
+        }
+        let reported = self
+            .store
+            .mcp_tool_definitions(Some(server), Some(server_tool))
+            .await?;
+        // Newest report first.
+        if reported
+            .first()
+            .is_some_and(|r| r.suggested_repeat_safety == "idempotent")
+        {
+            tool.repeat_safety = crate::definitions::model::RepeatSafety::Idempotent;
+        }
         Ok(())
     }
 

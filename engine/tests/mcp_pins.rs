@@ -28,13 +28,20 @@ const TOOLS: &str = r#"TOOLS:
     permission: mcp.use
     repeat_safety: idempotent
 
+  add(a: number, b: number) -> object[]
+    description: "Repeat safety from the server's hints"
+    type: mcp
+    server: everything
+    server_tool: get-sum
+    permission: mcp.use
+
   lookup(q: string) -> {found: boolean}
     type: http
     endpoint: "/lookup"
     permission: mcp.use
     repeat_safety: idempotent
 "#;
-const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [echo, lookup]\ngrants: [mcp.use]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
+const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [echo, lookup, add]\ngrants: [mcp.use]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
 
 const OPS: &str = "ops-token-0123456789";
 const OTHER_BOT: &str = "other-token-0123456789";
@@ -571,9 +578,76 @@ async fn accepting_the_pinned_definition_again_changes_nothing(backend: Backend)
     env.finish().await;
 }
 
+/// A `type: mcp` tool without `repeat_safety:` takes, for each run, what
+/// the newest report of the server's listing suggests: `never` before any
+/// report or when the suggestion is `never`, `idempotent` once a worker
+/// (trusting the server, whose tool says `readOnlyHint`) suggests it.
+async fn an_mcp_tool_without_repeat_safety_takes_the_servers_hint(backend: Backend) {
+    let env = Env::new(backend).await;
+    let planned = |key: &'static str| {
+        let coord = Arc::clone(&env.coord);
+        async move {
+            let (run, _) = coord
+                .start_run(StartRun {
+                    tenant: "acme".into(),
+                    workflow: "w".into(),
+                    input_json: "{}".into(),
+                    idempotency_key: key.into(),
+                    caller: "c".into(),
+                    caller_grants: vec!["mcp.use".into()],
+                })
+                .await
+                .expect("start");
+            let events = coord
+                .list_events("acme", &run.run_id.to_string(), 0, 10)
+                .await
+                .expect("events");
+            let started = events
+                .iter()
+                .find(|e| e.kind == "run_started")
+                .expect("run_started");
+            let tools = &started.payload["plan"]["tools"];
+            (
+                tools["add"]["def"]["repeat_safety"].clone(),
+                tools["echo"]["def"]["repeat_safety"].clone(),
+            )
+        }
+    };
+    assert_eq!(planned("h1").await, (json!("never"), json!("idempotent")));
+    let mut hinted = report("get-sum", &hash('c'), "sum");
+    env.coord
+        .report_mcp_tools("w1", "everything", "2025-11-25", vec![hinted.clone()])
+        .await
+        .expect("report");
+    assert_eq!(planned("h2").await.0, json!("never"), "suggested `never`");
+    hinted.definition_hash = hash('d');
+    hinted.suggested_repeat_safety = "idempotent".into();
+    env.coord
+        .report_mcp_tools("w1", "everything", "2025-11-25", vec![hinted])
+        .await
+        .expect("report");
+    assert_eq!(planned("h3").await.0, json!("idempotent"));
+    // A declared repeat safety is never overridden by a hint.
+    env.coord
+        .report_mcp_tools(
+            "w1",
+            "everything",
+            "2025-11-25",
+            vec![McpToolReport {
+                suggested_repeat_safety: "never".into(),
+                ..report("echo", &hash('e'), "echo")
+            }],
+        )
+        .await
+        .expect("report");
+    assert_eq!(planned("h4").await.1, json!("idempotent"));
+    env.finish().await;
+}
+
 on_both_backends!(
     reports_record_each_definition_once_and_refuse_bad_listings,
     the_first_dispatch_pins_and_a_changed_definition_waits_for_an_operator,
     a_refused_definition_cannot_be_accepted,
     accepting_the_pinned_definition_again_changes_nothing,
+    an_mcp_tool_without_repeat_safety_takes_the_servers_hint,
 );

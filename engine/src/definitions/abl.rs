@@ -542,7 +542,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         }
     }
 
-    let props = read_props(block, cx);
+    let mut props = read_props(block, cx);
 
     if let Some(sig) = &mut signature
         && let Some(params_block) = props.parameters
@@ -669,7 +669,13 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
             "`permission:` (the one permission a call needs, e.g. `crm.write`)",
         );
     }
-    if !props.present.contains("repeat_safety") {
+    // An MCP tool may leave it to the server's hints (resolved when a run
+    // starts; `never` without a trusted hint).
+    let from_server =
+        !props.present.contains("repeat_safety") && props.binding_type == Some(BindingType::Mcp);
+    if from_server {
+        props.repeat_safety = Some(RepeatSafety::Never);
+    } else if !props.present.contains("repeat_safety") {
         missing(
             cx,
             "`repeat_safety:` (`never`, `idempotent` or `reconcile`)",
@@ -764,6 +770,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         output_schema: signature::type_schema(&sig.returns, Direction::Output),
         permission,
         repeat_safety,
+        repeat_safety_from_server: from_server,
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
         confirmation,
@@ -2160,14 +2167,18 @@ TOOLS:
 
     #[test]
     fn mcp_tool_errors() {
-        // repeat_safety stays mandatory; server is required.
+        // server is required; repeat_safety may come from the server's hints.
         assert_eq!(
             errors("TOOLS:\n  t(q: string) -> string\n    type: mcp\n    permission: p\n"),
             vec![
                 "2:3: tool `t` is missing `server:` (the MCP server's logical name, as the worker's MCP configuration names it)",
-                "2:3: tool `t` is missing `repeat_safety:` (`never`, `idempotent` or `reconcile`)",
             ]
         );
+        let t = one_tool(
+            "TOOLS:\n  t(q: string) -> string\n    type: mcp\n    server: s\n    permission: p\n",
+        );
+        assert!(t.repeat_safety_from_server);
+        assert_eq!(t.repeat_safety, RepeatSafety::Never, "until a run starts");
         assert_eq!(
             errors(
                 "TOOLS:\n  t(q: string) -> string\n    type: mcp\n    server: \"a b\"\n    server_tool: x/y\n    endpoint: /t\n    method: POST\n    permission: p\n    repeat_safety: never\n"

@@ -142,6 +142,14 @@ pub struct ToolDef {
     pub permission: String,
     /// `repeat_safety:`.
     pub repeat_safety: RepeatSafety,
+    /// A `type: mcp` tool declared without `repeat_safety:`: its repeat
+    /// safety comes from the server's hints when a run starts (the worker's
+    /// `suggested_repeat_safety`: `idempotent` only for a server the
+    /// worker's configuration trusts whose tool says `readOnlyHint` or
+    /// `idempotentHint`), else `never`, which `repeat_safety` holds until
+    /// then. Added after v0.1.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repeat_safety_from_server: bool,
     /// `reconcile_with:`: an idempotent, read-only tool that looks this
     /// tool's effect up by idempotency key (it takes an `idempotency_key`
     /// string argument). Only on `reconcile` tools. Added after v0.1.

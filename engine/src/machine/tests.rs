@@ -39,6 +39,7 @@ fn tool(
             output_schema: json!({}),
             permission: permission.into(),
             repeat_safety,
+            repeat_safety_from_server: false,
             reconcile_with: None,
             binding: ToolBindingDef::Http {
                 endpoint: format!("/{name}"),
