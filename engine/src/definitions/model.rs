@@ -177,14 +177,90 @@ pub enum LoopPolicy {
         /// Most accepted tool calls in one node execution.
         max_tool_calls: u32,
     },
+    /// One model call whose answer must be final: a proposed tool call would
+    /// need a second model call to read its result, so it is refused and the
+    /// run stops (`loop_policy`). Added after v0.1.
+    ExactlyOneCall,
 }
 
-/// The bounds of an agent node's execution.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+impl LoopPolicy {
+    /// (most model calls, most accepted tool calls) of one node execution.
+    pub fn bounds(&self) -> (u32, u32) {
+        match self {
+            LoopPolicy::BoundedLoop {
+                max_model_steps,
+                max_tool_calls,
+            } => (*max_model_steps, *max_tool_calls),
+            LoopPolicy::ExactlyOneCall => (1, 0),
+        }
+    }
+}
+
+/// Limits of an agent node's execution (`budget:` of an agent) or of a
+/// whole run (`budget:` of a workflow). Tokens are the provider's reported
+/// usage; `None`: unbounded. A run out of budget stops with a typed outcome
+/// (`run_failed.stop`, kind `budget`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Budget {
-    /// Most tokens (input + output) over all model calls; `None`: unbounded.
+    /// Most tokens (input + output) over all model calls.
     #[serde(default)]
     pub max_tokens: Option<u64>,
+    /// Most input (prompt) tokens over all model calls. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u64>,
+    /// Most output (completion) tokens over all model calls. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// Most model calls (workflow budgets; an agent's are its `loop:`).
+    /// Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_steps: Option<u32>,
+    /// Most accepted tool calls (workflow budgets; an agent's are its
+    /// `loop:`). A call past it is refused back to the model. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
+    /// Most cost in US dollars, from the agents' `pricing:` and the
+    /// reported usage. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+}
+
+impl Budget {
+    /// Whether no limit is set.
+    pub fn is_unbounded(&self) -> bool {
+        *self == Budget::default()
+    }
+}
+
+/// The price table of an agent's model, US dollars per million tokens, for
+/// cost budgets. Added after v0.1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pricing {
+    /// Price of a million input (prompt) tokens, USD.
+    pub input_per_million_usd: f64,
+    /// Price of a million output (completion) tokens, USD.
+    pub output_per_million_usd: f64,
+}
+
+impl Pricing {
+    /// Cost of one model call, USD.
+    pub fn cost_usd(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        (input_tokens as f64 * self.input_per_million_usd
+            + output_tokens as f64 * self.output_per_million_usd)
+            / 1_000_000.0
+    }
+}
+
+/// What an agent does when one of its tool calls fails for good (after its
+/// retries, or at once for a failure that cannot be retried).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnToolFailure {
+    /// The model is told (`error: …`) and goes on.
+    #[default]
+    Continue,
+    /// The run stops (`run_failed.stop`, kind `tool_failed`).
+    Stop,
 }
 
 /// An agent declared in YAML (`kind: agent`).
@@ -217,10 +293,28 @@ pub struct AgentDef {
     /// Passed to the model as its output bound, tokens.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
+    /// `pricing:`: the model's price table, for cost budgets. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+    /// `max_identical_calls:`: the same call (tool and arguments) proposed
+    /// this many times in a row stops the run (`no_progress`); default 3,
+    /// `0` turns the check off. Added after v0.1.
+    #[serde(default = "default_identical_calls")]
+    pub max_identical_calls: u32,
+    /// `on_tool_failure:`. Added after v0.1.
+    #[serde(default)]
+    pub on_tool_failure: OnToolFailure,
     /// File and line, for messages.
     pub source_file: String,
     /// 1-based line of the document start.
     pub source_line: u32,
+}
+
+/// Default of [`AgentDef::max_identical_calls`].
+pub const DEFAULT_MAX_IDENTICAL_CALLS: u32 = 3;
+
+fn default_identical_calls() -> u32 {
+    DEFAULT_MAX_IDENTICAL_CALLS
 }
 
 /// One node of a workflow graph.
@@ -490,6 +584,9 @@ pub struct WorkflowDef {
     /// JSON Schema of the run input; `None`: any JSON.
     #[serde(default)]
     pub input_schema: Option<Value>,
+    /// `budget:`: limits over the whole run (every node). Added after v0.1.
+    #[serde(default, skip_serializing_if = "Budget::is_unbounded")]
+    pub budget: Budget,
     /// File of the declaration.
     pub source_file: String,
     /// 1-based line of the document start.

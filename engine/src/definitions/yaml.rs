@@ -15,8 +15,8 @@ use serde_saphyr::{MessageFormatter, Spanned};
 
 use super::expr::{Expr, Template};
 use super::model::{
-    AgentDef, ApprovalDef, BranchCase, Budget, ChildMode, LoopPolicy, NodeDef, NodeKind, WaitDef,
-    WaitFor, WorkflowDef,
+    AgentDef, ApprovalDef, BranchCase, Budget, ChildMode, LoopPolicy, NodeDef, NodeKind,
+    OnToolFailure, Pricing, WaitDef, WaitFor, WorkflowDef,
 };
 use super::{DefinitionError, NameAt, check_name, check_permission, schema};
 
@@ -39,8 +39,11 @@ const AGENT_KEYS: &[&str] = &[
     "budget",
     "limits",
     "max_output_tokens",
+    "pricing",
+    "max_identical_calls",
+    "on_tool_failure",
 ];
-const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes"];
+const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes", "budget"];
 const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "input", "grants", "next"];
 const TOOL_NODE_KEYS: &[&str] = &["id", "type", "tool", "args", "grants", "next", "on_error"];
 const WAIT_NODE_KEYS: &[&str] = &[
@@ -88,7 +91,23 @@ const SET_NODE_KEYS: &[&str] = &["id", "type", "values", "grants", "next"];
 const FAIL_NODE_KEYS: &[&str] = &["id", "type", "error", "grants"];
 const SUCCEED_NODE_KEYS: &[&str] = &["id", "type", "output", "grants"];
 const LOOP_KEYS: &[&str] = &["type", "max_model_steps", "max_tool_calls"];
-const BUDGET_KEYS: &[&str] = &["max_tokens"];
+/// `budget:` of an agent (its steps and tool calls are its `loop:`).
+const BUDGET_KEYS: &[&str] = &[
+    "max_tokens",
+    "max_input_tokens",
+    "max_output_tokens",
+    "max_cost_usd",
+];
+/// `budget:` of a workflow (the whole run).
+const RUN_BUDGET_KEYS: &[&str] = &[
+    "max_tokens",
+    "max_input_tokens",
+    "max_output_tokens",
+    "max_cost_usd",
+    "max_model_steps",
+    "max_tool_calls",
+];
+const PRICING_KEYS: &[&str] = &["input_per_million_usd", "output_per_million_usd"];
 const LIMIT_KEYS: &[&str] = &[
     "max_argument_bytes",
     "max_result_bytes",
@@ -553,11 +572,45 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         cx,
     );
     let loop_policy = parse_loop(map.get_present("loop"), cx);
-    let budget = parse_budget(map.get_present("budget"), cx);
+    let budget = parse_budget(map.get_present("budget"), BUDGET_KEYS, cx);
     let limits = parse_limits(map.get_present("limits"), cx);
     let max_output_tokens = map
         .get_present("max_output_tokens")
         .and_then(|n| positive::<u32>(n, "max_output_tokens", cx));
+    let pricing = map
+        .get_present("pricing")
+        .and_then(|n| parse_pricing(n, cx));
+    if let (Some(_), None) = (budget.max_cost_usd, &pricing)
+        && let Some(n) = map.get_present("budget")
+    {
+        cx.error_at(
+            n,
+            "`budget.max_cost_usd` needs `pricing:` (`input_per_million_usd`, `output_per_million_usd`) to count cost",
+        );
+    }
+    let max_identical_calls = match map.get_present("max_identical_calls") {
+        None => crate::definitions::model::DEFAULT_MAX_IDENTICAL_CALLS,
+        Some(n) => match n.value {
+            Val::Int(0) | Val::UInt(0) => 0,
+            _ => positive::<u32>(n, "max_identical_calls", cx)
+                .unwrap_or(crate::definitions::model::DEFAULT_MAX_IDENTICAL_CALLS),
+        },
+    };
+    let on_tool_failure = match map.get_present("on_tool_failure") {
+        None => OnToolFailure::Continue,
+        Some(n) => match string(n, "on_tool_failure", cx).as_deref() {
+            Some("continue") => OnToolFailure::Continue,
+            Some("stop") => OnToolFailure::Stop,
+            Some(other) => {
+                cx.error_at(
+                    n,
+                    format!("unknown `on_tool_failure: {other}` (expected `continue` or `stop`)"),
+                );
+                OnToolFailure::Continue
+            }
+            None => OnToolFailure::Continue,
+        },
+    };
     map.finish("an agent", AGENT_KEYS, cx);
     cx.out.tool_refs.extend(tools.iter().cloned());
 
@@ -580,6 +633,9 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         max_model_attempts: limits.max_model_attempts,
         max_tool_attempts: limits.max_tool_attempts,
         max_output_tokens,
+        pricing,
+        max_identical_calls,
+        on_tool_failure,
         source_file: cx.file.to_string(),
         source_line: pos(doc).0,
     });
@@ -594,18 +650,26 @@ fn parse_loop(node: Option<&Node>, cx: &mut Cx<'_>) -> LoopPolicy {
     let Some(mut map) = MapView::new(node, "`loop`", cx) else {
         return default;
     };
-    // `type` may be left out: there is only one loop policy to mean.
+    // `type` may be left out: it means `bounded_loop`.
     if let Some(t) = map.get_present("type") {
         match string(t, "type", cx).as_deref() {
             Some("bounded_loop") | None => {}
             Some("exactly_one_call") => {
-                cx.error_at(t, "loop type `exactly_one_call` is not supported yet");
-                return default;
+                for key in ["max_model_steps", "max_tool_calls"] {
+                    if let Some(n) = map.get_present(key) {
+                        cx.error_at(
+                            n,
+                            format!("`{key}` applies to `bounded_loop` only (`exactly_one_call` makes one model call and no tool call)"),
+                        );
+                    }
+                }
+                map.finish("`loop`", LOOP_KEYS, cx);
+                return LoopPolicy::ExactlyOneCall;
             }
             Some(other) => {
                 cx.error_at(
                     t,
-                    format!("unknown loop type `{other}` (expected `bounded_loop`)"),
+                    format!("unknown loop type `{other}` (expected `bounded_loop` or `exactly_one_call`)"),
                 );
                 return default;
             }
@@ -620,17 +684,77 @@ fn parse_loop(node: Option<&Node>, cx: &mut Cx<'_>) -> LoopPolicy {
     }
 }
 
-fn parse_budget(node: Option<&Node>, cx: &mut Cx<'_>) -> Budget {
-    let mut budget = Budget { max_tokens: None };
+/// `budget:` with the keys `keys` allows (an agent's or a workflow's).
+fn parse_budget(node: Option<&Node>, keys: &[&str], cx: &mut Cx<'_>) -> Budget {
+    let mut budget = Budget::default();
     let Some(node) = node else { return budget };
     let Some(mut map) = MapView::new(node, "`budget`", cx) else {
         return budget;
     };
-    budget.max_tokens = map
-        .get_present("max_tokens")
-        .and_then(|n| positive::<u64>(n, "max_tokens", cx));
-    map.finish("`budget`", BUDGET_KEYS, cx);
+    let count = |key: &str, map: &mut MapView<'_>, cx: &mut Cx<'_>| {
+        map.get_present(key)
+            .and_then(|n| positive::<u64>(n, key, cx))
+    };
+    budget.max_tokens = count("max_tokens", &mut map, cx);
+    budget.max_input_tokens = count("max_input_tokens", &mut map, cx);
+    budget.max_output_tokens = count("max_output_tokens", &mut map, cx);
+    if keys.contains(&"max_model_steps") {
+        budget.max_model_steps = map
+            .get_present("max_model_steps")
+            .and_then(|n| positive::<u32>(n, "max_model_steps", cx));
+        budget.max_tool_calls = map
+            .get_present("max_tool_calls")
+            .and_then(|n| positive::<u32>(n, "max_tool_calls", cx));
+    }
+    budget.max_cost_usd = map
+        .get_present("max_cost_usd")
+        .and_then(|n| usd(n, "max_cost_usd", cx));
+    map.finish("`budget`", keys, cx);
     budget
+}
+
+/// A positive amount of US dollars (a number, decimals allowed).
+fn usd(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<f64> {
+    let v = match node.value {
+        Val::Int(i) => i as f64,
+        Val::UInt(u) => u as f64,
+        Val::Float(f) => f,
+        _ => {
+            cx.error_at(
+                node,
+                format!(
+                    "`{key}` must be an amount of US dollars, found {}",
+                    show(&node.value)
+                ),
+            );
+            return None;
+        }
+    };
+    if !(v.is_finite() && v > 0.0) {
+        cx.error_at(node, format!("`{key}` must be more than 0, found {v}"));
+        return None;
+    }
+    Some(v)
+}
+
+/// `pricing: {input_per_million_usd, output_per_million_usd}`.
+fn parse_pricing(node: &Node, cx: &mut Cx<'_>) -> Option<Pricing> {
+    let mut map = MapView::new(node, "`pricing`", cx)?;
+    let price = |key: &str, map: &mut MapView<'_>, cx: &mut Cx<'_>| -> Option<f64> {
+        let n = required(map, key, "`pricing`", cx)?;
+        match n.value {
+            Val::Int(0) | Val::UInt(0) => Some(0.0),
+            Val::Float(f) if f == 0.0 => Some(0.0),
+            _ => usd(n, key, cx),
+        }
+    };
+    let input = price("input_per_million_usd", &mut map, cx);
+    let output = price("output_per_million_usd", &mut map, cx);
+    map.finish("`pricing`", PRICING_KEYS, cx);
+    Some(Pricing {
+        input_per_million_usd: input?,
+        output_per_million_usd: output?,
+    })
 }
 
 struct Limits {
@@ -687,6 +811,7 @@ fn parse_workflow(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
     if let Some(n) = &name_at {
         cx.out.declared_workflows.push(n.clone());
     }
+    let budget = parse_budget(map.get_present("budget"), RUN_BUDGET_KEYS, cx);
     let input_schema = map.get_present("input_schema").and_then(|n| {
         let value = to_json(n, cx)?;
         if let Err(message) = schema::compile(&value) {
@@ -772,6 +897,7 @@ fn parse_workflow(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         start,
         nodes: defs,
         input_schema,
+        budget,
         source_file: cx.file.to_string(),
         source_line: pos(doc).0,
     });
@@ -1605,13 +1731,17 @@ max_output_tokens: 1024
                     max_tool_calls: 10
                 },
                 budget: Budget {
-                    max_tokens: Some(100_000)
+                    max_tokens: Some(100_000),
+                    ..Budget::default()
                 },
                 max_argument_bytes: 1000,
                 max_result_bytes: 2000,
                 max_model_attempts: 3,
                 max_tool_attempts: 4,
                 max_output_tokens: Some(1024),
+                pricing: None,
+                max_identical_calls: crate::definitions::model::DEFAULT_MAX_IDENTICAL_CALLS,
+                on_tool_failure: OnToolFailure::Continue,
                 source_file: FILE.into(),
                 source_line: 2,
             }]
@@ -1653,7 +1783,7 @@ max_output_tokens: 1024
                 max_tool_calls: 20
             }
         );
-        assert_eq!(a.budget, Budget { max_tokens: None });
+        assert_eq!(a.budget, Budget::default());
         assert_eq!(
             (
                 a.max_argument_bytes,
@@ -1700,6 +1830,55 @@ max_output_tokens: 1024
     }
 
     #[test]
+    fn budgets_pricing_and_stop_conditions() {
+        let out = parse(&agent(
+            "loop:\n  type: exactly_one_call\nbudget:\n  max_input_tokens: 10\n  max_output_tokens: 5\n  max_cost_usd: 0.25\npricing:\n  input_per_million_usd: 3\n  output_per_million_usd: 15.5\nmax_identical_calls: 0\non_tool_failure: stop\n",
+        ));
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        let a = &out.agents[0];
+        assert_eq!(a.loop_policy, LoopPolicy::ExactlyOneCall);
+        assert_eq!(a.budget.max_input_tokens, Some(10));
+        assert_eq!(a.budget.max_output_tokens, Some(5));
+        assert_eq!(a.budget.max_cost_usd, Some(0.25));
+        assert_eq!(
+            a.pricing,
+            Some(Pricing {
+                input_per_million_usd: 3.0,
+                output_per_million_usd: 15.5
+            })
+        );
+        assert_eq!(a.max_identical_calls, 0);
+        assert_eq!(a.on_tool_failure, OnToolFailure::Stop);
+        assert_eq!(
+            errors(&agent(
+                "loop:\n  type: exactly_one_call\n  max_model_steps: 2\nbudget:\n  max_cost_usd: -1\n  max_model_steps: 3\npricing:\n  input_per_million_usd: x\non_tool_failure: retry\n"
+            )),
+            vec![
+                "7:20: `max_model_steps` applies to `bounded_loop` only (`exactly_one_call` makes one model call and no tool call)",
+                "9:17: `max_cost_usd` must be more than 0, found -1",
+                "10:3: unknown key `max_model_steps` in `budget` (expected one of: max_tokens, max_input_tokens, max_output_tokens, max_cost_usd)",
+                "12:3: `pricing` is missing `output_per_million_usd:`",
+                "12:26: `input_per_million_usd` must be an amount of US dollars, found \"x\"",
+                "13:18: unknown `on_tool_failure: retry` (expected `continue` or `stop`)",
+            ]
+        );
+        assert_eq!(
+            errors(&agent("budget:\n  max_cost_usd: 1\n")),
+            vec![
+                "6:3: `budget.max_cost_usd` needs `pricing:` (`input_per_million_usd`, `output_per_million_usd`) to count cost"
+            ]
+        );
+        // A workflow's budget covers the whole run.
+        let out = parse(
+            "kind: workflow\nname: w\nbudget:\n  max_model_steps: 4\n  max_tool_calls: 9\n  max_tokens: 100\nnodes:\n  - id: done\n    type: succeed\n",
+        );
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(out.workflows[0].budget.max_model_steps, Some(4));
+        assert_eq!(out.workflows[0].budget.max_tool_calls, Some(9));
+        assert_eq!(out.workflows[0].budget.max_tokens, Some(100));
+    }
+
+    #[test]
     fn agent_value_errors() {
         assert_eq!(
             errors(&agent(
@@ -1711,16 +1890,15 @@ max_output_tokens: 1024
                 "5:35: each entry of `tools` must be a string, found a number",
                 "6:10: grant `crm read` must not contain whitespace",
                 "6:30: `crm.read` is listed twice in `grants` (first on line 6)",
-                "8:9: loop type `exactly_one_call` is not supported yet",
                 "10:15: `max_tokens` must be at least 1, found 0",
-                "11:3: unknown key `max_cost` in `budget` (expected one of: max_tokens)",
+                "11:3: unknown key `max_cost` in `budget` (expected one of: max_tokens, max_input_tokens, max_output_tokens, max_cost_usd)",
                 "13:23: `max_argument_bytes` must be at least 1, found -1",
                 "14:21: `max_result_bytes` must be a whole number of at least 1, found 1.5",
                 "15:23: `max_model_attempts` is too large: 4294967296",
                 "16:22: `max_tool_attempts` must be a whole number, written without a decimal point",
                 "17:3: unknown key `max_tool_retries` in `limits` (expected one of: max_argument_bytes, max_result_bytes, max_model_attempts, max_tool_attempts)",
                 "18:20: `max_output_tokens` must be a whole number of at least 1, found \"lots\"",
-                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens)",
+                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure)",
             ]
         );
         assert_eq!(
@@ -1728,7 +1906,7 @@ max_output_tokens: 1024
                 "loop:\n  type: forever\n  max_steps: 3\ntools: x\nlimits: 5\n"
             )),
             vec![
-                "6:9: unknown loop type `forever` (expected `bounded_loop`)",
+                "6:9: unknown loop type `forever` (expected `bounded_loop` or `exactly_one_call`)",
                 "8:8: `tools` must be a list, found a string",
                 "9:9: `limits` must be a mapping, found a number",
             ]
@@ -1794,6 +1972,7 @@ nodes:
                     "required": ["email"],
                     "properties": {"email": {"type": "string"}}
                 })),
+                budget: Budget::default(),
                 source_file: FILE.into(),
                 source_line: 1,
             }]
@@ -1967,7 +2146,7 @@ nodes:
         assert_eq!(
             errors(&agent("1: b\n")),
             vec![
-                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens)"
+                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure)"
             ]
         );
     }

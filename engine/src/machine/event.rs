@@ -183,6 +183,11 @@ pub enum Event {
         tool_calls: Vec<ToolUse>,
         /// Tokens used.
         usage: Usage,
+        /// Why the provider stopped (`stop`, `tool_calls`, `length`, ...), as
+        /// the worker mapped it. A `length` turn's tool calls are refused.
+        /// Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<String>,
     },
     /// A proposed tool call failed one of the four checks; `reason` went
     /// back to the model as the call's result.
@@ -588,6 +593,10 @@ pub enum Event {
     RunFailed {
         /// Why.
         error: String,
+        /// Why, typed, when the run was stopped by a budget or a stop
+        /// condition (not by a failure). Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop: Option<Stop>,
     },
     /// The run was cancelled.
     RunCancelled {
@@ -641,4 +650,54 @@ impl Event {
             Event::RunCancelled { .. } => "run_cancelled",
         }
     }
+}
+
+/// Why a run was stopped by a budget or a stop condition of the agent loop
+/// (`run_failed.stop`), so operators and code can tell "out of budget" from
+/// a failure without reading the message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Stop {
+    /// A budget ran out.
+    Budget {
+        /// Which: `model_steps`, `tokens`, `input_tokens`, `output_tokens`
+        /// or `cost_usd`.
+        budget: String,
+        /// `node` (the agent's `budget:` or `loop:`) or `run` (the
+        /// workflow's `budget:`).
+        scope: String,
+        /// The node it ran out in.
+        node: String,
+        /// The limit.
+        limit: Value,
+        /// What was used when it stopped.
+        used: Value,
+    },
+    /// The model proposed the same call (tool and arguments) this many times
+    /// in a row (`max_identical_calls`).
+    NoProgress {
+        /// Node id.
+        node: String,
+        /// Tool name.
+        tool: String,
+        /// How many times in a row.
+        times: u32,
+    },
+    /// A tool call failed for good and the agent says `on_tool_failure: stop`.
+    ToolFailed {
+        /// Node id.
+        node: String,
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+    },
+    /// `loop: exactly_one_call` and the model proposed a tool call, which
+    /// would need a second model call.
+    LoopPolicy {
+        /// Node id.
+        node: String,
+        /// The tool it proposed.
+        tool: String,
+    },
 }

@@ -19,14 +19,15 @@ use belay_proto::wire::{
 use serde_json::{Map, Value, json};
 
 pub use event::{
-    Event, FailureClass, ProbeOutcome, ResolutionKind, ResolvedVia, TimerPurpose, TimerSpec,
+    Event, FailureClass, ProbeOutcome, ResolutionKind, ResolvedVia, Stop, TimerPurpose, TimerSpec,
 };
 pub use plan::{Pinned, RunPlan};
 pub use state::{CallStatus, RunState, RunStatus, StepKind, StepState};
 
 use crate::definitions::expr::Template;
 use crate::definitions::model::{
-    ChildMode, LoopPolicy, NodeKind, RepeatSafety, ToolBindingDef, ToolDef, WaitDef, WaitFor,
+    AgentDef, Budget, ChildMode, LoopPolicy, NodeKind, OnToolFailure, RepeatSafety, ToolBindingDef,
+    ToolDef, WaitDef, WaitFor,
 };
 
 /// Kind of a task row.
@@ -962,6 +963,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             }
         }
     }
+    m.stop_on_tool_failure()?;
     m.advance()?;
     Ok(m.out)
 }
@@ -1121,19 +1123,120 @@ impl Step {
                 }
             })
             .collect();
+        let finish_reason = result.finish_reason.map(|r| normalize::strip_nul(&r));
+        let cut_off = finish_reason.as_deref() == Some("length");
         self.emit(Event::ModelCallCompleted {
             call_id: call_id.clone(),
             attempt,
             content: result.content.map(|c| normalize::strip_nul(&c)),
             tool_calls: tool_calls.clone(),
             usage: result.usage,
+            finish_reason,
         });
         self.command(Command::EndTask {
             call_id,
             end: TaskEnd::Completed,
         });
+        let one_call = self
+            .current_agent_def()
+            .is_some_and(|a| a.loop_policy == LoopPolicy::ExactlyOneCall);
+        let mut stop = None;
         for tool_use in tool_calls {
-            self.check_and_schedule(tool_use)?;
+            if cut_off {
+                // The arguments of a cut-off turn may be cut off too: nothing
+                // of it runs.
+                self.refuse(
+                    &tool_use,
+                    "truncated",
+                    "the turn was cut off by the output token limit (finish_reason `length`), so its tool calls are not executed; propose them again in a shorter answer".into(),
+                );
+            } else if one_call {
+                self.refuse(
+                    &tool_use,
+                    "loop_policy",
+                    "this agent makes exactly one model call (`exactly_one_call`); a tool call would need a second one".into(),
+                );
+                if stop.is_none() {
+                    stop = Some(tool_use.name.clone());
+                }
+            } else if self.state.status == RunStatus::Running
+                || self.state.status == RunStatus::Waiting
+            {
+                self.check_and_schedule(tool_use)?;
+            }
+        }
+        if let (Some(tool), Some(node)) = (stop, self.state.node.as_ref().map(|n| n.id.clone())) {
+            self.fail_run_stop(
+                format!(
+                    "node `{node}` runs its agent with `exactly_one_call`, and the model proposed tool `{tool}`, which would need a second model call"
+                ),
+                Stop::LoopPolicy { node, tool },
+            );
+        }
+        Ok(())
+    }
+
+    /// The agent of the running agent node, if any.
+    fn current_agent_def(&self) -> Option<&AgentDef> {
+        let node = self.state.node.as_ref()?;
+        Some(&self.state.plan.as_ref()?.agents.get(&node.agent)?.def)
+    }
+
+    /// Refuse a proposed call (`check` failed): the reason goes back to
+    /// the model as the call's result.
+    fn refuse(&mut self, tool_use: &ToolUse, check: &str, reason: String) {
+        let node = self
+            .state
+            .node
+            .as_ref()
+            .map(|n| n.id.clone())
+            .unwrap_or_default();
+        self.emit(Event::ToolCallRefused {
+            node,
+            tool_use_id: tool_use.id.clone(),
+            tool: tool_use.name.clone(),
+            check: check.to_owned(),
+            reason,
+        });
+    }
+
+    /// `on_tool_failure: stop`: a call of the running agent that failed for
+    /// good in this decision stops the run (a declined confirmation is the
+    /// person's answer, not a failure: the model hears it).
+    fn stop_on_tool_failure(&mut self) -> Result<(), MachineError> {
+        if self.state.status.is_terminal() {
+            return Ok(());
+        }
+        let Some(node) = self.state.node.as_ref() else {
+            return Ok(());
+        };
+        if self
+            .current_agent_def()
+            .is_none_or(|a| a.on_tool_failure != OnToolFailure::Stop)
+        {
+            return Ok(());
+        }
+        let failed = self.out.events.iter().find_map(|e| match e {
+            Event::ToolCallFailed { call_id, .. } => {
+                let call = self.state.tool_calls.get(call_id)?;
+                let declined = call.confirmed.as_ref().is_some_and(|(_, ok, _)| !ok);
+                (call.node == node.id && !declined && call.probe_for.is_none())
+                    .then(|| (call_id.clone(), call.tool.clone()))
+            }
+            _ => None,
+        });
+        if let Some((call_id, tool)) = failed {
+            let node = node.id.clone();
+            self.fail_run_stop(
+                format!(
+                    "tool `{tool}` (call `{call_id}`) failed, and the agent of node `{node}` stops on a tool failure (`on_tool_failure: stop`)"
+                ),
+                Stop::ToolFailed {
+                    node,
+                    call_id,
+                    tool,
+                },
+            );
         }
         Ok(())
     }
@@ -1217,12 +1320,24 @@ impl Step {
         }
 
         // 4. Budget has room.
-        let LoopPolicy::BoundedLoop { max_tool_calls, .. } = agent.def.loop_policy;
+        let (_, max_tool_calls) = agent.def.loop_policy.bounds();
         let node_state = self
             .state
             .node
             .as_ref()
             .ok_or_else(|| MachineError::InvalidPlan("no node is running".into()))?;
+        if let Some(run_max) = plan.workflow.def.budget.max_tool_calls
+            && self.state.totals.tool_calls >= run_max
+        {
+            let event = refuse(
+                "budget",
+                format!(
+                    "the tool call budget of this run is used up ({run_max} calls); answer with what you have"
+                ),
+            );
+            self.emit(event);
+            return Ok(());
+        }
         if node_state.tool_calls >= max_tool_calls {
             let event = refuse(
                 "budget",
@@ -1244,6 +1359,33 @@ impl Step {
             return Ok(());
         }
 
+        // The same call, again and again, is not progress.
+        let max_identical = agent.def.max_identical_calls;
+        if max_identical > 0
+            && let Some((tool_name, args, times)) = &node_state.last_call
+            && tool_name == &tool_use.name
+            && args == &arguments
+            && times + 1 >= max_identical
+        {
+            let times = times + 1;
+            let event = refuse(
+                "no_progress",
+                format!("the same call was proposed {times} times in a row"),
+            );
+            let tool = tool_use.name.clone();
+            self.emit(event);
+            self.fail_run_stop(
+                format!(
+                    "the model proposed the same call of tool `{tool}` {times} times in a row in node `{node_id}` without progress (`max_identical_calls: {max_identical}`)"
+                ),
+                Stop::NoProgress {
+                    node: node_id,
+                    tool,
+                    times,
+                },
+            );
+            return Ok(());
+        }
         let call_id = format!("{}.t{}", node_state.prefix, node_state.tool_calls + 1);
         let key = idempotency_key(&self.state.run_id, &call_id);
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
@@ -2384,6 +2526,7 @@ impl Step {
                     error: format!(
                         "model call `{call_id}` failed {failed} times; last error: {error}"
                     ),
+                    stop: None,
                 });
                 self.command(Command::CancelOpenTasks);
             }
@@ -2680,29 +2823,11 @@ impl Step {
                     });
                 }
                 _ => {
-                    let LoopPolicy::BoundedLoop {
-                        max_model_steps, ..
-                    } = agent.loop_policy;
-                    if node.model_steps >= max_model_steps {
-                        self.emit(Event::RunFailed {
-                            error: format!(
-                                "agent `{}` in node `{}` reached its bound of {max_model_steps} model steps without a final answer",
-                                agent.name, node.id
-                            ),
-                        });
-                        self.command(Command::CancelOpenTasks);
-                        continue;
-                    }
-                    if let Some(max_tokens) = agent.budget.max_tokens
-                        && node.tokens >= max_tokens
+                    let run_budget = plan.workflow.def.budget.clone();
+                    if let Some((error, stop)) =
+                        out_of_budget(&agent, &node, &run_budget, &self.state.totals)
                     {
-                        self.emit(Event::RunFailed {
-                            error: format!(
-                                "agent `{}` in node `{}` used its token budget ({} of {max_tokens} tokens)",
-                                agent.name, node.id, node.tokens
-                            ),
-                        });
-                        self.command(Command::CancelOpenTasks);
+                        self.fail_run_stop(error, stop);
                         continue;
                     }
                     let step = node.model_steps + 1;
@@ -2747,7 +2872,16 @@ impl Step {
 
     /// End the run as failed: a node could not go on.
     fn fail_run(&mut self, error: String) {
-        self.emit(Event::RunFailed { error });
+        self.emit(Event::RunFailed { error, stop: None });
+        self.command(Command::CancelOpenTasks);
+    }
+
+    /// End the run, stopped by a budget or a stop condition (typed).
+    fn fail_run_stop(&mut self, error: String, stop: Stop) {
+        self.emit(Event::RunFailed {
+            error,
+            stop: Some(stop),
+        });
         self.command(Command::CancelOpenTasks);
     }
 
@@ -3763,6 +3897,115 @@ impl Step {
 }
 
 /// The task spec of a call of `tool` with `arguments` and idempotency `key`.
+/// Whether the next model call of `node` would go past a budget: the
+/// agent's `loop:` steps and `budget:` (scope `node`), then the workflow's
+/// `budget:` over the whole run (scope `run`). The message and the typed
+/// stop, or `None`.
+fn out_of_budget(
+    agent: &AgentDef,
+    node: &state::NodeState,
+    run: &Budget,
+    totals: &state::RunTotals,
+) -> Option<(String, Stop)> {
+    let (max_model_steps, _) = agent.loop_policy.bounds();
+    let node_limits: [(&str, Option<f64>, f64); 5] = [
+        (
+            "model_steps",
+            Some(f64::from(max_model_steps)),
+            f64::from(node.model_steps),
+        ),
+        (
+            "tokens",
+            agent.budget.max_tokens.map(|n| n as f64),
+            node.tokens as f64,
+        ),
+        (
+            "input_tokens",
+            agent.budget.max_input_tokens.map(|n| n as f64),
+            node.input_tokens as f64,
+        ),
+        (
+            "output_tokens",
+            agent.budget.max_output_tokens.map(|n| n as f64),
+            node.output_tokens as f64,
+        ),
+        ("cost_usd", agent.budget.max_cost_usd, node.cost_usd),
+    ];
+    let run_tokens = totals.input_tokens.saturating_add(totals.output_tokens);
+    let run_limits: [(&str, Option<f64>, f64); 5] = [
+        (
+            "model_steps",
+            run.max_model_steps.map(f64::from),
+            f64::from(totals.model_steps),
+        ),
+        (
+            "tokens",
+            run.max_tokens.map(|n| n as f64),
+            run_tokens as f64,
+        ),
+        (
+            "input_tokens",
+            run.max_input_tokens.map(|n| n as f64),
+            totals.input_tokens as f64,
+        ),
+        (
+            "output_tokens",
+            run.max_output_tokens.map(|n| n as f64),
+            totals.output_tokens as f64,
+        ),
+        ("cost_usd", run.max_cost_usd, totals.cost_usd),
+    ];
+    let number = |v: f64, budget: &str| -> Value {
+        if budget == "cost_usd" {
+            serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
+        } else {
+            Value::from(v as u64)
+        }
+    };
+    for (scope, limits) in [("node", node_limits), ("run", run_limits)] {
+        for (budget, limit, used) in limits {
+            let Some(limit) = limit else { continue };
+            if used < limit {
+                continue;
+            }
+            let whose = if scope == "node" {
+                format!("agent `{}` in node `{}`", agent.name, node.id)
+            } else {
+                format!("the run (in node `{}`)", node.id)
+            };
+            let error = if budget == "model_steps" && scope == "node" {
+                format!(
+                    "{whose} reached its bound of {max_model_steps} model steps without a final answer"
+                )
+            } else {
+                let show = |v: f64| {
+                    if budget == "cost_usd" {
+                        format!("{v:.6} USD")
+                    } else {
+                        format!("{}", v as u64)
+                    }
+                };
+                format!(
+                    "{whose} used its `{budget}` budget ({} of {})",
+                    show(used),
+                    show(limit)
+                )
+            };
+            return Some((
+                error,
+                Stop::Budget {
+                    budget: budget.to_owned(),
+                    scope: scope.to_owned(),
+                    node: node.id.clone(),
+                    limit: number(limit, budget),
+                    used: number(used, budget),
+                },
+            ));
+        }
+    }
+    None
+}
+
 /// The `ToolCallSpec.input` of a call repeated after a person's answer
 /// (the worker's MCP client reads it as its `InputAnswers`): for
 /// `input_required`, the responses with the server's `request_state`; for an

@@ -280,6 +280,15 @@ pub struct NodeState {
     pub tool_calls: u32,
     /// Tokens used so far (input + output).
     pub tokens: u64,
+    /// Input (prompt) tokens so far.
+    pub input_tokens: u64,
+    /// Output (completion) tokens so far.
+    pub output_tokens: u64,
+    /// Cost so far, USD (with the agent's `pricing:`; 0 without).
+    pub cost_usd: f64,
+    /// The latest accepted call (tool, arguments) and how many times in a
+    /// row it was proposed.
+    pub last_call: Option<(String, Value, u32)>,
     /// The open model call, if any.
     pub model_call: Option<OpenModelCall>,
     /// Proposed calls of the latest turn, in the model's order.
@@ -379,6 +388,21 @@ pub struct Decided {
     pub seq: u64,
 }
 
+/// What a run used so far (all nodes), from its events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunTotals {
+    /// Model calls completed.
+    pub model_steps: u32,
+    /// Tool calls accepted (of agents).
+    pub tool_calls: u32,
+    /// Input (prompt) tokens.
+    pub input_tokens: u64,
+    /// Output (completion) tokens.
+    pub output_tokens: u64,
+    /// Cost, USD (of agents with `pricing:`).
+    pub cost_usd: f64,
+}
+
 /// The fold of a run's events.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunState {
@@ -392,6 +416,8 @@ pub struct RunState {
     pub status_reason: String,
     /// Pinned definitions (None before `RunStarted`).
     pub plan: Option<RunPlan>,
+    /// What the whole run used so far, for the workflow's `budget:`.
+    pub totals: RunTotals,
     /// Run input.
     pub input: Value,
     /// Caller's permissions.
@@ -455,6 +481,7 @@ impl Default for RunState {
             output: None,
             operator_paused: None,
             last_seq: 0,
+            totals: RunTotals::default(),
         }
     }
 }
@@ -551,6 +578,10 @@ impl RunState {
                     model_steps: 0,
                     tool_calls: 0,
                     tokens: 0,
+                    input_tokens: 0,
+                    output_tokens: 0,
+                    cost_usd: 0.0,
+                    last_call: None,
                     model_call: None,
                     pending: Vec::new(),
                 });
@@ -575,6 +606,26 @@ impl RunState {
                 usage,
                 ..
             } => {
+                let pricing = self.node.as_ref().and_then(|n| {
+                    self.plan
+                        .as_ref()?
+                        .agents
+                        .get(&n.agent)?
+                        .def
+                        .pricing
+                        .clone()
+                });
+                let cost = pricing
+                    .map(|p| p.cost_usd(usage.input_tokens, usage.output_tokens))
+                    .unwrap_or(0.0);
+                self.totals.model_steps += 1;
+                self.totals.input_tokens =
+                    self.totals.input_tokens.saturating_add(usage.input_tokens);
+                self.totals.output_tokens = self
+                    .totals
+                    .output_tokens
+                    .saturating_add(usage.output_tokens);
+                self.totals.cost_usd += cost;
                 if let Some(node) = self.node.as_mut() {
                     node.model_call = None;
                     // Saturating: a provider (or a bad worker) reporting absurd
@@ -583,6 +634,9 @@ impl RunState {
                         .tokens
                         .saturating_add(usage.input_tokens)
                         .saturating_add(usage.output_tokens);
+                    node.input_tokens = node.input_tokens.saturating_add(usage.input_tokens);
+                    node.output_tokens = node.output_tokens.saturating_add(usage.output_tokens);
+                    node.cost_usd += cost;
                     node.transcript.push(ChatMessage::Assistant {
                         content: content.clone(),
                         tool_calls: tool_calls.clone(),
@@ -622,6 +676,11 @@ impl RunState {
                     };
                 } else if let Some(state) = self.node.as_mut() {
                     state.tool_calls += 1;
+                    self.totals.tool_calls += 1;
+                    state.last_call = match state.last_call.take() {
+                        Some((t, a, n)) if &t == tool && &a == arguments => Some((t, a, n + 1)),
+                        _ => Some((tool.clone(), arguments.clone(), 1)),
+                    };
                     if let Some(p) = state
                         .pending
                         .iter_mut()
@@ -1026,7 +1085,7 @@ impl RunState {
                 self.status_reason.clear();
                 self.output = Some(output.clone());
             }
-            Event::RunFailed { error } => {
+            Event::RunFailed { error, .. } => {
                 self.status = RunStatus::Failed;
                 self.status_reason = error.clone();
             }

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::definitions::model::{
-    AgentDef, Budget, LoopPolicy, NodeDef, NodeKind, RepeatSafety, ToolBindingDef, ToolDef,
-    WorkflowDef,
+    AgentDef, Budget, LoopPolicy, NodeDef, NodeKind, OnToolFailure, Pricing, RepeatSafety,
+    ToolBindingDef, ToolDef, WorkflowDef,
 };
 
 fn tool(
@@ -60,6 +60,8 @@ struct Opts {
     max_tool_calls: u32,
     max_result_bytes: u32,
     caller_grants: Vec<String>,
+    /// Changes to the plan (agent and workflow settings) before the run starts.
+    edit: Option<fn(&mut RunPlan)>,
 }
 
 impl Default for Opts {
@@ -70,6 +72,7 @@ impl Default for Opts {
             max_tool_calls: 10,
             max_result_bytes: 16384,
             caller_grants: vec!["crm.read".into(), "crm.write".into(), "ops.danger".into()],
+            edit: None,
         }
     }
 }
@@ -118,12 +121,15 @@ fn plan(opts: &Opts) -> RunPlan {
             max_model_steps: opts.max_model_steps,
             max_tool_calls: opts.max_tool_calls,
         },
-        budget: Budget { max_tokens: None },
+        budget: Budget::default(),
         max_argument_bytes: 200,
         max_result_bytes: opts.max_result_bytes,
         max_model_attempts: 3,
         max_tool_attempts: 3,
         max_output_tokens: None,
+        pricing: None,
+        max_identical_calls: 0,
+        on_tool_failure: OnToolFailure::Continue,
         source_file: "a.yaml".into(),
         source_line: 1,
     };
@@ -136,7 +142,7 @@ fn plan(opts: &Opts) -> RunPlan {
             def: agent,
         },
     );
-    RunPlan {
+    let mut plan = RunPlan {
         workflow: Pinned {
             version: 1,
             content_hash: "w".into(),
@@ -154,13 +160,18 @@ fn plan(opts: &Opts) -> RunPlan {
                     source_line: 1,
                 }],
                 input_schema: None,
+                budget: Budget::default(),
                 source_file: "w.yaml".into(),
                 source_line: 1,
             },
         },
         agents,
         tools,
+    };
+    if let Some(edit) = opts.edit {
+        edit(&mut plan);
     }
+    plan
 }
 
 /// A run under test: the live state plus every event recorded so far.
@@ -1911,4 +1922,282 @@ fn a_tool_asking_for_ever_fails_and_an_operator_can_fail_a_waiting_call() {
     });
     assert_eq!(Run::kinds(&d), ["tool_call_failed", "model_call_scheduled"]);
     assert_eq!(run.state.status, RunStatus::Running);
+}
+
+// ---- loop policies, stop conditions and budgets ----
+
+fn stop_of(d: &Decision) -> Option<Stop> {
+    d.events.iter().find_map(|e| match e {
+        Event::RunFailed { stop, .. } => stop.clone(),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_turn_cut_off_by_the_token_limit_never_runs_its_tool_calls() {
+    let (mut run, _) = Run::start(Opts::default());
+    let d = run.step(Input::ModelCallCompleted {
+        call_id: "intake.m1".into(),
+        attempt: 1,
+        result: ModelCallResult {
+            content: None,
+            tool_calls: vec![
+                ToolUse {
+                    id: "a".into(),
+                    name: "lookup".into(),
+                    arguments: r#"{"email":"x@y.z"}"#.into(),
+                },
+                ToolUse {
+                    id: "b".into(),
+                    name: "create".into(),
+                    arguments: r#"{"email":"x@y"#.into(),
+                },
+            ],
+            usage: Usage::default(),
+            finish_reason: Some("length".into()),
+        },
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "tool_call_refused",
+            "tool_call_refused",
+            "model_call_scheduled"
+        ]
+    );
+    assert!(
+        scheduled_specs(&d)
+            .iter()
+            .all(|(id, _, _)| id == "intake.m2"),
+        "no tool task"
+    );
+    assert!(
+        d.events
+            .iter()
+            .all(|e| !matches!(e, Event::ToolCallRefused { check, .. } if check != "truncated"))
+    );
+    assert!(
+        tool_results(&run)
+            .iter()
+            .all(|r| r.contains("cut off by the output token limit")),
+        "{:?}",
+        tool_results(&run)
+    );
+}
+
+#[test]
+fn exactly_one_call_refuses_a_tool_call_and_stops() {
+    let opts = Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.loop_policy = LoopPolicy::ExactlyOneCall;
+            }
+        }),
+        ..Opts::default()
+    };
+    // A final answer in the one call: done.
+    let (mut run, _) = Run::start(Opts {
+        edit: opts.edit,
+        ..Opts::default()
+    });
+    let d = run.model("intake.m1", &[], Some(r#"{"account_id":"a"}"#));
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "node_completed", "run_completed"]
+    );
+    // A tool call would need a second model call: refused, and the run stops.
+    let (mut run, _) = Run::start(opts);
+    let d = run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "tool_call_refused", "run_failed"]
+    );
+    assert_eq!(
+        stop_of(&d),
+        Some(Stop::LoopPolicy {
+            node: "intake".into(),
+            tool: "lookup".into()
+        })
+    );
+}
+
+#[test]
+fn the_same_call_proposed_again_and_again_stops_the_run() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.max_identical_calls = 3;
+            }
+        }),
+        ..Opts::default()
+    });
+    for (i, result) in [(1, json!({"n": 1})), (2, json!({"n": 1}))] {
+        run.model(
+            &format!("intake.m{i}"),
+            &[("lookup", r#"{"email":"e"}"#)],
+            None,
+        );
+        let call = format!("intake.t{i}");
+        dispatch(&mut run, &call, 1);
+        run.step(Input::ToolCallCompleted {
+            call_id: call,
+            attempt: 1,
+            result,
+        });
+    }
+    // The third time in a row: refused, and the run stops.
+    let d = run.model("intake.m3", &[("lookup", r#"{"email":"e"}"#)], None);
+    assert_eq!(Run::kinds(&d)[1..], ["tool_call_refused", "run_failed"]);
+    assert_eq!(
+        stop_of(&d),
+        Some(Stop::NoProgress {
+            node: "intake".into(),
+            tool: "lookup".into(),
+            times: 3
+        })
+    );
+}
+
+#[test]
+fn budgets_of_the_node_and_of_the_run_stop_it_with_a_typed_outcome() {
+    // Node: 10 input tokens per model call (Run::model), at most 15.
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.budget.max_input_tokens = Some(15);
+            }
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({}),
+    });
+    run.model("intake.m2", &[("lookup", r#"{"email":"f"}"#)], None);
+    dispatch(&mut run, "intake.t2", 1);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t2".into(),
+        attempt: 1,
+        result: json!({}),
+    });
+    assert_eq!(Run::kinds(&d), ["tool_call_completed", "run_failed"]);
+    assert_eq!(
+        stop_of(&d),
+        Some(Stop::Budget {
+            budget: "input_tokens".into(),
+            scope: "node".into(),
+            node: "intake".into(),
+            limit: json!(15),
+            used: json!(20)
+        })
+    );
+
+    // Run: cost from the agent's price table (10 in, 5 out per call at
+    // $1 / $2 per million tokens = $0.00002 per call), at most $0.00003.
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.pricing = Some(Pricing {
+                    input_per_million_usd: 1.0,
+                    output_per_million_usd: 2.0,
+                });
+            }
+            p.workflow.def.budget.max_cost_usd = Some(0.00003);
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({}),
+    });
+    assert_eq!(
+        run.state.status,
+        RunStatus::Running,
+        "one call is under the budget"
+    );
+    run.model("intake.m2", &[("lookup", r#"{"email":"f"}"#)], None);
+    dispatch(&mut run, "intake.t2", 1);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t2".into(),
+        attempt: 1,
+        result: json!({}),
+    });
+    match stop_of(&d) {
+        Some(Stop::Budget {
+            budget,
+            scope,
+            used,
+            ..
+        }) => {
+            assert_eq!((budget.as_str(), scope.as_str()), ("cost_usd", "run"));
+            assert!(
+                (used.as_f64().unwrap_or(0.0) - 0.00004).abs() < 1e-12,
+                "{used}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Run: tool calls past the workflow's budget are refused to the model.
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| p.workflow.def.budget.max_tool_calls = Some(1)),
+        ..Opts::default()
+    });
+    let d = run.model(
+        "intake.m1",
+        &[
+            ("lookup", r#"{"email":"e"}"#),
+            ("lookup", r#"{"email":"f"}"#),
+        ],
+        None,
+    );
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "tool_call_scheduled",
+            "tool_call_refused"
+        ]
+    );
+}
+
+#[test]
+fn on_tool_failure_stop_ends_the_run_when_a_call_fails_for_good() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.on_tool_failure = OnToolFailure::Stop;
+            }
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("wipe", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    let d = run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "HTTP 400".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["tool_call_attempt_failed", "tool_call_failed", "run_failed"]
+    );
+    assert_eq!(
+        stop_of(&d),
+        Some(Stop::ToolFailed {
+            node: "intake".into(),
+            call_id: "intake.t1".into(),
+            tool: "wipe".into()
+        })
+    );
 }
