@@ -7,7 +7,8 @@ use belay_worker::config::{
     DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS,
 };
 use belay_worker::mcp::McpConfig;
-use belay_worker::{ModelProviderConfig, WorkerConfig};
+use belay_worker::ssrf::{ALLOW_ENV, ALLOW_FLAG};
+use belay_worker::{ModelProviderConfig, NetworkPolicy, WorkerConfig};
 use std::io::IsTerminal as _;
 
 use clap::Parser;
@@ -44,6 +45,16 @@ struct Args {
     /// Base URL for HTTP tool endpoints given as paths.
     #[arg(long, env = "BELAY_HTTP_BASE_URL")]
     http_base_url: Option<String>,
+    /// A non-public block HTTP tools may reach (CIDR, e.g. 10.0.0.0/8, or one
+    /// address); repeatable, commas in the variable. Without it, loopback,
+    /// private, link-local and other non-public addresses are refused.
+    #[arg(
+        long = "allow-private-network",
+        env = "BELAY_ALLOW_PRIVATE_NETWORKS",
+        value_name = "CIDR",
+        value_delimiter = ','
+    )]
+    allow_private_networks: Vec<String>,
     /// On shutdown, how long to wait for in-flight tasks, in ms.
     #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
@@ -66,6 +77,13 @@ fn load_mcp_config(path: Option<&str>) -> anyhow::Result<McpConfig> {
     mcp.validate()
         .map_err(|e| anyhow::anyhow!("--mcp-config {path}: {e}"))?;
     Ok(mcp)
+}
+
+/// The allowlist of `--allow-private-network`, checked; an error names the
+/// flag and the value.
+fn tool_network_policy(values: &[String]) -> anyhow::Result<NetworkPolicy> {
+    NetworkPolicy::from_cidrs(values)
+        .map_err(|e| anyhow::anyhow!("{ALLOW_FLAG} ({ALLOW_ENV}): {e}"))
 }
 
 /// The flag (or its `BELAY_*` variable) if set and not empty, else the first
@@ -106,6 +124,7 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
+    let tool_network_policy = tool_network_policy(&args.allow_private_networks)?;
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,
@@ -118,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
             timeout_ms: args.model_timeout_ms,
         },
         http_base_url: args.http_base_url.filter(|u| !u.is_empty()),
+        tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
     };
@@ -171,5 +191,41 @@ mod tests {
         );
         let err = load_mcp_config(Some("/nonexistent/mcp.json")).expect_err("missing file");
         assert!(err.to_string().contains("cannot read"), "{err}");
+    }
+
+    #[test]
+    fn private_networks_are_allowed_by_repeated_flags_or_commas() {
+        let args = Args::try_parse_from([
+            "belay-worker",
+            "--allow-private-network",
+            "127.0.0.0/8",
+            "--allow-private-network",
+            "10.0.0.0/8,::1",
+        ])
+        .expect("parses");
+        let policy = tool_network_policy(&args.allow_private_networks).expect("valid");
+        let allowed: Vec<String> = policy.allowed().iter().map(ToString::to_string).collect();
+        assert_eq!(allowed, ["127.0.0.0/8", "10.0.0.0/8", "::1/128"]);
+        // `BELAY_ALLOW_PRIVATE_NETWORKS=` reaches clap as an empty value.
+        for argv in [
+            &["belay-worker"][..],
+            &["belay-worker", "--allow-private-network", ""],
+        ] {
+            let args = Args::try_parse_from(argv).expect("parses");
+            let policy = tool_network_policy(&args.allow_private_networks).expect("valid");
+            assert!(policy.allowed().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_bad_cidr_is_a_startup_error_naming_the_flag_and_the_value() {
+        for bad in ["10.0.0.0/33", "10.0.0.1/8", "intranet"] {
+            let args = Args::try_parse_from(["belay-worker", "--allow-private-network", bad])
+                .expect("parses");
+            let err = tool_network_policy(&args.allow_private_networks).expect_err("refused");
+            let message = err.to_string();
+            assert!(message.contains("--allow-private-network"), "{message}");
+            assert!(message.contains(bad), "{message}");
+        }
     }
 }
