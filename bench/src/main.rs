@@ -145,8 +145,8 @@ struct WorkerArgs {
     shutdown_grace_ms: Option<u64>,
     /// Accepted for compatibility with `belay-worker`; the bench's own worker
     /// always allows loopback, where its tool server is.
-    #[arg(long = "allow-private-network", value_delimiter = ',')]
-    allow_private_networks: Vec<String>,
+    #[command(flatten)]
+    allow_private_networks: belay_worker::ssrf::AllowPrivateNetworkArgs,
 }
 
 async fn engine_role(args: EngineArgs) -> anyhow::Result<()> {

@@ -23,8 +23,8 @@ use belay_worker::config::{
     DEFAULT_CONCURRENCY, DEFAULT_MODEL_BASE_URL, DEFAULT_MODEL_TIMEOUT_MS,
     DEFAULT_SHUTDOWN_GRACE_MS,
 };
-use belay_worker::ssrf::{ALLOW_ENV, ALLOW_FLAG};
-use belay_worker::{ModelProviderConfig, NetworkPolicy, WorkerConfig};
+use belay_worker::ssrf::AllowPrivateNetworkArgs;
+use belay_worker::{ModelProviderConfig, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -68,16 +68,8 @@ pub struct DevArgs {
     /// Base URL for HTTP tool endpoints given as paths (`/accounts`).
     #[arg(long, env = "BELAY_HTTP_BASE_URL", value_name = "URL")]
     http_base_url: Option<String>,
-    /// A non-public block (CIDR, or one address) HTTP tools may reach, as
-    /// `belay-worker --allow-private-network`: tool servers on this machine
-    /// need 127.0.0.0/8. Repeatable; commas in the variable.
-    #[arg(
-        long = "allow-private-network",
-        env = "BELAY_ALLOW_PRIVATE_NETWORKS",
-        value_name = "CIDR",
-        value_delimiter = ','
-    )]
-    allow_private_networks: Vec<String>,
+    #[command(flatten)]
+    allow_private_networks: AllowPrivateNetworkArgs,
     /// Tasks the worker runs at once.
     #[arg(long, default_value_t = DEFAULT_CONCURRENCY as u32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -302,8 +294,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     if let Some(url) = &http_base_url {
         check_http_url("--http-base-url", url)?;
     }
-    let tool_network_policy = NetworkPolicy::from_cidrs(&args.allow_private_networks)
-        .map_err(|e| anyhow!("{ALLOW_FLAG} ({ALLOW_ENV}): {e}"))?;
+    let tool_network_policy = args.allow_private_networks.policy()?;
     let mcp = match &args.mcp_config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -102,8 +102,8 @@ pub enum HttpToolError {
     /// not be read. Class `MAY_HAVE_ACTED`.
     #[error("tool call failed after the request was sent: {0}")]
     Transport(String),
-    /// The endpoint answered with a non-2xx status. Class: 429 `NOT_SENT`;
-    /// other 4xx `REJECTED`; 5xx (and unfollowed 1xx/3xx) `NOT_SENT` for
+    /// The endpoint answered with a status neither 2xx nor 3xx. Class: 429 `NOT_SENT`;
+    /// other 4xx `REJECTED`; 5xx (and 1xx) `NOT_SENT` for
     /// GET/HEAD/OPTIONS/TRACE, which by HTTP semantics have no effect, and
     /// `MAY_HAVE_ACTED` for every other method.
     #[error("tool endpoint answered {method} with HTTP {status}: {body}")]

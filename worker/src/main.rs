@@ -7,8 +7,8 @@ use belay_worker::config::{
     DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS,
 };
 use belay_worker::mcp::McpConfig;
-use belay_worker::ssrf::{ALLOW_ENV, ALLOW_FLAG};
-use belay_worker::{ModelProviderConfig, NetworkPolicy, WorkerConfig};
+use belay_worker::ssrf::AllowPrivateNetworkArgs;
+use belay_worker::{ModelProviderConfig, WorkerConfig};
 use std::io::IsTerminal as _;
 
 use clap::Parser;
@@ -45,16 +45,8 @@ struct Args {
     /// Base URL for HTTP tool endpoints given as paths.
     #[arg(long, env = "BELAY_HTTP_BASE_URL")]
     http_base_url: Option<String>,
-    /// A non-public block HTTP tools may reach (CIDR, e.g. 10.0.0.0/8, or one
-    /// address); repeatable, commas in the variable. Without it, loopback,
-    /// private, link-local and other non-public addresses are refused.
-    #[arg(
-        long = "allow-private-network",
-        env = "BELAY_ALLOW_PRIVATE_NETWORKS",
-        value_name = "CIDR",
-        value_delimiter = ','
-    )]
-    allow_private_networks: Vec<String>,
+    #[command(flatten)]
+    allow_private_networks: AllowPrivateNetworkArgs,
     /// On shutdown, how long to wait for in-flight tasks, in ms.
     #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
@@ -77,13 +69,6 @@ fn load_mcp_config(path: Option<&str>) -> anyhow::Result<McpConfig> {
     mcp.validate()
         .map_err(|e| anyhow::anyhow!("--mcp-config {path}: {e}"))?;
     Ok(mcp)
-}
-
-/// The allowlist of `--allow-private-network`, checked; an error names the
-/// flag and the value.
-fn tool_network_policy(values: &[String]) -> anyhow::Result<NetworkPolicy> {
-    NetworkPolicy::from_cidrs(values)
-        .map_err(|e| anyhow::anyhow!("{ALLOW_FLAG} ({ALLOW_ENV}): {e}"))
 }
 
 /// The flag (or its `BELAY_*` variable) if set and not empty, else the first
@@ -124,7 +109,7 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
-    let tool_network_policy = tool_network_policy(&args.allow_private_networks)?;
+    let tool_network_policy = args.allow_private_networks.policy()?;
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,
@@ -203,7 +188,7 @@ mod tests {
             "10.0.0.0/8,::1",
         ])
         .expect("parses");
-        let policy = tool_network_policy(&args.allow_private_networks).expect("valid");
+        let policy = args.allow_private_networks.policy().expect("valid");
         let allowed: Vec<String> = policy.allowed().iter().map(ToString::to_string).collect();
         assert_eq!(allowed, ["127.0.0.0/8", "10.0.0.0/8", "::1/128"]);
         // `BELAY_ALLOW_PRIVATE_NETWORKS=` reaches clap as an empty value.
@@ -212,7 +197,7 @@ mod tests {
             &["belay-worker", "--allow-private-network", ""],
         ] {
             let args = Args::try_parse_from(argv).expect("parses");
-            let policy = tool_network_policy(&args.allow_private_networks).expect("valid");
+            let policy = args.allow_private_networks.policy().expect("valid");
             assert!(policy.allowed().is_empty());
         }
     }
@@ -222,7 +207,7 @@ mod tests {
         for bad in ["10.0.0.0/33", "10.0.0.1/8", "intranet"] {
             let args = Args::try_parse_from(["belay-worker", "--allow-private-network", bad])
                 .expect("parses");
-            let err = tool_network_policy(&args.allow_private_networks).expect_err("refused");
+            let err = args.allow_private_networks.policy().expect_err("refused");
             let message = err.to_string();
             assert!(message.contains("--allow-private-network"), "{message}");
             assert!(message.contains(bad), "{message}");

@@ -137,73 +137,65 @@ pub struct SpecialRange {
     pub embedded: Option<(Embedding, Ipv4Addr)>,
 }
 
-struct V4Range(Ipv4Net, RangeKind, &'static str);
-struct V6Range(Ipv6Net, RangeKind, &'static str);
+/// One row of the tables below.
+struct Range(IpNet, RangeKind, &'static str);
 
-const fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8, kind: RangeKind, rfc: &'static str) -> V4Range {
-    V4Range(
-        Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix),
+const fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8, kind: RangeKind, rfc: &'static str) -> Range {
+    Range(
+        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix)),
         kind,
         rfc,
     )
 }
 
-const fn v6(segments: [u16; 8], prefix: u8, kind: RangeKind, rfc: &'static str) -> V6Range {
+const fn v6(segments: [u16; 8], prefix: u8, kind: RangeKind, rfc: &'static str) -> Range {
     let [a, b, c, d, e, f, g, h] = segments;
-    V6Range(
-        Ipv6Net::new_assert(Ipv6Addr::new(a, b, c, d, e, f, g, h), prefix),
+    Range(
+        IpNet::V6(Ipv6Net::new_assert(
+            Ipv6Addr::new(a, b, c, d, e, f, g, h),
+            prefix,
+        )),
         kind,
         rfc,
     )
 }
 
-use RangeKind::*;
-
-/// The IPv4 ranges refused by default. Broadcast comes before the reserved
-/// `240/4` that contains it, so it is named as broadcast.
-const V4_RANGES: &[V4Range] = &[
-    v4(0, 0, 0, 0, 8, Unspecified, "RFC 6890"),
-    v4(10, 0, 0, 0, 8, Private, "RFC 1918"),
-    v4(100, 64, 0, 0, 10, SharedAddressSpace, "RFC 6598"),
-    v4(127, 0, 0, 0, 8, Loopback, "RFC 1122"),
-    v4(169, 254, 0, 0, 16, LinkLocal, "RFC 3927"),
-    v4(172, 16, 0, 0, 12, Private, "RFC 1918"),
-    v4(192, 0, 0, 0, 24, ProtocolAssignment, "RFC 6890"),
-    v4(192, 0, 2, 0, 24, Documentation, "RFC 5737"),
-    v4(192, 168, 0, 0, 16, Private, "RFC 1918"),
-    v4(198, 18, 0, 0, 15, Benchmarking, "RFC 2544"),
-    v4(198, 51, 100, 0, 24, Documentation, "RFC 5737"),
-    v4(203, 0, 113, 0, 24, Documentation, "RFC 5737"),
-    v4(224, 0, 0, 0, 4, Multicast, "RFC 5771"),
-    v4(255, 255, 255, 255, 32, Broadcast, "RFC 919"),
-    v4(240, 0, 0, 0, 4, Reserved, "RFC 1112"),
-];
-
-/// The IPv6 ranges refused by default (the forms that carry an IPv4 address
-/// are judged by that address, see [`embedded_v4`]).
-const V6_RANGES: &[V6Range] = &[
-    v6([0; 8], 128, Unspecified, "RFC 4291"),
-    v6([0, 0, 0, 0, 0, 0, 0, 1], 128, Loopback, "RFC 4291"),
-    v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48, Private, "RFC 8215"),
-    v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64, Reserved, "RFC 6666"),
-    v6(
-        [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0],
-        32,
-        Documentation,
-        "RFC 3849",
-    ),
-    v6(
-        [0x2001, 0, 0, 0, 0, 0, 0, 0],
-        23,
-        ProtocolAssignment,
-        "RFC 2928",
-    ),
-    v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, Documentation, "RFC 9637"),
-    v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, Private, "RFC 4193"),
-    v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, LinkLocal, "RFC 4291"),
-    v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10, Private, "RFC 3879"),
-    v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, Multicast, "RFC 4291"),
-];
+/// The ranges refused by default; the first that holds an address names it.
+/// Broadcast comes before the reserved `240/4` that holds it, so it is named
+/// as broadcast. The IPv6 forms that carry an IPv4 address are judged by
+/// that address (see [`embedded_v4`]).
+#[rustfmt::skip]
+const RANGES: &[Range] = {
+    use RangeKind::*;
+    &[
+        v4(0, 0, 0, 0, 8, Unspecified, "RFC 6890"),
+        v4(10, 0, 0, 0, 8, Private, "RFC 1918"),
+        v4(100, 64, 0, 0, 10, SharedAddressSpace, "RFC 6598"),
+        v4(127, 0, 0, 0, 8, Loopback, "RFC 1122"),
+        v4(169, 254, 0, 0, 16, LinkLocal, "RFC 3927"),
+        v4(172, 16, 0, 0, 12, Private, "RFC 1918"),
+        v4(192, 0, 0, 0, 24, ProtocolAssignment, "RFC 6890"),
+        v4(192, 0, 2, 0, 24, Documentation, "RFC 5737"),
+        v4(192, 168, 0, 0, 16, Private, "RFC 1918"),
+        v4(198, 18, 0, 0, 15, Benchmarking, "RFC 2544"),
+        v4(198, 51, 100, 0, 24, Documentation, "RFC 5737"),
+        v4(203, 0, 113, 0, 24, Documentation, "RFC 5737"),
+        v4(224, 0, 0, 0, 4, Multicast, "RFC 5771"),
+        v4(255, 255, 255, 255, 32, Broadcast, "RFC 919"),
+        v4(240, 0, 0, 0, 4, Reserved, "RFC 1112"),
+        v6([0; 8], 128, Unspecified, "RFC 4291"),
+        v6([0, 0, 0, 0, 0, 0, 0, 1], 128, Loopback, "RFC 4291"),
+        v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48, Private, "RFC 8215"),
+        v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64, Reserved, "RFC 6666"),
+        v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32, Documentation, "RFC 3849"),
+        v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23, ProtocolAssignment, "RFC 2928"),
+        v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, Documentation, "RFC 9637"),
+        v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, Private, "RFC 4193"),
+        v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, LinkLocal, "RFC 4291"),
+        v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10, Private, "RFC 3879"),
+        v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, Multicast, "RFC 4291"),
+    ]
+};
 
 /// The IPv4 address an IPv6 address carries, and how, for the forms whose
 /// destination is that IPv4 address (checked after `::` and `::1`, which
@@ -225,13 +217,14 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<(Embedding, Ipv4Addr)> {
     }
 }
 
-fn classify_v4(ip: Ipv4Addr) -> Option<SpecialRange> {
-    V4_RANGES
+/// The first range of [`RANGES`] that holds `ip`.
+fn lookup(ip: IpAddr) -> Option<SpecialRange> {
+    RANGES
         .iter()
-        .find(|V4Range(net, ..)| net.contains(&ip))
-        .map(|V4Range(net, kind, rfc)| SpecialRange {
+        .find(|Range(net, ..)| net.contains(&ip))
+        .map(|Range(net, kind, rfc)| SpecialRange {
             kind: *kind,
-            net: IpNet::V4(*net),
+            net: *net,
             rfc,
             embedded: None,
         })
@@ -241,32 +234,25 @@ fn classify_v4(ip: Ipv4Addr) -> Option<SpecialRange> {
 /// address that carries an IPv4 address (`::ffff:127.0.0.1`, NAT64, 6to4)
 /// is judged by the IPv4 address.
 pub fn classify(ip: IpAddr) -> Option<SpecialRange> {
-    match ip {
-        IpAddr::V4(ip) => classify_v4(ip),
-        IpAddr::V6(ip) => {
-            let found = V6_RANGES
-                .iter()
-                .find(|V6Range(net, ..)| net.contains(&ip))
-                .map(|V6Range(net, kind, rfc)| SpecialRange {
-                    kind: *kind,
-                    net: IpNet::V6(*net),
-                    rfc,
-                    embedded: None,
-                });
-            found.or_else(|| {
-                let (how, v4) = embedded_v4(ip)?;
-                classify_v4(v4).map(|range| SpecialRange {
-                    embedded: Some((how, v4)),
-                    ..range
-                })
-            })
-        }
-    }
+    lookup(ip).or_else(|| {
+        let IpAddr::V6(v6) = ip else { return None };
+        let (how, v4) = embedded_v4(v6)?;
+        lookup(IpAddr::V4(v4)).map(|range| SpecialRange {
+            embedded: Some((how, v4)),
+            ..range
+        })
+    })
 }
 
-/// A CIDR block given to [`ALLOW_FLAG`] that is not one.
+/// A value of [`ALLOW_FLAG`] that is not a CIDR block; the message names
+/// the flag and the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{value:?} is not a CIDR block (like 10.0.0.0/8, fd00::/8 or 127.0.0.1): {reason}")]
+#[error(
+    "{ALLOW_FLAG} ({ALLOW_ENV}): {value:?} is not a CIDR block \
+     (like 10.0.0.0/8, fd00::/8 or 127.0.0.1): {reason}",
+    ALLOW_FLAG = ALLOW_FLAG,
+    ALLOW_ENV = ALLOW_ENV
+)]
 pub struct CidrError {
     /// The text as given, without surrounding blanks.
     pub value: String,
@@ -304,6 +290,26 @@ pub fn parse_cidr(text: &str) -> Result<IpNet, CidrError> {
         )));
     }
     Ok(net)
+}
+
+/// The [`ALLOW_FLAG`] flag, shared by `belay-worker` and `belay dev`
+/// (`#[command(flatten)]`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AllowPrivateNetworkArgs {
+    /// A non-public block HTTP tools may reach (CIDR, e.g. 10.0.0.0/8, or one
+    /// address; tool servers on this machine need 127.0.0.0/8); repeatable,
+    /// commas in the variable. Without it, loopback, private, link-local and
+    /// other non-public addresses are refused.
+    #[arg(long = "allow-private-network", env = ALLOW_ENV, value_name = "CIDR",
+          value_delimiter = ',')]
+    pub allow_private_networks: Vec<String>,
+}
+
+impl AllowPrivateNetworkArgs {
+    /// The policy these values make ([`NetworkPolicy::from_cidrs`]).
+    pub fn policy(&self) -> Result<NetworkPolicy, CidrError> {
+        NetworkPolicy::from_cidrs(&self.allow_private_networks)
+    }
 }
 
 /// Which non-public addresses tool requests may reach: none by default,
@@ -478,6 +484,7 @@ impl Resolve for CheckedResolver {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::RangeKind::*;
     use super::*;
 
     fn kind(ip: &str) -> Option<RangeKind> {
