@@ -108,6 +108,8 @@ pub async fn run_worker(options: &WorkerOptions, shutdown: impl Future<Output = 
     config.concurrency = options.concurrency.max(1);
     config.model.base_url = options.model_base_url.clone();
     config.http_base_url = Some(options.http_base_url.clone());
+    // The no-op tool server runs on this machine.
+    config.tool_network_policy = belay_worker::NetworkPolicy::allowing_loopback();
     config.shutdown_grace_ms = WORKER_SHUTDOWN_GRACE_MS;
     belay_worker::run(config, shutdown).await
 }
@@ -429,6 +431,8 @@ impl Fleet {
                     options.model_base_url.clone(),
                     "--http-base-url".to_owned(),
                     options.http_base_url.clone(),
+                    "--allow-private-network".to_owned(),
+                    "127.0.0.0/8,::1".to_owned(),
                     "--shutdown-grace-ms".to_owned(),
                     WORKER_SHUTDOWN_GRACE_MS.to_string(),
                 ];

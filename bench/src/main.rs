@@ -143,6 +143,10 @@ struct WorkerArgs {
     /// always uses [`fleet::WORKER_SHUTDOWN_GRACE_MS`].
     #[arg(long)]
     shutdown_grace_ms: Option<u64>,
+    /// Accepted for compatibility with `belay-worker`; the bench's own worker
+    /// always allows loopback, where its tool server is.
+    #[command(flatten)]
+    allow_private_networks: belay_worker::ssrf::AllowPrivateNetworkArgs,
 }
 
 async fn engine_role(args: EngineArgs) -> anyhow::Result<()> {

@@ -23,6 +23,7 @@ use belay_worker::config::{
     DEFAULT_CONCURRENCY, DEFAULT_MODEL_BASE_URL, DEFAULT_MODEL_TIMEOUT_MS,
     DEFAULT_SHUTDOWN_GRACE_MS,
 };
+use belay_worker::ssrf::AllowPrivateNetworkArgs;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -67,6 +68,8 @@ pub struct DevArgs {
     /// Base URL for HTTP tool endpoints given as paths (`/accounts`).
     #[arg(long, env = "BELAY_HTTP_BASE_URL", value_name = "URL")]
     http_base_url: Option<String>,
+    #[command(flatten)]
+    allow_private_networks: AllowPrivateNetworkArgs,
     /// Tasks the worker runs at once.
     #[arg(long, default_value_t = DEFAULT_CONCURRENCY as u32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -291,6 +294,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     if let Some(url) = &http_base_url {
         check_http_url("--http-base-url", url)?;
     }
+    let tool_network_policy = args.allow_private_networks.policy()?;
     let mcp = match &args.mcp_config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -366,6 +370,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             timeout_ms: DEFAULT_MODEL_TIMEOUT_MS,
         },
         http_base_url,
+        tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
         ..WorkerConfig::new(format!("http://{}", reachable(grpc_addr)), worker_id)

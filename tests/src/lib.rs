@@ -612,6 +612,9 @@ impl Env {
             format!("{}/v1", self.model.url),
             "--http-base-url".into(),
             self.crm.url.clone(),
+            // The CRM and any other tool double run on this machine.
+            "--allow-private-network".into(),
+            "127.0.0.0/8,::1".into(),
             "--concurrency".into(),
             "4".into(),
         ];

@@ -104,6 +104,9 @@ fn worker_flags(env: &Env) -> Vec<String> {
         format!("{}/v1", env.model.url),
         "--http-base-url".into(),
         env.crm.url.clone(),
+        // The doubles run on this machine.
+        "--allow-private-network".into(),
+        "127.0.0.0/8,::1".into(),
         "--concurrency".into(),
         "4".into(),
     ]
@@ -372,6 +375,20 @@ async fn conflicting_or_unusable_database_flags_are_refused_in_one_line() -> Res
     args.extend(ports);
     let error = refused(&belay_output(&args).await?)?;
     assert!(error.contains("--db and --in-memory"), "{error}");
+    assert!(!file.exists(), "a refused start creates nothing");
+
+    // An allowlist entry of the worker that is not a CIDR block.
+    let mut args = vec![
+        "dev",
+        "--db",
+        &path,
+        "--allow-private-network",
+        "10.0.0.1/8",
+    ];
+    args.extend(ports);
+    let error = refused(&belay_output(&args).await?)?;
+    assert!(error.contains("--allow-private-network"), "{error}");
+    assert!(error.contains("\"10.0.0.1/8\""), "{error}");
     assert!(!file.exists(), "a refused start creates nothing");
 
     // A path below a regular file can never be opened.

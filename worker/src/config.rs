@@ -5,6 +5,7 @@
 //! a worker holds no other state, durable or not.
 
 use crate::mcp::McpConfig;
+use crate::ssrf::NetworkPolicy;
 
 /// Default engine gRPC URL.
 pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:50051";
@@ -63,6 +64,10 @@ pub struct WorkerConfig {
     /// Base URL that HTTP tool endpoints given as paths (`/users/{id}`) are
     /// joined to. `None`: such tools fail with a `REJECTED` configuration error.
     pub http_base_url: Option<String>,
+    /// Which non-public addresses (loopback, private, link-local, …) tool
+    /// requests may reach (`--allow-private-network`, see [`crate::ssrf`]).
+    /// Default: none, only public addresses.
+    pub tool_network_policy: NetworkPolicy,
     /// On shutdown, how long to wait for in-flight tasks before dropping them,
     /// in ms. Dropped tasks are not reported; their leases expire. Default
     /// [`DEFAULT_SHUTDOWN_GRACE_MS`].
@@ -84,6 +89,7 @@ impl WorkerConfig {
             claim_wait_ms: DEFAULT_CLAIM_WAIT_MS,
             model: ModelProviderConfig::default(),
             http_base_url: None,
+            tool_network_policy: NetworkPolicy::default(),
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             mcp: McpConfig::default(),
         }

@@ -23,6 +23,16 @@
 //! A 2xx answer's body is the result: parsed as JSON, a non-JSON body becomes
 //! a JSON string, an empty body `null`.
 //!
+//! Where a request may go ([`crate::ssrf`]): only to public addresses and
+//! those the worker's [`NetworkPolicy`] allowlists. An IP-literal host is
+//! checked by `prepare` (so the call is refused before dispatch), a host name
+//! when it is resolved; either refusal is [`HttpToolError::Refused`], before
+//! anything is sent. Redirects are not followed (a 3xx answer is
+//! [`HttpToolError::Redirect`]): a followed redirect could lead anywhere,
+//! would carry the binding's headers to another host, and would turn a POST
+//! into a GET. Proxy variables (`HTTP_PROXY`, …) are ignored for tool
+//! requests: behind a proxy the worker could not see where a request goes.
+//!
 //! [`ToolBinding::AsyncWebhook`] builds the same request (POST, PUT or PATCH
 //! only); the callback URL the engine hands out at dispatch is then put into
 //! the JSON body at the binding's dot-path `callback_url_field`
@@ -31,16 +41,18 @@
 //! absent: otherwise the call is refused before dispatch. The 2xx answer is
 //! reported as the acceptance; the result comes by callback.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use belay_proto::v1::FailureClass;
 use belay_proto::wire::{HttpBinding, ToolBinding, ToolCallSpec};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use reqwest::{Method, Url};
 use serde_json::{Map, Value};
 
 use crate::http_util::{SendFailure, classify_send_error, error_chain, truncate_text};
+use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
 
 /// Characters left as they are in a path parameter: RFC 3986 unreserved.
 /// Everything else, `/` included, is percent-encoded so that a value stays
@@ -68,6 +80,11 @@ pub enum HttpToolError {
     /// Detected before dispatch; the call never starts. Class `REJECTED`.
     #[error("the HTTP tool call cannot be made: {0}")]
     Config(String),
+    /// The host is, or resolves to, a non-public address the worker's
+    /// [`NetworkPolicy`] does not allow (see [`crate::ssrf`]). Nothing was
+    /// sent, and repeating changes nothing. Class `REJECTED`.
+    #[error("{0}")]
+    Refused(#[from] AddressRefused),
     /// Connection refused, DNS failure, TLS failure or connect timeout: nothing
     /// was sent. Class `NOT_SENT`.
     #[error("could not connect to the tool endpoint, nothing was sent: {0}")]
@@ -85,8 +102,8 @@ pub enum HttpToolError {
     /// not be read. Class `MAY_HAVE_ACTED`.
     #[error("tool call failed after the request was sent: {0}")]
     Transport(String),
-    /// The endpoint answered with a non-2xx status. Class: 429 `NOT_SENT`;
-    /// other 4xx `REJECTED`; 5xx (and unfollowed 1xx/3xx) `NOT_SENT` for
+    /// The endpoint answered with a status neither 2xx nor 3xx. Class: 429 `NOT_SENT`;
+    /// other 4xx `REJECTED`; 5xx (and 1xx) `NOT_SENT` for
     /// GET/HEAD/OPTIONS/TRACE, which by HTTP semantics have no effect, and
     /// `MAY_HAVE_ACTED` for every other method.
     #[error("tool endpoint answered {method} with HTTP {status}: {body}")]
@@ -98,6 +115,22 @@ pub enum HttpToolError {
         /// Response body as text, truncated to 4 KiB.
         body: String,
     },
+    /// The endpoint answered with a redirect (3xx), which tool requests do
+    /// not follow. Class: `REJECTED` for GET/HEAD/OPTIONS/TRACE (no effect,
+    /// and the same request gets the same answer); `MAY_HAVE_ACTED` for
+    /// every other method (a 303 after a POST says it acted).
+    #[error(
+        "tool endpoint answered {method} with HTTP {status}, a redirect to {location}; \
+         tool requests do not follow redirects: point the tool at the final URL"
+    )]
+    Redirect {
+        /// Request method, upper case.
+        method: String,
+        /// HTTP status code (300 to 399).
+        status: u16,
+        /// The `Location` header as text (truncated), or `<none>`.
+        location: String,
+    },
 }
 
 impl HttpToolError {
@@ -105,7 +138,7 @@ impl HttpToolError {
     /// 404 means "definitely not found").
     pub fn status_code(&self) -> Option<u16> {
         match self {
-            Self::Status { status, .. } => Some(*status),
+            Self::Status { status, .. } | Self::Redirect { status, .. } => Some(*status),
             _ => None,
         }
     }
@@ -113,7 +146,7 @@ impl HttpToolError {
     /// The failure class to report in `FailTask`.
     pub fn class(&self) -> FailureClass {
         match self {
-            Self::Config(_) => FailureClass::Rejected,
+            Self::Config(_) | Self::Refused(_) => FailureClass::Rejected,
             Self::Connect(_) => FailureClass::NotSent,
             Self::Timeout { .. } | Self::Transport(_) => FailureClass::MayHaveActed,
             Self::Status { method, status, .. } => {
@@ -123,6 +156,13 @@ impl HttpToolError {
                     FailureClass::Rejected
                 } else if is_safe_method(method) {
                     FailureClass::NotSent
+                } else {
+                    FailureClass::MayHaveActed
+                }
+            }
+            Self::Redirect { method, .. } => {
+                if is_safe_method(method) {
+                    FailureClass::Rejected
                 } else {
                     FailureClass::MayHaveActed
                 }
@@ -229,27 +269,41 @@ impl PreparedRequest {
 pub struct HttpToolClient {
     http: reqwest::Client,
     base_url: Option<String>,
+    policy: Arc<NetworkPolicy>,
 }
 
 impl HttpToolClient {
     /// A client that joins path endpoints to `base_url` (e.g.
-    /// `http://tools.internal:8080/api`). Fails only if the HTTP client cannot
-    /// be built.
-    pub fn new(base_url: Option<String>) -> Result<Self, HttpToolError> {
+    /// `http://tools.internal:8080/api`) and reaches only the addresses
+    /// `policy` allows (a base URL on a private network needs its block
+    /// allowlisted too). Fails only if the HTTP client cannot be built.
+    pub fn new(base_url: Option<String>, policy: NetworkPolicy) -> Result<Self, HttpToolError> {
+        let policy = Arc::new(policy);
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
             .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
+            .dns_resolver(CheckedResolver::new(Arc::clone(&policy)))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
             .build()
             .map_err(|e| HttpToolError::Config(error_chain(&e)))?;
         Ok(Self {
             http,
             base_url: base_url.filter(|b| !b.trim().is_empty()),
+            policy,
         })
     }
 
     /// Builds the request for `spec` without any I/O. Every error is
-    /// [`HttpToolError::Config`]: the call must not be dispatched.
+    /// [`HttpToolError::Config`], or [`HttpToolError::Refused`] for an
+    /// IP-literal host the policy refuses: the call must not be dispatched.
     pub fn prepare(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
+        let request = self.prepare_binding(spec)?;
+        self.policy.check_url(&request.url)?;
+        Ok(request)
+    }
+
+    fn prepare_binding(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
         match &spec.binding {
             ToolBinding::Http(binding) => prepare_http(
                 binding,
@@ -287,6 +341,8 @@ impl HttpToolClient {
     /// Sends `request` once and returns the result value. See the module docs
     /// for how the body becomes a value and [`HttpToolError`] for failures.
     pub async fn execute(&self, request: PreparedRequest) -> Result<Value, HttpToolError> {
+        // `prepare` checked it, but maybe on a client with another policy.
+        self.policy.check_url(&request.url)?;
         let method = request.method.as_str().to_owned();
         let timeout_ms = request.timeout_ms;
         let mut builder = self
@@ -298,6 +354,9 @@ impl HttpToolClient {
             builder = builder.body(body);
         }
         let send_error = |e: &reqwest::Error| {
+            if let Some(refused) = address_refused(e) {
+                return HttpToolError::Refused(refused.clone());
+            }
             let message = error_chain(e);
             match classify_send_error(e) {
                 SendFailure::NotSent if e.is_builder() => HttpToolError::Config(message),
@@ -317,6 +376,17 @@ impl HttpToolClient {
             let bytes = response.bytes().await.map_err(|e| send_error(&e))?;
             return Ok(body_value(&bytes));
         }
+        if status.is_redirection() {
+            let location = response.headers().get(LOCATION).map_or_else(
+                || "<none>".to_owned(),
+                |v| truncate_text(&String::from_utf8_lossy(v.as_bytes())),
+            );
+            return Err(HttpToolError::Redirect {
+                method,
+                status: status.as_u16(),
+                location,
+            });
+        }
         let body = match response.text().await {
             Ok(text) => truncate_text(&text),
             Err(e) => format!("<body unreadable: {}>", error_chain(&e)),
@@ -333,6 +403,19 @@ impl HttpToolClient {
         let request = self.prepare(spec)?;
         self.execute(request).await
     }
+}
+
+/// The policy's refusal, when that is why `err` happened: the resolver's
+/// error comes back wrapped in the connector's and the client's.
+fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(inner) = source {
+        if let Some(refused) = inner.downcast_ref::<AddressRefused>() {
+            return Some(refused);
+        }
+        source = inner.source();
+    }
+    None
 }
 
 /// A 2xx body as the tool's result: JSON if it parses, else a JSON string of

@@ -4,6 +4,8 @@
 //! - [`model`]: `model_call` tasks against an OpenAI-compatible Chat
 //!   Completions endpoint ([`ModelClient`]).
 //! - [`http_tool`]: `tool_call` tasks with an HTTP binding ([`HttpToolClient`]).
+//! - [`ssrf`]: which addresses tool requests may reach ([`NetworkPolicy`]):
+//!   public ones, and the non-public ones the configuration allowlists.
 //! - [`engine_client`]: the gRPC client, with backoff for reports
 //!   ([`EngineClient`]).
 //! - [`runner`]: the claim / heartbeat / perform / report loop ([`run`]).
@@ -28,9 +30,11 @@ pub mod mcp;
 pub mod mcp_tool;
 pub mod model;
 pub mod runner;
+pub mod ssrf;
 
 pub use config::{ModelProviderConfig, WorkerConfig};
 pub use engine_client::{EngineClient, RetryPolicy};
 pub use http_tool::{HttpToolClient, HttpToolError};
 pub use model::{ModelClient, ModelError};
 pub use runner::{run, run_with_engine};
+pub use ssrf::NetworkPolicy;

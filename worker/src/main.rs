@@ -7,6 +7,7 @@ use belay_worker::config::{
     DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS,
 };
 use belay_worker::mcp::McpConfig;
+use belay_worker::ssrf::AllowPrivateNetworkArgs;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
 use std::io::IsTerminal as _;
 
@@ -44,6 +45,8 @@ struct Args {
     /// Base URL for HTTP tool endpoints given as paths.
     #[arg(long, env = "BELAY_HTTP_BASE_URL")]
     http_base_url: Option<String>,
+    #[command(flatten)]
+    allow_private_networks: AllowPrivateNetworkArgs,
     /// On shutdown, how long to wait for in-flight tasks, in ms.
     #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
@@ -106,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
+    let tool_network_policy = args.allow_private_networks.policy()?;
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,
@@ -118,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
             timeout_ms: args.model_timeout_ms,
         },
         http_base_url: args.http_base_url.filter(|u| !u.is_empty()),
+        tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
     };
@@ -171,5 +176,41 @@ mod tests {
         );
         let err = load_mcp_config(Some("/nonexistent/mcp.json")).expect_err("missing file");
         assert!(err.to_string().contains("cannot read"), "{err}");
+    }
+
+    #[test]
+    fn private_networks_are_allowed_by_repeated_flags_or_commas() {
+        let args = Args::try_parse_from([
+            "belay-worker",
+            "--allow-private-network",
+            "127.0.0.0/8",
+            "--allow-private-network",
+            "10.0.0.0/8,::1",
+        ])
+        .expect("parses");
+        let policy = args.allow_private_networks.policy().expect("valid");
+        let allowed: Vec<String> = policy.allowed().iter().map(ToString::to_string).collect();
+        assert_eq!(allowed, ["127.0.0.0/8", "10.0.0.0/8", "::1/128"]);
+        // `BELAY_ALLOW_PRIVATE_NETWORKS=` reaches clap as an empty value.
+        for argv in [
+            &["belay-worker"][..],
+            &["belay-worker", "--allow-private-network", ""],
+        ] {
+            let args = Args::try_parse_from(argv).expect("parses");
+            let policy = args.allow_private_networks.policy().expect("valid");
+            assert!(policy.allowed().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_bad_cidr_is_a_startup_error_naming_the_flag_and_the_value() {
+        for bad in ["10.0.0.0/33", "10.0.0.1/8", "intranet"] {
+            let args = Args::try_parse_from(["belay-worker", "--allow-private-network", bad])
+                .expect("parses");
+            let err = args.allow_private_networks.policy().expect_err("refused");
+            let message = err.to_string();
+            assert!(message.contains("--allow-private-network"), "{message}");
+            assert!(message.contains(bad), "{message}");
+        }
     }
 }

@@ -80,8 +80,11 @@ pub async fn run_with_engine(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let model = ModelClient::new(&config.model).context("cannot build the model client")?;
-    let tools = HttpToolClient::new(config.http_base_url.clone())
-        .context("cannot build the HTTP tool client")?;
+    let tools = HttpToolClient::new(
+        config.http_base_url.clone(),
+        config.tool_network_policy.clone(),
+    )
+    .context("cannot build the HTTP tool client")?;
     // MCP servers connect (and report their tools) before the first claim.
     let mcp = if config.mcp.servers.is_empty() {
         None

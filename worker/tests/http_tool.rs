@@ -13,7 +13,8 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::routing::any;
 use belay_proto::v1::FailureClass;
 use belay_proto::wire::{HttpBinding, ToolBinding, ToolCallSpec};
-use belay_worker::{HttpToolClient, HttpToolError};
+use belay_worker::ssrf::{AddressRefused, RangeKind, parse_cidr};
+use belay_worker::{HttpToolClient, HttpToolError, NetworkPolicy};
 use serde_json::{Value, json};
 
 #[derive(Debug, Clone)]
@@ -28,20 +29,39 @@ type SeenLog = Arc<Mutex<Vec<Seen>>>;
 
 /// A tool server that records every request and answers `status` with `body`.
 async fn tool_server(status: u16, body: &'static str) -> (String, SeenLog) {
+    server_at("127.0.0.1", status, HeaderMap::new(), body).await
+}
+
+/// A server on `ip` (any loopback address works on Linux) that records every
+/// request and answers `status` with `headers` and `body`.
+async fn server_at(
+    ip: &str,
+    status: u16,
+    headers: HeaderMap,
+    body: &'static str,
+) -> (String, SeenLog) {
     let seen: SeenLog = Arc::default();
     let router = Router::new().fallback(any({
         let seen = Arc::clone(&seen);
-        move |method: Method, uri: Uri, headers: HeaderMap, body_in: Bytes| async move {
+        move |method: Method, uri: Uri, request_headers: HeaderMap, body_in: Bytes| async move {
             seen.lock().unwrap().push(Seen {
                 method,
                 uri,
-                headers,
+                headers: request_headers,
                 body: body_in,
             });
-            (StatusCode::from_u16(status).unwrap(), body)
+            (StatusCode::from_u16(status).unwrap(), headers, body)
         }
     }));
-    (format!("http://{}", common::serve(router).await), seen)
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (format!("http://{addr}"), seen)
+}
+
+/// A client that may reach this machine (the tool servers here are local).
+fn local_client(base_url: Option<String>) -> HttpToolClient {
+    HttpToolClient::new(base_url, NetworkPolicy::allowing_loopback()).unwrap()
 }
 
 fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
@@ -86,7 +106,7 @@ fn sorted_query(uri: &Uri) -> Vec<(String, String)> {
 #[tokio::test]
 async fn get_fills_encoded_path_params_and_sends_the_rest_as_query() {
     let (base, seen) = tool_server(200, r#"{"id": 1}"#).await;
-    let client = HttpToolClient::new(Some(format!("{base}/api/"))).unwrap();
+    let client = local_client(Some(format!("{base}/api/")));
     let result = client
         .call(&spec(
             "/users/{user}/docs/{n}",
@@ -117,7 +137,7 @@ async fn get_fills_encoded_path_params_and_sends_the_rest_as_query() {
 #[tokio::test]
 async fn post_sends_the_remaining_arguments_as_json_body() {
     let (base, seen) = tool_server(201, r#"{"created": true}"#).await;
-    let client = HttpToolClient::new(None).unwrap();
+    let client = local_client(None);
     let result = client
         .call(&spec(
             &format!("{base}/accounts/{{id}}/transfers"),
@@ -143,7 +163,7 @@ async fn post_sends_the_remaining_arguments_as_json_body() {
 async fn put_and_patch_send_a_body_delete_sends_a_query() {
     for (method, body_expected) in [("PUT", true), ("PATCH", true), ("DELETE", false)] {
         let (base, seen) = tool_server(200, "").await;
-        let client = HttpToolClient::new(Some(base)).unwrap();
+        let client = local_client(Some(base));
         client
             .call(&spec("/items", method, json!({"k": "v"})))
             .await
@@ -164,7 +184,7 @@ async fn put_and_patch_send_a_body_delete_sends_a_query() {
 #[tokio::test]
 async fn idempotency_key_wins_over_a_binding_header() {
     let (base, seen) = tool_server(200, "{}").await;
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let mut spec = spec("/x", "POST", json!({}));
     let ToolBinding::Http(binding) = &mut spec.binding else {
         panic!("an http binding")
@@ -181,19 +201,19 @@ async fn idempotency_key_wins_over_a_binding_header() {
 #[tokio::test]
 async fn non_json_body_is_a_string_and_empty_body_is_null() {
     let (base, _) = tool_server(200, "plain words").await;
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let value = client.call(&spec("/x", "GET", json!({}))).await.unwrap();
     assert_eq!(value, json!("plain words"));
 
     let (base, _) = tool_server(204, "").await;
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let value = client.call(&spec("/x", "POST", json!({}))).await.unwrap();
     assert_eq!(value, Value::Null);
 }
 
 #[tokio::test]
 async fn relative_endpoint_without_base_url_is_rejected_before_any_request() {
-    let client = HttpToolClient::new(None).unwrap();
+    let client = local_client(None);
     let err = client.prepare(&spec("/x", "GET", json!({}))).unwrap_err();
     assert!(matches!(err, HttpToolError::Config(_)), "{err:?}");
     assert_eq!(err.class(), FailureClass::Rejected);
@@ -201,7 +221,7 @@ async fn relative_endpoint_without_base_url_is_rejected_before_any_request() {
 
 #[tokio::test]
 async fn connection_refused_is_not_sent() {
-    let client = HttpToolClient::new(None).unwrap();
+    let client = local_client(None);
     let url = format!("http://{}/x", common::closed_port());
     let err = client
         .call(&spec(&url, "POST", json!({})))
@@ -214,7 +234,7 @@ async fn connection_refused_is_not_sent() {
 #[tokio::test]
 async fn server_error_on_post_may_have_acted_but_on_get_was_not_sent() {
     let (base, _) = tool_server(503, "down for maintenance").await;
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
 
     let err = client
         .call(&spec("/x", "POST", json!({})))
@@ -237,7 +257,7 @@ async fn server_error_on_post_may_have_acted_but_on_get_was_not_sent() {
 #[tokio::test]
 async fn client_error_is_rejected_with_status_and_body() {
     let (base, _) = tool_server(422, r#"{"error": "amount must be positive"}"#).await;
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let err = client
         .call(&spec("/x", "POST", json!({"amount": -1})))
         .await
@@ -251,7 +271,7 @@ async fn client_error_is_rejected_with_status_and_body() {
 #[tokio::test]
 async fn too_many_requests_is_not_sent() {
     let (base, _) = tool_server(429, "slow down").await;
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let err = client
         .call(&spec("/x", "POST", json!({})))
         .await
@@ -263,7 +283,7 @@ async fn too_many_requests_is_not_sent() {
 async fn timeout_may_have_acted() {
     let router = Router::new().fallback(any(std::future::pending::<&'static str>));
     let base = format!("http://{}", common::serve(router).await);
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let err = client
         .call(&with_timeout(spec("/x", "GET", json!({})), 200))
         .await
@@ -284,7 +304,7 @@ async fn timeout_may_have_acted() {
 #[tokio::test]
 async fn connection_closed_after_sending_may_have_acted() {
     let base = format!("http://{}", common::hang_up_server().await);
-    let client = HttpToolClient::new(Some(base)).unwrap();
+    let client = local_client(Some(base));
     let err = client
         .call(&spec("/x", "POST", json!({"a": 1})))
         .await
@@ -315,7 +335,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
 #[tokio::test]
 async fn an_async_webhook_carries_its_callback_url_at_the_dot_path() {
     let (base, seen) = tool_server(202, r#"{"check_id": "kyc_1", "status": "pending"}"#).await;
-    let client = HttpToolClient::new(None).unwrap();
+    let client = local_client(None);
     let mut request = client
         .prepare(&webhook_spec(
             &format!("{base}/kyc/checks"),
@@ -342,7 +362,7 @@ async fn an_async_webhook_carries_its_callback_url_at_the_dot_path() {
 
 #[tokio::test]
 async fn an_async_webhook_that_cannot_carry_its_url_is_refused_before_dispatch() {
-    let client = HttpToolClient::new(Some("http://127.0.0.1:9".into())).unwrap();
+    let client = local_client(Some("http://127.0.0.1:9".into()));
     // A value on the path that is not an object.
     let err = client
         .prepare(&webhook_spec(
@@ -367,4 +387,157 @@ async fn an_async_webhook_that_cannot_carry_its_url_is_refused_before_dispatch()
     let mut plain = client.prepare(&spec("/k", "POST", json!({}))).unwrap();
     assert!(!plain.wants_callback_url());
     assert!(plain.set_callback_url("http://x/").is_err());
+}
+
+// --- Where tool requests may go (worker/src/ssrf.rs) ---
+
+fn refusal(err: &HttpToolError) -> &AddressRefused {
+    match err {
+        HttpToolError::Refused(refused) => refused,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn loopback_is_refused_without_an_allowlist_and_the_server_sees_nothing() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let client = HttpToolClient::new(None, NetworkPolicy::default()).unwrap();
+    let spec = spec(&format!("{base}/x"), "POST", json!({}));
+
+    // An IP literal is refused when the request is built: before dispatch.
+    let err = client.prepare(&spec).unwrap_err();
+    assert_eq!(err.class(), FailureClass::Rejected);
+    let refused = refusal(&err);
+    assert_eq!(refused.range.kind, RangeKind::Loopback);
+    assert!(!refused.resolved);
+    let message = err.to_string();
+    for part in [
+        "tool request to 127.0.0.1 refused",
+        "loopback 127.0.0.1",
+        "--allow-private-network 127.0.0.1/32",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+
+    let err = client.call(&spec).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Rejected);
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn loopback_is_reached_when_allowlisted() {
+    let (base, seen) = tool_server(200, r#"{"ok": true}"#).await;
+    let policy = NetworkPolicy::new(vec![parse_cidr("127.0.0.0/8").unwrap()]);
+    let client = HttpToolClient::new(Some(base), policy).unwrap();
+    let value = client.call(&spec("/x", "POST", json!({}))).await.unwrap();
+    assert_eq!(value, json!({"ok": true}));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_name_resolving_to_loopback_is_refused_after_resolution() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let port = base.rsplit(':').next().unwrap();
+    let url = format!("http://localhost:{port}/x");
+    let client = HttpToolClient::new(None, NetworkPolicy::default()).unwrap();
+    // A name cannot be judged before it is resolved, so it passes `prepare`…
+    let request = client.prepare(&spec(&url, "POST", json!({}))).unwrap();
+    // …and is refused when resolved, before any connection.
+    let err = client.execute(request).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Rejected);
+    let refused = refusal(&err);
+    assert!(refused.resolved);
+    assert_eq!(refused.host, "localhost");
+    assert_eq!(refused.range.kind, RangeKind::Loopback);
+    assert!(
+        err.to_string()
+            .contains("tool request to localhost refused: it resolves to loopback"),
+        "{err}"
+    );
+    assert!(seen.lock().unwrap().is_empty());
+
+    // Allowlisted, the same name is reached.
+    local_client(None)
+        .call(&spec(&url, "POST", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_redirect_to_a_refused_address_is_not_followed() {
+    // The tool server may be reached (127.0.0.1); its redirect target may
+    // not (127.0.0.2).
+    let (target, target_seen) = tool_server_on_second_loopback().await;
+    let policy = NetworkPolicy::new(vec![parse_cidr("127.0.0.1").unwrap()]);
+    let client = HttpToolClient::new(None, policy).unwrap();
+    for (status, method, class) in [
+        (302, "GET", FailureClass::Rejected),
+        (307, "POST", FailureClass::MayHaveActed),
+    ] {
+        let mut headers = HeaderMap::new();
+        headers.insert("location", format!("{target}/latest").parse().unwrap());
+        let (base, seen) = server_at("127.0.0.1", status, headers, "").await;
+        let err = client
+            .call(&spec(&format!("{base}/x"), method, json!({})))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, HttpToolError::Redirect { status: s, .. } if *s == status),
+            "{err:?}"
+        );
+        assert_eq!(err.class(), class, "{method} {status}");
+        assert_eq!(err.status_code(), Some(status));
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("a redirect to {target}/latest")),
+            "{message}"
+        );
+        assert!(message.contains("do not follow redirects"), "{message}");
+        assert_eq!(seen.lock().unwrap().len(), 1);
+    }
+    assert!(target_seen.lock().unwrap().is_empty());
+}
+
+/// A tool server on 127.0.0.2, which a policy allowing 127.0.0.1 refuses.
+async fn tool_server_on_second_loopback() -> (String, SeenLog) {
+    server_at("127.0.0.2", 200, HeaderMap::new(), "{}").await
+}
+
+#[tokio::test]
+async fn metadata_and_mapped_loopback_literals_are_refused_without_a_connection() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let port = base.rsplit(':').next().unwrap();
+    let client = HttpToolClient::new(None, NetworkPolicy::default()).unwrap();
+    for (url, kind, address) in [
+        (
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            RangeKind::LinkLocal,
+            "169.254.169.254",
+        ),
+        (
+            format!("http://[::ffff:127.0.0.1]:{port}/x"),
+            RangeKind::Loopback,
+            "::ffff:127.0.0.1",
+        ),
+        // The URL parser reads a number as an IPv4 address.
+        (
+            format!("http://2130706433:{port}/x"),
+            RangeKind::Loopback,
+            "127.0.0.1",
+        ),
+    ] {
+        // `prepare` does no I/O: the refusal comes before any connection.
+        let err = client.prepare(&spec(&url, "GET", json!({}))).unwrap_err();
+        let refused = refusal(&err);
+        assert_eq!(refused.range.kind, kind, "{url}");
+        assert_eq!(refused.address.to_string(), address, "{url}");
+        assert_eq!(err.class(), FailureClass::Rejected);
+        // An async webhook too.
+        let err = client
+            .prepare(&webhook_spec(&url, "POST", "reply_to", json!({})))
+            .unwrap_err();
+        assert_eq!(refusal(&err).range.kind, kind, "{url}");
+    }
+    assert!(seen.lock().unwrap().is_empty());
 }

@@ -15,7 +15,7 @@ use belay_proto::wire::{
     ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, TASK_KIND_MODEL_CALL,
     TASK_KIND_TOOL_CALL, ToolBinding, ToolCallSpec,
 };
-use belay_worker::{EngineClient, RetryPolicy, WorkerConfig};
+use belay_worker::{EngineClient, NetworkPolicy, RetryPolicy, WorkerConfig};
 use common::{FakeEngine, GUARD, Log, Report};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -37,6 +37,8 @@ impl Worker {
         let mut config = WorkerConfig::new(engine_url, WORKER_ID);
         config.claim_wait_ms = 500;
         config.shutdown_grace_ms = 10_000;
+        // The tool servers here are local.
+        config.tool_network_policy = NetworkPolicy::allowing_loopback();
         configure(&mut config);
         let client = EngineClient::connect_lazy(&config.engine_url, WORKER_ID)
             .unwrap()
@@ -277,6 +279,56 @@ async fn unusable_tool_binding_is_rejected_without_dispatch() {
     };
     assert_eq!(failed.class, FailureClass::Rejected as i32);
     assert!(engine.state.lock().unwrap().dispatches.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_tool_at_a_refused_address_is_rejected_and_never_reached() {
+    let log = Log::default();
+    let tools = logging_tool_server(&log).await;
+    let port = tools.rsplit(':').next().unwrap();
+    let mut engine = FakeEngine::start(log.clone()).await;
+    // An IP literal: refused before dispatch.
+    engine.push(tool_task("t1", 1, format!("{tools}/act"), "POST"));
+    // A name: refused once resolved, which is after dispatch.
+    engine.push(tool_task(
+        "t2",
+        1,
+        format!("http://localhost:{port}/act"),
+        "POST",
+    ));
+    let worker = Worker::start(&engine, |c| {
+        c.concurrency = 1;
+        c.tool_network_policy = NetworkPolicy::default();
+    });
+
+    for task_id in ["t1", "t2"] {
+        let Report::Fail(failed) = engine.next_report().await else {
+            panic!("expected a failure");
+        };
+        assert_eq!(failed.task_id, task_id);
+        assert_eq!(failed.class, FailureClass::Rejected as i32);
+        assert!(
+            failed.error.contains("loopback 127.0.0.1"),
+            "{}",
+            failed.error
+        );
+        assert!(
+            failed.error.contains("--allow-private-network"),
+            "{}",
+            failed.error
+        );
+    }
+    let entries = log.entries();
+    assert!(
+        !entries.iter().any(|e| e.starts_with("http")),
+        "{entries:?}"
+    );
+    assert!(
+        !entries.contains(&"dispatch t1 1".to_owned()),
+        "{entries:?}"
+    );
+    assert!(entries.contains(&"dispatch t2 1".to_owned()), "{entries:?}");
     worker.stop().await;
 }
 

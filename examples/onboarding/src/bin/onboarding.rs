@@ -277,6 +277,9 @@ async fn run(args: Args) -> Result<bool> {
         belay_worker::WorkerConfig::new(engine_url.clone(), "example-worker".to_owned());
     config.model.base_url = format!("{model_url}/v1");
     config.http_base_url = Some(crm_url.clone());
+    // The CRM double runs on this machine; tool requests reach loopback only
+    // when allowed (see belay_worker::ssrf).
+    config.tool_network_policy = belay_worker::NetworkPolicy::allowing_loopback();
     let worker = tokio::spawn(belay_worker::run(config, stopped()));
 
     // A PostgreSQL URL may carry a password: name the backend only.
