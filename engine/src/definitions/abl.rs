@@ -499,6 +499,8 @@ struct Props<'b> {
     permission: Option<String>,
     repeat_safety: Option<RepeatSafety>,
     reconcile_with: Option<NameAt>,
+    /// `scrub_secrets: false` (None: the default, true).
+    scrub_secrets: Option<bool>,
     /// `confirmation:` with `require: always`: immutable params (with their
     /// line and column) and the approver grant, if given.
     confirmation: Option<(Vec<(String, u32, u32)>, Option<String>)>,
@@ -771,6 +773,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         permission,
         repeat_safety,
         repeat_safety_from_server: from_server,
+        scrub_secrets: props.scrub_secrets.unwrap_or(true),
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
         confirmation,
@@ -1005,6 +1008,19 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                                 column: kv.value_col,
                             })
                         }
+                    }
+                }
+            }
+            "scrub_secrets" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match s.as_str() {
+                        "true" => props.scrub_secrets = None,
+                        "false" => props.scrub_secrets = Some(false),
+                        other => cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!("`scrub_secrets:` must be `true` or `false`, found `{other}`"),
+                        ),
                     }
                 }
             }
@@ -2162,6 +2178,17 @@ TOOLS:
         assert_eq!(
             serde_json::from_value::<ToolBindingDef>(stored).unwrap(),
             t.binding
+        );
+    }
+
+    #[test]
+    fn scrub_secrets_is_on_unless_turned_off() {
+        let base = "TOOLS:\n  t(q: string) -> string\n    type: http\n    endpoint: /t\n    permission: p\n    repeat_safety: never\n";
+        assert!(one_tool(base).scrub_secrets);
+        assert!(!one_tool(&format!("{base}    scrub_secrets: false\n")).scrub_secrets);
+        assert_eq!(
+            errors(&format!("{base}    scrub_secrets: sometimes\n")),
+            vec!["7:20: `scrub_secrets:` must be `true` or `false`, found `sometimes`"]
         );
     }
 

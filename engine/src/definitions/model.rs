@@ -157,6 +157,12 @@ pub struct ToolDef {
     pub reconcile_with: Option<String>,
     /// `type:` and its binding properties.
     pub binding: ToolBindingDef,
+    /// `scrub_secrets:` (default `true`): secrets in the tool's results
+    /// (API keys, bearer tokens, private keys, passwords) are replaced by
+    /// `[REDACTED:<kind>]` before the result is recorded or shown to the
+    /// model (`machine/scrub.rs`). Added after v0.1.
+    #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
+    pub scrub_secrets: bool,
     /// `confirmation:` with `require: always`; `None` for `never` or none.
     #[serde(default)]
     pub confirmation: Option<ConfirmationDef>,
@@ -308,6 +314,10 @@ pub struct AgentDef {
     pub source_file: String,
     /// 1-based line of the document start.
     pub source_line: u32,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Default of [`AgentDef::max_identical_calls`].

@@ -10,6 +10,7 @@
 pub mod event;
 pub mod normalize;
 pub mod plan;
+pub mod scrub;
 pub mod state;
 
 use belay_proto::wire::{
@@ -1790,6 +1791,7 @@ impl Step {
                 },
             )?;
         }
+        let payload = self.scrubbed(&call_id, payload);
         self.emit(Event::CallbackReceived {
             call_id: call_id.clone(),
             attempt,
@@ -1902,6 +1904,7 @@ impl Step {
         {
             return self.on_failure(failure);
         }
+        let result = self.scrubbed(&call_id, result);
         self.emit(Event::ToolCallCompleted {
             call_id: call_id.clone(),
             attempt,
@@ -2040,6 +2043,22 @@ impl Step {
             delay_ms: 0,
         });
         Ok(())
+    }
+
+    /// `result` of call `call_id` with its secrets redacted (`scrub.rs`),
+    /// unless its tool says `scrub_secrets: false`.
+    fn scrubbed(&self, call_id: &str, result: Value) -> Value {
+        let scrub = self
+            .state
+            .tool_calls
+            .get(call_id)
+            .and_then(|c| self.state.plan.as_ref()?.tools.get(&c.tool))
+            .is_none_or(|t| t.def.scrub_secrets);
+        if scrub {
+            scrub::scrub(&result).0
+        } else {
+            result
+        }
     }
 
     /// The failure a worker's result is recorded as when it does not match
@@ -2404,6 +2423,7 @@ impl Step {
         result: Value,
         worker_id: String,
     ) -> Result<(), MachineError> {
+        let result = self.scrubbed(&call_id, result);
         let call = self
             .state
             .tool_calls

@@ -40,6 +40,7 @@ fn tool(
             permission: permission.into(),
             repeat_safety,
             repeat_safety_from_server: false,
+            scrub_secrets: true,
             reconcile_with: None,
             binding: ToolBindingDef::Http {
                 endpoint: format!("/{name}"),
@@ -2199,5 +2200,50 @@ fn on_tool_failure_stop_ends_the_run_when_a_call_fails_for_good() {
             call_id: "intake.t1".into(),
             tool: "wipe".into()
         })
+    );
+}
+
+#[test]
+fn secrets_in_results_are_redacted_before_they_are_recorded_unless_the_tool_opts_out() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({"found": true, "api_key": "k_live_123", "echo": "Authorization: Bearer abcdefghijklmnop"}),
+    });
+    let recorded = d.events.iter().find_map(|e| match e {
+        Event::ToolCallCompleted { result, .. } => Some(result.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        recorded,
+        Some(
+            json!({"found": true, "api_key": "[REDACTED:secret_field]", "echo": "Authorization: Bearer [REDACTED:bearer_token]"})
+        )
+    );
+    assert!(!tool_results(&run)[0].contains("k_live_123"));
+
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(t) = p.tools.get_mut("lookup") {
+                t.def.scrub_secrets = false;
+            }
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    let raw = json!({"api_key": "k_live_123"});
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: raw.clone(),
+    });
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallCompleted { result, .. } if *result == raw))
     );
 }
