@@ -15,7 +15,9 @@ use belay_proto::wire::{
     ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, TASK_KIND_MODEL_CALL,
     TASK_KIND_TOOL_CALL, ToolBinding, ToolCallSpec,
 };
-use belay_worker::{EngineClient, NetworkPolicy, RetryPolicy, WorkerConfig};
+use belay_worker::{
+    EngineClient, ModelProvider, ModelProviderConfig, NetworkPolicy, RetryPolicy, WorkerConfig,
+};
 use common::{FakeEngine, GUARD, Log, Report};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -405,6 +407,43 @@ async fn model_call_result_is_reported() {
     assert_eq!(result.tool_calls[0].arguments, "{\"q\": oops");
     assert_eq!(result.usage.input_tokens, 7);
     assert_eq!(result.finish_reason.as_deref(), Some("tool_calls"));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_configured_for_anthropic_speaks_messages() {
+    let router = Router::new().route(
+        "/v1/messages",
+        post(|headers: axum::http::HeaderMap| async move {
+            assert_eq!(headers["x-api-key"], "sk-ant-test");
+            axum::Json(json!({
+                "content": [{"type": "text", "text": "Done."}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 7, "output_tokens": 3},
+            }))
+        }),
+    );
+    let model_base = format!("http://{}/v1", common::serve(router).await);
+    let mut engine = FakeEngine::start(Log::default()).await;
+    let spec = json!({"model": "claude-test", "messages": [{"role": "user", "content": "hi"}],
+                      "tools": []});
+    engine.push(model_task("m1", 1, spec.to_string()));
+    let worker = Worker::start(&engine, |c| {
+        c.model = ModelProviderConfig {
+            provider: ModelProvider::Anthropic,
+            base_url: model_base,
+            api_key: Some("sk-ant-test".into()),
+            ..ModelProviderConfig::default()
+        }
+    });
+
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    let result: ModelCallResult = serde_json::from_str(&done.result_json).unwrap();
+    assert_eq!(result.content.as_deref(), Some("Done."));
+    assert_eq!(result.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(result.usage.input_tokens, 7);
     worker.stop().await;
 }
 
