@@ -20,8 +20,7 @@ use belay_engine::admin::{self, AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
 use belay_engine::store::Store;
 use belay_worker::config::{
-    DEFAULT_CONCURRENCY, DEFAULT_MODEL_BASE_URL, DEFAULT_MODEL_TIMEOUT_MS,
-    DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_CONCURRENCY, DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS, ModelProvider,
 };
 use belay_worker::ssrf::AllowPrivateNetworkArgs;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
@@ -58,11 +57,17 @@ pub struct DevArgs {
     /// Admin HTTP listen address; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:50052", value_name = "ADDR")]
     admin_listen: String,
-    /// OpenAI-compatible base URL of the model provider; falls back to
-    /// $OPENAI_BASE_URL, then https://api.openai.com/v1.
+    /// Which API model calls speak: OpenAI Chat Completions (or a compatible
+    /// server) or Anthropic Messages.
+    #[arg(long, env = "BELAY_MODEL_PROVIDER", value_enum, default_value_t = ModelProvider::OpenAi)]
+    model_provider: ModelProvider,
+    /// Base URL of the model provider; falls back to $OPENAI_BASE_URL
+    /// (openai), then https://api.openai.com/v1 (openai) or
+    /// https://api.anthropic.com/v1 (anthropic).
     #[arg(long, env = "BELAY_MODEL_BASE_URL", value_name = "URL")]
     model_base_url: Option<String>,
-    /// Model provider API key; falls back to $OPENAI_API_KEY.
+    /// Model provider API key; falls back to $OPENAI_API_KEY (openai) or
+    /// $ANTHROPIC_API_KEY (anthropic).
     #[arg(long, env = "BELAY_MODEL_API_KEY", hide_env_values = true)]
     model_api_key: Option<String>,
     /// Base URL for HTTP tool endpoints given as paths (`/accounts`).
@@ -287,8 +292,9 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             path.display()
         );
     }
-    let model_base_url = flag_or_env(args.model_base_url.clone(), &["OPENAI_BASE_URL"])
-        .unwrap_or_else(|| DEFAULT_MODEL_BASE_URL.to_owned());
+    let provider = args.model_provider;
+    let model_base_url = flag_or_env(args.model_base_url.clone(), provider.base_url_env_vars())
+        .unwrap_or_else(|| provider.default_base_url().to_owned());
     check_http_url("--model-base-url", &model_base_url)?;
     let http_base_url = args.http_base_url.clone().filter(|u| !u.is_empty());
     if let Some(url) = &http_base_url {
@@ -365,8 +371,9 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     let config = WorkerConfig {
         concurrency: args.concurrency as usize,
         model: ModelProviderConfig {
+            provider,
             base_url: model_base_url,
-            api_key: flag_or_env(args.model_api_key.clone(), &["OPENAI_API_KEY"]),
+            api_key: flag_or_env(args.model_api_key.clone(), provider.api_key_env_vars()),
             timeout_ms: DEFAULT_MODEL_TIMEOUT_MS,
         },
         http_base_url,

@@ -11,6 +11,8 @@ use crate::ssrf::NetworkPolicy;
 pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:50051";
 /// Default OpenAI-compatible base URL (the part before `/chat/completions`).
 pub const DEFAULT_MODEL_BASE_URL: &str = "https://api.openai.com/v1";
+/// Default Anthropic base URL (the part before `/messages`).
+pub const DEFAULT_ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
 /// Default number of tasks a worker runs at once.
 pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Default long-poll wait of `ClaimTasks`, in ms.
@@ -20,13 +22,63 @@ pub const DEFAULT_MODEL_TIMEOUT_MS: u64 = 120_000;
 /// Default time a shutting-down worker waits for in-flight tasks, in ms.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
 
-/// How to reach the OpenAI-compatible model provider.
+/// Which API the worker's model calls speak (`--model-provider`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ModelProvider {
+    /// OpenAI Chat Completions (`POST {base_url}/chat/completions`), or any
+    /// server compatible with it.
+    #[default]
+    #[value(name = "openai")]
+    OpenAi,
+    /// Anthropic Messages (`POST {base_url}/messages`,
+    /// `anthropic-version: 2023-06-01`).
+    #[value(name = "anthropic")]
+    Anthropic,
+}
+
+impl ModelProvider {
+    /// The base URL used when none is configured:
+    /// [`DEFAULT_MODEL_BASE_URL`] or [`DEFAULT_ANTHROPIC_BASE_URL`].
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            Self::OpenAi => DEFAULT_MODEL_BASE_URL,
+            Self::Anthropic => DEFAULT_ANTHROPIC_BASE_URL,
+        }
+    }
+
+    /// The provider's conventional environment variable for the base URL,
+    /// read when neither `--model-base-url` nor `BELAY_MODEL_BASE_URL` is set:
+    /// `OPENAI_BASE_URL` for OpenAI; none for Anthropic, whose SDKs'
+    /// `ANTHROPIC_BASE_URL` leaves out the `/v1` this worker's base URL has.
+    pub fn base_url_env_vars(self) -> &'static [&'static str] {
+        match self {
+            Self::OpenAi => &["OPENAI_BASE_URL"],
+            Self::Anthropic => &[],
+        }
+    }
+
+    /// The provider's conventional environment variable for the API key,
+    /// read when neither `--model-api-key` nor `BELAY_MODEL_API_KEY` is set:
+    /// `OPENAI_API_KEY` or `ANTHROPIC_API_KEY`.
+    pub fn api_key_env_vars(self) -> &'static [&'static str] {
+        match self {
+            Self::OpenAi => &["OPENAI_API_KEY"],
+            Self::Anthropic => &["ANTHROPIC_API_KEY"],
+        }
+    }
+}
+
+/// How to reach the model provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelProviderConfig {
+    /// Which API to speak. Default [`ModelProvider::OpenAi`].
+    pub provider: ModelProvider,
     /// Base URL, e.g. `https://api.openai.com/v1`; requests go to
-    /// `{base_url}/chat/completions`.
+    /// `{base_url}/chat/completions` (OpenAI) or `{base_url}/messages`
+    /// (Anthropic).
     pub base_url: String,
-    /// Sent as `Authorization: Bearer <key>` when set. Never logged.
+    /// Sent as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>`
+    /// (Anthropic) when set. Never logged.
     pub api_key: Option<String>,
     /// Whole-request timeout of one model call (connect, send, wait, read the
     /// body), in ms. Default [`DEFAULT_MODEL_TIMEOUT_MS`].
@@ -36,6 +88,7 @@ pub struct ModelProviderConfig {
 impl Default for ModelProviderConfig {
     fn default() -> Self {
         Self {
+            provider: ModelProvider::OpenAi,
             base_url: DEFAULT_MODEL_BASE_URL.to_owned(),
             api_key: None,
             timeout_ms: DEFAULT_MODEL_TIMEOUT_MS,

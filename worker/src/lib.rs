@@ -1,8 +1,9 @@
 //! Belay worker: claims tasks from the engine over gRPC (`belay.v1.WorkerService`),
 //! performs them, and reports back. Workers hold no durable state.
 //!
-//! - [`model`]: `model_call` tasks against an OpenAI-compatible Chat
-//!   Completions endpoint ([`ModelClient`]).
+//! - [`model`]: `model_call` tasks against OpenAI Chat Completions (or a
+//!   compatible server) or Anthropic Messages ([`ModelClient`], chosen by
+//!   [`ModelProvider`]).
 //! - [`http_tool`]: `tool_call` tasks with an HTTP binding ([`HttpToolClient`]).
 //! - [`ssrf`]: which addresses tool requests may reach ([`NetworkPolicy`]):
 //!   public ones, and the non-public ones the configuration allowlists.
@@ -32,7 +33,7 @@ pub mod model;
 pub mod runner;
 pub mod ssrf;
 
-pub use config::{ModelProviderConfig, WorkerConfig};
+pub use config::{ModelProvider, ModelProviderConfig, WorkerConfig};
 pub use engine_client::{EngineClient, RetryPolicy};
 pub use http_tool::{HttpToolClient, HttpToolError};
 pub use model::{ModelClient, ModelError};

@@ -3,8 +3,8 @@
 //! Logs go to stderr; `RUST_LOG` filters them (default `info`).
 
 use belay_worker::config::{
-    DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_MODEL_BASE_URL,
-    DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_MODEL_TIMEOUT_MS,
+    DEFAULT_SHUTDOWN_GRACE_MS, ModelProvider,
 };
 use belay_worker::mcp::McpConfig;
 use belay_worker::ssrf::AllowPrivateNetworkArgs;
@@ -32,11 +32,17 @@ struct Args {
     #[arg(long, env = "BELAY_CLAIM_WAIT_MS", default_value_t = DEFAULT_CLAIM_WAIT_MS,
           value_parser = clap::value_parser!(u32).range(0..=30_000))]
     claim_wait_ms: u32,
-    /// OpenAI-compatible base URL; falls back to $OPENAI_BASE_URL, then
-    /// https://api.openai.com/v1.
+    /// Which API model calls speak: OpenAI Chat Completions (or a compatible
+    /// server) or Anthropic Messages.
+    #[arg(long, env = "BELAY_MODEL_PROVIDER", value_enum, default_value_t = ModelProvider::OpenAi)]
+    model_provider: ModelProvider,
+    /// Model provider base URL; falls back to $OPENAI_BASE_URL (openai), then
+    /// https://api.openai.com/v1 (openai) or https://api.anthropic.com/v1
+    /// (anthropic).
     #[arg(long, env = "BELAY_MODEL_BASE_URL")]
     model_base_url: Option<String>,
-    /// Model provider API key; falls back to $OPENAI_API_KEY.
+    /// Model provider API key; falls back to $OPENAI_API_KEY (openai) or
+    /// $ANTHROPIC_API_KEY (anthropic).
     #[arg(long, env = "BELAY_MODEL_API_KEY", hide_env_values = true)]
     model_api_key: Option<String>,
     /// Whole-request timeout of one model call, in ms.
@@ -73,7 +79,7 @@ fn load_mcp_config(path: Option<&str>) -> anyhow::Result<McpConfig> {
 
 /// The flag (or its `BELAY_*` variable) if set and not empty, else the first
 /// of `vars` that is. clap's `env` takes one variable; these settings also
-/// honour the conventional OpenAI names.
+/// honour the provider's conventional names.
 fn flag_or_env(flag: Option<String>, vars: &[&str]) -> Option<String> {
     flag.filter(|v| !v.is_empty()).or_else(|| {
         vars.iter()
@@ -110,15 +116,17 @@ async fn main() -> anyhow::Result<()> {
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
     let tool_network_policy = args.allow_private_networks.policy()?;
+    let provider = args.model_provider;
     let config = WorkerConfig {
         engine_url: args.engine_url,
         worker_id,
         concurrency: args.concurrency as usize,
         claim_wait_ms: args.claim_wait_ms,
         model: ModelProviderConfig {
-            base_url: flag_or_env(args.model_base_url, &["OPENAI_BASE_URL"])
-                .unwrap_or_else(|| DEFAULT_MODEL_BASE_URL.to_owned()),
-            api_key: flag_or_env(args.model_api_key, &["OPENAI_API_KEY"]),
+            provider,
+            base_url: flag_or_env(args.model_base_url, provider.base_url_env_vars())
+                .unwrap_or_else(|| provider.default_base_url().to_owned()),
+            api_key: flag_or_env(args.model_api_key, provider.api_key_env_vars()),
             timeout_ms: args.model_timeout_ms,
         },
         http_base_url: args.http_base_url.filter(|u| !u.is_empty()),
@@ -212,5 +220,26 @@ mod tests {
             assert!(message.contains("--allow-private-network"), "{message}");
             assert!(message.contains(bad), "{message}");
         }
+    }
+
+    #[test]
+    fn the_model_provider_is_openai_unless_named_and_a_bad_name_is_refused() {
+        let args = Args::try_parse_from(["belay-worker"]).expect("parses");
+        assert_eq!(args.model_provider, ModelProvider::OpenAi);
+        let args = Args::try_parse_from(["belay-worker", "--model-provider", "anthropic"])
+            .expect("parses");
+        assert_eq!(args.model_provider, ModelProvider::Anthropic);
+        assert_eq!(
+            args.model_provider.default_base_url(),
+            "https://api.anthropic.com/v1"
+        );
+        let err = Args::try_parse_from(["belay-worker", "--model-provider", "claude"])
+            .expect_err("not a provider");
+        let text = err.to_string();
+        assert!(text.contains("--model-provider"), "{text}");
+        assert!(
+            text.contains("[possible values: openai, anthropic]"),
+            "{text}"
+        );
     }
 }

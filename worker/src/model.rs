@@ -1,21 +1,34 @@
-//! OpenAI-compatible Chat Completions adapter.
+//! Model adapters: one HTTP client ([`ModelClient`]) that speaks OpenAI Chat
+//! Completions ([`openai`]) or Anthropic Messages ([`anthropic`]), chosen by
+//! [`ModelProvider`].
 //!
-//! Maps a [`belay_proto::wire::ModelCallSpec`] to one `POST {base_url}/chat/completions`
-//! request and the answer's `choices[0]` back to a [`belay_proto::wire::ModelCallResult`].
+//! A call maps a [`belay_proto::wire::ModelCallSpec`] to one `POST` request in
+//! the provider's shape and its 2xx answer back to a
+//! [`belay_proto::wire::ModelCallResult`]. Sending, timeouts and the failure
+//! class of every way a call can go wrong are shared by both providers (this
+//! file); only the body mapping, the authentication header and which
+//! statuses mean "refused before doing the work" differ.
 //!
 //! The adapter makes exactly one request per call and never retries: the
 //! engine owns retries and records every attempt. Tool-call arguments are
-//! passed through as the exact text the provider returned, valid JSON or not;
-//! the engine validates them.
+//! passed through as the exact text the provider returned (OpenAI), or as the
+//! provider's `input` object encoded as JSON text (Anthropic); the engine
+//! validates them.
 
 use std::time::Duration;
 
 use belay_proto::v1::FailureClass;
-use belay_proto::wire::{ChatMessage, ModelCallResult, ModelCallSpec, ToolUse, Usage};
-use serde_json::{Map, Value, json};
+use belay_proto::wire::{ModelCallResult, ModelCallSpec, ToolSchema};
+use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
+use serde_json::{Map, Value};
 
-use crate::config::ModelProviderConfig;
+use crate::config::{ModelProvider, ModelProviderConfig};
 use crate::http_util::{SendFailure, classify_send_error, error_chain, truncate_text};
+
+pub mod anthropic;
+pub mod openai;
+
+pub use openai::{build_request, parse_response};
 
 /// Connect timeout of model requests, in ms. A connect that times out sent
 /// nothing, so it is classified `NOT_SENT`.
@@ -47,8 +60,9 @@ pub enum ModelError {
     /// the response, body read error). Class `MAY_HAVE_ACTED`.
     #[error("model call failed after the request was sent: {0}")]
     Transport(String),
-    /// HTTP 429. Class `NOT_SENT`: the provider refused before doing the work.
-    #[error("model provider rate limited the call (HTTP {status}): {message}")]
+    /// HTTP 429 (rate limited), or, from Anthropic, 529 (`overloaded_error`).
+    /// Class `NOT_SENT`: the provider refused before doing the work.
+    #[error("model provider rate limited the call or is overloaded (HTTP {status}): {message}")]
     RateLimited {
         /// HTTP status code.
         status: u16,
@@ -71,8 +85,9 @@ pub enum ModelError {
         /// The provider's error message, truncated to 4 KiB.
         message: String,
     },
-    /// A 2xx answer whose body is not a Chat Completions response. Class
-    /// `MAY_HAVE_ACTED`: the provider did the work but we cannot read it.
+    /// A 2xx answer whose body is not a response of the provider's API (Chat
+    /// Completions or Messages). Class `MAY_HAVE_ACTED`: the provider did the
+    /// work but we cannot read it.
     #[error("model provider answered with an unreadable response: {0}")]
     InvalidResponse(String),
 }
@@ -91,11 +106,12 @@ impl ModelError {
     }
 }
 
-/// A client of one OpenAI-compatible provider. Cheap to clone (the connection
-/// pool is shared).
+/// A client of one model provider. Cheap to clone (the connection pool is
+/// shared).
 #[derive(Debug, Clone)]
 pub struct ModelClient {
     http: reqwest::Client,
+    provider: ModelProvider,
     endpoint: String,
     api_key: Option<String>,
     timeout_ms: u64,
@@ -110,22 +126,37 @@ impl ModelClient {
             .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ModelError::Config(error_chain(&e)))?;
+        let path = match config.provider {
+            ModelProvider::OpenAi => "chat/completions",
+            ModelProvider::Anthropic => "messages",
+        };
         Ok(Self {
             http,
-            endpoint: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            provider: config.provider,
+            endpoint: format!("{}/{path}", config.base_url.trim_end_matches('/')),
             api_key: config.api_key.clone().filter(|k| !k.is_empty()),
             timeout_ms: config.timeout_ms,
         })
     }
 
-    /// The URL requests go to: `{base_url}/chat/completions`.
+    /// The URL requests go to: `{base_url}/chat/completions` (OpenAI) or
+    /// `{base_url}/messages` (Anthropic).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
 
+    /// The API this client speaks.
+    pub fn provider(&self) -> ModelProvider {
+        self.provider
+    }
+
     /// Performs one model call: exactly one HTTP request, no retry.
     pub async fn call(&self, spec: &ModelCallSpec) -> Result<ModelCallResult, ModelError> {
-        let body = serde_json::to_vec(&build_request(spec))
+        let body = match self.provider {
+            ModelProvider::OpenAi => openai::build_request(spec),
+            ModelProvider::Anthropic => anthropic::build_request(spec),
+        };
+        let body = serde_json::to_vec(&body)
             .map_err(|e| ModelError::Config(format!("cannot encode the request: {e}")))?;
         let mut request = self
             .http
@@ -134,8 +165,11 @@ impl ModelClient {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header(reqwest::header::ACCEPT, "application/json")
             .body(body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
+        if self.provider == ModelProvider::Anthropic {
+            request = request.header(anthropic::VERSION_HEADER, anthropic::API_VERSION);
+        }
+        if let Some((name, value)) = self.auth_header()? {
+            request = request.header(name, value);
         }
         let response = request.send().await.map_err(|e| self.send_error(&e))?;
         let status = response.status();
@@ -147,7 +181,10 @@ impl ModelClient {
             Err(e) => format!("<error body unreadable: {}>", error_chain(&e)).into(),
         };
         if status.is_success() {
-            return parse_response(&bytes);
+            return match self.provider {
+                ModelProvider::OpenAi => openai::parse_response(&bytes),
+                ModelProvider::Anthropic => anthropic::parse_response(&bytes),
+            };
         }
         let message = format!(
             "{}: {}",
@@ -155,7 +192,7 @@ impl ModelClient {
             truncate_text(&provider_error_message(&bytes))
         );
         let code = status.as_u16();
-        Err(if code == 429 {
+        Err(if self.refused_before_work(code) {
             ModelError::RateLimited {
                 status: code,
                 message,
@@ -171,6 +208,37 @@ impl ModelClient {
                 message,
             }
         })
+    }
+
+    /// The header carrying the API key, marked sensitive so it never shows
+    /// in debug output: `Authorization: Bearer <key>` (OpenAI) or
+    /// `x-api-key: <key>` (Anthropic). A key that is not a valid header value
+    /// is a configuration error (nothing sent); the message does not quote it.
+    fn auth_header(&self) -> Result<Option<(HeaderName, HeaderValue)>, ModelError> {
+        let Some(key) = &self.api_key else {
+            return Ok(None);
+        };
+        let (name, text) = match self.provider {
+            ModelProvider::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
+            ModelProvider::Anthropic => (
+                HeaderName::from_static(anthropic::API_KEY_HEADER),
+                key.clone(),
+            ),
+        };
+        let mut value = HeaderValue::from_str(&text).map_err(|_| {
+            ModelError::Config(format!(
+                "the API key is not a valid `{name}` header value (control characters?)"
+            ))
+        })?;
+        value.set_sensitive(true);
+        Ok(Some((name, value)))
+    }
+
+    /// Statuses by which the provider says it did not take the request on:
+    /// 429 everywhere, and Anthropic's 529 (`overloaded_error`, Anthropic API
+    /// docs, "Errors").
+    fn refused_before_work(&self, status: u16) -> bool {
+        status == 429 || (self.provider == ModelProvider::Anthropic && status == 529)
     }
 
     fn send_error(&self, err: &reqwest::Error) -> ModelError {
@@ -189,172 +257,52 @@ impl ModelClient {
     }
 }
 
-/// The Chat Completions request body for `spec`: `model`, `messages` (one per
-/// transcript message, by role), `tools` (omitted when empty, which some
-/// providers refuse) and `max_tokens` (only when the spec sets it).
-pub fn build_request(spec: &ModelCallSpec) -> Value {
-    let messages: Vec<Value> = spec.messages.iter().map(message_json).collect();
-    let mut body = Map::new();
-    body.insert("model".into(), Value::String(spec.model.clone()));
-    body.insert("messages".into(), Value::Array(messages));
-    if !spec.tools.is_empty() {
-        let tools = spec
-            .tools
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.parameters,
-                    }
-                })
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(max) = spec.max_output_tokens {
-        body.insert("max_tokens".into(), Value::from(max));
-    }
-    Value::Object(body)
-}
-
-fn message_json(message: &ChatMessage) -> Value {
-    match message {
-        ChatMessage::System { content } => json!({"role": "system", "content": content}),
-        ChatMessage::User { content } => json!({"role": "user", "content": content}),
-        ChatMessage::Assistant {
-            content,
-            tool_calls,
-        } => {
-            let mut m = Map::new();
-            m.insert("role".into(), "assistant".into());
-            // OpenAI wants `content: null` beside tool calls, and some text
-            // when there are none.
-            let content = match (content, tool_calls.is_empty()) {
-                (Some(text), _) => Value::String(text.clone()),
-                (None, false) => Value::Null,
-                (None, true) => Value::String(String::new()),
-            };
-            m.insert("content".into(), content);
-            if !tool_calls.is_empty() {
-                let calls = tool_calls
-                    .iter()
-                    .map(|c| {
-                        json!({
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        })
-                    })
-                    .collect();
-                m.insert("tool_calls".into(), Value::Array(calls));
-            }
-            Value::Object(m)
-        }
-        ChatMessage::Tool {
-            tool_call_id,
-            content,
-        } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
-    }
-}
-
-/// Parses a 2xx Chat Completions body: `choices[0].message` (content and
-/// tool calls), `choices[0].finish_reason` and `usage`. Lenient about what is
-/// missing (no `tool_calls`, no `usage`, null content); strict only about the
-/// body being JSON with at least one choice that has a message.
-///
-/// Tool-call `arguments` are kept verbatim when they are a string (even if
-/// that string is not valid JSON); a provider that sends an object instead
-/// gets it re-encoded as JSON text.
-pub fn parse_response(body: &[u8]) -> Result<ModelCallResult, ModelError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
+/// A 2xx body as JSON, or [`ModelError::InvalidResponse`] quoting it
+/// (truncated).
+fn parse_json_body(body: &[u8]) -> Result<Value, ModelError> {
+    serde_json::from_slice(body).map_err(|e| {
         ModelError::InvalidResponse(format!(
             "body is not JSON ({e}): {}",
             truncate_text(&String::from_utf8_lossy(body))
         ))
-    })?;
-    let Some(choice) = value
-        .get("choices")
-        .and_then(Value::as_array)
-        .and_then(|c| c.first())
-    else {
-        return Err(ModelError::InvalidResponse(format!(
-            "no choices in the response: {}",
-            truncate_text(&provider_error_message(body))
-        )));
-    };
-    let Some(message) = choice.get("message").and_then(Value::as_object) else {
-        return Err(ModelError::InvalidResponse(
-            "choices[0] has no message object".to_owned(),
-        ));
-    };
-    let content = match message.get("content") {
-        Some(Value::String(text)) => Some(text.clone()),
-        // Some compatible servers send content parts; keep their text.
-        Some(Value::Array(parts)) => Some(
-            parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<String>(),
-        ),
-        _ => None,
-    };
-    let tool_calls = message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(|calls| calls.iter().map(tool_use).collect())
-        .unwrap_or_default();
-    let usage = value.get("usage");
-    let tokens = |field: &str| {
-        usage
-            .and_then(|u| u.get(field))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
-    Ok(ModelCallResult {
-        content,
-        tool_calls,
-        usage: Usage {
-            input_tokens: tokens("prompt_tokens"),
-            output_tokens: tokens("completion_tokens"),
-        },
-        finish_reason: choice
-            .get("finish_reason")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
     })
 }
 
-/// One `tool_calls[]` entry. Missing fields become empty strings rather than
-/// errors: the engine refuses an unknown tool or bad arguments with a message
-/// the model can act on, which is better than failing the whole call.
-fn tool_use(call: &Value) -> ToolUse {
-    let function = call.get("function");
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_owned();
-    let arguments = match function.and_then(|f| f.get("arguments")) {
-        Some(Value::String(raw)) => raw.clone(),
-        None | Some(Value::Null) => String::new(),
-        Some(other) => other.to_string(),
-    };
-    ToolUse {
-        id: text(call.get("id")),
-        name: text(function.and_then(|f| f.get("name"))),
-        arguments,
+/// Adds `tools` to `body`, each of the spec's tools mapped by `tool`, unless
+/// the spec offers none: an empty list is left out, since some providers
+/// refuse one.
+fn insert_tools(
+    body: &mut Map<String, Value>,
+    spec: &ModelCallSpec,
+    tool: impl Fn(&ToolSchema) -> Value,
+) {
+    if !spec.tools.is_empty() {
+        body.insert("tools".into(), spec.tools.iter().map(tool).collect());
     }
 }
 
-/// The provider's error message: `error.message`, a string `error`, or a
-/// top-level `message`; otherwise the body as text.
+/// `usage.<field>` as a token count; missing or not a whole number is 0.
+fn usage_tokens(usage: Option<&Value>, field: &str) -> u64 {
+    usage
+        .and_then(|u| u.get(field))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// The provider's error message: `error.message` (OpenAI; Anthropic's
+/// `{"type": "error", "error": {"type", "message"}}`, prefixed with the
+/// error's `type`), a string `error`, or a top-level `message`; otherwise the
+/// body as text.
 fn provider_error_message(body: &[u8]) -> String {
     if let Ok(value) = serde_json::from_slice::<Value>(body) {
         let found = match value.get("error") {
             Some(Value::String(s)) => Some(s.clone()),
-            Some(err) => err
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            Some(err) => err.get("message").and_then(Value::as_str).map(|message| {
+                match err.get("type").and_then(Value::as_str) {
+                    Some(kind) => format!("{kind}: {message}"),
+                    None => message.to_owned(),
+                }
+            }),
             None => value
                 .get("message")
                 .and_then(Value::as_str)

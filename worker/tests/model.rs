@@ -1,20 +1,18 @@
 //! The OpenAI-compatible adapter: request mapping, response parsing, and the
-//! failure class of every way a provider call can go wrong.
+//! failure class of every way a provider call can go wrong (the transport
+//! failures for both providers; Anthropic's mapping is in `anthropic.rs`).
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-
 use axum::Router;
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::StatusCode;
 use axum::routing::post;
 use belay_proto::v1::FailureClass;
-use belay_proto::wire::{ChatMessage, ModelCallSpec, ToolSchema, ToolUse, Usage};
+use belay_proto::wire::{ChatMessage, ModelCallSpec, ToolUse, Usage};
 use belay_worker::model::{build_request, parse_response};
-use belay_worker::{ModelClient, ModelError, ModelProviderConfig};
-use serde_json::{Value, json};
+use belay_worker::{ModelClient, ModelError, ModelProvider};
+use serde_json::json;
 
 fn spec() -> ModelCallSpec {
     ModelCallSpec {
@@ -39,22 +37,13 @@ fn spec() -> ModelCallSpec {
                 content: "{\"found\":true}".into(),
             },
         ],
-        tools: vec![ToolSchema {
-            name: "lookup".into(),
-            description: "Look something up".into(),
-            parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
-        }],
+        tools: vec![common::lookup_tool()],
         max_output_tokens: Some(256),
     }
 }
 
 fn client(base_url: String, api_key: Option<&str>, timeout_ms: u64) -> ModelClient {
-    ModelClient::new(&ModelProviderConfig {
-        base_url,
-        api_key: api_key.map(str::to_owned),
-        timeout_ms,
-    })
-    .unwrap()
+    common::model_client(ModelProvider::OpenAi, base_url, api_key, timeout_ms)
 }
 
 /// A provider answering every request with `status` and `body`.
@@ -167,49 +156,36 @@ fn object_arguments_are_reencoded_as_text() {
 
 #[test]
 fn unparseable_2xx_bodies_may_have_acted() {
-    for body in [
-        &b"<html>gateway</html>"[..],
-        b"{\"choices\": []}",
-        b"{\"object\": \"chat.completion\"}",
-        b"{\"choices\": [{\"finish_reason\": \"stop\"}]}",
-    ] {
-        let err = parse_response(body).unwrap_err();
-        assert!(matches!(err, ModelError::InvalidResponse(_)), "{err}");
-        assert_eq!(err.class(), FailureClass::MayHaveActed);
-    }
+    common::assert_unreadable(
+        parse_response,
+        &[
+            b"<html>gateway</html>",
+            b"{\"choices\": []}",
+            b"{\"object\": \"chat.completion\"}",
+            b"{\"choices\": [{\"finish_reason\": \"stop\"}]}",
+        ],
+    );
 }
 
 #[tokio::test]
 async fn call_posts_the_request_and_parses_the_answer() {
-    type Seen = Arc<Mutex<Vec<(Uri, HeaderMap, Value)>>>;
-    let seen: Seen = Arc::default();
-    let router = Router::new().route(
-        "/v1/chat/completions",
-        post({
-            let seen = Arc::clone(&seen);
-            move |uri: Uri, headers: HeaderMap, body: Bytes| async move {
-                let body: Value = serde_json::from_slice(&body).unwrap();
-                seen.lock().unwrap().push((uri, headers, body));
-                axum::Json(json!({
-                    "id": "chatcmpl-1",
-                    "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
-                }))
-            }
-        }),
-    );
-    let base = format!("http://{}/v1/", common::serve(router).await);
-    let result = client(base, Some("sk-test"), 5_000)
+    let answer = json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+    });
+    let (addr, recorded) = common::recording_server("/v1/chat/completions", answer).await;
+    let result = client(format!("http://{addr}/v1/"), Some("sk-test"), 5_000)
         .call(&spec())
         .await
         .unwrap();
     assert_eq!(result.content.as_deref(), Some("done"));
     assert_eq!(result.usage.output_tokens, 1);
 
-    let seen = seen.lock().unwrap();
-    let (uri, headers, body) = &seen[0];
+    let recorded = recorded.lock().unwrap();
+    let (uri, headers, body) = &recorded[0];
     assert_eq!(uri.path(), "/v1/chat/completions");
     assert_eq!(headers["authorization"], "Bearer sk-test");
     assert_eq!(headers["content-type"], "application/json");
@@ -218,20 +194,13 @@ async fn call_posts_the_request_and_parses_the_answer() {
 
 #[tokio::test]
 async fn no_authorization_header_without_a_key() {
-    let saw_auth = Arc::new(Mutex::new(None));
-    let router = Router::new().route(
-        "/v1/chat/completions",
-        post({
-            let saw_auth = Arc::clone(&saw_auth);
-            move |headers: HeaderMap| async move {
-                *saw_auth.lock().unwrap() = Some(headers.contains_key("authorization"));
-                axum::Json(json!({"choices": [{"message": {"content": "ok"}}]}))
-            }
-        }),
-    );
-    let base = format!("http://{}/v1", common::serve(router).await);
-    client(base, None, 5_000).call(&spec()).await.unwrap();
-    assert_eq!(*saw_auth.lock().unwrap(), Some(false));
+    let answer = json!({"choices": [{"message": {"content": "ok"}}]});
+    let (addr, recorded) = common::recording_server("/v1/chat/completions", answer).await;
+    client(format!("http://{addr}/v1"), None, 5_000)
+        .call(&spec())
+        .await
+        .unwrap();
+    assert!(!recorded.lock().unwrap()[0].1.contains_key("authorization"));
 }
 
 #[tokio::test]
@@ -257,14 +226,17 @@ async fn provider_4xx_is_rejected_with_its_message() {
 
 #[tokio::test]
 async fn provider_5xx_may_have_acted() {
-    let base = provider(503, "upstream overloaded").await;
-    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
-    assert!(
-        matches!(err, ModelError::Server { status: 503, .. }),
-        "{err:?}"
-    );
-    assert_eq!(err.class(), FailureClass::MayHaveActed);
-    assert!(err.to_string().contains("upstream overloaded"));
+    // 529 too: it means "overloaded, not taken on" only in Anthropic's API.
+    for status in [503, 529] {
+        let base = provider(status, "upstream overloaded").await;
+        let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
+        assert!(
+            matches!(err, ModelError::Server { status: s, .. } if s == status),
+            "{err:?}"
+        );
+        assert_eq!(err.class(), FailureClass::MayHaveActed);
+        assert!(err.to_string().contains("upstream overloaded"));
+    }
 }
 
 #[tokio::test]
@@ -296,39 +268,58 @@ async fn unparseable_2xx_from_the_server_may_have_acted() {
     assert_eq!(err.class(), FailureClass::MayHaveActed);
 }
 
+/// Whether an error is the expected one.
+type Expect = fn(&ModelError) -> bool;
+
+/// Sending and its failures are shared by both providers: each way a call
+/// can fail in transport is checked with each.
 #[tokio::test]
-async fn timeout_may_have_acted() {
-    let router = Router::new().route(
-        "/v1/chat/completions",
-        post(std::future::pending::<&'static str>),
-    );
-    let base = format!("http://{}/v1", common::serve(router).await);
-    let err = client(base, None, 200).call(&spec()).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ModelError::Timeout {
-                timeout_ms: 200,
-                ..
-            }
+async fn transport_failures_are_classified_for_both_providers() {
+    let pending = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(std::future::pending::<&'static str>),
+        )
+        .route("/v1/messages", post(std::future::pending::<&'static str>));
+    let cases: [(&str, String, u64, Expect, FailureClass); 3] = [
+        (
+            "timeout",
+            format!("http://{}/v1", common::serve(pending).await),
+            200,
+            |e| {
+                matches!(
+                    e,
+                    ModelError::Timeout {
+                        timeout_ms: 200,
+                        ..
+                    }
+                )
+            },
+            FailureClass::MayHaveActed,
         ),
-        "{err:?}"
-    );
-    assert_eq!(err.class(), FailureClass::MayHaveActed);
-}
-
-#[tokio::test]
-async fn connection_refused_is_not_sent() {
-    let base = format!("http://{}/v1", common::closed_port());
-    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
-    assert!(matches!(err, ModelError::Connect(_)), "{err:?}");
-    assert_eq!(err.class(), FailureClass::NotSent);
-}
-
-#[tokio::test]
-async fn connection_closed_after_sending_may_have_acted() {
-    let base = format!("http://{}/v1", common::hang_up_server().await);
-    let err = client(base, None, 5_000).call(&spec()).await.unwrap_err();
-    assert!(matches!(err, ModelError::Transport(_)), "{err:?}");
-    assert_eq!(err.class(), FailureClass::MayHaveActed);
+        (
+            "connection refused",
+            format!("http://{}/v1", common::closed_port()),
+            5_000,
+            |e| matches!(e, ModelError::Connect(_)),
+            FailureClass::NotSent,
+        ),
+        (
+            "connection closed after sending",
+            format!("http://{}/v1", common::hang_up_server().await),
+            5_000,
+            |e| matches!(e, ModelError::Transport(_)),
+            FailureClass::MayHaveActed,
+        ),
+    ];
+    for (case, base, timeout_ms, expected, class) in cases {
+        for provider in [ModelProvider::OpenAi, ModelProvider::Anthropic] {
+            let err = common::model_client(provider, base.clone(), None, timeout_ms)
+                .call(&spec())
+                .await
+                .unwrap_err();
+            assert!(expected(&err), "{case}, {provider:?}: {err:?}");
+            assert_eq!(err.class(), class, "{case}, {provider:?}");
+        }
+    }
 }

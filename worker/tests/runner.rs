@@ -9,13 +9,16 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
+use axum::http::StatusCode;
 use axum::routing::post;
 use belay_proto::v1::{FailureClass, Task};
 use belay_proto::wire::{
     ChatMessage, HttpBinding, ModelCallResult, ModelCallSpec, TASK_KIND_MODEL_CALL,
     TASK_KIND_TOOL_CALL, ToolBinding, ToolCallSpec,
 };
-use belay_worker::{EngineClient, NetworkPolicy, RetryPolicy, WorkerConfig};
+use belay_worker::{
+    EngineClient, ModelProvider, ModelProviderConfig, NetworkPolicy, RetryPolicy, WorkerConfig,
+};
 use common::{FakeEngine, GUARD, Log, Report};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -147,6 +150,52 @@ async fn tool_call_is_dispatched_before_the_request_and_completed_with_its_attem
         assert_eq!(state.dispatches[0].worker_id, WORKER_ID);
         assert_eq!(state.dispatches[0].attempt, 3);
     }
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn tool_calls_of_one_turn_run_at_the_same_time() {
+    // The two calls a model proposed in one turn are two tasks. Each request
+    // waits at a barrier for the other one: both complete only if both were
+    // in flight at once on this one worker. The barrier's timeout turns a
+    // worker that runs them one after the other into a failed call.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let handler = move |uri: axum::http::Uri| {
+        let barrier = Arc::clone(&barrier);
+        async move {
+            match tokio::time::timeout(GUARD / 2, barrier.wait()).await {
+                Ok(_) => (StatusCode::OK, format!("\"{}\"", uri.path())),
+                Err(_) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the other call of the turn never arrived".to_owned(),
+                ),
+            }
+        }
+    };
+    let router = Router::new()
+        .route("/lookup_a", post(handler.clone()))
+        .route("/lookup_b", post(handler));
+    let tools = format!("http://{}", common::serve(router).await);
+    let mut engine = FakeEngine::start(Log::default()).await;
+    engine.push(tool_task("call-a", 1, format!("{tools}/lookup_a"), "POST"));
+    engine.push(tool_task("call-b", 1, format!("{tools}/lookup_b"), "POST"));
+    let worker = Worker::start(&engine, |c| c.concurrency = 2);
+
+    let mut results = Vec::new();
+    for _ in 0..2 {
+        match engine.next_report().await {
+            Report::Complete(done) => results.push((done.task_id, done.result_json)),
+            other => panic!("the calls did not run at the same time: {other:?}"),
+        }
+    }
+    results.sort();
+    assert_eq!(
+        results,
+        [
+            ("call-a".to_owned(), "\"/lookup_a\"".to_owned()),
+            ("call-b".to_owned(), "\"/lookup_b\"".to_owned()),
+        ]
+    );
     worker.stop().await;
 }
 
@@ -405,6 +454,43 @@ async fn model_call_result_is_reported() {
     assert_eq!(result.tool_calls[0].arguments, "{\"q\": oops");
     assert_eq!(result.usage.input_tokens, 7);
     assert_eq!(result.finish_reason.as_deref(), Some("tool_calls"));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_configured_for_anthropic_speaks_messages() {
+    let router = Router::new().route(
+        "/v1/messages",
+        post(|headers: axum::http::HeaderMap| async move {
+            assert_eq!(headers["x-api-key"], "sk-ant-test");
+            axum::Json(json!({
+                "content": [{"type": "text", "text": "Done."}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 7, "output_tokens": 3},
+            }))
+        }),
+    );
+    let model_base = format!("http://{}/v1", common::serve(router).await);
+    let mut engine = FakeEngine::start(Log::default()).await;
+    let spec = json!({"model": "claude-test", "messages": [{"role": "user", "content": "hi"}],
+                      "tools": []});
+    engine.push(model_task("m1", 1, spec.to_string()));
+    let worker = Worker::start(&engine, |c| {
+        c.model = ModelProviderConfig {
+            provider: ModelProvider::Anthropic,
+            base_url: model_base,
+            api_key: Some("sk-ant-test".into()),
+            ..ModelProviderConfig::default()
+        }
+    });
+
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    let result: ModelCallResult = serde_json::from_str(&done.result_json).unwrap();
+    assert_eq!(result.content.as_deref(), Some("Done."));
+    assert_eq!(result.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(result.usage.input_tokens, 7);
     worker.stop().await;
 }
 

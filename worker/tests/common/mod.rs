@@ -7,13 +7,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Uri};
+use axum::routing::post;
 use belay_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
 use belay_proto::v1::{
     ClaimTasksRequest, ClaimTasksResponse, CompleteTaskRequest, CompleteTaskResponse,
     DispatchToolCallRequest, DispatchToolCallResponse, FailTaskRequest, FailTaskResponse,
-    HeartbeatRequest, HeartbeatResponse, LeaseStatus, RequestToolInputRequest,
+    FailureClass, HeartbeatRequest, HeartbeatResponse, LeaseStatus, RequestToolInputRequest,
     RequestToolInputResponse, Task,
 };
+use belay_proto::wire::{ModelCallResult, ToolSchema};
+use belay_worker::{ModelClient, ModelError, ModelProvider, ModelProviderConfig};
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 use tonic::{Request, Response, Status};
@@ -30,6 +36,65 @@ pub async fn serve(router: Router) -> SocketAddr {
         axum::serve(listener, router).await.unwrap();
     });
     addr
+}
+
+/// Requests a [`recording_server`] saw: URI, headers and JSON body, in order.
+pub type Recorded = Arc<Mutex<Vec<(Uri, HeaderMap, Value)>>>;
+
+/// A server answering every `POST path` with 200 and `answer`, recording each
+/// request. Returns its address and the record.
+pub async fn recording_server(path: &str, answer: Value) -> (SocketAddr, Recorded) {
+    let recorded = Recorded::default();
+    let router = Router::new().route(
+        path,
+        post({
+            let recorded = Arc::clone(&recorded);
+            move |uri: Uri, headers: HeaderMap, body: Bytes| async move {
+                let body: Value = serde_json::from_slice(&body).unwrap();
+                recorded.lock().unwrap().push((uri, headers, body));
+                axum::Json(answer)
+            }
+        }),
+    );
+    (serve(router).await, recorded)
+}
+
+/// The tool the model tests offer: `lookup`, one string argument `q`.
+pub fn lookup_tool() -> ToolSchema {
+    ToolSchema {
+        name: "lookup".into(),
+        description: "Look something up".into(),
+        parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+    }
+}
+
+/// A model client of `provider` at `base_url`.
+pub fn model_client(
+    provider: ModelProvider,
+    base_url: String,
+    api_key: Option<&str>,
+    timeout_ms: u64,
+) -> ModelClient {
+    ModelClient::new(&ModelProviderConfig {
+        provider,
+        base_url,
+        api_key: api_key.map(str::to_owned),
+        timeout_ms,
+    })
+    .unwrap()
+}
+
+/// Asserts that `parse` reads none of `bodies` (2xx bodies), each an
+/// `InvalidResponse`, which may have acted.
+pub fn assert_unreadable(
+    parse: impl Fn(&[u8]) -> Result<ModelCallResult, ModelError>,
+    bodies: &[&[u8]],
+) {
+    for body in bodies {
+        let err = parse(body).unwrap_err();
+        assert!(matches!(err, ModelError::InvalidResponse(_)), "{err}");
+        assert_eq!(err.class(), FailureClass::MayHaveActed);
+    }
 }
 
 /// A local port with nothing listening on it.
