@@ -318,6 +318,8 @@ impl Fleet {
             "BELAY_WEBHOOK_SECRET",
             "BELAY_MODEL_API_KEY",
             "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "BELAY_MODEL_PROVIDER",
             "BELAY_CLAIM_WAIT_MS",
         ] {
             cmd.env_remove(var);

@@ -617,6 +617,10 @@ impl Env {
             "127.0.0.0/8,::1".into(),
             "--concurrency".into(),
             "4".into(),
+            // The scripted model speaks OpenAI's API, whatever the shell's
+            // BELAY_MODEL_PROVIDER says.
+            "--model-provider".into(),
+            "openai".into(),
         ];
         args.extend_from_slice(extra);
         let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, &[], false).await?;

@@ -109,6 +109,8 @@ fn worker_flags(env: &Env) -> Vec<String> {
         "127.0.0.0/8,::1".into(),
         "--concurrency".into(),
         "4".into(),
+        "--model-provider".into(),
+        "openai".into(),
     ]
 }
 
