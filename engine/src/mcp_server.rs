@@ -15,7 +15,9 @@
 //!   still going answers with a handle (`run_id`, `status`) to ask
 //!   [`RUN_STATUS_TOOL`] about later.
 //! - **Idempotency.** The run's idempotency key is, in order: the request's
-//!   `_meta["io.belay/idempotency-key"]`; else, on a session (protocol
+//!   `_meta["io.belay/idempotency-key"]` (as `mcp/<token>/key/<key>`: keys
+//!   are the caller's own, never shared with other callers or with runs
+//!   started over gRPC); else, on a session (protocol
 //!   revisions before 2026-07-28), `mcp/<token>/<session id>/<request id>`,
 //!   so a request repeated on its session gets the same run; else a fresh
 //!   key (a stateless request id is not unique across clients, so it cannot
@@ -318,8 +320,10 @@ impl BelayTools {
             .and_then(|p| p.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        // Every key is scoped to the caller's token, so one caller's key can
+        // neither return nor reveal another caller's run.
         let key = match (meta_key, session) {
-            (Some(key), _) => key,
+            (Some(key), _) => format!("mcp/{}/key/{key}", caller.token),
             (None, Some(session)) => format!("mcp/{}/{session}/{}", caller.token, context.id),
             (None, None) => format!("mcp/{}/{}", caller.token, uuid::Uuid::new_v4()),
         };

@@ -433,9 +433,18 @@ async fn elicitation_mid_call_becomes_needs_input_then_answers_complete_it() {
         elicitations: vec![ElicitationAnswer {
             action: ElicitationAction::Accept,
             content: Some(json!({"name": "Ada Lovelace", "check": true})),
+            question: Some(needed.requests.clone()),
         }],
         ..InputAnswers::default()
     });
+    // An answer given to another question is not handed to this one: the
+    // call needs input again.
+    let mut other = again.clone();
+    if let Some(input) = other.input.as_mut() {
+        input.elicitations[0].question = Some(json!({"message": "something else"}));
+    }
+    let outcome = client.call_tool(other).await;
+    assert!(matches!(outcome, CallOutcome::NeedsInput(_)), "{outcome:?}");
     let outcome = client.call_tool(again).await;
     assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
     assert!(text_of(&outcome).contains("Ada Lovelace"), "{outcome:?}");

@@ -590,6 +590,13 @@ pub const TOOL_NODE_MAX_ARGUMENT_BYTES: usize = 65_536;
 /// (the whole result is not kept: it does not match what the tool declares).
 pub const RESULT_EXCERPT_BYTES: usize = 2048;
 
+/// Attempts of a tool call that provably did nothing (`not_sent`, or lost
+/// before dispatch) before it fails: with [`retry_delay_ms`]'s backoff
+/// (0.5 s doubling, at most 30 s) about 13 minutes of retrying, so a tool
+/// host or MCP server being redeployed does not fail the run. Attempts that
+/// may have acted are bounded by the agent's `max_tool_attempts`.
+pub const MAX_NOT_SENT_ATTEMPTS: u32 = 30;
+
 /// Most questions one tool call may ask a person (MCP elicitation rounds)
 /// before it fails: a server that asks for ever does not hold a run for ever.
 pub const MAX_INPUT_ROUNDS: u32 = 8;
@@ -2561,8 +2568,19 @@ impl Step {
                 dispatched,
             });
         }
+        // Attempts that provably did nothing (not sent, or lost before
+        // dispatch) have their own, longer allowance: an MCP server or tool
+        // host being redeployed must not fail durable runs.
+        let nothing_done = class == FailureClass::NotSent || !dispatched;
+        let not_sent = call.not_sent_failures + u32::from(nothing_done);
         let failed = call.failed_attempts + 1;
-        let within_attempts = failed < max_tool_attempts;
+        let acted = failed - not_sent.min(failed);
+        let within_attempts = if nothing_done {
+            not_sent < MAX_NOT_SENT_ATTEMPTS
+        } else {
+            acted < max_tool_attempts
+        };
+        let delay_ms = retry_delay_ms(if nothing_done { not_sent } else { acted });
         // What may happen next, by class and repeat safety.
         enum Next {
             Retry,
@@ -2590,7 +2608,7 @@ impl Step {
                     Next::Retry
                 } else {
                     Next::Fail(format!(
-                        "tool `{}` failed after {failed} attempts; last error: {error}",
+                        "tool `{}` could not be reached in {not_sent} attempts (nothing was sent); last error: {error}",
                         call.tool
                     ))
                 }
@@ -2622,10 +2640,7 @@ impl Step {
             });
         }
         match next {
-            Next::Retry => self.command(Command::RetryTask {
-                call_id,
-                delay_ms: retry_delay_ms(failed),
-            }),
+            Next::Retry => self.command(Command::RetryTask { call_id, delay_ms }),
             Next::Fail(message) => {
                 self.emit(Event::ToolCallFailed {
                     call_id: call_id.clone(),
@@ -4067,7 +4082,11 @@ fn input_for_repeat(
                         .cloned()
                         .unwrap_or(Value::Object(Default::default()));
                     if let Err(e) = crate::definitions::validate_json(schema, &content) {
-                        errors.extend(e.into_iter().map(|e| format!("{pointer}/content{e}")));
+                        // `/: msg` (the form itself) or `/name: msg`.
+                        errors.extend(e.into_iter().map(|e| match e.strip_prefix("/: ") {
+                            Some(msg) => format!("{pointer}/content: {msg}"),
+                            None => format!("{pointer}/content{e}"),
+                        }));
                     }
                 }
             }
@@ -4124,7 +4143,13 @@ fn input_for_repeat(
             } else {
                 asked.requests.get("requestedSchema")
             };
-            let errors = check_answer("", answer, schema);
+            let errors = check_answer("", answer, schema)
+                .into_iter()
+                .map(|e| match e.strip_prefix(": ") {
+                    Some(msg) => format!("/: {msg}"),
+                    None => e,
+                })
+                .collect::<Vec<_>>();
             if !errors.is_empty() {
                 return Err(invalid(errors));
             }
@@ -4143,7 +4168,13 @@ fn input_for_repeat(
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            elicitations.push(answer.clone());
+            // With the question it answers, so the repeated call does not
+            // give it to another question (`ElicitationAnswer::question`).
+            let mut answered = answer.clone();
+            if let Value::Object(map) = &mut answered {
+                map.insert("question".into(), asked.requests.clone());
+            }
+            elicitations.push(answered);
             Ok(serde_json::json!({ "elicitations": elicitations }))
         }
     }

@@ -98,6 +98,9 @@ pub struct ToolCallState {
     pub idempotency_key: String,
     /// Failed attempts so far (reported failures and expired leases).
     pub failed_attempts: u32,
+    /// Of those, the attempts that provably did nothing (`not_sent`, or
+    /// lost before dispatch).
+    pub not_sent_failures: u32,
     /// The attempt currently dispatched, if any.
     pub dispatched_attempt: Option<u32>,
     /// Whether a dispatched attempt may have had its effect (its lease was
@@ -219,6 +222,7 @@ impl ToolCallState {
             arguments: arguments.clone(),
             idempotency_key: key.to_owned(),
             failed_attempts: 0,
+            not_sent_failures: 0,
             dispatched_attempt: None,
             may_have_acted: false,
             status: CallStatus::Open,
@@ -805,6 +809,9 @@ impl RunState {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.failed_attempts += 1;
                     call.dispatched_attempt = None;
+                    if *class == FailureClass::NotSent || !*dispatched {
+                        call.not_sent_failures += 1;
+                    }
                     if *dispatched && *class == FailureClass::MayHaveActed {
                         call.may_have_acted = true;
                     }
@@ -820,6 +827,8 @@ impl RunState {
                     call.dispatched_attempt = None;
                     if *dispatched {
                         call.may_have_acted = true;
+                    } else {
+                        call.not_sent_failures += 1;
                     }
                 }
             }

@@ -1714,7 +1714,7 @@ fn an_elicitation_waits_durably_and_the_answer_repeats_the_call_with_it() {
     for (bad, expect) in [
         (
             json!({"action": "accept", "content": {}}),
-            "/content/: \"name\" is a required property",
+            "/content: \"name\" is a required property",
         ),
         (json!({"action": "maybe"}), "/action: must be"),
         (
@@ -1750,7 +1750,16 @@ fn an_elicitation_waits_durably_and_the_answer_repeats_the_call_with_it() {
         })
         .expect("the task gets the answers");
     assert_eq!(spec.0, "r1/intake.t1", "the same idempotency key");
-    assert_eq!(spec.1["input"], json!({"elicitations": [answer.clone()]}));
+    let with_question = |a: &Value| {
+        let mut a = a.clone();
+        a["question"] = name_form();
+        a
+    };
+    assert_eq!(
+        spec.1["input"],
+        json!({"elicitations": [with_question(&answer)]}),
+        "each answer goes with the question it answers"
+    );
     assert_eq!(spec.1["arguments"]["email"], "e");
     assert!(d.commands.contains(&Command::RetryTask {
         call_id: "intake.t1".into(),
@@ -1771,7 +1780,10 @@ fn an_elicitation_waits_durably_and_the_answer_repeats_the_call_with_it() {
         Event::ToolCallInputProvided { input, .. } => Some(input.clone()),
         _ => None,
     });
-    assert_eq!(input, Some(json!({"elicitations": [answer, second]})));
+    assert_eq!(
+        input,
+        Some(json!({"elicitations": [with_question(&answer), with_question(&second)]}))
+    );
     dispatch(&mut run, "intake.t1", 3);
     let d = run.step(Input::ToolCallCompleted {
         call_id: "intake.t1".into(),
@@ -2245,5 +2257,57 @@ fn secrets_in_results_are_redacted_before_they_are_recorded_unless_the_tool_opts
         d.events
             .iter()
             .any(|e| matches!(e, Event::ToolCallCompleted { result, .. } if *result == raw))
+    );
+}
+
+#[test]
+fn attempts_that_sent_nothing_have_a_longer_allowance_than_attempts_that_may_have_acted() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    let fail = |attempt: u32, class: FailureClass| Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt,
+        error: "connection refused".into(),
+        class,
+        dispatched: true,
+        status_code: None,
+    };
+    // The agent allows 3 attempts; a server that is down (not sent) is
+    // retried far longer, with a delay growing to 30 s.
+    for attempt in 1..MAX_NOT_SENT_ATTEMPTS {
+        dispatch(&mut run, "intake.t1", attempt);
+        let d = run.step(fail(attempt, FailureClass::NotSent));
+        assert!(
+            d.commands
+                .iter()
+                .any(|c| matches!(c, Command::RetryTask { delay_ms, .. } if *delay_ms <= 30_000)),
+            "attempt {attempt}: {:?}",
+            Run::kinds(&d)
+        );
+    }
+    // Those did not use up the attempts of a call that may have acted.
+    let a = MAX_NOT_SENT_ATTEMPTS;
+    dispatch(&mut run, "intake.t1", a);
+    let d = run.step(fail(a, FailureClass::MayHaveActed));
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::RetryTask { delay_ms: 500, .. }))
+    );
+    // The last not-sent attempt of the allowance fails the call, saying so.
+    dispatch(&mut run, "intake.t1", a + 1);
+    let d = run.step(fail(a + 1, FailureClass::NotSent));
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "tool_call_attempt_failed",
+            "tool_call_failed",
+            "model_call_scheduled"
+        ]
+    );
+    assert!(
+        tool_results(&run)[0].contains("could not be reached in 30 attempts (nothing was sent)"),
+        "{:?}",
+        tool_results(&run)
     );
 }

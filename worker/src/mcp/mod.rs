@@ -396,6 +396,25 @@ pub struct ElicitationAnswer {
     /// The form's content, for `accept`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Value>,
+    /// The `elicitation/create` params this answers, as the engine recorded
+    /// them. A repeated call whose server asks something else (another
+    /// message, mode, URL or form; a new `elicitationId` alone does not
+    /// count) is not given this answer: the call needs input again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<Value>,
+}
+
+impl ElicitationAnswer {
+    /// Whether this answer was given to `asked` (the `elicitation/create`
+    /// params as JSON). An answer recorded without its question fits any.
+    pub fn answers(&self, asked: &Value) -> bool {
+        let Some(question) = &self.question else {
+            return true;
+        };
+        ["message", "mode", "url", "requestedSchema"]
+            .iter()
+            .all(|k| question.get(k) == asked.get(k))
+    }
 }
 
 /// MCP elicitation actions.

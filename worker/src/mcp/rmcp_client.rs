@@ -120,6 +120,10 @@ struct CallSlot {
     headers: Vec<(reqwest::header::HeaderName, reqwest::header::HeaderValue)>,
     answers: VecDeque<ElicitationAnswer>,
     needs_input: Option<InputNeeded>,
+    /// An `elicitation/create` came while this and other calls were in
+    /// flight on the connection (stdio cannot say which call asked); it was
+    /// answered `cancel`, so this call's answer may reflect that.
+    unattributed_elicitation: bool,
     /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
     too_large: bool,
 }
@@ -755,9 +759,18 @@ impl ClientHandler for Handler {
     ) -> Result<ElicitResult, ErrorData> {
         let server = &self.shared.server.name;
         let Some(marker) = self.call_of(&context) else {
+            // Every call that might have asked is told, so none reports an
+            // answer shaped by a question nobody saw as a success.
+            let mut slots = lock(&self.shared.calls.slots);
+            for slot in slots.values_mut().filter(|s| {
+                s.generation == self.generation
+                    && matches!(s.state, SendState::Handed | SendState::Written)
+            }) {
+                slot.unattributed_elicitation = true;
+            }
             tracing::warn!(
                 server,
-                "elicitation/create outside any single call: answered cancel"
+                "elicitation/create while several calls are in flight: cannot tell which asked; answered cancel"
             );
             return Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel));
         };
@@ -765,7 +778,9 @@ impl ClientHandler for Handler {
         let Some(slot) = slots.get_mut(&marker) else {
             return Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel));
         };
-        if let Some(answer) = slot.answers.pop_front() {
+        let asked = serde_json::to_value(&request).unwrap_or(Value::Null);
+        let fits = slot.answers.front().is_some_and(|a| a.answers(&asked));
+        if fits && let Some(answer) = slot.answers.pop_front() {
             let action = match answer.action {
                 ElicitationAction::Accept => rmcp::model::ElicitationAction::Accept,
                 ElicitationAction::Decline => rmcp::model::ElicitationAction::Decline,
@@ -782,7 +797,7 @@ impl ClientHandler for Handler {
             );
             return Ok(result);
         }
-        let requests = serde_json::to_value(&request).unwrap_or(Value::Null);
+        let requests = asked;
         tracing::info!(
             server,
             call = slot.label,
@@ -1396,6 +1411,7 @@ impl Shared {
                     .map(|i| i.elicitations.iter().cloned().collect())
                     .unwrap_or_default(),
                 needs_input: None,
+                unattributed_elicitation: false,
                 too_large: false,
             },
         );
@@ -1545,9 +1561,15 @@ impl Shared {
             params.request_state = input.request_state.clone();
         }
         let response = live.peer.call_tool_once(params).await;
-        let (needs_input, too_large) = lock(&self.calls.slots)
+        let (needs_input, too_large, unattributed) = lock(&self.calls.slots)
             .get_mut(&marker)
-            .map(|s| (s.needs_input.take(), s.too_large))
+            .map(|s| {
+                (
+                    s.needs_input.take(),
+                    s.too_large,
+                    s.unattributed_elicitation,
+                )
+            })
             .unwrap_or_default();
         if too_large {
             return CallOutcome::AnswerTooLarge {
@@ -1558,6 +1580,13 @@ impl Shared {
             // We answered the server's elicitation with `cancel`; whatever it
             // returned after that is not the answer the user would give.
             return CallOutcome::NeedsInput(needed);
+        }
+        if unattributed && response.is_ok() {
+            return CallOutcome::Malformed {
+                reason: "the server asked for input (elicitation/create) while several calls were in flight on this connection, \
+                         so Belay could not tell which call asked and answered `cancel`; this call's answer may reflect that cancelled question"
+                    .into(),
+            };
         }
         match response {
             Ok(CallToolResponse::Complete(result)) => {
