@@ -54,6 +54,12 @@ use crate::mcp::{
     Discovery, McpClient, McpConfig, ResolvedServer, ToolResult,
 };
 
+/// How long the worker's start waits for each server's first connection,
+/// ms (all servers at once). A server slower than that (or one that never
+/// completes the handshake) goes on connecting in the background, so one
+/// bad server does not hold back the worker's other work.
+const START_WAIT_MS: u64 = 10_000;
+
 /// Most tools one report lists (the engine's limit).
 const MAX_REPORTED_TOOLS: usize = 1000;
 /// Largest definition sent in a report, bytes; a larger one is sent as a
@@ -166,7 +172,20 @@ impl McpTools {
             let tools = Arc::clone(&tools);
             async move {
                 let name = server.name.clone();
-                match mcp::connect(server.clone()).await {
+                let first = tokio::time::timeout(
+                    Duration::from_millis(START_WAIT_MS),
+                    mcp::connect(server.clone()),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(mcp::McpError::Connect {
+                        server: name.clone(),
+                        message: format!(
+                            "not connected within {START_WAIT_MS} ms of the worker's start"
+                        ),
+                    })
+                });
+                match first {
                     Ok(client) => tools.connected(&name, client).await,
                     Err(e) => {
                         tracing::error!(
@@ -520,7 +539,7 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
             ),
         ),
         CallOutcome::Refused(refusal) => fail(
-            FailureClass::Rejected,
+            class.unwrap_or(FailureClass::Rejected),
             format!("{named} was not called: {refusal}"),
         ),
         CallOutcome::Disconnected { reason } => fail(
@@ -729,6 +748,18 @@ mod tests {
             "{error}"
         );
 
+        // A `{{config.X}}` this worker lacks: nothing was sent, and another
+        // worker may have it.
+        assert!(matches!(
+            report(CallOutcome::Refused(CallRefusal::MissingConfigValue {
+                name: "X-Key".into(),
+                reason: "`{{config.K}}` has no value".into(),
+            })),
+            McpCallReport::Fail {
+                class: FailureClass::NotSent,
+                ..
+            }
+        ));
         // A question for a person is handed to the engine as it came (the
         // engine decides, by repeat safety, whether to wait).
         let needed = InputNeeded {

@@ -531,10 +531,12 @@ impl CallOutcome {
     pub fn failure_class(&self) -> Option<FailureClass> {
         match self {
             Self::Ok(_) | Self::NeedsInput(_) => None,
+            Self::Disconnected { .. } | Self::Refused(CallRefusal::MissingConfigValue { .. }) => {
+                Some(FailureClass::NotSent)
+            }
             Self::ToolError(_) | Self::Rejected { .. } | Self::Refused(_) => {
                 Some(FailureClass::Rejected)
             }
-            Self::Disconnected { .. } => Some(FailureClass::NotSent),
             Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
                 Some(FailureClass::MayHaveActed)
             }
@@ -621,6 +623,16 @@ pub enum CallRefusal {
         /// Header name.
         name: String,
         /// Why.
+        reason: String,
+    },
+    /// A per-call header's `{{config.NAME}}` has no value in this worker's
+    /// configuration: nothing was sent, and another worker may have it
+    /// (`NOT_SENT`).
+    #[error("header `{name}`: {reason}")]
+    MissingConfigValue {
+        /// Header name.
+        name: String,
+        /// Which placeholder.
         reason: String,
     },
     /// Per-call headers were given for a stdio server.

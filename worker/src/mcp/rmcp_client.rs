@@ -1374,6 +1374,12 @@ impl Shared {
                 };
                 let value = match resolve_placeholders(&server, value, &self.server.config_values) {
                     Ok(v) => v,
+                    Err(e @ crate::mcp::config::ConfigError::MissingConfigValue { .. }) => {
+                        return CallOutcome::Refused(CallRefusal::MissingConfigValue {
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        });
+                    }
                     Err(e) => return invalid(e.to_string()),
                 };
                 if let Err(e) = check_header(&server, name, &value) {
