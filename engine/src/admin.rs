@@ -100,7 +100,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub enum AdminError {
     /// The token configuration (`name:token[:tenant],...`) is malformed.
     /// Never produced by a request.
-    #[error("invalid admin token configuration: {0}")]
+    #[error("invalid token configuration (`name:token[:tenant],…`): {0}")]
     Config(String),
     /// No bearer token, or one that matches no configured token: 401.
     #[error("{0}")]

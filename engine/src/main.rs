@@ -247,8 +247,17 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             tenant: args.mcp.mcp_tenant.trim().to_owned(),
             workflows: clean(&args.mcp.mcp_workflows),
             caller_grants: clean(&args.mcp.mcp_caller_grants),
-            auth: AdminAuth::parse(args.mcp.mcp_tokens.as_deref().unwrap_or(""))
-                .context("--mcp-tokens (BELAY_MCP_TOKENS)")?,
+            auth: {
+                let auth = AdminAuth::parse(args.mcp.mcp_tokens.as_deref().unwrap_or(""))
+                    .context("--mcp-tokens (BELAY_MCP_TOKENS)")?;
+                for name in auth.weak_tokens() {
+                    tracing::warn!(
+                        token = name,
+                        "MCP token is shorter than {RECOMMENDED_TOKEN_CHARS} characters"
+                    );
+                }
+                auth
+            },
             allowed_hosts: clean(&args.mcp.mcp_allowed_hosts),
             allowed_origins: clean(&args.mcp.mcp_allowed_origins),
             wait_ms: args.mcp.mcp_wait_ms,
