@@ -2055,16 +2055,29 @@ impl Step {
     /// `result` of call `call_id` with its secrets redacted (`scrub.rs`),
     /// unless its tool says `scrub_secrets: false`.
     fn scrubbed(&self, call_id: &str, result: Value) -> Value {
-        let scrub = self
-            .state
-            .tool_calls
-            .get(call_id)
-            .and_then(|c| self.state.plan.as_ref()?.tools.get(&c.tool))
-            .is_none_or(|t| t.def.scrub_secrets);
-        if scrub {
+        if self.scrubs(call_id) {
             scrub::scrub(&result).0
         } else {
             result
+        }
+    }
+
+    /// Whether what call `call_id` answers is scrubbed: unless its tool
+    /// says `scrub_secrets: false` (a model call's errors always are).
+    fn scrubs(&self, call_id: &str) -> bool {
+        self.state
+            .tool_calls
+            .get(call_id)
+            .and_then(|c| self.state.plan.as_ref()?.tools.get(&c.tool))
+            .is_none_or(|t| t.def.scrub_secrets)
+    }
+
+    /// [`Step::scrubbed`] for an error text.
+    fn scrubbed_text(&self, call_id: &str, text: &str) -> String {
+        if self.scrubs(call_id) {
+            scrub::scrub_text(text, &mut 0)
+        } else {
+            text.to_owned()
         }
     }
 
@@ -2093,7 +2106,7 @@ impl Step {
         let Err(errors) = crate::definitions::validate_json(&tool.def.output_schema, result) else {
             return Ok(None);
         };
-        let text = result.to_string();
+        let text = self.scrubbed(call_id, result.clone()).to_string();
         let excerpt = normalize::truncate_str(&text, RESULT_EXCERPT_BYTES);
         let class = if call.repeat_safety == RepeatSafety::Reconcile {
             FailureClass::MayHaveActed
@@ -2509,7 +2522,9 @@ impl Step {
             lease_expired,
             status_code,
         } = failure;
-        let error = normalize::strip_nul(&error);
+        // An error quotes what the tool answered (an HTTP body, a result):
+        // its secrets go no further than a result's would.
+        let error = self.scrubbed_text(&call_id, &normalize::strip_nul(&error));
         // A tool node has no agent: it gets the agents' default limits.
         let (max_model_attempts, max_tool_attempts) = self
             .state

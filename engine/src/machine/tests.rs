@@ -2311,3 +2311,23 @@ fn attempts_that_sent_nothing_have_a_longer_allowance_than_attempts_that_may_hav
         tool_results(&run)
     );
 }
+
+#[test]
+fn errors_quoting_what_a_tool_answered_are_scrubbed_too() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("wipe", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "HTTP 401: {\"error\":\"bad key\",\"echo\":\"Bearer abcdefghijklmnop\"}".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(401),
+    });
+    let told = tool_results(&run);
+    assert!(
+        told[0].contains("Bearer [REDACTED:bearer_token]") && !told[0].contains("abcdefghijklmnop"),
+        "{told:?}"
+    );
+}
