@@ -629,6 +629,7 @@ mod tests {
             method: method.to_owned(),
             headers: BTreeMap::new(),
             timeout_ms: 1000,
+            request: Default::default(),
         }
     }
 

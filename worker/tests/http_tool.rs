@@ -74,6 +74,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
             method: method.into(),
             headers: BTreeMap::from([("X-Api-Version".to_owned(), "2".to_owned())]),
             timeout_ms: 5_000,
+            request: Default::default(),
         }),
         idempotency_key: "run-1/call-7".into(),
     }
@@ -323,6 +324,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
                 method: method.into(),
                 headers: BTreeMap::new(),
                 timeout_ms: 5_000,
+                request: Default::default(),
             },
             callback_url_field: field.into(),
         }),

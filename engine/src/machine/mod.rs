@@ -3523,11 +3523,13 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
             method,
             headers,
             timeout_ms,
+            request,
         } => ToolBinding::Http(HttpBinding {
             endpoint: endpoint.clone(),
             method: method.clone(),
             headers: headers.clone(),
             timeout_ms: *timeout_ms,
+            request: request.clone(),
         }),
         ToolBindingDef::AsyncWebhook {
             endpoint,
@@ -3535,6 +3537,7 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
             headers,
             timeout_ms,
             callback_url_field,
+            request,
             ..
         } => ToolBinding::AsyncWebhook(AsyncWebhookBinding {
             http: HttpBinding {
@@ -3542,6 +3545,7 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
                 method: method.clone(),
                 headers: headers.clone(),
                 timeout_ms: *timeout_ms,
+                request: request.clone(),
             },
             callback_url_field: callback_url_field.clone(),
         }),
