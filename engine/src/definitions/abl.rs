@@ -501,18 +501,7 @@ fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
         }
     }
     let props = read_props(accepted.into_iter(), cx);
-    let auth = match (&props.auth, props.auth_config) {
-        (Some(auth), config) => build_auth(auth, config, cx),
-        (None, Some(config)) => {
-            cx.error(
-                config.line.no,
-                config.line.col(),
-                "`auth_config:` needs an `auth:` beside it",
-            );
-            None
-        }
-        (None, None) => None,
-    };
+    let auth = props_auth(&props, None, cx);
     FileDefaults {
         base_url: props.base_url.map(|(url, _, _)| url),
         auth,
@@ -802,7 +791,28 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     else {
         return;
     };
-    let binding = match (props.binding_type, props.endpoint, props.workflow_id) {
+    // The file's defaults apply to HTTP requests only.
+    let http_like = matches!(
+        props.binding_type,
+        Some(BindingType::Http | BindingType::AsyncWebhook)
+    );
+    let (headers, default_timeout_ms) = if http_like {
+        (
+            merge_headers(&defaults.headers, props.headers),
+            defaults.timeout_ms,
+        )
+    } else {
+        (props.headers, None)
+    };
+    let timeout_ms = props
+        .timeout_ms
+        .or(default_timeout_ms)
+        .unwrap_or(DEFAULT_TIMEOUT_MS);
+    let method = props.method.unwrap_or_else(|| "POST".to_string());
+    let endpoint = props
+        .endpoint
+        .map(|(e, _, _)| join_base_url(defaults.base_url.as_deref(), e));
+    let binding = match (props.binding_type, endpoint, props.workflow_id) {
         (Some(BindingType::Mcp), _, _) => {
             let Some(server) = props.server else {
                 return;
@@ -810,18 +820,15 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             ToolBindingDef::Mcp {
                 server,
                 server_tool: props.server_tool.unwrap_or_else(|| sig.name.clone()),
-                headers: props.headers,
-                timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+                headers,
+                timeout_ms,
             }
         }
-        (Some(BindingType::Http), Some((endpoint, _, _)), _) => ToolBindingDef::Http {
-            endpoint: join_base_url(defaults.base_url.as_deref(), endpoint),
-            method: props.method.unwrap_or_else(|| "POST".to_string()),
-            headers: merge_headers(&defaults.headers, props.headers),
-            timeout_ms: props
-                .timeout_ms
-                .or(defaults.timeout_ms)
-                .unwrap_or(DEFAULT_TIMEOUT_MS),
+        (Some(BindingType::Http), Some(endpoint), _) => ToolBindingDef::Http {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
             request,
         },
         (Some(BindingType::Workflow), _, Some(workflow)) => ToolBindingDef::Workflow {
@@ -830,26 +837,21 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             timeout_ms: props.workflow_timeout_ms,
             param_mapping: props.param_mapping,
         },
-        (Some(BindingType::AsyncWebhook), Some((endpoint, _, _)), _) => {
-            ToolBindingDef::AsyncWebhook {
-                endpoint: join_base_url(defaults.base_url.as_deref(), endpoint),
-                method: props.method.unwrap_or_else(|| "POST".to_string()),
-                headers: merge_headers(&defaults.headers, props.headers),
-                timeout_ms: props
-                    .timeout_ms
-                    .or(defaults.timeout_ms)
-                    .unwrap_or(DEFAULT_TIMEOUT_MS),
-                request,
-                callback_url_field: props
-                    .callback_url_field
-                    .map(|(f, _, _)| f)
-                    .unwrap_or_else(|| DEFAULT_CALLBACK_URL_FIELD.to_string()),
-                callback_timeout_ms: props
-                    .callback_timeout_seconds
-                    .unwrap_or(DEFAULT_CALLBACK_TIMEOUT_SECONDS)
-                    * 1000,
-            }
-        }
+        (Some(BindingType::AsyncWebhook), Some(endpoint), _) => ToolBindingDef::AsyncWebhook {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+            request,
+            callback_url_field: props
+                .callback_url_field
+                .map(|(f, _, _)| f)
+                .unwrap_or_else(|| DEFAULT_CALLBACK_URL_FIELD.to_string()),
+            callback_timeout_ms: props
+                .callback_timeout_seconds
+                .unwrap_or(DEFAULT_CALLBACK_TIMEOUT_SECONDS)
+                * 1000,
+        },
         _ => return,
     };
     let confirmation = props
@@ -915,18 +917,7 @@ fn http_request_options(
         // Already reported: no second error about these properties.
         Some(BindingType::Unsupported) | None => return HttpRequestOptions::default(),
     };
-    let auth = match (&props.auth, props.auth_config) {
-        (Some(auth), config) => build_auth(auth, config, cx),
-        (None, Some(config)) => {
-            cx.error(
-                config.line.no,
-                config.line.col(),
-                "`auth_config:` needs an `auth:` beside it (it does not extend the file's `auth:`)",
-            );
-            None
-        }
-        (None, None) => defaults.auth.clone(),
-    };
+    let auth = props_auth(props, defaults.auth.as_ref(), cx);
     let query_params = props
         .query_params
         .map(|block| read_query_params(block, sig, name, cx))
@@ -996,6 +987,23 @@ fn http_request_options(
         body_type,
         body_mode,
         body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
+    }
+}
+
+/// The `auth:` and `auth_config:` of `props`, or `fallback` (the file's)
+/// when neither is written.
+fn props_auth(props: &Props<'_>, fallback: Option<&HttpAuth>, cx: &mut Cx<'_>) -> Option<HttpAuth> {
+    match (&props.auth, props.auth_config) {
+        (Some(auth), config) => build_auth(auth, config, cx),
+        (None, Some(config)) => {
+            cx.error(
+                config.line.no,
+                config.line.col(),
+                "`auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)",
+            );
+            None
+        }
+        (None, None) => fallback.cloned(),
     }
 }
 
@@ -1112,17 +1120,7 @@ fn read_query_pair(
     cx: &mut Cx<'_>,
 ) -> Option<(QueryParam, u32, u32)> {
     let line = &entry.line;
-    let Some(kv) = split_key(line).filter(|kv| !kv.optional) else {
-        cx.error(
-            line.no,
-            line.col(),
-            format!(
-                "expected `key: value` or `- key: K` in `query_params:`, found `{}`",
-                head(&line.text)
-            ),
-        );
-        return None;
-    };
+    let kv = entry_kv(line, "`key: value` or `- key: K` in `query_params:`", cx)?;
     if let Some(first) = seen.insert(kv.key.to_owned(), line.no) {
         cx.error(
             line.no,
@@ -1378,26 +1376,16 @@ fn read_auth_config(
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
     for entry in &block.children {
         let line = &entry.line;
-        let Some(kv) = split_key(line).filter(|kv| !kv.optional) else {
-            cx.error(
-                line.no,
-                line.col(),
-                format!(
-                    "expected `property: value` in `auth_config:`, found `{}`",
-                    head(&line.text)
-                ),
-            );
+        let Some(kv) = entry_kv(line, "`property: value` in `auth_config:`", cx) else {
             continue;
         };
-        if let Some(first) = seen.insert(kv.key, line.no) {
-            cx.error(
-                line.no,
-                kv.key_col,
-                format!(
-                    "duplicate `{}` in `auth_config:` (first on line {first})",
-                    kv.key
-                ),
-            );
+        if !first_time(
+            &mut seen,
+            &kv,
+            line.no,
+            &format!("`{}` in `auth_config:`", kv.key),
+            cx,
+        ) {
             continue;
         }
         let Some(key) = allowed.iter().find(|k| **k == kv.key).copied() else {
@@ -1659,12 +1647,8 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
         } else {
             kv.key
         };
-        if let Some(first) = seen.insert(key, line.no) {
-            cx.error(
-                line.no,
-                kv.key_col,
-                format!("duplicate property `{}` (first on line {first})", kv.key),
-            );
+        let what = format!("property `{}`", kv.key);
+        if !first_time(&mut seen, &KeyValue { key, ..kv }, line.no, &what, cx) {
             continue;
         }
         props.present.insert(key.to_string());
@@ -1692,40 +1676,24 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 }
             }
             "body_type" => {
-                if let Some(s) = scalar(child, &kv, cx) {
-                    let body_type = match s.as_str() {
-                        "json" => Some(BodyType::Json),
-                        "form" => Some(BodyType::Form),
-                        "text" => Some(BodyType::Text),
-                        _ => None,
-                    };
-                    match body_type {
-                        Some(t) => props.body_type = Some((t, line.no, kv.value_col)),
-                        None if s == "xml" => cx.error(
-                            line.no,
-                            kv.value_col,
-                            "`body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
-                        ),
-                        None => cx.error(
-                            line.no,
-                            kv.value_col,
-                            format!("unknown body_type `{s}` (expected `json`, `form` or `text`)"),
-                        ),
-                    }
+                let choices = [
+                    ("json", BodyType::Json),
+                    ("form", BodyType::Form),
+                    ("text", BodyType::Text),
+                ];
+                if kv.value.trim_matches(['"', '\'']) == "xml" {
+                    cx.error(
+                        line.no,
+                        kv.value_col,
+                        "`body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
+                    );
+                } else if let Some(t) = keyword(child, &kv, &choices, cx) {
+                    props.body_type = Some((t, line.no, kv.value_col));
                 }
             }
             "body_mode" => {
-                if let Some(s) = scalar(child, &kv, cx) {
-                    match s.as_str() {
-                        "auto" => props.body_mode = Some(BodyMode::Auto),
-                        "none" => props.body_mode = Some(BodyMode::None),
-                        _ => cx.error(
-                            line.no,
-                            kv.value_col,
-                            format!("unknown body_mode `{s}` (expected `auto` or `none`)"),
-                        ),
-                    }
-                }
+                let choices = [("auto", BodyMode::Auto), ("none", BodyMode::None)];
+                props.body_mode = keyword(child, &kv, &choices, cx).or(props.body_mode);
             }
             "body_template" => {
                 if let Some(s) = scalar(child, &kv, cx) {
@@ -1806,24 +1774,12 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 }
             }
             "repeat_safety" => {
-                if let Some(s) = scalar(child, &kv, cx) {
-                    let safety = match s.as_str() {
-                        "never" => Some(RepeatSafety::Never),
-                        "idempotent" => Some(RepeatSafety::Idempotent),
-                        "reconcile" => Some(RepeatSafety::Reconcile),
-                        _ => None,
-                    };
-                    match safety {
-                        Some(r) => props.repeat_safety = Some(r),
-                        None => cx.error(
-                            line.no,
-                            kv.value_col,
-                            format!(
-                                "unknown repeat_safety `{s}` (expected `never`, `idempotent` or `reconcile`)"
-                            ),
-                        ),
-                    }
-                }
+                let choices = [
+                    ("never", RepeatSafety::Never),
+                    ("idempotent", RepeatSafety::Idempotent),
+                    ("reconcile", RepeatSafety::Reconcile),
+                ];
+                props.repeat_safety = keyword(child, &kv, &choices, cx).or(props.repeat_safety);
             }
             "reconcile_with" => {
                 if let Some(s) = scalar(child, &kv, cx) {
@@ -1874,17 +1830,8 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 }
             }
             "mode" => {
-                if let Some(s) = scalar(child, &kv, cx) {
-                    match s.as_str() {
-                        "sync" => props.mode = Some(ChildMode::Sync),
-                        "async" => props.mode = Some(ChildMode::Async),
-                        _ => cx.error(
-                            line.no,
-                            kv.value_col,
-                            format!("unknown mode `{s}` (expected `sync` or `async`)"),
-                        ),
-                    }
-                }
+                let choices = [("sync", ChildMode::Sync), ("async", ChildMode::Async)];
+                props.mode = keyword(child, &kv, &choices, cx).or(props.mode);
             }
             "timeout_ms" => {
                 if let Some(s) = scalar(child, &kv, cx) {
@@ -1979,6 +1926,67 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
         }
     }
     props
+}
+
+/// The `key: value` of `line` (no `key?:`); else the error "expected
+/// {expected}, found `…`".
+fn entry_kv<'l>(line: &'l Line, expected: &str, cx: &mut Cx<'_>) -> Option<KeyValue<'l>> {
+    let kv = split_key(line).filter(|kv| !kv.optional);
+    if kv.is_none() {
+        cx.error(
+            line.no,
+            line.col(),
+            format!("expected {expected}, found `{}`", head(&line.text)),
+        );
+    }
+    kv
+}
+
+/// A one-line value that is one of `choices`; else an error "unknown KEY
+/// `value` (expected `a` or `b`)" at the value.
+fn keyword<T: Copy>(
+    block: &Block,
+    kv: &KeyValue<'_>,
+    choices: &[(&str, T)],
+    cx: &mut Cx<'_>,
+) -> Option<T> {
+    let s = scalar(block, kv, cx)?;
+    if let Some((_, value)) = choices.iter().find(|(name, _)| *name == s) {
+        return Some(*value);
+    }
+    let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
+    let expected = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    cx.error(
+        block.line.no,
+        kv.value_col,
+        format!("unknown {} `{s}` (expected {expected})", kv.key),
+    );
+    None
+}
+
+/// Records that `kv.key` was written on `line`; `false`, with the error
+/// "duplicate {what} (first on line N)" at the key, if it was already.
+fn first_time<'k>(
+    seen: &mut BTreeMap<&'k str, u32>,
+    kv: &KeyValue<'k>,
+    line: u32,
+    what: &str,
+    cx: &mut Cx<'_>,
+) -> bool {
+    match seen.insert(kv.key, line) {
+        None => true,
+        Some(first) => {
+            cx.error(
+                line,
+                kv.key_col,
+                format!("duplicate {what} (first on line {first})"),
+            );
+            false
+        }
+    }
 }
 
 /// The value of a one-line property; `None` (with an error) otherwise.
@@ -2456,12 +2464,7 @@ fn enrich_field(field: &mut Field, blocks: &[Block], depth: usize, cx: &mut Cx<'
             cx.error(line.no, e.column, e.message);
             continue;
         }
-        if let Some(first) = seen.insert(kv.key, line.no) {
-            cx.error(
-                line.no,
-                kv.key_col,
-                format!("duplicate field `{}` (first on line {first})", kv.key),
-            );
+        if !first_time(&mut seen, &kv, line.no, &format!("field `{}`", kv.key), cx) {
             continue;
         }
         if !child.children.is_empty() {
@@ -3118,17 +3121,29 @@ TOOLS:
         );
     }
 
-    fn http_request(content: &str) -> (String, BTreeMap<String, String>, u64, HttpRequestOptions) {
-        match one_tool(content).binding {
+    /// Endpoint, headers, timeout and request options of an http binding.
+    fn http_parts(
+        binding: &ToolBindingDef,
+    ) -> (String, BTreeMap<String, String>, u64, HttpRequestOptions) {
+        match binding {
             ToolBindingDef::Http {
                 endpoint,
                 headers,
                 timeout_ms,
                 request,
                 ..
-            } => (endpoint, headers, timeout_ms, request),
+            } => (
+                endpoint.clone(),
+                headers.clone(),
+                *timeout_ms,
+                request.clone(),
+            ),
             other => panic!("an http tool, not {other:?}"),
         }
+    }
+
+    fn http_request(content: &str) -> (String, BTreeMap<String, String>, u64, HttpRequestOptions) {
+        http_parts(&one_tool(content).binding)
     }
 
     #[test]
@@ -3268,7 +3283,7 @@ TOOLS:
         assert_eq!(
             errs("    auth_config:\n      token: \"{{config.T}}\"\n"),
             vec![
-                "7:5: `auth_config:` needs an `auth:` beside it (it does not extend the file's `auth:`)"
+                "7:5: `auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)"
             ]
         );
         assert_eq!(
@@ -3475,18 +3490,9 @@ TOOLS:
 "#,
         );
         assert_eq!(out.errors, vec![]);
-        let ToolBindingDef::Http {
-            endpoint,
-            headers,
-            timeout_ms,
-            request,
-            ..
-        } = &out.tools[0].binding
-        else {
-            panic!("http");
-        };
+        let (endpoint, headers, timeout_ms, request) = http_parts(&out.tools[0].binding);
         assert_eq!(endpoint, "https://api.hotels.com/v1/search");
-        assert_eq!(*timeout_ms, 5000);
+        assert_eq!(timeout_ms, 5000);
         assert_eq!(headers["Accept"], "application/json");
         assert_eq!(headers["X-Api-Version"], "2024-01");
         assert_eq!(
@@ -3495,22 +3501,13 @@ TOOLS:
                 token: "{{config.HOTELS_TOKEN}}".into()
             }
         );
-        let ToolBindingDef::Http {
-            endpoint,
-            headers,
-            timeout_ms,
-            request,
-            ..
-        } = &out.tools[1].binding
-        else {
-            panic!("http");
-        };
+        let (endpoint, headers, timeout_ms, request) = http_parts(&out.tools[1].binding);
         assert_eq!(endpoint, "https://other.example.com/hotels/{hotel_id}");
-        assert_eq!(*timeout_ms, 2000);
+        assert_eq!(timeout_ms, 2000);
         // The tool's `accept` wins over the default `Accept`.
         assert_eq!(
             headers,
-            &BTreeMap::from([
+            BTreeMap::from([
                 ("X-Api-Version".into(), "2024-01".into()),
                 ("accept".into(), "text/plain".into()),
             ])
@@ -3532,7 +3529,7 @@ TOOLS:
                 "5:3: expected a tool signature `name(params) -> ReturnType`, found `type: http`",
                 "2:13: `base_url` must be an absolute http(s) URL, not `api.example.com`",
                 "7:5: header `X-A`: placeholder `{{session.a}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
-                "3:3: `auth_config:` needs an `auth:` beside it",
+                "3:3: `auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)",
                 "11:15: `base_url:` is a file-level default: put it under `TOOLS:`, above the first tool",
                 "14:3: file-level default `timeout:` must come before the first tool",
             ]
