@@ -578,10 +578,10 @@ fn prepare_http(
         Value::Null => Some(Map::new()),
         _ => None,
     };
-    let endpoint = fill_path_params(&binding.endpoint, &mut remaining)?;
-    let mut url = resolve_endpoint(&endpoint, base_url)?;
     // Templates read every argument; what they name is not sent again.
     let all_args = remaining.clone().unwrap_or_default();
+    let endpoint = fill_path_params(&binding.endpoint, &mut remaining)?;
+    let mut url = resolve_endpoint(&endpoint, base_url)?;
     let templated = options
         .query_params
         .iter()
@@ -1093,6 +1093,17 @@ mod tests {
         assert!(req.body().is_none());
         assert_eq!(req.url().query(), None);
         assert!(req.headers().get(CONTENT_TYPE).is_none());
+    }
+
+    #[test]
+    fn templates_see_path_parameters_too() {
+        let mut b = binding("http://h/u/{id}", "GET");
+        b.request.query_params = vec![QueryParam {
+            key: "ref".into(),
+            value: "u-{{id}}".into(),
+        }];
+        let req = prepare(&b, &json!({"id": 7, "x": "y"}), None).unwrap();
+        assert_eq!(req.url().as_str(), "http://h/u/7?ref=u-7&x=y");
     }
 
     #[test]

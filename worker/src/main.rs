@@ -128,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
         tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
-        tool_config: ConfigValues::from_env_vars(std::env::vars()),
+        tool_config: ConfigValues::from_env(),
     };
     belay_worker::run(config, shutdown_signal()).await
 }

@@ -46,6 +46,15 @@ impl ConfigValues {
         )
     }
 
+    /// The `BELAY_TOOL_CONFIG_<NAME>` variables of this process's
+    /// environment (a variable that is not Unicode is skipped).
+    pub fn from_env() -> Self {
+        Self::from_env_vars(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
+    }
+
     /// These values, plus those of `other` whose names are not here (this
     /// set wins).
     #[must_use]
