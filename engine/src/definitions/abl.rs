@@ -3519,6 +3519,60 @@ TOOLS:
         ));
     }
 
+    /// The example of the README's "HTTP tools" section, as written there.
+    #[test]
+    fn readme_http_example_parses() {
+        let out = parse(
+            r#"TOOLS:
+  # File-level defaults: above the first tool, for every HTTP tool of the file.
+  base_url: "https://crm.example.com/v1"   # joined to endpoints that are paths
+  auth: bearer
+  auth_config:
+    token: "{{config.CRM_TOKEN}}"          # a credential is always a placeholder
+  timeout: 5000                            # ms (or 5s)
+  headers:
+    X-Api-Version: "2024-01"               # merged; a tool's header of the same name wins
+
+  search_customers(q: string, tags?: string[], limit: number = 20) -> object
+    type: http
+    endpoint: "/customers/search"          # https://crm.example.com/v1/customers/search
+    method: GET
+    query_params:                          # in this order; `- key:` items may repeat a key
+      q: "{{q}}"
+      - key: tag
+        value: "{{tags}}"                  # an array repeats the key: tag=a&tag=b
+      - key: tag
+        value: "vip"
+    body_mode: none                        # arguments not named above are not sent
+    permission: crm.read
+    repeat_safety: idempotent
+
+  create_note(customer_id: string, text: string) -> object
+    type: http
+    endpoint: "/customers/{customer_id}/notes"
+    method: POST
+    auth: oauth2_client                    # replaces the file's auth
+    auth_config:
+      token_url: "https://auth.example.com/oauth/token"
+      client_id: "belay-crm"
+      client_secret: "{{config.CRM_OAUTH_SECRET}}"
+      scopes: "notes:write"
+    body_template: '{"note": {"body": "{{text}}", "source": "belay"}}'
+    permission: crm.write
+    repeat_safety: idempotent
+"#,
+        );
+        assert_eq!(out.errors, vec![]);
+        let (endpoint, headers, timeout_ms, request) = http_parts(&out.tools[0].binding);
+        assert_eq!(endpoint, "https://crm.example.com/v1/customers/search");
+        assert_eq!(headers["X-Api-Version"], "2024-01");
+        assert_eq!(timeout_ms, 5000);
+        assert_eq!(request.query_params.len(), 3);
+        assert_eq!(request.body_mode, BodyMode::None);
+        let (_, _, _, request) = http_parts(&out.tools[1].binding);
+        assert!(matches!(request.auth, HttpAuth::Oauth2Client { .. }));
+    }
+
     #[test]
     fn file_level_default_errors() {
         assert_eq!(
