@@ -380,6 +380,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
+        tool_config: belay_worker::placeholders::ConfigValues::from_env(),
         ..WorkerConfig::new(format!("http://{}", reachable(grpc_addr)), worker_id)
     };
     let mut worker = tokio::spawn(belay_worker::run(config, stopped(&worker_stopped)));

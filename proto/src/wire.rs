@@ -167,11 +167,209 @@ pub struct HttpBinding {
     pub endpoint: String,
     /// HTTP method, upper case.
     pub method: String,
-    /// Extra request headers.
+    /// Extra request headers; values may hold `{{config.NAME}}`, resolved by
+    /// the worker from its configuration (the spec carries the placeholder,
+    /// never the value).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Whole-request timeout in ms.
     pub timeout_ms: u64,
+    /// Authentication, query parameters and body encoding. Added after the
+    /// SSRF release; every field defaults and is left out when it has its
+    /// default, so older specs decode and unchanged bindings serialize as
+    /// before.
+    #[serde(flatten)]
+    pub request: HttpRequestOptions,
+}
+
+/// How an HTTP tool request is authenticated, built and encoded beyond its
+/// endpoint, method, headers and timeout (`.tools.abl`: `auth:` +
+/// `auth_config:`, `query_params:`, `body_type:`, `body_mode:`,
+/// `body_template:`). Shared by the stored tool definition and the task
+/// spec, so the engine copies it as it is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HttpRequestOptions {
+    /// `auth:`; default none.
+    #[serde(default, skip_serializing_if = "HttpAuth::is_none")]
+    pub auth: HttpAuth,
+    /// `query_params:`, in declaration order; a key may repeat. Added to
+    /// the endpoint's own query, before the arguments that `body_mode: auto`
+    /// sends as query parameters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_params: Vec<QueryParam>,
+    /// `body_type:`; default JSON.
+    #[serde(default, skip_serializing_if = "BodyType::is_json")]
+    pub body_type: BodyType,
+    /// `body_mode:`; default `auto`.
+    #[serde(default, skip_serializing_if = "BodyMode::is_auto")]
+    pub body_mode: BodyMode,
+    /// `body_template:` (alias `body:`): the body, with `{{param}}`
+    /// placeholders filled from the arguments (see [`BodyType`] for how).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_template: Option<String>,
+}
+
+/// `auth:` of an HTTP tool with its `auth_config:`. Secrets are
+/// `{{config.NAME}}` placeholders, resolved by the worker right before the
+/// request; a stored definition or spec never holds a credential.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HttpAuth {
+    /// `auth: none`: no credentials.
+    #[default]
+    None,
+    /// `auth: bearer`: `Authorization: Bearer <token>` (RFC 6750 §2.1).
+    Bearer {
+        /// `auth_config.token`: holds a `{{config.NAME}}` placeholder.
+        token: String,
+    },
+    /// `auth: api_key`: the key in a header of its own.
+    ApiKey {
+        /// `auth_config.header_name`; default `X-API-Key`.
+        header_name: String,
+        /// `auth_config.key`: holds a `{{config.NAME}}` placeholder.
+        key: String,
+    },
+    /// `auth: oauth2_client`: an access token from the OAuth 2.0
+    /// client-credentials grant (RFC 6749 §4.4), sent as a bearer token
+    /// (RFC 6750 §2.1). The worker caches it per (token URL, client id,
+    /// scopes) until shortly before it expires.
+    Oauth2Client {
+        /// `auth_config.token_url`: the token endpoint, an absolute http(s) URL.
+        token_url: String,
+        /// `auth_config.client_id`: literal or a `{{config.NAME}}` placeholder.
+        client_id: String,
+        /// `auth_config.client_secret`: holds a `{{config.NAME}}` placeholder.
+        client_secret: String,
+        /// `auth_config.scopes`: space-separated scopes; empty: none asked for.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        scopes: String,
+    },
+    /// `auth: custom`: headers of the author's choice.
+    Custom {
+        /// `auth_config.custom_headers`: values may hold `{{config.NAME}}`.
+        headers: BTreeMap<String, String>,
+    },
+}
+
+impl HttpAuth {
+    /// Whether this is [`HttpAuth::None`] (for `skip_serializing_if`).
+    pub fn is_none(&self) -> bool {
+        *self == HttpAuth::None
+    }
+}
+
+/// One `query_params:` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryParam {
+    /// The query key, sent percent-encoded.
+    pub key: String,
+    /// Literal text with `{{param}}` placeholders naming tool parameters. A
+    /// value that is exactly one placeholder sends nothing for an absent or
+    /// `null` argument and repeats the key for each item of an array; in any
+    /// other value an absent or `null` argument leaves the pair out.
+    pub value: String,
+}
+
+/// `body_type:`: how the body is encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyType {
+    /// `application/json`. A template is JSON whose strings may hold
+    /// placeholders; a string that is exactly `"{{param}}"` becomes the
+    /// argument's JSON value.
+    #[default]
+    Json,
+    /// `application/x-www-form-urlencoded`. Arguments are pairs (arrays
+    /// repeat the key, objects are JSON text); in a template each
+    /// placeholder's value is form-encoded.
+    Form,
+    /// `text/plain; charset=utf-8`, from a template only; placeholders are
+    /// replaced by the argument as text (strings as they are, other values
+    /// as JSON text).
+    Text,
+}
+
+impl BodyType {
+    /// Whether this is [`BodyType::Json`] (for `skip_serializing_if`).
+    pub fn is_json(&self) -> bool {
+        *self == BodyType::Json
+    }
+}
+
+/// `body_mode:`: where the arguments not used by the path, `query_params:`
+/// or a template go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyMode {
+    /// POST, PUT and PATCH send them as the body; other methods as query
+    /// parameters.
+    #[default]
+    Auto,
+    /// They are not sent: no body (unless a template), no extra query.
+    None,
+}
+
+impl BodyMode {
+    /// Whether this is [`BodyMode::Auto`] (for `skip_serializing_if`).
+    pub fn is_auto(&self) -> bool {
+        *self == BodyMode::Auto
+    }
+}
+
+/// One piece of a text with `{{ … }}` placeholders ([`split_placeholders`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplatePiece<'a> {
+    /// Literal text.
+    Text(&'a str),
+    /// What stands between `{{` and `}}`, trimmed, with the byte offset of
+    /// its `{{` in the text.
+    Placeholder {
+        /// The trimmed inside, e.g. `config.TOKEN` or `customer_id`.
+        inner: &'a str,
+        /// Byte offset of the opening `{{`.
+        at: usize,
+    },
+}
+
+/// Splits `text` into literal text and `{{ … }}` placeholders: the one
+/// scanner for the placeholders of headers, auth settings, query values and
+/// body templates, used by the parser (to check them) and by the worker (to
+/// fill them). `Err(offset)`: the `{{` at byte `offset` is not closed.
+pub fn split_placeholders(text: &str) -> Result<Vec<TemplatePiece<'_>>, usize> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    let mut offset = 0;
+    while let Some(start) = rest.find("{{") {
+        if start > 0 {
+            pieces.push(TemplatePiece::Text(&rest[..start]));
+        }
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            return Err(offset + start);
+        };
+        pieces.push(TemplatePiece::Placeholder {
+            inner: after[..end].trim(),
+            at: offset + start,
+        });
+        let consumed = start + 2 + end + 2;
+        rest = &rest[consumed..];
+        offset += consumed;
+    }
+    if !rest.is_empty() {
+        pieces.push(TemplatePiece::Text(rest));
+    }
+    Ok(pieces)
+}
+
+/// The name of a `{{config.NAME}}` placeholder's inside (`config.NAME`),
+/// when it is one: NAME of ASCII letters, digits, `_`, `-` and `.`.
+pub fn config_placeholder_name(inner: &str) -> Option<&str> {
+    inner.strip_prefix("config.").filter(|n| {
+        !n.is_empty()
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    })
 }
 
 /// Spec of a `tool_call` task.
@@ -194,4 +392,72 @@ pub struct ToolCallSpec {
     /// Absent on a first call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http_binding_without_the_new_fields_decodes_and_encodes_as_before() {
+        let old = r#"{"type":"http","endpoint":"/x","method":"GET","headers":{},"timeout_ms":5}"#;
+        let binding: ToolBinding = serde_json::from_str(old).unwrap();
+        let ToolBinding::Http(http) = &binding else {
+            panic!("http")
+        };
+        assert_eq!(http.request, HttpRequestOptions::default());
+        assert_eq!(serde_json::to_string(&binding).unwrap(), old);
+    }
+
+    #[test]
+    fn request_options_round_trip_flat() {
+        let binding = ToolBinding::Http(HttpBinding {
+            endpoint: "/x".into(),
+            method: "POST".into(),
+            headers: BTreeMap::new(),
+            timeout_ms: 5,
+            request: HttpRequestOptions {
+                auth: HttpAuth::Oauth2Client {
+                    token_url: "https://auth/token".into(),
+                    client_id: "c".into(),
+                    client_secret: "{{config.S}}".into(),
+                    scopes: "a b".into(),
+                },
+                query_params: vec![QueryParam {
+                    key: "k".into(),
+                    value: "{{v}}".into(),
+                }],
+                body_type: BodyType::Form,
+                body_mode: BodyMode::None,
+                body_template: Some("a={{v}}".into()),
+            },
+        });
+        let json = serde_json::to_value(&binding).unwrap();
+        assert_eq!(json["auth"]["type"], "oauth2_client");
+        assert_eq!(json["body_type"], "form");
+        assert_eq!(json["body_mode"], "none");
+        let back: ToolBinding = serde_json::from_value(json).unwrap();
+        assert_eq!(back, binding);
+    }
+
+    #[test]
+    fn placeholders_split() {
+        assert_eq!(
+            split_placeholders("Bearer {{ config.T }}!{{x}}").unwrap(),
+            vec![
+                TemplatePiece::Text("Bearer "),
+                TemplatePiece::Placeholder {
+                    inner: "config.T",
+                    at: 7
+                },
+                TemplatePiece::Text("!"),
+                TemplatePiece::Placeholder { inner: "x", at: 22 },
+            ]
+        );
+        assert_eq!(split_placeholders("a {{b").unwrap_err(), 2);
+        assert_eq!(config_placeholder_name("config.A-b.c"), Some("A-b.c"));
+        assert_eq!(config_placeholder_name("config."), None);
+        assert_eq!(config_placeholder_name("session.x"), None);
+    }
 }

@@ -581,7 +581,17 @@ impl Env {
 
     /// Start a worker connected to engine `engine`.
     pub async fn start_worker(&mut self, engine: usize) -> Result<usize> {
-        self.spawn_worker(engine, &[]).await
+        self.spawn_worker(engine, &[], &[]).await
+    }
+
+    /// Start a worker connected to engine `engine` with `env` added to its
+    /// environment (e.g. `BELAY_TOOL_CONFIG_<NAME>` placeholder values).
+    pub async fn start_worker_with_env(
+        &mut self,
+        engine: usize,
+        env: &[(&str, String)],
+    ) -> Result<usize> {
+        self.spawn_worker(engine, &[], env).await
     }
 
     /// Start a worker connected to engine `engine` whose MCP servers are
@@ -596,12 +606,22 @@ impl Env {
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(format!("mcp-{}.json", uuid::Uuid::new_v4().simple()));
         std::fs::write(&path, serde_json::to_vec_pretty(mcp_config)?)?;
-        self.spawn_worker(engine, &["--mcp-config".into(), path.display().to_string()])
-            .await
+        self.spawn_worker(
+            engine,
+            &["--mcp-config".into(), path.display().to_string()],
+            &[],
+        )
+        .await
     }
 
-    /// A worker on engine `engine` with the example's model and CRM, plus `extra` flags.
-    async fn spawn_worker(&mut self, engine: usize, extra: &[String]) -> Result<usize> {
+    /// A worker on engine `engine` with the example's model and CRM, plus
+    /// `extra` flags and `env` variables.
+    async fn spawn_worker(
+        &mut self,
+        engine: usize,
+        extra: &[String],
+        env: &[(&str, String)],
+    ) -> Result<usize> {
         let id = format!("worker{}", self.workers.len());
         let mut args: Vec<String> = vec![
             "--engine-url".into(),
@@ -623,7 +643,7 @@ impl Env {
             "openai".into(),
         ];
         args.extend_from_slice(extra);
-        let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, &[], false).await?;
+        let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, env, false).await?;
         self.workers.push(worker);
         Ok(self.workers.len() - 1)
     }

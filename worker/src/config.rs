@@ -5,6 +5,7 @@
 //! a worker holds no other state, durable or not.
 
 use crate::mcp::McpConfig;
+use crate::placeholders::ConfigValues;
 use crate::ssrf::NetworkPolicy;
 
 /// Default engine gRPC URL.
@@ -129,6 +130,12 @@ pub struct WorkerConfig {
     /// placeholders (`--mcp-config FILE`, JSON; see [`crate::mcp::config`]).
     /// Empty by default.
     pub mcp: McpConfig,
+    /// Values of the `{{config.NAME}}` placeholders of HTTP tools (header
+    /// values, `auth_config` credentials): `belay-worker` reads the
+    /// `BELAY_TOOL_CONFIG_<NAME>` environment variables; the `config` map
+    /// of [`WorkerConfig::mcp`] fills in names not given here. Secrets:
+    /// `Debug` prints names only. Empty by default.
+    pub tool_config: ConfigValues,
 }
 
 impl WorkerConfig {
@@ -145,6 +152,7 @@ impl WorkerConfig {
             tool_network_policy: NetworkPolicy::default(),
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             mcp: McpConfig::default(),
+            tool_config: ConfigValues::default(),
         }
     }
 }

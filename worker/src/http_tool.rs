@@ -12,13 +12,31 @@
 //!   HTTP base URL;
 //! - `{name}` in the endpoint: replaced by the percent-encoded argument `name`
 //!   (string, number or boolean), which is then removed from the arguments;
-//! - GET, DELETE, HEAD, OPTIONS and other methods without a body: remaining
-//!   top-level arguments become query parameters (arrays repeat the key,
-//!   nulls are left out, objects are sent as JSON text);
-//! - POST, PUT, PATCH: remaining arguments are the JSON body;
-//! - headers: the binding's headers, then `Idempotency-Key` (always, and it
-//!   wins over a binding header of the same name);
-//! - timeout: the binding's `timeout_ms` for the whole request.
+//! - `query_params:` ([`QueryParam`]), in order, after the endpoint's own
+//!   query; the arguments their `{{param}}` placeholders name are removed;
+//! - `body_template:`: the body, filled from the arguments (see
+//!   [`BodyType`]); the arguments it names are removed;
+//! - `body_mode: auto` (the default) sends the remaining top-level
+//!   arguments: as the body for POST, PUT and PATCH (JSON object, or form
+//!   pairs), as query parameters for GET, DELETE and other methods without
+//!   a body (arrays repeat the key, nulls are left out, objects are sent as
+//!   JSON text); `body_mode: none` does not send them;
+//! - headers: `Accept: application/json`, the body's `Content-Type`, the
+//!   binding's headers, then the `auth:` headers, then `Idempotency-Key`
+//!   (always, and it wins over a header of the same name);
+//! - timeout: the binding's `timeout_ms` for the whole request (and for an
+//!   OAuth token request).
+//!
+//! Credentials: `{{config.NAME}}` in header values and in `auth_config`
+//! are resolved from the worker's [`ConfigValues`] when the request is
+//! prepared. A name this worker has no value for fails the call with
+//! [`HttpToolError::Unconfigured`] (`NOT_SENT`, before dispatch: another
+//! worker may have it); the placeholder is never sent as it is. Resolved
+//! values are marked sensitive (`Debug` hides them) and appear in no error.
+//! `auth: bearer` sends `Authorization: Bearer <token>` (RFC 6750 §2.1),
+//! `api_key` the key in its header, `custom` its headers, and
+//! `oauth2_client` a bearer token from [`crate::oauth2`] (fetched after
+//! dispatch, cached per worker, fetched again once if the tool answers 401).
 //!
 //! A 2xx answer's body is the result: parsed as JSON, a non-JSON body becomes
 //! a JSON string, an empty body `null`.
@@ -45,13 +63,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belay_proto::v1::FailureClass;
-use belay_proto::wire::{HttpBinding, ToolBinding, ToolCallSpec};
+use belay_proto::wire::{
+    BodyMode, BodyType, HttpAuth, HttpBinding, QueryParam, TemplatePiece, ToolBinding,
+    ToolCallSpec, split_placeholders,
+};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
+use reqwest::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION,
+};
 use reqwest::{Method, Url};
 use serde_json::{Map, Value};
 
 use crate::http_util::{SendFailure, classify_send_error, error_chain, truncate_text};
+use crate::oauth2::{ClientCredentials, Clock, TokenCache, TokenError, form_encode};
+use crate::placeholders::{self, ConfigValues, PlaceholderError};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
 
 /// Characters left as they are in a path parameter: RFC 3986 unreserved.
@@ -80,6 +105,24 @@ pub enum HttpToolError {
     /// Detected before dispatch; the call never starts. Class `REJECTED`.
     #[error("the HTTP tool call cannot be made: {0}")]
     Config(String),
+    /// A `{{config.NAME}}` placeholder of the binding (header or
+    /// `auth_config`) has no value on this worker. Detected before dispatch;
+    /// nothing was sent, and a worker configured with the value can make the
+    /// call. Class `NOT_SENT`.
+    #[error(
+        "{{{{config.{name}}}}} has no value on this worker (set {env}{name}, or `config` in \
+         --mcp-config); nothing was sent"
+    )]
+    Unconfigured {
+        /// The placeholder's NAME.
+        name: String,
+        /// [`crate::placeholders::ENV_PREFIX`].
+        env: &'static str,
+    },
+    /// The OAuth 2.0 token could not be had (see [`crate::oauth2`]): nothing
+    /// was sent to the tool. Class `NOT_SENT`.
+    #[error("{0}; nothing was sent to the tool")]
+    Auth(Box<TokenError>),
     /// The host is, or resolves to, a non-public address the worker's
     /// [`NetworkPolicy`] does not allow (see [`crate::ssrf`]). Nothing was
     /// sent, and repeating changes nothing. Class `REJECTED`.
@@ -147,7 +190,7 @@ impl HttpToolError {
     pub fn class(&self) -> FailureClass {
         match self {
             Self::Config(_) | Self::Refused(_) => FailureClass::Rejected,
-            Self::Connect(_) => FailureClass::NotSent,
+            Self::Connect(_) | Self::Unconfigured { .. } | Self::Auth(_) => FailureClass::NotSent,
             Self::Timeout { .. } | Self::Transport(_) => FailureClass::MayHaveActed,
             Self::Status { method, status, .. } => {
                 if *status == 429 {
@@ -179,7 +222,9 @@ fn has_body(method: &Method) -> bool {
     *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
 }
 
-/// A request ready to send, built by [`HttpToolClient::prepare`].
+/// A request ready to send, built by [`HttpToolClient::prepare`]. Header
+/// values that came from configuration are marked sensitive, so `Debug`
+/// does not show them.
 #[derive(Debug, Clone)]
 pub struct PreparedRequest {
     method: Method,
@@ -189,6 +234,8 @@ pub struct PreparedRequest {
     timeout_ms: u64,
     /// `callback_url_field` of an async webhook: the callback URL goes here.
     callback_url_field: Option<String>,
+    /// `auth: oauth2_client`: the token is fetched when the request is sent.
+    oauth: Option<ClientCredentials>,
 }
 
 /// Put `url` into `body` (a JSON object) at the dot-path `field`, creating
@@ -232,9 +279,14 @@ impl PreparedRequest {
         &self.url
     }
 
-    /// The JSON body, for POST, PUT and PATCH.
+    /// The body, for POST, PUT and PATCH (and a template's).
     pub fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
+    }
+
+    /// The headers (configured values are marked sensitive).
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
     }
 
     /// For a `type: async_webhook` request: put the callback URL from the
@@ -264,12 +316,15 @@ impl PreparedRequest {
     }
 }
 
-/// Executes HTTP tool calls. Cheap to clone (the connection pool is shared).
+/// Executes HTTP tool calls. Cheap to clone (the connection pool and the
+/// OAuth token cache are shared).
 #[derive(Debug, Clone)]
 pub struct HttpToolClient {
     http: reqwest::Client,
     base_url: Option<String>,
     policy: Arc<NetworkPolicy>,
+    config: Arc<ConfigValues>,
+    tokens: Arc<TokenCache>,
 }
 
 impl HttpToolClient {
@@ -291,7 +346,25 @@ impl HttpToolClient {
             http,
             base_url: base_url.filter(|b| !b.trim().is_empty()),
             policy,
+            config: Arc::default(),
+            tokens: Arc::default(),
         })
+    }
+
+    /// This client, resolving `{{config.NAME}}` placeholders from `values`
+    /// (none by default: every placeholder is then [`HttpToolError::Unconfigured`]).
+    #[must_use]
+    pub fn with_config_values(mut self, values: ConfigValues) -> Self {
+        self.config = Arc::new(values);
+        self
+    }
+
+    /// This client, judging OAuth token expiry by `clock` (with an empty
+    /// token cache). Default: [`Clock::system`].
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.tokens = Arc::new(TokenCache::new(clock));
+        self
     }
 
     /// Builds the request for `spec` without any I/O. Every error is
@@ -300,6 +373,9 @@ impl HttpToolClient {
     pub fn prepare(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
         let request = self.prepare_binding(spec)?;
         self.policy.check_url(&request.url)?;
+        if let Some(oauth) = &request.oauth {
+            self.policy.check_url(&oauth.token_url)?;
+        }
         Ok(request)
     }
 
@@ -310,6 +386,7 @@ impl HttpToolClient {
                 &spec.arguments,
                 &spec.idempotency_key,
                 self.base_url.as_deref(),
+                &self.config,
             ),
             ToolBinding::AsyncWebhook(binding) => {
                 let mut request = prepare_http(
@@ -317,6 +394,7 @@ impl HttpToolClient {
                     &spec.arguments,
                     &spec.idempotency_key,
                     self.base_url.as_deref(),
+                    &self.config,
                 )?;
                 if !has_body(&request.method) {
                     return Err(config(format!(
@@ -343,15 +421,54 @@ impl HttpToolClient {
     pub async fn execute(&self, request: PreparedRequest) -> Result<Value, HttpToolError> {
         // `prepare` checked it, but maybe on a client with another policy.
         self.policy.check_url(&request.url)?;
+        let timeout = Duration::from_millis(request.timeout_ms);
+        let Some(oauth) = &request.oauth else {
+            return self.send(&request, None).await;
+        };
+        self.policy.check_url(&oauth.token_url)?;
+        let token = self
+            .tokens
+            .token(&self.http, oauth, timeout)
+            .await
+            .map_err(token_error)?;
+        match self.send(&request, Some(&token)).await {
+            // The tool refused the token (revoked, or expired early): one
+            // new token, one more request (nothing acted on the first).
+            Err(HttpToolError::Status { status: 401, .. }) => {
+                let fresh = self
+                    .tokens
+                    .refresh_after_rejection(&self.http, oauth, &token, timeout)
+                    .await
+                    .map_err(token_error)?;
+                self.send(&request, Some(&fresh)).await
+            }
+            other => other,
+        }
+    }
+
+    /// Sends `request` once, with `Authorization: Bearer <token>` when a
+    /// token is given.
+    async fn send(
+        &self,
+        request: &PreparedRequest,
+        bearer: Option<&str>,
+    ) -> Result<Value, HttpToolError> {
         let method = request.method.as_str().to_owned();
         let timeout_ms = request.timeout_ms;
+        let mut headers = request.headers.clone();
+        if let Some(token) = bearer {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| config("the access token is not valid in a header"))?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
         let mut builder = self
             .http
-            .request(request.method, request.url)
-            .headers(request.headers)
+            .request(request.method.clone(), request.url.clone())
+            .headers(headers)
             .timeout(Duration::from_millis(timeout_ms));
-        if let Some(body) = request.body {
-            builder = builder.body(body);
+        if let Some(body) = &request.body {
+            builder = builder.body(body.clone());
         }
         let send_error = |e: &reqwest::Error| {
             if let Some(refused) = address_refused(e) {
@@ -405,9 +522,17 @@ impl HttpToolClient {
     }
 }
 
+/// A token failure as the call's: the policy's refusal stays one.
+fn token_error(e: TokenError) -> HttpToolError {
+    match e.refused {
+        Some(refused) => HttpToolError::Refused(refused),
+        None => HttpToolError::Auth(Box::new(e)),
+    }
+}
+
 /// The policy's refusal, when that is why `err` happened: the resolver's
 /// error comes back wrapped in the connector's and the client's.
-fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
+pub(crate) fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(inner) = source {
         if let Some(refused) = inner.downcast_ref::<AddressRefused>() {
@@ -437,12 +562,14 @@ fn prepare_http(
     arguments: &Value,
     idempotency_key: &str,
     base_url: Option<&str>,
+    values: &ConfigValues,
 ) -> Result<PreparedRequest, HttpToolError> {
     let method = Method::from_bytes(binding.method.trim().to_ascii_uppercase().as_bytes())
         .map_err(|_| config(format!("invalid HTTP method {:?}", binding.method)))?;
     if binding.timeout_ms == 0 {
         return Err(config("timeout_ms must be greater than 0"));
     }
+    let options = &binding.request;
 
     // Arguments as an object we can take path parameters out of. `null`
     // counts as no arguments.
@@ -451,40 +578,54 @@ fn prepare_http(
         Value::Null => Some(Map::new()),
         _ => None,
     };
+    // Templates read every argument; what they name is not sent again.
+    let all_args = remaining.clone().unwrap_or_default();
     let endpoint = fill_path_params(&binding.endpoint, &mut remaining)?;
     let mut url = resolve_endpoint(&endpoint, base_url)?;
+    let templated = options
+        .query_params
+        .iter()
+        .map(|q| q.value.as_str())
+        .chain(options.body_template.as_deref());
+    if let Some(map) = remaining.as_mut() {
+        for text in templated {
+            for name in param_names(text)? {
+                map.remove(name);
+            }
+        }
+    } else if !options.query_params.is_empty() || options.body_template.is_some() {
+        return Err(config(format!(
+            "arguments must be a JSON object to fill templates, got {}",
+            json_kind(arguments)
+        )));
+    }
+    if !options.query_params.is_empty() {
+        let mut pairs = url.query_pairs_mut();
+        for param in &options.query_params {
+            for value in query_values(param, &all_args)? {
+                pairs.append_pair(&param.key, &value);
+            }
+        }
+    }
 
-    let body = if has_body(&method) {
-        let value = match remaining {
-            Some(map) => Value::Object(map),
-            None => arguments.clone(),
-        };
-        Some(
-            serde_json::to_vec(&value)
-                .map_err(|e| config(format!("cannot encode the arguments: {e}")))?,
-        )
+    let auto = options.body_mode == BodyMode::Auto;
+    let body = if let Some(template) = &options.body_template {
+        Some(render_body(template, options.body_type, &all_args)?)
+    } else if has_body(&method) && auto {
+        Some(encode_body(options.body_type, remaining, arguments)?)
     } else {
-        let Some(map) = remaining else {
-            return Err(config(format!(
-                "arguments of a {method} tool must be a JSON object, got {}",
-                json_kind(arguments)
-            )));
-        };
-        if !map.is_empty() {
-            let mut pairs = url.query_pairs_mut();
-            for (key, value) in &map {
-                match value {
-                    Value::Array(items) => {
-                        for item in items {
-                            if let Some(text) = query_text(item) {
-                                pairs.append_pair(key, &text);
-                            }
-                        }
-                    }
-                    other => {
-                        if let Some(text) = query_text(other) {
-                            pairs.append_pair(key, &text);
-                        }
+        if auto {
+            let Some(map) = remaining else {
+                return Err(config(format!(
+                    "arguments of a {method} tool must be a JSON object, got {}",
+                    json_kind(arguments)
+                )));
+            };
+            if !map.is_empty() {
+                let mut pairs = url.query_pairs_mut();
+                for (key, value) in &map {
+                    for text in value_texts(value) {
+                        pairs.append_pair(key, &text);
                     }
                 }
             }
@@ -495,16 +636,17 @@ fn prepare_http(
     let mut headers = HeaderMap::new();
     headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
     if body.is_some() {
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let content_type = match options.body_type {
+            BodyType::Json => "application/json",
+            BodyType::Form => "application/x-www-form-urlencoded",
+            BodyType::Text => "text/plain; charset=utf-8",
+        };
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     }
     for (name, value) in &binding.headers {
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| config(format!("invalid header name {name:?}")))?;
-        // The value is not echoed: binding headers often carry credentials.
-        let value = HeaderValue::from_str(value)
-            .map_err(|_| config(format!("invalid value for header {name}")))?;
-        headers.insert(name, value);
+        insert_header(&mut headers, name, value, values)?;
     }
+    let oauth = apply_auth(&options.auth, &mut headers, values)?;
     let key = HeaderValue::from_str(idempotency_key)
         .map_err(|_| config("the idempotency key is not a valid header value"))?;
     headers.insert(HeaderName::from_static(IDEMPOTENCY_KEY_HEADER), key);
@@ -516,7 +658,234 @@ fn prepare_http(
         body,
         timeout_ms: binding.timeout_ms,
         callback_url_field: None,
+        oauth,
     })
+}
+
+/// `text` with its `{{config.NAME}}` placeholders resolved from `values`.
+fn resolve_config(text: &str, values: &ConfigValues) -> Result<String, HttpToolError> {
+    placeholders::resolve(text, |name| values.get(name)).map_err(|e| match e {
+        PlaceholderError::Missing(name) => HttpToolError::Unconfigured {
+            name,
+            env: placeholders::ENV_PREFIX,
+        },
+        PlaceholderError::Unsupported(p) => config(format!("placeholder `{p}` is not supported")),
+    })
+}
+
+/// Adds the header `name: value`, its placeholders resolved; a value from
+/// configuration is marked sensitive. Errors never echo the value.
+fn insert_header(
+    headers: &mut HeaderMap,
+    name: &str,
+    value: &str,
+    values: &ConfigValues,
+) -> Result<(), HttpToolError> {
+    let header = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| config(format!("invalid header name {name:?}")))?;
+    let configured = placeholders::has_placeholder(value);
+    let text = if configured {
+        resolve_config(value, values)?
+    } else {
+        value.to_owned()
+    };
+    let mut value = HeaderValue::from_str(&text)
+        .map_err(|_| config(format!("invalid value for header {header}")))?;
+    // Binding headers often carry credentials even without a placeholder.
+    value.set_sensitive(true);
+    headers.insert(header, value);
+    Ok(())
+}
+
+/// Adds the headers of `auth` (RFC 6750 §2.1 for bearer tokens); for
+/// `oauth2_client`, the resolved credentials the token is fetched with.
+fn apply_auth(
+    auth: &HttpAuth,
+    headers: &mut HeaderMap,
+    values: &ConfigValues,
+) -> Result<Option<ClientCredentials>, HttpToolError> {
+    match auth {
+        HttpAuth::None => {}
+        HttpAuth::Bearer { token } => {
+            let token = resolve_config(token, values)?;
+            insert_header(
+                headers,
+                AUTHORIZATION.as_str(),
+                &format!("Bearer {token}"),
+                values,
+            )?;
+        }
+        HttpAuth::ApiKey { header_name, key } => {
+            insert_header(headers, header_name, key, values)?;
+        }
+        HttpAuth::Custom { headers: custom } => {
+            for (name, value) in custom {
+                insert_header(headers, name, value, values)?;
+            }
+        }
+        HttpAuth::Oauth2Client {
+            token_url,
+            client_id,
+            client_secret,
+            scopes,
+        } => {
+            let token_url = Url::parse(token_url)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| config(format!("invalid token URL {token_url:?}")))?;
+            return Ok(Some(ClientCredentials {
+                token_url,
+                client_id: resolve_config(client_id, values)?,
+                client_secret: resolve_config(client_secret, values)?,
+                scopes: scopes.clone(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The parameter names of the `{{param}}` placeholders of `text`.
+fn param_names(text: &str) -> Result<Vec<&str>, HttpToolError> {
+    let pieces = split_placeholders(text)
+        .map_err(|_| config("a `{{` placeholder of the binding is not closed"))?;
+    Ok(pieces
+        .into_iter()
+        .filter_map(|p| match p {
+            TemplatePiece::Placeholder { inner, .. } => Some(inner),
+            TemplatePiece::Text(_) => None,
+        })
+        .collect())
+}
+
+/// The values `param` sends (its key once per value): a lone `{{p}}` sends
+/// nothing for an absent or `null` argument and one value per array item;
+/// text with placeholders is sent only when every argument it names is
+/// there.
+fn query_values(
+    param: &QueryParam,
+    args: &Map<String, Value>,
+) -> Result<Vec<String>, HttpToolError> {
+    let pieces = split_placeholders(&param.value)
+        .map_err(|_| config(format!("query parameter {:?}: unclosed `{{{{`", param.key)))?;
+    if let [TemplatePiece::Placeholder { inner, .. }] = pieces.as_slice() {
+        return Ok(args.get(*inner).map(value_texts).unwrap_or_default());
+    }
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            TemplatePiece::Text(t) => out.push_str(t),
+            TemplatePiece::Placeholder { inner, .. } => match args.get(inner) {
+                None | Some(Value::Null) => return Ok(Vec::new()),
+                Some(value) => out.push_str(&value_text(value)),
+            },
+        }
+    }
+    Ok(vec![out])
+}
+
+/// The body `template` filled from `args` (see [`BodyType`]).
+fn render_body(
+    template: &str,
+    body_type: BodyType,
+    args: &Map<String, Value>,
+) -> Result<Vec<u8>, HttpToolError> {
+    match body_type {
+        BodyType::Json => {
+            let parsed: Value = serde_json::from_str(template)
+                .map_err(|e| config(format!("the body template is not JSON: {e}")))?;
+            let filled = fill_json(&parsed, args)?;
+            serde_json::to_vec(&filled).map_err(|e| config(format!("cannot encode the body: {e}")))
+        }
+        BodyType::Form => fill_text(template, args, form_encode).map(String::into_bytes),
+        BodyType::Text => fill_text(template, args, str::to_owned).map(String::into_bytes),
+    }
+}
+
+/// A JSON template's value filled: a string that is one placeholder
+/// becomes the argument (`null` when absent), other strings get the
+/// arguments as text.
+fn fill_json(template: &Value, args: &Map<String, Value>) -> Result<Value, HttpToolError> {
+    Ok(match template {
+        Value::String(text) => {
+            let pieces = split_placeholders(text)
+                .map_err(|_| config("a `{{` placeholder of the body template is not closed"))?;
+            if let [TemplatePiece::Placeholder { inner, .. }] = pieces.as_slice() {
+                args.get(*inner).cloned().unwrap_or(Value::Null)
+            } else {
+                Value::String(fill_text(text, args, str::to_owned)?)
+            }
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|item| fill_json(item, args))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| Ok((k.clone(), fill_json(v, args)?)))
+                .collect::<Result<_, HttpToolError>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+/// `text` with each `{{param}}` replaced by `encode` of the argument as
+/// text (absent or `null`: empty).
+fn fill_text(
+    text: &str,
+    args: &Map<String, Value>,
+    encode: impl Fn(&str) -> String,
+) -> Result<String, HttpToolError> {
+    let pieces = split_placeholders(text)
+        .map_err(|_| config("a `{{` placeholder of the body template is not closed"))?;
+    let mut out = String::with_capacity(text.len());
+    for piece in pieces {
+        match piece {
+            TemplatePiece::Text(t) => out.push_str(t),
+            TemplatePiece::Placeholder { inner, .. } => {
+                let value = args
+                    .get(inner)
+                    .filter(|v| !v.is_null())
+                    .map(value_text)
+                    .unwrap_or_default();
+                out.push_str(&encode(&value));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The remaining arguments as a `body_mode: auto` body.
+fn encode_body(
+    body_type: BodyType,
+    remaining: Option<Map<String, Value>>,
+    arguments: &Value,
+) -> Result<Vec<u8>, HttpToolError> {
+    match (body_type, remaining) {
+        (BodyType::Form, Some(map)) => {
+            let pairs: Vec<String> = map
+                .iter()
+                .flat_map(|(key, value)| {
+                    value_texts(value)
+                        .into_iter()
+                        .map(move |text| format!("{}={}", form_encode(key), form_encode(&text)))
+                })
+                .collect();
+            Ok(pairs.join("&").into_bytes())
+        }
+        (BodyType::Form | BodyType::Text, None) => Err(config(format!(
+            "arguments of a form or text body must be a JSON object, got {}",
+            json_kind(arguments)
+        ))),
+        // The parser requires a template for text; an old spec might not.
+        (BodyType::Text, Some(_)) => Err(config("a text body needs a `body_template`")),
+        (BodyType::Json, remaining) => {
+            let value = remaining.map_or_else(|| arguments.clone(), Value::Object);
+            serde_json::to_vec(&value)
+                .map_err(|e| config(format!("cannot encode the arguments: {e}")))
+        }
+    }
 }
 
 /// Replaces each `{name}` in `endpoint` with the percent-encoded argument and
@@ -592,14 +961,25 @@ fn resolve_endpoint(endpoint: &str, base_url: Option<&str>) -> Result<Url, HttpT
     Ok(url)
 }
 
-/// Text of one query value; `None` leaves it out.
-fn query_text(value: &Value) -> Option<String> {
+/// The texts one argument sends as query or form values: none for `null`,
+/// one per item (nulls left out) for an array, else one.
+fn value_texts(value: &Value) -> Vec<String> {
     match value {
-        Value::Null => None,
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        other => Some(other.to_string()),
+        Value::Null => Vec::new(),
+        Value::Array(items) => items
+            .iter()
+            .filter(|item| !item.is_null())
+            .map(value_text)
+            .collect(),
+        other => vec![value_text(other)],
+    }
+}
+
+/// An argument as text: a string as it is, anything else as JSON text.
+fn value_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -623,21 +1003,29 @@ mod tests {
 
     use super::*;
 
+    fn prepare(
+        binding: &HttpBinding,
+        arguments: &Value,
+        base_url: Option<&str>,
+    ) -> Result<PreparedRequest, HttpToolError> {
+        prepare_http(binding, arguments, "k", base_url, &ConfigValues::default())
+    }
+
     fn binding(endpoint: &str, method: &str) -> HttpBinding {
         HttpBinding {
             endpoint: endpoint.to_owned(),
             method: method.to_owned(),
             headers: BTreeMap::new(),
             timeout_ms: 1000,
+            request: Default::default(),
         }
     }
 
     #[test]
     fn path_params_are_encoded_and_removed() {
-        let req = prepare_http(
+        let req = prepare(
             &binding("/users/{id}/files/{name}", "GET"),
             &json!({"id": "a/b c", "name": 7, "q": "x"}),
-            "key-1",
             Some("http://h:1/api/"),
         )
         .unwrap();
@@ -650,10 +1038,9 @@ mod tests {
     #[test]
     fn dot_segments_and_objects_are_refused_as_path_params() {
         for value in [json!(".."), json!("."), json!({"a": 1}), json!(null)] {
-            let err = prepare_http(
+            let err = prepare(
                 &binding("http://h/u/{id}", "GET"),
                 &json!({"id": value}),
-                "k",
                 None,
             )
             .unwrap_err();
@@ -663,15 +1050,14 @@ mod tests {
 
     #[test]
     fn relative_endpoint_without_base_is_a_rejected_config_error() {
-        let err = prepare_http(&binding("/x", "GET"), &json!({}), "k", None).unwrap_err();
+        let err = prepare(&binding("/x", "GET"), &json!({}), None).unwrap_err();
         assert!(matches!(err, HttpToolError::Config(_)));
         assert_eq!(err.class(), FailureClass::Rejected);
     }
 
     #[test]
     fn missing_path_param_is_rejected() {
-        let err =
-            prepare_http(&binding("http://h/u/{id}", "POST"), &json!({}), "k", None).unwrap_err();
+        let err = prepare(&binding("http://h/u/{id}", "POST"), &json!({}), None).unwrap_err();
         assert!(
             err.to_string().contains("missing path parameter {id}"),
             "{err}"
@@ -680,10 +1066,9 @@ mod tests {
 
     #[test]
     fn query_arrays_repeat_and_nulls_are_left_out() {
-        let req = prepare_http(
+        let req = prepare(
             &binding("http://h/s?fixed=1", "delete"),
             &json!({"tag": ["a", "b"], "n": 2, "flag": true, "none": null}),
-            "k",
             None,
         )
         .unwrap();
@@ -698,6 +1083,37 @@ mod tests {
         pairs.sort();
         assert_eq!(pairs, ["fixed=1", "flag=true", "n=2", "tag=a", "tag=b"]);
         assert!(req.body().is_none());
+    }
+
+    #[test]
+    fn body_mode_none_sends_neither_body_nor_extra_query() {
+        let mut b = binding("http://h/x", "POST");
+        b.request.body_mode = BodyMode::None;
+        let req = prepare(&b, &json!({"a": 1}), None).unwrap();
+        assert!(req.body().is_none());
+        assert_eq!(req.url().query(), None);
+        assert!(req.headers().get(CONTENT_TYPE).is_none());
+    }
+
+    #[test]
+    fn templates_see_path_parameters_too() {
+        let mut b = binding("http://h/u/{id}", "GET");
+        b.request.query_params = vec![QueryParam {
+            key: "ref".into(),
+            value: "u-{{id}}".into(),
+        }];
+        let req = prepare(&b, &json!({"id": 7, "x": "y"}), None).unwrap();
+        assert_eq!(req.url().as_str(), "http://h/u/7?ref=u-7&x=y");
+    }
+
+    #[test]
+    fn configured_header_values_are_sensitive() {
+        let mut b = binding("http://h/x", "GET");
+        b.headers.insert("X-Key".into(), "{{config.K}}".into());
+        let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "v".to_owned())]));
+        let req = prepare_http(&b, &json!({}), "k", None, &values).unwrap();
+        assert!(req.headers()["x-key"].is_sensitive());
+        assert_eq!(req.headers()["x-key"], "v");
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //!   ([`EngineClient`]).
 //! - [`runner`]: the claim / heartbeat / perform / report loop ([`run`]).
 //! - [`config`]: the settings, [`WorkerConfig`].
+//! - [`placeholders`]: `{{config.NAME}}` values ([`placeholders::ConfigValues`])
+//!   and their one resolver, for HTTP tools and MCP servers.
+//! - [`oauth2`]: OAuth 2.0 client-credentials tokens for `auth:
+//!   oauth2_client` HTTP tools, cached per worker.
 //! - [`mcp`]: the MCP client ([`mcp::McpClient`]): servers by logical name,
 //!   tool discovery pinned by hash, calls with typed outcomes.
 //! - [`mcp_tool`]: `tool_call` tasks with an MCP binding ([`mcp_tool::McpTools`]):
@@ -30,6 +34,8 @@ mod http_util;
 pub mod mcp;
 pub mod mcp_tool;
 pub mod model;
+pub mod oauth2;
+pub mod placeholders;
 pub mod runner;
 pub mod ssrf;
 

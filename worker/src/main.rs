@@ -7,6 +7,7 @@ use belay_worker::config::{
     DEFAULT_SHUTDOWN_GRACE_MS, ModelProvider,
 };
 use belay_worker::mcp::McpConfig;
+use belay_worker::placeholders::ConfigValues;
 use belay_worker::ssrf::AllowPrivateNetworkArgs;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
 use std::io::IsTerminal as _;
@@ -58,6 +59,8 @@ struct Args {
     shutdown_grace_ms: u64,
     /// MCP servers (JSON: {"servers": {NAME: {"transport": "stdio"|"http", ...}},
     /// "config": {NAME: VALUE}}); checked at start. Empty: no MCP servers.
+    /// Its `config` values also fill HTTP tools' `{{config.NAME}}`
+    /// placeholders, after the BELAY_TOOL_CONFIG_<NAME> environment variables.
     #[arg(long, env = "BELAY_MCP_CONFIG")]
     mcp_config: Option<String>,
 }
@@ -133,6 +136,7 @@ async fn main() -> anyhow::Result<()> {
         tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
+        tool_config: ConfigValues::from_env(),
     };
     belay_worker::run(config, shutdown_signal()).await
 }

@@ -84,7 +84,8 @@ pub async fn run_with_engine(
         config.http_base_url.clone(),
         config.tool_network_policy.clone(),
     )
-    .context("cannot build the HTTP tool client")?;
+    .context("cannot build the HTTP tool client")?
+    .with_config_values(config.tool_config.clone().or(&config.mcp.config));
     // MCP servers connect (and report their tools) before the first claim.
     let mcp = if config.mcp.servers.is_empty() {
         None

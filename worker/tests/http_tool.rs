@@ -1,18 +1,27 @@
 //! HTTP tool execution against in-process servers: request shape per method,
-//! headers, result decoding, and the failure class of every way a call fails.
+//! headers, result decoding, and the failure class of every way a call fails;
+//! auth (bearer, api_key, custom, oauth2_client with its token cache),
+//! `{{config.NAME}}` placeholders, query parameters and bodies.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::routing::any;
 use belay_proto::v1::FailureClass;
-use belay_proto::wire::{HttpBinding, ToolBinding, ToolCallSpec};
+use belay_proto::wire::{
+    BodyMode, BodyType, HttpAuth, HttpBinding, HttpRequestOptions, QueryParam, ToolBinding,
+    ToolCallSpec,
+};
+use belay_worker::oauth2::Clock;
+use belay_worker::placeholders::ConfigValues;
 use belay_worker::ssrf::{AddressRefused, RangeKind, parse_cidr};
 use belay_worker::{HttpToolClient, HttpToolError, NetworkPolicy};
 use serde_json::{Value, json};
@@ -74,17 +83,23 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
             method: method.into(),
             headers: BTreeMap::from([("X-Api-Version".to_owned(), "2".to_owned())]),
             timeout_ms: 5_000,
+            request: Default::default(),
         }),
         idempotency_key: "run-1/call-7".into(),
         input: None,
     }
 }
 
-fn with_timeout(mut spec: ToolCallSpec, timeout_ms: u64) -> ToolCallSpec {
+/// The HTTP binding of `spec`.
+fn http_mut(spec: &mut ToolCallSpec) -> &mut HttpBinding {
     let ToolBinding::Http(binding) = &mut spec.binding else {
         panic!("an http binding")
     };
-    binding.timeout_ms = timeout_ms;
+    binding
+}
+
+fn with_timeout(mut spec: ToolCallSpec, timeout_ms: u64) -> ToolCallSpec {
+    http_mut(&mut spec).timeout_ms = timeout_ms;
     spec
 }
 
@@ -186,10 +201,7 @@ async fn idempotency_key_wins_over_a_binding_header() {
     let (base, seen) = tool_server(200, "{}").await;
     let client = local_client(Some(base));
     let mut spec = spec("/x", "POST", json!({}));
-    let ToolBinding::Http(binding) = &mut spec.binding else {
-        panic!("an http binding")
-    };
-    binding
+    http_mut(&mut spec)
         .headers
         .insert("Idempotency-Key".into(), "forged".into());
     client.call(&spec).await.unwrap();
@@ -324,6 +336,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
                 method: method.into(),
                 headers: BTreeMap::new(),
                 timeout_ms: 5_000,
+                request: Default::default(),
             },
             callback_url_field: field.into(),
         }),
@@ -540,4 +553,471 @@ async fn metadata_and_mapped_loopback_literals_are_refused_without_a_connection(
         assert_eq!(refusal(&err).range.kind, kind, "{url}");
     }
     assert!(seen.lock().unwrap().is_empty());
+}
+
+// ---- Auth, `{{config.NAME}}` placeholders, query parameters and bodies ----
+
+const SECRET: &str = "s3cret-value";
+
+fn config_values() -> ConfigValues {
+    ConfigValues::new(BTreeMap::from([
+        ("TOKEN".to_owned(), SECRET.to_owned()),
+        ("KEY".to_owned(), "k-123".to_owned()),
+        ("CLIENT_SECRET".to_owned(), "cs-456".to_owned()),
+    ]))
+}
+
+fn configured_client(base_url: Option<String>) -> HttpToolClient {
+    local_client(base_url).with_config_values(config_values())
+}
+
+/// `spec` with `options` and no binding headers.
+fn spec_with(
+    endpoint: &str,
+    method: &str,
+    arguments: Value,
+    options: HttpRequestOptions,
+) -> ToolCallSpec {
+    let mut spec = spec(endpoint, method, arguments);
+    let binding = http_mut(&mut spec);
+    binding.headers.clear();
+    binding.request = options;
+    spec
+}
+
+fn auth(auth: HttpAuth) -> HttpRequestOptions {
+    HttpRequestOptions {
+        auth,
+        ..HttpRequestOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn bearer_api_key_and_custom_auth_headers_reach_the_server_resolved() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let client = configured_client(Some(base));
+    let cases = [
+        auth(HttpAuth::Bearer {
+            token: "{{config.TOKEN}}".into(),
+        }),
+        auth(HttpAuth::ApiKey {
+            header_name: "X-API-Key".into(),
+            key: "{{ config.KEY }}".into(),
+        }),
+        auth(HttpAuth::Custom {
+            headers: BTreeMap::from([
+                ("X-Tenant".to_owned(), "acme".to_owned()),
+                ("X-Signature".to_owned(), "sig={{config.TOKEN}}".to_owned()),
+            ]),
+        }),
+    ];
+    for options in cases {
+        client
+            .call(&spec_with("/x", "GET", json!({}), options))
+            .await
+            .unwrap();
+    }
+    // A `{{config.NAME}}` in a plain binding header is resolved too.
+    let mut with_header = spec_with("/x", "GET", json!({}), HttpRequestOptions::default());
+    http_mut(&mut with_header)
+        .headers
+        .insert("X-Key".into(), "{{config.KEY}}".into());
+    client.call(&with_header).await.unwrap();
+
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    assert_eq!(
+        seen[0].headers["authorization"],
+        format!("Bearer {SECRET}").as_str()
+    );
+    assert_eq!(seen[1].headers["x-api-key"], "k-123");
+    assert!(seen[1].headers.get("authorization").is_none());
+    assert_eq!(seen[2].headers["x-tenant"], "acme");
+    assert_eq!(
+        seen[2].headers["x-signature"],
+        format!("sig={SECRET}").as_str()
+    );
+    assert_eq!(seen[3].headers["x-key"], "k-123");
+}
+
+#[tokio::test]
+async fn an_unresolvable_placeholder_is_not_sent_and_names_only_the_placeholder() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let client = configured_client(Some(base));
+    for options in [
+        auth(HttpAuth::Bearer {
+            token: "{{config.MISSING_TOKEN}}".into(),
+        }),
+        auth(HttpAuth::Oauth2Client {
+            token_url: "http://127.0.0.1:9/token".into(),
+            client_id: "id".into(),
+            client_secret: "{{config.MISSING_TOKEN}}".into(),
+            scopes: String::new(),
+        }),
+    ] {
+        let err = client
+            .prepare(&spec_with("/x", "POST", json!({}), options))
+            .unwrap_err();
+        assert!(
+            matches!(&err, HttpToolError::Unconfigured { name, .. } if name == "MISSING_TOKEN"),
+            "{err:?}"
+        );
+        assert_eq!(err.class(), FailureClass::NotSent);
+        let message = err.to_string();
+        assert!(message.contains("{{config.MISSING_TOKEN}}"), "{message}");
+        assert!(
+            message.contains("BELAY_TOOL_CONFIG_MISSING_TOKEN"),
+            "{message}"
+        );
+    }
+    // A client without any configuration never sends a placeholder as it is.
+    let bare = local_client(None);
+    let err = bare
+        .call(&spec_with(
+            "http://127.0.0.1:9/x",
+            "GET",
+            json!({}),
+            auth(HttpAuth::Bearer {
+                token: "{{config.TOKEN}}".into(),
+            }),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::NotSent);
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn secrets_appear_in_no_error_and_no_debug_output() {
+    let (base, _seen) = tool_server(401, "unauthorized").await;
+    let client = configured_client(Some(base));
+    let spec = spec_with(
+        "/x",
+        "GET",
+        json!({}),
+        auth(HttpAuth::Bearer {
+            token: "{{config.TOKEN}}".into(),
+        }),
+    );
+    let prepared = client.prepare(&spec).unwrap();
+    assert!(!format!("{prepared:?}").contains(SECRET));
+    let err = client.call(&spec).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Rejected);
+    assert!(!err.to_string().contains(SECRET), "{err}");
+    assert!(!format!("{err:?}").contains(SECRET));
+    assert!(!format!("{client:?}").contains(SECRET));
+}
+
+#[tokio::test]
+async fn query_params_keep_order_repeat_keys_and_precede_the_remaining_arguments() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let client = local_client(Some(base));
+    let options = HttpRequestOptions {
+        query_params: vec![
+            QueryParam {
+                key: "tag".into(),
+                value: "{{first}}".into(),
+            },
+            QueryParam {
+                key: "fixed".into(),
+                value: "a b&c".into(),
+            },
+            QueryParam {
+                key: "tag".into(),
+                value: "{{second}}".into(),
+            },
+            QueryParam {
+                key: "tag".into(),
+                value: "{{many}}".into(),
+            },
+            QueryParam {
+                key: "absent".into(),
+                value: "x-{{nothing}}".into(),
+            },
+            QueryParam {
+                key: "range".into(),
+                value: "{{first}}..{{second}}".into(),
+            },
+        ],
+        ..HttpRequestOptions::default()
+    };
+    let args = json!({"first": "z", "second": 2, "many": ["m1", "m2"], "rest": "r"});
+    client
+        .call(&spec_with("/s?v=1", "GET", args.clone(), options.clone()))
+        .await
+        .unwrap();
+    let none = HttpRequestOptions {
+        body_mode: BodyMode::None,
+        ..options
+    };
+    client
+        .call(&spec_with("/s", "GET", args, none))
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen[0].uri.query(),
+        Some("v=1&tag=z&fixed=a+b%26c&tag=2&tag=m1&tag=m2&range=z..2&rest=r")
+    );
+    // `body_mode: none`: the arguments no template names are not sent.
+    assert_eq!(
+        seen[1].uri.query(),
+        Some("tag=z&fixed=a+b%26c&tag=2&tag=m1&tag=m2&range=z..2")
+    );
+}
+
+#[tokio::test]
+async fn form_text_and_json_bodies() {
+    let (base, seen) = tool_server(200, "{}").await;
+    let client = local_client(Some(base));
+    let args = json!({"name": "Ann Lee", "tags": ["a", "b&c"], "age": 41, "note": null});
+    let calls = [
+        // Auto form body: every remaining argument, arrays repeat the key.
+        HttpRequestOptions {
+            body_type: BodyType::Form,
+            ..HttpRequestOptions::default()
+        },
+        // Form template: each value form-encoded, so `&` stays inside it.
+        HttpRequestOptions {
+            body_type: BodyType::Form,
+            body_template: Some("who={{name}}&t={{tags}}&n={{note}}".into()),
+            ..HttpRequestOptions::default()
+        },
+        HttpRequestOptions {
+            body_type: BodyType::Text,
+            body_template: Some("Hello {{name}}, {{age}}!".into()),
+            ..HttpRequestOptions::default()
+        },
+        // JSON template: a lone placeholder keeps the argument's type.
+        HttpRequestOptions {
+            body_template: Some(
+                r#"{"customer": {"name": "{{name}}", "age": "{{age}}", "tags": "{{tags}}"}, "greeting": "hi {{name}}", "missing": "{{note}}", "n": 1}"#
+                    .into(),
+            ),
+            ..HttpRequestOptions::default()
+        },
+    ];
+    for options in calls {
+        client
+            .call(&spec_with("/b", "POST", args.clone(), options))
+            .await
+            .unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let body = |i: usize| String::from_utf8(seen[i].body.to_vec()).unwrap();
+    let content_type = |i: usize| seen[i].headers["content-type"].to_str().unwrap().to_owned();
+    assert_eq!(content_type(0), "application/x-www-form-urlencoded");
+    let mut pairs: Vec<&str> = body(0).leak().split('&').collect();
+    pairs.sort_unstable();
+    assert_eq!(pairs, ["age=41", "name=Ann%20Lee", "tags=a", "tags=b%26c"]);
+    assert_eq!(body(1), r#"who=Ann%20Lee&t=%5B%22a%22%2C%22b%26c%22%5D&n="#);
+    assert_eq!(content_type(2), "text/plain; charset=utf-8");
+    assert_eq!(body(2), "Hello Ann Lee, 41!");
+    assert_eq!(content_type(3), "application/json");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body(3)).unwrap(),
+        json!({
+            "customer": {"name": "Ann Lee", "age": 41, "tags": ["a", "b&c"]},
+            "greeting": "hi Ann Lee",
+            "missing": null,
+            "n": 1
+        })
+    );
+}
+
+/// An OAuth token endpoint that issues `tok-1`, `tok-2`, … (each valid for
+/// `expires_in` seconds) and a tool server that refuses the tokens in
+/// `revoked` with 401; both count their requests.
+struct OAuthServers {
+    token_url: String,
+    tool_url: String,
+    token_requests: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
+    tool_tokens: Arc<Mutex<Vec<String>>>,
+}
+
+async fn oauth_servers(expires_in: u64, revoked: &'static [&'static str]) -> OAuthServers {
+    let token_requests: Arc<Mutex<Vec<(HeaderMap, Bytes)>>> = Arc::default();
+    let token_router = Router::new().fallback(any({
+        let log = Arc::clone(&token_requests);
+        move |headers: HeaderMap, body: Bytes| async move {
+            let n = {
+                let mut log = log.lock().unwrap();
+                log.push((headers, body));
+                log.len()
+            };
+            // Slow enough that concurrent callers overlap with the fetch.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            axum::Json(json!({
+                "access_token": format!("tok-{n}"),
+                "token_type": "Bearer",
+                "expires_in": expires_in
+            }))
+        }
+    }));
+    let tool_tokens: Arc<Mutex<Vec<String>>> = Arc::default();
+    let tool_router = Router::new().fallback(any({
+        let log = Arc::clone(&tool_tokens);
+        move |headers: HeaderMap| async move {
+            let token = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .trim_start_matches("Bearer ")
+                .to_owned();
+            log.lock().unwrap().push(token.clone());
+            if revoked.contains(&token.as_str()) {
+                (StatusCode::UNAUTHORIZED, "{}".to_owned())
+            } else {
+                (StatusCode::OK, json!({"token": token}).to_string())
+            }
+        }
+    }));
+    let token_addr = common::serve(token_router).await;
+    let tool_addr = common::serve(tool_router).await;
+    OAuthServers {
+        token_url: format!("http://{token_addr}/oauth/token"),
+        tool_url: format!("http://{tool_addr}/api"),
+        token_requests,
+        tool_tokens,
+    }
+}
+
+fn oauth_spec(servers: &OAuthServers) -> ToolCallSpec {
+    spec_with(
+        &servers.tool_url,
+        "POST",
+        json!({}),
+        auth(HttpAuth::Oauth2Client {
+            token_url: servers.token_url.clone(),
+            client_id: "my client".into(),
+            client_secret: "{{config.CLIENT_SECRET}}".into(),
+            scopes: "read write".into(),
+        }),
+    )
+}
+
+/// A clock that starts now and moves only when told.
+fn manual_clock() -> (Clock, Arc<AtomicU64>) {
+    let start = Instant::now();
+    let offset_secs = Arc::new(AtomicU64::new(0));
+    let clock = Clock::from_fn({
+        let offset = Arc::clone(&offset_secs);
+        move || start + std::time::Duration::from_secs(offset.load(Ordering::SeqCst))
+    });
+    (clock, offset_secs)
+}
+
+#[tokio::test]
+async fn oauth2_client_fetches_one_token_for_concurrent_calls_and_again_after_expiry() {
+    let servers = oauth_servers(60, &[]).await;
+    let (clock, offset) = manual_clock();
+    let client = configured_client(None).with_clock(clock);
+    let spec = oauth_spec(&servers);
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let client = client.clone();
+            let spec = spec.clone();
+            tokio::spawn(async move { client.call(&spec).await })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap(), json!({"token": "tok-1"}));
+    }
+    assert_eq!(servers.token_requests.lock().unwrap().len(), 1);
+    {
+        let requests = servers.token_requests.lock().unwrap();
+        let (headers, body) = &requests[0];
+        // RFC 6749 §2.3.1: id and secret form-encoded, then Basic.
+        assert_eq!(
+            headers["authorization"],
+            "Basic bXklMjBjbGllbnQ6Y3MtNDU2" // my%20client:cs-456
+        );
+        assert_eq!(headers["content-type"], "application/x-www-form-urlencoded");
+        assert_eq!(
+            body.as_ref(),
+            b"grant_type=client_credentials&scope=read%20write"
+        );
+    }
+    // Still fresh 29 s before expiry (the margin is 30 s)...
+    offset.store(29, Ordering::SeqCst);
+    client.call(&spec).await.unwrap();
+    assert_eq!(servers.token_requests.lock().unwrap().len(), 1);
+    // ...refreshed within it.
+    offset.store(31, Ordering::SeqCst);
+    assert_eq!(client.call(&spec).await.unwrap(), json!({"token": "tok-2"}));
+    assert_eq!(servers.token_requests.lock().unwrap().len(), 2);
+    assert!(
+        servers
+            .tool_tokens
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|t| t.starts_with("tok-"))
+    );
+}
+
+#[tokio::test]
+async fn oauth2_client_refreshes_once_when_the_tool_answers_401() {
+    let servers = oauth_servers(3600, &["tok-1"]).await;
+    let client = configured_client(None);
+    let spec = oauth_spec(&servers);
+    assert_eq!(client.call(&spec).await.unwrap(), json!({"token": "tok-2"}));
+    assert_eq!(servers.token_requests.lock().unwrap().len(), 2);
+    assert_eq!(*servers.tool_tokens.lock().unwrap(), ["tok-1", "tok-2"]);
+
+    // A tool that refuses every token: one refresh, then the 401 stands.
+    let servers = oauth_servers(3600, &["tok-1", "tok-2", "tok-3"]).await;
+    let err = client.call(&oauth_spec(&servers)).await.unwrap_err();
+    assert_eq!(err.status_code(), Some(401));
+    assert_eq!(servers.token_requests.lock().unwrap().len(), 2);
+    assert_eq!(servers.tool_tokens.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_failing_token_endpoint_is_not_sent_and_the_tool_sees_nothing() {
+    let (token_base, _) = tool_server(401, r#"{"error": "invalid_client"}"#).await;
+    let (tool_base, seen) = tool_server(200, "{}").await;
+    let client = configured_client(None);
+    let err = client
+        .call(&spec_with(
+            &format!("{tool_base}/x"),
+            "POST",
+            json!({}),
+            auth(HttpAuth::Oauth2Client {
+                token_url: format!("{token_base}/token"),
+                client_id: "id".into(),
+                client_secret: "{{config.CLIENT_SECRET}}".into(),
+                scopes: String::new(),
+            }),
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HttpToolError::Auth(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::NotSent);
+    let message = err.to_string();
+    assert!(message.contains("invalid_client"), "{message}");
+    assert!(!message.contains("cs-456"), "{message}");
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_token_endpoint_on_a_refused_address_is_refused_before_dispatch() {
+    let client = HttpToolClient::new(None, NetworkPolicy::default())
+        .unwrap()
+        .with_config_values(config_values());
+    let err = client
+        .prepare(&spec_with(
+            "https://tools.example.com/x",
+            "POST",
+            json!({}),
+            auth(HttpAuth::Oauth2Client {
+                token_url: "http://127.0.0.1:9/token".into(),
+                client_id: "id".into(),
+                client_secret: "{{config.CLIENT_SECRET}}".into(),
+                scopes: String::new(),
+            }),
+        ))
+        .unwrap_err();
+    assert!(matches!(err, HttpToolError::Refused(_)), "{err:?}");
+    assert_eq!(err.class(), FailureClass::Rejected);
 }

@@ -80,6 +80,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
             method: method.into(),
             headers: BTreeMap::new(),
             timeout_ms: 60_000,
+            request: Default::default(),
         }),
         idempotency_key: format!("key-{task_id}"),
         input: None,

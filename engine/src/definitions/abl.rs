@@ -1,6 +1,9 @@
 //! Parser of `.tools.abl` files: a `TOOLS:` section of tool signatures, each
 //! followed by indented properties (seed: `seeds/abl-tools.md`), plus Belay's
-//! `permission:` and `repeat_safety:`.
+//! `permission:` and `repeat_safety:`. HTTP tools take `auth:` with
+//! `auth_config:`, `query_params:`, `body_type:`, `body_mode:` and
+//! `body_template:`; the lines above the first tool are the file's shared
+//! defaults (`base_url:`, `auth:`, `timeout:`, `headers:`).
 //!
 //! The format is line-oriented: lines are grouped into a tree by indentation,
 //! then each tool is read from its subtree. Errors are collected, not
@@ -8,6 +11,11 @@
 //! once; a tool with any error is left out of the output.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use belay_proto::wire::{
+    BodyMode, BodyType, HttpAuth, HttpRequestOptions, QueryParam, TemplatePiece,
+    config_placeholder_name, split_placeholders,
+};
 
 use super::model::{ChildMode, ConfirmationDef, RepeatSafety, ToolBindingDef, ToolDef};
 use super::signature::{
@@ -57,8 +65,6 @@ const MAX_MCP_NAME_CHARS: usize = 128;
 /// Refused (never silently ignored: an ignored `auth:` or `confirmation:`
 /// would make a tool behave differently from what its author reads).
 const SEED_TOOL_PROPERTIES: &[&str] = &[
-    "auth",
-    "auth_config",
     "auth_profile",
     "tls_profile",
     "auth_jit",
@@ -67,11 +73,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "retry",
     "retry_delay",
     "retry_policy",
-    "query_params",
-    "body_type",
-    "body_mode",
-    "body_template",
-    "body",
     "body_schema",
     "use_body_schema",
     "request_variants",
@@ -112,16 +113,16 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "scope",
 ];
 
-/// File-level defaults of the seed's "Tool file format".
-const SEED_FILE_DEFAULTS: &[&str] = &[
-    "base_url",
-    "auth",
-    "timeout",
-    "retry",
-    "retry_delay",
-    "rate_limit",
-    "headers",
-];
+/// File-level defaults of the seed's "Tool file format" that Belay does not
+/// implement yet (retry and rate-limit policies belong to the engine).
+const SEED_FILE_DEFAULTS: &[&str] = &["retry", "retry_delay", "rate_limit"];
+
+/// File-level defaults Belay reads (before the first tool), applied to every
+/// `type: http` and `type: async_webhook` tool of the file.
+const FILE_DEFAULTS: &[&str] = &["base_url", "auth", "auth_config", "timeout", "headers"];
+
+/// Default `auth_config.header_name` of `auth: api_key`.
+const DEFAULT_API_KEY_HEADER: &str = "X-API-Key";
 
 /// Enrichment keys of the seed's "Parameter enrichment and sources" table,
 /// other than `description` (which is supported).
@@ -168,8 +169,16 @@ pub(super) fn parse_tools_file(file: &str, content: &str) -> AblOutput {
         let line = &block.line;
         if line.text == "TOOLS:" {
             sections += 1;
-            for item in &block.children {
-                parse_item(item, &mut cx);
+            // Defaults come first: they are the lines before the first tool.
+            let first_tool = block
+                .children
+                .iter()
+                .position(|b| is_signature_start(&b.line.text))
+                .unwrap_or(block.children.len());
+            let (head_items, rest) = block.children.split_at(first_tool);
+            let defaults = read_file_defaults(head_items, &mut cx);
+            for item in rest {
+                parse_item(item, &defaults, &mut cx);
             }
         } else if line.text.starts_with("TOOLS:") {
             cx.error(
@@ -426,27 +435,79 @@ fn is_quoted(value: &str) -> bool {
 
 /// One item under `TOOLS:`: a tool, or something the seed allows there that
 /// Belay does not.
-fn parse_item(block: &Block, cx: &mut Cx<'_>) {
+fn parse_item(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     let line = &block.line;
     if is_signature_start(&line.text) {
-        parse_tool(block, cx);
+        parse_tool(block, defaults, cx);
         return;
     }
     let message = match split_key(line) {
+        Some(kv) if FILE_DEFAULTS.contains(&kv.key) || SEED_FILE_DEFAULTS.contains(&kv.key) => {
+            format!(
+                "file-level default `{}:` must come before the first tool",
+                kv.key
+            )
+        }
+        _ => not_a_tool_message(line),
+    };
+    cx.error(line.no, line.col(), message);
+}
+
+/// Why a line under `TOOLS:` that is neither a tool nor a default is refused.
+fn not_a_tool_message(line: &Line) -> String {
+    match split_key(line) {
         Some(kv) if kv.key == "file" => {
             "importing tools with `file:` is not supported; put every tools file in the bundle"
                 .to_string()
         }
         Some(kv) if SEED_FILE_DEFAULTS.contains(&kv.key) => format!(
-            "file-level default `{}:` is not supported yet; set it on each tool",
+            "file-level default `{}:` is not supported yet (retry and rate-limit policies are not per tool yet)",
             kv.key
         ),
         _ => format!(
             "expected a tool signature `name(params) -> ReturnType`, found `{}`",
             head(&line.text)
         ),
-    };
-    cx.error(line.no, line.col(), message);
+    }
+}
+
+/// The shared defaults at the top of a tools file (the seed's "Tool file
+/// format"), for its `type: http` and `type: async_webhook` tools.
+#[derive(Debug, Default)]
+struct FileDefaults {
+    /// `base_url:`, joined to every endpoint that is a path.
+    base_url: Option<String>,
+    /// `auth:` with `auth_config:`, for tools without an `auth:` of their own.
+    auth: Option<HttpAuth>,
+    /// `timeout:` in ms, for tools without one.
+    timeout_ms: Option<u64>,
+    /// `headers:`, merged under each tool's (a tool's header of the same
+    /// name, in any case, wins).
+    headers: BTreeMap<String, String>,
+}
+
+/// Reads the lines before the first tool: [`FILE_DEFAULTS`] (read by the
+/// same code as a tool's properties), anything else refused.
+fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
+    let mut accepted = Vec::new();
+    for item in items {
+        match split_key(&item.line) {
+            Some(kv) if FILE_DEFAULTS.contains(&kv.key) && !kv.optional => accepted.push(item),
+            _ => cx.error(
+                item.line.no,
+                item.line.col(),
+                not_a_tool_message(&item.line),
+            ),
+        }
+    }
+    let props = read_props(accepted.into_iter(), cx);
+    let auth = props_auth(&props, None, cx);
+    FileDefaults {
+        base_url: props.base_url.map(|(url, _, _)| url),
+        auth,
+        timeout_ms: props.timeout_ms,
+        headers: props.headers,
+    }
 }
 
 fn is_signature_start(text: &str) -> bool {
@@ -487,9 +548,6 @@ struct Props<'b> {
     server: Option<String>,
     /// `server_tool:` of a `type: mcp` tool.
     server_tool: Option<String>,
-    /// `headers:` lines whose value holds a `{{...}}` placeholder: (line,
-    /// column, header name, raw value), checked once the binding type is known.
-    header_placeholders: Vec<(u32, u32, String, String)>,
     endpoint: Option<(String, u32, u32)>,
     method: Option<String>,
     /// Line and column of the `method:` value.
@@ -505,12 +563,28 @@ struct Props<'b> {
     /// line and column) and the approver grant, if given.
     confirmation: Option<(Vec<(String, u32, u32)>, Option<String>)>,
     parameters: Option<&'b Block>,
+    /// `base_url:` (a file-level default only), with its line and column.
+    base_url: Option<(String, u32, u32)>,
+    /// `auth:` as written, with the line and column of its value.
+    auth: Option<(String, u32, u32)>,
+    /// `auth_config:`, read once `auth:` is known.
+    auth_config: Option<&'b Block>,
+    /// `query_params:`, read once the signature is known.
+    query_params: Option<&'b Block>,
+    /// `body_type:`, with the line and column of its value.
+    body_type: Option<(BodyType, u32, u32)>,
+    /// `body_mode:`.
+    body_mode: Option<BodyMode>,
+    /// `body_template:` (or `body:`), with the line and the column of its
+    /// first character inside the quotes.
+    body_template: Option<(String, u32, u32)>,
     /// Every property written, valid or not: an invalid `permission:` is
-    /// reported once, as invalid, not a second time as missing.
+    /// reported once, as invalid, not a second time as missing. `body:` is
+    /// recorded as `body_template`.
     present: BTreeSet<String>,
 }
 
-fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
+fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     let line = &block.line;
     let errors_before = cx.out.errors.len();
     let signature = match parse_signature(&line.text, line.col()) {
@@ -544,7 +618,7 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         }
     }
 
-    let mut props = read_props(block, cx);
+    let mut props = read_props(block.children.iter(), cx);
 
     if let Some(sig) = &mut signature
         && let Some(params_block) = props.parameters
@@ -706,6 +780,14 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
     if let (Some(sig), Some((endpoint, eline, ecol))) = (&signature, &props.endpoint) {
         check_path_params(endpoint, *eline, *ecol, sig, cx);
     }
+    if let Some((_, bline, bcol)) = &props.base_url {
+        cx.error(
+            *bline,
+            *bcol,
+            "`base_url:` is a file-level default: put it under `TOOLS:`, above the first tool",
+        );
+    }
+    let request = http_request_options(&props, signature.as_ref(), &name, line, defaults, cx);
 
     if cx.out.errors.len() > errors_before {
         return;
@@ -717,7 +799,28 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
     else {
         return;
     };
-    let binding = match (props.binding_type, props.endpoint, props.workflow_id) {
+    // The file's defaults apply to HTTP requests only.
+    let http_like = matches!(
+        props.binding_type,
+        Some(BindingType::Http | BindingType::AsyncWebhook)
+    );
+    let (headers, default_timeout_ms) = if http_like {
+        (
+            merge_headers(&defaults.headers, props.headers),
+            defaults.timeout_ms,
+        )
+    } else {
+        (props.headers, None)
+    };
+    let timeout_ms = props
+        .timeout_ms
+        .or(default_timeout_ms)
+        .unwrap_or(DEFAULT_TIMEOUT_MS);
+    let method = props.method.unwrap_or_else(|| "POST".to_string());
+    let endpoint = props
+        .endpoint
+        .map(|(e, _, _)| join_base_url(defaults.base_url.as_deref(), e));
+    let binding = match (props.binding_type, endpoint, props.workflow_id) {
         (Some(BindingType::Mcp), _, _) => {
             let Some(server) = props.server else {
                 return;
@@ -725,15 +828,16 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
             ToolBindingDef::Mcp {
                 server,
                 server_tool: props.server_tool.unwrap_or_else(|| sig.name.clone()),
-                headers: props.headers,
-                timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+                headers,
+                timeout_ms,
             }
         }
-        (Some(BindingType::Http), Some((endpoint, _, _)), _) => ToolBindingDef::Http {
+        (Some(BindingType::Http), Some(endpoint), _) => ToolBindingDef::Http {
             endpoint,
-            method: props.method.unwrap_or_else(|| "POST".to_string()),
-            headers: props.headers,
-            timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+            method,
+            headers,
+            timeout_ms,
+            request,
         },
         (Some(BindingType::Workflow), _, Some(workflow)) => ToolBindingDef::Workflow {
             workflow: workflow.name,
@@ -741,22 +845,21 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
             timeout_ms: props.workflow_timeout_ms,
             param_mapping: props.param_mapping,
         },
-        (Some(BindingType::AsyncWebhook), Some((endpoint, _, _)), _) => {
-            ToolBindingDef::AsyncWebhook {
-                endpoint,
-                method: props.method.unwrap_or_else(|| "POST".to_string()),
-                headers: props.headers,
-                timeout_ms: props.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-                callback_url_field: props
-                    .callback_url_field
-                    .map(|(f, _, _)| f)
-                    .unwrap_or_else(|| DEFAULT_CALLBACK_URL_FIELD.to_string()),
-                callback_timeout_ms: props
-                    .callback_timeout_seconds
-                    .unwrap_or(DEFAULT_CALLBACK_TIMEOUT_SECONDS)
-                    * 1000,
-            }
-        }
+        (Some(BindingType::AsyncWebhook), Some(endpoint), _) => ToolBindingDef::AsyncWebhook {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+            request,
+            callback_url_field: props
+                .callback_url_field
+                .map(|(f, _, _)| f)
+                .unwrap_or_else(|| DEFAULT_CALLBACK_URL_FIELD.to_string()),
+            callback_timeout_ms: props
+                .callback_timeout_seconds
+                .unwrap_or(DEFAULT_CALLBACK_TIMEOUT_SECONDS)
+                * 1000,
+        },
         _ => return,
     };
     let confirmation = props
@@ -780,6 +883,656 @@ fn parse_tool(block: &Block, cx: &mut Cx<'_>) {
         source_file: cx.file.to_string(),
         source_line: line.no,
     });
+}
+
+/// Properties that shape an HTTP request beyond endpoint, method, headers
+/// and timeout.
+const HTTP_REQUEST_PROPERTIES: &[&str] = &[
+    "auth",
+    "auth_config",
+    "query_params",
+    "body_type",
+    "body_mode",
+    "body_template",
+];
+
+/// The checked `auth:`, `query_params:` and body properties of a `type:
+/// http` or `type: async_webhook` tool (the file's `auth:` when the tool
+/// has none). For any other type, each of them written is an error.
+fn http_request_options(
+    props: &Props<'_>,
+    sig: Option<&Signature>,
+    name: &str,
+    line: &Line,
+    defaults: &FileDefaults,
+    cx: &mut Cx<'_>,
+) -> HttpRequestOptions {
+    let async_webhook = match props.binding_type {
+        Some(BindingType::Http) => false,
+        Some(BindingType::AsyncWebhook) => true,
+        Some(BindingType::Workflow | BindingType::Mcp) => {
+            for key in HTTP_REQUEST_PROPERTIES {
+                if props.present.contains(*key) {
+                    cx.error(
+                        line.no,
+                        line.col(),
+                        format!(
+                            "`{key}:` applies to `type: http` and `type: async_webhook` tools only"
+                        ),
+                    );
+                }
+            }
+            return HttpRequestOptions::default();
+        }
+        // Already reported: no second error about these properties.
+        Some(BindingType::Unsupported) | None => return HttpRequestOptions::default(),
+    };
+    let auth = props_auth(props, defaults.auth.as_ref(), cx);
+    let query_params = props
+        .query_params
+        .map(|block| read_query_params(block, sig, name, cx))
+        .unwrap_or_default();
+    let method = props.method.as_deref().unwrap_or("POST");
+    let sends_body = matches!(method, "POST" | "PUT" | "PATCH");
+    let body_type = props.body_type.map(|(t, _, _)| t).unwrap_or_default();
+    let body_mode = props.body_mode.unwrap_or_default();
+    if !sends_body {
+        if let Some((_, tline, tcol)) = props.body_type {
+            cx.error(
+                tline,
+                tcol,
+                format!("`method: {method}` sends no body: `body_type:` does not apply"),
+            );
+        }
+        if let Some((_, tline, tcol)) = &props.body_template {
+            cx.error(
+                *tline,
+                *tcol,
+                format!("`method: {method}` sends no body: `body_template:` does not apply"),
+            );
+        }
+    }
+    if async_webhook {
+        if let Some((t, tline, tcol)) = props.body_type
+            && t != BodyType::Json
+        {
+            cx.error(
+                tline,
+                tcol,
+                "an async webhook sends the callback URL in a JSON body: `body_type` must be `json`",
+            );
+        }
+        if body_mode == BodyMode::None {
+            cx.error(
+                line.no,
+                line.col(),
+                "an async webhook sends the callback URL in its body: `body_mode: none` does not apply",
+            );
+        }
+    }
+    match &props.body_template {
+        Some((_, tline, tcol)) if body_mode == BodyMode::None => cx.error(
+            *tline,
+            *tcol,
+            "`body_mode: none` sends no body: drop it or the `body_template:`",
+        ),
+        Some((template, tline, tcol)) if sends_body => {
+            let at = (*tline, *tcol);
+            check_body_template(template, body_type, async_webhook, sig, name, at, cx);
+        }
+        None if sends_body && body_type == BodyType::Text && body_mode == BodyMode::Auto => {
+            if let Some((_, tline, tcol)) = props.body_type {
+                cx.error(
+                    tline,
+                    tcol,
+                    "`body_type: text` needs a `body_template:` (the text to send)",
+                );
+            }
+        }
+        _ => {}
+    }
+    HttpRequestOptions {
+        auth: auth.unwrap_or_default(),
+        query_params,
+        body_type,
+        body_mode,
+        body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
+    }
+}
+
+/// The `auth:` and `auth_config:` of `props`, or `fallback` (the file's)
+/// when neither is written.
+fn props_auth(props: &Props<'_>, fallback: Option<&HttpAuth>, cx: &mut Cx<'_>) -> Option<HttpAuth> {
+    match (&props.auth, props.auth_config) {
+        (Some(auth), config) => build_auth(auth, config, cx),
+        (None, Some(config)) => {
+            cx.error(
+                config.line.no,
+                config.line.col(),
+                "`auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)",
+            );
+            None
+        }
+        (None, None) => fallback.cloned(),
+    }
+}
+
+/// A `body_template:`: its placeholders name parameters; for JSON it is
+/// JSON (placeholders inside strings), an object for an async webhook.
+fn check_body_template(
+    template: &str,
+    body_type: BodyType,
+    async_webhook: bool,
+    sig: Option<&Signature>,
+    tool: &str,
+    (line, col): (u32, u32),
+    cx: &mut Cx<'_>,
+) {
+    if let Some(sig) = sig {
+        check_param_placeholders(template, (line, col), sig, "`body_template`", cx);
+    }
+    if body_type != BodyType::Json {
+        return;
+    }
+    match serde_json::from_str::<serde_json::Value>(template) {
+        Err(e) => cx.error(
+            line,
+            col,
+            format!(
+                "`body_template` of `{tool}` is not JSON ({e}); put placeholders inside strings, like `{{\"name\": \"{{{{name}}}}\"}}` (a string that is only a placeholder takes the argument's JSON value)"
+            ),
+        ),
+        Ok(value) if async_webhook && !value.is_object() => cx.error(
+            line,
+            col,
+            "the `body_template` of an async webhook must be a JSON object, to carry the callback URL",
+        ),
+        Ok(_) => {}
+    }
+}
+
+/// Each `{{...}}` in `text` (at `line`, `col`) names a parameter of `sig`:
+/// query values and body templates take arguments, never credentials.
+fn check_param_placeholders(
+    text: &str,
+    (line, col): (u32, u32),
+    sig: &Signature,
+    what: &str,
+    cx: &mut Cx<'_>,
+) {
+    let at = |offset: usize| col.saturating_add(to_u32(text[..offset].chars().count()));
+    let pieces = match split_placeholders(text) {
+        Ok(pieces) => pieces,
+        Err(offset) => {
+            cx.error(
+                line,
+                at(offset),
+                format!("a `{{{{` placeholder in {what} is not closed with `}}}}`"),
+            );
+            return;
+        }
+    };
+    for piece in pieces {
+        let TemplatePiece::Placeholder { inner, at: offset } = piece else {
+            continue;
+        };
+        if config_placeholder_name(inner).is_some() {
+            cx.error(
+                line,
+                at(offset),
+                format!(
+                    "`{{{{{inner}}}}}` is not allowed in {what}: it takes parameters; credentials go in `headers:` or `auth_config:`"
+                ),
+            );
+        } else if !sig.params.iter().any(|p| p.name == inner) {
+            cx.error(
+                line,
+                at(offset),
+                format!(
+                    "`{{{{{inner}}}}}` in {what} is not a parameter of `{}`",
+                    sig.name
+                ),
+            );
+        }
+    }
+}
+
+/// `query_params:` as `key: value` lines (order kept, a key once) or `-
+/// key: K` items with `value: V` under them (a key may repeat).
+fn read_query_params(
+    block: &Block,
+    sig: Option<&Signature>,
+    tool: &str,
+    cx: &mut Cx<'_>,
+) -> Vec<QueryParam> {
+    let mut out = Vec::new();
+    let mut map_keys: BTreeMap<String, u32> = BTreeMap::new();
+    for entry in &block.children {
+        let item = match entry.line.text.strip_prefix("- ") {
+            Some(rest) => read_query_item(entry, rest, tool, cx),
+            None => read_query_pair(entry, &mut map_keys, cx),
+        };
+        let Some((param, vline, vcol)) = item else {
+            continue;
+        };
+        if let Some(sig) = sig {
+            check_param_placeholders(&param.value, (vline, vcol), sig, "`query_params`", cx);
+        }
+        out.push(param);
+    }
+    out
+}
+
+/// A `key: value` line of `query_params:`, with the value's line and column.
+fn read_query_pair(
+    entry: &Block,
+    seen: &mut BTreeMap<String, u32>,
+    cx: &mut Cx<'_>,
+) -> Option<(QueryParam, u32, u32)> {
+    let line = &entry.line;
+    let kv = entry_kv(line, "`key: value` or `- key: K` in `query_params:`", cx)?;
+    if let Some(first) = seen.insert(kv.key.to_owned(), line.no) {
+        cx.error(
+            line.no,
+            kv.key_col,
+            format!(
+                "duplicate query key `{}` (first on line {first}); to send a key twice, write each as `- key: {}` with `value:` under it",
+                kv.key, kv.key
+            ),
+        );
+        return None;
+    }
+    let value = scalar_or_empty(entry, &kv, cx)?;
+    let col = kv.value_col + u32::from(is_quoted(kv.value));
+    let param = QueryParam {
+        key: kv.key.to_owned(),
+        value,
+    };
+    Some((param, line.no, col))
+}
+
+/// A `- key: K` item of `query_params:` (with `value: V` beside or under
+/// it), with the value's line and column.
+fn read_query_item(
+    entry: &Block,
+    rest: &str,
+    tool: &str,
+    cx: &mut Cx<'_>,
+) -> Option<(QueryParam, u32, u32)> {
+    let first = Line {
+        no: entry.line.no,
+        indent: entry.line.indent + 2 + (rest.len() - rest.trim_start().len()),
+        text: rest.trim_start().to_owned(),
+    };
+    let errors_before = cx.out.errors.len();
+    let mut key = None;
+    let mut value = None;
+    for line in std::iter::once(&first).chain(entry.children.iter().map(|c| &c.line)) {
+        let field = split_key(line).filter(|kv| !kv.optional);
+        let Some(kv) = field.filter(|kv| matches!(kv.key, "key" | "value")) else {
+            cx.error(
+                line.no,
+                line.col(),
+                format!(
+                    "expected `key:` or `value:` in a `query_params` item of `{tool}`, found `{}`",
+                    head(&line.text)
+                ),
+            );
+            continue;
+        };
+        let parsed = match parse_scalar(kv.value, kv.value_col) {
+            Ok(v) => v,
+            Err((col, m)) => {
+                cx.error(line.no, col, m);
+                continue;
+            }
+        };
+        let slot = if kv.key == "key" {
+            &mut key
+        } else {
+            &mut value
+        };
+        if slot.is_some() {
+            cx.error(
+                line.no,
+                kv.key_col,
+                format!("duplicate `{}` in a `query_params` item", kv.key),
+            );
+            continue;
+        }
+        let col = kv.value_col + u32::from(is_quoted(kv.value));
+        *slot = Some((parsed, line.no, col));
+    }
+    if let Some(nested) = entry.children.iter().find_map(|c| c.children.first()) {
+        cx.error(
+            nested.line.no,
+            nested.line.col(),
+            "a `query_params` item is one `key:` and one `value:` line",
+        );
+    }
+    if cx.out.errors.len() > errors_before {
+        return None;
+    }
+    let (Some((key, kline, kcol)), Some((value, vline, vcol))) = (key, value) else {
+        cx.error(
+            entry.line.no,
+            entry.line.col(),
+            "a `query_params` item needs both `key:` and `value:`",
+        );
+        return None;
+    };
+    if key.is_empty() || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        cx.error(
+            kline,
+            kcol,
+            "a query key must not be empty or contain whitespace",
+        );
+        return None;
+    }
+    Some((QueryParam { key, value }, vline, vcol))
+}
+
+/// A one-line value that may be empty (`q:` or `q: ""`).
+fn scalar_or_empty(block: &Block, kv: &KeyValue<'_>, cx: &mut Cx<'_>) -> Option<String> {
+    if kv.value.is_empty() && block.children.is_empty() {
+        return Some(String::new());
+    }
+    scalar(block, kv, cx)
+}
+
+/// `auth:` with its `auth_config:` block, checked against the seed's
+/// "Auth configuration" table. Credentials (`token`, `key`,
+/// `client_secret`) must be `{{config.NAME}}` placeholders, so a tools file,
+/// a stored definition and a task spec never hold one. `None` after an error.
+fn build_auth(
+    (kind, aline, acol): &(String, u32, u32),
+    config: Option<&Block>,
+    cx: &mut Cx<'_>,
+) -> Option<HttpAuth> {
+    let (aline, acol) = (*aline, *acol);
+    let allowed: &[&'static str] = match kind.as_str() {
+        "none" => &[],
+        "bearer" => &["token"],
+        "api_key" => &["header_name", "key"],
+        "oauth2_client" => &["token_url", "client_id", "client_secret", "scopes"],
+        "custom" => &["custom_headers"],
+        "oauth2_user" => {
+            cx.error(
+                aline,
+                acol,
+                "`auth: oauth2_user` is not supported: a Belay run has no end user to authorize; use `oauth2_client`",
+            );
+            return None;
+        }
+        "saml" => {
+            cx.error(
+                aline,
+                acol,
+                "`auth: saml` is not supported (the seed itself does not resolve it at run time)",
+            );
+            return None;
+        }
+        other => {
+            cx.error(
+                aline,
+                acol,
+                format!(
+                    "unknown auth `{other}` (expected `none`, `bearer`, `api_key`, `oauth2_client` or `custom`)"
+                ),
+            );
+            return None;
+        }
+    };
+    let errors_before = cx.out.errors.len();
+    let mut config_values = AuthConfig::default();
+    if let Some(block) = config {
+        if kind == "none" {
+            cx.error(
+                block.line.no,
+                block.line.col(),
+                "`auth: none` takes no `auth_config:`",
+            );
+        }
+        read_auth_config(block, kind, allowed, &mut config_values, cx);
+    }
+    let mut need = |key: &str, cx: &mut Cx<'_>| match config_values.values.remove(key) {
+        Some(v) => Some(v),
+        None => {
+            let example = if matches!(key, "token" | "key" | "client_secret") {
+                format!(" (e.g. `{key}: \"{{{{config.NAME}}}}\"`)")
+            } else {
+                String::new()
+            };
+            cx.error(
+                aline,
+                acol,
+                format!("`auth: {kind}` needs `{key}:` in `auth_config:`{example}"),
+            );
+            None
+        }
+    };
+    let auth = match kind.as_str() {
+        "bearer" => need("token", cx).map(|token| HttpAuth::Bearer { token }),
+        "api_key" => need("key", cx).map(|key| HttpAuth::ApiKey {
+            header_name: config_values
+                .values
+                .remove("header_name")
+                .unwrap_or_else(|| DEFAULT_API_KEY_HEADER.to_owned()),
+            key,
+        }),
+        "oauth2_client" => {
+            let token_url = need("token_url", cx);
+            let client_id = need("client_id", cx);
+            let client_secret = need("client_secret", cx);
+            match (token_url, client_id, client_secret) {
+                (Some(token_url), Some(client_id), Some(client_secret)) => {
+                    Some(HttpAuth::Oauth2Client {
+                        token_url,
+                        client_id,
+                        client_secret,
+                        scopes: config_values.values.remove("scopes").unwrap_or_default(),
+                    })
+                }
+                _ => None,
+            }
+        }
+        "custom" => match config_values.custom_headers {
+            Some(headers) if !headers.is_empty() => Some(HttpAuth::Custom { headers }),
+            _ => {
+                cx.error(
+                    aline,
+                    acol,
+                    "`auth: custom` needs `custom_headers:` in `auth_config:` (an indented block of `Header-Name: value` lines)",
+                );
+                None
+            }
+        },
+        _ => Some(HttpAuth::None),
+    };
+    auth.filter(|_| cx.out.errors.len() == errors_before)
+}
+
+/// What an `auth_config:` block holds.
+#[derive(Default)]
+struct AuthConfig {
+    /// Scalar entries by key, each checked.
+    values: BTreeMap<&'static str, String>,
+    /// `custom_headers:`.
+    custom_headers: Option<BTreeMap<String, String>>,
+}
+
+/// Keys of the seed's "Auth configuration" table that Belay reads, plus
+/// `token` (bearer) and `key` (api_key), which carry the credential.
+const AUTH_CONFIG_KEYS: &[&str] = &[
+    "token",
+    "key",
+    "header_name",
+    "token_url",
+    "client_id",
+    "client_secret",
+    "scopes",
+    "custom_headers",
+];
+
+/// Reads an `auth_config:` block for `auth: kind`, which takes the keys in
+/// `allowed`.
+fn read_auth_config(
+    block: &Block,
+    kind: &str,
+    allowed: &[&'static str],
+    out: &mut AuthConfig,
+    cx: &mut Cx<'_>,
+) {
+    let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+    for entry in &block.children {
+        let line = &entry.line;
+        let Some(kv) = entry_kv(line, "`property: value` in `auth_config:`", cx) else {
+            continue;
+        };
+        if !first_time(
+            &mut seen,
+            &kv,
+            line.no,
+            &format!("`{}` in `auth_config:`", kv.key),
+            cx,
+        ) {
+            continue;
+        }
+        let Some(key) = allowed.iter().find(|k| **k == kv.key).copied() else {
+            let message = if kv.key == "provider" {
+                "`provider` is not supported: it names an identity provider for `oauth2_user` or `saml`, which Belay does not run".to_owned()
+            } else if AUTH_CONFIG_KEYS.contains(&kv.key) {
+                let takes: Vec<String> = allowed.iter().map(|k| format!("`{k}`")).collect();
+                let takes = if takes.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    takes.join(", ")
+                };
+                format!(
+                    "`{}` does not apply to `auth: {kind}` (it takes {takes})",
+                    kv.key
+                )
+            } else {
+                format!("unknown property `{}` in `auth_config:`", kv.key)
+            };
+            cx.error(line.no, kv.key_col, message);
+            continue;
+        };
+        if key == "custom_headers" {
+            if block_only(entry, &kv, cx) {
+                out.custom_headers = Some(read_headers(entry, cx));
+                check_header_placeholders(entry, cx);
+            }
+            continue;
+        }
+        let Some(value) = scalar(entry, &kv, cx) else {
+            continue;
+        };
+        match check_auth_value(key, &value) {
+            Some(message) => cx.error(line.no, kv.value_col, message),
+            None => {
+                out.values.insert(key, value);
+            }
+        }
+    }
+}
+
+/// What is wrong with the `auth_config` value `value` of `key`, if anything.
+fn check_auth_value(key: &str, value: &str) -> Option<String> {
+    let secret = matches!(key, "token" | "key" | "client_secret");
+    if secret || key == "client_id" {
+        if let Some(message) = check_config_placeholders(value) {
+            return Some(format!("`{key}`: {message}"));
+        }
+        let has_placeholder = split_placeholders(value).is_ok_and(|p| {
+            p.iter()
+                .any(|p| matches!(p, TemplatePiece::Placeholder { .. }))
+        });
+        if secret && !has_placeholder {
+            return Some(format!(
+                "`{key}` must be a `{{{{config.NAME}}}}` placeholder, resolved by the worker: a tools file never holds a credential"
+            ));
+        }
+        if value.chars().any(|c| c == '\r' || c == '\n' || c == '\0') {
+            return Some(format!("`{key}` must not contain line breaks or NUL"));
+        }
+        return None;
+    }
+    if value.contains("{{") {
+        return Some(format!(
+            "`{key}` takes no placeholder (only `token`, `key`, `client_id` and `client_secret` do)"
+        ));
+    }
+    match key {
+        "header_name" if !is_header_name(value) => {
+            Some(format!("`{value}` is not a valid header name"))
+        }
+        "token_url"
+            if !(value.starts_with("https://") || value.starts_with("http://"))
+                || value.chars().any(|c| c.is_whitespace() || c.is_control()) =>
+        {
+            Some(format!(
+                "`token_url` must be an absolute http(s) URL, not `{value}`"
+            ))
+        }
+        "scopes"
+            if value
+                .chars()
+                .any(|c| c.is_control() || c == '"' || c == '\\') =>
+        {
+            Some("`scopes` are scope names separated by spaces".to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// RFC 9110 token: the characters of a header name.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+}
+
+/// What is wrong with a `base_url:`, if anything: an absolute http(s) URL
+/// without whitespace, `{` or `}`.
+fn check_base_url(url: &str) -> Option<String> {
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return Some(format!(
+            "`base_url` must be an absolute http(s) URL, not `{url}`"
+        ));
+    }
+    if url
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '{' || c == '}')
+    {
+        return Some("`base_url` must not contain whitespace, `{` or `}`".to_owned());
+    }
+    None
+}
+
+/// `endpoint` joined to the file's `base_url` when it is a path.
+fn join_base_url(base_url: Option<&str>, endpoint: String) -> String {
+    match base_url {
+        Some(base) if endpoint.starts_with('/') => {
+            format!("{}{endpoint}", base.trim_end_matches('/'))
+        }
+        _ => endpoint,
+    }
+}
+
+/// The file's default headers under the tool's: a tool header wins over a
+/// default of the same name in any case.
+fn merge_headers(
+    defaults: &BTreeMap<String, String>,
+    mut own: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    for (name, value) in defaults {
+        if !own.keys().any(|o| o.eq_ignore_ascii_case(name)) {
+            own.insert(name.clone(), value.clone());
+        }
+    }
+    own
 }
 
 /// The `type: mcp` rules: `endpoint:` and `method:` do not apply (the
@@ -821,9 +1574,21 @@ fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) 
             );
         }
     }
-    for (hline, hcol, header, value) in &props.header_placeholders {
-        if let Some(message) = check_config_placeholders(value) {
-            cx.error(*hline, *hcol, format!("header `{header}`: {message}"));
+}
+
+/// Every `{{...}}` in the values of a headers block (`headers:`,
+/// `auth_config.custom_headers:`) must be `{{config.NAME}}`.
+fn check_header_placeholders(block: &Block, cx: &mut Cx<'_>) {
+    for header in &block.children {
+        if let Some((name, value)) = header.line.text.split_once(':')
+            && let Some(message) = check_config_placeholders(value.trim())
+        {
+            let name = name.trim_end();
+            cx.error(
+                header.line.no,
+                header.line.col(),
+                format!("header `{name}`: {message}"),
+            );
         }
     }
 }
@@ -831,26 +1596,17 @@ fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) 
 /// `None` when every `{{...}}` in `value` is `{{config.NAME}}` (NAME of
 /// letters, digits, `_`, `-`, `.`), else what is wrong.
 fn check_config_placeholders(value: &str) -> Option<String> {
-    let mut rest = value;
-    while let Some(start) = rest.find("{{") {
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            return Some("a `{{` placeholder is not closed with `}}`".into());
-        };
-        let inner = after[..end].trim();
-        let valid = inner.strip_prefix("config.").is_some_and(|n| {
-            !n.is_empty()
-                && n.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        });
-        if !valid {
-            return Some(format!(
-                "placeholder `{{{{{inner}}}}}` is not supported (only `{{{{config.NAME}}}}`, resolved by the worker from its MCP configuration)"
-            ));
+    let Ok(pieces) = split_placeholders(value) else {
+        return Some("a `{{` placeholder is not closed with `}}`".into());
+    };
+    pieces.iter().find_map(|piece| match piece {
+        TemplatePiece::Placeholder { inner, .. } if config_placeholder_name(inner).is_none() => {
+            Some(format!(
+                "placeholder `{{{{{inner}}}}}` is not supported (only `{{{{config.NAME}}}}`, resolved by the worker from its configuration)"
+            ))
         }
-        rest = &after[end + 2..];
-    }
-    None
+        _ => None,
+    })
 }
 
 /// `None` when `value` is a usable `server:` / `server_tool:` name: 1 to
@@ -874,10 +1630,10 @@ fn check_mcp_name(key: &str, value: &str) -> Option<String> {
     None
 }
 
-fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
+fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) -> Props<'b> {
     let mut props = Props::default();
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
-    for child in &block.children {
+    for child in children {
         let line = &child.line;
         let Some(kv) = split_key(line) else {
             cx.error(
@@ -895,16 +1651,66 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
             );
             continue;
         }
-        if let Some(first) = seen.insert(kv.key, line.no) {
-            cx.error(
-                line.no,
-                kv.key_col,
-                format!("duplicate property `{}` (first on line {first})", kv.key),
-            );
+        // `body:` is the seed's alias of `body_template:`: one property.
+        let key = if kv.key == "body" {
+            "body_template"
+        } else {
+            kv.key
+        };
+        let what = format!("property `{}`", kv.key);
+        if !first_time(&mut seen, &KeyValue { key, ..kv }, line.no, &what, cx) {
             continue;
         }
-        props.present.insert(kv.key.to_string());
-        match kv.key {
+        props.present.insert(key.to_string());
+        match key {
+            "base_url" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match check_base_url(&s) {
+                        Some(m) => cx.error(line.no, kv.value_col, m),
+                        None => props.base_url = Some((s, line.no, kv.value_col)),
+                    }
+                }
+            }
+            "auth" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    props.auth = Some((s, line.no, kv.value_col));
+                }
+            }
+            "auth_config" | "query_params" => {
+                if block_only(child, &kv, cx) {
+                    if key == "auth_config" {
+                        props.auth_config = Some(child);
+                    } else {
+                        props.query_params = Some(child);
+                    }
+                }
+            }
+            "body_type" => {
+                let choices = [
+                    ("json", BodyType::Json),
+                    ("form", BodyType::Form),
+                    ("text", BodyType::Text),
+                ];
+                if kv.value.trim_matches(['"', '\'']) == "xml" {
+                    cx.error(
+                        line.no,
+                        kv.value_col,
+                        "`body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
+                    );
+                } else if let Some(t) = keyword(child, &kv, &choices, cx) {
+                    props.body_type = Some((t, line.no, kv.value_col));
+                }
+            }
+            "body_mode" => {
+                let choices = [("auto", BodyMode::Auto), ("none", BodyMode::None)];
+                props.body_mode = keyword(child, &kv, &choices, cx).or(props.body_mode);
+            }
+            "body_template" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    let col = kv.value_col + u32::from(is_quoted(kv.value));
+                    props.body_template = Some((s, line.no, col));
+                }
+            }
             "description" => {
                 if let Some(s) = scalar(child, &kv, cx) {
                     props.description = Some(s);
@@ -978,24 +1784,12 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                 }
             }
             "repeat_safety" => {
-                if let Some(s) = scalar(child, &kv, cx) {
-                    let safety = match s.as_str() {
-                        "never" => Some(RepeatSafety::Never),
-                        "idempotent" => Some(RepeatSafety::Idempotent),
-                        "reconcile" => Some(RepeatSafety::Reconcile),
-                        _ => None,
-                    };
-                    match safety {
-                        Some(r) => props.repeat_safety = Some(r),
-                        None => cx.error(
-                            line.no,
-                            kv.value_col,
-                            format!(
-                                "unknown repeat_safety `{s}` (expected `never`, `idempotent` or `reconcile`)"
-                            ),
-                        ),
-                    }
-                }
+                let choices = [
+                    ("never", RepeatSafety::Never),
+                    ("idempotent", RepeatSafety::Idempotent),
+                    ("reconcile", RepeatSafety::Reconcile),
+                ];
+                props.repeat_safety = keyword(child, &kv, &choices, cx).or(props.repeat_safety);
             }
             "reconcile_with" => {
                 if let Some(s) = scalar(child, &kv, cx) {
@@ -1027,18 +1821,7 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
             "headers" => {
                 if block_only(child, &kv, cx) {
                     props.headers = read_headers(child, cx);
-                    for header in &child.children {
-                        if let Some((name, value)) = header.line.text.split_once(':')
-                            && value.contains("{{")
-                        {
-                            props.header_placeholders.push((
-                                header.line.no,
-                                header.line.col(),
-                                name.trim_end().to_owned(),
-                                value.trim().to_owned(),
-                            ));
-                        }
-                    }
+                    check_header_placeholders(child, cx);
                 }
             }
             "server" | "server_tool" => {
@@ -1070,17 +1853,8 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
                 }
             }
             "mode" => {
-                if let Some(s) = scalar(child, &kv, cx) {
-                    match s.as_str() {
-                        "sync" => props.mode = Some(ChildMode::Sync),
-                        "async" => props.mode = Some(ChildMode::Async),
-                        _ => cx.error(
-                            line.no,
-                            kv.value_col,
-                            format!("unknown mode `{s}` (expected `sync` or `async`)"),
-                        ),
-                    }
-                }
+                let choices = [("sync", ChildMode::Sync), ("async", ChildMode::Async)];
+                props.mode = keyword(child, &kv, &choices, cx).or(props.mode);
             }
             "timeout_ms" => {
                 if let Some(s) = scalar(child, &kv, cx) {
@@ -1175,6 +1949,67 @@ fn read_props<'b>(block: &'b Block, cx: &mut Cx<'_>) -> Props<'b> {
         }
     }
     props
+}
+
+/// The `key: value` of `line` (no `key?:`); else the error "expected
+/// {expected}, found `…`".
+fn entry_kv<'l>(line: &'l Line, expected: &str, cx: &mut Cx<'_>) -> Option<KeyValue<'l>> {
+    let kv = split_key(line).filter(|kv| !kv.optional);
+    if kv.is_none() {
+        cx.error(
+            line.no,
+            line.col(),
+            format!("expected {expected}, found `{}`", head(&line.text)),
+        );
+    }
+    kv
+}
+
+/// A one-line value that is one of `choices`; else an error "unknown KEY
+/// `value` (expected `a` or `b`)" at the value.
+fn keyword<T: Copy>(
+    block: &Block,
+    kv: &KeyValue<'_>,
+    choices: &[(&str, T)],
+    cx: &mut Cx<'_>,
+) -> Option<T> {
+    let s = scalar(block, kv, cx)?;
+    if let Some((_, value)) = choices.iter().find(|(name, _)| *name == s) {
+        return Some(*value);
+    }
+    let names: Vec<String> = choices.iter().map(|(n, _)| format!("`{n}`")).collect();
+    let expected = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    cx.error(
+        block.line.no,
+        kv.value_col,
+        format!("unknown {} `{s}` (expected {expected})", kv.key),
+    );
+    None
+}
+
+/// Records that `kv.key` was written on `line`; `false`, with the error
+/// "duplicate {what} (first on line N)" at the key, if it was already.
+fn first_time<'k>(
+    seen: &mut BTreeMap<&'k str, u32>,
+    kv: &KeyValue<'k>,
+    line: u32,
+    what: &str,
+    cx: &mut Cx<'_>,
+) -> bool {
+    match seen.insert(kv.key, line) {
+        None => true,
+        Some(first) => {
+            cx.error(
+                line,
+                kv.key_col,
+                format!("duplicate {what} (first on line {first})"),
+            );
+            false
+        }
+    }
 }
 
 /// The value of a one-line property; `None` (with an error) otherwise.
@@ -1385,9 +2220,7 @@ fn read_headers(block: &Block, cx: &mut Cx<'_>) -> BTreeMap<String, String> {
             continue;
         };
         let name = name.trim_end();
-        // RFC 9110 token characters.
-        let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-        if name.is_empty() || !name.chars().all(is_tchar) {
+        if !is_header_name(name) {
             cx.error(
                 line.no,
                 line.col(),
@@ -1654,12 +2487,7 @@ fn enrich_field(field: &mut Field, blocks: &[Block], depth: usize, cx: &mut Cx<'
             cx.error(line.no, e.column, e.message);
             continue;
         }
-        if let Some(first) = seen.insert(kv.key, line.no) {
-            cx.error(
-                line.no,
-                kv.key_col,
-                format!("duplicate field `{}` (first on line {first})", kv.key),
-            );
+        if !first_time(&mut seen, &kv, line.no, &format!("field `{}`", kv.key), cx) {
             continue;
         }
         if !child.children.is_empty() {
@@ -1745,6 +2573,7 @@ TOOLS:
                     ("X-Api-Version".to_string(), "2024-01".to_string()),
                 ]),
                 timeout_ms: 10_000,
+                request: Default::default(),
             }
         );
         assert_eq!(
@@ -1781,6 +2610,7 @@ TOOLS:
                 method: "POST".into(),
                 headers: BTreeMap::new(),
                 timeout_ms: 30_000,
+                request: Default::default(),
             }
         );
         assert_eq!(
@@ -2066,6 +2896,7 @@ TOOLS:
                 timeout_ms: DEFAULT_TIMEOUT_MS,
                 callback_url_field: "callbackUrl".into(),
                 callback_timeout_ms: 3_600_000,
+                request: Default::default(),
             }
         );
         // Defaults: callbackUrl, one hour.
@@ -2222,9 +3053,9 @@ TOOLS:
                 "TOOLS:\n  t(q: string) -> string\n    type: mcp\n    server: s\n    headers:\n      X-User: \"{{session.user}}\"\n      X-Key: \"{{config.K\"\n      Mcp-Session-Id: abc\n    permission: p\n    repeat_safety: never\n"
             ),
             vec![
-                "2:3: tool `t`: header `Mcp-Session-Id` is set by the MCP transport itself and cannot be given in `headers:`",
-                "6:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its MCP configuration)",
+                "6:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
                 "7:7: header `X-Key`: a `{{` placeholder is not closed with `}}`",
+                "2:3: tool `t`: header `Mcp-Session-Id` is set by the MCP transport itself and cannot be given in `headers:`",
             ]
         );
         assert_eq!(
@@ -2261,11 +3092,11 @@ TOOLS:
         assert_eq!(
             errors(&tool_with(
                 "f() -> string",
-                "    colour: blue\n    auth: bearer\n    hints:\n      cacheable: true\n    wsdl_thing: x\n"
+                "    colour: blue\n    auth_profile: crm\n    hints:\n      cacheable: true\n    wsdl_thing: x\n"
             )),
             vec![
                 "7:5: unknown property `colour`",
-                "8:5: property `auth` is not supported yet",
+                "8:5: property `auth_profile` is not supported yet",
                 "9:5: property `hints` is not supported yet",
                 "11:5: property `wsdl_thing` is not supported yet",
             ]
@@ -2325,6 +3156,511 @@ TOOLS:
                 "TOOLS:\n  f() -> string\n    type: http\n    endpoint: api/x\n    permission: a\n    repeat_safety: never\n"
             ),
             vec!["4:15: endpoint `api/x` must be a path starting with `/` or an http(s) URL",]
+        );
+    }
+
+    /// Endpoint, headers, timeout and request options of an http binding.
+    fn http_parts(
+        binding: &ToolBindingDef,
+    ) -> (String, BTreeMap<String, String>, u64, HttpRequestOptions) {
+        match binding {
+            ToolBindingDef::Http {
+                endpoint,
+                headers,
+                timeout_ms,
+                request,
+                ..
+            } => (
+                endpoint.clone(),
+                headers.clone(),
+                *timeout_ms,
+                request.clone(),
+            ),
+            other => panic!("an http tool, not {other:?}"),
+        }
+    }
+
+    fn http_request(content: &str) -> (String, BTreeMap<String, String>, u64, HttpRequestOptions) {
+        http_parts(&one_tool(content).binding)
+    }
+
+    #[test]
+    fn auth_types() {
+        let auth = |extra: &str| http_request(&tool_with("f() -> string", extra)).3.auth;
+        assert_eq!(auth(""), HttpAuth::None);
+        assert_eq!(auth("    auth: none\n"), HttpAuth::None);
+        assert_eq!(
+            auth("    auth: bearer\n    auth_config:\n      token: \"{{config.CRM_TOKEN}}\"\n"),
+            HttpAuth::Bearer {
+                token: "{{config.CRM_TOKEN}}".into()
+            }
+        );
+        assert_eq!(
+            auth("    auth: api_key\n    auth_config:\n      key: \"{{config.K}}\"\n"),
+            HttpAuth::ApiKey {
+                header_name: "X-API-Key".into(),
+                key: "{{config.K}}".into()
+            }
+        );
+        assert_eq!(
+            auth(
+                "    auth: api_key\n    auth_config:\n      header_name: \"X-Partner-Key\"\n      key: \"{{config.K}}\"\n"
+            ),
+            HttpAuth::ApiKey {
+                header_name: "X-Partner-Key".into(),
+                key: "{{config.K}}".into()
+            }
+        );
+        assert_eq!(
+            auth(
+                "    auth: oauth2_client\n    auth_config:\n      token_url: \"https://auth.example.com/oauth/token\"\n      client_id: \"my-client-id\"\n      client_secret: \"{{config.OAUTH_CLIENT_SECRET}}\"\n      scopes: \"read:users write:users\"\n"
+            ),
+            HttpAuth::Oauth2Client {
+                token_url: "https://auth.example.com/oauth/token".into(),
+                client_id: "my-client-id".into(),
+                client_secret: "{{config.OAUTH_CLIENT_SECRET}}".into(),
+                scopes: "read:users write:users".into(),
+            }
+        );
+        assert_eq!(
+            auth(
+                "    auth: custom\n    auth_config:\n      custom_headers:\n        X-Tenant: acme\n        X-Signature: \"{{config.SIG}}\"\n"
+            ),
+            HttpAuth::Custom {
+                headers: BTreeMap::from([
+                    ("X-Signature".into(), "{{config.SIG}}".into()),
+                    ("X-Tenant".into(), "acme".into()),
+                ])
+            }
+        );
+    }
+
+    #[test]
+    fn auth_errors() {
+        let errs = |extra: &str| errors(&tool_with("f() -> string", extra));
+        assert_eq!(
+            errs("    auth: basic\n"),
+            vec![
+                "7:11: unknown auth `basic` (expected `none`, `bearer`, `api_key`, `oauth2_client` or `custom`)"
+            ]
+        );
+        assert_eq!(
+            errs("    auth: oauth2_user\n"),
+            vec![
+                "7:11: `auth: oauth2_user` is not supported: a Belay run has no end user to authorize; use `oauth2_client`"
+            ]
+        );
+        assert_eq!(
+            errs("    auth: saml\n"),
+            vec![
+                "7:11: `auth: saml` is not supported (the seed itself does not resolve it at run time)"
+            ]
+        );
+        assert_eq!(
+            errs("    auth: bearer\n"),
+            vec![
+                "7:11: `auth: bearer` needs `token:` in `auth_config:` (e.g. `token: \"{{config.NAME}}\"`)"
+            ]
+        );
+        assert_eq!(
+            errs(
+                "    auth: bearer\n    auth_config:\n      token: \"sk-live-123\"\n      header_name: X\n      colour: red\n      provider: okta\n      token: x\n"
+            ),
+            vec![
+                "9:14: `token` must be a `{{config.NAME}}` placeholder, resolved by the worker: a tools file never holds a credential",
+                "10:7: `header_name` does not apply to `auth: bearer` (it takes `token`)",
+                "11:7: unknown property `colour` in `auth_config:`",
+                "12:7: `provider` is not supported: it names an identity provider for `oauth2_user` or `saml`, which Belay does not run",
+                "13:7: duplicate `token` in `auth_config:` (first on line 9)",
+                "7:11: `auth: bearer` needs `token:` in `auth_config:` (e.g. `token: \"{{config.NAME}}\"`)",
+            ]
+        );
+        assert_eq!(
+            errs(
+                "    auth: oauth2_client\n    auth_config:\n      token_url: \"/token\"\n      client_id: \"{{env.ID}}\"\n      client_secret: \"{{config.S}}\"\n      scopes: \"{{config.SCOPES}}\"\n"
+            ),
+            vec![
+                "9:18: `token_url` must be an absolute http(s) URL, not `/token`",
+                "10:18: `client_id`: placeholder `{{env.ID}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
+                "12:15: `scopes` takes no placeholder (only `token`, `key`, `client_id` and `client_secret` do)",
+                "7:11: `auth: oauth2_client` needs `token_url:` in `auth_config:`",
+                "7:11: `auth: oauth2_client` needs `client_id:` in `auth_config:`",
+            ]
+        );
+        assert_eq!(
+            errs(
+                "    auth: api_key\n    auth_config:\n      header_name: \"Bad Name\"\n      key: \"{{config.K\"\n"
+            ),
+            vec![
+                "9:20: `Bad Name` is not a valid header name",
+                "10:12: `key`: a `{{` placeholder is not closed with `}}`",
+                "7:11: `auth: api_key` needs `key:` in `auth_config:` (e.g. `key: \"{{config.NAME}}\"`)",
+            ]
+        );
+        assert_eq!(
+            errs(
+                "    auth: custom\n    auth_config:\n      custom_headers:\n        X-A: \"{{secret.a}}\"\n"
+            ),
+            vec![
+                "10:9: header `X-A`: placeholder `{{secret.a}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
+            ]
+        );
+        assert_eq!(
+            errs("    auth: custom\n"),
+            vec![
+                "7:11: `auth: custom` needs `custom_headers:` in `auth_config:` (an indented block of `Header-Name: value` lines)"
+            ]
+        );
+        assert_eq!(
+            errs("    auth: none\n    auth_config:\n      token: \"{{config.T}}\"\n"),
+            vec![
+                "8:5: `auth: none` takes no `auth_config:`",
+                "9:7: `token` does not apply to `auth: none` (it takes nothing)",
+            ]
+        );
+        assert_eq!(
+            errs("    auth_config:\n      token: \"{{config.T}}\"\n"),
+            vec![
+                "7:5: `auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)"
+            ]
+        );
+        assert_eq!(
+            errs("    headers:\n      X-User: \"{{session.user}}\"\n"),
+            vec![
+                "8:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)"
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  w() -> object\n    type: workflow\n    workflow_id: w\n    auth: none\n    query_params:\n      a: b\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "2:3: `auth:` applies to `type: http` and `type: async_webhook` tools only",
+                "2:3: `query_params:` applies to `type: http` and `type: async_webhook` tools only",
+            ]
+        );
+    }
+
+    #[test]
+    fn query_params_keep_order_and_repeat_keys() {
+        let (_, _, _, request) = http_request(&tool_with(
+            "f(tag_a: string, tag_b?: string, limit: number = 10) -> string",
+            "    method: GET\n    query_params:\n      limit: \"{{limit}}\"\n      - key: tag\n        value: \"{{tag_a}}\"\n      - key: \"tag\"\n        value: \"{{tag_b}}\"\n      - key: \"filter[kind]\"\n        value: fixed\n      empty:\n",
+        ));
+        let pairs: Vec<(&str, &str)> = request
+            .query_params
+            .iter()
+            .map(|q| (q.key.as_str(), q.value.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("limit", "{{limit}}"),
+                ("tag", "{{tag_a}}"),
+                ("tag", "{{tag_b}}"),
+                ("filter[kind]", "fixed"),
+                ("empty", ""),
+            ]
+        );
+    }
+
+    #[test]
+    fn query_params_errors() {
+        assert_eq!(
+            errors(&tool_with(
+                "f(a: string) -> string",
+                "    query_params:\n      a: \"{{a}}\"\n      a: x\n      b: \"v-{{nope}}\"\n      c: \"{{config.KEY}}\"\n      - key: k\n      - value: v\n      - key: k\n        value: v\n        other: x\n      - key: \"a b\"\n        value: v\n      what\n      d: \"{{a\"\n"
+            )),
+            vec![
+                "9:7: duplicate query key `a` (first on line 8); to send a key twice, write each as `- key: a` with `value:` under it",
+                "10:13: `{{nope}}` in `query_params` is not a parameter of `f`",
+                "11:11: `{{config.KEY}}` is not allowed in `query_params`: it takes parameters; credentials go in `headers:` or `auth_config:`",
+                "12:7: a `query_params` item needs both `key:` and `value:`",
+                "13:7: a `query_params` item needs both `key:` and `value:`",
+                "16:9: expected `key:` or `value:` in a `query_params` item of `f`, found `other: x`",
+                "17:15: a query key must not be empty or contain whitespace",
+                "19:7: expected `key: value` or `- key: K` in `query_params:`, found `what`",
+                "20:11: a `{{` placeholder in `query_params` is not closed with `}}`",
+            ]
+        );
+    }
+
+    #[test]
+    fn body_properties() {
+        let (_, _, _, request) = http_request(&tool_with(
+            "f(name: string, age: number) -> string",
+            "    body_type: form\n    body_mode: none\n",
+        ));
+        assert_eq!(request.body_type, BodyType::Form);
+        assert_eq!(request.body_mode, BodyMode::None);
+        let (_, _, _, request) = http_request(&tool_with(
+            "f(name: string, age: number) -> string",
+            "    body_type: json\n    body_template: '{\"customer\": {\"name\": \"{{name}}\", \"age\": \"{{age}}\"}, \"note\": \"hi {{name}}\"}'\n",
+        ));
+        assert_eq!(request.body_type, BodyType::Json);
+        assert_eq!(
+            request.body_template.as_deref(),
+            Some(
+                "{\"customer\": {\"name\": \"{{name}}\", \"age\": \"{{age}}\"}, \"note\": \"hi {{name}}\"}"
+            )
+        );
+        let (_, _, _, request) = http_request(&tool_with(
+            "f(name: string) -> string",
+            "    body_type: text\n    body: \"Hello {{name}}\"\n",
+        ));
+        assert_eq!(request.body_type, BodyType::Text);
+        assert_eq!(request.body_template.as_deref(), Some("Hello {{name}}"));
+    }
+
+    #[test]
+    fn body_errors() {
+        let errs = |sig: &str, extra: &str| errors(&tool_with(sig, extra));
+        assert_eq!(
+            errs(
+                "f() -> string",
+                "    body_type: xml\n    body_mode: sometimes\n"
+            ),
+            vec![
+                "7:16: `body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
+                "8:16: unknown body_mode `sometimes` (expected `auto` or `none`)",
+            ]
+        );
+        assert_eq!(
+            errs("f() -> string", "    body_type: yaml\n"),
+            vec!["7:16: unknown body_type `yaml` (expected `json`, `form` or `text`)"]
+        );
+        assert_eq!(
+            errs(
+                "f(a: string) -> string",
+                "    method: GET\n    body_type: form\n    body_template: \"{{a}}\"\n"
+            ),
+            vec![
+                "8:16: `method: GET` sends no body: `body_type:` does not apply",
+                "9:21: `method: GET` sends no body: `body_template:` does not apply",
+            ]
+        );
+        assert_eq!(
+            errs(
+                "f(a: string) -> string",
+                "    body_mode: none\n    body_template: '{\"a\": \"{{a}}\"}'\n"
+            ),
+            vec!["8:21: `body_mode: none` sends no body: drop it or the `body_template:`"]
+        );
+        assert_eq!(
+            errs("f(a: string) -> string", "    body_type: text\n"),
+            vec!["7:16: `body_type: text` needs a `body_template:` (the text to send)"]
+        );
+        assert_eq!(
+            errs(
+                "f(a: string) -> string",
+                "    body_template: '{\"a\": {{a}}}'\n    body: x\n"
+            ),
+            vec![
+                "8:5: duplicate property `body` (first on line 7)",
+                "7:21: `body_template` of `f` is not JSON (key must be a string at line 1 column 8); put placeholders inside strings, like `{\"name\": \"{{name}}\"}` (a string that is only a placeholder takes the argument's JSON value)",
+            ]
+        );
+        assert_eq!(
+            errs(
+                "f(a: string) -> string",
+                "    body_type: form\n    body_template: \"a={{a}}&b={{b}}&c={{config.C}}\"\n"
+            ),
+            vec![
+                "8:31: `{{b}}` in `body_template` is not a parameter of `f`",
+                "8:39: `{{config.C}}` is not allowed in `body_template`: it takes parameters; credentials go in `headers:` or `auth_config:`",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  r(a: string) -> string\n    type: async_webhook\n    endpoint: /r\n    method: POST\n    body_type: form\n    body_mode: none\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "6:16: an async webhook sends the callback URL in a JSON body: `body_type` must be `json`",
+                "2:3: an async webhook sends the callback URL in its body: `body_mode: none` does not apply",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  r(a: string) -> string\n    type: async_webhook\n    endpoint: /r\n    method: POST\n    body_template: '[\"{{a}}\"]'\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "6:21: the `body_template` of an async webhook must be a JSON object, to carry the callback URL"
+            ]
+        );
+    }
+
+    #[test]
+    fn file_level_defaults() {
+        let out = parse(
+            r#"TOOLS:
+  base_url: "https://api.hotels.com/v1/"
+  auth: bearer
+  auth_config:
+    token: "{{config.HOTELS_TOKEN}}"
+  timeout: 5000
+  headers:
+    Accept: "application/json"
+    X-Api-Version: "2024-01"
+
+  search_hotels(destination: string) -> object
+    type: http
+    endpoint: "/search"
+    method: POST
+    permission: hotels.read
+    repeat_safety: idempotent
+
+  get_hotel(hotel_id: string) -> object
+    type: http
+    endpoint: "https://other.example.com/hotels/{hotel_id}"
+    method: GET
+    auth: none
+    timeout: 2s
+    headers:
+      accept: "text/plain"
+    permission: hotels.read
+    repeat_safety: idempotent
+
+  run_report() -> object
+    type: workflow
+    workflow_id: report
+    permission: hotels.read
+    repeat_safety: never
+"#,
+        );
+        assert_eq!(out.errors, vec![]);
+        let (endpoint, headers, timeout_ms, request) = http_parts(&out.tools[0].binding);
+        assert_eq!(endpoint, "https://api.hotels.com/v1/search");
+        assert_eq!(timeout_ms, 5000);
+        assert_eq!(headers["Accept"], "application/json");
+        assert_eq!(headers["X-Api-Version"], "2024-01");
+        assert_eq!(
+            request.auth,
+            HttpAuth::Bearer {
+                token: "{{config.HOTELS_TOKEN}}".into()
+            }
+        );
+        let (endpoint, headers, timeout_ms, request) = http_parts(&out.tools[1].binding);
+        assert_eq!(endpoint, "https://other.example.com/hotels/{hotel_id}");
+        assert_eq!(timeout_ms, 2000);
+        // The tool's `accept` wins over the default `Accept`.
+        assert_eq!(
+            headers,
+            BTreeMap::from([
+                ("X-Api-Version".into(), "2024-01".into()),
+                ("accept".into(), "text/plain".into()),
+            ])
+        );
+        assert_eq!(request.auth, HttpAuth::None);
+        assert!(matches!(
+            out.tools[2].binding,
+            ToolBindingDef::Workflow { .. }
+        ));
+    }
+
+    /// The example of the README's "HTTP tools" section, as written there.
+    #[test]
+    fn readme_http_example_parses() {
+        let out = parse(
+            r#"TOOLS:
+  # File-level defaults: above the first tool, for every HTTP tool of the file.
+  base_url: "https://crm.example.com/v1"   # joined to endpoints that are paths
+  auth: bearer
+  auth_config:
+    token: "{{config.CRM_TOKEN}}"          # a credential is always a placeholder
+  timeout: 5000                            # ms (or 5s)
+  headers:
+    X-Api-Version: "2024-01"               # merged; a tool's header of the same name wins
+
+  search_customers(q: string, tags?: string[], limit: number = 20) -> object
+    type: http
+    endpoint: "/customers/search"          # https://crm.example.com/v1/customers/search
+    method: GET
+    query_params:                          # in this order; `- key:` items may repeat a key
+      q: "{{q}}"
+      - key: tag
+        value: "{{tags}}"                  # an array repeats the key: tag=a&tag=b
+      - key: tag
+        value: "vip"
+    body_mode: none                        # arguments not named above are not sent
+    permission: crm.read
+    repeat_safety: idempotent
+
+  create_note(customer_id: string, text: string) -> object
+    type: http
+    endpoint: "/customers/{customer_id}/notes"
+    method: POST
+    auth: oauth2_client                    # replaces the file's auth
+    auth_config:
+      token_url: "https://auth.example.com/oauth/token"
+      client_id: "belay-crm"
+      client_secret: "{{config.CRM_OAUTH_SECRET}}"
+      scopes: "notes:write"
+    body_template: '{"note": {"body": "{{text}}", "source": "belay"}}'
+    permission: crm.write
+    repeat_safety: idempotent
+"#,
+        );
+        assert_eq!(out.errors, vec![]);
+        let (endpoint, headers, timeout_ms, request) = http_parts(&out.tools[0].binding);
+        assert_eq!(endpoint, "https://crm.example.com/v1/customers/search");
+        assert_eq!(headers["X-Api-Version"], "2024-01");
+        assert_eq!(timeout_ms, 5000);
+        assert_eq!(request.query_params.len(), 3);
+        assert_eq!(request.body_mode, BodyMode::None);
+        let (_, _, _, request) = http_parts(&out.tools[1].binding);
+        assert!(matches!(request.auth, HttpAuth::Oauth2Client { .. }));
+    }
+
+    #[test]
+    fn file_level_default_errors() {
+        assert_eq!(
+            errors(
+                "TOOLS:\n  base_url: \"api.example.com\"\n  auth_config:\n    token: \"{{config.T}}\"\n  type: http\n  headers:\n    X-A: \"{{session.a}}\"\n  f() -> string\n    type: http\n    endpoint: /x\n    base_url: \"https://x\"\n    permission: p\n    repeat_safety: never\n  timeout: 5s\n"
+            ),
+            vec![
+                "5:3: expected a tool signature `name(params) -> ReturnType`, found `type: http`",
+                "2:13: `base_url` must be an absolute http(s) URL, not `api.example.com`",
+                "7:5: header `X-A`: placeholder `{{session.a}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
+                "3:3: `auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)",
+                "11:15: `base_url:` is a file-level default: put it under `TOOLS:`, above the first tool",
+                "14:3: file-level default `timeout:` must come before the first tool",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  auth: bearer\n  f() -> string\n    type: http\n    endpoint: /x\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "2:9: `auth: bearer` needs `token:` in `auth_config:` (e.g. `token: \"{{config.NAME}}\"`)"
+            ]
+        );
+    }
+
+    #[test]
+    fn stored_bindings_without_request_options_decode_and_encode_unchanged() {
+        for old in [
+            r#"{"type":"http","endpoint":"/x","method":"GET","headers":{},"timeout_ms":5}"#,
+            r#"{"type":"async_webhook","endpoint":"/x","method":"POST","headers":{},"timeout_ms":5,"callback_url_field":"cb","callback_timeout_ms":9}"#,
+        ] {
+            let binding: ToolBindingDef = serde_json::from_str(old).unwrap();
+            assert_eq!(serde_json::to_string(&binding).unwrap(), old);
+        }
+        let with_auth = ToolBindingDef::Http {
+            endpoint: "/x".into(),
+            method: "GET".into(),
+            headers: BTreeMap::new(),
+            timeout_ms: 5,
+            request: HttpRequestOptions {
+                auth: HttpAuth::Bearer {
+                    token: "{{config.T}}".into(),
+                },
+                ..HttpRequestOptions::default()
+            },
+        };
+        let json = serde_json::to_string(&with_auth).unwrap();
+        assert_eq!(
+            serde_json::from_str::<ToolBindingDef>(&json).unwrap(),
+            with_auth
         );
     }
 
@@ -2468,11 +3804,9 @@ TOOLS:
             ]
         );
         assert_eq!(
-            errors(
-                "TOOLS:\n  base_url: \"https://x\"\n  file: \"./a.tools.abl\" [a]\n  what is this\n"
-            ),
+            errors("TOOLS:\n  retry: 3\n  file: \"./a.tools.abl\" [a]\n  what is this\n"),
             vec![
-                "2:3: file-level default `base_url:` is not supported yet; set it on each tool",
+                "2:3: file-level default `retry:` is not supported yet (retry and rate-limit policies are not per tool yet)",
                 "3:3: importing tools with `file:` is not supported; put every tools file in the bundle",
                 "4:3: expected a tool signature `name(params) -> ReturnType`, found `what is this`",
             ]

@@ -649,6 +649,7 @@ nodes:
                 method: "GET".into(),
                 headers: BTreeMap::new(),
                 timeout_ms: 5_000,
+                request: Default::default(),
             }
         );
 
@@ -685,6 +686,7 @@ nodes:
                 method: "POST".into(),
                 headers: BTreeMap::from([("X-Api-Version".into(), "2024-01".into())]),
                 timeout_ms: 30_000,
+                request: Default::default(),
             }
         );
 
@@ -702,6 +704,7 @@ nodes:
                 method: "POST".into(),
                 headers: BTreeMap::new(),
                 timeout_ms: 30_000,
+                request: Default::default(),
             }
         );
 

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use belay_proto::wire::HttpRequestOptions;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -44,11 +45,17 @@ pub enum ToolBindingDef {
         endpoint: String,
         /// `method:`, upper case; default `POST`.
         method: String,
-        /// `headers:`.
+        /// `headers:` (the file's default headers merged in, the tool's
+        /// winning); values may hold `{{config.NAME}}`.
         #[serde(default)]
         headers: BTreeMap<String, String>,
-        /// `timeout:` in ms; default 30000.
+        /// `timeout:` in ms; default the file's, else 30000.
         timeout_ms: u64,
+        /// `auth:`/`auth_config:` (or the file's), `query_params:`,
+        /// `body_type:`, `body_mode:`, `body_template:`; the wire type
+        /// itself, copied into the task spec. Added after the SSRF release.
+        #[serde(flatten)]
+        request: HttpRequestOptions,
     },
     /// `type: workflow`: a call starts a child run of `workflow` (no worker
     /// involved); `sync` waits for it and its output is the result, `async`
@@ -89,6 +96,9 @@ pub enum ToolBindingDef {
         /// `timeout_seconds:` in ms: how long the call waits for its callback
         /// after the request was accepted; default 3 600 000 (one hour).
         callback_timeout_ms: u64,
+        /// As for `type: http` (the body is JSON). Added after the SSRF release.
+        #[serde(flatten)]
+        request: HttpRequestOptions,
     },
     /// `type: mcp`: a tool of an MCP server, called by a worker's MCP client.
     /// The server is a logical name the worker's configuration resolves;

@@ -4202,11 +4202,13 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
             method,
             headers,
             timeout_ms,
+            request,
         } => ToolBinding::Http(HttpBinding {
             endpoint: endpoint.clone(),
             method: method.clone(),
             headers: headers.clone(),
             timeout_ms: *timeout_ms,
+            request: request.clone(),
         }),
         ToolBindingDef::AsyncWebhook {
             endpoint,
@@ -4214,6 +4216,7 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
             headers,
             timeout_ms,
             callback_url_field,
+            request,
             ..
         } => ToolBinding::AsyncWebhook(AsyncWebhookBinding {
             http: HttpBinding {
@@ -4221,6 +4224,7 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
                 method: method.clone(),
                 headers: headers.clone(),
                 timeout_ms: *timeout_ms,
+                request: request.clone(),
             },
             callback_url_field: callback_url_field.clone(),
         }),

@@ -47,6 +47,7 @@ fn tool(
                 method: "POST".into(),
                 headers: BTreeMap::new(),
                 timeout_ms: 1000,
+                request: Default::default(),
             },
             confirmation: None,
             source_file: "t.tools.abl".into(),

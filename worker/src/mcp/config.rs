@@ -27,6 +27,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::placeholders::{self, PlaceholderError};
+
 /// Default time to wait for a server connection (spawn + handshake, or a
 /// restart in progress) before a call is reported as not sent, in ms.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 30_000;
@@ -515,8 +517,8 @@ pub const RESERVED_HEADERS: &[&str] = &[
 ];
 
 /// Replaces every `{{config.NAME}}` in `text` with `vars[NAME]`
-/// (`server` only names the server in errors). Whitespace inside the braces
-/// is allowed: `{{ config.NAME }}`.
+/// (`server` only names the server in errors), with the worker's one
+/// resolver, [`crate::placeholders::resolve`].
 ///
 /// # Errors
 /// [`ConfigError::MissingConfigValue`] or [`ConfigError::UnsupportedPlaceholder`].
@@ -525,35 +527,16 @@ pub fn resolve_placeholders(
     text: &str,
     vars: &BTreeMap<String, String>,
 ) -> Result<String, ConfigError> {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            return Err(ConfigError::UnsupportedPlaceholder {
-                server: server.to_owned(),
-                placeholder: rest[start..].chars().take(64).collect(),
-            });
-        };
-        let inner = after[..end].trim();
-        let Some(name) = inner.strip_prefix("config.") else {
-            return Err(ConfigError::UnsupportedPlaceholder {
-                server: server.to_owned(),
-                placeholder: format!("{{{{{inner}}}}}"),
-            });
-        };
-        let value = vars
-            .get(name)
-            .ok_or_else(|| ConfigError::MissingConfigValue {
-                server: server.to_owned(),
-                name: name.to_owned(),
-            })?;
-        out.push_str(value);
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    Ok(out)
+    placeholders::resolve(text, |name| vars.get(name).map(String::as_str)).map_err(|e| match e {
+        PlaceholderError::Missing(name) => ConfigError::MissingConfigValue {
+            server: server.to_owned(),
+            name,
+        },
+        PlaceholderError::Unsupported(placeholder) => ConfigError::UnsupportedPlaceholder {
+            server: server.to_owned(),
+            placeholder,
+        },
+    })
 }
 
 /// Checks one header (name, resolved value) for HTTP validity and MCP

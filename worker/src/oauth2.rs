@@ -1,0 +1,351 @@
+//! OAuth 2.0 client-credentials tokens (RFC 6749 §4.4) for HTTP tools with
+//! `auth: oauth2_client`, sent as bearer tokens (RFC 6750 §2.1).
+//!
+//! The token request is a POST to the token endpoint with
+//! `grant_type=client_credentials` (and `scope` when the tool names
+//! scopes), form-encoded, the client authenticated with HTTP Basic (RFC
+//! 6749 §2.3.1: id and secret form-encoded, then `id:secret` in base64).
+//! The answer's `access_token`, `token_type` (must be `bearer`, any case)
+//! and `expires_in` (seconds; [`DEFAULT_LIFETIME_SECS`] when absent) are
+//! read; anything else is ignored.
+//!
+//! [`TokenCache`] keeps one token per (token URL, client id, scopes) per
+//! worker, in memory only: it is used until [`refresh_margin`] before it
+//! expires, then fetched again; a tool that answers 401 makes the caller
+//! fetch a new one once ([`TokenCache::refresh_after_rejection`]). Calls that
+//! need the same token while it is being fetched wait for that one fetch.
+//! Time comes from a [`Clock`], so expiry is testable without sleeping.
+//!
+//! Errors ([`TokenError`]) name the token endpoint and its status or the
+//! RFC 6749 §5.2 `error` code, never the secret or a token.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::Url;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use serde::Deserialize;
+
+use crate::http_util::error_chain;
+
+/// Lifetime of a token whose answer has no `expires_in`, in seconds (RFC
+/// 6749 §5.1 leaves the default to the server; five minutes keeps a stale
+/// token short-lived, and a 401 still refreshes it).
+pub const DEFAULT_LIFETIME_SECS: u64 = 300;
+
+/// Longest time before expiry at which a token is refreshed, in seconds.
+pub const MAX_REFRESH_MARGIN_SECS: u64 = 30;
+
+/// Characters left as they are by `application/x-www-form-urlencoded`
+/// (WHATWG URL, "urlencoded serializer"); the rest is percent-encoded.
+pub(crate) const FORM_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'*')
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_');
+
+/// `text` form-encoded (spaces as `%20`, which every decoder accepts).
+pub(crate) fn form_encode(text: &str) -> String {
+    utf8_percent_encode(text, FORM_VALUE).to_string()
+}
+
+/// How long before a token of `lifetime` expires it is refreshed: half its
+/// lifetime, at most [`MAX_REFRESH_MARGIN_SECS`].
+pub fn refresh_margin(lifetime: Duration) -> Duration {
+    (lifetime / 2).min(Duration::from_secs(MAX_REFRESH_MARGIN_SECS))
+}
+
+/// The current time for token expiry: the system's monotonic clock, or any
+/// function (tests move it forward without sleeping).
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Instant + Send + Sync>);
+
+impl Clock {
+    /// [`Instant::now`].
+    pub fn system() -> Self {
+        Self(Arc::new(Instant::now))
+    }
+
+    /// A clock that reads `now()`.
+    pub fn from_fn(now: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
+        Self(Arc::new(now))
+    }
+
+    fn now(&self) -> Instant {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::system()
+    }
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Clock")
+    }
+}
+
+/// A client's credentials with placeholders resolved. `Debug` leaves the
+/// secret out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientCredentials {
+    /// The token endpoint.
+    pub token_url: Url,
+    /// The client identifier.
+    pub client_id: String,
+    /// The client secret.
+    pub client_secret: String,
+    /// Space-separated scopes; empty: no `scope` parameter.
+    pub scopes: String,
+}
+
+impl fmt::Debug for ClientCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientCredentials")
+            .field("token_url", &self.token_url.as_str())
+            .field("client_id", &self.client_id)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why no token could be had. Nothing was sent to the tool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("OAuth 2.0 token request to {token_url} failed: {message}")]
+pub struct TokenError {
+    /// The token endpoint.
+    pub token_url: String,
+    /// What happened (transport error, status and `error` code, or a
+    /// malformed answer); never a secret or a token.
+    pub message: String,
+    /// Whether the address was refused by the worker's network policy
+    /// (see [`crate::ssrf`]) rather than the request failing.
+    pub refused: Option<crate::ssrf::AddressRefused>,
+}
+
+/// One cached token.
+struct Token {
+    access_token: String,
+    fresh_until: Instant,
+}
+
+/// The token of one (token URL, client id, scopes): `None` until fetched.
+type Slot = Arc<tokio::sync::Mutex<Option<Token>>>;
+
+/// Access tokens by (token URL, client id, scopes), shared by every call of
+/// a worker. See the module docs.
+#[derive(Default)]
+pub struct TokenCache {
+    clock: Clock,
+    slots: Mutex<HashMap<(String, String, String), Slot>>,
+}
+
+impl fmt::Debug for TokenCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenCache").finish_non_exhaustive()
+    }
+}
+
+/// The token endpoint's answer (RFC 6749 §5.1, §5.2).
+#[derive(Deserialize)]
+struct TokenAnswer {
+    access_token: Option<String>,
+    token_type: Option<String>,
+    expires_in: Option<f64>,
+    error: Option<String>,
+}
+
+impl TokenCache {
+    /// An empty cache whose expiry follows `clock`.
+    pub fn new(clock: Clock) -> Self {
+        Self {
+            clock,
+            slots: Mutex::default(),
+        }
+    }
+
+    fn slot(&self, creds: &ClientCredentials) -> Slot {
+        let key = (
+            creds.token_url.as_str().to_owned(),
+            creds.client_id.clone(),
+            creds.scopes.clone(),
+        );
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(slots.entry(key).or_default())
+    }
+
+    /// A token for `creds`: the cached one while fresh, else a new one
+    /// (fetched once however many calls wait for it), within `timeout`.
+    ///
+    /// # Errors
+    /// [`TokenError`] when the token endpoint cannot be reached, refuses,
+    /// or answers without a usable bearer token.
+    pub async fn token(
+        &self,
+        http: &reqwest::Client,
+        creds: &ClientCredentials,
+        timeout: Duration,
+    ) -> Result<String, TokenError> {
+        self.token_unless(http, creds, timeout, None).await
+    }
+
+    /// After the tool refused `rejected` with 401: a new token, unless
+    /// another call already replaced it (then that one).
+    ///
+    /// # Errors
+    /// As [`TokenCache::token`].
+    pub async fn refresh_after_rejection(
+        &self,
+        http: &reqwest::Client,
+        creds: &ClientCredentials,
+        rejected: &str,
+        timeout: Duration,
+    ) -> Result<String, TokenError> {
+        self.token_unless(http, creds, timeout, Some(rejected))
+            .await
+    }
+
+    /// The cached token while fresh and not `rejected`, else a new one.
+    async fn token_unless(
+        &self,
+        http: &reqwest::Client,
+        creds: &ClientCredentials,
+        timeout: Duration,
+        rejected: Option<&str>,
+    ) -> Result<String, TokenError> {
+        let slot = self.slot(creds);
+        // Held across the fetch: callers of the same slot wait for it.
+        let mut token = slot.lock().await;
+        if let Some(t) = token.as_ref()
+            && self.clock.now() < t.fresh_until
+            && rejected != Some(t.access_token.as_str())
+        {
+            return Ok(t.access_token.clone());
+        }
+        *token = None;
+        let fetched = self.fetch(http, creds, timeout).await?;
+        let access_token = fetched.access_token.clone();
+        *token = Some(fetched);
+        Ok(access_token)
+    }
+
+    async fn fetch(
+        &self,
+        http: &reqwest::Client,
+        creds: &ClientCredentials,
+        timeout: Duration,
+    ) -> Result<Token, TokenError> {
+        let fail = |message: String| TokenError {
+            token_url: creds.token_url.to_string(),
+            message,
+            refused: None,
+        };
+        let mut body = String::from("grant_type=client_credentials");
+        if !creds.scopes.trim().is_empty() {
+            body.push_str("&scope=");
+            body.push_str(&form_encode(creds.scopes.trim()));
+        }
+        let sent_at = self.clock.now();
+        let response = http
+            .post(creds.token_url.clone())
+            .basic_auth(
+                form_encode(&creds.client_id),
+                Some(form_encode(&creds.client_secret)),
+            )
+            .header(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/x-www-form-urlencoded"),
+            )
+            .header(ACCEPT, HeaderValue::from_static("application/json"))
+            .body(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| TokenError {
+                refused: crate::http_tool::address_refused(&e).cloned(),
+                ..fail(error_chain(&e))
+            })?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| fail(error_chain(&e)))?;
+        let answer: Option<TokenAnswer> = serde_json::from_slice(&bytes).ok();
+        if !status.is_success() {
+            let code = answer
+                .and_then(|a| a.error)
+                .map(|e| format!(" (error `{}`)", e.chars().take(64).collect::<String>()))
+                .unwrap_or_default();
+            return Err(fail(format!("HTTP {}{code}", status.as_u16())));
+        }
+        let Some(answer) = answer else {
+            return Err(fail("the answer is not a JSON object".into()));
+        };
+        let Some(access_token) = answer.access_token.filter(|t| !t.is_empty()) else {
+            return Err(fail("the answer has no `access_token`".into()));
+        };
+        match answer.token_type.as_deref() {
+            Some(t) if t.eq_ignore_ascii_case("bearer") => {}
+            Some(t) => {
+                return Err(fail(format!(
+                    "token_type `{}` is not `bearer`",
+                    t.chars().take(32).collect::<String>()
+                )));
+            }
+            None => return Err(fail("the answer has no `token_type`".into())),
+        }
+        if HeaderValue::from_str(&access_token).is_err() {
+            return Err(fail("the access token is not valid in a header".into()));
+        }
+        let lifetime = match answer.expires_in {
+            Some(secs) if secs.is_finite() && secs > 0.0 => {
+                Duration::from_secs_f64(secs.min(365.0 * 24.0 * 3600.0))
+            }
+            _ => Duration::from_secs(DEFAULT_LIFETIME_SECS),
+        };
+        Ok(Token {
+            access_token,
+            // From when the request was sent: the server's clock started
+            // no earlier.
+            fresh_until: sent_at + lifetime - refresh_margin(lifetime),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margins() {
+        assert_eq!(
+            refresh_margin(Duration::from_secs(3600)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            refresh_margin(Duration::from_secs(10)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn form_encoding_keeps_pairs_apart() {
+        assert_eq!(form_encode("a b&c=d+é"), "a%20b%26c%3Dd%2B%C3%A9");
+        assert_eq!(form_encode("A-z_0.9*"), "A-z_0.9*");
+    }
+
+    #[test]
+    fn debug_leaves_the_secret_out() {
+        let creds = ClientCredentials {
+            token_url: Url::parse("https://auth.example.com/token").unwrap(),
+            client_id: "id".into(),
+            client_secret: "s3cret".into(),
+            scopes: String::new(),
+        };
+        assert!(!format!("{creds:?}").contains("s3cret"));
+    }
+}

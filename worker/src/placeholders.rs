@@ -1,0 +1,166 @@
+//! `{{config.NAME}}` placeholders: the worker's one resolver, for HTTP tool
+//! headers and `auth_config` credentials ([`crate::http_tool`]) and for MCP
+//! server settings and per-call headers ([`crate::mcp::config`]).
+//!
+//! A tools file, a stored definition and a task spec hold only the
+//! placeholder; the value comes from this worker's configuration
+//! ([`ConfigValues`]) right before the request is built, and is never
+//! logged nor put into an error message (errors name the placeholder).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use belay_proto::wire::{TemplatePiece, config_placeholder_name, split_placeholders};
+
+/// Prefix of the environment variables that give placeholder values:
+/// `BELAY_TOOL_CONFIG_CRM_TOKEN=…` is the value of `{{config.CRM_TOKEN}}`.
+pub const ENV_PREFIX: &str = "BELAY_TOOL_CONFIG_";
+
+/// Values of `{{config.NAME}}` placeholders, by NAME. Secrets: `Debug`
+/// prints the names only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ConfigValues(BTreeMap<String, String>);
+
+impl fmt::Debug for ConfigValues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl ConfigValues {
+    /// The values in `map`.
+    pub fn new(map: BTreeMap<String, String>) -> Self {
+        Self(map)
+    }
+
+    /// The `BELAY_TOOL_CONFIG_<NAME>` variables among `vars` (NAME as
+    /// written, case kept); others are ignored.
+    pub fn from_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(
+            vars.into_iter()
+                .filter_map(|(key, value)| {
+                    let name = key.strip_prefix(ENV_PREFIX)?;
+                    (!name.is_empty()).then(|| (name.to_owned(), value))
+                })
+                .collect(),
+        )
+    }
+
+    /// The `BELAY_TOOL_CONFIG_<NAME>` variables of this process's
+    /// environment (a variable that is not Unicode is skipped).
+    pub fn from_env() -> Self {
+        Self::from_env_vars(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
+    }
+
+    /// These values, plus those of `other` whose names are not here (this
+    /// set wins).
+    #[must_use]
+    pub fn or(mut self, other: &BTreeMap<String, String>) -> Self {
+        for (name, value) in other {
+            self.0.entry(name.clone()).or_insert_with(|| value.clone());
+        }
+        self
+    }
+
+    /// The value of `{{config.NAME}}`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// Whether no value is configured.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Why a text's placeholders cannot be resolved. Neither variant carries a
+/// configured value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceholderError {
+    /// `{{config.NAME}}` has no value on this worker.
+    #[error("placeholder {{{{config.{0}}}}} has no value on this worker")]
+    Missing(String),
+    /// A `{{…}}` other than `{{config.NAME}}`, or a `{{` not closed.
+    #[error("placeholder `{0}` is not supported (only {{{{config.NAME}}}})")]
+    Unsupported(String),
+}
+
+/// `text` with every `{{config.NAME}}` replaced by `lookup(NAME)`;
+/// whitespace inside the braces is allowed (`{{ config.NAME }}`).
+///
+/// # Errors
+/// [`PlaceholderError::Missing`] for a name `lookup` does not know,
+/// [`PlaceholderError::Unsupported`] for any other placeholder.
+pub fn resolve<'v>(
+    text: &str,
+    lookup: impl Fn(&str) -> Option<&'v str>,
+) -> Result<String, PlaceholderError> {
+    let pieces = split_placeholders(text)
+        .map_err(|at| PlaceholderError::Unsupported(text[at..].chars().take(64).collect()))?;
+    let mut out = String::with_capacity(text.len());
+    for piece in pieces {
+        match piece {
+            TemplatePiece::Text(t) => out.push_str(t),
+            TemplatePiece::Placeholder { inner, .. } => {
+                let name = config_placeholder_name(inner)
+                    .ok_or_else(|| PlaceholderError::Unsupported(format!("{{{{{inner}}}}}")))?;
+                let value =
+                    lookup(name).ok_or_else(|| PlaceholderError::Missing(name.to_owned()))?;
+                out.push_str(value);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `text` holds a `{{` (a value to resolve, and to treat as secret).
+pub fn has_placeholder(text: &str) -> bool {
+    text.contains("{{")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_come_from_prefixed_variables_and_the_first_source_wins() {
+        let values = ConfigValues::from_env_vars([
+            ("BELAY_TOOL_CONFIG_TOKEN".to_owned(), "env".to_owned()),
+            ("BELAY_TOOL_CONFIG_".to_owned(), "nameless".to_owned()),
+            ("PATH".to_owned(), "/bin".to_owned()),
+        ])
+        .or(&BTreeMap::from([
+            ("TOKEN".to_owned(), "file".to_owned()),
+            ("OTHER".to_owned(), "file".to_owned()),
+        ]));
+        assert_eq!(values.get("TOKEN"), Some("env"));
+        assert_eq!(values.get("OTHER"), Some("file"));
+        assert_eq!(values.get("PATH"), None);
+        assert_eq!(format!("{values:?}"), r#"{"OTHER", "TOKEN"}"#);
+    }
+
+    #[test]
+    fn resolve_names_the_placeholder_not_a_value() {
+        let values = ConfigValues::new(BTreeMap::from([("T".to_owned(), "s3cret".to_owned())]));
+        let lookup = |n: &str| values.get(n);
+        assert_eq!(
+            resolve("Bearer {{ config.T }}", lookup).unwrap(),
+            "Bearer s3cret"
+        );
+        let err = resolve("{{config.T}} {{config.NOPE}}", lookup).unwrap_err();
+        assert_eq!(err, PlaceholderError::Missing("NOPE".into()));
+        assert!(!err.to_string().contains("s3cret"));
+        assert!(matches!(
+            resolve("{{env.X}}", lookup),
+            Err(PlaceholderError::Unsupported(_))
+        ));
+        assert!(matches!(
+            resolve("{{config.T", lookup),
+            Err(PlaceholderError::Unsupported(_))
+        ));
+    }
+}
