@@ -668,12 +668,24 @@ async fn everything_over_streamable_http_discovers_and_calls() {
         let mut bad = CallRequest::new("echo", args(json!({"message": "hello"})));
         bad.headers.insert(name.into(), value.into());
         let outcome = client.call_tool(bad).await;
+        // A reserved header is refused; a value this worker lacks is not
+        // sent (another worker may have it).
         assert!(
             matches!(
                 outcome,
-                CallOutcome::Refused(CallRefusal::InvalidHeader { .. })
+                CallOutcome::Refused(
+                    CallRefusal::InvalidHeader { .. } | CallRefusal::MissingConfigValue { .. }
+                )
             ),
             "{outcome:?}"
+        );
+        assert_eq!(
+            outcome.failure_class(),
+            Some(if name == "X-Secret" {
+                FailureClass::NotSent
+            } else {
+                FailureClass::Rejected
+            })
         );
     }
     client.shutdown().await;
