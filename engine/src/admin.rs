@@ -1,7 +1,8 @@
 //! The admin HTTP endpoint: JSON over HTTP/1.1 on its own port, for
 //! operators. It lists, shows and resolves uncertain outcomes, pauses,
-//! resumes and cancels runs, and lists MCP tool definitions and accepts
-//! changed ones ([`crate::mcp_pins`]). Every route but the OpenAPI document
+//! resumes and cancels runs, lists MCP tool definitions and accepts
+//! changed ones ([`crate::mcp_pins`]), and lists the tool calls of a
+//! tenant's runs for audit ([`crate::audit`]). Every route but the OpenAPI document
 //! ([`OPENAPI_PATH`]) needs a bearer token ([`AdminAuth`]); tenants are named
 //! in the path (`/admin/v1/tenants/{tenant}/...`).
 //!
@@ -35,10 +36,11 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
+use crate::audit::ToolCallFilter;
 use crate::coordinator::{Coordinator, CoordinatorError, UncertainFilter};
 use crate::machine::Resolution;
 use crate::mcp_pins::{McpToolDetail, McpToolFilter, McpToolStatus, McpToolView};
-use crate::store::{RunRow, UncertainRow};
+use crate::store::{RunRow, ToolCallRecord, UncertainRow};
 
 /// Largest request body accepted, bytes (64 KiB); larger bodies get 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -75,6 +77,8 @@ pub const MCP_TOOL_PATH: &str = "/admin/v1/tenants/{tenant}/mcp-tools/{server}/{
 /// `POST`: accept a reported definition of an MCP tool for the tenant.
 pub const MCP_TOOL_ACCEPT_PATH: &str =
     "/admin/v1/tenants/{tenant}/mcp-tools/{server}/{tool}/accept";
+/// `GET`: a page of the tool calls the tenant's runs proposed (audit).
+pub const TOOL_CALLS_PATH: &str = "/admin/v1/tenants/{tenant}/tool-calls";
 
 /// Every route the router serves, as `(method, path template)`; the OpenAPI
 /// document describes exactly these.
@@ -91,6 +95,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", MCP_TOOLS_PATH),
     ("GET", MCP_TOOL_PATH),
     ("POST", MCP_TOOL_ACCEPT_PATH),
+    ("GET", TOOL_CALLS_PATH),
 ];
 
 /// Errors of the admin layer. Each becomes one HTTP status and error code
@@ -764,6 +769,26 @@ struct AcceptMcpToolBody {
     operator: Option<String>,
 }
 
+/// Query of `GET .../tool-calls`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolCallsQuery {
+    tool: Option<String>,
+    run_id: Option<String>,
+    /// `scheduled` or `refused`.
+    decision: Option<String>,
+    limit: Option<u32>,
+    page_token: Option<String>,
+}
+
+/// Response of `GET .../tool-calls`.
+#[derive(Debug, Serialize)]
+struct ToolCallsPage {
+    items: Vec<ToolCallRecord>,
+    /// `null` on the last page.
+    next_page_token: Option<String>,
+}
+
 /// A run as the admin endpoint shows it.
 #[derive(Debug, Serialize)]
 struct RunView {
@@ -996,6 +1021,26 @@ async fn accept_mcp_tool(
     Ok(Json(view))
 }
 
+async fn list_tool_calls(
+    State(state): State<AppState>,
+    AdminPath(tenant): AdminPath<String>,
+    AdminQuery(q): AdminQuery<ToolCallsQuery>,
+) -> Result<Json<ToolCallsPage>, AdminError> {
+    let filter = ToolCallFilter {
+        tenant,
+        tool: q.tool,
+        run_id: q.run_id,
+        decision: q.decision,
+        limit: q.limit,
+        page_token: q.page_token,
+    };
+    let (items, next) = state.coord.list_tool_calls(&filter).await?;
+    Ok(Json(ToolCallsPage {
+        items,
+        next_page_token: Some(next).filter(|t| !t.is_empty()),
+    }))
+}
+
 async fn no_route(req: Request) -> AdminError {
     AdminError::RouteNotFound(format!(
         "no admin route {} {}; see {OPENAPI_PATH}",
@@ -1032,6 +1077,7 @@ pub fn router(coord: Arc<Coordinator>, auth: AdminAuth) -> Router {
         .route(MCP_TOOLS_PATH, get(list_mcp_tools))
         .route(MCP_TOOL_PATH, get(show_mcp_tool))
         .route(MCP_TOOL_ACCEPT_PATH, post(accept_mcp_tool))
+        .route(TOOL_CALLS_PATH, get(list_tool_calls))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route(OPENAPI_PATH, get(openapi_doc))

@@ -272,7 +272,8 @@ fn json_arg(field: &str, text: &str) -> Result<Value, CoordinatorError> {
     Ok(machine::normalize::strip_nul_value(value))
 }
 
-fn parse_uuid(field: &str, value: &str) -> Result<Uuid, CoordinatorError> {
+/// `value` as a UUID. Errors: [`CoordinatorError::InvalidArgument`] naming `field`.
+pub(crate) fn parse_uuid(field: &str, value: &str) -> Result<Uuid, CoordinatorError> {
     Uuid::parse_str(value).map_err(|e| {
         CoordinatorError::InvalidArgument(format!(
             "`{field}` is not a UUID ({e}): {}",
@@ -1956,14 +1957,17 @@ pub struct UncertainFilter {
     pub page_token: String,
 }
 
-fn make_page_token(ts: &chrono::DateTime<chrono::Utc>, id: &Uuid) -> String {
+/// A page token naming a keyset position: `<RFC 3339, µs>|<id>`.
+pub(crate) fn make_page_token(ts: &chrono::DateTime<chrono::Utc>, id: &Uuid) -> String {
     format!(
         "{}|{id}",
         ts.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
     )
 }
 
-fn parse_page_token(
+/// The position a [`make_page_token`] token names; `None` for an empty
+/// token. Errors: [`CoordinatorError::InvalidArgument`] naming `page_token`.
+pub(crate) fn parse_page_token(
     token: &str,
 ) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, CoordinatorError> {
     if token.is_empty() {

@@ -7,7 +7,9 @@
 //! - [`store`]: every SQL statement; PostgreSQL.
 //! - [`coordinator`]: drives the machine through the store; leases, sweeper.
 //! - [`api`]: the gRPC services (`belay.v1`), health and reflection.
-//! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls).
+//! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls,
+//!   the tool-call audit).
+//! - [`audit`]: the audit of tool calls, derived from the runs' events.
 //! - [`callbacks`]: the callback HTTP endpoint of `type: async_webhook` tools.
 //! - [`notify`]: webhook delivery of operator notifications.
 //! - [`mcp_pins`]: pinning of MCP tool definitions (reports, trust on first
@@ -17,6 +19,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod audit;
 pub mod callbacks;
 pub mod coordinator;
 pub mod definitions;

@@ -7,14 +7,13 @@
 //! Nothing sleeps to wait for something awaitable.
 
 mod common;
-use common::{Backend, Raw, TestDb};
+use common::{Backend, Raw, TestDb, percent};
 
 use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderMap, StatusCode};
-use belay_engine::admin::{self, AdminAuth, ROUTES};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig, StartRun};
-use belay_engine::definitions::SourceFile;
+use belay_engine::admin::{self, ROUTES};
+use belay_engine::coordinator::{Coordinator, StartRun};
 use belay_engine::notify::{Notifier, verify_signature};
 use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
@@ -56,51 +55,16 @@ impl Env {
     async fn new(backend: Backend) -> Env {
         let db = TestDb::create(backend, "belay_a").await;
         let store = db.store(8).await;
+        // After the store: it creates the SQLite file.
         let raw = db.raw().await;
-        let coord = Coordinator::new(
-            store,
-            CoordinatorConfig {
-                lease_ms: 60_000,
-                sweep_interval_ms: 1_000,
-            },
-        );
-        for tenant in ["acme", "other"] {
-            coord
-                .register_bundle(
-                    tenant,
-                    vec![
-                        SourceFile {
-                            path: "x.tools.abl".into(),
-                            content: TOOLS.into(),
-                        },
-                        SourceFile {
-                            path: "x.yaml".into(),
-                            content: AGENT.into(),
-                        },
-                    ],
-                )
-                .await
-                .expect("register");
-            coord
-                .store()
-                .set_tenant_grants(tenant, &["crm.write".into()])
-                .await
-                .expect("grants");
-        }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let app = admin::router(
-            Arc::clone(&coord),
-            AdminAuth::parse(TOKENS).expect("tokens"),
-        );
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let coord =
+            common::coordinator(store, &["acme", "other"], TOOLS, AGENT, &["crm.write"]).await;
+        let base = common::serve_admin(&coord, TOKENS).await;
         Env {
             db,
             coord,
             raw,
-            base: format!("http://{addr}"),
+            base,
             http: reqwest::Client::new(),
         }
     }
@@ -504,17 +468,6 @@ async fn list_filters_and_pages(backend: Backend) {
         assert!(message(&body).contains(needle), "{query}: {body}");
     }
     env.finish().await;
-}
-
-fn percent(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 async fn show_returns_everything_an_operator_needs(backend: Backend) {

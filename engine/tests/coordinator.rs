@@ -28,35 +28,7 @@ const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [cr
 
 async fn setup(backend: Backend) -> (TestDb, Arc<Coordinator>, String) {
     let db = TestDb::create(backend, "belay_c").await;
-    let store = db.store(4).await;
-    let coord = Coordinator::new(
-        store,
-        CoordinatorConfig {
-            lease_ms: 60_000,
-            sweep_interval_ms: 1_000,
-        },
-    );
-    coord
-        .register_bundle(
-            "t",
-            vec![
-                SourceFile {
-                    path: "x.tools.abl".into(),
-                    content: TOOLS.into(),
-                },
-                SourceFile {
-                    path: "x.yaml".into(),
-                    content: AGENT.into(),
-                },
-            ],
-        )
-        .await
-        .expect("register");
-    coord
-        .store()
-        .set_tenant_grants("t", &["crm.write".into()])
-        .await
-        .expect("grants");
+    let coord = common::coordinator(db.store(4).await, &["t"], TOOLS, AGENT, &["crm.write"]).await;
     let (run, created) = coord
         .start_run(StartRun {
             tenant: "t".into(),

@@ -5,15 +5,12 @@
 //! gRPC handler does), and the admin router is served in-process.
 
 mod common;
-use common::{Backend, TestDb};
+use common::{Backend, TestDb, claim_of};
 
 use std::sync::Arc;
 
-use belay_engine::admin::{self, AdminAuth};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, StartRun};
-use belay_engine::definitions::SourceFile;
+use belay_engine::coordinator::{Coordinator, CoordinatorError, StartRun};
 use belay_engine::mcp_pins::McpToolReport;
-use belay_engine::store::ClaimedTask;
 use belay_proto::wire::{ModelCallResult, ToolBinding, ToolCallSpec, ToolUse, Usage};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -73,50 +70,19 @@ struct Env {
 impl Env {
     async fn new(backend: Backend) -> Env {
         let db = TestDb::create(backend, "belay_m").await;
-        let store = db.store(8).await;
-        let coord = Coordinator::new(
-            store,
-            CoordinatorConfig {
-                lease_ms: 60_000,
-                sweep_interval_ms: 1_000,
-            },
-        );
-        for tenant in ["acme", "other"] {
-            coord
-                .register_bundle(
-                    tenant,
-                    vec![
-                        SourceFile {
-                            path: "x.tools.abl".into(),
-                            content: TOOLS.into(),
-                        },
-                        SourceFile {
-                            path: "x.yaml".into(),
-                            content: AGENT.into(),
-                        },
-                    ],
-                )
-                .await
-                .expect("register");
-            coord
-                .store()
-                .set_tenant_grants(tenant, &["mcp.use".into()])
-                .await
-                .expect("grants");
-        }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let app = admin::router(
-            Arc::clone(&coord),
-            AdminAuth::parse(TOKENS).expect("tokens"),
-        );
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let coord = common::coordinator(
+            db.store(8).await,
+            &["acme", "other"],
+            TOOLS,
+            AGENT,
+            &["mcp.use"],
+        )
+        .await;
+        let base = common::serve_admin(&coord, TOKENS).await;
         Env {
             db,
             coord,
-            base: format!("http://{addr}"),
+            base,
             http: reqwest::Client::new(),
         }
     }
@@ -142,7 +108,7 @@ impl Env {
             .expect("start");
         assert!(created);
         // Other runs' tasks may be ready too: take this run's.
-        let model = self.claim_of(worker, run.run_id, "model_call").await;
+        let model = claim_of(&self.coord, worker, run.run_id, "model_call").await;
         let args = if tool == "echo" {
             r#"{"message":"hi"}"#
         } else {
@@ -163,18 +129,8 @@ impl Env {
             .complete(worker, &model.task_id.to_string(), 1, &proposal)
             .await
             .expect("complete");
-        let call = self.claim_of(worker, run.run_id, "tool_call").await;
+        let call = claim_of(&self.coord, worker, run.run_id, "tool_call").await;
         (run.run_id, call.task_id)
-    }
-
-    /// Claims every ready task and returns `run`'s task of `kind` (the
-    /// others stay leased to `worker`).
-    async fn claim_of(&self, worker: &str, run: Uuid, kind: &str) -> ClaimedTask {
-        let claimed = self.coord.claim(worker, 64, 0).await.expect("claim");
-        claimed
-            .into_iter()
-            .find(|t| t.run_id == run && t.kind == kind)
-            .unwrap_or_else(|| panic!("no {kind} of run {run} was ready"))
     }
 
     async fn get(&self, token: &str, path: &str) -> (StatusCode, Value) {

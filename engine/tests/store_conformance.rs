@@ -24,8 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, StartRun};
-use belay_engine::definitions::SourceFile;
+use belay_engine::coordinator::{Coordinator, CoordinatorError, StartRun};
 use belay_engine::machine::{Command, Decision, Event, Resolution, TaskKind};
 use belay_engine::store::{
     RunRow, Store, StoreError, TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
@@ -67,33 +66,7 @@ impl Env {
 
     async fn on(db: TestDb) -> Env {
         let store = db.store(8).await;
-        let coord = Coordinator::new(
-            store.clone(),
-            CoordinatorConfig {
-                lease_ms: 60_000,
-                sweep_interval_ms: 1_000,
-            },
-        );
-        coord
-            .register_bundle(
-                "t",
-                vec![
-                    SourceFile {
-                        path: "x.tools.abl".into(),
-                        content: TOOLS.into(),
-                    },
-                    SourceFile {
-                        path: "x.yaml".into(),
-                        content: AGENT.into(),
-                    },
-                ],
-            )
-            .await
-            .expect("register");
-        store
-            .set_tenant_grants("t", &["crm.write".into()])
-            .await
-            .expect("grants");
+        let coord = common::coordinator(store.clone(), &["t"], TOOLS, AGENT, &["crm.write"]).await;
         Env { db, store, coord }
     }
 

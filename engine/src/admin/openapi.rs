@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 use super::{
     MAX_BODY_BYTES, MAX_OPERATOR_BYTES, MAX_REASON_BYTES, MCP_TOOL_ACCEPT_PATH, MCP_TOOL_PATH,
     MCP_TOOLS_PATH, OPENAPI_PATH, RUN_CALL_FAIL_PATH, RUN_CANCEL_PATH, RUN_PATH, RUN_PAUSE_PATH,
-    RUN_RESUME_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
+    RUN_RESUME_PATH, TOOL_CALLS_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
 };
+use crate::audit::{DEFAULT_TOOL_CALLS_LIMIT, MAX_TOOL_CALLS_LIMIT};
 
 fn error_response(description: &str) -> Value {
     json!({
@@ -302,6 +303,55 @@ fn schemas() -> Value {
             "operator": {"$ref": "#/components/schemas/Operator"},
         }
     }));
+    map.insert("ToolCall".into(), json!({
+        "type": "object",
+        "description": "One tool call a run proposed, derived from the run's events: what was asked, what the engine decided, and how it ended.",
+        "required": ["run_id", "seq", "call_id", "tool", "tool_version", "node", "arguments", "caller", "tenant", "decision", "refusal", "confirmation", "outcome", "result", "error", "proposed_at", "ended_at"],
+        "properties": {
+            "run_id": {"type": "string", "format": "uuid"},
+            "seq": {"type": "integer", "description": "Seq of the proposal event (`tool_call_scheduled` or `tool_call_refused`) in the run's history."},
+            "call_id": {"type": ["string", "null"], "description": "`<node>.t<n>`; `null` for a refused call, which never got one."},
+            "tool": {"type": "string", "description": "The tool's name; for a refused call, as the model wrote it."},
+            "tool_version": {"type": ["integer", "null"], "description": "Version of the pinned tool definition; `null` for a refused call."},
+            "node": {"type": "string", "description": "The node that proposed the call."},
+            "arguments": {"description": "A scheduled call: the arguments as validated and sent (an approver's edit, if any). A refused call: the arguments as the model wrote them (the JSON they parse to, else the text itself)."},
+            "caller": {"type": "string", "description": "Who started the run."},
+            "tenant": {"type": "string"},
+            "decision": {"type": "string", "enum": ["scheduled", "refused"]},
+            "refusal": {
+                "type": ["object", "null"],
+                "description": "Why the call was refused; the reason went back to the model as the call's result.",
+                "required": ["check", "reason"],
+                "properties": {
+                    "check": {"type": "string", "description": "`not_on_list`, `invalid_arguments`, `permission`, `budget`, `no_progress`, `truncated` or `loop_policy`."},
+                    "reason": {"type": "string"},
+                }
+            },
+            "confirmation": {
+                "type": ["object", "null"],
+                "description": "A person's decision on a call of a tool with `confirmation:`; `null` while undecided or when none was needed.",
+                "required": ["approved", "by", "edited"],
+                "properties": {
+                    "approved": {"type": "boolean"},
+                    "by": {"type": "string"},
+                    "edited": {"type": "boolean", "description": "Whether the approver edited the arguments (`arguments` shows the edit)."},
+                }
+            },
+            "outcome": {"type": "string", "enum": ["completed", "failed", "uncertain", "open"], "description": "`completed`: succeeded (or resolved as succeeded); `failed`: failed for good, declined, resolved as failed, or refused; `uncertain`: the outcome is unknown and unresolved; `open`: not ended yet (running, awaiting a confirmation, or retried after an uncertain outcome)."},
+            "result": {"description": "The result of a completed call, whole; `null` otherwise."},
+            "error": {"type": ["string", "null"], "description": "What the model or workflow was told of a failed call (a refused call: the refusal's reason)."},
+            "proposed_at": timestamp,
+            "ended_at": {"type": ["string", "null"], "format": "date-time", "description": "When the call completed or failed (a refused call: when it was refused)."},
+        }
+    }));
+    map.insert("ToolCallPage".into(), json!({
+        "type": "object",
+        "required": ["items", "next_page_token"],
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/components/schemas/ToolCall"}},
+            "next_page_token": {"type": ["string", "null"], "description": "`null` on the last page."},
+        }
+    }));
     Value::Object(map)
 }
 
@@ -413,19 +463,35 @@ pub fn document() -> Value {
         "responses": responses(ok("The tool, with its new pin.", "McpTool"),
             &["400", "401", "403", "404", "409", "413", "415", "503"]),
     }}));
+    paths.insert(TOOL_CALLS_PATH.into(), json!({"get": {
+        "operationId": "listToolCalls",
+        "summary": "A page of the tool calls the tenant's runs proposed, newest first: arguments, caller, decision (scheduled or refused, and why), confirmation and outcome of each.",
+        "description": "Derived from the runs' events alone, so it says what the history says. Every parameter is checked: a wrong one is 400 naming it.",
+        "tags": ["tool-calls"],
+        "parameters": [
+            param("tenant"),
+            query("tool", json!({"type": "string"}), "Only calls of this tool (a refused call: the name the model wrote)."),
+            query("run_id", json!({"type": "string", "format": "uuid"}), "Only calls of this run."),
+            query("decision", json!({"type": "string", "enum": ["scheduled", "refused"]}), "Only scheduled, or only refused, calls; both when absent."),
+            query("limit", json!({"type": "integer", "minimum": 1, "maximum": MAX_TOOL_CALLS_LIMIT, "default": DEFAULT_TOOL_CALLS_LIMIT}), "Calls per page."),
+            query("page_token", json!({"type": "string"}), "`next_page_token` of the previous page."),
+        ],
+        "responses": responses(ok("A page.", "ToolCallPage"), &["400", "401", "403", "503"]),
+    }}));
 
     json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Belay admin API",
             "version": "v1",
-            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes, run controls and MCP tool definitions. Every route but this document needs `Authorization: Bearer <token>`; a token is scoped to one tenant or to all. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
+            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes, run controls, MCP tool definitions and the audit of tool calls. Every route but this document needs `Authorization: Bearer <token>`; a token is scoped to one tenant or to all. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
         },
         "security": [{"bearer": []}],
         "tags": [
             {"name": "uncertain-outcomes", "description": "Tool calls that may have acted but whose result was lost."},
             {"name": "runs", "description": "Operator run controls."},
             {"name": "mcp-tools", "description": "Definitions of MCP tools: the one each tenant accepted (pinned) and the ones workers list; a changed definition is refused until accepted."},
+            {"name": "tool-calls", "description": "The audit of tool calls: every call a tenant's runs proposed, and what became of it."},
             {"name": "meta"},
         ],
         "paths": paths,

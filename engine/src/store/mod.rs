@@ -18,6 +18,7 @@ mod mcp_tools;
 mod notifications;
 mod postgres;
 mod sqlite;
+mod tool_calls;
 
 use std::collections::HashMap;
 
@@ -28,6 +29,10 @@ use uuid::Uuid;
 pub use mcp_tools::{McpPinTask, McpToolDefinitionRow, McpToolListingIn, McpToolPinRow};
 pub use notifications::{NotificationRow, NotificationStatus};
 pub use postgres::{EVENTS_CHANNEL, TASKS_CHANNEL};
+pub use tool_calls::{
+    ToolCallConfirmation, ToolCallDecision, ToolCallOutcome, ToolCallQuery, ToolCallRecord,
+    ToolCallRefusal,
+};
 
 use crate::machine::{Decision, RunState};
 
@@ -786,6 +791,23 @@ impl Store {
         f: &UncertainQuery<'_>,
     ) -> Result<Vec<UncertainRow>, StoreError> {
         on_backend!(self, b => b.list_uncertain(f).await)
+    }
+
+    // ---- audit of tool calls ------------------------------------------
+
+    /// The tool calls a tenant's runs proposed (scheduled or refused), newest
+    /// first, keyset-paged by `(proposed_at, run_id, seq)` and filtered;
+    /// each derived from the run's events alone (see [`ToolCallRecord`]).
+    ///
+    /// Errors: [`StoreError::Corrupt`] for an event that does not decode.
+    pub async fn list_tool_calls(
+        &self,
+        q: &ToolCallQuery<'_>,
+    ) -> Result<Vec<ToolCallRecord>, StoreError> {
+        let rows = on_backend!(self, b => b.list_tool_calls(q).await)?;
+        rows.into_iter()
+            .map(tool_calls::ToolCallEvents::into_record)
+            .collect()
     }
 
     // ---- notifications (outbox) ----------------------------------------

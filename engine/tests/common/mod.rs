@@ -15,7 +15,12 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use belay_engine::store::Store;
+use std::sync::Arc;
+
+use belay_engine::admin::{self, AdminAuth};
+use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
+use belay_engine::definitions::SourceFile;
+use belay_engine::store::{ClaimedTask, Store};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -159,6 +164,86 @@ impl TestDb {
             Place::Sqlite { .. } => {}
         }
     }
+}
+
+/// A coordinator on `store` (60 s leases, a sweep a second) with, for each
+/// of `tenants`, `tools` (a `.tools.abl`) and `yaml` (agents and workflows)
+/// registered and `grants` granted to the tenant.
+pub async fn coordinator(
+    store: Store,
+    tenants: &[&str],
+    tools: &str,
+    yaml: &str,
+    grants: &[&str],
+) -> Arc<Coordinator> {
+    let coord = Coordinator::new(
+        store,
+        CoordinatorConfig {
+            lease_ms: 60_000,
+            sweep_interval_ms: 1_000,
+        },
+    );
+    let grants: Vec<String> = grants.iter().map(|g| (*g).to_owned()).collect();
+    for tenant in tenants {
+        coord
+            .register_bundle(
+                tenant,
+                vec![
+                    SourceFile {
+                        path: "x.tools.abl".into(),
+                        content: tools.into(),
+                    },
+                    SourceFile {
+                        path: "x.yaml".into(),
+                        content: yaml.into(),
+                    },
+                ],
+            )
+            .await
+            .expect("register");
+        coord
+            .store()
+            .set_tenant_grants(tenant, &grants)
+            .await
+            .expect("grants");
+    }
+    coord
+}
+
+/// Serve the admin router of `coord` with `tokens` (`name:token[:tenant],…`)
+/// on 127.0.0.1, a free port, until the test's runtime ends; returns its
+/// base URL (`http://127.0.0.1:<port>`).
+pub async fn serve_admin(coord: &Arc<Coordinator>, tokens: &str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = admin::router(Arc::clone(coord), AdminAuth::parse(tokens).expect("tokens"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// Claim every ready task for `worker` and return `run`'s task of `kind`
+/// (the others stay leased to `worker`).
+pub async fn claim_of(coord: &Coordinator, worker: &str, run: Uuid, kind: &str) -> ClaimedTask {
+    let claimed = coord.claim(worker, 64, 0).await.expect("claim");
+    claimed
+        .into_iter()
+        .find(|t| t.run_id == run && t.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} of run {run} was ready"))
+}
+
+/// `s` percent-encoded for a query string (every byte but RFC 3986's
+/// unreserved ones).
+pub fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Direct SQL on a test's database. Statements use `$1`-style parameters,
