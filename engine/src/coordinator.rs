@@ -1233,18 +1233,7 @@ impl Coordinator {
         let mut issued = false;
         self.store
             .transition_task(task, |state, row| {
-                let row = fenced(row, attempt, Some(worker_id))?;
-                if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
-                    return Err(CoordinatorError::InvalidArgument(format!(
-                        "task {task_id} is not a tool call"
-                    )));
-                }
-                if row.status != "leased" {
-                    return Err(CoordinatorError::FailedPrecondition(format!(
-                        "task {task_id} is {}, not leased",
-                        row.status
-                    )));
-                }
+                let row = leased_tool_call(row, attempt, worker_id)?;
                 if row.lease_expired {
                     return Err(CoordinatorError::FailedPrecondition(format!(
                         "the lease of task {task_id} attempt {attempt} has expired"
@@ -1518,18 +1507,7 @@ impl Coordinator {
         let task = parse_uuid("task_id", task_id)?;
         self.store
             .transition_task(task, |state, row| {
-                let row = fenced(row, attempt, Some(worker_id))?;
-                if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
-                    return Err(CoordinatorError::InvalidArgument(format!(
-                        "task {task_id} is not a tool call"
-                    )));
-                }
-                if row.status != "leased" {
-                    return Err(CoordinatorError::FailedPrecondition(format!(
-                        "task {task_id} is {}, not leased",
-                        row.status
-                    )));
-                }
+                let row = leased_tool_call(row, attempt, worker_id)?;
                 machine::decide(
                     state,
                     Input::ToolInputRequested {
@@ -2025,6 +2003,31 @@ fn without_source_positions(body: &Value) -> Value {
 
 /// Fencing: the task row must exist and carry exactly `attempt`; while it is
 /// leased, only the worker holding the lease may change it.
+/// [`fenced`], for a tool call this attempt holds leased.
+///
+/// Errors: those of `fenced`; `InvalidArgument` for a model call;
+/// `FailedPrecondition` for a task no longer leased.
+fn leased_tool_call<'a>(
+    row: Option<&'a TaskRow>,
+    attempt: u32,
+    worker_id: &str,
+) -> Result<&'a TaskRow, CoordinatorError> {
+    let row = fenced(row, attempt, Some(worker_id))?;
+    if row.kind != belay_proto::wire::TASK_KIND_TOOL_CALL {
+        return Err(CoordinatorError::InvalidArgument(format!(
+            "task {} is not a tool call",
+            row.task_id
+        )));
+    }
+    if row.status != "leased" {
+        return Err(CoordinatorError::FailedPrecondition(format!(
+            "task {} is {}, not leased",
+            row.task_id, row.status
+        )));
+    }
+    Ok(row)
+}
+
 fn fenced<'a>(
     row: Option<&'a TaskRow>,
     attempt: u32,
