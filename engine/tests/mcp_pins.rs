@@ -600,10 +600,48 @@ async fn an_mcp_tool_without_repeat_safety_takes_the_servers_hint(backend: Backe
     env.finish().await;
 }
 
+/// The permission is checked again right before the tool acts, against
+/// the tenant's grants as they are then: a grant withdrawn after the model
+/// proposed the call refuses the dispatch, and the call fails (not retried).
+async fn a_grant_withdrawn_after_the_proposal_refuses_the_dispatch(backend: Backend) {
+    let env = Env::new(backend).await;
+    let (run, task) = env.tool_call("acme", "revoked-1", "lookup", "w1").await;
+    env.coord
+        .store()
+        .set_tenant_grants("acme", &[])
+        .await
+        .expect("grants");
+    let refused = env.coord.dispatch("w1", &task.to_string(), 1).await;
+    let message = match refused {
+        Err(CoordinatorError::FailedPrecondition(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        message.contains("permission `mcp.use` is no longer granted to the tenant"),
+        "{message}"
+    );
+    let events = env
+        .coord
+        .list_events("acme", &run.to_string(), 0, 100)
+        .await
+        .expect("events");
+    assert!(
+        events.iter().any(|e| e.kind == "tool_call_failed"
+            && e.payload["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no longer granted")),
+        "the call fails, in the history"
+    );
+    assert!(!events.iter().any(|e| e.kind == "tool_call_dispatched"));
+    env.finish().await;
+}
+
 on_both_backends!(
     reports_record_each_definition_once_and_refuse_bad_listings,
     the_first_dispatch_pins_and_a_changed_definition_waits_for_an_operator,
     a_refused_definition_cannot_be_accepted,
     accepting_the_pinned_definition_again_changes_nothing,
     an_mcp_tool_without_repeat_safety_takes_the_servers_hint,
+    a_grant_withdrawn_after_the_proposal_refuses_the_dispatch,
 );

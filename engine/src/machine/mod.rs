@@ -258,6 +258,10 @@ pub enum Input {
         /// `None` when the engine serves no callback endpoint. Used only for
         /// `type: async_webhook` tools (which are refused without one).
         callback_token_sha256: Option<String>,
+        /// The tenant's grants now (read at dispatch), so a permission
+        /// revoked since the run started is refused before the tool acts;
+        /// `None`: the grants pinned when the run started.
+        tenant_grants: Option<Vec<String>>,
     },
     /// An operator gives up on a call that waits outside any task (an
     /// accepted async webhook whose callback was lost, a sync child run): it
@@ -656,8 +660,15 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             attempt,
             worker_id,
             callback_token_sha256,
+            tenant_grants,
         } => {
-            m.on_dispatch(call_id, attempt, worker_id, callback_token_sha256)?;
+            m.on_dispatch(
+                call_id,
+                attempt,
+                worker_id,
+                callback_token_sha256,
+                tenant_grants,
+            )?;
         }
         Input::Callback {
             token_sha256,
@@ -1676,6 +1687,7 @@ impl Step {
         attempt: u32,
         worker_id: String,
         callback_token_sha256: Option<String>,
+        tenant_grants: Option<Vec<String>>,
     ) -> Result<(), MachineError> {
         let call = self.require_open_tool_call(&call_id)?.clone();
         // Reconcile probes run while the run is paused on what they look up;
@@ -1734,21 +1746,46 @@ impl Step {
                 ),
             });
         }
-        // Permission again: grants are pinned at start, but the check is
-        // cheap and guards against a plan that changed under us.
+        // Permission again, immediately before the tool acts: the node's
+        // grants (agent + node, as pinned), the caller's, and the tenant's
+        // as they are now (a grant withdrawn since the proposal refuses it).
         let plan = self.plan()?;
         let permission = plan
             .tools
             .get(&call.tool)
             .map(|t| t.def.permission.clone())
             .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
+        let node_def = plan.workflow.def.nodes.iter().find(|n| n.id == call.node);
+        let agent_has = node_def
+            .and_then(|n| match &n.kind {
+                NodeKind::Agent { agent, .. } => plan.agents.get(agent),
+                _ => None,
+            })
+            .is_some_and(|a| a.def.grants.contains(&permission));
+        let node_has = agent_has || node_def.is_some_and(|n| n.grants.contains(&permission));
+        let tenant_grants = tenant_grants.as_ref().unwrap_or(&self.state.tenant_grants);
         // A reconcile probe is the engine's own lookup, declared by the tool's
-        // author: tenant policy applies, the caller's grants do not.
-        let caller_ok = call.probe_for.is_some() || self.state.caller_grants.contains(&permission);
-        if !caller_ok || !self.state.tenant_grants.contains(&permission) {
+        // author: tenant policy applies, the node's and the caller's do not.
+        let probe = call.probe_for.is_some();
+        let missing: Vec<&str> = [
+            ("node", probe || node_has),
+            (
+                "caller",
+                probe || self.state.caller_grants.contains(&permission),
+            ),
+            ("tenant", tenant_grants.contains(&permission)),
+        ]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(who, _)| who)
+        .collect();
+        if !missing.is_empty() {
             return Err(MachineError::DispatchRefused {
                 call_id,
-                detail: format!("permission `{permission}` is no longer granted"),
+                detail: format!(
+                    "permission `{permission}` is no longer granted to the {}",
+                    missing.join(", ")
+                ),
             });
         }
         self.emit(Event::ToolCallDispatched {

@@ -311,6 +311,7 @@ fn happy_path_runs_model_tool_model_and_completes() {
         attempt: 1,
         worker_id: "w1".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     let d = run.step(Input::ToolCallCompleted {
@@ -410,6 +411,7 @@ fn each_failed_check_goes_back_to_the_model_in_order() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::ToolCallCompleted {
         call_id: "intake.t1".into(),
@@ -539,6 +541,7 @@ fn idempotent_call_lost_after_dispatch_is_retried_with_the_same_key_until_attemp
             attempt,
             worker_id: "w".into(),
             callback_token_sha256: None,
+            tenant_grants: None,
         });
         let d = run.step(Input::LeaseExpired {
             call_id: "intake.t1".into(),
@@ -553,6 +556,7 @@ fn idempotent_call_lost_after_dispatch_is_retried_with_the_same_key_until_attemp
         attempt: 3,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -578,6 +582,7 @@ fn never_call_lost_after_dispatch_fails_and_the_model_is_told() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -605,6 +610,7 @@ fn reconcile_call_lost_after_dispatch_becomes_uncertain_and_pauses_the_run() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -634,6 +640,7 @@ fn reconcile_call_lost_after_dispatch_becomes_uncertain_and_pauses_the_run() {
                 attempt: 2,
                 worker_id: "w".into(),
                 callback_token_sha256: None,
+                tenant_grants: None,
             }
         )
         .is_err()
@@ -650,6 +657,7 @@ fn reported_failures_follow_the_class() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::TaskFailed {
         call_id: "intake.t1".into(),
@@ -676,6 +684,7 @@ fn reported_failures_follow_the_class() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::TaskFailed {
         call_id: "intake.t1".into(),
@@ -718,6 +727,7 @@ fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     let again = run.step(Input::DispatchToolCall {
@@ -725,6 +735,7 @@ fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert!(
         again.events.is_empty(),
@@ -745,6 +756,7 @@ fn dispatch_is_recorded_once_per_attempt_and_at_most_once_for_reconcile() {
         attempt: 2,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     assert!(!run.state.tool_calls["intake.t1"].may_have_acted);
@@ -940,6 +952,7 @@ fn uncertain_run(opts: Opts) -> (Run, Decision) {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -1080,6 +1093,7 @@ fn retry_keeps_the_key_or_mints_a_new_one_and_allows_one_more_dispatch() {
         attempt: 2,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
 
@@ -1148,6 +1162,7 @@ fn a_probe_that_finds_the_effect_resolves_it_without_an_operator() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::ToolCallCompleted {
         call_id: probe_id,
@@ -1178,6 +1193,7 @@ fn a_probe_answering_404_retries_with_the_same_key_and_an_undecided_probe_calls_
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::TaskFailed {
         call_id: "intake.t1.p1".into(),
@@ -1277,6 +1293,7 @@ fn for_an_idempotent_call_the_first_result_wins() {
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -1420,6 +1437,7 @@ fn a_call_can_become_uncertain_again_after_a_retry() {
         attempt: 2,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::LeaseExpired {
         call_id: "intake.t1".into(),
@@ -1457,6 +1475,7 @@ fn cancelling_records_dispatched_reconcile_calls_and_their_records_stay_resolvab
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::Cancel {
         reason: "customer left".into(),
@@ -1515,6 +1534,7 @@ fn the_probe_needs_the_tenants_grant_not_the_callers_and_an_undecided_probe_asks
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
     run.step(Input::ToolCallCompleted {
@@ -1601,6 +1621,7 @@ fn a_result_that_does_not_match_the_declared_type_fails_the_call_or_becomes_unce
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::ToolCallCompleted {
         call_id: "intake.t1".into(),
@@ -1638,6 +1659,7 @@ fn a_result_that_does_not_match_the_declared_type_fails_the_call_or_becomes_unce
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     let d = run.step(Input::ToolCallCompleted {
         call_id: "intake.t1".into(),
@@ -1674,6 +1696,7 @@ fn dispatch(run: &mut Run, call: &str, attempt: u32) {
         attempt,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     assert_eq!(Run::kinds(&d), ["tool_call_dispatched"]);
 }

@@ -574,6 +574,7 @@ nodes:
         attempt: 1,
         worker_id: "w".into(),
         callback_token_sha256: None,
+        tenant_grants: None,
     });
     run.step(Input::ToolCallCompleted {
         call_id: "create.t1".into(),
@@ -920,6 +921,7 @@ fn dispatch_webhook(
         attempt,
         worker_id: "w".into(),
         callback_token_sha256: token.map(str::to_owned),
+        tenant_grants: None,
     })
 }
 

@@ -917,6 +917,16 @@ impl Store {
         on_backend!(self, b => b.accept_mcp_tool(tenant, server, tool, definition_hash, accepted_by, reason).await)
     }
 
+    /// The grants the tenant owning task `task_id` holds now (empty for a
+    /// tenant never configured), for the permission check at dispatch;
+    /// `None` when there is no such task.
+    pub async fn task_tenant_grants(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        on_backend!(self, b => b.task_tenant_grants(task_id).await)
+    }
+
     /// The tenant, state and spec of a task, for pinning its MCP tool at
     /// dispatch; `None` when there is no such task.
     pub async fn mcp_pin_task(&self, task_id: Uuid) -> Result<Option<McpPinTask>, StoreError> {

@@ -138,6 +138,19 @@ impl Pg {
         Ok(row.map(|r| r.0).unwrap_or_default())
     }
 
+    pub(crate) async fn task_tenant_grants(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let row: Option<(Option<Vec<String>>,)> = sqlx::query_as(
+            "SELECT t.grants FROM tasks k LEFT JOIN tenants t ON t.tenant = k.tenant WHERE k.task_id = $1",
+        )
+        .bind(task_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(grants,)| grants.unwrap_or_default()))
+    }
+
     // ---- definitions ---------------------------------------------------
 
     /// Names of every registered definition of a kind for a tenant.

@@ -237,6 +237,25 @@ impl Lite {
         }
     }
 
+    pub(crate) async fn task_tenant_grants(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let row: Option<(Option<Value>,)> = sqlx::query_as(
+            "SELECT t.grants FROM tasks k LEFT JOIN tenants t ON t.tenant = k.tenant WHERE k.task_id = ?1",
+        )
+        .bind(task_id)
+        .fetch_optional(&self.read)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some((None,)) => Ok(Some(Vec::new())),
+            Some((Some(v),)) => serde_json::from_value(v).map(Some).map_err(|e| {
+                StoreError::Corrupt(format!("grants of the tenant of task {task_id}: {e}"))
+            }),
+        }
+    }
+
     // ---- definitions ---------------------------------------------------
 
     pub(crate) async fn definition_names(
