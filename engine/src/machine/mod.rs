@@ -4114,8 +4114,10 @@ fn input_for_repeat(
     // against the form's schema when accepted.
     let check_answer = |pointer: &str, answer: &Value, schema: Option<&Value>| -> Vec<String> {
         let Some(map) = answer.as_object() else {
+            // The answer itself: `/` at the root, else its own pointer.
+            let at = if pointer.is_empty() { "/" } else { pointer };
             return vec![format!(
-                "{pointer}: an answer is an object `{{\"action\": \"accept\"|\"decline\"|\"cancel\", \"content\": {{...}}}}`"
+                "{at}: an answer is an object `{{\"action\": \"accept\"|\"decline\"|\"cancel\", \"content\": {{...}}}}`"
             )];
         };
         let mut errors = Vec::new();
@@ -4195,13 +4197,7 @@ fn input_for_repeat(
             } else {
                 asked.requests.get("requestedSchema")
             };
-            let errors = check_answer("", answer, schema)
-                .into_iter()
-                .map(|e| match e.strip_prefix(": ") {
-                    Some(msg) => format!("/: {msg}"),
-                    None => e,
-                })
-                .collect::<Vec<_>>();
+            let errors = check_answer("", answer, schema);
             if !errors.is_empty() {
                 return Err(invalid(errors));
             }
