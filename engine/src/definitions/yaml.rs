@@ -743,8 +743,7 @@ fn parse_pricing(node: &Node, cx: &mut Cx<'_>) -> Option<Pricing> {
     let price = |key: &str, map: &mut MapView<'_>, cx: &mut Cx<'_>| -> Option<f64> {
         let n = required(map, key, "`pricing`", cx)?;
         match n.value {
-            Val::Int(0) | Val::UInt(0) => Some(0.0),
-            Val::Float(f) if f == 0.0 => Some(0.0),
+            Val::Int(0) | Val::UInt(0) | Val::Float(0.0) => Some(0.0),
             _ => usd(n, key, cx),
         }
     };
