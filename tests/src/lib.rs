@@ -211,6 +211,43 @@ impl TestDb {
         }
     }
 
+    /// Status of a run's task for `call_id` and how long, in ms by the
+    /// engine's clock (`belay_clock`), until it becomes claimable (negative:
+    /// it already is): the persisted next-attempt time of a retry.
+    pub async fn task_ready_in_ms(&self, run_id: &str, call_id: &str) -> Result<(String, f64)> {
+        let run = uuid::Uuid::parse_str(run_id)?;
+        match self.backend {
+            DbBackend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await?;
+                let row: (String, f64) = sqlx::query_as(
+                    "SELECT status, (EXTRACT(EPOCH FROM (available_at - belay_now())) * 1000)::float8
+                     FROM tasks WHERE run_id = $1 AND call_id = $2",
+                )
+                .bind(run)
+                .bind(call_id)
+                .fetch_one(&pool)
+                .await?;
+                pool.close().await;
+                Ok(row)
+            }
+            DbBackend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await?;
+                let row: (String, f64) = sqlx::query_as(
+                    "SELECT status, (julianday(available_at) - julianday('now',
+                         COALESCE((SELECT printf('%+.3f seconds', offset_ms / 1000.0) FROM belay_clock WHERE id = 1), '+0 seconds')))
+                         * 86400000.0
+                     FROM tasks WHERE run_id = ?1 AND call_id = ?2",
+                )
+                .bind(run)
+                .bind(call_id)
+                .fetch_one(&pool)
+                .await?;
+                pool.close().await;
+                Ok(row)
+            }
+        }
+    }
+
     /// Move the engine's clock forward by `ms` (the offset in
     /// `belay_clock`, as `Store::advance_clock` does), for every engine on
     /// this database, running or not: leases, retry delays and timers are

@@ -3,7 +3,9 @@
 //! `permission:` and `repeat_safety:`. HTTP tools take `auth:` with
 //! `auth_config:`, `query_params:`, `body_type:`, `body_mode:` and
 //! `body_template:`; the lines above the first tool are the file's shared
-//! defaults (`base_url:`, `auth:`, `timeout:`, `headers:`).
+//! defaults (`base_url:`, `auth:`, `timeout:`, `headers:`, `retry:`,
+//! `retry_delay:`). Tools a worker calls take `retry:`, `retry_delay:` and
+//! `retry_policy:` (`retry.rs`).
 //!
 //! The format is line-oriented: lines are grouped into a tree by indentation,
 //! then each tool is read from its subtree. Errors are collected, not
@@ -23,6 +25,8 @@ use super::signature::{
     parse_field_decl, parse_signature,
 };
 use super::{DefinitionError, NameAt, check_name, check_permission};
+
+mod retry;
 
 /// Default `timeout:`, ms (the model's documented default).
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -70,9 +74,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "auth_jit",
     "consent",
     "connection",
-    "retry",
-    "retry_delay",
-    "retry_policy",
     "body_schema",
     "use_body_schema",
     "request_variants",
@@ -114,12 +115,20 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
 ];
 
 /// File-level defaults of the seed's "Tool file format" that Belay does not
-/// implement yet (retry and rate-limit policies belong to the engine).
-const SEED_FILE_DEFAULTS: &[&str] = &["retry", "retry_delay", "rate_limit"];
+/// implement yet (rate-limit policies belong to the engine).
+const SEED_FILE_DEFAULTS: &[&str] = &["rate_limit"];
 
 /// File-level defaults Belay reads (before the first tool), applied to every
 /// `type: http` and `type: async_webhook` tool of the file.
-const FILE_DEFAULTS: &[&str] = &["base_url", "auth", "auth_config", "timeout", "headers"];
+const FILE_DEFAULTS: &[&str] = &[
+    "base_url",
+    "auth",
+    "auth_config",
+    "timeout",
+    "headers",
+    "retry",
+    "retry_delay",
+];
 
 /// Default `auth_config.header_name` of `auth: api_key`.
 const DEFAULT_API_KEY_HEADER: &str = "X-API-Key";
@@ -461,9 +470,10 @@ fn not_a_tool_message(line: &Line) -> String {
                 .to_string()
         }
         Some(kv) if SEED_FILE_DEFAULTS.contains(&kv.key) => format!(
-            "file-level default `{}:` is not supported yet (retry and rate-limit policies are not per tool yet)",
+            "file-level default `{}:` is not supported yet (rate-limit policies are not per tool yet)",
             kv.key
         ),
+        Some(kv) if kv.key == "retry_policy" => "`retry_policy:` is not a file-level default: give it per tool (the file's defaults are `retry:` and `retry_delay:`)".to_string(),
         _ => format!(
             "expected a tool signature `name(params) -> ReturnType`, found `{}`",
             head(&line.text)
@@ -484,6 +494,8 @@ struct FileDefaults {
     /// `headers:`, merged under each tool's (a tool's header of the same
     /// name, in any case, wins).
     headers: BTreeMap<String, String>,
+    /// `retry:` and `retry_delay:`, for tools without their own.
+    retry: retry::RetryProps,
 }
 
 /// Reads the lines before the first tool: [`FILE_DEFAULTS`] (read by the
@@ -507,6 +519,7 @@ fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
         auth,
         timeout_ms: props.timeout_ms,
         headers: props.headers,
+        retry: props.retry,
     }
 }
 
@@ -578,6 +591,8 @@ struct Props<'b> {
     /// `body_template:` (or `body:`), with the line and the column of its
     /// first character inside the quotes.
     body_template: Option<(String, u32, u32)>,
+    /// `retry:`, `retry_delay:` and `retry_policy:`.
+    retry: retry::RetryProps,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing. `body:` is
     /// recorded as `body_template`.
@@ -788,6 +803,9 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         );
     }
     let request = http_request_options(&props, signature.as_ref(), &name, line, defaults, cx);
+    let own_retry = std::mem::take(&mut props.retry);
+    let retry_policy =
+        retry::tool_policy(own_retry, &defaults.retry, props.binding_type, &name, cx);
 
     if cx.out.errors.len() > errors_before {
         return;
@@ -880,6 +898,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
         confirmation,
+        retry_policy,
         source_file: cx.file.to_string(),
         source_line: line.no,
     });
@@ -1704,6 +1723,9 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             "body_mode" => {
                 let choices = [("auto", BodyMode::Auto), ("none", BodyMode::None)];
                 props.body_mode = keyword(child, &kv, &choices, cx).or(props.body_mode);
+            }
+            "retry" | "retry_delay" | "retry_policy" => {
+                retry::read_prop(child, &kv, &mut props.retry, cx);
             }
             "body_template" => {
                 if let Some(s) = scalar(child, &kv, cx) {
@@ -3804,9 +3826,9 @@ TOOLS:
             ]
         );
         assert_eq!(
-            errors("TOOLS:\n  retry: 3\n  file: \"./a.tools.abl\" [a]\n  what is this\n"),
+            errors("TOOLS:\n  rate_limit: 3\n  file: \"./a.tools.abl\" [a]\n  what is this\n"),
             vec![
-                "2:3: file-level default `retry:` is not supported yet (retry and rate-limit policies are not per tool yet)",
+                "2:3: file-level default `rate_limit:` is not supported yet (rate-limit policies are not per tool yet)",
                 "3:3: importing tools with `file:` is not supported; put every tools file in the bundle",
                 "4:3: expected a tool signature `name(params) -> ReturnType`, found `what is this`",
             ]

@@ -134,6 +134,98 @@ pub struct ConfirmationDef {
     pub approver_grant: String,
 }
 
+/// `strategy:` of a [`RetryPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackoffStrategy {
+    /// The same delay before every retry: `initial_delay_ms`.
+    Fixed,
+    /// `initial_delay_ms · multiplier^(n-1)` before retry `n`, at most
+    /// `max_delay_ms`.
+    Exponential,
+}
+
+/// `jitter:` of a [`RetryPolicy`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Jitter {
+    /// The computed delay, exactly.
+    #[default]
+    None,
+    /// "Full jitter": a delay drawn uniformly from `[0, computed delay]`.
+    /// The draw is a hash of (run id, call id, attempt), so deciding the
+    /// same failure again draws the same delay; the delay used is recorded
+    /// in the failure event (`retry_delay_ms`).
+    Full,
+}
+
+/// Largest retry count a tool may declare (`retry:`, `max_retries:`).
+pub const MAX_DECLARED_RETRIES: u32 = 100;
+
+/// Largest delay a tool may declare, ms (one day): `retry_delay:`,
+/// `initial_delay_ms:`, `max_delay_ms:`.
+pub const MAX_DECLARED_DELAY_MS: u64 = 86_400_000;
+
+/// First delay of the engine's own backoff, ms: what `retry:` alone and a
+/// `retry_policy:` without `initial_delay_ms:` start from.
+pub const ENGINE_INITIAL_DELAY_MS: u64 = 500;
+
+/// Ceiling of the engine's own backoff, ms: an exponential policy's
+/// `max_delay_ms` when it gives none (or its `initial_delay_ms`, if larger).
+pub const ENGINE_MAX_DELAY_MS: u64 = 30_000;
+
+/// A tool's retry policy (the seed's "Retry policy", or its scalar
+/// `retry:`/`retry_delay:`, or a file's defaults of those), resolved when
+/// the file is parsed so the machine reads no defaults: it sets *when* the
+/// retries of a call happen and *how many* there are. Whether a failed
+/// attempt may be retried at all is still the tool's repeat safety and the
+/// failure's class (DESIGN.md, "The tool call, exactly").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// `strategy:` (`retry_delay:` alone: `fixed`; `retry:` alone: `exponential`).
+    pub strategy: BackoffStrategy,
+    /// `initial_delay_ms:` (or `retry_delay:`): the delay before the first
+    /// retry, ms; default 500.
+    pub initial_delay_ms: u64,
+    /// `multiplier:` of an exponential policy; default 2 (1 for `fixed`).
+    pub multiplier: f64,
+    /// `max_delay_ms:`: no delay is longer; default for `exponential` 30000
+    /// (or `initial_delay_ms` when larger), for `fixed` `initial_delay_ms`.
+    pub max_delay_ms: u64,
+    /// `max_retries:` (or `retry:`): a call makes at most `1 + max_retries`
+    /// attempts that reached the tool. `None`: the agent's
+    /// `limits.max_tool_attempts` (a tool node's: 5 attempts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+    /// `jitter:`; default `none`.
+    #[serde(default)]
+    pub jitter: Jitter,
+}
+
+impl RetryPolicy {
+    /// The delay before retry `n` (1-based: the retry after the `n`th
+    /// failed attempt that counts), ms, before jitter: `fixed`:
+    /// `initial_delay_ms`; `exponential`: `initial_delay_ms ·
+    /// multiplier^(n-1)`, at most `max_delay_ms`.
+    pub fn base_delay_ms(&self, n: u32) -> u64 {
+        let initial = self.initial_delay_ms.min(MAX_DECLARED_DELAY_MS);
+        match self.strategy {
+            BackoffStrategy::Fixed => initial,
+            BackoffStrategy::Exponential => {
+                let cap = self.max_delay_ms.clamp(initial, MAX_DECLARED_DELAY_MS);
+                let mut delay = initial as f64;
+                for _ in 1..n.max(1) {
+                    delay *= self.multiplier;
+                    if delay.is_nan() || delay >= cap as f64 {
+                        return cap;
+                    }
+                }
+                (delay as u64).min(cap)
+            }
+        }
+    }
+}
+
 /// A tool declared in a `.tools.abl` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDef {
@@ -176,6 +268,12 @@ pub struct ToolDef {
     /// `confirmation:` with `require: always`; `None` for `never` or none.
     #[serde(default)]
     pub confirmation: Option<ConfirmationDef>,
+    /// `retry_policy:`, or `retry:`/`retry_delay:` (the tool's, else the
+    /// file's defaults); `None`: the engine's backoff (0.5 s doubling, at
+    /// most 30 s) and the agent's `limits.max_tool_attempts`. Only on tools
+    /// a worker calls (`http`, `async_webhook`, `mcp`). Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<RetryPolicy>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.

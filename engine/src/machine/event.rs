@@ -347,6 +347,19 @@ pub enum Event {
         dispatched: bool,
         /// Whether another attempt will run.
         will_retry: bool,
+        /// The HTTP status the tool answered with, if it answered. A
+        /// `not_sent` failure with a status (429, a 5xx to a safe method)
+        /// counts against the tool's `retry_policy`; one without (nothing
+        /// reached the tool) has the separate not-sent allowance. Added
+        /// after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status_code: Option<u16>,
+        /// When `will_retry`: the delay before the next attempt, ms (the
+        /// tool's `retry_policy`, jitter drawn, or the engine's backoff). The
+        /// next attempt is due at this event's `recorded_at` plus this.
+        /// Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_delay_ms: Option<u64>,
     },
     /// The tool call succeeded.
     ToolCallCompleted {
@@ -374,6 +387,10 @@ pub enum Event {
         attempt: u32,
         /// Whether that attempt had been dispatched.
         dispatched: bool,
+        /// When the call is retried: the delay before the next attempt, ms,
+        /// as in [`Event::ToolCallAttemptFailed`]. Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_delay_ms: Option<u64>,
     },
     /// A reconcile-class call's outcome is unknown; an uncertain-outcome
     /// record was written.

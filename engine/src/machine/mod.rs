@@ -27,8 +27,8 @@ pub use state::{CallStatus, RunState, RunStatus, StepKind, StepState};
 
 use crate::definitions::expr::Template;
 use crate::definitions::model::{
-    AgentDef, Budget, ChildMode, LoopPolicy, NodeKind, OnToolFailure, RepeatSafety, ToolBindingDef,
-    ToolDef, WaitDef, WaitFor,
+    AgentDef, Budget, ChildMode, Jitter, LoopPolicy, NodeKind, OnToolFailure, RepeatSafety,
+    RetryPolicy, ToolBindingDef, ToolDef, WaitDef, WaitFor,
 };
 
 /// Kind of a task row.
@@ -611,6 +611,38 @@ pub fn retry_delay_ms(failed: u32) -> u64 {
     (500u64 << exp).min(30_000)
 }
 
+/// The delay before the retry after the `n`th failure that counts under a
+/// tool's `policy` (1-based), ms: [`RetryPolicy::base_delay_ms`], then, for
+/// `jitter: full`, a draw from `[0, that]` ([`full_jitter_ms`]) keyed by
+/// the failed attempt, so the same failure always gets the same delay.
+pub fn policy_delay_ms(
+    policy: &RetryPolicy,
+    n: u32,
+    run_id: &str,
+    call_id: &str,
+    attempt: u32,
+) -> u64 {
+    let base = policy.base_delay_ms(n);
+    match policy.jitter {
+        Jitter::None => base,
+        Jitter::Full => full_jitter_ms(base, run_id, call_id, attempt),
+    }
+}
+
+/// "Full jitter" (AWS, "Exponential Backoff and Jitter"): a delay uniform
+/// in `[0, base]` ms, drawn from the SHA-256 of (run id, call id, attempt)
+/// instead of a random source: the machine stays pure, and deciding the
+/// same failure again gives the same delay.
+pub fn full_jitter_ms(base: u64, run_id: &str, call_id: &str, attempt: u32) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!(
+        "belay.retry.jitter\n{run_id}\n{call_id}\n{attempt}"
+    ));
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first) % base.saturating_add(1)
+}
+
 /// Idempotency key of a call: belongs to run + call, never to an attempt.
 pub fn idempotency_key(run_id: &str, call_id: &str) -> String {
     format!("{run_id}/{call_id}")
@@ -1023,6 +1055,19 @@ struct Failure {
     dispatched: bool,
     lease_expired: bool,
     status_code: Option<u16>,
+}
+
+/// Whether a failed tool-call attempt is within its call's attempts, and
+/// the delay before the next one if it is retried.
+struct Retries {
+    /// Another attempt is allowed by the count (repeat safety and the
+    /// failure's class decide whether one is made at all).
+    within: bool,
+    /// The delay before it, ms.
+    delay_ms: u64,
+    /// The attempt counted against the tool's `retry_policy` (rather than
+    /// the not-sent allowance or the engine's defaults).
+    by_policy: bool,
 }
 
 /// Working copy of the state plus the decision being built.
@@ -2613,13 +2658,6 @@ impl Step {
         }
 
         let call = self.require_open_tool_call(&call_id)?.clone();
-        if lease_expired {
-            self.emit(Event::TaskLeaseExpired {
-                call_id: call_id.clone(),
-                attempt,
-                dispatched,
-            });
-        }
         // Attempts that provably did nothing (not sent, or lost before
         // dispatch) have their own, longer allowance: an MCP server or tool
         // host being redeployed must not fail durable runs.
@@ -2627,12 +2665,34 @@ impl Step {
         let not_sent = call.not_sent_failures + u32::from(nothing_done);
         let failed = call.failed_attempts + 1;
         let acted = failed - not_sent.min(failed);
-        let within_attempts = if nothing_done {
-            not_sent < MAX_NOT_SENT_ATTEMPTS
-        } else {
-            acted < max_tool_attempts
+        let policy = self
+            .plan()?
+            .tools
+            .get(&call.tool)
+            .and_then(|t| t.def.retry_policy.clone());
+        let retries = match &policy {
+            None => Retries {
+                within: if nothing_done {
+                    not_sent < MAX_NOT_SENT_ATTEMPTS
+                } else {
+                    acted < max_tool_attempts
+                },
+                delay_ms: retry_delay_ms(if nothing_done { not_sent } else { acted }),
+                by_policy: false,
+            },
+            Some(policy) => self.policy_retries(
+                policy,
+                &call,
+                &call_id,
+                attempt,
+                class,
+                dispatched,
+                status_code,
+                max_tool_attempts,
+            ),
         };
-        let delay_ms = retry_delay_ms(if nothing_done { not_sent } else { acted });
+        let within_attempts = retries.within;
+        let delay_ms = retries.delay_ms;
         // What may happen next, by class and repeat safety.
         enum Next {
             Retry,
@@ -2640,15 +2700,25 @@ impl Step {
             Uncertain,
         }
         if let Some(target) = call.probe_for.clone() {
+            // A probe without a policy of its own keeps its backoff by attempt.
+            let delay_ms = if policy.is_some() {
+                delay_ms
+            } else {
+                retry_delay_ms(attempt)
+            };
             return self.on_probe_failure(
                 &target,
-                call_id,
-                attempt,
-                error,
-                class,
+                Failure {
+                    call_id,
+                    attempt,
+                    error,
+                    class,
+                    dispatched,
+                    lease_expired,
+                    status_code,
+                },
                 within_attempts,
-                lease_expired,
-                status_code,
+                delay_ms,
             );
         }
         let next = match (class, dispatched, call.repeat_safety) {
@@ -2658,6 +2728,11 @@ impl Step {
             (FailureClass::NotSent, _, _) | (_, false, _) => {
                 if within_attempts {
                     Next::Retry
+                } else if retries.by_policy {
+                    Next::Fail(format!(
+                        "tool `{}` failed after {failed} attempts (its retry policy allows no more); last error: {error}",
+                        call.tool
+                    ))
                 } else {
                     Next::Fail(format!(
                         "tool `{}` could not be reached in {not_sent} attempts (nothing was sent); last error: {error}",
@@ -2681,7 +2756,15 @@ impl Step {
             }
             (FailureClass::MayHaveActed, true, RepeatSafety::Reconcile) => Next::Uncertain,
         };
-        if !lease_expired {
+        let retry_delay_ms = matches!(next, Next::Retry).then_some(delay_ms);
+        if lease_expired {
+            self.emit(Event::TaskLeaseExpired {
+                call_id: call_id.clone(),
+                attempt,
+                dispatched,
+                retry_delay_ms,
+            });
+        } else {
             self.emit(Event::ToolCallAttemptFailed {
                 call_id: call_id.clone(),
                 attempt,
@@ -2689,6 +2772,8 @@ impl Step {
                 class,
                 dispatched,
                 will_retry: matches!(next, Next::Retry),
+                status_code,
+                retry_delay_ms,
             });
         }
         match next {
@@ -2754,21 +2839,71 @@ impl Step {
         Ok(())
     }
 
+    /// The retries of a failed attempt of `call`, whose tool declares
+    /// `policy`. Attempts that reached nothing (not sent with no answer
+    /// from the tool: a refused connection, a token endpoint down, an MCP
+    /// server away; or lost before dispatch) keep the separate allowance of
+    /// [`MAX_NOT_SENT_ATTEMPTS`], with the engine's backoff or the policy's
+    /// delay, whichever is longer (the allowance exists to outlast a
+    /// redeploy; the policy may space attempts further, not closer). Every
+    /// other failure counts: at most `1 + max_retries` of them (else the
+    /// agent's `max_tool_attempts`), each followed by the policy's delay.
+    #[allow(clippy::too_many_arguments)]
+    fn policy_retries(
+        &self,
+        policy: &RetryPolicy,
+        call: &state::ToolCallState,
+        call_id: &str,
+        attempt: u32,
+        class: FailureClass,
+        dispatched: bool,
+        status_code: Option<u16>,
+        max_tool_attempts: u32,
+    ) -> Retries {
+        let nothing_done = class == FailureClass::NotSent || !dispatched;
+        let answered = class == FailureClass::NotSent && dispatched && status_code.is_some();
+        let failed = call.failed_attempts + 1;
+        let unreached = (call.not_sent_failures + u32::from(nothing_done))
+            .saturating_sub(call.answered_not_sent + u32::from(answered));
+        let run_id = &self.state.run_id;
+        if nothing_done && !answered {
+            let policy_delay = policy_delay_ms(policy, unreached, run_id, call_id, attempt);
+            return Retries {
+                within: unreached < MAX_NOT_SENT_ATTEMPTS,
+                delay_ms: policy_delay.max(retry_delay_ms(unreached)),
+                by_policy: false,
+            };
+        }
+        let counted = failed.saturating_sub(unreached);
+        let max_attempts = policy
+            .max_retries
+            .map_or(max_tool_attempts, |r| r.saturating_add(1));
+        Retries {
+            within: counted < max_attempts,
+            delay_ms: policy_delay_ms(policy, counted, run_id, call_id, attempt),
+            by_policy: true,
+        }
+    }
+
     /// A reconcile probe failed: a definite "not found" (HTTP 404) means the
     /// call had no effect and is retried with the same key; a failure that is
     /// safe to retry retries the probe; anything else goes to the operator.
-    #[allow(clippy::too_many_arguments)]
     fn on_probe_failure(
         &mut self,
         target: &str,
-        probe_call_id: String,
-        attempt: u32,
-        error: String,
-        class: FailureClass,
+        failure: Failure,
         within_attempts: bool,
-        lease_expired: bool,
-        status_code: Option<u16>,
+        delay_ms: u64,
     ) -> Result<(), MachineError> {
+        let Failure {
+            call_id: probe_call_id,
+            attempt,
+            error,
+            class,
+            dispatched,
+            lease_expired,
+            status_code,
+        } = failure;
         let probe_tool = self
             .state
             .tool_calls
@@ -2778,7 +2913,15 @@ impl Step {
         let not_found = class == FailureClass::Rejected && status_code == Some(404);
         // Probes are idempotent reads: any failure but a definite answer may be retried.
         let retry = !not_found && class != FailureClass::Rejected && within_attempts;
-        if !lease_expired {
+        let retry_delay_ms = retry.then_some(delay_ms);
+        if lease_expired {
+            self.emit(Event::TaskLeaseExpired {
+                call_id: probe_call_id.clone(),
+                attempt,
+                dispatched,
+                retry_delay_ms,
+            });
+        } else {
             self.emit(Event::ToolCallAttemptFailed {
                 call_id: probe_call_id.clone(),
                 attempt,
@@ -2786,12 +2929,14 @@ impl Step {
                 class,
                 dispatched: true,
                 will_retry: retry,
+                status_code,
+                retry_delay_ms,
             });
         }
         if retry {
             self.command(Command::RetryTask {
                 call_id: probe_call_id,
-                delay_ms: retry_delay_ms(attempt),
+                delay_ms,
             });
             return Ok(());
         }
@@ -4331,6 +4476,8 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
     }
 }
 
+#[cfg(test)]
+mod retry_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

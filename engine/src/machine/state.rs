@@ -101,6 +101,10 @@ pub struct ToolCallState {
     /// Of those, the attempts that provably did nothing (`not_sent`, or
     /// lost before dispatch).
     pub not_sent_failures: u32,
+    /// Of those, the `not_sent` failures the tool answered (an HTTP status:
+    /// 429, a 5xx to a safe method): with a `retry_policy`, they count
+    /// against its `max_retries`, not against the not-sent allowance.
+    pub answered_not_sent: u32,
     /// The attempt currently dispatched, if any.
     pub dispatched_attempt: Option<u32>,
     /// Whether a dispatched attempt may have had its effect (its lease was
@@ -223,6 +227,7 @@ impl ToolCallState {
             idempotency_key: key.to_owned(),
             failed_attempts: 0,
             not_sent_failures: 0,
+            answered_not_sent: 0,
             dispatched_attempt: None,
             may_have_acted: false,
             status: CallStatus::Open,
@@ -804,6 +809,7 @@ impl RunState {
                 call_id,
                 class,
                 dispatched,
+                status_code,
                 ..
             } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
@@ -811,6 +817,9 @@ impl RunState {
                     call.dispatched_attempt = None;
                     if *class == FailureClass::NotSent || !*dispatched {
                         call.not_sent_failures += 1;
+                    }
+                    if *class == FailureClass::NotSent && *dispatched && status_code.is_some() {
+                        call.answered_not_sent += 1;
                     }
                     if *dispatched && *class == FailureClass::MayHaveActed {
                         call.may_have_acted = true;

@@ -50,6 +50,7 @@ fn tool(
                 request: Default::default(),
             },
             confirmation: None,
+            retry_policy: None,
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },
