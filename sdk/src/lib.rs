@@ -637,6 +637,16 @@ fn duration_text(ms: u64) -> String {
         .unwrap_or_else(|| format!("{ms}ms"))
 }
 
+/// ` in <delay>` when a failure event says when the next attempt is due
+/// (`retry_delay_ms`: the next attempt is due that long after the event's
+/// `recorded_at`), else nothing.
+fn retry_in(p: &Value) -> String {
+    p.get("retry_delay_ms")
+        .and_then(Value::as_u64)
+        .map(|ms| format!(" in {}", duration_text(ms)))
+        .unwrap_or_default()
+}
+
 /// One readable line for an event: seq, kind, and the fields that matter
 /// (call id, tool, arguments, result, attempt, idempotency key, errors).
 pub fn timeline_line(event: &RunEvent) -> String {
@@ -724,12 +734,13 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("result")
         ),
         "tool_call_attempt_failed" => format!(
-            "{} attempt={} class={} dispatched={} retry={} error={}",
+            "{} attempt={} class={} dispatched={} retry={}{} error={}",
             s("call_id"),
             s("attempt"),
             s("class"),
             s("dispatched"),
             s("will_retry"),
+            retry_in(&p),
             s("error")
         ),
         "tool_call_failed" => format!(
@@ -739,10 +750,11 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("error")
         ),
         "task_lease_expired" => format!(
-            "{} attempt={} dispatched={}",
+            "{} attempt={} dispatched={}{}",
             s("call_id"),
             s("attempt"),
-            s("dispatched")
+            s("dispatched"),
+            retry_in(&p)
         ),
         "uncertain_outcome_recorded" => format!(
             "{} attempt={} reason={}",
@@ -868,6 +880,33 @@ mod tests {
         assert_eq!(duration_text(90 * 60_000), "90m");
         assert_eq!(duration_text(1_500), "1500ms");
         assert_eq!(duration_text(0), "0ms");
+    }
+
+    #[test]
+    fn a_retried_attempt_says_when_the_next_one_is_due() {
+        let line = timeline_line(&event(
+            "tool_call_attempt_failed",
+            serde_json::json!({"call_id": "lookup.t1", "attempt": 1, "class": "may_have_acted", "dispatched": true, "will_retry": true, "status_code": 503, "retry_delay_ms": 5000, "error": "HTTP 503"}),
+        ));
+        assert!(
+            line.ends_with(
+                "lookup.t1 attempt=1 class=may_have_acted dispatched=true retry=true in 5s error=HTTP 503"
+            ),
+            "{line}"
+        );
+        let line = timeline_line(&event(
+            "task_lease_expired",
+            serde_json::json!({"call_id": "lookup.t1", "attempt": 2, "dispatched": false, "retry_delay_ms": 60000}),
+        ));
+        assert!(
+            line.ends_with("lookup.t1 attempt=2 dispatched=false in 1m"),
+            "{line}"
+        );
+        let line = timeline_line(&event(
+            "tool_call_attempt_failed",
+            serde_json::json!({"call_id": "c", "attempt": 3, "class": "rejected", "dispatched": true, "will_retry": false, "error": "HTTP 400"}),
+        ));
+        assert!(line.ends_with("retry=false error=HTTP 400"), "{line}");
     }
 
     #[test]

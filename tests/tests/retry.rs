@@ -46,13 +46,15 @@ async fn nth_failure(env: &Env, run_id: &str, n: usize) -> Result<Value> {
         .context("no such failure")
 }
 
-/// The task waits, persisted, for about `delay_ms` (a little less: time has
-/// passed since the failure was recorded) before its next attempt.
+/// The task waits, persisted, for about `delay_ms` before its next attempt
+/// (a little less: real time has passed since the failure was recorded; the
+/// margin is wide for a loaded machine, and still far above the engine's
+/// own 0.5 s and 1 s).
 async fn waits_for(env: &Env, run_id: &str, delay_ms: f64) -> Result<()> {
     let (status, ready_in) = env.db.task_ready_in_ms(run_id, CALL).await?;
     ensure!(status == "ready", "task is {status}");
     ensure!(
-        ready_in <= delay_ms && ready_in > delay_ms - 3_000.0,
+        ready_in <= delay_ms && ready_in > delay_ms - 4_000.0,
         "next attempt due in {ready_in} ms, expected about {delay_ms}"
     );
     Ok(())

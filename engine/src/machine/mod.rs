@@ -2666,9 +2666,10 @@ impl Step {
         let failed = call.failed_attempts + 1;
         let acted = failed - not_sent.min(failed);
         let policy = self
-            .plan()?
-            .tools
-            .get(&call.tool)
+            .state
+            .plan
+            .as_ref()
+            .and_then(|p| p.tools.get(&call.tool))
             .and_then(|t| t.def.retry_policy.clone());
         let retries = match &policy {
             None => Retries {
