@@ -1230,9 +1230,6 @@ impl Coordinator {
             None => None,
         };
         let token_sha256 = token.as_deref().map(callback_token_sha256);
-        // The tenant's grants as they are now, for the permission check
-        // right before the tool acts.
-        let tenant_grants = self.store.task_tenant_grants(task).await?;
         let mut issued = false;
         self.store
             .transition_task(task, |state, row| {
@@ -1249,7 +1246,10 @@ impl Coordinator {
                         attempt,
                         worker_id: worker,
                         callback_token_sha256: token_sha256,
-                        tenant_grants,
+                        // The tenant's grants as they are now (read by the
+                        // transition's lock statement), for the permission
+                        // check right before the tool acts.
+                        tenant_grants: Some(row.tenant_grants.clone()),
                     },
                 );
                 if let Ok(d) = &decided {

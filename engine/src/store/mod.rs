@@ -127,6 +127,12 @@ pub struct TaskRow {
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Whether the lease has expired by the database clock.
     pub lease_expired: bool,
+    /// The grants the run's tenant holds as of the transition's lock
+    /// statement (empty for a tenant never configured), read in that same
+    /// statement for `tool_call` tasks, so the permission check at dispatch
+    /// costs no round trip of its own; empty for other kinds.
+    #[sqlx(skip)]
+    pub tenant_grants: Vec<String>,
 }
 
 /// A task handed to a worker by a claim.
@@ -915,16 +921,6 @@ impl Store {
         reason: &str,
     ) -> Result<McpToolPinRow, StoreError> {
         on_backend!(self, b => b.accept_mcp_tool(tenant, server, tool, definition_hash, accepted_by, reason).await)
-    }
-
-    /// The grants the tenant owning task `task_id` holds now (empty for a
-    /// tenant never configured), for the permission check at dispatch;
-    /// `None` when there is no such task.
-    pub async fn task_tenant_grants(
-        &self,
-        task_id: Uuid,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        on_backend!(self, b => b.task_tenant_grants(task_id).await)
     }
 
     /// The tenant, state and spec of a task, for pinning its MCP tool at

@@ -138,19 +138,6 @@ impl Pg {
         Ok(row.map(|r| r.0).unwrap_or_default())
     }
 
-    pub(crate) async fn task_tenant_grants(
-        &self,
-        task_id: Uuid,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        let row: Option<(Option<Vec<String>>,)> = sqlx::query_as(
-            "SELECT t.grants FROM tasks k LEFT JOIN tenants t ON t.tenant = k.tenant WHERE k.task_id = $1",
-        )
-        .bind(task_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(grants,)| grants.unwrap_or_default()))
-    }
-
     // ---- definitions ---------------------------------------------------
 
     /// Names of every registered definition of a kind for a tenant.
@@ -445,7 +432,9 @@ impl Pg {
                  FOR UPDATE)
              SELECT r.run_id, r.tenant, r.last_seq,
                     t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
-                    t.dispatched_at, t.lease_expired
+                    t.dispatched_at, t.lease_expired,
+                    CASE WHEN t.kind = 'tool_call'
+                         THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
              FROM r LEFT JOIN LATERAL (
                  SELECT task_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
                         (lease_expires_at IS NOT NULL AND lease_expires_at <= belay_now()) AS lease_expired
@@ -857,6 +846,7 @@ struct LockedRow {
     dispatched: Option<bool>,
     dispatched_at: Option<chrono::DateTime<chrono::Utc>>,
     lease_expired: Option<bool>,
+    tenant_grants: Option<Vec<String>>,
 }
 
 impl LockedRow {
@@ -873,6 +863,7 @@ impl LockedRow {
             dispatched: self.dispatched?,
             dispatched_at: self.dispatched_at,
             lease_expired: self.lease_expired?,
+            tenant_grants: self.tenant_grants.clone().unwrap_or_default(),
         })
     }
 }

@@ -237,25 +237,6 @@ impl Lite {
         }
     }
 
-    pub(crate) async fn task_tenant_grants(
-        &self,
-        task_id: Uuid,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        let row: Option<(Option<Value>,)> = sqlx::query_as(
-            "SELECT t.grants FROM tasks k LEFT JOIN tenants t ON t.tenant = k.tenant WHERE k.task_id = ?1",
-        )
-        .bind(task_id)
-        .fetch_optional(&self.read)
-        .await?;
-        match row {
-            None => Ok(None),
-            Some((None,)) => Ok(Some(Vec::new())),
-            Some((Some(v),)) => serde_json::from_value(v).map(Some).map_err(|e| {
-                StoreError::Corrupt(format!("grants of the tenant of task {task_id}: {e}"))
-            }),
-        }
-    }
-
     // ---- definitions ---------------------------------------------------
 
     pub(crate) async fn definition_names(
@@ -557,7 +538,23 @@ impl Lite {
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(StoreError::from)?;
-                Some(row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?)
+                let mut row = row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?;
+                // The tenant's grants for the permission check at dispatch,
+                // in the same transaction (an embedded read, no round trip).
+                if row.kind == "tool_call" {
+                    let grants: Option<(Value,)> =
+                        sqlx::query_as("SELECT grants FROM tenants WHERE tenant = ?1")
+                            .bind(&tenant)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(StoreError::from)?;
+                    if let Some((v,)) = grants {
+                        row.tenant_grants = serde_json::from_value(v).map_err(|e| {
+                            StoreError::Corrupt(format!("grants of tenant {tenant}: {e}"))
+                        })?;
+                    }
+                }
+                Some(row)
             }
             None => None,
         };
