@@ -3833,6 +3833,28 @@ TOOLS:
         assert_eq!(back, out.tools[1]);
     }
 
+    /// The example of the README's "Rate limits and circuit breakers",
+    /// read from the README itself.
+    #[test]
+    fn readme_rate_limit_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let example = readme
+            .split("## Rate limits and circuit breakers")
+            .nth(1)
+            .and_then(|section| section.split("```yaml\n").nth(1))
+            .and_then(|block| block.split("```").next())
+            .expect("the README's example");
+        let tool = one_tool(example);
+        assert_eq!(tool.rate_limit, Some(2.0));
+        assert_eq!(
+            tool.circuit_breaker,
+            Some(CircuitBreakerDef {
+                threshold: 5,
+                reset_ms: 30_000
+            })
+        );
+    }
+
     #[test]
     fn rate_limit_and_circuit_breaker_errors() {
         let with = |extra: &str| errors(&tool_with("f() -> string", extra));
