@@ -34,7 +34,7 @@ pub use tool_calls::{
     ToolCallRefusal,
 };
 
-use crate::gates::{GateRow, GateVerdict, ToolGates};
+use crate::gates::{Circuit, GateRow, GateVerdict, ToolGates};
 use crate::machine::{Decision, RunState};
 
 /// Errors of the store. Database details stay in logs; the API maps these to
@@ -473,6 +473,29 @@ where
         .into());
     }
     Ok(second)
+}
+
+/// A `tool_gates` row as both backends select it: `next_at_ms`,
+/// `queue_at_ms`, `failures`, `circuit`, `retry_at_ms`, then the engine's
+/// clock in ms.
+pub(crate) type GateTuple = (i64, i64, i64, String, i64, i64);
+
+/// A selected [`GateTuple`] as the row and the engine's clock (ms).
+///
+/// Errors: [`StoreError::Corrupt`] for a circuit state the schema refuses.
+pub(crate) fn gate_row(
+    (next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, now_ms): GateTuple,
+) -> Result<(GateRow, i64), StoreError> {
+    let circuit = Circuit::parse(&circuit)
+        .ok_or_else(|| StoreError::Corrupt(format!("tool_gates.circuit {circuit:?}")))?;
+    let row = GateRow {
+        next_at_ms,
+        queue_at_ms,
+        failures: u32::try_from(failures).unwrap_or(0),
+        circuit,
+        retry_at_ms,
+    };
+    Ok((row, now_ms))
 }
 
 /// Which database a [`Store`] was opened on.

@@ -1287,24 +1287,7 @@ async fn write_decision(
 // The rules are in `crate::gates`; these statements load and save its rows.
 
 /// The columns of a `tool_gates` row, then the engine's clock in ms.
-const GATE_COLUMNS: &str = "next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, floor(EXTRACT(EPOCH FROM belay_now()) * 1000)::int8";
-
-type GateTuple = (i64, i64, i32, String, i64, i64);
-
-fn gate_row(
-    (next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, now): GateTuple,
-) -> Result<(GateRow, i64), StoreError> {
-    let circuit = Circuit::parse(&circuit)
-        .ok_or_else(|| StoreError::Corrupt(format!("tool_gates.circuit {circuit:?}")))?;
-    let row = GateRow {
-        next_at_ms,
-        queue_at_ms,
-        failures: u32::try_from(failures).unwrap_or(0),
-        circuit,
-        retry_at_ms,
-    };
-    Ok((row, now))
-}
+const GATE_COLUMNS: &str = "next_at_ms, queue_at_ms, failures::int8, circuit, retry_at_ms, floor(EXTRACT(EPOCH FROM belay_now()) * 1000)::int8";
 
 /// The tool's row and the engine's clock (ms), locked for this transaction
 /// with `lock`; `None` when the tool has no row.
@@ -1314,7 +1297,7 @@ async fn load_gate(
     tool: &str,
     lock: bool,
 ) -> Result<Option<(GateRow, i64)>, StoreError> {
-    let row: Option<GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row: Option<super::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {GATE_COLUMNS} FROM tool_gates WHERE tenant = $1 AND tool = $2{}",
         if lock { " FOR UPDATE" } else { "" }
     )))
@@ -1322,7 +1305,7 @@ async fn load_gate(
     .bind(tool)
     .fetch_optional(&mut **tx)
     .await?;
-    row.map(gate_row).transpose()
+    row.map(super::gate_row).transpose()
 }
 
 /// The tool's row, created if missing, locked for this transaction; and

@@ -1445,30 +1445,13 @@ fn now_ms() -> String {
     format!("CAST(ROUND((julianday('now', {CLOCK}) - 2440587.5) * 86400000.0) AS INTEGER)")
 }
 
-type GateTuple = (i64, i64, i64, String, i64, i64);
-
-fn gate_row(
-    (next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, now): GateTuple,
-) -> Result<(GateRow, i64), StoreError> {
-    let circuit = Circuit::parse(&circuit)
-        .ok_or_else(|| StoreError::Corrupt(format!("tool_gates.circuit {circuit:?}")))?;
-    let row = GateRow {
-        next_at_ms,
-        queue_at_ms,
-        failures: u32::try_from(failures).unwrap_or(0),
-        circuit,
-        retry_at_ms,
-    };
-    Ok((row, now))
-}
-
 /// The tool's row and the engine's clock (ms); `None` when it has no row.
 async fn load_gate(
     tx: &mut Transaction<'static, Sqlite>,
     tenant: &str,
     tool: &str,
 ) -> Result<Option<(GateRow, i64)>, StoreError> {
-    let row: Option<GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row: Option<super::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, {}
          FROM tool_gates WHERE tenant = ?1 AND tool = ?2",
         now_ms()
@@ -1477,7 +1460,7 @@ async fn load_gate(
     .bind(tool)
     .fetch_optional(&mut **tx)
     .await?;
-    row.map(gate_row).transpose()
+    row.map(super::gate_row).transpose()
 }
 
 /// The tool's row (a fresh one when it has none) and the engine's clock (ms).
