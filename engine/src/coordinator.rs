@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::definitions::model::{AgentDef, NodeKind, ToolDef, WorkflowDef};
 use crate::definitions::{self, DefinitionError, RegisteredNames, SourceFile};
+use crate::gates::GateVerdict;
 use crate::machine::{self, FailureClass, Input, MachineError, Pinned, RunPlan};
 use crate::store::{
     ClaimedTask, DefinitionRow, EventRow, RunRow, Store, StoreError, TaskRow, TransitionError,
@@ -1231,27 +1232,47 @@ impl Coordinator {
         };
         let token_sha256 = token.as_deref().map(callback_token_sha256);
         let mut issued = false;
+        // The tool's gates (rate limit, circuit breaker) held the call back.
+        let mut gated: Option<String> = None;
         self.store
-            .transition_task(task, |state, row| {
+            .transition_task_gated(task, |state, row, verdict| {
                 let row = leased_tool_call(row, attempt, worker_id)?;
                 if row.lease_expired {
                     return Err(CoordinatorError::FailedPrecondition(format!(
                         "the lease of task {task_id} attempt {attempt} has expired"
                     )));
                 }
-                let decided = machine::decide(
-                    state,
-                    Input::DispatchToolCall {
+                let input = match verdict {
+                    None => Input::DispatchToolCall {
                         call_id: row.call_id.clone(),
                         attempt,
-                        worker_id: worker,
-                        callback_token_sha256: token_sha256,
+                        worker_id: worker.clone(),
+                        callback_token_sha256: token_sha256.clone(),
                         // The tenant's grants as they are now (read by the
                         // transition's lock statement), for the permission
                         // check right before the tool acts.
                         tenant_grants: Some(row.tenant_grants.clone()),
                     },
-                );
+                    Some(verdict) => {
+                        let tool = state
+                            .tool_calls
+                            .get(&row.call_id)
+                            .map(|c| c.tool.as_str())
+                            .unwrap_or_default();
+                        let what = match verdict {
+                            GateVerdict::Defer { .. } => "deferred",
+                            GateVerdict::CircuitOpen { .. } => "refused",
+                        };
+                        gated = Some(format!("dispatch {what}: {}", verdict.describe(tool)));
+                        Input::DispatchGated {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            worker_id: worker.clone(),
+                            verdict: verdict.clone(),
+                        }
+                    }
+                };
+                let decided = machine::decide(state, input);
                 if let Ok(d) = &decided {
                     issued = d
                         .events
@@ -1292,6 +1313,10 @@ impl Coordinator {
             return Err(CoordinatorError::FailedPrecondition(format!(
                 "dispatch refused: {detail}"
             )));
+        }
+        if let Some(detail) = gated {
+            tracing::info!(%task, attempt, worker_id, %detail, "dispatch held back by the tool's gates");
+            return Err(CoordinatorError::FailedPrecondition(detail));
         }
         tracing::info!(%task, attempt, worker_id, callback = issued, "tool call dispatched");
         Ok(match (issued, token, self.callback_base_url()) {

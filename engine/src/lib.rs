@@ -4,6 +4,7 @@
 //! - [`machine`]: the pure run state machine (events in, decisions out).
 //! - [`expr_sandbox`]: jq expressions evaluated in child processes with
 //!   hard limits (memory, CPU time, a deadline).
+//! - [`gates`]: the rules of a tool's shared rate limit and circuit breaker (pure).
 //! - [`store`]: every SQL statement; PostgreSQL.
 //! - [`coordinator`]: drives the machine through the store; leases, sweeper.
 //! - [`api`]: the gRPC services (`belay.v1`), health and reflection.
@@ -24,6 +25,7 @@ pub mod callbacks;
 pub mod coordinator;
 pub mod definitions;
 pub mod expr_sandbox;
+pub mod gates;
 pub mod machine;
 pub mod mcp_pins;
 #[cfg(feature = "mcp-server")]

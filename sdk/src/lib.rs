@@ -711,6 +711,13 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("attempt"),
             s("worker_id")
         ),
+        "tool_call_deferred" => format!(
+            "{} attempt={} worker={} until={}",
+            s("call_id"),
+            s("attempt"),
+            s("worker_id"),
+            s("until")
+        ),
         "callback_issued" | "callback_received" => format!(
             "{} attempt={} token_sha256={}",
             s("call_id"),

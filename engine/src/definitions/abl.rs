@@ -4,8 +4,9 @@
 //! `auth_config:`, `query_params:`, `body_type:`, `body_mode:` and
 //! `body_template:`; the lines above the first tool are the file's shared
 //! defaults (`base_url:`, `auth:`, `timeout:`, `headers:`, `retry:`,
-//! `retry_delay:`). Tools a worker calls take `retry:`, `retry_delay:` and
-//! `retry_policy:` (`retry.rs`).
+//! `retry_delay:`, `rate_limit:`). Tools a worker calls take `retry:`,
+//! `retry_delay:` and `retry_policy:` (`retry.rs`), `rate_limit:` and
+//! `circuit_breaker:`.
 //!
 //! The format is line-oriented: lines are grouped into a tree by indentation,
 //! then each tool is read from its subtree. Errors are collected, not
@@ -19,7 +20,9 @@ use belay_proto::wire::{
     config_placeholder_name, split_placeholders,
 };
 
-use super::model::{ChildMode, ConfirmationDef, RepeatSafety, ToolBindingDef, ToolDef};
+use super::model::{
+    ChildMode, CircuitBreakerDef, ConfirmationDef, RepeatSafety, ToolBindingDef, ToolDef,
+};
 use super::signature::{
     self, Direction, Field, MAX_TYPE_DEPTH, Prim, Signature, TypeExpr, check_input_type,
     parse_field_decl, parse_signature,
@@ -77,8 +80,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "body_schema",
     "use_body_schema",
     "request_variants",
-    "rate_limit",
-    "circuit_breaker",
     "protocol",
     "soap_version",
     "soap_action",
@@ -114,10 +115,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "scope",
 ];
 
-/// File-level defaults of the seed's "Tool file format" that Belay does not
-/// implement yet (rate-limit policies belong to the engine).
-const SEED_FILE_DEFAULTS: &[&str] = &["rate_limit"];
-
 /// File-level defaults Belay reads (before the first tool), applied to every
 /// `type: http` and `type: async_webhook` tool of the file.
 const FILE_DEFAULTS: &[&str] = &[
@@ -128,7 +125,16 @@ const FILE_DEFAULTS: &[&str] = &[
     "headers",
     "retry",
     "retry_delay",
+    "rate_limit",
 ];
+
+/// Largest `rate_limit:` accepted, calls per second: the limit is kept in
+/// the database, one row per tool, so a dispatch of a rate-limited tool
+/// waits for the others; past this, a limit is better kept by the service.
+const MAX_RATE_LIMIT: f64 = 1000.0;
+
+/// Largest `circuit_breaker.resetMs` accepted: 30 days.
+const MAX_RESET_MS: u64 = 30 * 24 * 3600 * 1000;
 
 /// Default `auth_config.header_name` of `auth: api_key`.
 const DEFAULT_API_KEY_HEADER: &str = "X-API-Key";
@@ -451,7 +457,7 @@ fn parse_item(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         return;
     }
     let message = match split_key(line) {
-        Some(kv) if FILE_DEFAULTS.contains(&kv.key) || SEED_FILE_DEFAULTS.contains(&kv.key) => {
+        Some(kv) if FILE_DEFAULTS.contains(&kv.key) => {
             format!(
                 "file-level default `{}:` must come before the first tool",
                 kv.key
@@ -469,10 +475,6 @@ fn not_a_tool_message(line: &Line) -> String {
             "importing tools with `file:` is not supported; put every tools file in the bundle"
                 .to_string()
         }
-        Some(kv) if SEED_FILE_DEFAULTS.contains(&kv.key) => format!(
-            "file-level default `{}:` is not supported yet (rate-limit policies are not per tool yet)",
-            kv.key
-        ),
         Some(kv) if kv.key == "retry_policy" => "`retry_policy:` is not a file-level default: give it per tool (the file's defaults are `retry:` and `retry_delay:`)".to_string(),
         _ => format!(
             "expected a tool signature `name(params) -> ReturnType`, found `{}`",
@@ -496,6 +498,8 @@ struct FileDefaults {
     headers: BTreeMap<String, String>,
     /// `retry:` and `retry_delay:`, for tools without their own.
     retry: retry::RetryProps,
+    /// `rate_limit:`, for tools without one.
+    rate_limit: Option<f64>,
 }
 
 /// Reads the lines before the first tool: [`FILE_DEFAULTS`] (read by the
@@ -520,6 +524,7 @@ fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
         timeout_ms: props.timeout_ms,
         headers: props.headers,
         retry: props.retry,
+        rate_limit: props.rate_limit,
     }
 }
 
@@ -572,6 +577,10 @@ struct Props<'b> {
     reconcile_with: Option<NameAt>,
     /// `scrub_secrets: false` (None: the default, true).
     scrub_secrets: Option<bool>,
+    /// `rate_limit:`, calls per second.
+    rate_limit: Option<f64>,
+    /// `circuit_breaker:`.
+    circuit_breaker: Option<CircuitBreakerDef>,
     /// `confirmation:` with `require: always`: immutable params (with their
     /// line and column) and the approver grant, if given.
     confirmation: Option<(Vec<(String, u32, u32)>, Option<String>)>,
@@ -683,6 +692,17 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     }
     check_mcp_props(&props, &name, line, cx);
     if props.binding_type == Some(BindingType::Workflow) {
+        for key in ["rate_limit", "circuit_breaker"] {
+            if props.present.contains(key) {
+                cx.error(
+                    line.no,
+                    line.col(),
+                    format!(
+                        "tool `{name}` is `type: workflow`: `{key}:` applies to tools a worker calls (`type: http`, `async_webhook` or `mcp`)"
+                    ),
+                );
+            }
+        }
         for key in ["endpoint", "method", "headers", "timeout"] {
             if props.present.contains(key) {
                 cx.error(
@@ -822,13 +842,14 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         props.binding_type,
         Some(BindingType::Http | BindingType::AsyncWebhook)
     );
-    let (headers, default_timeout_ms) = if http_like {
+    let (headers, default_timeout_ms, default_rate_limit) = if http_like {
         (
             merge_headers(&defaults.headers, props.headers),
             defaults.timeout_ms,
+            defaults.rate_limit,
         )
     } else {
-        (props.headers, None)
+        (props.headers, None, None)
     };
     let timeout_ms = props
         .timeout_ms
@@ -899,6 +920,8 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         binding,
         confirmation,
         retry_policy,
+        rate_limit: props.rate_limit.or(default_rate_limit),
+        circuit_breaker: props.circuit_breaker,
         source_file: cx.file.to_string(),
         source_line: line.no,
     });
@@ -1897,6 +1920,17 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                     props.confirmation = read_confirmation(child, cx);
                 }
             }
+            "rate_limit" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match parse_rate_limit(&s) {
+                        Ok(rate) => props.rate_limit = Some(rate),
+                        Err(m) => cx.error(line.no, kv.value_col, m),
+                    }
+                }
+            }
+            "circuit_breaker" => {
+                props.circuit_breaker = read_circuit_breaker(child, &kv, cx);
+            }
             "callback_url_field" => {
                 if let Some(s) = scalar(child, &kv, cx) {
                     let valid = !s.is_empty()
@@ -2147,6 +2181,146 @@ fn read_confirmation(
             None
         }
     }
+}
+
+/// `rate_limit:`: calls per second, a decimal number more than 0 and at
+/// most [`MAX_RATE_LIMIT`] (`2`, `0.5`: one call every 2 s).
+fn parse_rate_limit(s: &str) -> Result<f64, String> {
+    let digits = |t: &str| !t.is_empty() && t.chars().all(|c| c.is_ascii_digit());
+    let decimal = match s.split_once('.') {
+        Some((whole, fraction)) => digits(whole) && digits(fraction),
+        None => digits(s),
+    };
+    match s.parse::<f64>() {
+        Ok(rate) if decimal && rate > 0.0 && rate <= MAX_RATE_LIMIT => Ok(rate),
+        _ => Err(format!(
+            "`rate_limit` must be a number of calls per second, more than 0 and at most {MAX_RATE_LIMIT} (like `10` or `0.5`), not `{s}`"
+        )),
+    }
+}
+
+/// `circuit_breaker:` as a block (`threshold:` and `resetMs:` on their own
+/// lines) or inline (`{threshold: 5, resetMs: 30000}`). `reset_ms` is
+/// accepted for `resetMs`. `None`, with errors, unless both are valid.
+fn read_circuit_breaker(
+    block: &Block,
+    kv: &KeyValue<'_>,
+    cx: &mut Cx<'_>,
+) -> Option<CircuitBreakerDef> {
+    let line = &block.line;
+    // (key, value, line, key column, value column) of each entry.
+    let mut entries: Vec<(String, String, u32, u32, u32)> = Vec::new();
+    if kv.value.is_empty() {
+        for entry in &block.children {
+            let Some(e) = entry_kv(&entry.line, "`threshold: N` or `resetMs: MS`", cx) else {
+                continue;
+            };
+            if let Some(value) = scalar(entry, &e, cx) {
+                entries.push((
+                    e.key.to_owned(),
+                    value,
+                    entry.line.no,
+                    e.key_col,
+                    e.value_col,
+                ));
+            }
+        }
+    } else {
+        let Some(inner) = kv.value.strip_prefix('{').and_then(|v| v.strip_suffix('}')) else {
+            cx.error(
+                line.no,
+                kv.value_col,
+                "`circuit_breaker` takes `{threshold: N, resetMs: MS}`, or `threshold:` and `resetMs:` on indented lines",
+            );
+            return None;
+        };
+        if let Some(first) = block.children.first() {
+            cx.error(
+                first.line.no,
+                first.line.col(),
+                "`circuit_breaker` takes `{threshold: N, resetMs: MS}` or indented lines, not both",
+            );
+            return None;
+        }
+        let leading = |t: &str| t.chars().take_while(|c| c.is_whitespace()).count();
+        // Chars of the value before the item (the `{` at first).
+        let mut offset = 1;
+        for item in inner.split(',') {
+            let col = kv.value_col + to_u32(offset + leading(item));
+            offset += item.chars().count() + 1;
+            let Some((key, value)) = item.split_once(':') else {
+                cx.error(line.no, col, "expected `threshold: N` or `resetMs: MS`");
+                continue;
+            };
+            let key_chars = key.trim_start().chars().count();
+            let value_col = col + to_u32(key_chars + 1 + leading(value));
+            entries.push((
+                key.trim().to_owned(),
+                value.trim().to_owned(),
+                line.no,
+                col,
+                value_col,
+            ));
+        }
+    }
+    let mut threshold = None;
+    let mut reset_ms = None;
+    let mut seen: BTreeMap<&'static str, u32> = BTreeMap::new();
+    for (key, value, eline, key_col, value_col) in &entries {
+        let name = match key.as_str() {
+            "threshold" => "threshold",
+            "resetMs" | "reset_ms" => "resetMs",
+            other => {
+                cx.error(
+                    *eline,
+                    *key_col,
+                    format!("unknown property `{other}` in `circuit_breaker:` (expected `threshold`, `resetMs`)"),
+                );
+                continue;
+            }
+        };
+        if let Some(first) = seen.insert(name, *eline) {
+            cx.error(
+                *eline,
+                *key_col,
+                format!("duplicate `{name}` in `circuit_breaker:` (first on line {first})"),
+            );
+            continue;
+        }
+        let parsed = value.parse::<u64>().ok();
+        match (name, parsed) {
+            ("threshold", Some(n)) if n >= 1 && n <= u64::from(u32::MAX) => {
+                threshold = u32::try_from(n).ok();
+            }
+            ("threshold", _) => cx.error(
+                *eline,
+                *value_col,
+                format!("`threshold` must be a whole number of consecutive failures, at least 1, not `{value}`"),
+            ),
+            (_, Some(ms)) if (1..=MAX_RESET_MS).contains(&ms) => reset_ms = Some(ms),
+            _ => cx.error(
+                *eline,
+                *value_col,
+                format!("`resetMs` must be a whole number of ms from 1 to {MAX_RESET_MS} (30 days), not `{value}`"),
+            ),
+        }
+    }
+    for (name, what) in [
+        ("threshold", "consecutive failures that open the circuit"),
+        ("resetMs", "ms an open circuit waits before a probe call"),
+    ] {
+        if !seen.contains_key(name) {
+            cx.error(
+                line.no,
+                kv.key_col,
+                format!("`circuit_breaker:` needs `{name}:` ({what})"),
+            );
+        }
+    }
+    Some(CircuitBreakerDef {
+        threshold: threshold?,
+        reset_ms: reset_ms?,
+    })
 }
 
 /// Whether a block property (`headers:`, `parameters:`) has no inline value.
@@ -3579,6 +3753,184 @@ TOOLS:
         ));
     }
 
+    #[test]
+    fn rate_limits_and_circuit_breakers() {
+        let out = parse(
+            r#"TOOLS:
+  base_url: "https://api.example.com"
+  rate_limit: 5
+
+  search(q: string) -> object
+    type: http
+    endpoint: "/search"
+    permission: p.read
+    repeat_safety: idempotent
+
+  slow(q: string) -> object
+    type: http
+    endpoint: "/slow"
+    rate_limit: 0.5
+    circuit_breaker:
+      threshold: 5
+      resetMs: 30000
+    permission: p.read
+    repeat_safety: idempotent
+
+  inline(q: string) -> object
+    type: async_webhook
+    endpoint: "/kyc"
+    method: POST
+    circuit_breaker: {threshold: 2, reset_ms: 1000}
+    permission: p.read
+    repeat_safety: idempotent
+
+  web(q: string) -> object
+    type: mcp
+    server: search
+    rate_limit: 2
+    permission: p.read
+
+  tools(q: string) -> object
+    type: mcp
+    server: search
+    permission: p.read
+
+  report() -> object
+    type: workflow
+    workflow_id: report
+    permission: p.read
+    repeat_safety: never
+"#,
+        );
+        assert_eq!(out.errors, vec![]);
+        let gates: Vec<(Option<f64>, Option<CircuitBreakerDef>)> = out
+            .tools
+            .iter()
+            .map(|t| (t.rate_limit, t.circuit_breaker))
+            .collect();
+        let breaker = |threshold, reset_ms| {
+            Some(CircuitBreakerDef {
+                threshold,
+                reset_ms,
+            })
+        };
+        assert_eq!(
+            gates,
+            vec![
+                // The file's default, for HTTP tools without their own.
+                (Some(5.0), None),
+                (Some(0.5), breaker(5, 30_000)),
+                (Some(5.0), breaker(2, 1000)),
+                // The file's defaults apply to HTTP requests only.
+                (Some(2.0), None),
+                (None, None),
+                (None, None),
+            ]
+        );
+        // Stored as written, and left out when not declared, so the content
+        // hash of a tool without gates did not change when they were added.
+        let stored = serde_json::to_value(&out.tools[1]).unwrap();
+        assert_eq!(stored["rate_limit"], json!(0.5));
+        assert_eq!(
+            stored["circuit_breaker"],
+            json!({"threshold": 5, "reset_ms": 30000})
+        );
+        let plain = serde_json::to_value(&out.tools[4]).unwrap();
+        assert!(plain.get("rate_limit").is_none() && plain.get("circuit_breaker").is_none());
+        let back: ToolDef = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, out.tools[1]);
+    }
+
+    /// The example of the README's "Rate limits and circuit breakers",
+    /// read from the README itself.
+    #[test]
+    fn readme_rate_limit_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let example = readme
+            .split("## Rate limits and circuit breakers")
+            .nth(1)
+            .and_then(|section| section.split("```yaml\n").nth(1))
+            .and_then(|block| block.split("```").next())
+            .expect("the README's example");
+        let tool = one_tool(example);
+        assert_eq!(tool.rate_limit, Some(2.0));
+        assert_eq!(
+            tool.circuit_breaker,
+            Some(CircuitBreakerDef {
+                threshold: 5,
+                reset_ms: 30_000
+            })
+        );
+    }
+
+    #[test]
+    fn rate_limit_and_circuit_breaker_errors() {
+        let with = |extra: &str| errors(&tool_with("f() -> string", extra));
+        for bad in ["0", "-1", "1001", "1e3", "two", ".5", "5.", "NaN", "inf"] {
+            assert_eq!(
+                with(&format!("    rate_limit: {bad}\n")),
+                vec![format!(
+                    "7:17: `rate_limit` must be a number of calls per second, more than 0 and at most 1000 (like `10` or `0.5`), not `{bad}`"
+                )],
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            with(
+                "    circuit_breaker:\n      threshold: 0\n      resetMs: 1s\n      half_open: 1\n      threshold: 3\n"
+            ),
+            vec![
+                "8:18: `threshold` must be a whole number of consecutive failures, at least 1, not `0`",
+                "9:16: `resetMs` must be a whole number of ms from 1 to 2592000000 (30 days), not `1s`",
+                "10:7: unknown property `half_open` in `circuit_breaker:` (expected `threshold`, `resetMs`)",
+                "11:7: duplicate `threshold` in `circuit_breaker:` (first on line 8)",
+            ]
+        );
+        assert_eq!(
+            with("    circuit_breaker:\n"),
+            vec![
+                "7:5: `circuit_breaker:` needs `threshold:` (consecutive failures that open the circuit)",
+                "7:5: `circuit_breaker:` needs `resetMs:` (ms an open circuit waits before a probe call)",
+            ]
+        );
+        assert_eq!(
+            with("    circuit_breaker: {threshold: 3,  resetMs: x}\n"),
+            vec![
+                "7:47: `resetMs` must be a whole number of ms from 1 to 2592000000 (30 days), not `x`"
+            ]
+        );
+        assert_eq!(
+            with("    circuit_breaker: {threshold 3, resetMs: 5}\n"),
+            vec![
+                "7:23: expected `threshold: N` or `resetMs: MS`",
+                "7:5: `circuit_breaker:` needs `threshold:` (consecutive failures that open the circuit)",
+            ]
+        );
+        assert_eq!(
+            with("    circuit_breaker: 5\n"),
+            vec![
+                "7:22: `circuit_breaker` takes `{threshold: N, resetMs: MS}`, or `threshold:` and `resetMs:` on indented lines"
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  f() -> object\n    type: workflow\n    workflow_id: w\n    rate_limit: 1\n    permission: p\n    repeat_safety: never\n"
+            ),
+            vec![
+                "2:3: tool `f` is `type: workflow`: `rate_limit:` applies to tools a worker calls (`type: http`, `async_webhook` or `mcp`)"
+            ]
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  rate_limit: 0\n  f() -> string\n    type: http\n    endpoint: /x\n    permission: p\n    repeat_safety: never\n  rate_limit: 2\n"
+            ),
+            vec![
+                "2:15: `rate_limit` must be a number of calls per second, more than 0 and at most 1000 (like `10` or `0.5`), not `0`",
+                "8:3: file-level default `rate_limit:` must come before the first tool",
+            ]
+        );
+    }
+
     /// The example of the README's "HTTP tools" section, as written there.
     #[test]
     fn readme_http_example_parses() {
@@ -3828,7 +4180,6 @@ TOOLS:
         assert_eq!(
             errors("TOOLS:\n  rate_limit: 3\n  file: \"./a.tools.abl\" [a]\n  what is this\n"),
             vec![
-                "2:3: file-level default `rate_limit:` is not supported yet (rate-limit policies are not per tool yet)",
                 "3:3: importing tools with `file:` is not supported; put every tools file in the bundle",
                 "4:3: expected a tool signature `name(params) -> ReturnType`, found `what is this`",
             ]

@@ -226,6 +226,16 @@ impl RetryPolicy {
     }
 }
 
+/// `circuit_breaker:` of a tool (the seed's "Circuit breaker"). Added after v0.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CircuitBreakerDef {
+    /// `threshold:`: consecutive failures that open the circuit.
+    pub threshold: u32,
+    /// `resetMs:`: how long an open circuit fails calls before one probe
+    /// call is let through, ms.
+    pub reset_ms: u64,
+}
+
 /// A tool declared in a `.tools.abl` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDef {
@@ -274,6 +284,15 @@ pub struct ToolDef {
     /// a worker calls (`http`, `async_webhook`, `mcp`). Added after v0.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_policy: Option<RetryPolicy>,
+    /// `rate_limit:` (or the file's default): most calls per second, over
+    /// every run and worker of the tenant (`crate::gates`). Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<f64>,
+    /// `circuit_breaker:`: after `threshold` consecutive failures, calls
+    /// fail without being sent until `reset_ms` has passed
+    /// (`crate::gates`). Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerDef>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.

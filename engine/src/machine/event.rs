@@ -231,6 +231,22 @@ pub enum Event {
         /// Worker that asked.
         worker_id: String,
     },
+    /// A dispatch was held back by the tool's `rate_limit:`: nothing was
+    /// sent, the worker was told not to act, and the task is ready again at
+    /// `until` (by the engine's clock). Not an attempt: it counts against no
+    /// retry allowance. Added after v0.1.
+    ToolCallDeferred {
+        /// Call id.
+        call_id: String,
+        /// The attempt that asked.
+        attempt: u32,
+        /// Worker that asked.
+        worker_id: String,
+        /// When the call gets its turn (RFC 3339).
+        until: String,
+        /// Why, in words.
+        reason: String,
+    },
     /// A dispatched attempt of a `type: async_webhook` call got a callback
     /// URL. Only the SHA-256 of its single-use token is kept (here and in the
     /// `callbacks` table); the token itself went to the worker once. Every
@@ -634,6 +650,7 @@ impl Event {
             Event::ToolCallRefused { .. } => "tool_call_refused",
             Event::ToolCallScheduled { .. } => "tool_call_scheduled",
             Event::ToolCallDispatched { .. } => "tool_call_dispatched",
+            Event::ToolCallDeferred { .. } => "tool_call_deferred",
             Event::CallbackIssued { .. } => "callback_issued",
             Event::ConfirmationRequested { .. } => "confirmation_requested",
             Event::ConfirmationDecided { .. } => "confirmation_decided",

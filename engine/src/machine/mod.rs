@@ -27,9 +27,10 @@ pub use state::{CallStatus, RunState, RunStatus, StepKind, StepState};
 
 use crate::definitions::expr::Template;
 use crate::definitions::model::{
-    AgentDef, Budget, ChildMode, Jitter, LoopPolicy, NodeKind, OnToolFailure, RepeatSafety,
-    RetryPolicy, ToolBindingDef, ToolDef, WaitDef, WaitFor,
+    AgentDef, Budget, ChildMode, CircuitBreakerDef, Jitter, LoopPolicy, NodeKind, OnToolFailure,
+    RepeatSafety, RetryPolicy, ToolBindingDef, ToolDef, WaitDef, WaitFor,
 };
+use crate::gates::{self, GateVerdict, ToolGates};
 
 /// Kind of a task row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +172,31 @@ pub enum Command {
         /// Lower-case hex SHA-256 of the token.
         token_sha256: String,
     },
+    /// Before anything else of this decision is written: read the tool's
+    /// gates (`crate::gates::admit`) and take the call's turn. If they hold
+    /// the call back, the store asks the machine again with
+    /// [`Input::DispatchGated`] and writes that decision instead. Emitted
+    /// only with a dispatch, and only for a tool that declares a gate.
+    PassToolGates {
+        /// Tool name (the gates are the tenant's, per tool name).
+        tool: String,
+        /// What the pinned tool declares.
+        gates: ToolGates,
+        /// The call was deferred before and holds a turn.
+        holds_turn: bool,
+    },
+    /// Move the tool's circuit: a success closes it, a failure counts
+    /// towards opening it (`crate::gates::after_failure`). Only for tools
+    /// with a `circuit_breaker:`.
+    RecordToolOutcome {
+        /// Tool name.
+        tool: String,
+        /// Its breaker.
+        circuit_breaker: CircuitBreakerDef,
+        /// Whether the call failed in a way that counts
+        /// (`crate::gates::counts_as_failure`).
+        failed: bool,
+    },
     /// Mark the current attempt of a tool call task as dispatched.
     MarkDispatched {
         /// Call id.
@@ -262,6 +288,20 @@ pub enum Input {
         /// revoked since the run started is refused before the tool acts;
         /// `None`: the grants pinned when the run started.
         tenant_grants: Option<Vec<String>>,
+    },
+    /// The tool's gates held back a dispatch that [`Input::DispatchToolCall`]
+    /// allowed (in the same transaction, which then writes only this
+    /// decision): a rate limit defers the call (the task is ready again at
+    /// its turn; not an attempt), an open circuit fails it without sending.
+    DispatchGated {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Worker.
+        worker_id: String,
+        /// What the gates said.
+        verdict: GateVerdict,
     },
     /// An operator gives up on a call that waits outside any task (an
     /// accepted async webhook whose callback was lost, a sync child run): it
@@ -702,6 +742,14 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 tenant_grants,
             )?;
         }
+        Input::DispatchGated {
+            call_id,
+            attempt,
+            worker_id,
+            verdict,
+        } => {
+            m.on_dispatch_gated(call_id, attempt, worker_id, verdict)?;
+        }
         Input::Callback {
             token_sha256,
             payload,
@@ -748,7 +796,9 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         } => {
             m.require_active("tool result")?;
             m.require_open_tool_call(&call_id)?;
-            m.on_tool_result(call_id, attempt, result)?;
+            m.on_tool_result(call_id.clone(), attempt, result)?;
+            // The endpoint answered: whatever the result holds, it is up.
+            m.record_tool_outcome(&call_id, false);
         }
         Input::ToolInputRequested {
             call_id,
@@ -786,8 +836,9 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             status_code,
         } => {
             m.require_active("failure report")?;
+            let counts = dispatched && gates::counts_as_failure(class, status_code);
             m.on_failure(Failure {
-                call_id,
+                call_id: call_id.clone(),
                 attempt,
                 error,
                 class,
@@ -795,6 +846,9 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 lease_expired: false,
                 status_code,
             })?;
+            if counts {
+                m.record_tool_outcome(&call_id, true);
+            }
         }
         Input::LateToolResult {
             call_id,
@@ -1833,6 +1887,11 @@ impl Step {
                 ),
             });
         }
+        let gates = plan
+            .tools
+            .get(&call.tool)
+            .map(|t| ToolGates::of(&t.def))
+            .unwrap_or_default();
         self.emit(Event::ToolCallDispatched {
             call_id: call_id.clone(),
             attempt,
@@ -1840,7 +1899,76 @@ impl Step {
         });
         issue_callback(self)?;
         self.command(Command::MarkDispatched { call_id, attempt });
+        if gates.any() {
+            // Last: every other check passed, so a turn taken is used.
+            self.command(Command::PassToolGates {
+                tool: call.tool.clone(),
+                gates,
+                holds_turn: call.holds_turn,
+            });
+        }
         Ok(())
+    }
+
+    /// The tool's gates held back a dispatch [`Step::on_dispatch`] allowed
+    /// (the store decides again with this, in the same transaction). A
+    /// deferral puts the task back until its turn and is no attempt; an
+    /// open circuit fails the call as not sent and refused, so the model
+    /// (or a tool node's `on_error`) hears it at once.
+    fn on_dispatch_gated(
+        &mut self,
+        call_id: String,
+        attempt: u32,
+        worker_id: String,
+        verdict: GateVerdict,
+    ) -> Result<(), MachineError> {
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        let reason = verdict.describe(&call.tool);
+        match verdict {
+            GateVerdict::Defer {
+                delay_ms, until, ..
+            } => {
+                self.emit(Event::ToolCallDeferred {
+                    call_id: call_id.clone(),
+                    attempt,
+                    worker_id,
+                    until,
+                    reason,
+                });
+                self.command(Command::RetryTask { call_id, delay_ms });
+                Ok(())
+            }
+            GateVerdict::CircuitOpen { .. } => self.on_failure(Failure {
+                call_id,
+                attempt,
+                error: reason,
+                class: FailureClass::Rejected,
+                dispatched: false,
+                lease_expired: false,
+                status_code: None,
+            }),
+        }
+    }
+
+    /// A reported outcome of a call of a tool with a `circuit_breaker:`
+    /// moves its circuit ([`Command::RecordToolOutcome`]); other tools cost
+    /// nothing.
+    fn record_tool_outcome(&mut self, call_id: &str, failed: bool) {
+        let Some(tool) = self.state.tool_calls.get(call_id).map(|c| c.tool.clone()) else {
+            return;
+        };
+        let breaker = self
+            .plan()
+            .ok()
+            .and_then(|p| p.tools.get(&tool))
+            .and_then(|t| t.def.circuit_breaker);
+        if let Some(circuit_breaker) = breaker {
+            self.command(Command::RecordToolOutcome {
+                tool,
+                circuit_breaker,
+                failed,
+            });
+        }
     }
 
     /// A callback of a `type: async_webhook` call: its result, once. An

@@ -107,6 +107,10 @@ pub struct ToolCallState {
     pub answered_not_sent: u32,
     /// The attempt currently dispatched, if any.
     pub dispatched_attempt: Option<u32>,
+    /// Its last dispatch was deferred by the tool's rate limit and not
+    /// dispatched since: the call holds a turn, and does not queue again
+    /// when it comes back (`crate::gates::admit`).
+    pub holds_turn: bool,
     /// Whether a dispatched attempt may have had its effect (its lease was
     /// lost, or it failed in a way that may have acted). A dispatched attempt
     /// that failed provably before sending anything (`not_sent`) or was
@@ -229,6 +233,7 @@ impl ToolCallState {
             not_sent_failures: 0,
             answered_not_sent: 0,
             dispatched_attempt: None,
+            holds_turn: false,
             may_have_acted: false,
             status: CallStatus::Open,
             probe_for: None,
@@ -715,6 +720,12 @@ impl RunState {
             } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.dispatched_attempt = Some(*attempt);
+                    call.holds_turn = false;
+                }
+            }
+            Event::ToolCallDeferred { call_id, .. } => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.holds_turn = true;
                 }
             }
             Event::CallbackIssued {

@@ -34,6 +34,7 @@ pub use tool_calls::{
     ToolCallRefusal,
 };
 
+use crate::gates::{Circuit, GateRow, GateVerdict, ToolGates};
 use crate::machine::{Decision, RunState};
 
 /// Errors of the store. Database details stay in logs; the API maps these to
@@ -403,6 +404,106 @@ pub(crate) fn child_finished_payload(
     })
 }
 
+/// A decision function of a transition that passes no tool gate, as the
+/// backends take it: a verdict for it means a decision asked for a tool's
+/// gates outside [`Store::transition_task_gated`], which is refused rather
+/// than let the call pass unchecked.
+fn decide_once<E, F>(
+    decide: F,
+) -> impl FnMut(&RunState, Option<&TaskRow>, Option<&GateVerdict>) -> Result<Decision, TransitionError<E>>
+where
+    F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+{
+    let mut decide = Some(decide);
+    move |state, task, verdict| match (verdict, decide.take()) {
+        (None, Some(decide)) => decide(state, task).map_err(TransitionError::Refused),
+        _ => Err(StoreError::Corrupt(
+            "a tool's gates held back a decision that cannot be made again".into(),
+        )
+        .into()),
+    }
+}
+
+/// The tool gates a decision asks to pass, if any
+/// ([`Command::PassToolGates`](crate::machine::Command::PassToolGates)).
+pub(crate) fn gates_asked(decision: &Decision) -> Option<GatesAsked<'_>> {
+    decision.commands.iter().find_map(|c| match c {
+        crate::machine::Command::PassToolGates {
+            tool,
+            gates,
+            holds_turn,
+        } => Some(GatesAsked {
+            tool,
+            gates,
+            holds_turn: *holds_turn,
+        }),
+        _ => None,
+    })
+}
+
+/// What [`Command::PassToolGates`](crate::machine::Command::PassToolGates) asks.
+pub(crate) struct GatesAsked<'a> {
+    /// Tool name.
+    pub tool: &'a str,
+    /// Its gates.
+    pub gates: &'a ToolGates,
+    /// Whether the call holds a turn.
+    pub holds_turn: bool,
+}
+
+/// The decision to write after `first` asked for the tool's gates and they
+/// said `verdict` (`None`: they let the call go): `first`, or `decide`'s
+/// second decision, which may not ask again.
+pub(crate) fn after_gates<E, F>(
+    first: Decision,
+    verdict: Option<GateVerdict>,
+    state: &RunState,
+    task: Option<&TaskRow>,
+    decide: &mut F,
+) -> Result<Decision, TransitionError<E>>
+where
+    F: FnMut(
+        &RunState,
+        Option<&TaskRow>,
+        Option<&GateVerdict>,
+    ) -> Result<Decision, TransitionError<E>>,
+{
+    let Some(verdict) = verdict else {
+        return Ok(first);
+    };
+    let second = decide(state, task, Some(&verdict))?;
+    if gates_asked(&second).is_some() {
+        return Err(StoreError::Corrupt(
+            "a decision held back by a tool's gates asked for them again".into(),
+        )
+        .into());
+    }
+    Ok(second)
+}
+
+/// A `tool_gates` row as both backends select it: `next_at_ms`,
+/// `queue_at_ms`, `failures`, `circuit`, `retry_at_ms`, then the engine's
+/// clock in ms.
+pub(crate) type GateTuple = (i64, i64, i64, String, i64, i64);
+
+/// A selected [`GateTuple`] as the row and the engine's clock (ms).
+///
+/// Errors: [`StoreError::Corrupt`] for a circuit state the schema refuses.
+pub(crate) fn gate_row(
+    (next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, now_ms): GateTuple,
+) -> Result<(GateRow, i64), StoreError> {
+    let circuit = Circuit::parse(&circuit)
+        .ok_or_else(|| StoreError::Corrupt(format!("tool_gates.circuit {circuit:?}")))?;
+    let row = GateRow {
+        next_at_ms,
+        queue_at_ms,
+        failures: u32::try_from(failures).unwrap_or(0),
+        circuit,
+        retry_at_ms,
+    };
+    Ok((row, now_ms))
+}
+
 /// Which database a [`Store`] was opened on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -663,6 +764,7 @@ impl Store {
         F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
     {
         let target = Target::Run(run_id, task_id);
+        let decide = decide_once(decide);
         on_backend!(self, b => b.transition_at(target, decide).await)
     }
 
@@ -677,7 +779,39 @@ impl Store {
         F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
     {
         let target = Target::Task(task_id);
+        let decide = decide_once(decide);
         on_backend!(self, b => b.transition_at(target, decide).await)
+    }
+
+    /// [`Store::transition_task`] for a dispatch, which may pass a tool's
+    /// gates ([`crate::gates`]). `decide` is called with `None` first; when
+    /// its decision asks for the tool's gates
+    /// ([`Command::PassToolGates`](crate::machine::Command::PassToolGates)),
+    /// the store reads and updates the tool's row in the same transaction,
+    /// and if the gates hold the call back, calls `decide` again with their
+    /// verdict and writes that second decision instead of the first. A
+    /// tool without gates costs no statement.
+    pub async fn transition_task_gated<E, F>(
+        &self,
+        task_id: Uuid,
+        mut decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnMut(&RunState, Option<&TaskRow>, Option<&GateVerdict>) -> Result<Decision, E>,
+    {
+        let target = Target::Task(task_id);
+        let decide =
+            move |state: &RunState, task: Option<&TaskRow>, verdict: Option<&GateVerdict>| {
+                decide(state, task, verdict).map_err(TransitionError::Refused)
+            };
+        on_backend!(self, b => b.transition_at(target, decide).await)
+    }
+
+    /// The gate row of a tenant's tool ([`crate::gates`]), as stored; `None`
+    /// when no call of it was ever gated or failed (the same as
+    /// [`GateRow::default`]). For tests and operators.
+    pub async fn tool_gate(&self, tenant: &str, tool: &str) -> Result<Option<GateRow>, StoreError> {
+        on_backend!(self, b => b.tool_gate(tenant, tool).await)
     }
 
     /// The folded state of a run from its whole history (for reads and tests).

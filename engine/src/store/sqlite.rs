@@ -37,6 +37,8 @@ use super::{
     NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target,
     TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
 };
+use crate::definitions::model::CircuitBreakerDef;
+use crate::gates::{self, Circuit, GateRow, GateVerdict};
 use crate::machine::{Command, Decision, RunState, TaskEnd};
 
 /// SQL for "now" in the stored time format (`YYYY-MM-DDTHH:MM:SS.SSSZ`).
@@ -490,10 +492,14 @@ impl Lite {
     pub(crate) async fn transition_at<E, F>(
         &self,
         target: Target,
-        decide: F,
+        mut decide: F,
     ) -> Result<Applied, TransitionError<E>>
     where
-        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+        F: FnMut(
+            &RunState,
+            Option<&TaskRow>,
+            Option<&GateVerdict>,
+        ) -> Result<Decision, TransitionError<E>>,
     {
         // BEGIN IMMEDIATE on the one writer connection: the whole database
         // is locked for writing, which covers the run-row and task-row locks.
@@ -570,11 +576,20 @@ impl Lite {
             ))
             .into());
         }
-        let decision = match decide(&state, task.as_ref()) {
+        let mut decision = decide(&state, task.as_ref(), None);
+        if let Ok(first) = &decision
+            && let Some(asked) = super::gates_asked(first)
+        {
+            let verdict = pass_tool_gates(&mut tx, &tenant, &asked).await?;
+            decision = decision.and_then(|first| {
+                super::after_gates(first, verdict, &state, task.as_ref(), &mut decide)
+            });
+        }
+        let decision = match decision {
             Ok(d) => d,
             Err(e) => {
                 self.cache().put(run_id, state);
-                return Err(TransitionError::Refused(e));
+                return Err(e);
             }
         };
         let mut after = state;
@@ -1368,6 +1383,13 @@ async fn write_decision(
                 .execute(&mut **tx)
                 .await?;
             }
+            // Passed before this decision was written (`transition_at`).
+            Command::PassToolGates { .. } => {}
+            Command::RecordToolOutcome {
+                tool,
+                circuit_breaker,
+                failed,
+            } => record_tool_outcome(tx, tenant, tool, circuit_breaker, *failed).await?,
         }
     }
     if after.status.is_terminal() {
@@ -1408,6 +1430,129 @@ async fn write_decision(
         .await?;
     }
     Ok(wakes)
+}
+
+// ---- tool gates (rate limits, circuit breakers) ------------------------
+// The rules are in `crate::gates`; these statements load and save its rows.
+// The one writer connection serialises every transaction, so no row lock
+// is needed (the PostgreSQL backend takes them).
+
+/// SQL for the engine's clock in ms since the epoch (`'now'` shifted like [`NOW`]).
+fn now_ms() -> String {
+    format!("CAST(ROUND((julianday('now', {CLOCK}) - 2440587.5) * 86400000.0) AS INTEGER)")
+}
+
+/// The tool's row and the engine's clock (ms); `None` when it has no row.
+async fn load_gate(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant: &str,
+    tool: &str,
+) -> Result<Option<(GateRow, i64)>, StoreError> {
+    let row: Option<super::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, {}
+         FROM tool_gates WHERE tenant = ?1 AND tool = ?2",
+        now_ms()
+    )))
+    .bind(tenant)
+    .bind(tool)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(super::gate_row).transpose()
+}
+
+/// The tool's row (a fresh one when it has none) and the engine's clock (ms).
+async fn gate_or_default(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant: &str,
+    tool: &str,
+) -> Result<(GateRow, i64), StoreError> {
+    if let Some(found) = load_gate(tx, tenant, tool).await? {
+        return Ok(found);
+    }
+    let now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {}", now_ms())))
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok((GateRow::default(), now))
+}
+
+async fn save_gate(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant: &str,
+    tool: &str,
+    row: &GateRow,
+) -> Result<(), StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO tool_gates (tenant, tool, next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {NOW})
+         ON CONFLICT (tenant, tool) DO UPDATE SET next_at_ms = excluded.next_at_ms,
+             queue_at_ms = excluded.queue_at_ms, failures = excluded.failures, circuit = excluded.circuit,
+             retry_at_ms = excluded.retry_at_ms, updated_at = excluded.updated_at"
+    )))
+    .bind(tenant)
+    .bind(tool)
+    .bind(row.next_at_ms)
+    .bind(row.queue_at_ms)
+    .bind(i64::from(row.failures))
+    .bind(row.circuit.as_str())
+    .bind(row.retry_at_ms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// See the PostgreSQL backend's `pass_tool_gates`.
+async fn pass_tool_gates(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant: &str,
+    asked: &super::GatesAsked<'_>,
+) -> Result<Option<GateVerdict>, StoreError> {
+    let (tool, gates) = (asked.tool, asked.gates);
+    let (row, now) = gate_or_default(tx, tenant, tool).await?;
+    if gates.rate_limit.is_none() && row.circuit == Circuit::Closed {
+        return Ok(None);
+    }
+    let (verdict, next) = gates::admit(&row, now, gates, asked.holds_turn);
+    if next != row {
+        save_gate(tx, tenant, tool, &next).await?;
+    }
+    Ok(verdict)
+}
+
+/// See the PostgreSQL backend's `record_tool_outcome`.
+async fn record_tool_outcome(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant: &str,
+    tool: &str,
+    breaker: &CircuitBreakerDef,
+    failed: bool,
+) -> Result<(), StoreError> {
+    if !failed {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE tool_gates SET failures = 0, circuit = 'closed', retry_at_ms = 0, updated_at = {NOW}
+             WHERE tenant = ?1 AND tool = ?2 AND (failures <> 0 OR circuit <> 'closed')"
+        )))
+        .bind(tenant)
+        .bind(tool)
+        .execute(&mut **tx)
+        .await?;
+        return Ok(());
+    }
+    let (row, now) = gate_or_default(tx, tenant, tool).await?;
+    save_gate(tx, tenant, tool, &gates::after_failure(&row, now, breaker)).await
+}
+
+impl Lite {
+    /// See [`super::Store::tool_gate`].
+    pub(crate) async fn tool_gate(
+        &self,
+        tenant: &str,
+        tool: &str,
+    ) -> Result<Option<GateRow>, StoreError> {
+        let mut tx = self.read.begin().await?;
+        let row = load_gate(&mut tx, tenant, tool).await?;
+        tx.commit().await?;
+        Ok(row.map(|(row, _)| row))
+    }
 }
 
 // ---- MCP tools (definitions reported by workers, pins) -----------------
