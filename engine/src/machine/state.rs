@@ -424,6 +424,8 @@ pub struct RunState {
     pub totals: RunTotals,
     /// Run input.
     pub input: Value,
+    /// Who started the run (`StartRun`'s caller).
+    pub caller: String,
     /// Caller's permissions.
     pub caller_grants: Vec<String>,
     /// Tenant's permissions.
@@ -469,6 +471,7 @@ impl Default for RunState {
             status_reason: String::new(),
             plan: None,
             input: Value::Null,
+            caller: String::new(),
             caller_grants: Vec::new(),
             tenant_grants: Vec::new(),
             node: None,
@@ -518,6 +521,7 @@ impl RunState {
             Event::RunStarted {
                 run_id,
                 tenant,
+                caller,
                 caller_grants,
                 tenant_grants,
                 input,
@@ -526,6 +530,7 @@ impl RunState {
             } => {
                 self.run_id = run_id.clone();
                 self.tenant = tenant.clone();
+                self.caller = caller.clone();
                 self.caller_grants = caller_grants.clone();
                 self.tenant_grants = tenant_grants.clone();
                 self.input = input.clone();
