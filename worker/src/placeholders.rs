@@ -199,4 +199,33 @@ mod tests {
             Err(PlaceholderError::Unsupported(_))
         ));
     }
+
+    #[test]
+    fn resolve_arguments_fills_only_the_named_config_parameters() {
+        let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "s3cret".to_owned())]));
+        let mut args = serde_json::json!({
+            "key": "{{config.K}}",
+            "note": "{{config.K}}",
+            "n": 1,
+        });
+        resolve_arguments(&mut args, &["key".into(), "absent".into()], &values).unwrap();
+        // A placeholder the model wrote into another argument stays text.
+        assert_eq!(
+            args,
+            serde_json::json!({"key": "s3cret", "note": "{{config.K}}", "n": 1})
+        );
+        let mut args = serde_json::json!({"key": "{{config.NOPE}}"});
+        let err = resolve_arguments(&mut args, &["key".into()], &values).unwrap_err();
+        assert_eq!(err, PlaceholderError::Missing("NOPE".into()));
+        for bad in [
+            serde_json::json!({"key": "x {{config.K}}"}),
+            serde_json::json!({"key": 5}),
+        ] {
+            let mut args = bad;
+            assert!(matches!(
+                resolve_arguments(&mut args, &["key".into()], &values),
+                Err(PlaceholderError::Unsupported(_))
+            ));
+        }
+    }
 }

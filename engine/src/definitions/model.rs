@@ -146,7 +146,7 @@ pub struct ConfirmationDef {
 /// are exactly what the tool receives; `config` is filled by the worker.
 /// Added for issue 4.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "source", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum ParamSource {
     /// `source: system`: `value:` is a jq expression over the run's state
     /// document (`{input, nodes, vars, run: {id, tenant}}`).
@@ -232,7 +232,6 @@ pub struct InjectedParam {
     /// The parameter's name.
     pub name: String,
     /// Where its value comes from.
-    #[serde(flatten)]
     pub source: ParamSource,
     /// Used when the source gives `null` (or a lookup misses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
