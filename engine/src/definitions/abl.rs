@@ -4502,6 +4502,22 @@ TOOLS:
 
     /// The example of the README's "HTTP tools" section, as written there.
     #[test]
+    fn readme_parameters_example_parses() {
+        // The README's example, taken from the README itself.
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("TOOLS:\n  charge_card(").unwrap();
+        let end = start + readme[start..].find("```").unwrap();
+        let t = one_tool(&readme[start..end]);
+        let names: Vec<&str> = t.injected.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["customer_id", "tenant", "api_key", "cents", "region"]
+        );
+        assert_eq!(t.model_schema()["required"], json!(["amount"]));
+        assert!(t.confirmation.is_some());
+    }
+
+    #[test]
     fn readme_http_example_parses() {
         let out = parse(
             r#"TOOLS:
