@@ -1313,6 +1313,8 @@ impl Step {
                 return Ok(());
             }
         };
+        // What the model chose, for `max_identical_calls` below.
+        let chosen = arguments.clone();
         let call_id = self
             .state
             .node
@@ -1410,7 +1412,7 @@ impl Step {
         if max_identical > 0
             && let Some((tool_name, args, times)) = &node_state.last_call
             && tool_name == &tool_use.name
-            && args == &arguments
+            && args == &chosen
             && times + 1 >= max_identical
         {
             let times = times + 1;

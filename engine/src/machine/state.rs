@@ -686,9 +686,10 @@ impl RunState {
                 } else if let Some(state) = self.node.as_mut() {
                     state.tool_calls += 1;
                     self.totals.tool_calls += 1;
+                    let chosen = model_arguments(self.plan.as_ref(), tool, arguments);
                     state.last_call = match state.last_call.take() {
-                        Some((t, a, n)) if &t == tool && &a == arguments => Some((t, a, n + 1)),
-                        _ => Some((tool.clone(), arguments.clone(), 1)),
+                        Some((t, a, n)) if &t == tool && a == chosen => Some((t, a, n + 1)),
+                        _ => Some((tool.clone(), chosen, 1)),
                     };
                     if let Some(p) = state
                         .pending
@@ -1307,5 +1308,25 @@ impl RunState {
                 });
             }
         }
+    }
+}
+
+/// The part of a scheduled call's `arguments` the model chose: without the
+/// parameters the tool's definition fills in (`ToolDef.injected`), which
+/// may differ on every call (a call id) and so would hide a repeated call
+/// from `max_identical_calls`.
+pub(super) fn model_arguments(plan: Option<&RunPlan>, tool: &str, arguments: &Value) -> Value {
+    let injected = plan
+        .and_then(|p| p.tools.get(tool))
+        .map(|t| &t.def.injected)
+        .filter(|i| !i.is_empty());
+    match (injected, arguments) {
+        (Some(injected), Value::Object(map)) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| !injected.iter().any(|p| &p.name == *k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        _ => arguments.clone(),
     }
 }

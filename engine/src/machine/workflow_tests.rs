@@ -1720,3 +1720,36 @@ nodes:
         d.commands
     );
 }
+
+#[test]
+fn the_same_call_repeated_stops_the_run_although_its_filled_in_call_id_differs() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": "c", "country": "US"}));
+    for step in 1..=3 {
+        let d = run.step(model_proposes(&format!("n.m{step}"), r#"{"amount": 5}"#));
+        if step == 3 {
+            assert!(
+                d.events.iter().any(
+                    |e| matches!(e, Event::ToolCallRefused { check, .. } if check == "no_progress")
+                ),
+                "{:?}",
+                d.events
+            );
+            break;
+        }
+        let call_id = format!("n.t{step}");
+        run.step(Input::DispatchToolCall {
+            call_id: call_id.clone(),
+            attempt: 1,
+            worker_id: "w".into(),
+            callback_token_sha256: None,
+            tenant_grants: None,
+        });
+        run.step(Input::ToolCallCompleted {
+            call_id,
+            attempt: 1,
+            result: json!({"ok": true}),
+        });
+    }
+    assert_eq!(run.state.status, RunStatus::Failed);
+}
