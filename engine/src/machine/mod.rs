@@ -2746,12 +2746,38 @@ impl Step {
                     .and_then(|t| t.def.reconcile_with.clone())
                     .and_then(|name| self.plan().ok()?.tools.get(&name).cloned());
                 let mut pause_reason = format!("uncertain outcome: {reason}");
+                // The probe's own injected parameters are filled in like a
+                // model's call; a probe that cannot be called goes to the
+                // operator instead.
+                let probe_call_id = format!("{call_id}.p{}", call.probes + 1);
+                let key = idempotency_key(&self.state.run_id, &probe_call_id);
+                let probe = probe.and_then(|probe| {
+                    let mut args = Map::new();
+                    args.insert(
+                        "idempotency_key".into(),
+                        Value::String(call.idempotency_key.clone()),
+                    );
+                    let facts = inject::CallFacts {
+                        run_id: &self.state.run_id,
+                        node_id: &call.node,
+                        call_id: &probe_call_id,
+                        idempotency_key: &key,
+                        tenant: &self.state.tenant,
+                        caller: &self.state.caller,
+                    };
+                    match inject::inject(&probe.def, &mut args, &self.state.document(), &facts) {
+                        Ok(()) => Some((probe, Value::Object(args))),
+                        Err(e) => {
+                            pause_reason = format!(
+                                "{pause_reason}; the probe `{}` cannot be called: {e}",
+                                probe.def.name
+                            );
+                            None
+                        }
+                    }
+                });
                 match probe {
-                    Some(probe) => {
-                        let probe_call_id = format!("{call_id}.p{}", call.probes + 1);
-                        let arguments =
-                            serde_json::json!({"idempotency_key": call.idempotency_key});
-                        let key = idempotency_key(&self.state.run_id, &probe_call_id);
+                    Some((probe, arguments)) => {
                         let spec = tool_spec(&probe, &arguments, &key)?;
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
