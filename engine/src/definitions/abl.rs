@@ -868,20 +868,6 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         },
         _ => return,
     };
-    let effect = props.effect.map(|(e, _, _)| e);
-    let side_effects = match (effect, props.hints.side_effects) {
-        (Some(e), _) => e != Effect::ReadOnly,
-        (None, Some(s)) => s,
-        (None, None) => true,
-    };
-    let confirmation = props
-        .confirmation
-        .filter(|c| !c.when_side_effects || side_effects)
-        .map(|c| ConfirmationDef {
-            when_side_effects: c.when_side_effects,
-            immutable_params: c.immutable.into_iter().map(|(p, _, _)| p).collect(),
-            approver_grant: c.grant.unwrap_or_else(|| permission.clone()),
-        });
     let model_input_schema = (!injected.is_empty()).then(|| {
         let visible: Vec<Field> = sig
             .params
@@ -891,7 +877,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             .collect();
         signature::input_schema(&visible)
     });
-    cx.out.tools.push(ToolDef {
+    let mut tool = ToolDef {
         name: sig.name,
         description: props.description.unwrap_or_default(),
         input_schema: signature::input_schema(&sig.params),
@@ -902,14 +888,26 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         scrub_secrets: props.scrub_secrets.unwrap_or(true),
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
-        confirmation,
+        confirmation: None,
         injected: injected.into_iter().map(|(i, _)| i).collect(),
         model_input_schema,
         hints: props.hints,
-        effect,
+        effect: props.effect.map(|(e, _, _)| e),
         source_file: cx.file.to_string(),
         source_line: line.no,
-    });
+    };
+    // `when_side_effects` is settled here, once: the machine sees a tool
+    // that always asks, or one that never does.
+    let side_effects = tool.has_side_effects();
+    tool.confirmation = props
+        .confirmation
+        .filter(|c| !c.when_side_effects || side_effects)
+        .map(|c| ConfirmationDef {
+            when_side_effects: c.when_side_effects,
+            immutable_params: c.immutable.into_iter().map(|(p, _, _)| p).collect(),
+            approver_grant: c.grant.unwrap_or_else(|| tool.permission.clone()),
+        });
+    cx.out.tools.push(tool);
 }
 
 /// Properties that shape an HTTP request beyond endpoint, method, headers
