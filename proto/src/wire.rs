@@ -392,6 +392,13 @@ pub struct ToolCallSpec {
     /// Absent on a first call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,
+    /// Arguments whose value is the placeholder `{{config.NAME}}` of a
+    /// `source: config` parameter: the worker replaces exactly these (and
+    /// no other text of the arguments) with its configured value right
+    /// before the request, so no event or spec holds the value; one it
+    /// cannot resolve fails the call `NOT_SENT`. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_params: Vec<String>,
 }
 
 #[cfg(test)]

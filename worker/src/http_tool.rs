@@ -351,6 +351,11 @@ impl HttpToolClient {
         })
     }
 
+    /// The values `{{config.NAME}}` placeholders resolve to.
+    pub fn config_values(&self) -> &ConfigValues {
+        &self.config
+    }
+
     /// This client, resolving `{{config.NAME}}` placeholders from `values`
     /// (none by default: every placeholder is then [`HttpToolError::Unconfigured`]).
     #[must_use]

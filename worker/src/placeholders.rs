@@ -116,6 +116,42 @@ pub fn resolve<'v>(
     Ok(out)
 }
 
+/// `arguments` with the value of each `source: config` parameter named in
+/// `params` (`ToolCallSpec::config_params`) put in place of its
+/// `{{config.NAME}}` placeholder. Only these arguments are resolved, so a
+/// placeholder the model wrote into any other argument stays text. An
+/// argument that is absent (an optional parameter with no value) is left
+/// out.
+///
+/// # Errors
+/// [`PlaceholderError::Missing`] for a name `values` does not hold,
+/// [`PlaceholderError::Unsupported`] for an argument that is not exactly one
+/// `{{config.NAME}}` placeholder. Neither carries a value.
+pub fn resolve_arguments(
+    arguments: &mut serde_json::Value,
+    params: &[String],
+    values: &ConfigValues,
+) -> Result<(), PlaceholderError> {
+    for param in params {
+        let Some(slot) = arguments.get_mut(param.as_str()) else {
+            continue;
+        };
+        let serde_json::Value::String(text) = &*slot else {
+            return Err(PlaceholderError::Unsupported(format!("argument `{param}`")));
+        };
+        let name = match split_placeholders(text).as_deref() {
+            Ok([TemplatePiece::Placeholder { inner, .. }]) => config_placeholder_name(inner)
+                .ok_or_else(|| PlaceholderError::Unsupported(format!("argument `{param}`")))?,
+            _ => return Err(PlaceholderError::Unsupported(format!("argument `{param}`"))),
+        };
+        let value = values
+            .get(name)
+            .ok_or_else(|| PlaceholderError::Missing(name.to_owned()))?;
+        *slot = serde_json::Value::String(value.to_owned());
+    }
+    Ok(())
+}
+
 /// Whether `text` holds a `{{` (a value to resolve, and to treat as secret).
 pub fn has_placeholder(text: &str) -> bool {
     text.contains("{{")
@@ -162,5 +198,34 @@ mod tests {
             resolve("{{config.T", lookup),
             Err(PlaceholderError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn resolve_arguments_fills_only_the_named_config_parameters() {
+        let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "s3cret".to_owned())]));
+        let mut args = serde_json::json!({
+            "key": "{{config.K}}",
+            "note": "{{config.K}}",
+            "n": 1,
+        });
+        resolve_arguments(&mut args, &["key".into(), "absent".into()], &values).unwrap();
+        // A placeholder the model wrote into another argument stays text.
+        assert_eq!(
+            args,
+            serde_json::json!({"key": "s3cret", "note": "{{config.K}}", "n": 1})
+        );
+        let mut args = serde_json::json!({"key": "{{config.NOPE}}"});
+        let err = resolve_arguments(&mut args, &["key".into()], &values).unwrap_err();
+        assert_eq!(err, PlaceholderError::Missing("NOPE".into()));
+        for bad in [
+            serde_json::json!({"key": "x {{config.K}}"}),
+            serde_json::json!({"key": 5}),
+        ] {
+            let mut args = bad;
+            assert!(matches!(
+                resolve_arguments(&mut args, &["key".into()], &values),
+                Err(PlaceholderError::Unsupported(_))
+            ));
+        }
     }
 }

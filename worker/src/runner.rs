@@ -489,13 +489,23 @@ async fn perform_model_call(ctx: &Ctx, task: &Task) {
 async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
-    let spec: ToolCallSpec = match serde_json::from_str(&task.spec_json) {
+    let mut spec: ToolCallSpec = match serde_json::from_str(&task.spec_json) {
         Ok(spec) => spec,
         Err(e) => {
             let error = format!("invalid tool_call spec: {e}");
             return report_failure(ctx, task, FailureClass::Rejected, error).await;
         }
     };
+    // `source: config` parameters: resolved here, before dispatch, so a
+    // value this worker lacks is NOT_SENT (naming only the placeholder).
+    if let Err(e) = crate::placeholders::resolve_arguments(
+        &mut spec.arguments,
+        &spec.config_params,
+        ctx.tools.config_values(),
+    ) {
+        let error = format!("tool `{}`: {e}", spec.tool);
+        return report_failure(ctx, task, FailureClass::NotSent, error).await;
+    }
     if let ToolBinding::Mcp(binding) = &spec.binding {
         return perform_mcp_call(ctx, task, &spec, binding, dispatched).await;
     }

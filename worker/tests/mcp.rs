@@ -1151,6 +1151,7 @@ async fn call_through(
         binding: belay_proto::wire::ToolBinding::Mcp(binding.clone()),
         idempotency_key: "run-1/call-1".into(),
         input: None,
+        config_params: Vec::new(),
     };
     let mut dispatched = false;
     let report = tools

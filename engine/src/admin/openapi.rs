@@ -323,7 +323,7 @@ fn schemas() -> Value {
                 "description": "Why the call was refused; the reason went back to the model as the call's result.",
                 "required": ["check", "reason"],
                 "properties": {
-                    "check": {"type": "string", "description": "`not_on_list`, `invalid_arguments`, `permission`, `budget`, `no_progress`, `truncated` or `loop_policy`."},
+                    "check": {"type": "string", "description": "`not_on_list`, `invalid_arguments`, `permission`, `budget`, `no_progress`, `truncated`, `loop_policy` or `parameter_source` (a parameter the tool supplies itself could not be filled in)."},
                     "reason": {"type": "string"},
                 }
             },

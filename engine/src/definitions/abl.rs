@@ -19,9 +19,12 @@ use belay_proto::wire::{
     BodyMode, BodyType, HttpAuth, HttpRequestOptions, QueryParam, TemplatePiece,
     config_placeholder_name, split_placeholders,
 };
+use serde_json::Value;
 
+use super::expr::Expr;
 use super::model::{
-    ChildMode, CircuitBreakerDef, ConfirmationDef, RepeatSafety, ToolBindingDef, ToolDef,
+    AuthField, ChildMode, CircuitBreakerDef, ConfirmationDef, Effect, InjectedParam, Latency,
+    ParamSource, RepeatSafety, RuntimeField, ToolBindingDef, ToolDef, ToolHints,
 };
 use super::signature::{
     self, Direction, Field, MAX_TYPE_DEPTH, Prim, Signature, TypeExpr, check_input_type,
@@ -87,8 +90,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "wsdl_asset",
     "wsdl_operation",
     "wsdl_version",
-    "hints",
-    "effect",
     "provides",
     "compaction",
     "process",
@@ -139,19 +140,14 @@ const MAX_RESET_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Default `auth_config.header_name` of `auth: api_key`.
 const DEFAULT_API_KEY_HEADER: &str = "X-API-Key";
 
-/// Enrichment keys of the seed's "Parameter enrichment and sources" table,
-/// other than `description` (which is supported).
-const SEED_ENRICHMENT_KEYS: &[&str] = &[
-    "required",
-    "default",
-    "source",
-    "value",
-    "key",
-    "table",
-    "hidden",
-    "visibility",
-    "properties",
-    "items",
+/// Enrichment keys of the seed's "Parameter enrichment and sources" table
+/// that Belay does not read yet.
+const SEED_ENRICHMENT_KEYS: &[&str] = &["visibility", "properties", "items"];
+
+/// Enrichment keys of a tool's parameter (not of a nested field) that Belay
+/// reads, besides `description` ([`SourceKeys`]).
+const SOURCE_KEYS: &[&str] = &[
+    "required", "default", "source", "value", "key", "table", "hidden",
 ];
 
 /// What one `.tools.abl` file yields.
@@ -581,9 +577,12 @@ struct Props<'b> {
     rate_limit: Option<f64>,
     /// `circuit_breaker:`.
     circuit_breaker: Option<CircuitBreakerDef>,
-    /// `confirmation:` with `require: always`: immutable params (with their
-    /// line and column) and the approver grant, if given.
-    confirmation: Option<(Vec<(String, u32, u32)>, Option<String>)>,
+    /// `confirmation:` with `require: always` or `when_side_effects`.
+    confirmation: Option<ConfirmationProps>,
+    /// `hints:`.
+    hints: ToolHints,
+    /// `effect:`, with the line and column of its value.
+    effect: Option<(Effect, u32, u32)>,
     parameters: Option<&'b Block>,
     /// `base_url:` (a file-level default only), with its line and column.
     base_url: Option<(String, u32, u32)>,
@@ -644,14 +643,17 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
 
     let mut props = read_props(block.children.iter(), cx);
 
+    let mut injected = Vec::new();
     if let Some(sig) = &mut signature
         && let Some(params_block) = props.parameters
     {
-        apply_parameters(params_block, &mut sig.params, &name, cx);
+        injected = apply_parameters(params_block, &mut sig.params, &name, cx);
     }
+    check_injected_use(&injected, &props, &name, cx);
+    check_side_effect_hints(&props, cx);
 
-    if let (Some(sig), Some((immutable, _))) = (&signature, &props.confirmation) {
-        for (param, pline, pcol) in immutable {
+    if let (Some(sig), Some(c)) = (&signature, &props.confirmation) {
+        for (param, pline, pcol) in &c.immutable {
             if !sig.params.iter().any(|p| &p.name == param) {
                 cx.error(
                     *pline,
@@ -851,8 +853,10 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     } else {
         (props.headers, None, None)
     };
+    // The tool's `timeout:`, then its `hints.timeout`, then the file's.
     let timeout_ms = props
         .timeout_ms
+        .or(props.hints.timeout_ms)
         .or(default_timeout_ms)
         .unwrap_or(DEFAULT_TIMEOUT_MS);
     let method = props.method.unwrap_or_else(|| "POST".to_string());
@@ -881,7 +885,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         (Some(BindingType::Workflow), _, Some(workflow)) => ToolBindingDef::Workflow {
             workflow: workflow.name,
             mode: props.mode.unwrap_or_default(),
-            timeout_ms: props.workflow_timeout_ms,
+            timeout_ms: props.workflow_timeout_ms.or(props.hints.timeout_ms),
             param_mapping: props.param_mapping,
         },
         (Some(BindingType::AsyncWebhook), Some(endpoint), _) => ToolBindingDef::AsyncWebhook {
@@ -901,13 +905,16 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         },
         _ => return,
     };
-    let confirmation = props
-        .confirmation
-        .map(|(immutable, grant)| ConfirmationDef {
-            immutable_params: immutable.into_iter().map(|(p, _, _)| p).collect(),
-            approver_grant: grant.unwrap_or_else(|| permission.clone()),
-        });
-    cx.out.tools.push(ToolDef {
+    let model_input_schema = (!injected.is_empty()).then(|| {
+        let visible: Vec<Field> = sig
+            .params
+            .iter()
+            .filter(|p| !injected.iter().any(|(i, _)| i.name == p.name))
+            .cloned()
+            .collect();
+        signature::input_schema(&visible)
+    });
+    let mut tool = ToolDef {
         name: sig.name,
         description: props.description.unwrap_or_default(),
         input_schema: signature::input_schema(&sig.params),
@@ -918,13 +925,29 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         scrub_secrets: props.scrub_secrets.unwrap_or(true),
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
-        confirmation,
+        confirmation: None,
+        injected: injected.into_iter().map(|(i, _)| i).collect(),
+        model_input_schema,
+        hints: props.hints,
+        effect: props.effect.map(|(e, _, _)| e),
         retry_policy,
         rate_limit: props.rate_limit.or(default_rate_limit),
         circuit_breaker: props.circuit_breaker,
         source_file: cx.file.to_string(),
         source_line: line.no,
-    });
+    };
+    // `when_side_effects` is settled here, once: the machine sees a tool
+    // that always asks, or one that never does.
+    let side_effects = tool.has_side_effects();
+    tool.confirmation = props
+        .confirmation
+        .filter(|c| !c.when_side_effects || side_effects)
+        .map(|c| ConfirmationDef {
+            when_side_effects: c.when_side_effects,
+            immutable_params: c.immutable.into_iter().map(|(p, _, _)| p).collect(),
+            approver_grant: c.grant.unwrap_or_else(|| tool.permission.clone()),
+        });
+    cx.out.tools.push(tool);
 }
 
 /// Properties that shape an HTTP request beyond endpoint, method, headers
@@ -1931,6 +1954,21 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             "circuit_breaker" => {
                 props.circuit_breaker = read_circuit_breaker(child, &kv, cx);
             }
+            "hints" => {
+                if block_only(child, &kv, cx) {
+                    props.hints = read_hints(child, cx);
+                }
+            }
+            "effect" => {
+                let choices = [
+                    ("read_only", Effect::ReadOnly),
+                    ("state_write", Effect::StateWrite),
+                    ("side_effect", Effect::SideEffect),
+                ];
+                if let Some(e) = keyword(child, &kv, &choices, cx) {
+                    props.effect = Some((e, line.no, kv.value_col));
+                }
+            }
             "callback_url_field" => {
                 if let Some(s) = scalar(child, &kv, cx) {
                     let valid = !s.is_empty()
@@ -2095,15 +2133,20 @@ fn scalar(block: &Block, kv: &KeyValue<'_>, cx: &mut Cx<'_>) -> Option<String> {
     }
 }
 
-/// The `confirmation:` block: `require: always | never` (`when_side_effects`
-/// needs `effect:`, which Belay does not read yet, and the `consent_*`
-/// properties are not supported: both are refused, not ignored),
+/// A `confirmation:` block that asks for a person's decision.
+struct ConfirmationProps {
+    /// `immutable_params:`, each with the line and column of the list.
+    immutable: Vec<(String, u32, u32)>,
+    /// `approver_grant:`.
+    grant: Option<String>,
+    /// `require: when_side_effects` (else `always`).
+    when_side_effects: bool,
+}
+
+/// The `confirmation:` block: `require: always | never | when_side_effects`
+/// (the `consent_*` properties are not supported: refused, not ignored),
 /// `immutable_params: [a, b]`, `approver_grant: perm`. `None` for `never`.
-#[allow(clippy::type_complexity)]
-fn read_confirmation(
-    block: &Block,
-    cx: &mut Cx<'_>,
-) -> Option<(Vec<(String, u32, u32)>, Option<String>)> {
+fn read_confirmation(block: &Block, cx: &mut Cx<'_>) -> Option<ConfirmationProps> {
     let mut require: Option<String> = None;
     let mut immutable = Vec::new();
     let mut grant = None;
@@ -2121,16 +2164,11 @@ fn read_confirmation(
             "require" => {
                 let Some(v) = scalar(entry, &kv, cx) else { continue };
                 match v.as_str() {
-                    "always" | "never" => require = Some(v),
-                    "when_side_effects" => cx.error(
-                        line.no,
-                        kv.value_col,
-                        "`require: when_side_effects` needs the tool's `effect:`, which Belay does not read yet; use `always` or `never`",
-                    ),
+                    "always" | "never" | "when_side_effects" => require = Some(v),
                     other => cx.error(
                         line.no,
                         kv.value_col,
-                        format!("unknown `require: {other}` (expected `always` or `never`)"),
+                        format!("unknown `require: {other}` (expected `always`, `never` or `when_side_effects`)"),
                     ),
                 }
             }
@@ -2170,13 +2208,17 @@ fn read_confirmation(
         }
     }
     match require.as_deref() {
-        Some("always") => Some((immutable, grant)),
+        Some(r @ ("always" | "when_side_effects")) => Some(ConfirmationProps {
+            immutable,
+            grant,
+            when_side_effects: r == "when_side_effects",
+        }),
         Some(_) => None,
         None => {
             cx.error(
                 block.line.no,
                 block.line.col(),
-                "`confirmation:` needs `require: always` or `require: never`",
+                "`confirmation:` needs `require: always`, `require: never` or `require: when_side_effects`",
             );
             None
         }
@@ -2321,6 +2363,72 @@ fn read_circuit_breaker(
         threshold: threshold?,
         reset_ms: reset_ms?,
     })
+}
+
+/// The `hints:` block: `cacheable`, `side_effects`, `requires_auth`
+/// (`true`/`false`), `latency` (`fast`, `medium`, `slow`), `timeout` (a
+/// duration, as `timeout:`; a bare number is ms).
+fn read_hints(block: &Block, cx: &mut Cx<'_>) -> ToolHints {
+    let mut hints = ToolHints::default();
+    let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+    for entry in &block.children {
+        let line = &entry.line;
+        let Some(kv) = entry_kv(line, "`hint: value` in `hints:`", cx) else {
+            continue;
+        };
+        if !first_time(&mut seen, &kv, line.no, &format!("hint `{}`", kv.key), cx) {
+            continue;
+        }
+        let flag = |cx: &mut Cx<'_>| keyword(entry, &kv, &[("true", true), ("false", false)], cx);
+        match kv.key {
+            "cacheable" => hints.cacheable = flag(cx),
+            "side_effects" => hints.side_effects = flag(cx),
+            "requires_auth" => hints.requires_auth = flag(cx),
+            "latency" => {
+                let choices = [
+                    ("fast", Latency::Fast),
+                    ("medium", Latency::Medium),
+                    ("slow", Latency::Slow),
+                ];
+                hints.latency = keyword(entry, &kv, &choices, cx);
+            }
+            "timeout" => {
+                if let Some(s) = scalar(entry, &kv, cx) {
+                    match parse_timeout(&s) {
+                        Ok(ms) => hints.timeout_ms = Some(ms),
+                        Err(m) => cx.error(line.no, kv.value_col, m),
+                    }
+                }
+            }
+            other => cx.error(
+                line.no,
+                kv.key_col,
+                format!("unknown hint `{other}` (expected `cacheable`, `latency`, `side_effects`, `requires_auth` or `timeout`)"),
+            ),
+        }
+    }
+    hints
+}
+
+/// `effect:` and `hints.side_effects` must agree: `read_only` with
+/// `side_effects: true`, or a writing effect with `side_effects: false`,
+/// is a contradiction the author has to settle.
+fn check_side_effect_hints(props: &Props<'_>, cx: &mut Cx<'_>) {
+    if let (Some((effect, line, col)), Some(side_effects)) =
+        (props.effect, props.hints.side_effects)
+        && (effect == Effect::ReadOnly) == side_effects
+    {
+        let written = match effect {
+            Effect::ReadOnly => "read_only",
+            Effect::StateWrite => "state_write",
+            Effect::SideEffect => "side_effect",
+        };
+        cx.error(
+            line,
+            col,
+            format!("`effect: {written}` contradicts `hints.side_effects: {side_effects}`; keep one of them"),
+        );
+    }
 }
 
 /// Whether a block property (`headers:`, `parameters:`) has no inline value.
@@ -2521,8 +2629,16 @@ fn check_path_param(name: &str, line: u32, at: u32, sig: &Signature, cx: &mut Cx
     }
 }
 
-/// Apply a tool's `parameters:` block to its signature parameters.
-fn apply_parameters(block: &Block, params: &mut [Field], tool: &str, cx: &mut Cx<'_>) {
+/// Apply a tool's `parameters:` block to its signature parameters; returns
+/// the parameters the model does not supply ([`InjectedParam`]), in the
+/// block's order, each with the line and column of its name.
+fn apply_parameters(
+    block: &Block,
+    params: &mut [Field],
+    tool: &str,
+    cx: &mut Cx<'_>,
+) -> Vec<(InjectedParam, (u32, u32))> {
+    let mut injected = Vec::new();
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
     for child in &block.children {
         let line = &child.line;
@@ -2575,13 +2691,403 @@ fn apply_parameters(block: &Block, params: &mut [Field], tool: &str, cx: &mut Cx
             );
             continue;
         }
-        enrich_field(param, &child.children, 1, cx);
+        let mut keys = SourceKeys::default();
+        enrich_field(param, &child.children, 1, Some(&mut keys), cx);
+        if let Some(i) = finish_source(param, keys, (line.no, kv.key_col), cx) {
+            injected.push((i, (line.no, kv.key_col)));
+        }
+    }
+    injected
+}
+
+/// The source settings written under one parameter, with the line and
+/// column of each value, read by [`SourceKeys::read`] and checked by
+/// [`finish_source`].
+#[derive(Default)]
+struct SourceKeys<'b> {
+    /// Keys seen, for duplicates.
+    seen: BTreeMap<String, u32>,
+    source: Option<(String, u32, u32)>,
+    /// `value:` as written (unquoted), whether it was quoted, line, column.
+    value: Option<(String, bool, u32, u32)>,
+    key: Option<(String, u32, u32)>,
+    table: Option<&'b Block>,
+    hidden: Option<(bool, u32, u32)>,
+    required: Option<(bool, u32, u32)>,
+    /// `default:` as written (unquoted), whether it was quoted, line, column.
+    default: Option<(String, bool, u32, u32)>,
+}
+
+impl<'b> SourceKeys<'b> {
+    fn read(&mut self, block: &'b Block, kv: &KeyValue<'_>, cx: &mut Cx<'_>) {
+        let line = &block.line;
+        if let Some(first) = self.seen.insert(kv.key.to_owned(), line.no) {
+            cx.error(
+                line.no,
+                kv.key_col,
+                format!("duplicate `{}:` (first on line {first})", kv.key),
+            );
+            return;
+        }
+        let at = |v: String| (v, line.no, kv.value_col);
+        let flag = |cx: &mut Cx<'_>| {
+            keyword(block, kv, &[("true", true), ("false", false)], cx)
+                .map(|b| (b, line.no, kv.value_col))
+        };
+        match kv.key {
+            "source" => self.source = scalar(block, kv, cx).map(at),
+            "key" => self.key = scalar(block, kv, cx).map(at),
+            "value" | "default" => {
+                let Some(v) = scalar(block, kv, cx) else {
+                    return;
+                };
+                let entry = Some((v, is_quoted(kv.value), line.no, kv.value_col));
+                if kv.key == "value" {
+                    self.value = entry;
+                } else {
+                    self.default = entry;
+                }
+            }
+            "table" => {
+                if block_only(block, kv, cx) {
+                    self.table = Some(block);
+                }
+            }
+            "hidden" => self.hidden = flag(cx),
+            _ => self.required = flag(cx),
+        }
+    }
+}
+
+/// A literal written for a parameter of type `ty` (`default:`, a `value:`
+/// without `source:`, a `table:` entry): the text for `string` (quoted or
+/// not), a `YYYY-MM-DD` text for `date`, an unquoted number or `true` /
+/// `false` for `number` and `boolean`. Other types take no literal.
+fn typed_literal(ty: &TypeExpr, text: &str, quoted: bool, what: &str) -> Result<Value, String> {
+    let found = || {
+        if quoted {
+            format!("\"{text}\"")
+        } else {
+            format!("`{text}`")
+        }
+    };
+    match ty {
+        TypeExpr::Prim(Prim::String) => Ok(Value::String(text.to_owned())),
+        TypeExpr::Prim(Prim::Date) if signature::is_date(text) => {
+            Ok(Value::String(text.to_owned()))
+        }
+        TypeExpr::Prim(Prim::Date) => Err(format!("{what} {} is not a date (YYYY-MM-DD)", found())),
+        TypeExpr::Prim(Prim::Number) => {
+            match (quoted, serde_json::from_str::<serde_json::Number>(text)) {
+                (false, Ok(n)) => Ok(Value::Number(n)),
+                _ => Err(format!("{what} {} is not a number", found())),
+            }
+        }
+        TypeExpr::Prim(Prim::Boolean) => match (quoted, text) {
+            (false, "true") => Ok(Value::Bool(true)),
+            (false, "false") => Ok(Value::Bool(false)),
+            _ => Err(format!("{what} {} is not `true` or `false`", found())),
+        },
+        _ => Err(format!(
+            "a `{}` parameter cannot take a {what}; literals are for string, number, boolean and date",
+            ty.describe()
+        )),
+    }
+}
+
+/// The `source:`, `value:`, `key:`, `table:`, `hidden:`, `required:` and
+/// `default:` of one parameter, applied to `field` (`required`, `default`)
+/// and checked; `Some` for a parameter the model does not supply. `at` is
+/// the line and column of the parameter's name.
+fn finish_source(
+    field: &mut Field,
+    keys: SourceKeys<'_>,
+    at: (u32, u32),
+    cx: &mut Cx<'_>,
+) -> Option<InjectedParam> {
+    let name = field.name.clone();
+    if let Some((text, quoted, line, col)) = &keys.default {
+        match typed_literal(&field.ty, text, *quoted, "default") {
+            Ok(v) => field.default = Some(v),
+            Err(m) => cx.error(*line, *col, m),
+        }
+    }
+    if let Some((required, line, col)) = keys.required {
+        if required && field.default.is_some() {
+            cx.error(
+                line,
+                col,
+                format!("`{name}` has a default, so it is never missing; drop `required: true` or the default"),
+            );
+        }
+        field.optional = !required;
+    }
+    let source = keys.source.as_ref().map(|(s, _, _)| s.as_str());
+    let (src_line, src_col) = keys.source.as_ref().map_or(at, |(_, l, c)| (*l, *c));
+    let lookup = source == Some("lookup");
+    if !lookup {
+        for (what, pos) in [
+            ("key", keys.key.as_ref().map(|(_, l, c)| (*l, *c))),
+            ("table", keys.table.map(|b| (b.line.no, b.line.col()))),
+        ] {
+            if let Some((l, c)) = pos {
+                cx.error(l, c, format!("`{what}:` goes with `source: lookup`"));
+            }
+        }
+    }
+    let model_source = matches!(source, None | Some("model"));
+    if let Some((false, line, col)) = keys.hidden
+        && !(model_source && keys.value.is_none())
+    {
+        cx.error(
+            line,
+            col,
+            format!("`hidden: false` contradicts the parameter's source: `{name}` is never shown to the model when its value comes from elsewhere"),
+        );
+    }
+    let need_string = |cx: &mut Cx<'_>, what: &str| {
+        if field.ty != TypeExpr::Prim(Prim::String) {
+            cx.error(
+                src_line,
+                src_col,
+                format!(
+                    "`source: {what}` gives a string; `{name}` is a `{}`",
+                    field.ty.describe()
+                ),
+            );
+        }
+    };
+    let value = keys.value.clone();
+    let value_text = |cx: &mut Cx<'_>, what: &str| -> Option<(String, u32, u32)> {
+        match &value {
+            Some((v, _, l, c)) => Some((v.clone(), *l, *c)),
+            None => {
+                cx.error(src_line, src_col, format!("`source: {what}` needs a `value:` ({})", match what {
+                    "system" => "a jq expression over the run's state, like `.input.customer_id`",
+                    "expr" => "a jq expression over the run's state and the model's arguments at `.args`",
+                    "runtime" => "`run_id`, `node_id`, `call_id`, `idempotency_key` or `tenant`",
+                    _ => "the name of a worker configuration value, like `CRM_ACCOUNT`",
+                }));
+                None
+            }
+        }
+    };
+    let parse_expr =
+        |cx: &mut Cx<'_>, text: &str, line: u32, col: u32, what: &str| match Expr::parse(text) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                cx.error(
+                    line,
+                    col,
+                    format!("`{what}` is not a valid jq expression: {e}"),
+                );
+                None
+            }
+        };
+    let source = match source {
+        None | Some("model") => {
+            match (&keys.value, keys.hidden) {
+                (Some((_, _, line, col)), _) if source == Some("model") => {
+                    cx.error(*line, *col, format!("`value:` needs a `source:` other than `model`: the model supplies `{name}`"));
+                    return None;
+                }
+                (Some((text, quoted, line, col)), _) => {
+                    match typed_literal(&field.ty, text, *quoted, "value") {
+                        Ok(value) => ParamSource::Literal { value },
+                        Err(m) => {
+                            cx.error(*line, *col, m);
+                            return None;
+                        }
+                    }
+                }
+                (None, Some((true, line, col))) => match &field.default {
+                    Some(d) => ParamSource::Literal { value: d.clone() },
+                    None => {
+                        cx.error(line, col, format!("hidden parameter `{name}` needs a `source:`, a `value:` or a `default:`: the model never sends it"));
+                        return None;
+                    }
+                },
+                _ => return None,
+            }
+        }
+        Some("system" | "expr") => {
+            let what = source.unwrap_or_default();
+            let (text, line, col) = value_text(cx, what)?;
+            let expr = parse_expr(cx, &text, line, col, "value")?;
+            if what == "system" {
+                ParamSource::System { expr }
+            } else {
+                ParamSource::Expr { expr }
+            }
+        }
+        Some("runtime") => {
+            need_string(cx, "runtime");
+            let (text, line, col) = value_text(cx, "runtime")?;
+            let field = match text.as_str() {
+                "run_id" => RuntimeField::RunId,
+                "node_id" => RuntimeField::NodeId,
+                "call_id" => RuntimeField::CallId,
+                "idempotency_key" => RuntimeField::IdempotencyKey,
+                "tenant" => RuntimeField::Tenant,
+                "time" | "now" | "timestamp" => {
+                    cx.error(line, col, format!("`value: {text}` of `source: runtime` is not supported yet: the engine decides a call without reading a clock, and no recorded event carries the time yet"));
+                    return None;
+                }
+                other => {
+                    cx.error(line, col, format!("unknown `value: {other}` of `source: runtime` (expected `run_id`, `node_id`, `call_id`, `idempotency_key` or `tenant`)"));
+                    return None;
+                }
+            };
+            ParamSource::Runtime { field }
+        }
+        Some("auth") => {
+            need_string(cx, "auth");
+            let field = match value.as_ref().map(|(v, _, l, c)| (v.as_str(), *l, *c)) {
+                None | Some(("caller", _, _)) => AuthField::Caller,
+                Some(("tenant", _, _)) => AuthField::Tenant,
+                Some((other, line, col)) => {
+                    cx.error(line, col, format!("unknown `value: {other}` of `source: auth` (expected `caller`, the identity that started the run, or `tenant`)"));
+                    return None;
+                }
+            };
+            ParamSource::Auth { field }
+        }
+        Some("config") => {
+            need_string(cx, "config");
+            let (text, line, col) = value_text(cx, "config")?;
+            // `NAME` or `{{config.NAME}}`.
+            let config_name = match text.strip_prefix("{{").and_then(|t| t.strip_suffix("}}")) {
+                Some(inner) => config_placeholder_name(inner.trim()).map(str::to_owned),
+                None => config_placeholder_name(&format!("config.{text}")).map(|_| text.clone()),
+            };
+            let Some(config_name) = config_name else {
+                cx.error(line, col, format!("`value: {text}` of `source: config` must be a configuration name (letters, digits, `_`, `-`, `.`) or `{{{{config.NAME}}}}`"));
+                return None;
+            };
+            ParamSource::Config { name: config_name }
+        }
+        Some("lookup") => {
+            if let Some((_, _, line, col)) = &keys.value {
+                cx.error(
+                    *line,
+                    *col,
+                    "`source: lookup` takes `key:` and `table:`, not `value:`",
+                );
+            }
+            let Some((key, kline, kcol)) = &keys.key else {
+                cx.error(src_line, src_col, "`source: lookup` needs `key:` (a jq expression giving the key, like `.args.country`)");
+                return None;
+            };
+            let key = parse_expr(cx, key, *kline, *kcol, "key")?;
+            let Some(table_block) = keys.table else {
+                cx.error(
+                    src_line,
+                    src_col,
+                    "`source: lookup` needs `table:`, an indented block of `key: value` lines",
+                );
+                return None;
+            };
+            let mut table = BTreeMap::new();
+            for entry in &table_block.children {
+                let Some(kv) = entry_kv(&entry.line, "`key: value` in `table:`", cx) else {
+                    continue;
+                };
+                let Some(text) = scalar(entry, &kv, cx) else {
+                    continue;
+                };
+                match typed_literal(&field.ty, &text, is_quoted(kv.value), "value") {
+                    Ok(v) => {
+                        if table.insert(kv.key.to_owned(), v).is_some() {
+                            cx.error(
+                                entry.line.no,
+                                kv.key_col,
+                                format!("duplicate key `{}` in `table:`", kv.key),
+                            );
+                        }
+                    }
+                    Err(m) => cx.error(entry.line.no, kv.value_col, m),
+                }
+            }
+            if table.is_empty() && table_block.children.is_empty() {
+                cx.error(
+                    table_block.line.no,
+                    table_block.line.col(),
+                    "`table:` is empty",
+                );
+            }
+            ParamSource::Lookup { key, table }
+        }
+        Some(other) => {
+            cx.error(src_line, src_col, format!("unknown `source: {other}` (expected `model`, `system`, `runtime`, `config`, `auth`, `expr` or `lookup`)"));
+            return None;
+        }
+    };
+    Some(InjectedParam {
+        name,
+        source,
+        default: field.default.clone(),
+        required: !field.optional,
+    })
+}
+
+/// Where a `source: config` parameter may go: only into a request body or
+/// an MCP call, never a URL (a URL ends up in errors and logs) nor a child
+/// run's input (no worker resolves it there).
+fn check_injected_use(
+    injected: &[(InjectedParam, (u32, u32))],
+    props: &Props<'_>,
+    tool: &str,
+    cx: &mut Cx<'_>,
+) {
+    for (param, (line, col)) in injected {
+        if !matches!(param.source, ParamSource::Config { .. }) {
+            continue;
+        }
+        let name = &param.name;
+        let in_text = |text: &str| {
+            let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+            squeezed.contains(&format!("{{{{{name}}}}}"))
+        };
+        let endpoint_has = props
+            .endpoint
+            .as_ref()
+            .is_some_and(|(e, _, _)| e.contains(&format!("{{{name}}}")));
+        let query_has = props.query_params.is_some_and(|b| {
+            fn any_line(b: &Block, f: &dyn Fn(&str) -> bool) -> bool {
+                f(&b.line.text) || b.children.iter().any(|c| any_line(c, f))
+            }
+            any_line(b, &in_text)
+        });
+        let method = props.method.as_deref().unwrap_or("POST");
+        let to_query = props.body_template.is_none()
+            && matches!(method, "GET" | "DELETE")
+            && props.body_mode != Some(belay_proto::wire::BodyMode::None);
+        let problem = match props.binding_type {
+            Some(BindingType::Workflow) => Some("a `type: workflow` tool's arguments go to a child run, where no worker resolves it".to_owned()),
+            _ if endpoint_has => Some("it is a path parameter, and a URL ends up in logs and errors".to_owned()),
+            _ if query_has => Some("`query_params:` puts it in the URL, which ends up in logs and errors".to_owned()),
+            Some(BindingType::Http | BindingType::AsyncWebhook) if to_query => Some(format!("a {method} request sends its arguments in the URL, which ends up in logs and errors")),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            cx.error(
+                *line,
+                *col,
+                format!("parameter `{name}` of `{tool}` has `source: config`, but {problem}; a configured value goes in a request body or an MCP call only"),
+            );
+        }
     }
 }
 
 /// Apply an indented block to a parameter or field: `description:`, and
 /// nested fields when it is an `object` / `object[]`.
-fn enrich_field(field: &mut Field, blocks: &[Block], depth: usize, cx: &mut Cx<'_>) {
+fn enrich_field<'b>(
+    field: &mut Field,
+    blocks: &'b [Block],
+    depth: usize,
+    mut keys: Option<&mut SourceKeys<'b>>,
+    cx: &mut Cx<'_>,
+) {
     if depth > MAX_TYPE_DEPTH {
         if let Some(first) = blocks.first() {
             cx.error(
@@ -2625,6 +3131,26 @@ fn enrich_field(field: &mut Field, blocks: &[Block], depth: usize, cx: &mut Cx<'
                 );
             } else if let Some(s) = scalar(child, &kv, cx) {
                 field.description = Some(s);
+            }
+            continue;
+        }
+        // Under an object parameter, `source: string` declares a field
+        // named `source`; `source: system` is the setting.
+        let key_declares_field = can_nest
+            && (kv.value.is_empty()
+                || parse_field_decl(&line.text, line.col())
+                    .is_ok_and(|f| check_input_type(&f.ty).is_ok()));
+        if SOURCE_KEYS.contains(&kv.key) && !kv.optional && !key_declares_field {
+            match keys.as_deref_mut() {
+                Some(keys) => keys.read(child, &kv, cx),
+                None => cx.error(
+                    line.no,
+                    kv.key_col,
+                    format!(
+                        "`{}:` applies to a tool's parameters, not to nested fields",
+                        kv.key
+                    ),
+                ),
             }
             continue;
         }
@@ -2687,7 +3213,7 @@ fn enrich_field(field: &mut Field, blocks: &[Block], depth: usize, cx: &mut Cx<'
             continue;
         }
         if !child.children.is_empty() {
-            enrich_field(&mut nested, &child.children, depth + 1, cx);
+            enrich_field(&mut nested, &child.children, depth + 1, None, cx);
         }
         if let Some(fields) = field.ty.object_fields_mut() {
             fields.push(nested);
@@ -3051,6 +3577,7 @@ TOOLS:
         assert_eq!(
             t.confirmation,
             Some(ConfirmationDef {
+                when_side_effects: false,
                 immutable_params: vec!["recipient".into()],
                 approver_grant: "pay.exec".into(),
             })
@@ -3061,12 +3588,12 @@ TOOLS:
         assert_eq!(t.confirmation, None);
         assert_eq!(
             errors(
-                "TOOLS:\n  f(a: string) -> string\n    type: http\n    endpoint: /f\n    confirmation:\n      require: when_side_effects\n      immutable_params: [b]\n      consent_scope: [x]\n    permission: p\n    repeat_safety: never\n"
+                "TOOLS:\n  f(a: string) -> string\n    type: http\n    endpoint: /f\n    confirmation:\n      require: sometimes\n      immutable_params: [b]\n      consent_scope: [x]\n    permission: p\n    repeat_safety: never\n"
             ),
             vec![
-                "6:16: `require: when_side_effects` needs the tool's `effect:`, which Belay does not read yet; use `always` or `never`",
+                "6:16: unknown `require: sometimes` (expected `always`, `never` or `when_side_effects`)",
                 "8:7: `consent_scope` is not supported yet: Belay asks an approver, not the end user in a conversation",
-                "5:5: `confirmation:` needs `require: always` or `require: never`",
+                "5:5: `confirmation:` needs `require: always`, `require: never` or `require: when_side_effects`",
             ]
         );
         assert_eq!(
@@ -3075,6 +3602,418 @@ TOOLS:
             ),
             vec!["7:25: `immutable_params` names `b`, which is not a parameter of `f`"]
         );
+    }
+
+    #[test]
+    fn confirmation_when_side_effects_asks_only_for_tools_with_side_effects() {
+        let tool = |extra: &str| {
+            one_tool(&tool_with(
+                "f(a: string) -> string",
+                &format!(
+                    "    confirmation:\n      require: when_side_effects\n      immutable_params: [a]\n{extra}"
+                ),
+            ))
+        };
+        let asks = Some(ConfirmationDef {
+            when_side_effects: true,
+            immutable_params: vec!["a".into()],
+            approver_grant: "p.read".into(),
+        });
+        // Undeclared: taken to have side effects.
+        assert_eq!(tool("").confirmation, asks);
+        assert!(tool("").has_side_effects());
+        assert_eq!(tool("    effect: side_effect\n").confirmation, asks);
+        assert_eq!(tool("    effect: state_write\n").confirmation, asks);
+        assert_eq!(
+            tool("    hints:\n      side_effects: true\n").confirmation,
+            asks
+        );
+        assert_eq!(tool("    effect: read_only\n").confirmation, None);
+        assert!(!tool("    effect: read_only\n").has_side_effects());
+        assert_eq!(
+            tool("    hints:\n      side_effects: false\n").confirmation,
+            None
+        );
+        assert_eq!(
+            tool("    effect: read_only\n    hints:\n      side_effects: false\n").confirmation,
+            None
+        );
+        // `effect:` and the hint must agree.
+        assert_eq!(
+            errors(&tool_with(
+                "f() -> string",
+                "    effect: read_only\n    hints:\n      side_effects: true\n"
+            )),
+            vec![
+                "7:13: `effect: read_only` contradicts `hints.side_effects: true`; keep one of them"
+            ]
+        );
+        assert_eq!(
+            errors(&tool_with(
+                "f() -> string",
+                "    effect: side_effect\n    hints:\n      side_effects: false\n"
+            )),
+            vec![
+                "7:13: `effect: side_effect` contradicts `hints.side_effects: false`; keep one of them"
+            ]
+        );
+        assert_eq!(
+            errors(&tool_with("f() -> string", "    effect: destructive\n")),
+            vec![
+                "7:13: unknown effect `destructive` (expected `read_only`, `state_write` or `side_effect`)"
+            ]
+        );
+    }
+
+    #[test]
+    fn hints_are_parsed_and_stored_and_the_timeout_hint_yields_to_timeout() {
+        // The seed's example.
+        let t = one_tool(
+            "TOOLS:\n  get_balance(account_id: string) -> {balance: number}\n    description: \"Get account balance\"\n    type: http\n    endpoint: /balance\n    hints:\n      cacheable: true\n      latency: fast\n      timeout: 5000\n      side_effects: false\n      requires_auth: true\n    permission: bank.read\n    repeat_safety: idempotent\n",
+        );
+        assert_eq!(
+            t.hints,
+            ToolHints {
+                cacheable: Some(true),
+                latency: Some(Latency::Fast),
+                side_effects: Some(false),
+                requires_auth: Some(true),
+                timeout_ms: Some(5000),
+            }
+        );
+        assert!(!t.has_side_effects());
+        let timeout = |t: &ToolDef| match &t.binding {
+            ToolBindingDef::Http { timeout_ms, .. }
+            | ToolBindingDef::Mcp { timeout_ms, .. }
+            | ToolBindingDef::AsyncWebhook { timeout_ms, .. } => Some(*timeout_ms),
+            ToolBindingDef::Workflow { timeout_ms, .. } => *timeout_ms,
+        };
+        assert_eq!(timeout(&t), Some(5000));
+        // `timeout:` wins over the hint; the hint wins over the file's default.
+        let t = one_tool(&tool_with(
+            "f() -> string",
+            "    timeout: 2s\n    hints:\n      timeout: 9s\n",
+        ));
+        assert_eq!(timeout(&t), Some(2000));
+        let t = one_tool(
+            "TOOLS:\n  timeout: 20s\n  f() -> string\n    type: http\n    endpoint: /f\n    hints:\n      timeout: 7s\n    permission: p\n    repeat_safety: never\n",
+        );
+        assert_eq!(timeout(&t), Some(7000));
+        let t = one_tool(
+            "TOOLS:\n  f() -> string\n    type: mcp\n    server: s\n    hints:\n      timeout: 1m\n    permission: p\n",
+        );
+        assert_eq!(timeout(&t), Some(60_000));
+        // No hints: nothing stored, and the stored form is unchanged.
+        let t = one_tool(&tool_with("f() -> string", ""));
+        assert!(t.hints.is_empty());
+        let stored = serde_json::to_value(&t).unwrap();
+        for key in ["hints", "effect", "injected", "model_input_schema"] {
+            assert!(stored.get(key).is_none(), "{key} serialized");
+        }
+        assert_eq!(
+            errors(&tool_with(
+                "f() -> string",
+                "    hints:\n      cacheable: yes\n      latency: instant\n      timeout: soon\n      cost: 3\n      cacheable: false\n      latency\n    hints:\n      timeout: 1s\n"
+            )),
+            vec![
+                "8:18: unknown cacheable `yes` (expected `true` or `false`)",
+                "9:16: unknown latency `instant` (expected `fast`, `medium` or `slow`)",
+                "10:16: timeout `soon` is not a duration (write e.g. `30s`, `500ms`, `2m`, or a number of milliseconds)",
+                "11:7: unknown hint `cost` (expected `cacheable`, `latency`, `side_effects`, `requires_auth` or `timeout`)",
+                "12:7: duplicate hint `cacheable` (first on line 8)",
+                "13:7: expected `hint: value` in `hints:`, found `latency`",
+                "14:5: duplicate property `hints` (first on line 7)",
+            ]
+        );
+        assert_eq!(
+            errors(&tool_with("f() -> string", "    hints: fast\n")),
+            vec!["7:12: `hints` takes an indented block on the following lines, not a value"]
+        );
+    }
+
+    #[test]
+    fn parameter_sources_hidden_parameters_and_the_models_schema() {
+        // The seed's example, with Belay's `value:` as a jq path over the
+        // run's state.
+        let t = one_tool(
+            r#"TOOLS:
+  charge_card(amount: number, customer_id: string) -> {receipt_id: string}
+    description: "Charge the customer's card on file"
+    type: http
+    endpoint: "/api/charges"
+    method: POST
+    parameters:
+      customer_id:
+        source: system            # model | system | runtime | config | auth | expr | lookup
+        value: ".input.customer_id"
+        hidden: true              # do not expose to the model
+      amount:
+        description: "Charge amount in the account currency"
+        required: true
+    permission: pay.charge
+    repeat_safety: idempotent
+"#,
+        );
+        assert_eq!(
+            t.injected,
+            vec![InjectedParam {
+                name: "customer_id".into(),
+                source: ParamSource::System {
+                    expr: Expr::parse(".input.customer_id").unwrap()
+                },
+                default: None,
+                required: true,
+            }]
+        );
+        assert_eq!(
+            t.model_schema(),
+            &json!({
+                "type": "object",
+                "properties": {"amount": {"type": "number", "description": "Charge amount in the account currency"}},
+                "required": ["amount"],
+                "additionalProperties": false,
+            })
+        );
+        assert_eq!(t.input_schema["required"], json!(["amount", "customer_id"]));
+
+        // Every source, and `required` / `default` overriding the signature.
+        let t = one_tool(&tool_with(
+            r#"f(q: string, limit?: number, run: string, node: string, call: string, key: string, who: string, org: string, secret: string, cents: number, zone: string, fixed: number, tag?: string = "a", flag: boolean) -> string"#,
+            r#"    parameters:
+      q:
+        description: "What to look for"
+      limit:
+        required: true
+      run:
+        source: runtime
+        value: run_id
+      node:
+        source: runtime
+        value: node_id
+      call:
+        source: runtime
+        value: call_id
+      key:
+        source: runtime
+        value: idempotency_key
+      who:
+        source: auth
+      org:
+        source: auth
+        value: tenant
+      secret:
+        source: config
+        value: "{{config.CRM_ACCOUNT}}"
+      cents:
+        source: expr
+        value: ".args.limit * 100"
+      zone:
+        source: lookup
+        key: ".input.country"
+        table:
+          DE: eu
+          US: "us"
+        default: other
+      fixed:
+        value: 42
+      tag:
+        hidden: true
+        default: b
+      flag:
+        default: true
+"#,
+        ));
+        let sources: Vec<(&str, &ParamSource, bool)> = t
+            .injected
+            .iter()
+            .map(|p| (p.name.as_str(), &p.source, p.required))
+            .collect();
+        let runtime = |field| ParamSource::Runtime { field };
+        let auth = |field| ParamSource::Auth { field };
+        assert_eq!(
+            sources,
+            vec![
+                ("run", &runtime(RuntimeField::RunId), true),
+                ("node", &runtime(RuntimeField::NodeId), true),
+                ("call", &runtime(RuntimeField::CallId), true),
+                ("key", &runtime(RuntimeField::IdempotencyKey), true),
+                ("who", &auth(AuthField::Caller), true),
+                ("org", &auth(AuthField::Tenant), true),
+                (
+                    "secret",
+                    &ParamSource::Config {
+                        name: "CRM_ACCOUNT".into()
+                    },
+                    true
+                ),
+                (
+                    "cents",
+                    &ParamSource::Expr {
+                        expr: Expr::parse(".args.limit * 100").unwrap()
+                    },
+                    true
+                ),
+                (
+                    "zone",
+                    &ParamSource::Lookup {
+                        key: Expr::parse(".input.country").unwrap(),
+                        table: BTreeMap::from([
+                            ("DE".into(), json!("eu")),
+                            ("US".into(), json!("us"))
+                        ]),
+                    },
+                    true
+                ),
+                ("fixed", &ParamSource::Literal { value: json!(42) }, true),
+                ("tag", &ParamSource::Literal { value: json!("b") }, false),
+            ]
+        );
+        assert_eq!(t.injected[8].default, Some(json!("other")));
+        // The model sees q, limit (now required) and flag (now defaulted).
+        assert_eq!(
+            t.model_schema(),
+            &json!({
+                "type": "object",
+                "properties": {
+                    "q": {"type": "string", "description": "What to look for"},
+                    "limit": {"type": "number"},
+                    "flag": {"type": "boolean", "default": true},
+                },
+                "required": ["q", "limit"],
+                "additionalProperties": false,
+            })
+        );
+        // `source: config` by bare name; `source: model` is the default.
+        let t = one_tool(&tool_with(
+            "f(a: string, b: string) -> string",
+            "    parameters:\n      a:\n        source: config\n        value: CRM_KEY\n      b:\n        source: model\n        required: false\n",
+        ));
+        assert_eq!(t.injected.len(), 1);
+        assert_eq!(
+            t.injected[0].source,
+            ParamSource::Config {
+                name: "CRM_KEY".into()
+            }
+        );
+        assert_eq!(t.model_schema()["required"], json!([]));
+        // A tool without injected parameters has one schema.
+        let t = one_tool(&tool_with("f(a: string) -> string", ""));
+        assert_eq!(t.model_input_schema, None);
+        assert_eq!(t.model_schema(), &t.input_schema);
+    }
+
+    #[test]
+    fn parameter_source_errors() {
+        assert_eq!(
+            errors(&tool_with(
+                "f(a: string, b: number, c: string, d: string, e: string, g: number, h: string, i: string, j: object, k: string, l: string, m: string) -> string",
+                r#"    parameters:
+      a:
+        source: session
+      b:
+        source: runtime
+        value: run_id
+      c:
+        source: runtime
+        value: time
+      d:
+        source: system
+      e:
+        source: expr
+        value: ".input | foo"
+      g:
+        default: "3"
+        required: true
+      h:
+        hidden: true
+      i:
+        source: auth
+        value: token
+        hidden: false
+      j:
+        value: x
+      k:
+        key: ".x"
+        source: model
+        value: v
+      l:
+        source: lookup
+        value: x
+      m:
+        source: config
+        value: "{{secret.X}}"
+"#
+            )),
+            vec![
+                "9:17: unknown `source: session` (expected `model`, `system`, `runtime`, `config`, `auth`, `expr` or `lookup`)",
+                "11:17: `source: runtime` gives a string; `b` is a `number`",
+                "15:16: `value: time` of `source: runtime` is not supported yet: the engine decides a call without reading a clock, and no recorded event carries the time yet",
+                "17:17: `source: system` needs a `value:` (a jq expression over the run's state, like `.input.customer_id`)",
+                "20:16: `value` is not a valid jq expression: column 10: `foo/0` is not defined",
+                "22:18: default \"3\" is not a number",
+                "25:17: hidden parameter `h` needs a `source:`, a `value:` or a `default:`: the model never sends it",
+                "29:17: `hidden: false` contradicts the parameter's source: `i` is never shown to the model when its value comes from elsewhere",
+                "28:16: unknown `value: token` of `source: auth` (expected `caller`, the identity that started the run, or `tenant`)",
+                "31:16: a `object` parameter cannot take a value; literals are for string, number, boolean and date",
+                "33:14: `key:` goes with `source: lookup`",
+                "35:16: `value:` needs a `source:` other than `model`: the model supplies `k`",
+                "38:16: `source: lookup` takes `key:` and `table:`, not `value:`",
+                "37:17: `source: lookup` needs `key:` (a jq expression giving the key, like `.args.country`)",
+                "41:16: `value: {{secret.X}}` of `source: config` must be a configuration name (letters, digits, `_`, `-`, `.`) or `{{config.NAME}}`",
+            ]
+        );
+        // Keys of nested fields, duplicates, a default and `required: true`.
+        assert_eq!(
+            errors(&tool_with(
+                r#"f(o: object, a: string = "x", t: string) -> string"#,
+                "    parameters:\n      o:\n        p:\n          q: string\n          source: system\n      a:\n        required: true\n        required: false\n      t:\n        source: lookup\n        key: .k\n        table: x\n"
+            )),
+            vec![
+                "11:11: `source:` applies to a tool's parameters, not to nested fields",
+                "14:9: duplicate `required:` (first on line 13)",
+                "13:19: `a` has a default, so it is never missing; drop `required: true` or the default",
+                "18:16: `table` takes an indented block on the following lines, not a value",
+                "16:17: `source: lookup` needs `table:`, an indented block of `key: value` lines",
+            ]
+        );
+        // Where a configured value may go: a body or an MCP call only.
+        let config = "    parameters:\n      k:\n        source: config\n        value: K\n";
+        assert_eq!(
+            errors(&format!(
+                "TOOLS:\n  f(k: string) -> string\n    type: http\n    endpoint: /x/{{k}}\n    permission: p\n    repeat_safety: never\n{config}"
+            )),
+            vec![
+                "8:7: parameter `k` of `f` has `source: config`, but it is a path parameter, and a URL ends up in logs and errors; a configured value goes in a request body or an MCP call only"
+            ]
+        );
+        assert_eq!(
+            errors(&format!(
+                "TOOLS:\n  f(k: string) -> string\n    type: http\n    endpoint: /x\n    method: GET\n    permission: p\n    repeat_safety: never\n{config}"
+            )),
+            vec![
+                "9:7: parameter `k` of `f` has `source: config`, but a GET request sends its arguments in the URL, which ends up in logs and errors; a configured value goes in a request body or an MCP call only"
+            ]
+        );
+        assert_eq!(
+            errors(&format!(
+                "TOOLS:\n  f(k: string) -> string\n    type: http\n    endpoint: /x\n    query_params:\n      key: \"{{{{ k }}}}\"\n    permission: p\n    repeat_safety: never\n{config}"
+            )),
+            vec![
+                "10:7: parameter `k` of `f` has `source: config`, but `query_params:` puts it in the URL, which ends up in logs and errors; a configured value goes in a request body or an MCP call only"
+            ]
+        );
+        assert_eq!(
+            errors(&format!(
+                "TOOLS:\n  f(k: string) -> string\n    type: workflow\n    workflow_id: w\n    permission: p\n    repeat_safety: never\n{config}"
+            )),
+            vec![
+                "8:7: parameter `k` of `f` has `source: config`, but a `type: workflow` tool's arguments go to a child run, where no worker resolves it; a configured value goes in a request body or an MCP call only"
+            ]
+        );
+        // MCP calls carry it.
+        one_tool(&format!(
+            "TOOLS:\n  f(k: string) -> string\n    type: mcp\n    server: s\n    permission: p\n{config}"
+        ));
     }
 
     #[test]
@@ -3288,13 +4227,13 @@ TOOLS:
         assert_eq!(
             errors(&tool_with(
                 "f() -> string",
-                "    colour: blue\n    auth_profile: crm\n    hints:\n      cacheable: true\n    wsdl_thing: x\n"
+                "    colour: blue\n    auth_profile: crm\n    provides: [a]\n    wsdl_thing: x\n"
             )),
             vec![
                 "7:5: unknown property `colour`",
                 "8:5: property `auth_profile` is not supported yet",
-                "9:5: property `hints` is not supported yet",
-                "11:5: property `wsdl_thing` is not supported yet",
+                "9:5: property `provides` is not supported yet",
+                "10:5: property `wsdl_thing` is not supported yet",
             ]
         );
     }
@@ -3933,6 +4872,22 @@ TOOLS:
 
     /// The example of the README's "HTTP tools" section, as written there.
     #[test]
+    fn readme_parameters_example_parses() {
+        // The README's example, taken from the README itself.
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("TOOLS:\n  charge_card(").unwrap();
+        let end = start + readme[start..].find("```").unwrap();
+        let t = one_tool(&readme[start..end]);
+        let names: Vec<&str> = t.injected.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["customer_id", "tenant", "api_key", "cents", "region"]
+        );
+        assert_eq!(t.model_schema()["required"], json!(["amount"]));
+        assert!(t.confirmation.is_some());
+    }
+
+    #[test]
     fn readme_http_example_parses() {
         let out = parse(
             r#"TOOLS:
@@ -4140,9 +5095,9 @@ TOOLS:
                 "8:7: `zz` is not a parameter of `f`",
                 "10:10: parameter `a` is typed in the signature; put its details in an indented block below it",
                 "11:7: parameter `a` is described twice (first on line 10)",
-                "14:9: parameter setting `source:` is not supported yet",
                 "15:14: unknown type `strng` (expected string, number, boolean, date, object, or `type[]`)",
                 "17:9: duplicate field `x` (first on line 16)",
+                "14:17: `source: system` needs a `value:` (a jq expression over the run's state, like `.input.customer_id`)",
                 "20:9: `i` declares its fields inline in the signature; `y` cannot be added here",
                 "21:7: expected `parameter_name:` followed by an indented block, found `a2`",
             ]

@@ -120,11 +120,16 @@ pub enum ToolBindingDef {
     },
 }
 
-/// `confirmation:` of a tool with `require: always` (the seed's "Tool
-/// features: Confirmation"): every call waits for a person's decision
-/// before it is dispatched. Added after v0.1.
+/// `confirmation:` of a tool with `require: always`, or with `require:
+/// when_side_effects` and side effects ([`ToolDef::has_side_effects`]) (the
+/// seed's "Tool features: Confirmation"): every call waits for a person's
+/// decision before it is dispatched. Added after v0.1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfirmationDef {
+    /// Written as `require: when_side_effects` (rather than `always`).
+    /// Added for issue 4.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub when_side_effects: bool,
     /// `immutable_params:`: arguments an approver may not edit (the others
     /// may be edited; the call then runs with the edited arguments).
     #[serde(default)]
@@ -236,6 +241,165 @@ pub struct CircuitBreakerDef {
     pub reset_ms: u64,
 }
 
+/// Where a parameter that the model does not supply gets its value (the
+/// seed's "Parameter enrichment and sources": `source:` with `value:`, or
+/// `key:` and `table:`). The machine fills every source but `config` when
+/// the call is proposed, so the arguments recorded in `tool_call_scheduled`
+/// are exactly what the tool receives; `config` is filled by the worker.
+/// Added for issue 4.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ParamSource {
+    /// `source: system`: `value:` is a jq expression over the run's state
+    /// document (`{input, nodes, vars, run: {id, tenant}}`).
+    System {
+        /// The expression.
+        expr: Expr,
+    },
+    /// `source: runtime`: `value:` names a fact of the call.
+    Runtime {
+        /// Which fact.
+        field: RuntimeField,
+    },
+    /// `source: auth`: `value:` names a fact of who started the run.
+    Auth {
+        /// Which fact.
+        field: AuthField,
+    },
+    /// `source: config`: `value:` is a name of the worker's tool
+    /// configuration (`BELAY_TOOL_CONFIG_<NAME>`). The arguments hold the
+    /// placeholder `{{config.NAME}}`; the worker puts the value in right
+    /// before the request, so no event or spec ever holds it. The parameter
+    /// must be a `string`.
+    Config {
+        /// The configuration name (`[A-Za-z0-9_]+`).
+        name: String,
+    },
+    /// `source: expr`: `value:` is a jq expression over the run's state
+    /// document with the model's arguments (defaults filled in) at `.args`.
+    Expr {
+        /// The expression.
+        expr: Expr,
+    },
+    /// `source: lookup`: `key:` (a jq expression over the same document as
+    /// `expr`) gives a key, looked up in `table:`; a key the table lacks
+    /// gives the parameter's `default`, else the call is refused.
+    Lookup {
+        /// The key expression; its value must be a string, number or boolean
+        /// (numbers and booleans are looked up by their JSON text).
+        key: Expr,
+        /// Key → value, as written under `table:`.
+        table: BTreeMap<String, Value>,
+    },
+    /// `value:` without `source:` (or a hidden `source: model` parameter
+    /// with a default): a constant.
+    Literal {
+        /// The value, checked against the parameter's type.
+        value: Value,
+    },
+}
+
+/// `source: runtime` values. Added for issue 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeField {
+    /// The run's id.
+    RunId,
+    /// The id of the node the call belongs to.
+    NodeId,
+    /// The call's id (`<node>~<visit>.t<n>`), unique within the run.
+    CallId,
+    /// The call's idempotency key (`<run_id>/<call_id>`).
+    IdempotencyKey,
+    /// The run's tenant.
+    Tenant,
+}
+
+/// `source: auth` values. Added for issue 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthField {
+    /// The identity of the caller that started the run (`StartRun`'s caller).
+    Caller,
+    /// The run's tenant.
+    Tenant,
+}
+
+/// A parameter of a tool that the model never supplies and never sees:
+/// one with a `source:` other than `model`, or `hidden: true`. Left out of
+/// the schema the model is given; a call whose arguments name it is
+/// refused. Added for issue 4.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InjectedParam {
+    /// The parameter's name.
+    pub name: String,
+    /// Where its value comes from.
+    pub source: ParamSource,
+    /// Used when the source gives `null` (or a lookup misses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
+    /// Whether the call is refused when no value comes (else the
+    /// parameter is left out of the arguments).
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// `effect:` (the seed's "State authority and provided fields"): the tool's
+/// authority over state outside the run. Added for issue 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// Reads only.
+    ReadOnly,
+    /// Writes state (the seed's session state; for Belay any state).
+    StateWrite,
+    /// Acts on the outside world (payments, messages, deletions).
+    SideEffect,
+}
+
+/// `hints.latency`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Latency {
+    /// `fast`.
+    Fast,
+    /// `medium`.
+    Medium,
+    /// `slow`.
+    Slow,
+}
+
+/// The `hints:` block (the seed's "Hints"), as written. Stored so that
+/// readers of the definition and the audit see it; what each one changes is
+/// in `docs/tools.md`: `timeout` sets the tool's timeout when `timeout:` is
+/// absent, `side_effects` feeds `confirmation.require: when_side_effects`,
+/// the others change nothing yet. Added for issue 4.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolHints {
+    /// `cacheable:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cacheable: Option<bool>,
+    /// `latency:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<Latency>,
+    /// `side_effects:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effects: Option<bool>,
+    /// `requires_auth:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_auth: Option<bool>,
+    /// `timeout:` in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl ToolHints {
+    /// Whether no hint is given.
+    pub fn is_empty(&self) -> bool {
+        *self == ToolHints::default()
+    }
+}
+
 /// A tool declared in a `.tools.abl` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDef {
@@ -293,10 +457,47 @@ pub struct ToolDef {
     /// (`crate::gates`). Added after v0.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerDef>,
+    /// Parameters the model never supplies (non-`model` `source:`, or
+    /// `hidden: true`), in declaration order; filled when a call is
+    /// proposed. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injected: Vec<InjectedParam>,
+    /// The schema the model is given (`input_schema` without the injected
+    /// parameters); `None` when they are the same. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_input_schema: Option<Value>,
+    /// `hints:`. Added for issue 4.
+    #[serde(default, skip_serializing_if = "ToolHints::is_empty")]
+    pub hints: ToolHints,
+    /// `effect:`. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<Effect>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.
     pub source_line: u32,
+}
+
+impl ToolDef {
+    /// The JSON Schema of the arguments the model may send: the
+    /// `input_schema` without the injected parameters.
+    pub fn model_schema(&self) -> &Value {
+        self.model_input_schema
+            .as_ref()
+            .unwrap_or(&self.input_schema)
+    }
+
+    /// Whether the tool may change state outside the run: `effect:` when
+    /// given (`read_only`: no), else `hints.side_effects`, else yes (a tool
+    /// that says nothing is taken to have side effects, the safe reading for
+    /// `confirmation.require: when_side_effects`).
+    pub fn has_side_effects(&self) -> bool {
+        match (self.effect, self.hints.side_effects) {
+            (Some(effect), _) => effect != Effect::ReadOnly,
+            (None, Some(side_effects)) => side_effects,
+            (None, None) => true,
+        }
+    }
 }
 
 /// Loop policy of an agent.

@@ -96,7 +96,7 @@ impl TypeExpr {
     }
 
     /// Human spelling, for messages.
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match self {
             TypeExpr::Prim(p) => p.name().to_string(),
             TypeExpr::Object(_) => "object".to_string(),
@@ -664,7 +664,7 @@ fn check_default(ty: &TypeExpr, value: &Value, column: u32) -> Result<(), SigErr
 }
 
 /// `YYYY-MM-DD` with a real month and day (JSON Schema `date`, RFC 3339 full-date).
-fn is_date(s: &str) -> bool {
+pub(super) fn is_date(s: &str) -> bool {
     let b = s.as_bytes();
     if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
         return false;

@@ -198,7 +198,9 @@ pub enum Event {
         tool_use_id: String,
         /// Tool name as the model wrote it.
         tool: String,
-        /// Which check failed (`not_on_list`, `invalid_arguments`, `permission`, `budget`).
+        /// Which check failed (`not_on_list`, `invalid_arguments`, `permission`,
+        /// `budget`, …; `parameter_source`: a parameter the tool supplies
+        /// itself (`source:`) could not be filled in).
         check: String,
         /// Message for the model.
         reason: String,

@@ -1400,9 +1400,11 @@ impl Step {
             }
         };
 
-        // 2. Arguments decode into the input type within the size limit.
+        // 2. Arguments decode into the input type within the size limit
+        // (the type the model sees: parameters it does not supply are
+        // refused), then those parameters are filled in.
         let limit = agent.def.max_argument_bytes as usize;
-        let arguments = match decode_arguments(&tool_use.arguments, limit, &tool.def.input_schema) {
+        let mut arguments = match decode_arguments(&tool_use.arguments, limit, &tool.def) {
             Ok(args) => args,
             Err(reason) => {
                 let event = refuse("invalid_arguments", reason);
@@ -1410,6 +1412,33 @@ impl Step {
                 return Ok(());
             }
         };
+        // What the model chose, for `max_identical_calls` below.
+        let chosen = arguments.clone();
+        let call_id = self
+            .state
+            .node
+            .as_ref()
+            .map(|n| format!("{}.t{}", n.prefix, n.tool_calls + 1))
+            .unwrap_or_default();
+        let key = idempotency_key(&self.state.run_id, &call_id);
+        if let Value::Object(map) = &mut arguments {
+            let facts = inject::CallFacts {
+                run_id: &self.state.run_id,
+                node_id: &node_id,
+                call_id: &call_id,
+                idempotency_key: &key,
+                tenant: &self.state.tenant,
+                caller: &self.state.caller,
+            };
+            if let Err(reason) = inject::inject(&tool.def, map, &self.state.document(), &facts) {
+                let event = refuse(
+                    "parameter_source",
+                    format!("tool `{}` cannot be called here: {reason}", tool_use.name),
+                );
+                self.emit(event);
+                return Ok(());
+            }
+        }
 
         // 3. Permission granted to node, caller and tenant.
         let permission = &tool.def.permission;
@@ -1482,7 +1511,7 @@ impl Step {
         if max_identical > 0
             && let Some((tool_name, args, times)) = &node_state.last_call
             && tool_name == &tool_use.name
-            && args == &arguments
+            && args == &chosen
             && times + 1 >= max_identical
         {
             let times = times + 1;
@@ -1504,8 +1533,6 @@ impl Step {
             );
             return Ok(());
         }
-        let call_id = format!("{}.t{}", node_state.prefix, node_state.tool_calls + 1);
-        let key = idempotency_key(&self.state.run_id, &call_id);
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
@@ -1626,8 +1653,10 @@ impl Step {
                         errors: vec!["/: the edited arguments must be a JSON object".into()],
                     });
                 };
+                // Injected parameters are the definition's, not the approver's.
                 let mut errors: Vec<String> = immutable
                     .iter()
+                    .chain(tool.def.injected.iter().map(|p| &p.name))
                     .filter(|p| map.get(p.as_str()) != call.arguments.get(p.as_str()))
                     .map(|p| {
                         format!(
@@ -2931,12 +2960,38 @@ impl Step {
                     .and_then(|t| t.def.reconcile_with.clone())
                     .and_then(|name| self.plan().ok()?.tools.get(&name).cloned());
                 let mut pause_reason = format!("uncertain outcome: {reason}");
+                // The probe's own injected parameters are filled in like a
+                // model's call; a probe that cannot be called goes to the
+                // operator instead.
+                let probe_call_id = format!("{call_id}.p{}", call.probes + 1);
+                let key = idempotency_key(&self.state.run_id, &probe_call_id);
+                let probe = probe.and_then(|probe| {
+                    let mut args = Map::new();
+                    args.insert(
+                        "idempotency_key".into(),
+                        Value::String(call.idempotency_key.clone()),
+                    );
+                    let facts = inject::CallFacts {
+                        run_id: &self.state.run_id,
+                        node_id: &call.node,
+                        call_id: &probe_call_id,
+                        idempotency_key: &key,
+                        tenant: &self.state.tenant,
+                        caller: &self.state.caller,
+                    };
+                    match inject::inject(&probe.def, &mut args, &self.state.document(), &facts) {
+                        Ok(()) => Some((probe, Value::Object(args))),
+                        Err(e) => {
+                            pause_reason = format!(
+                                "{pause_reason}; the probe `{}` cannot be called: {e}",
+                                probe.def.name
+                            );
+                            None
+                        }
+                    }
+                });
                 match probe {
-                    Some(probe) => {
-                        let probe_call_id = format!("{call_id}.p{}", call.probes + 1);
-                        let arguments =
-                            serde_json::json!({"idempotency_key": call.idempotency_key});
-                        let key = idempotency_key(&self.state.run_id, &probe_call_id);
+                    Some((probe, arguments)) => {
                         let spec = tool_spec(&probe, &arguments, &key)?;
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
@@ -3200,7 +3255,7 @@ impl Step {
                         .map(|t| ToolSchema {
                             name: t.def.name.clone(),
                             description: t.def.description.clone(),
-                            parameters: t.def.input_schema.clone(),
+                            parameters: t.def.model_schema().clone(),
                         })
                         .collect();
                     let spec = ModelCallSpec {
@@ -3485,7 +3540,30 @@ impl Step {
             ));
             return Ok(());
         };
-        fill_defaults(&mut map, &tool.def.input_schema);
+        let sent = inject::sent_anyway(&tool.def, &map);
+        if !sent.is_empty() {
+            self.fail_run(format!(
+                "node `{}`: `args` of tool `{tool_name}` set {}, which the tool's definition supplies itself (`source:` or `hidden:`)",
+                def.id,
+                sent.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            ));
+            return Ok(());
+        }
+        fill_defaults(&mut map, tool.def.model_schema());
+        let call_id = format!("{}.t1", self.step_prefix(&def.id));
+        let key = idempotency_key(&self.state.run_id, &call_id);
+        let facts = inject::CallFacts {
+            run_id: &self.state.run_id,
+            node_id: &def.id,
+            call_id: &call_id,
+            idempotency_key: &key,
+            tenant: &self.state.tenant,
+            caller: &self.state.caller,
+        };
+        if let Err(reason) = inject::inject(&tool.def, &mut map, &self.state.document(), &facts) {
+            self.fail_run(format!("node `{}`: tool `{tool_name}`: {reason}", def.id));
+            return Ok(());
+        }
         let arguments = Value::Object(map);
         // The same bound as a model's proposal (measured as the JSON that
         // is persisted and sent).
@@ -3523,8 +3601,6 @@ impl Step {
             ));
             return Ok(());
         }
-        let call_id = format!("{}.t1", self.step_prefix(&def.id));
-        let key = idempotency_key(&self.state.run_id, &call_id);
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
@@ -4560,13 +4636,16 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
         binding,
         idempotency_key: key.to_owned(),
         input: None,
+        config_params: inject::config_params(&tool.def),
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }
 
-/// Check 2: the arguments are JSON within `limit` bytes, an object, and valid
-/// against the tool's input schema once its defaults are filled in.
-fn decode_arguments(raw: &str, limit: usize, schema: &Value) -> Result<Value, String> {
+/// Check 2: the arguments are JSON within `limit` bytes, an object that
+/// names none of the parameters the model does not supply, and valid
+/// against the schema the model was given once its defaults are filled in.
+fn decode_arguments(raw: &str, limit: usize, def: &ToolDef) -> Result<Value, String> {
+    let schema = def.model_schema();
     if raw.len() > limit {
         return Err(format!(
             "arguments are {} bytes, more than the limit of {limit} bytes",
@@ -4579,6 +4658,10 @@ fn decode_arguments(raw: &str, limit: usize, schema: &Value) -> Result<Value, St
     let Value::Object(mut map) = normalize::strip_nul_value(value) else {
         return Err("arguments must be a JSON object".into());
     };
+    let sent = inject::sent_anyway(def, &map);
+    if !sent.is_empty() {
+        return Err(inject::not_yours(&sent));
+    }
     fill_defaults(&mut map, schema);
     let value = Value::Object(map);
     crate::definitions::validate_json(schema, &value).map_err(|errors| {
@@ -4604,6 +4687,8 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
         }
     }
 }
+
+mod inject;
 
 #[cfg(test)]
 mod retry_tests;

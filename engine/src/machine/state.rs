@@ -434,6 +434,8 @@ pub struct RunState {
     pub totals: RunTotals,
     /// Run input.
     pub input: Value,
+    /// Who started the run (`StartRun`'s caller).
+    pub caller: String,
     /// Caller's permissions.
     pub caller_grants: Vec<String>,
     /// Tenant's permissions.
@@ -479,6 +481,7 @@ impl Default for RunState {
             status_reason: String::new(),
             plan: None,
             input: Value::Null,
+            caller: String::new(),
             caller_grants: Vec::new(),
             tenant_grants: Vec::new(),
             node: None,
@@ -528,6 +531,7 @@ impl RunState {
             Event::RunStarted {
                 run_id,
                 tenant,
+                caller,
                 caller_grants,
                 tenant_grants,
                 input,
@@ -536,6 +540,7 @@ impl RunState {
             } => {
                 self.run_id = run_id.clone();
                 self.tenant = tenant.clone();
+                self.caller = caller.clone();
                 self.caller_grants = caller_grants.clone();
                 self.tenant_grants = tenant_grants.clone();
                 self.input = input.clone();
@@ -691,9 +696,10 @@ impl RunState {
                 } else if let Some(state) = self.node.as_mut() {
                     state.tool_calls += 1;
                     self.totals.tool_calls += 1;
+                    let chosen = model_arguments(self.plan.as_ref(), tool, arguments);
                     state.last_call = match state.last_call.take() {
-                        Some((t, a, n)) if &t == tool && &a == arguments => Some((t, a, n + 1)),
-                        _ => Some((tool.clone(), arguments.clone(), 1)),
+                        Some((t, a, n)) if &t == tool && a == chosen => Some((t, a, n + 1)),
+                        _ => Some((tool.clone(), chosen, 1)),
                     };
                     if let Some(p) = state
                         .pending
@@ -1322,5 +1328,25 @@ impl RunState {
                 });
             }
         }
+    }
+}
+
+/// The part of a scheduled call's `arguments` the model chose: without the
+/// parameters the tool's definition fills in (`ToolDef.injected`), which
+/// may differ on every call (a call id) and so would hide a repeated call
+/// from `max_identical_calls`.
+pub(super) fn model_arguments(plan: Option<&RunPlan>, tool: &str, arguments: &Value) -> Value {
+    let injected = plan
+        .and_then(|p| p.tools.get(tool))
+        .map(|t| &t.def.injected)
+        .filter(|i| !i.is_empty());
+    match (injected, arguments) {
+        (Some(injected), Value::Object(map)) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| !injected.iter().any(|p| &p.name == *k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        _ => arguments.clone(),
     }
 }

@@ -30,6 +30,11 @@ fn plan(workflow: &str) -> RunPlan {
 
 /// A plan from a tools file and a workflow YAML (plus the agent above).
 fn plan_with(tools: &str, workflow: &str) -> RunPlan {
+    plan_files(tools, AGENT, workflow)
+}
+
+/// A plan from a tools file, an agent YAML and a workflow YAML.
+fn plan_files(tools: &str, agent: &str, workflow: &str) -> RunPlan {
     let files = [
         SourceFile {
             path: "t.tools.abl".into(),
@@ -37,7 +42,7 @@ fn plan_with(tools: &str, workflow: &str) -> RunPlan {
         },
         SourceFile {
             path: "a.yaml".into(),
-            content: AGENT.into(),
+            content: agent.into(),
         },
         SourceFile {
             path: "w.yaml".into(),
@@ -1335,4 +1340,416 @@ fn a_declined_confirmation_fails_the_call_as_the_user_declined() {
         "{}",
         run.state.status_reason
     );
+}
+
+/// A tool with every kind of parameter the model does not supply.
+const CHARGE_TOOLS: &str = r#"TOOLS:
+  charge(amount: number, customer_id: string, run: string, node: string, call: string, key: string, who: string, org: string, api_key: string, cents: number, zone: string, fixed: string, note?: string) -> {ok: boolean}
+    description: "Charge the customer"
+    type: http
+    endpoint: "/charge"
+    parameters:
+      customer_id:
+        source: system
+        value: ".input.customer_id"
+        hidden: true
+      run:
+        source: runtime
+        value: run_id
+      node:
+        source: runtime
+        value: node_id
+      call:
+        source: runtime
+        value: call_id
+      key:
+        source: runtime
+        value: idempotency_key
+      who:
+        source: auth
+      org:
+        source: auth
+        value: tenant
+      api_key:
+        source: config
+        value: CRM_KEY
+      cents:
+        source: expr
+        value: ".args.amount * 100"
+      zone:
+        source: lookup
+        key: ".input.country"
+        table:
+          DE: eu
+          US: us
+        default: other
+      fixed:
+        value: v1
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+const CHARGE_AGENT: &str =
+    "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [charge]\ngrants: [crm.write]\n";
+
+const AGENT_WF: &str = "kind: workflow\nname: w\nnodes:\n  - {id: n, type: agent, agent: a}\n";
+
+/// The specs of the model calls `d` schedules, with their call ids.
+fn model_calls(d: &Decision) -> Vec<Value> {
+    model_call_ids(d)
+        .into_iter()
+        .map(|(_, spec)| spec)
+        .collect()
+}
+
+fn model_call_ids(d: &Decision) -> Vec<(String, Value)> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ScheduleTask {
+                kind: TaskKind::ModelCall,
+                call_id,
+                spec,
+                ..
+            } => Some((call_id.clone(), spec.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn model_proposes(call_id: &str, arguments: &str) -> Input {
+    Input::ModelCallCompleted {
+        call_id: call_id.into(),
+        attempt: 1,
+        result: ModelCallResult {
+            content: None,
+            tool_calls: vec![ToolUse {
+                id: "tu1".into(),
+                name: "charge".into(),
+                arguments: arguments.into(),
+            }],
+            usage: belay_proto::wire::Usage {
+                input_tokens: 1,
+                output_tokens: 1,
+            },
+            finish_reason: None,
+        },
+    }
+}
+
+#[test]
+fn parameters_the_model_does_not_supply_are_hidden_from_it_and_filled_in_when_proposed() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let input = json!({"customer_id": "cus_42", "country": "DE"});
+    let (mut run, d) = Run::start_plan(plan, input);
+    // The model is given `amount` only.
+    let spec = &model_calls(&d)[0];
+    assert_eq!(
+        spec["tools"][0]["parameters"],
+        json!({
+            "type": "object",
+            "properties": {"amount": {"type": "number"}, "note": {"type": "string"}},
+            "required": ["amount"],
+            "additionalProperties": false,
+        })
+    );
+    for hidden in ["customer_id", "api_key", "zone", "CRM_KEY"] {
+        assert!(
+            !spec["tools"].to_string().contains(hidden),
+            "{hidden} shown to the model"
+        );
+    }
+
+    // The model proposes `amount`; the call carries every parameter,
+    // filled in from the state, the call, the caller and the definition.
+    let proposal = model_proposes("n.m1", r#"{"amount": 12}"#);
+    let before = run.state.clone();
+    let d = run.step(proposal.clone());
+    let arguments = json!({
+        "amount": 12,
+        "customer_id": "cus_42",
+        "run": "r1",
+        "node": "n",
+        "call": "n.t1",
+        "key": "r1/n.t1",
+        "who": "app",
+        "org": "acme",
+        "api_key": "{{config.CRM_KEY}}",
+        "cents": 1200,
+        "zone": "eu",
+        "fixed": "v1",
+    });
+    let Some(Event::ToolCallScheduled {
+        arguments: recorded,
+        ..
+    }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallScheduled { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(recorded, &arguments);
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.iter().find(|c| {
+        matches!(
+            c,
+            Command::ScheduleTask {
+                kind: TaskKind::ToolCall,
+                ..
+            }
+        )
+    }) else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(spec["arguments"], arguments);
+    assert_eq!(spec["config_params"], json!(["api_key"]));
+    // Deciding the same input on the same state gives the same arguments.
+    assert_eq!(decide(&before, proposal).unwrap(), d);
+
+    // The transcript keeps the model's own arguments: the next model call
+    // shows none of the filled-in values.
+    run.step(Input::DispatchToolCall {
+        call_id: "n.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "n.t1".into(),
+        attempt: 1,
+        result: json!({"ok": true}),
+    });
+    let next = model_calls(&d);
+    assert_eq!(next.len(), 1, "{:?}", d.commands);
+    // (The run's input, with its customer id, is the agent's user message.)
+    for hidden in ["CRM_KEY", "\"eu\"", "1200", "r1/n.t1", "\"v1\""] {
+        assert!(
+            !next[0].to_string().contains(hidden),
+            "{hidden} shown to the model: {}",
+            next[0]
+        );
+    }
+
+    // A lookup that misses takes the default.
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": "c", "country": "FR"}));
+    let d = run.step(model_proposes("n.m1", r#"{"amount": 1}"#));
+    let Some(Event::ToolCallScheduled { arguments, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallScheduled { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(arguments["zone"], json!("other"));
+}
+
+#[test]
+fn a_model_sending_a_parameter_it_does_not_supply_is_refused_and_told_why() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan.clone(), json!({"customer_id": "cus_42"}));
+    let d = run.step(model_proposes(
+        "n.m1",
+        r#"{"amount": 12, "customer_id": "cus_EVIL", "api_key": "{{config.OTHER}}"}"#,
+    ));
+    let Some(Event::ToolCallRefused { check, reason, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallRefused { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(check, "invalid_arguments");
+    assert_eq!(
+        reason,
+        "arguments may not include `customer_id`, `api_key`: the system supplies them; call the tool without them"
+    );
+    assert!(d.commands.iter().all(|c| !matches!(
+        c,
+        Command::ScheduleTask {
+            kind: TaskKind::ToolCall,
+            ..
+        }
+    )));
+    // The refusal goes back to the model as the call's result.
+    let next = model_calls(&d);
+    assert!(next[0].to_string().contains("the system supplies them"));
+
+    // A parameter whose source gives nothing refuses the call without
+    // showing a value.
+    let (mut run, _) = Run::start_plan(plan, json!({"country": "US"}));
+    let d = run.step(model_proposes("n.m1", r#"{"amount": 12}"#));
+    let Some(Event::ToolCallRefused { check, reason, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallRefused { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(check, "parameter_source");
+    assert_eq!(
+        reason,
+        "tool `charge` cannot be called here: parameter `customer_id` (`source: system` `.input.customer_id`) has no value here and no default"
+    );
+    // A value of the wrong type, likewise (and the value is not shown).
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": {"secret": "s3"}}));
+    let d = run.step(model_proposes("n.m1", r#"{"amount": 12}"#));
+    let Some(Event::ToolCallRefused { check, reason, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallRefused { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(check, "parameter_source");
+    assert!(
+        reason.contains("does not match its type") && !reason.contains("s3"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_tool_node_gets_the_injected_parameters_and_may_not_set_them() {
+    let wf = |args: &str| {
+        format!(
+            "kind: workflow\nname: w\nnodes:\n  - {{id: pay, type: tool, tool: charge, args: {args}, grants: [crm.write]}}\n"
+        )
+    };
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, &wf("{amount: 3}"));
+    let (_, d) = Run::start_plan(plan, json!({"customer_id": "cus_1", "country": "US"}));
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(spec["arguments"]["customer_id"], json!("cus_1"));
+    assert_eq!(spec["arguments"]["node"], json!("pay"));
+    assert_eq!(spec["arguments"]["call"], json!("pay.t1"));
+    assert_eq!(spec["arguments"]["cents"], json!(300));
+    assert_eq!(spec["arguments"]["zone"], json!("us"));
+
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, &wf("{amount: 3, who: root}"));
+    let (run, d) = Run::start_plan(plan, json!({"customer_id": "cus_1"}));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. })),
+        "{:?}",
+        d.commands
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains(
+            "`args` of tool `charge` set `who`, which the tool's definition supplies itself"
+        ),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const SIDE_EFFECT_TOOLS: &str = r#"TOOLS:
+  look(id: string) -> {found: boolean}
+    type: http
+    endpoint: "/look"
+    effect: read_only
+    confirmation:
+      require: when_side_effects
+    permission: crm.write
+    repeat_safety: idempotent
+  wipe(id: string) -> {wiped: boolean}
+    type: http
+    endpoint: "/wipe"
+    effect: side_effect
+    confirmation:
+      require: when_side_effects
+    permission: crm.write
+    repeat_safety: never
+"#;
+
+#[test]
+fn when_side_effects_runs_a_read_only_tool_at_once_and_holds_a_side_effect_for_approval() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: look, type: tool, tool: look, args: {id: "a1"}, grants: [crm.write], next: wipe}
+  - {id: wipe, type: tool, tool: wipe, args: {id: "a1"}, grants: [crm.write], next: done}
+  - {id: done, type: succeed, output: "${ .nodes.wipe.output }"}
+"#;
+    let agent = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [look, wipe]\ngrants: [crm.write]\n";
+    let (mut run, d) = Run::start_plan(plan_files(SIDE_EFFECT_TOOLS, agent, wf), json!({}));
+    // The read-only tool runs at once: its task is scheduled, nobody asked.
+    assert!(
+        matches!(d.commands.first(), Some(Command::ScheduleTask { call_id, .. }) if call_id == "look.t1"),
+        "{:?}",
+        d.commands
+    );
+    assert!(!run.kinds().contains(&"confirmation_requested"));
+    run.step(Input::DispatchToolCall {
+        call_id: "look.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "look.t1".into(),
+        attempt: 1,
+        result: json!({"found": true}),
+    });
+    // The side-effect tool waits for a person.
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. })),
+        "{:?}",
+        d.commands
+    );
+    assert_eq!(run.kinds().last(), Some(&"confirmation_requested"));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let d = run.step(Input::DecideApproval {
+        node: "wipe.t1".into(),
+        approve: true,
+        edited_subject: None,
+        by: "ana".into(),
+        grants: vec!["crm.write".into()],
+        reason: String::new(),
+    });
+    assert!(
+        matches!(d.commands.first(), Some(Command::ScheduleTask { call_id, spec, .. }) if call_id == "wipe.t1" && spec["arguments"] == json!({"id": "a1"})),
+        "{:?}",
+        d.commands
+    );
+}
+
+#[test]
+fn the_same_call_repeated_stops_the_run_although_its_filled_in_call_id_differs() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": "c", "country": "US"}));
+    for step in 1..=3 {
+        let d = run.step(model_proposes(&format!("n.m{step}"), r#"{"amount": 5}"#));
+        if step == 3 {
+            assert!(
+                d.events.iter().any(
+                    |e| matches!(e, Event::ToolCallRefused { check, .. } if check == "no_progress")
+                ),
+                "{:?}",
+                d.events
+            );
+            break;
+        }
+        let call_id = format!("n.t{step}");
+        run.step(Input::DispatchToolCall {
+            call_id: call_id.clone(),
+            attempt: 1,
+            worker_id: "w".into(),
+            callback_token_sha256: None,
+            tenant_grants: None,
+        });
+        run.step(Input::ToolCallCompleted {
+            call_id,
+            attempt: 1,
+            result: json!({"ok": true}),
+        });
+    }
+    assert_eq!(run.state.status, RunStatus::Failed);
 }

@@ -66,7 +66,8 @@ pub enum ToolCallOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ToolCallRefusal {
     /// The check that failed: `not_on_list`, `invalid_arguments`,
-    /// `permission`, `budget`, `no_progress`, `truncated`, `loop_policy`.
+    /// `permission`, `budget`, `no_progress`, `truncated`, `loop_policy`,
+    /// `parameter_source`.
     pub check: String,
     /// What the model was told.
     pub reason: String,

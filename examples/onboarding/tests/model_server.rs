@@ -424,7 +424,7 @@ async fn api_key_is_required_when_configured() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    let mut expected = vec![INTAKE_MODEL];
+    let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
     expected.extend(MCP_TEST_MODELS);
     expected.extend([ONBOARDING_MODEL, REFUSALS_MODEL]);
     assert_eq!(ids, expected);
@@ -547,7 +547,7 @@ fn invalid_scripts_are_refused_with_a_reason() {
 #[test]
 fn embedded_script_is_the_file_and_has_every_model() {
     let script = Script::onboarding().expect("embedded script parses");
-    let mut expected = vec![INTAKE_MODEL];
+    let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
     expected.extend(MCP_TEST_MODELS);
     expected.extend([ONBOARDING_MODEL, REFUSALS_MODEL]);
     assert_eq!(script.models().collect::<Vec<_>>(), expected);
