@@ -338,6 +338,7 @@ fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
     let (mut run, _) = Run::start(WAIT, json!({}));
     let d = run.step(Input::TimerFired {
         timer_id: "docs.timeout".into(),
+        overdue_ms: 0,
     });
     // on_timeout -> remind (set) -> docs again: a second visit, new ids.
     assert_eq!(run.state.vars.get("reminded"), Some(&json!(true)));
@@ -346,6 +347,7 @@ fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
     // The old timer firing again (a second replica) changes nothing.
     let stale = run.step(Input::TimerFired {
         timer_id: "docs.timeout".into(),
+        overdue_ms: 0,
     });
     assert!(stale.events.is_empty());
     assert_eq!(cancelled(&stale), vec!["docs.timeout"]);
@@ -357,6 +359,7 @@ fn a_timeout_without_a_transition_fails_the_run() {
     let (mut run, _) = Run::start(wf, json!({}));
     run.step(Input::TimerFired {
         timer_id: "w.timeout".into(),
+        overdue_ms: 0,
     });
     assert_eq!(run.state.status, RunStatus::Failed);
     assert!(
@@ -388,6 +391,7 @@ nodes:
     assert_eq!(t[1].at.as_deref(), Some("2026-12-01T09:00:00.000Z"));
     let d = run.step(Input::TimerFired {
         timer_id: t[1].timer_id.clone(),
+        overdue_ms: 0,
     });
     assert_eq!(
         cancelled(&d),
@@ -539,6 +543,7 @@ fn a_decline_takes_on_decline_and_an_approval_timeout_fails_without_a_transition
     let (mut run, _) = Run::start(wf, json!({}));
     run.step(Input::TimerFired {
         timer_id: "approve.timeout".into(),
+        overdue_ms: 0,
     });
     assert_eq!(run.state.status, RunStatus::Failed);
     assert!(run.state.status_reason.contains("no decision within 1h"));
@@ -773,6 +778,7 @@ fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
     let (_, child, _, _) = child_start(&d);
     let d = run.step(Input::TimerFired {
         timer_id: "kyc.timeout".into(),
+        overdue_ms: 0,
     });
     assert!(d.commands.iter().any(
         |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
@@ -874,6 +880,7 @@ nodes:
     let (_, child, _, _) = child_start(&d);
     let d = run.step(Input::TimerFired {
         timer_id: "check.t1.timeout".into(),
+        overdue_ms: 0,
     });
     assert!(d.commands.iter().any(
         |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
@@ -1103,6 +1110,7 @@ fn an_async_webhook_without_a_callback_in_time_fails_and_needs_a_callback_endpoi
     });
     let d = run.step(Input::TimerFired {
         timer_id: "check.t1.callback".into(),
+        overdue_ms: 0,
     });
     assert!(
         d.events
