@@ -1344,3 +1344,47 @@ fn a_declined_confirmation_fails_the_call_as_the_user_declined() {
         run.state.status_reason
     );
 }
+
+#[test]
+fn a_run_deadline_during_a_sync_child_cancels_the_child_and_fails_the_run() {
+    // The parent's `budget:` bounds the whole run's wall time, whatever
+    // node it is in; the child has its own (longer) timeout.
+    let wf = PARENT.replacen(
+        "name: parent\n",
+        "name: parent\nbudget:\n  max_wall_time: 6h\n",
+        1,
+    );
+    let (mut run, d) = Run::start(&wf, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let ids: Vec<String> = timers(&d).into_iter().map(|t| t.timer_id).collect();
+    assert_eq!(ids, vec![RUN_DEADLINE_TIMER, "kyc.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let d = run.step(Input::TimerFired {
+        timer_id: RUN_DEADLINE_TIMER.into(),
+        overdue_ms: 1_500,
+    });
+    assert_eq!(run.kinds().last().copied(), Some("run_failed"));
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, reason } if *child_run_id == child && reason.contains("wall_time"))
+    ));
+    let stop = d.events.iter().find_map(|e| match e {
+        Event::RunFailed { stop, .. } => stop.clone(),
+        _ => None,
+    });
+    assert_eq!(
+        stop,
+        Some(Stop::Deadline {
+            scope: "run".into(),
+            node: "kyc".into(),
+            limit_ms: 6 * 3_600_000,
+            elapsed_ms: 6 * 3_600_000 + 1_500,
+        })
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    // The child's own timeout, due later, finds the run ended: stale.
+    let stale = run.step(Input::TimerFired {
+        timer_id: "kyc.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert!(stale.events.is_empty());
+}
