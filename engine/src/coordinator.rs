@@ -927,9 +927,10 @@ impl Coordinator {
             .await
             .map_err(CoordinatorError::Store)?;
         let mut handled = 0;
-        for (run_id, timer_id) in due {
+        for (run_id, timer_id, overdue_ms) in due {
             let input = Input::TimerFired {
                 timer_id: timer_id.clone(),
+                overdue_ms: u64::try_from(overdue_ms).unwrap_or(0),
             };
             match self
                 .store

@@ -557,6 +557,12 @@ pub struct Budget {
     /// reported usage. Added after v0.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_usd: Option<f64>,
+    /// Most wall time, ms (`max_wall_time: 10m`): of the agent's node from
+    /// when it starts, or of the whole run from when it starts. Enforced by
+    /// a durable timer; when it fires the node or run stops with
+    /// `Stop::Deadline`. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wall_time_ms: Option<u64>,
 }
 
 impl Budget {

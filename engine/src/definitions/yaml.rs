@@ -97,6 +97,7 @@ const BUDGET_KEYS: &[&str] = &[
     "max_input_tokens",
     "max_output_tokens",
     "max_cost_usd",
+    "max_wall_time",
 ];
 /// `budget:` of a workflow (the whole run).
 const RUN_BUDGET_KEYS: &[&str] = &[
@@ -106,6 +107,7 @@ const RUN_BUDGET_KEYS: &[&str] = &[
     "max_cost_usd",
     "max_model_steps",
     "max_tool_calls",
+    "max_wall_time",
 ];
 const PRICING_KEYS: &[&str] = &["input_per_million_usd", "output_per_million_usd"];
 const LIMIT_KEYS: &[&str] = &[
@@ -709,6 +711,9 @@ fn parse_budget(node: Option<&Node>, keys: &[&str], cx: &mut Cx<'_>) -> Budget {
     budget.max_cost_usd = map
         .get_present("max_cost_usd")
         .and_then(|n| usd(n, "max_cost_usd", cx));
+    budget.max_wall_time_ms = map
+        .get_present("max_wall_time")
+        .and_then(|n| duration_ms(n, "max_wall_time", cx));
     map.finish("`budget`", keys, cx);
     budget
 }
@@ -1855,7 +1860,7 @@ max_output_tokens: 1024
             vec![
                 "7:20: `max_model_steps` applies to `bounded_loop` only (`exactly_one_call` makes one model call and no tool call)",
                 "9:17: `max_cost_usd` must be more than 0, found -1",
-                "10:3: unknown key `max_model_steps` in `budget` (expected one of: max_tokens, max_input_tokens, max_output_tokens, max_cost_usd)",
+                "10:3: unknown key `max_model_steps` in `budget` (expected one of: max_tokens, max_input_tokens, max_output_tokens, max_cost_usd, max_wall_time)",
                 "12:3: `pricing` is missing `output_per_million_usd:`",
                 "12:26: `input_per_million_usd` must be an amount of US dollars, found \"x\"",
                 "13:18: unknown `on_tool_failure: retry` (expected `continue` or `stop`)",
@@ -1878,6 +1883,43 @@ max_output_tokens: 1024
     }
 
     #[test]
+    fn wall_time_budgets_of_an_agent_and_of_a_run() {
+        // humantime text or whole ms, like the waits' timeouts.
+        let out = parse(&agent("budget:\n  max_wall_time: 1h 30m\n"));
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(out.agents[0].budget.max_wall_time_ms, Some(5_400_000));
+        let out = parse(&agent("budget:\n  max_wall_time: 250\n"));
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(out.agents[0].budget.max_wall_time_ms, Some(250));
+        let out = parse(
+            "kind: workflow\nname: w\nbudget:\n  max_wall_time: 2d\nnodes:\n  - id: done\n    type: succeed\n",
+        );
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(out.workflows[0].budget.max_wall_time_ms, Some(172_800_000));
+        // Bad durations are refused at their position, every one of them.
+        assert_eq!(
+            errors(&agent("budget:\n  max_wall_time: soon\n  max_tokens: 5\n")),
+            vec![
+                "6:18: `max_wall_time` is not a duration (expected number at 0): write ms as a number, or text like `90s`, `15m`, `3d`",
+            ]
+        );
+        assert_eq!(
+            errors(&agent("budget:\n  max_wall_time: 0s\n")),
+            vec!["6:18: `max_wall_time` must be at least 1 ms, found \"0s\""]
+        );
+        assert_eq!(
+            errors(&agent("budget:\n  max_wall_time: -5\n")),
+            vec!["6:18: `max_wall_time` must be at least 1, found -5"]
+        );
+        assert_eq!(
+            errors(
+                "kind: workflow\nname: w\nbudget:\n  max_wall_time: [1h]\nnodes:\n  - id: done\n    type: succeed\n"
+            ),
+            vec!["4:18: `max_wall_time` must be a whole number of at least 1, found a list"]
+        );
+    }
+
+    #[test]
     fn agent_value_errors() {
         assert_eq!(
             errors(&agent(
@@ -1890,7 +1932,7 @@ max_output_tokens: 1024
                 "6:10: grant `crm read` must not contain whitespace",
                 "6:30: `crm.read` is listed twice in `grants` (first on line 6)",
                 "10:15: `max_tokens` must be at least 1, found 0",
-                "11:3: unknown key `max_cost` in `budget` (expected one of: max_tokens, max_input_tokens, max_output_tokens, max_cost_usd)",
+                "11:3: unknown key `max_cost` in `budget` (expected one of: max_tokens, max_input_tokens, max_output_tokens, max_cost_usd, max_wall_time)",
                 "13:23: `max_argument_bytes` must be at least 1, found -1",
                 "14:21: `max_result_bytes` must be a whole number of at least 1, found 1.5",
                 "15:23: `max_model_attempts` is too large: 4294967296",

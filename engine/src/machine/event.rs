@@ -111,6 +111,9 @@ pub enum TimerPurpose {
     Timeout,
     /// Entry `n` (0-based) of a wait's `for:` list (a duration or a time).
     Entry(usize),
+    /// The wall-time budget (`max_wall_time`) of an agent's node or of the
+    /// run. Added after v0.1.
+    Deadline,
 }
 
 impl TimerPurpose {
@@ -119,6 +122,7 @@ impl TimerPurpose {
         match self {
             TimerPurpose::Timeout => "the timeout",
             TimerPurpose::Entry(_) => "a timer",
+            TimerPurpose::Deadline => "the wall-time budget",
         }
     }
 }
@@ -143,6 +147,10 @@ pub enum Event {
         input: Value,
         /// Workflow, agents and tools, resolved and pinned.
         plan: Box<RunPlan>,
+        /// The run's wall-time timer (`run~deadline`), when the workflow's
+        /// `budget:` has `max_wall_time`. Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<TimerSpec>,
     },
     /// A node began.
     NodeStarted {
@@ -150,6 +158,10 @@ pub enum Event {
         node: String,
         /// Its input.
         input: Value,
+        /// The node's wall-time timer (`<visit prefix>.deadline`), when its
+        /// agent's `budget:` has `max_wall_time`. Added after v0.1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<TimerSpec>,
     },
     /// A model call task was created.
     ModelCallScheduled {
@@ -735,5 +747,23 @@ pub enum Stop {
         node: String,
         /// The tool it proposed.
         tool: String,
+    },
+    /// The wall-time budget (`max_wall_time`) ran out: its timer fired
+    /// while the node or the run was still going. Calls in flight were
+    /// abandoned as at a cancel (tasks cancelled; a dispatched `reconcile`
+    /// call became an uncertain outcome). Added after v0.1.
+    Deadline {
+        /// `node` (the agent's `budget:`) or `run` (the workflow's
+        /// `budget:`).
+        scope: String,
+        /// The node it ran out in (for `run`, the node in progress; empty
+        /// between nodes).
+        node: String,
+        /// The budget, ms.
+        limit_ms: u64,
+        /// Wall time from the start of the node or run to when the timer
+        /// fired, ms (the budget plus how late the timer fired, by the
+        /// engine's clock).
+        elapsed_ms: u64,
     },
 }

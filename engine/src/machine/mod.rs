@@ -32,6 +32,10 @@ use crate::definitions::model::{
 };
 use crate::gates::{self, GateVerdict, ToolGates};
 
+/// Timer id of the run's wall-time budget (no node's timer id can be it:
+/// those are `<node>[~<n>].<what>`).
+pub const RUN_DEADLINE_TIMER: &str = "run~deadline";
+
 /// Kind of a task row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskKind {
@@ -424,6 +428,9 @@ pub enum Input {
     TimerFired {
         /// Timer id.
         timer_id: String,
+        /// How late it fires: the engine's clock now minus its due time,
+        /// ms (0 when on time). Time enters the machine only this way.
+        overdue_ms: u64,
     },
     /// A worker reports that the tool asked, mid-call, for input from a
     /// person (an MCP server's elicitation) instead of answering.
@@ -708,6 +715,18 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             if m.state.status != RunStatus::New {
                 return Err(m.wrong_status("start"));
             }
+            // The run's wall-time budget: a durable timer from now.
+            let deadline = plan
+                .workflow
+                .def
+                .budget
+                .max_wall_time_ms
+                .map(|ms| TimerSpec {
+                    timer_id: RUN_DEADLINE_TIMER.to_owned(),
+                    after_ms: Some(ms),
+                    at: None,
+                    purpose: TimerPurpose::Deadline,
+                });
             m.emit(Event::RunStarted {
                 run_id,
                 tenant,
@@ -716,7 +735,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 tenant_grants,
                 input,
                 plan,
+                deadline: deadline.clone(),
             });
+            if let Some(timer) = deadline {
+                m.command(Command::ScheduleTimer(timer));
+            }
         }
         Input::ModelCallCompleted {
             call_id,
@@ -950,50 +973,10 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             if m.state.status.is_terminal() || m.state.status == RunStatus::New {
                 return Err(m.wrong_status("cancel"));
             }
-            // A reconcile call dispatched at this moment may act after all:
-            // the operator must be able to find it.
-            let in_flight: Vec<(String, state::ToolCallState)> = m
-                .state
-                .tool_calls
-                .iter()
-                .filter(|(_, c)| {
-                    c.status == CallStatus::Open
-                        && c.dispatched_attempt.is_some()
-                        && c.repeat_safety == RepeatSafety::Reconcile
-                        && c.probe_for.is_none()
-                })
-                .map(|(id, c)| (id.clone(), c.clone()))
-                .collect();
-            for (call_id, call) in in_flight {
-                let attempt = call.dispatched_attempt.unwrap_or(0);
-                let why = format!(
-                    "the run was cancelled while `{}` call `{call_id}` (attempt {attempt}) was dispatched; it may have acted",
-                    call.tool
-                );
-                m.record_uncertain(&call_id, &call, attempt, why)?;
-                m.notify_uncertain(&call_id);
-            }
-            if let Some(StepKind::Child { child_run_id, .. }) =
-                m.state.step.as_ref().map(|s| s.kind.clone())
-            {
-                m.command(Command::CancelChildRun {
-                    child_run_id,
-                    reason: format!("its parent run was cancelled: {reason}"),
-                });
-            }
-            let children: Vec<String> = m
-                .state
-                .tool_calls
-                .values()
-                .filter(|c| c.status == CallStatus::Open)
-                .filter_map(|c| c.child_run_id.clone())
-                .collect();
-            for child_run_id in children {
-                m.command(Command::CancelChildRun {
-                    child_run_id,
-                    reason: format!("its parent run was cancelled: {reason}"),
-                });
-            }
+            m.abandon_in_flight(
+                "the run was cancelled",
+                &format!("its parent run was cancelled: {reason}"),
+            )?;
             m.emit(Event::RunCancelled { reason });
             m.command(Command::CancelOpenTasks);
         }
@@ -1030,8 +1013,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             });
             m.take_signal()?;
         }
-        Input::TimerFired { timer_id } => {
-            m.on_timer(&timer_id)?;
+        Input::TimerFired {
+            timer_id,
+            overdue_ms,
+        } => {
+            m.on_timer(&timer_id, overdue_ms)?;
         }
         Input::ChildRunFinished {
             child_run_id,
@@ -1134,6 +1120,38 @@ struct Step {
 
 impl Step {
     fn emit(&mut self, event: Event) {
+        // A wall-time timer is not wanted once what it bounds has ended:
+        // delete its row (a firing that races this finds it stale).
+        let ended: Vec<TimerSpec> = match &event {
+            Event::NodeCompleted { node, .. } => self
+                .state
+                .node
+                .as_ref()
+                .filter(|n| &n.id == node)
+                .and_then(|n| n.deadline.clone())
+                .into_iter()
+                .collect(),
+            Event::RunCompleted { .. } | Event::RunFailed { .. } | Event::RunCancelled { .. } => [
+                self.state.node.as_ref().and_then(|n| n.deadline.clone()),
+                self.state.deadline.clone(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            _ => Vec::new(),
+        };
+        for t in ended {
+            if !self
+                .out
+                .commands
+                .iter()
+                .any(|c| matches!(c, Command::CancelTimer { timer_id } if *timer_id == t.timer_id))
+            {
+                self.command(Command::CancelTimer {
+                    timer_id: t.timer_id,
+                });
+            }
+        }
         self.state.apply(&event);
         self.out.events.push(event);
     }
@@ -3331,21 +3349,38 @@ impl Step {
                 .map_err(|e| Halt::Fail(format!("node `{id}`: `{what}`: {e}")))
         };
         match &def.kind {
-            NodeKind::Agent { input, .. } => {
+            NodeKind::Agent { agent, input } => {
                 let input = match input {
                     Some(t) => render(t, "input")?,
                     None => self.previous_output_or_input(),
                 };
+                // The agent's wall-time budget: a durable timer from now,
+                // its id unique per visit (`<node>~<n>.deadline`).
+                let deadline = plan
+                    .agents
+                    .get(agent)
+                    .and_then(|a| a.def.budget.max_wall_time_ms)
+                    .map(|ms| TimerSpec {
+                        timer_id: format!("{}.deadline", self.next_prefix(id)),
+                        after_ms: Some(ms),
+                        at: None,
+                        purpose: TimerPurpose::Deadline,
+                    });
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input,
+                    deadline: deadline.clone(),
                 });
+                if let Some(timer) = deadline {
+                    self.command(Command::ScheduleTimer(timer));
+                }
             }
             NodeKind::Tool { tool, args, .. } => {
                 let args = render(args, "args")?;
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: args.clone(),
+                    deadline: None,
                 });
                 self.schedule_node_tool(plan, &def, tool, args)?;
             }
@@ -3364,6 +3399,7 @@ impl Step {
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: input.clone(),
+                    deadline: None,
                 });
                 let prefix = self.step_prefix(id);
                 let (child_run_id, sync) = self.start_child(
@@ -3393,6 +3429,7 @@ impl Step {
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: subject.clone(),
+                    deadline: None,
                 });
                 let prefix = self.step_prefix(id);
                 let timer = approval.timeout_ms.map(|ms| TimerSpec {
@@ -3417,6 +3454,7 @@ impl Step {
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: Value::Null,
+                    deadline: None,
                 });
                 let mut chosen: Option<(usize, String)> = None;
                 for (i, case) in cases.iter().enumerate() {
@@ -3459,6 +3497,7 @@ impl Step {
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: Value::Null,
+                    deadline: None,
                 });
                 self.emit(Event::NodeCompleted {
                     node: id.to_owned(),
@@ -3470,6 +3509,7 @@ impl Step {
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: Value::Null,
+                    deadline: None,
                 });
                 let message = match render(error, "error") {
                     Ok(Value::String(s)) => s,
@@ -3487,6 +3527,7 @@ impl Step {
                 self.emit(Event::NodeStarted {
                     node: id.to_owned(),
                     input: Value::Null,
+                    deadline: None,
                 });
                 self.emit(Event::NodeCompleted {
                     node: id.to_owned(),
@@ -3511,6 +3552,15 @@ impl Step {
     }
 
     /// The call/timer id prefix of the step being started.
+    /// The prefix the next visit of node `id` gets (the fold's rule:
+    /// `<node>` on the first visit, `<node>~<n>` on the n-th).
+    fn next_prefix(&self, id: &str) -> String {
+        match self.state.visits.get(id).copied().unwrap_or(0) + 1 {
+            1 => id.to_owned(),
+            visit => format!("{id}~{visit}"),
+        }
+    }
+
     fn step_prefix(&self, id: &str) -> String {
         self.state
             .step
@@ -3719,6 +3769,7 @@ impl Step {
         self.emit(Event::NodeStarted {
             node: id.clone(),
             input: Value::Null,
+            deadline: None,
         });
         let signals: Vec<String> = wait
             .any
@@ -3898,8 +3949,135 @@ impl Step {
         Ok(())
     }
 
-    /// A timer is due: it ends its wait or approval, or is stale.
-    fn on_timer(&mut self, timer_id: &str) -> Result<(), MachineError> {
+    /// Let go of everything in flight because the run ends now (a cancel,
+    /// a wall-time budget): a `reconcile` call dispatched at this moment
+    /// may act after all, so it becomes an uncertain outcome the operator
+    /// can find (and is notified of); sync child runs and children of
+    /// `workflow` tools are cancelled with `child_reason`. The caller ends
+    /// the run and cancels the open tasks (`CancelOpenTasks`). `why` starts
+    /// the uncertain record's reason ("the run was cancelled").
+    fn abandon_in_flight(&mut self, why: &str, child_reason: &str) -> Result<(), MachineError> {
+        let in_flight: Vec<(String, state::ToolCallState)> = self
+            .state
+            .tool_calls
+            .iter()
+            .filter(|(_, c)| {
+                c.status == CallStatus::Open
+                    && c.dispatched_attempt.is_some()
+                    && c.repeat_safety == RepeatSafety::Reconcile
+                    && c.probe_for.is_none()
+            })
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect();
+        for (call_id, call) in in_flight {
+            let attempt = call.dispatched_attempt.unwrap_or(0);
+            let reason = format!(
+                "{why} while `{}` call `{call_id}` (attempt {attempt}) was dispatched; it may have acted",
+                call.tool
+            );
+            self.record_uncertain(&call_id, &call, attempt, reason)?;
+            self.notify_uncertain(&call_id);
+        }
+        if let Some(StepKind::Child { child_run_id, .. }) =
+            self.state.step.as_ref().map(|s| s.kind.clone())
+        {
+            self.command(Command::CancelChildRun {
+                child_run_id,
+                reason: child_reason.to_owned(),
+            });
+        }
+        let children: Vec<String> = self
+            .state
+            .tool_calls
+            .values()
+            .filter(|c| c.status == CallStatus::Open)
+            .filter_map(|c| c.child_run_id.clone())
+            .collect();
+        for child_run_id in children {
+            self.command(Command::CancelChildRun {
+                child_run_id,
+                reason: child_reason.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A wall-time timer fired (`max_wall_time`): if it is the run's, or
+    /// the current visit's of the agent node in progress, stop the run with
+    /// [`Stop::Deadline`], abandoning what is in flight as a cancel does.
+    /// `Ok(false)`: not a live deadline timer (another timer, or stale).
+    fn on_deadline(&mut self, timer_id: &str, overdue_ms: u64) -> Result<bool, MachineError> {
+        let node_timer = self
+            .state
+            .node
+            .as_ref()
+            .and_then(|n| n.deadline.as_ref().map(|t| (n.id.clone(), t.clone())))
+            .filter(|(_, t)| t.timer_id == timer_id);
+        let run_timer = self
+            .state
+            .deadline
+            .clone()
+            .filter(|t| t.timer_id == timer_id);
+        let (scope, node, timer) = match (node_timer, run_timer) {
+            (Some((node, t)), _) => ("node", node, t),
+            (None, Some(t)) => {
+                let node = self
+                    .state
+                    .node
+                    .as_ref()
+                    .map(|n| n.id.clone())
+                    .or_else(|| self.state.step.as_ref().map(|s| s.id.clone()))
+                    .unwrap_or_default();
+                ("run", node, t)
+            }
+            (None, None) => return Ok(false),
+        };
+        let limit_ms = timer.after_ms.unwrap_or(0);
+        let elapsed_ms = limit_ms.saturating_add(overdue_ms);
+        self.emit(Event::TimerFired {
+            node: node.clone(),
+            timer_id: timer_id.to_owned(),
+        });
+        self.command(Command::CancelTimer {
+            timer_id: timer_id.to_owned(),
+        });
+        let whose = if scope == "node" {
+            let agent = self
+                .state
+                .node
+                .as_ref()
+                .map(|n| n.agent.clone())
+                .unwrap_or_default();
+            format!("agent `{agent}` in node `{node}`")
+        } else if node.is_empty() {
+            "the run".to_owned()
+        } else {
+            format!("the run (in node `{node}`)")
+        };
+        let error = format!(
+            "{whose} used its `wall_time` budget ({} of {})",
+            show_ms(elapsed_ms),
+            show_ms(limit_ms)
+        );
+        self.abandon_in_flight(
+            &format!("the {scope}'s wall-time budget ran out"),
+            &format!("its parent run stopped: {error}"),
+        )?;
+        self.fail_run_stop(
+            error,
+            Stop::Deadline {
+                scope: scope.to_owned(),
+                node,
+                limit_ms,
+                elapsed_ms,
+            },
+        );
+        Ok(true)
+    }
+
+    /// A timer is due: it stops the run or node at its wall-time budget,
+    /// ends its wait or approval, or is stale.
+    fn on_timer(&mut self, timer_id: &str, overdue_ms: u64) -> Result<(), MachineError> {
         let stale = |m: &mut Step| {
             m.command(Command::CancelTimer {
                 timer_id: timer_id.to_owned(),
@@ -3907,6 +4085,9 @@ impl Step {
         };
         if self.state.status.is_terminal() || self.state.status == RunStatus::New {
             stale(self);
+            return Ok(());
+        }
+        if self.on_deadline(timer_id, overdue_ms)? {
             return Ok(());
         }
         // A call's own timer: a sync child's timeout or a callback's.
@@ -3993,6 +4174,8 @@ impl Step {
                             )),
                         }
                     }
+                    // Never among a wait's timers (see `on_deadline`).
+                    TimerPurpose::Deadline => {}
                     TimerPurpose::Entry(i) => {
                         let next = wait.any.get(i).and_then(|f| match f {
                             WaitFor::Duration { next, .. } | WaitFor::Until { next, .. } => {

@@ -307,6 +307,8 @@ pub struct NodeState {
     pub model_call: Option<OpenModelCall>,
     /// Proposed calls of the latest turn, in the model's order.
     pub pending: Vec<PendingToolUse>,
+    /// The wall-time timer of this visit (the agent's `max_wall_time`).
+    pub deadline: Option<TimerSpec>,
 }
 
 /// A non-agent node being executed.
@@ -432,6 +434,8 @@ pub struct RunState {
     pub plan: Option<RunPlan>,
     /// What the whole run used so far, for the workflow's `budget:`.
     pub totals: RunTotals,
+    /// The run's wall-time timer (the workflow's `max_wall_time`).
+    pub deadline: Option<TimerSpec>,
     /// Run input.
     pub input: Value,
     /// Who started the run (`StartRun`'s caller).
@@ -499,6 +503,7 @@ impl Default for RunState {
             operator_paused: None,
             last_seq: 0,
             totals: RunTotals::default(),
+            deadline: None,
         }
     }
 }
@@ -536,8 +541,10 @@ impl RunState {
                 tenant_grants,
                 input,
                 plan,
+                deadline,
                 ..
             } => {
+                self.deadline = deadline.clone();
                 self.run_id = run_id.clone();
                 self.tenant = tenant.clone();
                 self.caller = caller.clone();
@@ -547,7 +554,11 @@ impl RunState {
                 self.plan = Some((**plan).clone());
                 self.status = RunStatus::Running;
             }
-            Event::NodeStarted { node, input } => {
+            Event::NodeStarted {
+                node,
+                input,
+                deadline,
+            } => {
                 let visit = {
                     let v = self.visits.entry(node.clone()).or_insert(0);
                     *v += 1;
@@ -603,6 +614,7 @@ impl RunState {
                     last_call: None,
                     model_call: None,
                     pending: Vec::new(),
+                    deadline: deadline.clone(),
                 });
             }
             Event::ModelCallScheduled { call_id, .. } => {

@@ -2599,3 +2599,189 @@ fn only_failures_of_the_endpoint_count_against_the_circuit() {
     });
     assert_eq!(outcomes(&d), vec![]);
 }
+
+/// One hour, ms: the wall-time budget of the deadline tests.
+const HOUR_MS: u64 = 3_600_000;
+
+fn deadline_timer(timer_id: &str, ms: u64) -> Command {
+    Command::ScheduleTimer(TimerSpec {
+        timer_id: timer_id.into(),
+        after_ms: Some(ms),
+        at: None,
+        purpose: TimerPurpose::Deadline,
+    })
+}
+
+fn cancels_timer(d: &Decision, timer_id: &str) -> bool {
+    d.commands
+        .iter()
+        .any(|c| matches!(c, Command::CancelTimer { timer_id: t } if t == timer_id))
+}
+
+#[test]
+fn a_node_deadline_that_fires_mid_loop_stops_the_run_with_a_typed_outcome() {
+    let (mut run, d) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.budget.max_wall_time_ms = Some(HOUR_MS);
+            }
+        }),
+        ..Opts::default()
+    });
+    // The node's timer is set when it starts, and recorded in its event.
+    assert!(
+        d.commands
+            .contains(&deadline_timer("intake.deadline", HOUR_MS))
+    );
+    assert!(d.events.iter().any(|e| matches!(
+        e,
+        Event::NodeStarted { deadline: Some(t), .. } if t.timer_id == "intake.deadline"
+    )));
+    // Mid-loop: a dispatched `reconcile` call and an idempotent one not
+    // yet dispatched are in flight.
+    run.model(
+        "intake.m1",
+        &[
+            ("create", r#"{"email":"e"}"#),
+            ("lookup", r#"{"email":"e"}"#),
+        ],
+        None,
+    );
+    dispatch(&mut run, "intake.t1", 1);
+    let d = run.step(Input::TimerFired {
+        timer_id: "intake.deadline".into(),
+        overdue_ms: 250,
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["timer_fired", "uncertain_outcome_recorded", "run_failed"]
+    );
+    assert_eq!(
+        stop_of(&d),
+        Some(Stop::Deadline {
+            scope: "node".into(),
+            node: "intake".into(),
+            limit_ms: HOUR_MS,
+            elapsed_ms: HOUR_MS + 250,
+        })
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("`wall_time` budget"),
+        "{}",
+        run.state.status_reason
+    );
+    // In flight, as at a cancel: tasks cancelled, the dispatched reconcile
+    // call kept for an operator, the timer row deleted.
+    assert!(d.commands.contains(&Command::CancelOpenTasks));
+    assert!(d.commands.iter().any(|c| matches!(
+        c,
+        Command::RecordUncertainOutcome { call_id, reason, .. }
+            if call_id == "intake.t1" && reason.contains("wall-time budget")
+    )));
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::NotifyOperator { .. }))
+    );
+    assert!(cancels_timer(&d, "intake.deadline"));
+    // Firing again (a second replica) changes nothing.
+    let again = run.step(Input::TimerFired {
+        timer_id: "intake.deadline".into(),
+        overdue_ms: 300,
+    });
+    assert!(again.events.is_empty());
+}
+
+#[test]
+fn a_node_deadline_that_fires_after_its_node_finished_changes_nothing() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.budget.max_wall_time_ms = Some(HOUR_MS);
+            }
+            // A second agent node after the first.
+            let mut review = p.workflow.def.nodes[0].clone();
+            review.id = "review".into();
+            p.workflow.def.nodes[0].next = Some("review".into());
+            p.workflow.def.nodes.push(review);
+        }),
+        ..Opts::default()
+    });
+    let d = run.model("intake.m1", &[], Some("done"));
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "node_completed",
+            "node_started",
+            "model_call_scheduled"
+        ]
+    );
+    // The finished node's timer is deleted, the next node's set.
+    assert!(cancels_timer(&d, "intake.deadline"));
+    assert!(
+        d.commands
+            .contains(&deadline_timer("review.deadline", HOUR_MS))
+    );
+    // A firing that raced the delete is stale: nothing happens to `review`.
+    let before = run.state.clone();
+    let d = run.step(Input::TimerFired {
+        timer_id: "intake.deadline".into(),
+        overdue_ms: 0,
+    });
+    assert!(d.events.is_empty(), "{:?}", d.events);
+    assert_eq!(
+        d.commands,
+        [Command::CancelTimer {
+            timer_id: "intake.deadline".into()
+        }]
+    );
+    assert_eq!(run.state, before);
+    // The run completes normally and deletes the live timer.
+    let d = run.model("review.m1", &[], Some("ok"));
+    assert!(Run::kinds(&d).contains(&"run_completed"));
+    assert!(cancels_timer(&d, "review.deadline"));
+}
+
+#[test]
+fn a_run_deadline_stops_the_run_in_whatever_node_it_is() {
+    let (mut run, d) = Run::start(Opts {
+        edit: Some(|p| p.workflow.def.budget.max_wall_time_ms = Some(2 * HOUR_MS)),
+        ..Opts::default()
+    });
+    assert!(
+        d.commands
+            .contains(&deadline_timer(RUN_DEADLINE_TIMER, 2 * HOUR_MS))
+    );
+    assert!(d.events.iter().any(|e| matches!(
+        e,
+        Event::RunStarted { deadline: Some(t), .. } if t.timer_id == RUN_DEADLINE_TIMER
+    )));
+    // A model call is open; no node budget is set.
+    let d = run.step(Input::TimerFired {
+        timer_id: RUN_DEADLINE_TIMER.into(),
+        overdue_ms: 0,
+    });
+    assert_eq!(Run::kinds(&d), ["timer_fired", "run_failed"]);
+    assert_eq!(
+        stop_of(&d),
+        Some(Stop::Deadline {
+            scope: "run".into(),
+            node: "intake".into(),
+            limit_ms: 2 * HOUR_MS,
+            elapsed_ms: 2 * HOUR_MS,
+        })
+    );
+    assert!(d.commands.contains(&Command::CancelOpenTasks));
+    assert_eq!(
+        run.state.status_reason,
+        "the run (in node `intake`) used its `wall_time` budget (2h of 2h)"
+    );
+    // The run's stop is persisted as a tagged value.
+    let stop = serde_json::to_value(stop_of(&d)).expect("serialise");
+    assert_eq!(
+        stop,
+        json!({"kind": "deadline", "scope": "run", "node": "intake", "limit_ms": 7_200_000, "elapsed_ms": 7_200_000})
+    );
+}

@@ -343,6 +343,7 @@ fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
     let (mut run, _) = Run::start(WAIT, json!({}));
     let d = run.step(Input::TimerFired {
         timer_id: "docs.timeout".into(),
+        overdue_ms: 0,
     });
     // on_timeout -> remind (set) -> docs again: a second visit, new ids.
     assert_eq!(run.state.vars.get("reminded"), Some(&json!(true)));
@@ -351,6 +352,7 @@ fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
     // The old timer firing again (a second replica) changes nothing.
     let stale = run.step(Input::TimerFired {
         timer_id: "docs.timeout".into(),
+        overdue_ms: 0,
     });
     assert!(stale.events.is_empty());
     assert_eq!(cancelled(&stale), vec!["docs.timeout"]);
@@ -362,6 +364,7 @@ fn a_timeout_without_a_transition_fails_the_run() {
     let (mut run, _) = Run::start(wf, json!({}));
     run.step(Input::TimerFired {
         timer_id: "w.timeout".into(),
+        overdue_ms: 0,
     });
     assert_eq!(run.state.status, RunStatus::Failed);
     assert!(
@@ -393,6 +396,7 @@ nodes:
     assert_eq!(t[1].at.as_deref(), Some("2026-12-01T09:00:00.000Z"));
     let d = run.step(Input::TimerFired {
         timer_id: t[1].timer_id.clone(),
+        overdue_ms: 0,
     });
     assert_eq!(
         cancelled(&d),
@@ -544,6 +548,7 @@ fn a_decline_takes_on_decline_and_an_approval_timeout_fails_without_a_transition
     let (mut run, _) = Run::start(wf, json!({}));
     run.step(Input::TimerFired {
         timer_id: "approve.timeout".into(),
+        overdue_ms: 0,
     });
     assert_eq!(run.state.status, RunStatus::Failed);
     assert!(run.state.status_reason.contains("no decision within 1h"));
@@ -778,6 +783,7 @@ fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
     let (_, child, _, _) = child_start(&d);
     let d = run.step(Input::TimerFired {
         timer_id: "kyc.timeout".into(),
+        overdue_ms: 0,
     });
     assert!(d.commands.iter().any(
         |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
@@ -879,6 +885,7 @@ nodes:
     let (_, child, _, _) = child_start(&d);
     let d = run.step(Input::TimerFired {
         timer_id: "check.t1.timeout".into(),
+        overdue_ms: 0,
     });
     assert!(d.commands.iter().any(
         |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
@@ -1108,6 +1115,7 @@ fn an_async_webhook_without_a_callback_in_time_fails_and_needs_a_callback_endpoi
     });
     let d = run.step(Input::TimerFired {
         timer_id: "check.t1.callback".into(),
+        overdue_ms: 0,
     });
     assert!(
         d.events
@@ -1752,4 +1760,48 @@ fn the_same_call_repeated_stops_the_run_although_its_filled_in_call_id_differs()
         });
     }
     assert_eq!(run.state.status, RunStatus::Failed);
+}
+
+#[test]
+fn a_run_deadline_during_a_sync_child_cancels_the_child_and_fails_the_run() {
+    // The parent's `budget:` bounds the whole run's wall time, whatever
+    // node it is in; the child has its own (longer) timeout.
+    let wf = PARENT.replacen(
+        "name: parent\n",
+        "name: parent\nbudget:\n  max_wall_time: 6h\n",
+        1,
+    );
+    let (mut run, d) = Run::start(&wf, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let ids: Vec<String> = timers(&d).into_iter().map(|t| t.timer_id).collect();
+    assert_eq!(ids, vec![RUN_DEADLINE_TIMER, "kyc.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let d = run.step(Input::TimerFired {
+        timer_id: RUN_DEADLINE_TIMER.into(),
+        overdue_ms: 1_500,
+    });
+    assert_eq!(run.kinds().last().copied(), Some("run_failed"));
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, reason } if *child_run_id == child && reason.contains("wall_time"))
+    ));
+    let stop = d.events.iter().find_map(|e| match e {
+        Event::RunFailed { stop, .. } => stop.clone(),
+        _ => None,
+    });
+    assert_eq!(
+        stop,
+        Some(Stop::Deadline {
+            scope: "run".into(),
+            node: "kyc".into(),
+            limit_ms: 6 * 3_600_000,
+            elapsed_ms: 6 * 3_600_000 + 1_500,
+        })
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    // The child's own timeout, due later, finds the run ended: stale.
+    let stale = run.step(Input::TimerFired {
+        timer_id: "kyc.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert!(stale.events.is_empty());
 }

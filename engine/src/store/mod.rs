@@ -868,9 +868,10 @@ impl Store {
     }
 
     /// Timers that are due by the engine's clock, oldest first:
-    /// `(run_id, timer_id)`. Firing one is a run transition
+    /// `(run_id, timer_id, overdue_ms)`, where `overdue_ms` is how long ago
+    /// it was due (ms, ≥ 0). Firing one is a run transition
     /// ([`crate::machine::Input::TimerFired`]) that deletes it.
-    pub async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
+    pub async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String, i64)>, StoreError> {
         on_backend!(self, b => b.due_timers(limit).await)
     }
 

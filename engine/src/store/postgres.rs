@@ -634,9 +634,14 @@ impl Pg {
         self.pool.close().await;
     }
 
-    pub(crate) async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
+    pub(crate) async fn due_timers(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, String, i64)>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT run_id, timer_id FROM timers WHERE fire_at <= belay_now()
+            "SELECT run_id, timer_id,
+                    GREATEST(0, (EXTRACT(EPOCH FROM (belay_now() - fire_at)) * 1000)::BIGINT)
+               FROM timers WHERE fire_at <= belay_now()
              ORDER BY fire_at, run_id, timer_id LIMIT $1",
         )
         .bind(limit)

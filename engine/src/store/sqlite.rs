@@ -735,9 +735,14 @@ impl Lite {
             .take();
     }
 
-    pub(crate) async fn due_timers(&self, limit: i64) -> Result<Vec<(Uuid, String)>, StoreError> {
+    pub(crate) async fn due_timers(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, String, i64)>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT run_id, timer_id FROM timers WHERE fire_at <= {NOW}
+            "SELECT run_id, timer_id,
+                    MAX(0, CAST(ROUND((julianday({NOW}) - julianday(fire_at)) * 86400000.0) AS INTEGER))
+               FROM timers WHERE fire_at <= {NOW}
              ORDER BY fire_at, run_id, timer_id LIMIT ?1"
         )))
         .bind(limit)
