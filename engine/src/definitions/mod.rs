@@ -10,6 +10,8 @@ pub mod expr;
 pub mod model;
 
 mod abl;
+#[cfg(test)]
+mod prop_tests;
 mod schema;
 mod signature;
 mod yaml;
