@@ -22,6 +22,7 @@ use belay_proto::wire::{
 use serde_json::Value;
 
 use super::expr::Expr;
+use super::imports::{FileImport, parse_import_value};
 use super::model::{
     AuthField, ChildMode, CircuitBreakerDef, ConfirmationDef, Effect, InjectedParam, Latency,
     ParamSource, RepeatSafety, RuntimeField, ToolBindingDef, ToolDef, ToolHints,
@@ -162,6 +163,8 @@ pub(super) struct AblOutput {
     pub reconcile_refs: Vec<(String, NameAt)>,
     /// Workflows named by `type: workflow` tools, to resolve against the bundle.
     pub workflow_refs: Vec<NameAt>,
+    /// `file:` imports of the `TOOLS:` section, resolved against the bundle.
+    pub imports: Vec<FileImport>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }
@@ -452,6 +455,9 @@ fn parse_item(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         parse_tool(block, defaults, cx);
         return;
     }
+    if read_import(block, cx) {
+        return;
+    }
     let message = match split_key(line) {
         Some(kv) if FILE_DEFAULTS.contains(&kv.key) => {
             format!(
@@ -467,10 +473,6 @@ fn parse_item(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
 /// Why a line under `TOOLS:` that is neither a tool nor a default is refused.
 fn not_a_tool_message(line: &Line) -> String {
     match split_key(line) {
-        Some(kv) if kv.key == "file" => {
-            "importing tools with `file:` is not supported; put every tools file in the bundle"
-                .to_string()
-        }
         Some(kv) if kv.key == "retry_policy" => "`retry_policy:` is not a file-level default: give it per tool (the file's defaults are `retry:` and `retry_delay:`)".to_string(),
         _ => format!(
             "expected a tool signature `name(params) -> ReturnType`, found `{}`",
@@ -503,6 +505,9 @@ struct FileDefaults {
 fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
     let mut accepted = Vec::new();
     for item in items {
+        if read_import(item, cx) {
+            continue;
+        }
         match split_key(&item.line) {
             Some(kv) if FILE_DEFAULTS.contains(&kv.key) && !kv.optional => accepted.push(item),
             _ => cx.error(
@@ -522,6 +527,28 @@ fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
         retry: props.retry,
         rate_limit: props.rate_limit,
     }
+}
+
+/// A `file: "path" [tool, ...]` line (the seed's "Import syntax"), anywhere
+/// in the `TOOLS:` section: recorded for the bundle to resolve. Whether
+/// `block` is one.
+fn read_import(block: &Block, cx: &mut Cx<'_>) -> bool {
+    let line = &block.line;
+    let Some(kv) = split_key(line).filter(|kv| kv.key == "file" && !kv.optional) else {
+        return false;
+    };
+    if let Some(child) = block.children.first() {
+        cx.error(
+            child.line.no,
+            child.line.col(),
+            "`file:` takes no indented block; list the tools in brackets: `file: \"./a.tools.abl\" [tool, ...]`",
+        );
+    }
+    match parse_import_value(kv.value, line.no, kv.value_col) {
+        Ok(import) => cx.out.imports.push(import),
+        Err((column, message)) => cx.error(line.no, column, message),
+    }
+    true
 }
 
 fn is_signature_start(text: &str) -> bool {
@@ -5135,7 +5162,6 @@ TOOLS:
         assert_eq!(
             errors("TOOLS:\n  rate_limit: 3\n  file: \"./a.tools.abl\" [a]\n  what is this\n"),
             vec![
-                "3:3: importing tools with `file:` is not supported; put every tools file in the bundle",
                 "4:3: expected a tool signature `name(params) -> ReturnType`, found `what is this`",
             ]
         );
@@ -5145,6 +5171,42 @@ TOOLS:
         );
         // Only a section header is fine: a file may be emptied out.
         assert!(errors("TOOLS:\n").is_empty());
+    }
+
+    #[test]
+    fn file_imports() {
+        let out = parse(
+            "TOOLS:\n  file: \"./a.tools.abl\" [x, y]\n  f() -> string\n    type: http\n    endpoint: /f\n    permission: p\n    repeat_safety: never\n  file: b.tools.abl\n",
+        );
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(out.tools.len(), 1);
+        let imports: Vec<(&str, u32, u32, Option<usize>)> = out
+            .imports
+            .iter()
+            .map(|i| {
+                (
+                    i.path.as_str(),
+                    i.line,
+                    i.column,
+                    i.names.as_ref().map(Vec::len),
+                )
+            })
+            .collect();
+        assert_eq!(
+            imports,
+            vec![
+                ("./a.tools.abl", 2, 9, Some(2)),
+                ("b.tools.abl", 8, 9, None)
+            ]
+        );
+        assert_eq!(
+            errors("TOOLS:\n  file:\n  file: a.tools.abl [x\n  file: a.tools.abl\n    [x]\n"),
+            vec![
+                "2:8: `file:` needs a path, such as `file: \"./crm.tools.abl\" [get_customer]`",
+                "3:21: `[` without a closing `]`",
+                "5:5: `file:` takes no indented block; list the tools in brackets: `file: \"./a.tools.abl\" [tool, ...]`",
+            ]
+        );
     }
 
     #[test]

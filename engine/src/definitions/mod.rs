@@ -10,6 +10,9 @@ pub mod expr;
 pub mod model;
 
 mod abl;
+mod imports;
+#[cfg(test)]
+mod prop_tests;
 mod schema;
 mod signature;
 mod yaml;
@@ -115,6 +118,10 @@ pub fn parse_bundle(
     let mut workflow_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut probe_refs: Vec<(&str, String, NameAt)> = Vec::new();
     let mut paths: BTreeSet<&str> = BTreeSet::new();
+    // `file:` imports: (file, tools it declares, its imports) of every
+    // tools file, (file, agent, imports) of every agent.
+    let mut tools_files: Vec<(&str, Vec<NameAt>, Vec<imports::FileImport>)> = Vec::new();
+    let mut agent_imports: Vec<(&str, String, Vec<imports::FileImport>)> = Vec::new();
 
     for file in files {
         let path = file.path.as_str();
@@ -131,6 +138,7 @@ pub fn parse_bundle(
             Some(FileKind::Tools) => {
                 let out = abl::parse_tools_file(path, &file.content);
                 bundle.tools.extend(out.tools);
+                tools_files.push((path, out.declared.clone(), out.imports));
                 tools_declared.extend(out.declared.into_iter().map(|n| (path, n)));
                 probe_refs.extend(out.reconcile_refs.into_iter().map(|(t, n)| (path, t, n)));
                 workflow_refs.extend(out.workflow_refs.into_iter().map(|n| (path, n)));
@@ -143,6 +151,7 @@ pub fn parse_bundle(
                 agents_declared.extend(out.declared_agents.into_iter().map(|n| (path, n)));
                 workflows_declared.extend(out.declared_workflows.into_iter().map(|n| (path, n)));
                 tool_refs.extend(out.tool_refs.into_iter().map(|n| (path, n)));
+                agent_imports.extend(out.agent_imports.into_iter().map(|(a, i)| (path, a, i)));
                 agent_refs.extend(out.agent_refs.into_iter().map(|n| (path, n)));
                 workflow_refs.extend(out.workflow_refs.into_iter().map(|n| (path, n)));
                 errors.extend(out.errors);
@@ -245,6 +254,13 @@ pub fn parse_bundle(
             ));
         }
     }
+    resolve_imports(
+        &mut bundle,
+        files,
+        &tools_files,
+        &agent_imports,
+        &mut errors,
+    );
     check_child_cycles(
         &bundle,
         &Refs {
@@ -273,6 +289,46 @@ pub fn parse_bundle(
         )
     });
     Err(errors)
+}
+
+/// Resolve the bundle's `file:` imports (`imports.rs`): report the wrong
+/// ones, and add the tools each agent imports to its `tools`, after the
+/// ones it names (without repeats).
+fn resolve_imports(
+    bundle: &mut model::Bundle,
+    files: &[SourceFile],
+    tools_files: &[(&str, Vec<NameAt>, Vec<imports::FileImport>)],
+    agent_imports: &[(&str, String, Vec<imports::FileImport>)],
+    errors: &mut Vec<DefinitionError>,
+) {
+    if agent_imports.is_empty() && tools_files.iter().all(|(_, _, i)| i.is_empty()) {
+        return;
+    }
+    let known = imports::ToolsFiles::new(
+        tools_files
+            .iter()
+            .map(|(p, d, i)| (*p, d.as_slice(), i.as_slice())),
+        files
+            .iter()
+            .map(|f| f.path.as_str())
+            .filter(|p| !matches!(file_kind(p), Some(FileKind::Tools))),
+    );
+    let mut resolver = imports::Resolver::new(&known, errors);
+    resolver.check_tools_files();
+    for (file, agent, list) in agent_imports {
+        let names = resolver.names(file, list);
+        if let Some(a) = bundle
+            .agents
+            .iter_mut()
+            .find(|a| a.name == *agent && a.source_file == *file)
+        {
+            for name in names {
+                if !a.tools.contains(&name) {
+                    a.tools.push(name);
+                }
+            }
+        }
+    }
 }
 
 /// The references of a bundle, with the file each is written in.
@@ -788,6 +844,143 @@ nodes:
         };
         let bundle = parse_bundle(&files, &registered).unwrap();
         assert_eq!(bundle.agents[0].tools, ["old_tool"]);
+    }
+
+    /// A tools file of one `idempotent` HTTP tool per name, after `head` lines.
+    fn tools_of(head: &str, names: &[&str]) -> String {
+        let mut out = format!("TOOLS:\n{head}");
+        for n in names {
+            out.push_str(&format!(
+                "  {n}(x: string) -> string\n    type: http\n    endpoint: /{n}\n    permission: p\n    repeat_safety: idempotent\n"
+            ));
+        }
+        out
+    }
+
+    fn agent_with_tools(tools: &str) -> String {
+        format!("kind: agent\nname: a\nmodel: m\ninstructions: i\ntools:\n{tools}")
+    }
+
+    #[test]
+    fn file_imports_give_an_agent_the_tools_of_a_file() {
+        let files = [
+            file(
+                "defs/tools/hotels.tools.abl",
+                &tools_of("", &["search_hotels", "get_hotel", "get_reviews"]),
+            ),
+            // A tools file passes on what it imports (with a file default
+            // around it, which stays its own).
+            file(
+                "defs/tools/all.tools.abl",
+                &tools_of(
+                    "  timeout: 5s\n  file: \"./hotels.tools.abl\" [get_hotel, get_reviews]\n",
+                    &["book"],
+                ),
+            ),
+            file(
+                "defs/agents/a.yaml",
+                &agent_with_tools(
+                    "  - book\n  - file: ../tools/hotels.tools.abl\n    tools: [search_hotels, get_hotel]\n  - file: ../tools/all.tools.abl\n",
+                ),
+            ),
+        ];
+        let bundle = parse_bundle(&files, &RegisteredNames::default()).unwrap();
+        // Named tools first, then each import's in order, without repeats.
+        assert_eq!(
+            bundle.agents[0].tools,
+            ["book", "search_hotels", "get_hotel", "get_reviews"]
+        );
+        // Imports declare nothing: each tool is defined once, by its file.
+        assert_eq!(bundle.tools.len(), 4);
+        let all = [file(
+            "agents/a.yaml",
+            &agent_with_tools("  - file: ../defs/tools/hotels.tools.abl\n"),
+        )];
+        let moved: Vec<SourceFile> = files[..2]
+            .iter()
+            .map(|f| file(&f.path, &f.content))
+            .chain(all)
+            .collect();
+        let bundle = parse_bundle(&moved, &RegisteredNames::default()).unwrap();
+        assert_eq!(
+            bundle.agents[0].tools,
+            ["search_hotels", "get_hotel", "get_reviews"]
+        );
+    }
+
+    #[test]
+    fn wrong_file_imports_are_refused_with_their_place() {
+        let errors = |files: &[SourceFile]| {
+            rendered(parse_bundle(files, &RegisteredNames::default()).unwrap_err())
+        };
+        let a = |head: &str| file("t/a.tools.abl", &tools_of(head, &["x"]));
+        // A missing file, names the importer, line, column and the path.
+        assert_eq!(
+            errors(&[a("  file: \"./missing.tools.abl\"\n")]),
+            vec![
+                "t/a.tools.abl:2:9: imported file `./missing.tools.abl` (`t/missing.tools.abl`) is not in the bundle; register it together with `t/a.tools.abl`"
+            ]
+        );
+        // An unknown tool in the list, at its column.
+        assert_eq!(
+            errors(&[
+                a("  file: b.tools.abl [y, nope]\n"),
+                file("t/b.tools.abl", &tools_of("", &["y", "z"]))
+            ]),
+            vec!["t/a.tools.abl:2:25: `nope` is not a tool of `b.tools.abl` (it has: y, z)"]
+        );
+        // A cycle, through another file and of a file with itself.
+        assert_eq!(
+            errors(&[
+                a("  file: b.tools.abl\n"),
+                file(
+                    "t/b.tools.abl",
+                    &tools_of("  file: \"../t/a.tools.abl\" [x]\n", &["y"])
+                ),
+            ]),
+            vec![
+                "t/b.tools.abl:2:9: import cycle: t/a.tools.abl -> t/b.tools.abl -> t/a.tools.abl"
+            ]
+        );
+        assert_eq!(
+            errors(&[a("  file: ./a.tools.abl\n")]),
+            vec!["t/a.tools.abl:2:9: import cycle: t/a.tools.abl -> t/a.tools.abl"]
+        );
+        // Leaving the bundle, absolute paths, and files that are no tools files.
+        assert_eq!(
+            errors(&[a("  file: ../../etc/x.tools.abl\n")]),
+            vec![
+                "t/a.tools.abl:2:9: `../../etc/x.tools.abl` leaves the bundle: `..` climbs above `t/a.tools.abl`'s folders"
+            ]
+        );
+        assert_eq!(
+            errors(&[a("  file: /etc/x.tools.abl\n")]),
+            vec![
+                "t/a.tools.abl:2:9: `/etc/x.tools.abl` is an absolute path; an import names a file of the bundle relative to the importing file (`./tools/crm.tools.abl`)"
+            ]
+        );
+        let agent = file("t/a.yaml", &agent_with_tools("  - file: a.yaml\n"));
+        assert_eq!(
+            errors(&[agent]),
+            vec![
+                "t/a.yaml:6:11: `a.yaml` (`t/a.yaml`) is not a tools file: only `*.tools.abl` files can be imported"
+            ]
+        );
+        // The shape of an agent's `file:` entry.
+        let agent = file(
+            "a.yaml",
+            &agent_with_tools(
+                "  - file: b.tools.abl\n    tools: []\n    only: [x]\n  - tools: [x]\n",
+            ),
+        );
+        assert_eq!(
+            errors(&[agent, file("b.tools.abl", &tools_of("", &["x"]))]),
+            vec![
+                "a.yaml:7:12: an empty `tools` list imports nothing; leave it out to import every tool of the file",
+                "a.yaml:8:5: unknown key `only` in a `file:` entry of `tools` (expected one of: file, tools)",
+                "a.yaml:9:5: a `file:` entry of `tools` is missing `file:`",
+            ]
+        );
     }
 
     #[test]

@@ -372,6 +372,11 @@ fn parse_number(s: &str) -> Option<Number> {
     if let Ok(i) = s.parse::<i64>() {
         return Some(Number::from(i));
     }
+    // Above `i64::MAX`: exact as u64 rather than rounded to a float (found
+    // by `prop_tests::signatures_round_trip`).
+    if let Ok(u) = s.parse::<u64>() {
+        return Some(Number::from(u));
+    }
     // Rust's float parser accepts `inf` and `NaN`; the lexer only lets
     // digit-led text through, and from_f64 refuses non-finite values anyway.
     s.parse::<f64>().ok().and_then(Number::from_f64)
@@ -589,7 +594,12 @@ impl Parser {
 }
 
 fn negate(n: &Number) -> Value {
-    if let Some(i) = n.as_i64().and_then(i64::checked_neg) {
+    // `-9223372036854775808` is `i64::MIN`: its digits are a u64.
+    let exact = match n.as_i64() {
+        Some(i) => i.checked_neg(),
+        None => n.as_u64().and_then(|u| 0i64.checked_sub_unsigned(u)),
+    };
+    if let Some(i) = exact {
         Value::Number(Number::from(i))
     } else {
         n.as_f64()
@@ -964,6 +974,15 @@ mod tests {
         assert_eq!(s.params[1].default, Some(json!(-7)));
         assert_eq!(s.params[2].default, Some(json!("it's")));
         assert_eq!(s.params[3].default, Some(json!("a\"b\\c\n")));
+        // Integers beyond i64 stay exact (they were rounded to floats).
+        let s =
+            sig("f(a: number = 18446744073709551615, b: number = -9223372036854775808) -> string");
+        assert_eq!(s.params[0].default, Some(json!(u64::MAX)));
+        assert_eq!(s.params[1].default, Some(json!(i64::MIN)));
+        let s =
+            sig("f(a: number = 18446744073709551616, b: number = -9223372036854775809) -> string");
+        assert_eq!(s.params[0].default, Some(json!(18446744073709551616.0)));
+        assert_eq!(s.params[1].default, Some(json!(-9223372036854775809.0)));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use serde_json::Value;
 use serde_saphyr::{MessageFormatter, Spanned};
 
 use super::expr::{Expr, Template};
+use super::imports::FileImport;
 use super::model::{
     AgentDef, ApprovalDef, BranchCase, Budget, ChildMode, LoopPolicy, NodeDef, NodeKind,
     OnToolFailure, Pricing, WaitDef, WaitFor, WorkflowDef,
@@ -130,6 +131,9 @@ pub(super) struct YamlOutput {
     pub declared_workflows: Vec<NameAt>,
     /// Tool names listed by agents, to resolve against the bundle.
     pub tool_refs: Vec<NameAt>,
+    /// `(agent, imports)`: the `file:` entries of each agent's `tools:`,
+    /// resolved against the bundle's tools files.
+    pub agent_imports: Vec<(String, Vec<FileImport>)>,
     /// Agent names used by workflow nodes, to resolve against the bundle.
     pub agent_refs: Vec<NameAt>,
     /// Workflow names used by `workflow` nodes, to resolve against the bundle.
@@ -454,6 +458,16 @@ fn names_list(
     let Some(items) = list(node, key, cx) else {
         return Vec::new();
     };
+    names_in(items.iter(), key, check, cx)
+}
+
+/// The entries of [`names_list`], given one by one.
+fn names_in<'n>(
+    items: impl Iterator<Item = &'n Node>,
+    key: &str,
+    check: impl Fn(&str) -> Option<String>,
+    cx: &mut Cx<'_>,
+) -> Vec<NameAt> {
     let mut out: Vec<NameAt> = Vec::new();
     for item in items {
         let Val::Str(s) = &item.value else {
@@ -490,6 +504,49 @@ fn names_list(
         });
     }
     out
+}
+
+/// An agent's `tools:`: tool names, and `file:` entries importing the tools
+/// of a tools file of the bundle (`- file: ./tools/crm.tools.abl`, with
+/// `tools: [a, b]` to take only those; the seed's `file: "path" [a, b]`).
+fn agent_tools(node: Option<&Node>, cx: &mut Cx<'_>) -> (Vec<NameAt>, Vec<FileImport>) {
+    let Some(items) = list(node, "tools", cx) else {
+        return (Vec::new(), Vec::new());
+    };
+    let names = names_in(
+        items.iter().filter(|i| !matches!(i.value, Val::Map(_))),
+        "tools",
+        |s| check_name("tool", s),
+        cx,
+    );
+    let mut imports = Vec::new();
+    for item in items.iter().filter(|i| matches!(i.value, Val::Map(_))) {
+        let Some(mut map) = MapView::new(item, "a `file:` entry of `tools`", cx) else {
+            continue;
+        };
+        let path = required(&mut map, "file", "a `file:` entry of `tools`", cx)
+            .and_then(|n| string(n, "file", cx).map(|s| (s, pos(n))));
+        let names = map.get_present("tools").map(|n| {
+            let listed = names_list(Some(n), "tools", |s| check_name("tool", s), cx);
+            if matches!(&n.value, Val::Seq(items) if items.is_empty()) {
+                cx.error_at(
+                    n,
+                    "an empty `tools` list imports nothing; leave it out to import every tool of the file",
+                );
+            }
+            listed
+        });
+        map.finish("a `file:` entry of `tools`", &["file", "tools"], cx);
+        if let Some((path, (line, column))) = path {
+            imports.push(FileImport {
+                path,
+                line,
+                column,
+                names,
+            });
+        }
+    }
+    (names, imports)
 }
 
 /// A whole number of at least 1 that fits `T`.
@@ -566,7 +623,7 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         required(&mut map, "model", "agent", cx).and_then(|n| non_empty_string(n, "model", cx));
     let instructions = required(&mut map, "instructions", "agent", cx)
         .and_then(|n| non_empty_string(n, "instructions", cx));
-    let tools = names_list(map.get("tools"), "tools", |s| check_name("tool", s), cx);
+    let (tools, imports) = agent_tools(map.get("tools"), cx);
     let grants = names_list(
         map.get("grants"),
         "grants",
@@ -615,6 +672,10 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
     };
     map.finish("an agent", AGENT_KEYS, cx);
     cx.out.tool_refs.extend(tools.iter().cloned());
+    if !imports.is_empty() {
+        let agent = name_at.as_ref().map(|n| n.name.clone()).unwrap_or_default();
+        cx.out.agent_imports.push((agent, imports));
+    }
 
     if cx.out.errors.len() > errors_before {
         return;
