@@ -170,15 +170,21 @@ impl GateVerdict {
 /// (rounded up, so a second never holds more than `ceil(rate)`; at least 1).
 pub fn interval_ms(rate: f64) -> i64 {
     let ms = (1000.0 / rate).ceil();
-    if ms.is_finite() && ms >= 1.0 {
-        // `as` saturates: a rate too small to express waits for ever.
-        ms as i64
-    } else if ms.is_nan() || ms < 1.0 {
+    if ms.is_nan() || ms < 1.0 {
         1
+    } else if ms.is_finite() && ms <= MAX_INTERVAL_MS as f64 {
+        ms as i64
     } else {
-        i64::MAX
+        // The parser refuses a rate this small; a stored one is held to a
+        // day, so turns stay in the range of a database timestamp.
+        MAX_INTERVAL_MS
     }
 }
+
+/// Longest interval between two calls of a rate-limited tool, ms (one
+/// day): the smallest `rate_limit:` accepted is one call a day
+/// (`1 / 86400`, about `0.0000116`).
+pub const MAX_INTERVAL_MS: i64 = 86_400_000;
 
 /// Whether the dispatch of a call of a tool gated by `gates` may go at
 /// `now_ms`, and the row to write back (the same row when nothing changes).
@@ -310,7 +316,8 @@ mod tests {
         assert_eq!(interval_ms(0.5), 2000);
         assert_eq!(interval_ms(1000.0), 1);
         assert_eq!(interval_ms(1e9), 1);
-        assert_eq!(interval_ms(1e-300), i64::MAX);
+        assert_eq!(interval_ms(1e-300), MAX_INTERVAL_MS);
+        assert_eq!(interval_ms(1.0 / 86_400.0), MAX_INTERVAL_MS);
     }
 
     /// Dispatch attempts `(time, holds_turn)` against a fresh row; returns

@@ -121,7 +121,8 @@ pub fn resolve<'v>(
 /// `{{config.NAME}}` placeholder. Only these arguments are resolved, so a
 /// placeholder the model wrote into any other argument stays text. An
 /// argument that is absent (an optional parameter with no value) is left
-/// out.
+/// out. Returns the values put in, for [`redact_values`] to keep them out
+/// of what the tool answers.
 ///
 /// # Errors
 /// [`PlaceholderError::Missing`] for a name `values` does not hold,
@@ -131,7 +132,8 @@ pub fn resolve_arguments(
     arguments: &mut serde_json::Value,
     params: &[String],
     values: &ConfigValues,
-) -> Result<(), PlaceholderError> {
+) -> Result<Vec<String>, PlaceholderError> {
+    let mut filled = Vec::new();
     for param in params {
         let Some(slot) = arguments.get_mut(param.as_str()) else {
             continue;
@@ -148,8 +150,40 @@ pub fn resolve_arguments(
             .get(name)
             .ok_or_else(|| PlaceholderError::Missing(name.to_owned()))?;
         *slot = serde_json::Value::String(value.to_owned());
+        filled.push(value.to_owned());
     }
-    Ok(())
+    Ok(filled)
+}
+
+/// Shortest configuration value [`redact_values`] looks for, chars: a
+/// shorter one (`1`, `eu`) would blank out ordinary text of every answer.
+pub const MIN_REDACTED_CHARS: usize = 4;
+
+/// `text` (a tool's answer as JSON text, or an error message) with every
+/// occurrence of each of `secrets` (the `source: config` values this worker
+/// put into the call) replaced by `[REDACTED:config]`: a tool that echoes
+/// its request must not carry a configured secret into the run's events or
+/// to the model. Both the raw and the JSON-escaped form of a value are
+/// found, so JSON text stays valid. Values shorter than
+/// [`MIN_REDACTED_CHARS`] are left alone.
+pub fn redact_values(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets {
+        if secret.chars().count() < MIN_REDACTED_CHARS {
+            continue;
+        }
+        let escaped = serde_json::to_string(secret).unwrap_or_default();
+        let escaped = escaped
+            .strip_prefix('"')
+            .and_then(|e| e.strip_suffix('"'))
+            .unwrap_or(secret);
+        for form in [escaped, secret.as_str()] {
+            if out.contains(form) {
+                out = out.replace(form, "[REDACTED:config]");
+            }
+        }
+    }
+    out
 }
 
 /// Whether `text` holds a `{{` (a value to resolve, and to treat as secret).
@@ -208,7 +242,9 @@ mod tests {
             "note": "{{config.K}}",
             "n": 1,
         });
-        resolve_arguments(&mut args, &["key".into(), "absent".into()], &values).unwrap();
+        let filled =
+            resolve_arguments(&mut args, &["key".into(), "absent".into()], &values).unwrap();
+        assert_eq!(filled, vec!["s3cret".to_owned()]);
         // A placeholder the model wrote into another argument stays text.
         assert_eq!(
             args,
@@ -227,5 +263,21 @@ mod tests {
                 Err(PlaceholderError::Unsupported(_))
             ));
         }
+    }
+
+    #[test]
+    fn configured_values_echoed_back_are_redacted_and_json_stays_valid() {
+        let secrets = vec!["s3cr\"et-key".to_owned(), "eu".to_owned()];
+        let answer = serde_json::json!({"echo": {"key": "s3cr\"et-key", "zone": "eu"}}).to_string();
+        let out = redact_values(&answer, &secrets);
+        let parsed: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            parsed,
+            serde_json::json!({"echo": {"key": "[REDACTED:config]", "zone": "eu"}})
+        );
+        assert_eq!(
+            redact_values("upstream said: bad key s3cr\"et-key", &secrets),
+            "upstream said: bad key [REDACTED:config]"
+        );
     }
 }

@@ -498,16 +498,28 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     };
     // `source: config` parameters: resolved here, before dispatch, so a
     // value this worker lacks is NOT_SENT (naming only the placeholder).
-    if let Err(e) = crate::placeholders::resolve_arguments(
+    let filled = match crate::placeholders::resolve_arguments(
         &mut spec.arguments,
         &spec.config_params,
         ctx.tools.config_values(),
     ) {
-        let error = format!("tool `{}`: {e}", spec.tool);
-        return report_failure(ctx, task, FailureClass::NotSent, error).await;
-    }
+        Ok(filled) => filled,
+        Err(e) => {
+            let error = format!("tool `{}`: {e}", spec.tool);
+            return report_failure(ctx, task, FailureClass::NotSent, error).await;
+        }
+    };
+    // What the tool answers must not carry those values back (a tool that
+    // echoes its request): into the events, or to the model.
+    let redact = |text: String| {
+        if filled.is_empty() {
+            text
+        } else {
+            crate::placeholders::redact_values(&text, &filled)
+        }
+    };
     if let ToolBinding::Mcp(binding) = &spec.binding {
-        return perform_mcp_call(ctx, task, &spec, binding, dispatched).await;
+        return perform_mcp_call(ctx, task, &spec, binding, dispatched, &redact).await;
     }
     // Build the request before dispatch: a call that cannot be made is
     // refused without ever being dispatched.
@@ -541,14 +553,15 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     }
     tracing::info!(%task_id, attempt, tool = %spec.tool, "tool call dispatched");
     match ctx.tools.execute(request).await {
-        Ok(value) => report_complete(ctx, task, value.to_string()).await,
+        Ok(value) => report_complete(ctx, task, redact(value.to_string())).await,
         Err(e) => {
             let class = e.class();
+            let error = redact(e.to_string());
             tracing::warn!(
-                %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), error = %e,
+                %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), %error,
                 "tool call failed"
             );
-            report_failure_with_status(ctx, task, class, e.to_string(), e.status_code()).await;
+            report_failure_with_status(ctx, task, class, error, e.status_code()).await;
         }
     }
 }
@@ -561,6 +574,7 @@ async fn perform_mcp_call(
     spec: &ToolCallSpec,
     binding: &McpBinding,
     dispatched: &AtomicBool,
+    redact: &(dyn Fn(String) -> String + Sync),
 ) {
     let Some(mcp) = &ctx.mcp else {
         let error = format!(
@@ -575,8 +589,9 @@ async fn perform_mcp_call(
         })
         .await;
     match report {
-        McpCallReport::Complete(json) => report_complete(ctx, task, json).await,
+        McpCallReport::Complete(json) => report_complete(ctx, task, redact(json)).await,
         McpCallReport::Fail { class, error } => {
+            let error = redact(error);
             tracing::warn!(
                 task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
                 class = class.as_str_name(), %error, "MCP tool call failed"

@@ -156,6 +156,38 @@ async fn tool_call_is_dispatched_before_the_request_and_completed_with_its_attem
 }
 
 #[tokio::test]
+async fn a_configured_value_the_tool_echoes_back_is_redacted_from_its_answer() {
+    // A `source: config` parameter: the worker puts the value in, the tool
+    // echoes its request body, and the reported result carries no value.
+    let router = Router::new().route(
+        "/act",
+        post(|body: axum::Json<Value>| async move { axum::Json(json!({"echo": body.0})) }),
+    );
+    let tools = format!("http://{}", common::serve(router).await);
+    let mut engine = FakeEngine::start(Log::default()).await;
+    let mut task = tool_task("t1", 1, format!("{tools}/act"), "POST");
+    let mut spec: ToolCallSpec = serde_json::from_str(&task.spec_json).unwrap();
+    spec.arguments = json!({"amount": 5, "key": "{{config.PARTNER_KEY}}"});
+    spec.config_params = vec!["key".into()];
+    task.spec_json = serde_json::to_string(&spec).unwrap();
+    engine.push(task);
+    let worker = Worker::start(&engine, |c| {
+        c.tool_config = belay_worker::placeholders::ConfigValues::new(BTreeMap::from([(
+            "PARTNER_KEY".to_owned(),
+            "pk_live_0123".to_owned(),
+        )]));
+    });
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    assert_eq!(
+        serde_json::from_str::<Value>(&done.result_json).unwrap(),
+        json!({"echo": {"amount": 5, "key": "[REDACTED:config]"}})
+    );
+    worker.stop().await;
+}
+
+#[tokio::test]
 async fn tool_calls_of_one_turn_run_at_the_same_time() {
     // The two calls a model proposed in one turn are two tasks. Each request
     // waits at a barrier for the other one: both complete only if both were

@@ -473,7 +473,15 @@ fn parse_item(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
 /// Why a line under `TOOLS:` that is neither a tool nor a default is refused.
 fn not_a_tool_message(line: &Line) -> String {
     match split_key(line) {
-        Some(kv) if kv.key == "retry_policy" => "`retry_policy:` is not a file-level default: give it per tool (the file's defaults are `retry:` and `retry_delay:`)".to_string(),
+        Some(kv) if kv.key == "retry_policy" || kv.key == "circuit_breaker" => format!(
+            "`{}:` is not a file-level default: give it per tool (the file's defaults are {})",
+            kv.key,
+            FILE_DEFAULTS
+                .iter()
+                .map(|d| format!("`{d}:`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         _ => format!(
             "expected a tool signature `name(params) -> ReturnType`, found `{}`",
             head(&line.text)
@@ -2261,9 +2269,16 @@ fn parse_rate_limit(s: &str) -> Result<f64, String> {
         None => digits(s),
     };
     match s.parse::<f64>() {
-        Ok(rate) if decimal && rate > 0.0 && rate <= MAX_RATE_LIMIT => Ok(rate),
+        Ok(rate)
+            if decimal
+                && rate > 0.0
+                && rate <= MAX_RATE_LIMIT
+                && 1000.0 / rate <= crate::gates::MAX_INTERVAL_MS as f64 =>
+        {
+            Ok(rate)
+        }
         _ => Err(format!(
-            "`rate_limit` must be a number of calls per second, more than 0 and at most {MAX_RATE_LIMIT} (like `10` or `0.5`), not `{s}`"
+            "`rate_limit` must be a number of calls per second, at least one call a day (0.0000116) and at most {MAX_RATE_LIMIT} (like `10` or `0.5`), not `{s}`"
         )),
     }
 }
@@ -2816,7 +2831,7 @@ fn typed_literal(ty: &TypeExpr, text: &str, quoted: bool, what: &str) -> Result<
             _ => Err(format!("{what} {} is not `true` or `false`", found())),
         },
         _ => Err(format!(
-            "a `{}` parameter cannot take a {what}; literals are for string, number, boolean and date",
+            "a parameter of type `{}` cannot take a {what}; literals are for string, number, boolean and date",
             ty.describe()
         )),
     }
@@ -3981,7 +3996,7 @@ TOOLS:
                 "25:17: hidden parameter `h` needs a `source:`, a `value:` or a `default:`: the model never sends it",
                 "29:17: `hidden: false` contradicts the parameter's source: `i` is never shown to the model when its value comes from elsewhere",
                 "28:16: unknown `value: token` of `source: auth` (expected `caller`, the identity that started the run, or `tenant`)",
-                "31:16: a `object` parameter cannot take a value; literals are for string, number, boolean and date",
+                "31:16: a parameter of type `object` cannot take a value; literals are for string, number, boolean and date",
                 "33:14: `key:` goes with `source: lookup`",
                 "35:16: `value:` needs a `source:` other than `model`: the model supplies `k`",
                 "38:16: `source: lookup` takes `key:` and `table:`, not `value:`",
@@ -4832,11 +4847,23 @@ TOOLS:
     #[test]
     fn rate_limit_and_circuit_breaker_errors() {
         let with = |extra: &str| errors(&tool_with("f() -> string", extra));
-        for bad in ["0", "-1", "1001", "1e3", "two", ".5", "5.", "NaN", "inf"] {
+        for bad in [
+            "0",
+            "-1",
+            "1001",
+            "1e3",
+            "two",
+            ".5",
+            "5.",
+            "NaN",
+            "inf",
+            "0.000000000000000000001",
+            "0.00001",
+        ] {
             assert_eq!(
                 with(&format!("    rate_limit: {bad}\n")),
                 vec![format!(
-                    "7:17: `rate_limit` must be a number of calls per second, more than 0 and at most 1000 (like `10` or `0.5`), not `{bad}`"
+                    "7:17: `rate_limit` must be a number of calls per second, at least one call a day (0.0000116) and at most 1000 (like `10` or `0.5`), not `{bad}`"
                 )],
                 "{bad}"
             );
@@ -4891,7 +4918,7 @@ TOOLS:
                 "TOOLS:\n  rate_limit: 0\n  f() -> string\n    type: http\n    endpoint: /x\n    permission: p\n    repeat_safety: never\n  rate_limit: 2\n"
             ),
             vec![
-                "2:15: `rate_limit` must be a number of calls per second, more than 0 and at most 1000 (like `10` or `0.5`), not `0`",
+                "2:15: `rate_limit` must be a number of calls per second, at least one call a day (0.0000116) and at most 1000 (like `10` or `0.5`), not `0`",
                 "8:3: file-level default `rate_limit:` must come before the first tool",
             ]
         );

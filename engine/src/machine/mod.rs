@@ -1671,10 +1671,8 @@ impl Step {
                         errors: vec!["/: the edited arguments must be a JSON object".into()],
                     });
                 };
-                // Injected parameters are the definition's, not the approver's.
                 let mut errors: Vec<String> = immutable
                     .iter()
-                    .chain(tool.def.injected.iter().map(|p| &p.name))
                     .filter(|p| map.get(p.as_str()) != call.arguments.get(p.as_str()))
                     .map(|p| {
                         format!(
@@ -1682,7 +1680,38 @@ impl Step {
                         )
                     })
                     .collect();
-                fill_defaults(&mut map, &tool.def.input_schema);
+                // Injected parameters are the definition's, not the
+                // approver's: one left out is filled in again, one written
+                // must be what it was. They are computed again from the
+                // edited arguments (an `expr` or `lookup` reading `.args`
+                // follows the edit), so what runs is what the decision
+                // records.
+                for p in &tool.def.injected {
+                    if let Some(v) = map.remove(&p.name)
+                        && Some(&v) != call.arguments.get(&p.name)
+                    {
+                        errors.push(format!(
+                            "/{0}: `{0}` is filled in by the tool's definition (`source:` or `hidden:`), not by the approver; leave it out",
+                            p.name
+                        ));
+                    }
+                }
+                fill_defaults(&mut map, tool.def.model_schema());
+                if errors.is_empty() {
+                    let facts = inject::CallFacts {
+                        run_id: &self.state.run_id,
+                        node_id: &call.node,
+                        call_id: &call_id,
+                        idempotency_key: &call.idempotency_key,
+                        tenant: &self.state.tenant,
+                        caller: &self.state.caller,
+                    };
+                    if let Err(reason) =
+                        inject::inject(&tool.def, &mut map, &self.state.document(), &facts)
+                    {
+                        errors.push(format!("/: {reason}"));
+                    }
+                }
                 let value = Value::Object(map);
                 if let Err(e) = crate::definitions::validate_json(&tool.def.input_schema, &value) {
                     errors.extend(e);

@@ -1805,3 +1805,64 @@ fn a_run_deadline_during_a_sync_child_cancels_the_child_and_fails_the_run() {
     });
     assert!(stale.events.is_empty());
 }
+
+#[test]
+fn an_approvers_edit_recomputes_the_parameters_the_definition_fills_in() {
+    let tools = r#"TOOLS:
+  charge(amount: number, cents: number, call: string) -> {ok: boolean}
+    type: http
+    endpoint: "/charge"
+    method: POST
+    parameters:
+      cents:
+        source: expr
+        value: ".args.amount * 100"
+      call:
+        source: runtime
+        value: call_id
+    confirmation:
+      require: always
+      approver_grant: pay.approve
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: pay, type: tool, tool: charge, args: {amount: 3}, grants: [crm.write]}\n";
+    let agent =
+        "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [charge]\ngrants: [crm.write]\n";
+    let (mut run, _) = Run::start_plan(plan_files(tools, agent, wf), json!({}));
+    assert_eq!(
+        run.state.status,
+        RunStatus::Waiting,
+        "{}",
+        run.state.status_reason
+    );
+    let confirm = |edit: Value| Input::DecideApproval {
+        node: "pay.t1".into(),
+        approve: true,
+        edited_subject: Some(edit),
+        by: "ana".into(),
+        grants: vec!["pay.approve".into()],
+        reason: String::new(),
+    };
+    // Writing a filled-in parameter with another value: refused, named.
+    let bad = run.try_step(confirm(json!({"amount": 10, "cents": 5})));
+    assert!(
+        matches!(&bad, Err(MachineError::InvalidEdit { errors, .. })
+            if errors.iter().any(|e| e.contains("`cents` is filled in by the tool's definition"))),
+        "{bad:?}"
+    );
+    // Left out (or written as it was): filled in again from the edit.
+    let d = run.step(confirm(json!({"amount": 10, "call": "pay.t1"})));
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(
+        spec["arguments"],
+        json!({"amount": 10, "cents": 1000, "call": "pay.t1"})
+    );
+    let recorded = d.events.iter().find_map(|e| match e {
+        Event::ConfirmationDecided { arguments, .. } => Some(arguments.clone()),
+        _ => None,
+    });
+    assert_eq!(recorded, Some(spec["arguments"].clone()));
+}

@@ -692,7 +692,7 @@ mod tests {
                 "TOOLS:\n  retry: many\n  retry_delay: 1.5\n  retry_policy:\n    strategy: fixed\n  f() -> object\n    type: http\n    endpoint: /f\n    permission: p.read\n    repeat_safety: idempotent\n  retry: 2\n"
             ),
             vec![
-                "4:3: `retry_policy:` is not a file-level default: give it per tool (the file's defaults are `retry:` and `retry_delay:`)",
+                "4:3: `retry_policy:` is not a file-level default: give it per tool (the file's defaults are `base_url:`, `auth:`, `auth_config:`, `timeout:`, `headers:`, `retry:`, `retry_delay:`, `rate_limit:`)",
                 "2:10: `retry` must be a whole number of retries from 0 to 100, not `many`",
                 "3:16: `retry_delay` must be a whole number of milliseconds from 0 to 86400000 (one day), not `1.5`",
                 "11:3: file-level default `retry:` must come before the first tool",
