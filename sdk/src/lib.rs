@@ -756,6 +756,23 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("attempt"),
             s("error")
         ),
+        "tool_vars_set" => match p.get("errors") {
+            Some(e) if !e.is_null() => format!(
+                "{} {} {} values={} errors={}",
+                s("call_id"),
+                s("tool"),
+                s("from"),
+                s("values"),
+                short(e, 160)
+            ),
+            _ => format!(
+                "{} {} {} values={}",
+                s("call_id"),
+                s("tool"),
+                s("from"),
+                s("values")
+            ),
+        },
         "task_lease_expired" => format!(
             "{} attempt={} dispatched={}{}",
             s("call_id"),

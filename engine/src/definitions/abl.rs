@@ -24,8 +24,8 @@ use serde_json::Value;
 use super::expr::Expr;
 use super::imports::{FileImport, parse_import_value};
 use super::model::{
-    AuthField, ChildMode, CircuitBreakerDef, ConfirmationDef, Effect, InjectedParam, Latency,
-    ParamSource, RepeatSafety, RuntimeField, ToolBindingDef, ToolDef, ToolHints,
+    AuthField, ChildMode, CircuitBreakerDef, CompactionDef, ConfirmationDef, Effect, InjectedParam,
+    Latency, ParamSource, RepeatSafety, RuntimeField, ToolBindingDef, ToolDef, ToolHints,
 };
 use super::signature::{
     self, Direction, Field, MAX_TYPE_DEPTH, Prim, Signature, TypeExpr, check_input_type,
@@ -92,7 +92,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "wsdl_operation",
     "wsdl_version",
     "provides",
-    "compaction",
     "process",
     "pii_access",
     "scrub_secrets",
@@ -100,8 +99,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "store_result",
     "RESULT_SECRETS",
     "SECRET_ACCESS",
-    "on_result",
-    "on_error",
     "code",
     "runtime",
     "memory_mb",
@@ -612,6 +609,12 @@ struct Props<'b> {
     rate_limit: Option<f64>,
     /// `circuit_breaker:`.
     circuit_breaker: Option<CircuitBreakerDef>,
+    /// `compaction:`.
+    compaction: Option<CompactionDef>,
+    /// `on_result: {set: ...}`.
+    on_result: BTreeMap<String, Expr>,
+    /// `on_error: {set: ...}`.
+    on_error: BTreeMap<String, Expr>,
     /// `confirmation:` with `require: always` or `when_side_effects`.
     confirmation: Option<ConfirmationProps>,
     /// `hints:`.
@@ -968,6 +971,9 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         retry_policy,
         rate_limit: props.rate_limit.or(default_rate_limit),
         circuit_breaker: props.circuit_breaker,
+        compaction: props.compaction,
+        on_result: props.on_result,
+        on_error: props.on_error,
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
@@ -1989,6 +1995,21 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             "circuit_breaker" => {
                 props.circuit_breaker = read_circuit_breaker(child, &kv, cx);
             }
+            "compaction" => {
+                if block_only(child, &kv, cx) {
+                    props.compaction = read_compaction(child, cx);
+                }
+            }
+            "on_result" | "on_error" => {
+                if block_only(child, &kv, cx) {
+                    let set = read_on_outcome(child, kv.key, cx);
+                    if kv.key == "on_result" {
+                        props.on_result = set;
+                    } else {
+                        props.on_error = set;
+                    }
+                }
+            }
             "hints" => {
                 if block_only(child, &kv, cx) {
                     props.hints = read_hints(child, cx);
@@ -2405,6 +2426,231 @@ fn read_circuit_breaker(
         threshold: threshold?,
         reset_ms: reset_ms?,
     })
+}
+
+/// The `compaction:` block: `essential_fields: [a, b.c]` (or one path per
+/// `- item` line). The seed's other properties are refused.
+fn read_compaction(block: &Block, cx: &mut Cx<'_>) -> Option<CompactionDef> {
+    let errors_before = cx.out.errors.len();
+    let mut fields: Option<Vec<String>> = None;
+    for entry in &block.children {
+        let line = &entry.line;
+        let Some(kv) = entry_kv(line, "`essential_fields: [path, ...]` in `compaction:`", cx)
+        else {
+            continue;
+        };
+        match kv.key {
+            "essential_fields" => {
+                if fields.is_some() {
+                    cx.error(line.no, kv.key_col, "duplicate `essential_fields` in `compaction:`");
+                    continue;
+                }
+                fields = read_field_paths(entry, &kv, cx);
+            }
+            "max_description_length" | "summary_timeout_ms" => cx.error(
+                line.no,
+                kv.key_col,
+                format!("`compaction.{}` is not supported yet (only `essential_fields` is)", kv.key),
+            ),
+            "max_search_tokens" => cx.error(
+                line.no,
+                kv.key_col,
+                "`compaction.max_search_tokens` is not applicable: it applies to SearchAI results, and Belay has no SearchAI tools",
+            ),
+            other => cx.error(
+                line.no,
+                kv.key_col,
+                format!("unknown property `{other}` in `compaction:` (expected `essential_fields`)"),
+            ),
+        }
+    }
+    match fields {
+        Some(essential_fields) => Some(CompactionDef { essential_fields }),
+        None => {
+            if cx.out.errors.len() == errors_before {
+                cx.error(
+                    block.line.no,
+                    block.line.col(),
+                    "`compaction:` needs `essential_fields: [path, ...]`",
+                );
+            }
+            None
+        }
+    }
+}
+
+/// `essential_fields:` as `[a, b.c]` or as `- a` lines: dotted paths, each
+/// segment non-empty; at least one. `None`, with errors, when one is bad.
+fn read_field_paths(block: &Block, kv: &KeyValue<'_>, cx: &mut Cx<'_>) -> Option<Vec<String>> {
+    let line = &block.line;
+    // (item, line, column) of each path as written.
+    let mut items: Vec<(String, u32, u32)> = Vec::new();
+    if kv.value.is_empty() {
+        for entry in &block.children {
+            let text = entry.line.text.as_str();
+            let Some(item) = text.strip_prefix('-') else {
+                cx.error(
+                    entry.line.no,
+                    entry.line.col(),
+                    "expected `- path` in `essential_fields:`",
+                );
+                continue;
+            };
+            let lead = item.chars().take_while(|c| c.is_whitespace()).count();
+            items.push((
+                item.trim().to_owned(),
+                entry.line.no,
+                entry.line.col() + to_u32(1 + lead),
+            ));
+        }
+    } else {
+        let Some(inner) = kv.value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) else {
+            cx.error(
+                line.no,
+                kv.value_col,
+                "`essential_fields` takes a list of dotted paths, like `[items.id, items.name]`",
+            );
+            return None;
+        };
+        if let Some(first) = block.children.first() {
+            cx.error(
+                first.line.no,
+                first.line.col(),
+                "`essential_fields` takes `[a, b]` or `- a` lines, not both",
+            );
+            return None;
+        }
+        let mut offset = 1;
+        for item in inner.split(',') {
+            let lead = item.chars().take_while(|c| c.is_whitespace()).count();
+            let col = kv.value_col + to_u32(offset + lead);
+            offset += item.chars().count() + 1;
+            if item.trim().is_empty() && inner.trim().is_empty() {
+                continue;
+            }
+            items.push((item.trim().to_owned(), line.no, col));
+        }
+    }
+    let mut paths = Vec::new();
+    let mut ok = true;
+    for (item, no, col) in items {
+        let path = item.trim_matches(|c| c == '"' || c == '\'');
+        if path.is_empty() {
+            cx.error(no, col, "empty item in `essential_fields`");
+            ok = false;
+        } else if path.split('.').any(str::is_empty) {
+            cx.error(
+                no,
+                col,
+                format!("`{item}` is not a field path: write names joined by `.`, like `items.id`"),
+            );
+            ok = false;
+        } else if path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            cx.error(
+                no,
+                col,
+                format!("field path `{path}` must not contain spaces"),
+            );
+            ok = false;
+        } else if !paths.iter().any(|p| p == path) {
+            paths.push(path.to_owned());
+        }
+    }
+    if ok && paths.is_empty() {
+        cx.error(
+            line.no,
+            kv.value_col.max(kv.key_col),
+            "`essential_fields` needs at least one field path",
+        );
+        return None;
+    }
+    ok.then_some(paths)
+}
+
+/// The `on_result:` or `on_error:` block: `set:` with one `var: <jq>` line
+/// per run variable. `do:` action blocks are refused.
+fn read_on_outcome(block: &Block, what: &str, cx: &mut Cx<'_>) -> BTreeMap<String, Expr> {
+    let mut set = BTreeMap::new();
+    let input = if what == "on_result" {
+        "`{\"result\": <the result>}`, like `.result.balance`"
+    } else {
+        "`{\"error\": {\"message\": <why>}}`, like `.error.message`"
+    };
+    for entry in &block.children {
+        let line = &entry.line;
+        let Some(kv) = entry_kv(line, &format!("`set:` in `{what}:`"), cx) else {
+            continue;
+        };
+        match kv.key {
+            "set" => {
+                if !block_only(entry, &kv, cx) {
+                    continue;
+                }
+                for item in &entry.children {
+                    let Some(v) = entry_kv(&item.line, "`variable: <jq expression>`", cx) else {
+                        continue;
+                    };
+                    let name_ok = v.key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && v.key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if !name_ok {
+                        cx.error(
+                            item.line.no,
+                            v.key_col,
+                            format!("variable name `{}` must be letters, digits and `_`, not starting with a digit", v.key),
+                        );
+                        continue;
+                    }
+                    if set.contains_key(v.key) {
+                        cx.error(
+                            item.line.no,
+                            v.key_col,
+                            format!("duplicate variable `{}` in `{what}.set:`", v.key),
+                        );
+                        continue;
+                    }
+                    let Some(text) = scalar(item, &v, cx) else {
+                        continue;
+                    };
+                    if text.trim().is_empty() {
+                        cx.error(
+                            item.line.no,
+                            v.value_col,
+                            format!("`{}` needs a jq expression over {input}", v.key),
+                        );
+                        continue;
+                    }
+                    match Expr::parse(&text) {
+                        Ok(e) => {
+                            set.insert(v.key.to_owned(), e);
+                        }
+                        Err(e) => {
+                            let hint = if text.starts_with("result") || text.starts_with("error") {
+                                "; the expression is jq over {\"result\": ...} or {\"error\": ...}: write `.result.balance`, with the leading `.`"
+                            } else {
+                                ""
+                            };
+                            cx.error(
+                                item.line.no,
+                                v.value_col,
+                                format!("`{}` is not a valid jq expression: {e}{hint}", v.key),
+                            );
+                        }
+                    }
+                }
+            }
+            "do" => cx.error(
+                line.no,
+                kv.key_col,
+                format!("`{what}.do:` action blocks are not applicable: they are actions of a conversational runtime; in Belay, control flow is the workflow graph (`next`, `branch`, `on_error`)"),
+            ),
+            other => cx.error(
+                line.no,
+                kv.key_col,
+                format!("unknown property `{other}` in `{what}:` (expected `set`)"),
+            ),
+        }
+    }
+    set
 }
 
 /// The `hints:` block: `cacheable`, `side_effects`, `requires_auth`
@@ -3300,6 +3546,151 @@ mod tests {
         format!(
             "TOOLS:\n  {signature}\n    type: http\n    endpoint: \"/x\"\n    permission: p.read\n    repeat_safety: idempotent\n{extra}"
         )
+    }
+
+    #[test]
+    fn compaction_essential_fields() {
+        let t = one_tool(&tool_with(
+            "search(q: string) -> {items: object[]}",
+            "    compaction:\n      essential_fields: [items.id, \"items.name\", items.id]\n",
+        ));
+        let fields = t.compaction.map(|c| c.essential_fields);
+        assert_eq!(
+            fields,
+            Some(vec!["items.id".to_owned(), "items.name".to_owned()])
+        );
+        let t = one_tool(&tool_with(
+            "search(q: string) -> object",
+            "    compaction:\n      essential_fields:\n        - total\n        - meta.page\n",
+        ));
+        let fields = t.compaction.map(|c| c.essential_fields);
+        assert_eq!(
+            fields,
+            Some(vec!["total".to_owned(), "meta.page".to_owned()])
+        );
+        // Absent: the definition's JSON (and content hash) is unchanged.
+        let t = one_tool(&tool_with("search(q: string) -> object", ""));
+        let json = serde_json::to_value(&t).unwrap();
+        assert!(json.get("compaction").is_none());
+        assert!(json.get("on_result").is_none() && json.get("on_error").is_none());
+    }
+
+    #[test]
+    fn compaction_errors() {
+        let sig = "search(q: string) -> object";
+        let cases = [
+            (
+                "    compaction:\n      essential_fields: [a, b..c, ]\n",
+                vec![
+                    "8:29: `b..c` is not a field path: write names joined by `.`, like `items.id`",
+                    "8:35: empty item in `essential_fields`",
+                ],
+            ),
+            (
+                "    compaction:\n      essential_fields: items.id\n",
+                vec![
+                    "8:25: `essential_fields` takes a list of dotted paths, like `[items.id, items.name]`",
+                ],
+            ),
+            (
+                "    compaction:\n      essential_fields: []\n",
+                vec!["8:25: `essential_fields` needs at least one field path"],
+            ),
+            (
+                "    compaction:\n      max_description_length: 500\n      max_search_tokens: 9\n      essential_fields: [a]\n",
+                vec![
+                    "8:7: `compaction.max_description_length` is not supported yet (only `essential_fields` is)",
+                    "9:7: `compaction.max_search_tokens` is not applicable: it applies to SearchAI results, and Belay has no SearchAI tools",
+                ],
+            ),
+            (
+                "    compaction: [a]\n",
+                vec![
+                    "7:17: `compaction` takes an indented block on the following lines, not a value",
+                ],
+            ),
+            (
+                "    compaction:\n      keep: [a]\n",
+                vec!["8:7: unknown property `keep` in `compaction:` (expected `essential_fields`)"],
+            ),
+        ];
+        for (extra, expected) in cases {
+            assert_eq!(errors(&tool_with(sig, extra)), expected, "{extra}");
+        }
+    }
+
+    #[test]
+    fn on_result_and_on_error_set_run_vars() {
+        let t = one_tool(&tool_with(
+            "get_balance(account_id: string) -> {balance: number, currency: string}",
+            "    on_result:\n      set:\n        current_balance: .result.balance\n        account_currency: \".result.currency | ascii_downcase\"\n    on_error:\n      set:\n        balance_error: .error.message\n",
+        ));
+        let sources = |m: &BTreeMap<String, Expr>| -> Vec<(String, String)> {
+            m.iter()
+                .map(|(k, e)| (k.clone(), e.source().to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            sources(&t.on_result),
+            vec![
+                (
+                    "account_currency".to_owned(),
+                    ".result.currency | ascii_downcase".to_owned()
+                ),
+                ("current_balance".to_owned(), ".result.balance".to_owned()),
+            ]
+        );
+        assert_eq!(
+            sources(&t.on_error),
+            vec![("balance_error".to_owned(), ".error.message".to_owned())]
+        );
+    }
+
+    #[test]
+    fn on_result_errors() {
+        let sig = "get(id: string) -> object";
+        let cases = [
+            (
+                "    on_result:\n      set:\n        x: .result | now\n",
+                "9:12: `x` is not a valid jq expression:",
+            ),
+            (
+                "    on_result:\n      set:\n        x: .result.[\n",
+                "9:12: `x` is not a valid jq expression:",
+            ),
+            (
+                "    on_result:\n      set:\n        x: result.balance\n",
+                "write `.result.balance`, with the leading `.`",
+            ),
+            (
+                "    on_error:\n      set:\n        x-y: .error.message\n",
+                "9:9: variable name `x-y` must be letters, digits and `_`, not starting with a digit",
+            ),
+            (
+                "    on_error:\n      set:\n        x: .error\n        x: .error\n",
+                "10:9: duplicate variable `x` in `on_error.set:`",
+            ),
+            (
+                "    on_result:\n      do:\n        - SET: x = 1\n",
+                "8:7: `on_result.do:` action blocks are not applicable",
+            ),
+            (
+                "    on_result:\n      keep: 1\n",
+                "8:7: unknown property `keep` in `on_result:` (expected `set`)",
+            ),
+            (
+                "    on_result:\n      set:\n        x:\n",
+                "9:9: `x` needs a value",
+            ),
+        ];
+        for (extra, expected) in cases {
+            let errs = errors(&tool_with(sig, extra));
+            assert_eq!(errs.len(), 1, "{extra}: {errs:?}");
+            assert!(
+                errs[0].starts_with(expected) || errs[0].contains(expected),
+                "{extra}: {errs:?}"
+            );
+        }
     }
 
     #[test]

@@ -472,10 +472,33 @@ pub struct ToolDef {
     /// `effect:`. Added for issue 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effect: Option<Effect>,
+    /// `compaction:`: what of a result the model is shown. Added for
+    /// issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionDef>,
+    /// `on_result: {set: {var: expr}}`: after a call completes, each jq
+    /// expression is evaluated over `{"result": <the result>}` and its value
+    /// written to the run's `.vars.<var>`. Added for issue 4.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub on_result: BTreeMap<String, Expr>,
+    /// `on_error: {set: {var: expr}}`: after a call fails for good, each jq
+    /// expression is evaluated over `{"error": {"message": <why>}}` and its
+    /// value written to `.vars.<var>`. Added for issue 4.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub on_error: BTreeMap<String, Expr>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.
     pub source_line: u32,
+}
+
+/// A tool's `compaction:` block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionDef {
+    /// `essential_fields:`: dotted paths (`items.id`) of the fields the
+    /// model is shown of a result; through an array, the path applies to
+    /// each item. The recorded event keeps the whole result.
+    pub essential_fields: Vec<String>,
 }
 
 impl ToolDef {

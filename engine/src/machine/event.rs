@@ -4,6 +4,8 @@
 //! Append-only rules: variants and fields are only ever added (new fields with
 //! `#[serde(default)]`), never renamed or removed once stored.
 
+use std::collections::BTreeMap;
+
 use belay_proto::wire::{ToolUse, Usage};
 use serde::{Deserialize, Serialize};
 
@@ -409,6 +411,24 @@ pub enum Event {
         /// Message for the model.
         error: String,
     },
+    /// Right after a call's [`Event::ToolCallCompleted`] (or
+    /// [`Event::ToolCallFailed`]): the tool's `on_result.set` (or
+    /// `on_error.set`) expressions, evaluated, written to the run's
+    /// `.vars`. An expression that failed sets nothing; its variable is in
+    /// `errors` with the reason. Added for issue 4.
+    ToolVarsSet {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// `on_result` or `on_error`.
+        from: String,
+        /// Variables set, with their values.
+        values: serde_json::Map<String, Value>,
+        /// Variables not set: why their expression failed.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        errors: BTreeMap<String, String>,
+    },
     /// A lease expired before the worker reported.
     TaskLeaseExpired {
         /// Call id.
@@ -675,6 +695,7 @@ impl Event {
             Event::ToolCallAttemptFailed { .. } => "tool_call_attempt_failed",
             Event::ToolCallCompleted { .. } => "tool_call_completed",
             Event::ToolCallFailed { .. } => "tool_call_failed",
+            Event::ToolVarsSet { .. } => "tool_vars_set",
             Event::TaskLeaseExpired { .. } => "task_lease_expired",
             Event::UncertainOutcomeRecorded { .. } => "uncertain_outcome_recorded",
             Event::RunPaused { .. } => "run_paused",

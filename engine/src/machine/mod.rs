@@ -1153,7 +1153,64 @@ impl Step {
             }
         }
         self.state.apply(&event);
+        let vars = self.outcome_vars(&event);
         self.out.events.push(event);
+        if let Some(vars) = vars {
+            self.state.apply(&vars);
+            self.out.events.push(vars);
+        }
+    }
+
+    /// After a call's result or final failure: its tool's `on_result.set`
+    /// or `on_error.set`, evaluated over `{"result": ...}` or
+    /// `{"error": {"message": ...}}`, as an [`Event::ToolVarsSet`] (none
+    /// for a probe, or a tool without them). An expression that fails sets
+    /// nothing and is recorded in the event's `errors`; the call itself
+    /// keeps its outcome.
+    fn outcome_vars(&self, event: &Event) -> Option<Event> {
+        let (call_id, input, from) = match event {
+            Event::ToolCallCompleted {
+                call_id, result, ..
+            } => (call_id, json!({ "result": result }), "on_result"),
+            Event::ToolCallFailed { call_id, error, .. } => (
+                call_id,
+                json!({ "error": { "message": error } }),
+                "on_error",
+            ),
+            _ => return None,
+        };
+        let call = self.state.tool_calls.get(call_id)?;
+        if call.probe_for.is_some() {
+            return None;
+        }
+        let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
+        let exprs = if from == "on_result" {
+            &tool.on_result
+        } else {
+            &tool.on_error
+        };
+        if exprs.is_empty() {
+            return None;
+        }
+        let mut values = serde_json::Map::new();
+        let mut errors = std::collections::BTreeMap::new();
+        for (var, expr) in exprs {
+            match expr.eval(&input) {
+                Ok(value) => {
+                    values.insert(var.clone(), value);
+                }
+                Err(e) => {
+                    errors.insert(var.clone(), format!("`{}`: {e}", expr.source()));
+                }
+            }
+        }
+        Some(Event::ToolVarsSet {
+            call_id: call_id.clone(),
+            tool: call.tool.clone(),
+            from: from.to_owned(),
+            values,
+            errors,
+        })
     }
 
     fn command(&mut self, command: Command) {

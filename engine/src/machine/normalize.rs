@@ -59,6 +59,61 @@ pub fn truncate_for_model(result: &Value, limit: usize) -> String {
     )
 }
 
+/// A tool result reduced to its `compaction.essential_fields` for the
+/// model: dotted paths into objects (`items.id`); an array, wherever it
+/// is, keeps each item reduced by the same paths; a path naming a field
+/// that is absent (or a scalar where an object is needed) gives nothing.
+/// A result that is neither an object nor an array has no fields and is
+/// kept whole. Empty path segments (`a..b`) never match.
+pub fn essential_fields(result: &Value, paths: &[String]) -> Value {
+    let split: Vec<Vec<&str>> = paths.iter().map(|p| p.split('.').collect()).collect();
+    let refs: Vec<&[&str]> = split.iter().map(Vec::as_slice).collect();
+    match result {
+        Value::Object(_) | Value::Array(_) => {
+            select(result, &refs).unwrap_or_else(|| Value::Object(Default::default()))
+        }
+        other => other.clone(),
+    }
+}
+
+/// The parts of `value` that `paths` (each non-empty) reach; `None` when
+/// none does.
+fn select(value: &Value, paths: &[&[&str]]) -> Option<Value> {
+    match value {
+        Value::Array(items) => Some(Value::Array(
+            items
+                .iter()
+                .filter_map(|item| select(item, paths))
+                .collect(),
+        )),
+        Value::Object(map) => {
+            let mut out = serde_json::Map::new();
+            for (key, field) in map {
+                let rests: Vec<&[&str]> = paths
+                    .iter()
+                    .filter_map(|p| match p.split_first() {
+                        Some((first, rest)) if first == key => Some(rest),
+                        _ => None,
+                    })
+                    .collect();
+                if rests.is_empty() {
+                    continue;
+                }
+                let kept = if rests.iter().any(|r| r.is_empty()) {
+                    Some(field.clone())
+                } else {
+                    select(field, &rests)
+                };
+                if let Some(kept) = kept {
+                    out.insert(key.clone(), kept);
+                }
+            }
+            Some(Value::Object(out))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +132,50 @@ mod tests {
         let out = truncate_for_model(&json!("abcdef"), 4);
         assert_eq!(out, "abcd…[truncated: 4 of 6 bytes shown]");
         assert_eq!(truncate_for_model(&json!({"a": 1}), 100), "{\"a\":1}");
+    }
+
+    #[test]
+    fn essential_fields_keep_paths_through_objects_and_arrays() {
+        let result = json!({
+            "items": [
+                {"id": 1, "name": "a", "price": 3, "blurb": "long"},
+                {"id": 2, "name": "b", "extra": {"x": 1}},
+                "not an object"
+            ],
+            "meta": {"page": 1, "total": 9, "debug": "x"},
+            "noise": "dropped"
+        });
+        let paths = [
+            "items.id",
+            "items.price",
+            "meta.total",
+            "missing.x",
+            "noise.deeper",
+        ]
+        .map(String::from);
+        assert_eq!(
+            essential_fields(&result, &paths),
+            json!({
+                "items": [{"id": 1, "price": 3}, {"id": 2}],
+                "meta": {"total": 9}
+            })
+        );
+        // A whole field; and a top-level array of objects.
+        let whole = ["meta".to_owned()];
+        assert_eq!(
+            essential_fields(&result, &whole),
+            json!({"meta": {"page": 1, "total": 9, "debug": "x"}})
+        );
+        let list = json!([{"id": 1, "x": 2}, {"y": 3}]);
+        assert_eq!(
+            essential_fields(&list, &["id".to_owned()]),
+            json!([{"id": 1}, {}])
+        );
+        // Nothing matches: an empty object. A scalar result is kept.
+        assert_eq!(essential_fields(&result, &["zzz".to_owned()]), json!({}));
+        assert_eq!(
+            essential_fields(&json!("text"), &["a".to_owned()]),
+            json!("text")
+        );
     }
 }

@@ -986,6 +986,11 @@ impl RunState {
                 }
             }
             Event::ReconcileProbeFinished { .. } | Event::LateResultRecorded { .. } => {}
+            Event::ToolVarsSet { values, .. } => {
+                for (k, v) in values {
+                    self.vars.insert(k.clone(), v.clone());
+                }
+            }
             Event::NodeCompleted { node, output, next } => {
                 let is_set = self
                     .plan
@@ -1155,7 +1160,21 @@ impl RunState {
             .current_agent()
             .map(|a| a.max_result_bytes)
             .unwrap_or(16384);
-        let text = super::normalize::truncate_for_model(result, limit as usize);
+        // `compaction.essential_fields` first, then the byte limit; the
+        // event (and `call.result`) keep the whole result.
+        let fields = self
+            .tool_calls
+            .get(call_id)
+            .and_then(|c| self.plan.as_ref()?.tools.get(&c.tool))
+            .and_then(|t| t.def.compaction.as_ref())
+            .map(|c| c.essential_fields.as_slice());
+        let text = match fields {
+            Some(fields) => super::normalize::truncate_for_model(
+                &super::normalize::essential_fields(result, fields),
+                limit as usize,
+            ),
+            None => super::normalize::truncate_for_model(result, limit as usize),
+        };
         if let Some(call) = self.tool_calls.get_mut(call_id) {
             call.status = CallStatus::Completed;
             call.result = Some(result.clone());

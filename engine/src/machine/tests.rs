@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::definitions::model::{
-    AgentDef, Budget, CircuitBreakerDef, LoopPolicy, NodeDef, NodeKind, OnToolFailure, Pricing,
-    RepeatSafety, ToolBindingDef, ToolDef, WorkflowDef,
+    AgentDef, Budget, CircuitBreakerDef, CompactionDef, LoopPolicy, NodeDef, NodeKind,
+    OnToolFailure, Pricing, RepeatSafety, ToolBindingDef, ToolDef, WorkflowDef,
 };
 use crate::gates::{GateVerdict, ToolGates};
 
@@ -58,6 +58,9 @@ fn tool(
             model_input_schema: None,
             hints: Default::default(),
             effect: None,
+            compaction: None,
+            on_result: BTreeMap::new(),
+            on_error: BTreeMap::new(),
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },
@@ -881,6 +884,65 @@ fn results_are_truncated_for_the_model_but_kept_whole_in_events() {
         content.as_deref(),
         Some("yyyyyyyyyy…[truncated: 10 of 100 bytes shown]")
     );
+}
+
+#[test]
+fn essential_fields_compact_the_result_for_the_model_but_the_event_keeps_it_whole() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|plan| {
+            if let Some(lookup) = plan.tools.get_mut("lookup") {
+                lookup.def.compaction = Some(CompactionDef {
+                    essential_fields: vec!["items.id".into(), "total".into(), "nope.x".into()],
+                });
+            }
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    let whole = json!({
+        "items": [{"id": 1, "blurb": "long text"}, {"id": 2, "blurb": "more"}],
+        "total": 2,
+        "debug": {"trace": "abc"}
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: whole.clone(),
+    });
+    assert!(matches!(&d.events[0], Event::ToolCallCompleted { result, .. } if result == &whole));
+    let content = run.transcript().into_iter().find_map(|m| match m {
+        ChatMessage::Tool { content, .. } => Some(content),
+        _ => None,
+    });
+    let shown: Value =
+        serde_json::from_str(content.as_deref().unwrap_or("null")).unwrap_or_default();
+    assert_eq!(shown, json!({"items": [{"id": 1}, {"id": 2}], "total": 2}));
+}
+
+#[test]
+fn on_result_sets_run_vars_after_an_agents_call() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|plan| {
+            if let Some(lookup) = plan.tools.get_mut("lookup") {
+                lookup.def.on_result.insert(
+                    "customer".into(),
+                    crate::definitions::expr::Expr::parse(".result.id").expect("valid jq"),
+                );
+            }
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({"id": "c_9", "name": "Ada"}),
+    });
+    assert_eq!(
+        Run::kinds(&d)[..2],
+        ["tool_call_completed", "tool_vars_set"]
+    );
+    assert_eq!(run.state.vars.get("customer"), Some(&json!("c_9")));
 }
 
 #[test]

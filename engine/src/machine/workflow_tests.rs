@@ -1866,3 +1866,107 @@ fn an_approvers_edit_recomputes_the_parameters_the_definition_fills_in() {
     });
     assert_eq!(recorded, Some(spec["arguments"].clone()));
 }
+
+const TOOLS_WITH_SETS: &str = r#"TOOLS:
+  create_account(email: string, plan?: string = "starter") -> {account_id: string}
+    description: "Create an account"
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+    on_result:
+      set:
+        account: .result.account_id
+        account_number: .result.account_id | tonumber
+    on_error:
+      set:
+        why: .error.message
+"#;
+
+const SETS_WORKFLOW: &str = r#"kind: workflow
+name: w
+nodes:
+  - id: create
+    type: tool
+    tool: create_account
+    args: {email: x}
+    grants: [crm.write]
+    on_error: failed
+    next: done
+  - {id: done, type: succeed, output: {account: "${ .vars.account }", number: "${ .vars.account_number }"}}
+  - {id: failed, type: succeed, output: "${ .vars.why }"}
+"#;
+
+#[test]
+fn on_result_sets_run_vars_the_next_node_reads_and_a_failing_expression_sets_nothing() {
+    let (mut run, _) = Run::start_plan(plan_with(TOOLS_WITH_SETS, SETS_WORKFLOW), json!({}));
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        result: json!({"account_id": "acct_1"}),
+    });
+    // Recorded right after the result, before the next node runs.
+    let kinds: Vec<&str> = d.events.iter().map(Event::kind).collect();
+    assert_eq!(&kinds[..2], ["tool_call_completed", "tool_vars_set"]);
+    let Event::ToolVarsSet {
+        call_id,
+        tool,
+        from,
+        values,
+        errors,
+    } = &d.events[1]
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(
+        (call_id.as_str(), tool.as_str(), from.as_str()),
+        ("create.t1", "create_account", "on_result")
+    );
+    assert_eq!(Value::Object(values.clone()), json!({"account": "acct_1"}));
+    // `tonumber` of "acct_1" fails: the variable is not set, the reason is
+    // recorded, and the call still succeeds.
+    let why = errors.get("account_number").cloned().unwrap_or_default();
+    assert!(
+        why.starts_with("`.result.account_id | tonumber`: "),
+        "{why}"
+    );
+    assert_eq!(run.state.vars.get("account"), Some(&json!("acct_1")));
+    assert!(!run.state.vars.contains_key("account_number"));
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"account": "acct_1", "number": null}))
+    );
+}
+
+#[test]
+fn on_error_sets_run_vars_when_a_call_fails_for_good() {
+    let (mut run, _) = Run::start_plan(plan_with(TOOLS_WITH_SETS, SETS_WORKFLOW), json!({}));
+    let d = run.step(Input::TaskFailed {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        error: "HTTP 400: bad email".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    let kinds: Vec<&str> = d.events.iter().map(Event::kind).collect();
+    assert_eq!(
+        &kinds[..3],
+        [
+            "tool_call_attempt_failed",
+            "tool_call_failed",
+            "tool_vars_set"
+        ]
+    );
+    assert!(
+        !run.state.vars.contains_key("account"),
+        "on_result does not run on a failure"
+    );
+    assert_eq!(run.state.status, RunStatus::Completed);
+    let why = run.state.output.clone().unwrap_or_default();
+    assert!(
+        why.as_str().is_some_and(|w| w.contains("bad email")),
+        "{why}"
+    );
+}
