@@ -907,6 +907,23 @@ mod tests {
     }
 
     #[test]
+    fn tool_vars_set_names_the_call_its_values_and_any_errors() {
+        let line = timeline_line(&event(
+            "tool_vars_set",
+            serde_json::json!({"call_id": "pay.t1", "tool": "charge", "from": "on_result", "values": {"balance": 12}}),
+        ));
+        assert!(
+            line.ends_with(r#"pay.t1 charge on_result values={"balance":12}"#),
+            "{line}"
+        );
+        let line = timeline_line(&event(
+            "tool_vars_set",
+            serde_json::json!({"call_id": "pay.t1", "tool": "charge", "from": "on_error", "values": {}, "errors": {"code": "not a number"}}),
+        ));
+        assert!(line.contains("errors="), "{line}");
+    }
+
+    #[test]
     fn a_retried_attempt_says_when_the_next_one_is_due() {
         let line = timeline_line(&event(
             "tool_call_attempt_failed",
