@@ -468,10 +468,7 @@ impl McpTools {
         {
             Ok(pinned) => pinned,
             Err(status) => {
-                tracing::warn!(
-                    task_id = %task.task_id, attempt = task.attempt, code = ?status.code(),
-                    error = status.message(), "dispatch refused; not acting and not reporting"
-                );
+                crate::runner::log_dispatch_refused(task, &status);
                 return McpCallReport::NotDispatched;
             }
         };

@@ -529,13 +529,7 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     };
     let callback_url = match ctx.engine.dispatch(task_id, attempt).await {
         Ok(url) => url,
-        Err(status) => {
-            tracing::warn!(
-                %task_id, attempt, code = ?status.code(), error = status.message(),
-                "dispatch refused; not acting and not reporting"
-            );
-            return;
-        }
+        Err(status) => return log_dispatch_refused(task, &status),
     };
     dispatched.store(true, Ordering::SeqCst);
     if request.wants_callback_url() {
@@ -614,6 +608,25 @@ async fn perform_mcp_call(
             }
         }
         McpCallReport::NotDispatched => {}
+    }
+}
+
+/// Log a dispatch the engine did not allow (the worker then neither acts
+/// nor reports): a call held back by its tool's rate limit (`dispatch
+/// deferred: …`, routine under a tight limit) at info, any other refusal
+/// at warn.
+pub(crate) fn log_dispatch_refused(task: &Task, status: &tonic::Status) {
+    let (task_id, attempt) = (&task.task_id, task.attempt);
+    if status.message().starts_with("dispatch deferred:") {
+        tracing::info!(
+            %task_id, attempt, detail = status.message(),
+            "dispatch deferred by the tool's rate limit; not acting"
+        );
+    } else {
+        tracing::warn!(
+            %task_id, attempt, code = ?status.code(), error = status.message(),
+            "dispatch refused; not acting and not reporting"
+        );
     }
 }
 
