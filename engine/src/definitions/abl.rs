@@ -2430,6 +2430,16 @@ fn read_circuit_breaker(
 
 /// The `compaction:` block: `essential_fields: [a, b.c]` (or one path per
 /// `- item` line). The seed's other properties are refused.
+/// Most paths one `compaction.essential_fields` may list: selecting costs
+/// (keys of the result) × (paths) inside a run's transition, so the count
+/// is bounded.
+const MAX_ESSENTIAL_FIELDS: usize = 64;
+
+/// Most variables one `on_result.set:` or `on_error.set:` may set: each is
+/// an evaluation over the whole result inside a run's transition, and its
+/// value is recorded in the `tool_vars_set` event.
+const MAX_OUTCOME_VARS: usize = 16;
+
 fn read_compaction(block: &Block, cx: &mut Cx<'_>) -> Option<CompactionDef> {
     let errors_before = cx.out.errors.len();
     let mut fields: Option<Vec<String>> = None;
@@ -2446,6 +2456,19 @@ fn read_compaction(block: &Block, cx: &mut Cx<'_>) -> Option<CompactionDef> {
                     continue;
                 }
                 fields = read_field_paths(entry, &kv, cx);
+                if let Some(f) = &fields
+                    && f.len() > MAX_ESSENTIAL_FIELDS
+                {
+                    cx.error(
+                        line.no,
+                        kv.key_col,
+                        format!(
+                            "`essential_fields` lists {} paths, more than the limit of {MAX_ESSENTIAL_FIELDS}",
+                            f.len()
+                        ),
+                    );
+                    fields = None;
+                }
             }
             "max_description_length" | "summary_timeout_ms" => cx.error(
                 line.no,
@@ -2605,6 +2628,16 @@ fn read_on_outcome(block: &Block, what: &str, cx: &mut Cx<'_>) -> BTreeMap<Strin
                             item.line.no,
                             v.key_col,
                             format!("duplicate variable `{}` in `{what}.set:`", v.key),
+                        );
+                        continue;
+                    }
+                    if set.len() >= MAX_OUTCOME_VARS {
+                        cx.error(
+                            item.line.no,
+                            v.key_col,
+                            format!(
+                                "`{what}.set:` sets more than {MAX_OUTCOME_VARS} variables; keep one variable holding an object instead"
+                            ),
                         );
                         continue;
                     }
@@ -3573,6 +3606,33 @@ mod tests {
         let json = serde_json::to_value(&t).unwrap();
         assert!(json.get("compaction").is_none());
         assert!(json.get("on_result").is_none() && json.get("on_error").is_none());
+    }
+
+    #[test]
+    fn compaction_paths_and_outcome_variables_are_bounded() {
+        let paths: Vec<String> = (0..=MAX_ESSENTIAL_FIELDS)
+            .map(|i| format!("k{i}"))
+            .collect();
+        let errs = errors(&tool_with(
+            "f() -> object",
+            &format!(
+                "    compaction:\n      essential_fields: [{}]\n",
+                paths.join(", ")
+            ),
+        ));
+        assert!(
+            errs.iter().any(|e| e.contains("more than the limit of 64")),
+            "{errs:?}"
+        );
+        let vars: String = (0..=MAX_OUTCOME_VARS)
+            .map(|i| format!("        v{i}: .result\n"))
+            .collect();
+        let errs = errors(&tool_with(
+            "f() -> object",
+            &format!("    on_result:\n      set:\n{vars}"),
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("more than 16 variables"), "{errs:?}");
     }
 
     #[test]
