@@ -1177,6 +1177,24 @@ impl Step {
                 json!({ "error": { "message": error } }),
                 "on_error",
             ),
+            // An uncertain call resolved (by an operator, a probe or a late
+            // result) completes or fails for good here.
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Succeeded,
+                result,
+                ..
+            } => (call_id, json!({ "result": result }), "on_result"),
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Failed,
+                error,
+                ..
+            } => (
+                call_id,
+                json!({ "error": { "message": error } }),
+                "on_error",
+            ),
             _ => return None,
         };
         let call = self.state.tool_calls.get(call_id)?;

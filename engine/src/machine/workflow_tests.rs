@@ -1970,3 +1970,55 @@ fn on_error_sets_run_vars_when_a_call_fails_for_good() {
         "{why}"
     );
 }
+
+#[test]
+fn an_uncertain_call_resolved_runs_its_on_result_or_on_error() {
+    let uncertain = || {
+        let (mut run, _) = Run::start_plan(plan_with(TOOLS_WITH_SETS, SETS_WORKFLOW), json!({}));
+        run.step(Input::DispatchToolCall {
+            call_id: "create.t1".into(),
+            attempt: 1,
+            worker_id: "w".into(),
+            callback_token_sha256: None,
+            tenant_grants: None,
+        });
+        run.step(Input::LeaseExpired {
+            call_id: "create.t1".into(),
+            attempt: 1,
+            dispatched: true,
+        });
+        assert_eq!(run.state.status, RunStatus::Paused);
+        run
+    };
+    let resolve = |resolution| Input::ResolveUncertain {
+        call_id: "create.t1".into(),
+        resolution,
+        resolved_by: "ops/alice".into(),
+        reason: "checked the CRM".into(),
+    };
+    // Succeeded: the operator's result sets the variables.
+    let mut run = uncertain();
+    let d = run.step(resolve(Resolution::Succeeded {
+        result: json!({"account_id": "42"}),
+    }));
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolVarsSet { from, .. } if from == "on_result")),
+        "{:?}",
+        d.events
+    );
+    assert_eq!(
+        run.state.output,
+        Some(json!({"account": "42", "number": 42}))
+    );
+    // Failed: the error sets `on_error`'s.
+    let mut run = uncertain();
+    run.step(resolve(Resolution::Failed {
+        error: "no account was made".into(),
+    }));
+    assert_eq!(
+        run.state.vars.get("why"),
+        Some(&json!("no account was made"))
+    );
+}
