@@ -130,8 +130,9 @@ pub struct TaskRow {
     pub lease_expired: bool,
     /// The grants the run's tenant holds as of the transition's lock
     /// statement (empty for a tenant never configured), read in that same
-    /// statement for `tool_call` tasks, so the permission check at dispatch
-    /// costs no round trip of its own; empty for other kinds.
+    /// statement for a dispatch ([`Store::transition_task_gated`]), so the
+    /// permission check at dispatch costs no round trip of its own; empty
+    /// for every other transition.
     #[sqlx(skip)]
     pub tenant_grants: Vec<String>,
 }
@@ -323,6 +324,20 @@ pub(crate) enum Target {
     Run(Uuid, Option<Uuid>),
     /// A task and its run.
     Task(Uuid),
+    /// A task and its run, for the task's dispatch: the locked task row
+    /// also carries the tenant's grants as they are now
+    /// ([`TaskRow::tenant_grants`]), read by the same statement.
+    Dispatch(Uuid),
+}
+
+impl Target {
+    /// The target without the dispatch flag, and whether it was set.
+    pub(crate) fn split_dispatch(self) -> (Target, bool) {
+        match self {
+            Target::Dispatch(task_id) => (Target::Task(task_id), true),
+            other => (other, false),
+        }
+    }
 }
 
 /// A wake-up relayed by [`Store::listen`].
@@ -799,7 +814,7 @@ impl Store {
     where
         F: FnMut(&RunState, Option<&TaskRow>, Option<&GateVerdict>) -> Result<Decision, E>,
     {
-        let target = Target::Task(task_id);
+        let target = Target::Dispatch(task_id);
         let decide =
             move |state: &RunState, task: Option<&TaskRow>, verdict: Option<&GateVerdict>| {
                 decide(state, task, verdict).map_err(TransitionError::Refused)

@@ -427,9 +427,10 @@ impl Pg {
         // Lock order everywhere: run row, then task row. Both are locked by
         // one statement (one round trip): the CTE locks the run row, then the
         // lateral sub-select locks the task row of that run.
+        let (target, dispatch) = target.split_dispatch();
         let (run_id, task_id) = match target {
             Target::Run(run_id, task_id) => (Some(run_id), task_id),
-            Target::Task(task_id) => (None, Some(task_id)),
+            Target::Task(task_id) | Target::Dispatch(task_id) => (None, Some(task_id)),
         };
         let row: Option<LockedRow> = sqlx::query_as(
             "WITH r AS (
@@ -439,8 +440,7 @@ impl Pg {
              SELECT r.run_id, r.tenant, r.last_seq,
                     t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
                     t.dispatched_at, t.lease_expired,
-                    CASE WHEN t.kind = 'tool_call'
-                         THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
+                    CASE WHEN $3 THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
              FROM r LEFT JOIN LATERAL (
                  SELECT task_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
                         (lease_expires_at IS NOT NULL AND lease_expires_at <= belay_now()) AS lease_expired
@@ -449,13 +449,14 @@ impl Pg {
         )
         .bind(run_id)
         .bind(task_id)
+        .bind(dispatch)
         .fetch_optional(&mut *tx)
         .await
         .map_err(StoreError::from)?;
         let Some(row) = row else {
             return Err(StoreError::NotFound(match target {
                 Target::Run(run_id, _) => format!("run {run_id}"),
-                Target::Task(task_id) => format!("task {task_id}"),
+                Target::Task(task_id) | Target::Dispatch(task_id) => format!("task {task_id}"),
             })
             .into());
         };

@@ -504,6 +504,7 @@ impl Lite {
         // BEGIN IMMEDIATE on the one writer connection: the whole database
         // is locked for writing, which covers the run-row and task-row locks.
         let mut tx = self.begin().await?;
+        let (target, dispatch) = target.split_dispatch();
         let (run, task_id): (Option<(Uuid, String, i64)>, Option<Uuid>) = match target {
             Target::Run(run_id, task_id) => (
                 sqlx::query_as("SELECT run_id, tenant, last_seq FROM runs WHERE run_id = ?1")
@@ -513,7 +514,7 @@ impl Lite {
                     .map_err(StoreError::from)?,
                 task_id,
             ),
-            Target::Task(task_id) => (
+            Target::Task(task_id) | Target::Dispatch(task_id) => (
                 sqlx::query_as(
                     "SELECT run_id, tenant, last_seq FROM runs
                      WHERE run_id = (SELECT run_id FROM tasks WHERE task_id = ?1)",
@@ -528,7 +529,7 @@ impl Lite {
         let Some((run_id, tenant, last_seq)) = run else {
             return Err(StoreError::NotFound(match target {
                 Target::Run(run_id, _) => format!("run {run_id}"),
-                Target::Task(task_id) => format!("task {task_id}"),
+                Target::Task(task_id) | Target::Dispatch(task_id) => format!("task {task_id}"),
             })
             .into());
         };
@@ -547,7 +548,7 @@ impl Lite {
                 let mut row = row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?;
                 // The tenant's grants for the permission check at dispatch,
                 // in the same transaction (an embedded read, no round trip).
-                if row.kind == "tool_call" {
+                if dispatch {
                     let grants: Option<(Value,)> =
                         sqlx::query_as("SELECT grants FROM tenants WHERE tenant = ?1")
                             .bind(&tenant)
