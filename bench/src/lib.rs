@@ -49,6 +49,10 @@ pub struct BenchConfig {
     pub engines: u32,
     /// Runs in flight at once (C); also the ceiling's connections (capped).
     pub concurrency: u32,
+    /// Submit runs at this rate, runs/s (open loop, still at most C in
+    /// flight), to measure latency below the peak; `None`: as fast as C
+    /// allows.
+    pub rate: Option<f64>,
     /// URL of a database on the PostgreSQL server to use; the bench creates
     /// and drops its own database next to it and touches nothing else.
     pub database_url: String,
@@ -84,6 +88,7 @@ impl BenchConfig {
             workers: 2,
             engines: 1,
             concurrency: 50,
+            rate: None,
             database_url: "postgres://postgres@127.0.0.1:5432/test".to_owned(),
             lease_ms: 30_000,
             sweep_interval_ms: 1_000,
@@ -133,6 +138,10 @@ impl BenchConfig {
                 self.engines, self.engine_db_connections
             ),
             format!("concurrency (C): {} runs in flight", self.concurrency),
+            match self.rate {
+                Some(r) => format!("submission rate: {r} runs/s"),
+                None => "submission rate: as fast as C allows".to_owned(),
+            },
             format!("lease: {} ms", self.lease_ms),
             format!("placement: {placement}"),
         ]
@@ -150,6 +159,11 @@ impl BenchConfig {
             if value == 0 {
                 bail!("{name} must be at least 1");
             }
+        }
+        if let Some(r) = self.rate
+            && !(r.is_finite() && (0.01..=100_000.0).contains(&r))
+        {
+            bail!("--rate must be 0.01..=100000 runs/s, got {r}");
         }
         if self.lease_ms < 100 {
             bail!("--lease-ms must be at least 100");
@@ -678,10 +692,21 @@ async fn submit_and_wait(
     let mut submitted = 0_usize;
     let mut completed = 0_usize;
     let mut last_end = started;
+    // With --rate, run i is submitted at `started + i / rate` (or when a
+    // permit frees up, if later).
+    let pace = config.rate.map(|r| Duration::from_secs_f64(1.0 / r));
+    let mut next_at = tokio::time::Instant::now();
     while completed < total {
+        let at = next_at;
         tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned(), if submitted < total => {
+            permit = async {
+                tokio::time::sleep_until(at).await;
+                Arc::clone(&permits).acquire_owned().await
+            }, if submitted < total => {
                 let permit = permit.context("the submission semaphore closed")?;
+                if let Some(pace) = pace {
+                    next_at += pace;
+                }
                 let client = clients[submitted % clients.len()].clone();
                 let waiters = Arc::clone(waiters);
                 let key = format!("bench-{batch}-{submitted}");

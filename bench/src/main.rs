@@ -48,6 +48,10 @@ struct BenchArgs {
     /// connections (at most --ceiling-max-connections).
     #[arg(long, default_value_t = 50)]
     concurrency: u32,
+    /// Submit runs at this rate (runs/s, open loop; still at most
+    /// --concurrency in flight), to measure step latency below the peak.
+    #[arg(long)]
+    rate: Option<f64>,
     /// A database on the PostgreSQL server to use: the bench creates its own
     /// fresh database `belay_bench_<uuid>` next to it and drops it afterwards.
     #[arg(
@@ -225,6 +229,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         workers: args.workers,
         engines: args.engines,
         concurrency: args.concurrency,
+        rate: args.rate,
         database_url: args.database_url,
         lease_ms: args.lease_ms,
         worker_concurrency: args.worker_concurrency,

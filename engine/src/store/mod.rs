@@ -16,6 +16,7 @@
 
 mod mcp_tools;
 mod notifications;
+mod pg_wakes;
 mod postgres;
 mod sqlite;
 mod tool_calls;
@@ -28,7 +29,7 @@ use uuid::Uuid;
 
 pub use mcp_tools::{McpPinTask, McpToolDefinitionRow, McpToolListingIn, McpToolPinRow};
 pub use notifications::{NotificationRow, NotificationStatus};
-pub use postgres::{EVENTS_CHANNEL, TASKS_CHANNEL};
+pub use pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use tool_calls::{
     ToolCallConfirmation, ToolCallDecision, ToolCallOutcome, ToolCallQuery, ToolCallRecord,
     ToolCallRefusal,
@@ -338,6 +339,17 @@ impl Target {
             other => (other, false),
         }
     }
+}
+
+/// What a committed transition wakes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wakes {
+    /// Tasks may have become claimable.
+    pub(crate) tasks: bool,
+    /// The run got events.
+    pub(crate) events: bool,
+    /// Outbox rows were written.
+    pub(crate) outbox: bool,
 }
 
 /// A wake-up relayed by [`Store::listen`].

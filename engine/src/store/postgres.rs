@@ -18,10 +18,18 @@ use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
 use crate::machine::{Command, Decision, RunState, TaskEnd};
 
-/// Channel notified when tasks become claimable (payload empty).
-pub const TASKS_CHANNEL: &str = "belay_tasks";
-/// Channel notified when a run gets events (payload: run id).
-pub const EVENTS_CHANNEL: &str = "belay_events";
+use super::Wakes;
+use super::pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
+
+/// Aborts a spawned task when dropped (the `LISTEN` reader of
+/// [`Pg::listen`] ends with its caller).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// The PostgreSQL backend of [`Store`](super::Store); cheap to clone.
 #[derive(Debug, Clone)]
@@ -33,6 +41,9 @@ pub(crate) struct Pg {
     /// `last_seq` is at most the run row's, read under the run lock, and the
     /// missing tail is folded from the events table.
     states: Arc<Mutex<StateCache>>,
+    /// Wake-ups of committed transitions, sent after commit
+    /// ([`super::pg_wakes`]).
+    wakes: WakeRelay,
 }
 
 const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
@@ -64,6 +75,7 @@ impl Pg {
             .connect_with(options)
             .await?;
         Ok(Pg {
+            wakes: WakeRelay::start(pool.clone()),
             pool,
             states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
         })
@@ -88,22 +100,54 @@ impl Pg {
         Ok(())
     }
 
-    /// Relay `LISTEN/NOTIFY` wake-ups to `on_wake` until the connection
-    /// fails (the caller reconnects).
+    /// Relay wake-ups to `on_wake` until the connection fails (the caller
+    /// reconnects): this process's own as they commit, other processes'
+    /// through `LISTEN` ([`super::pg_wakes`]).
     pub(crate) async fn listen(
         &self,
         on_wake: &mut (dyn FnMut(Wake) + Send),
     ) -> Result<(), StoreError> {
+        // Subscribed before LISTEN, so nothing committed here in between
+        // is missed.
+        let mut local = self.wakes.subscribe_local();
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([TASKS_CHANNEL, EVENTS_CHANNEL]).await?;
+        // The listener runs in its own task and hands over through a
+        // channel, so that waiting on both sources cancels only
+        // cancel-safe receives.
+        let (tx, mut remote) = tokio::sync::mpsc::channel::<Result<Vec<Wake>, StoreError>>(256);
+        let relay = self.wakes.clone();
+        let reader = tokio::spawn(async move {
+            loop {
+                let item = match listener.recv().await {
+                    Ok(n) => Ok(relay.decode(n.channel(), n.payload())),
+                    Err(e) => Err(StoreError::from(e)),
+                };
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let _abort = AbortOnDrop(reader);
         loop {
-            let n = listener.recv().await?;
-            if n.channel() == TASKS_CHANNEL && n.payload() == "outbox" {
-                on_wake(Wake::Outbox);
-            } else if n.channel() == TASKS_CHANNEL {
-                on_wake(Wake::Tasks);
-            } else if let Ok(run) = Uuid::parse_str(n.payload()) {
-                on_wake(Wake::RunEvents(run));
+            tokio::select! {
+                item = remote.recv() => match item {
+                    Some(Ok(wakes)) => wakes.into_iter().for_each(&mut *on_wake),
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(StoreError::Config("the LISTEN connection ended".into())),
+                },
+                wake = local.recv() => match wake {
+                    Ok(w) => on_wake(w),
+                    // Fell behind: some wake-ups were dropped; look again.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        on_wake(Wake::Tasks);
+                        on_wake(Wake::Outbox);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(StoreError::Config("the store was closed".into()));
+                    }
+                },
             }
         }
     }
@@ -322,8 +366,9 @@ impl Pg {
         for event in &decision.events {
             state.apply(event);
         }
-        write_decision(&mut tx, run_id, tenant, 0, decision, &state).await?;
+        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state).await?;
         tx.commit().await?;
+        self.wakes.send(run_id, wakes);
         let row = self
             .get_run(tenant, run_id)
             .await?
@@ -503,8 +548,9 @@ impl Pg {
         for event in &decision.events {
             after.apply(event);
         }
-        write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        let wakes = write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
         tx.commit().await.map_err(StoreError::from)?;
+        self.wakes.send(run_id, wakes);
         let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
@@ -915,7 +961,8 @@ async fn load_state(
 }
 
 /// Append the decision's events after `last_seq`, perform its commands, and
-/// update the run row from the state `after` the events.
+/// update the run row from the state `after` the events. Returns what to
+/// wake once the transaction has committed ([`super::pg_wakes`]).
 async fn write_decision(
     tx: &mut Transaction<'static, Postgres>,
     run_id: Uuid,
@@ -923,19 +970,21 @@ async fn write_decision(
     last_seq: i64,
     decision: &Decision,
     after: &RunState,
-) -> Result<(), StoreError> {
-    let notify_tasks = decision
-        .commands
-        .iter()
-        .any(|c| matches!(c, Command::ScheduleTask { .. } | Command::RetryTask { .. }));
-    let notify_outbox = decision.commands.iter().any(|c| {
-        matches!(
-            c,
-            Command::StartChildRun { .. } | Command::CancelChildRun { .. }
-        )
-    });
+) -> Result<Wakes, StoreError> {
+    let mut wakes = Wakes {
+        tasks: decision
+            .commands
+            .iter()
+            .any(|c| matches!(c, Command::ScheduleTask { .. } | Command::RetryTask { .. })),
+        events: !decision.events.is_empty(),
+        outbox: decision.commands.iter().any(|c| {
+            matches!(
+                c,
+                Command::StartChildRun { .. } | Command::CancelChildRun { .. }
+            )
+        }),
+    };
     let mut parent_run_id: Option<Uuid> = None;
-    let mut notified = false;
     if !decision.events.is_empty() {
         let mut seqs = Vec::with_capacity(decision.events.len());
         let mut kinds = Vec::with_capacity(decision.events.len());
@@ -948,22 +997,17 @@ async fn write_decision(
                     .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
             );
         }
-        // One round trip: the events, the run row (a projection of them) and
-        // the wake-ups (delivered at commit).
+        // One round trip: the events and the run row (a projection of them).
         let new_seq = last_seq + decision.events.len() as i64;
         let (parent,): (Option<Uuid>,) = sqlx::query_as(
             "WITH ins AS (
                  INSERT INTO events (run_id, seq, kind, payload, tenant)
-                 SELECT $1, s, k, p, $13 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
+                 SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
              upd AS (
                  UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
                         updated_at = belay_now()
-                 WHERE run_id = $1 RETURNING parent_run_id),
-             woken AS (
-                 SELECT pg_notify($9, $1::text),
-                        CASE WHEN $10 THEN pg_notify($11, '') END,
-                        CASE WHEN $12 THEN pg_notify($11, 'outbox') END)
-             SELECT (SELECT parent_run_id FROM upd) FROM woken",
+                 WHERE run_id = $1 RETURNING parent_run_id)
+             SELECT (SELECT parent_run_id FROM upd)",
         )
         .bind(run_id)
         .bind(&seqs)
@@ -973,15 +1017,10 @@ async fn write_decision(
         .bind(&after.status_reason)
         .bind(after.output.as_ref())
         .bind(new_seq)
-        .bind(EVENTS_CHANNEL)
-        .bind(notify_tasks)
-        .bind(TASKS_CHANNEL)
-        .bind(notify_outbox)
         .bind(tenant)
         .fetch_one(&mut **tx)
         .await?;
         parent_run_id = parent;
-        notified = true;
     }
     for command in &decision.commands {
         match command {
@@ -1253,7 +1292,6 @@ async fn write_decision(
     }
     // A run that ended has nothing left to wake it; a child run that ends
     // tells its parent (through the outbox).
-    let mut notify_parent = false;
     if super::ends_run(decision) {
         sqlx::query("DELETE FROM timers WHERE run_id = $1")
             .bind(run_id)
@@ -1262,22 +1300,10 @@ async fn write_decision(
         if let Some(parent) = parent_run_id {
             let payload = super::child_finished_payload(tenant, parent, run_id, after);
             insert_outbox(tx, run_id, "child_finished", &payload).await?;
-            notify_parent = true;
+            wakes.outbox = true;
         }
     }
-    if !notified && notify_tasks {
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(TASKS_CHANNEL)
-            .execute(&mut **tx)
-            .await?;
-    }
-    if notify_parent || (!notified && notify_outbox) {
-        sqlx::query("SELECT pg_notify($1, 'outbox')")
-            .bind(TASKS_CHANNEL)
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(())
+    Ok(wakes)
 }
 
 // ---- tool gates (rate limits, circuit breakers) ------------------------

@@ -35,7 +35,7 @@ use uuid::Uuid;
 use super::{
     Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow,
     NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target,
-    TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake,
+    TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake, Wakes,
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
@@ -1038,14 +1038,6 @@ async fn insert_outbox(
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-/// What to wake after a commit.
-#[derive(Debug, Clone, Copy, Default)]
-struct Wakes {
-    tasks: bool,
-    events: bool,
-    outbox: bool,
 }
 
 async fn load_state(
