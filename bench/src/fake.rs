@@ -6,7 +6,8 @@
 //!   request) with one call of `noop(i: n)` while `n < K`, and with the final
 //!   answer `{"ok": true}` after that; like the example's scripted model it
 //!   keeps no conversation state, so a retried call gets the same answer;
-//! - the `noop` HTTP tool (`POST /noop`), which answers `{"ok": true}`.
+//! - the `noop` HTTP tool (`POST /noop`), which answers `{"ok": true}`, or
+//!   `{"ok": true, "pad": "xx…"}` padded to `result_bytes` of JSON.
 //!
 //! Both count the requests they served, so the report can show retries.
 
@@ -40,7 +41,32 @@ pub struct Counters {
 #[derive(Debug)]
 struct FakeState {
     tool_steps: u32,
+    /// The no-op tool's answer, built once.
+    tool_answer: String,
     counters: Arc<Counters>,
+}
+
+/// The no-op tool's answer: `{"ok":true}`, or with a `pad` string making
+/// the whole JSON `result_bytes` long (at least the unpadded answer). The
+/// padding is pseudo-random letters and digits (xorshift64, fixed seed), so
+/// PostgreSQL's TOAST compression cannot shrink it the way it would a run
+/// of one character: stored sizes are those of real data.
+pub fn tool_answer(result_bytes: usize) -> String {
+    const FRAME: usize = r#"{"ok":true,"pad":""}"#.len();
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    if result_bytes <= FRAME {
+        return r#"{"ok":true}"#.to_owned();
+    }
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let pad: String = (0..result_bytes - FRAME)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ALPHABET[(x % ALPHABET.len() as u64) as usize] as char
+        })
+        .collect();
+    format!(r#"{{"ok":true,"pad":"{pad}"}}"#)
 }
 
 /// The part of a chat completion request the model looks at; everything else
@@ -58,12 +84,14 @@ struct ChatMessage {
 
 /// Serves the scripted model and the no-op tool on `listener` until
 /// `shutdown` completes. The model calls the tool `tool_steps` times, then
-/// answers. Models are reached at `<url>/v1`, the tool at `<url>`.
+/// answers; the tool's answer is [`tool_answer`]`(result_bytes)`. Models are
+/// reached at `<url>/v1`, the tool at `<url>`.
 ///
 /// Errors: the listener failing.
 pub async fn serve<F>(
     listener: TcpListener,
     tool_steps: u32,
+    result_bytes: usize,
     counters: Arc<Counters>,
     shutdown: F,
 ) -> std::io::Result<()>
@@ -72,6 +100,7 @@ where
 {
     let state = Arc::new(FakeState {
         tool_steps,
+        tool_answer: tool_answer(result_bytes),
         counters,
     });
     let app = Router::new()
@@ -144,5 +173,18 @@ async fn chat_completions(State(state): State<Arc<FakeState>>, body: Bytes) -> R
 
 async fn noop(State(state): State<Arc<FakeState>>) -> Response {
     state.counters.tool_requests.fetch_add(1, Ordering::Relaxed);
-    json_response(StatusCode::OK, "{\"ok\":true}".to_owned())
+    json_response(StatusCode::OK, state.tool_answer.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tool_answer;
+
+    #[test]
+    fn the_tool_answer_is_padded_to_the_asked_size() {
+        assert_eq!(tool_answer(0), r#"{"ok":true}"#);
+        assert_eq!(tool_answer(1 << 20).len(), 1 << 20);
+        let v: serde_json::Value = serde_json::from_str(&tool_answer(100)).expect("JSON");
+        assert_eq!(v["ok"], true);
+    }
 }

@@ -33,6 +33,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot, watch};
 use uuid::Uuid;
 
+pub use crate::workload::Shape;
+
 use crate::fleet::{EngineOptions, Fleet, Launch, PeakRss, WorkerOptions};
 use crate::pg::{BenchDatabase, Ceiling, DbCounts, Monitor, RunEnd, StepTimings, TableCounts};
 
@@ -41,8 +43,13 @@ use crate::pg::{BenchDatabase, Ceiling, DbCounts, Monitor, RunEnd, StepTimings, 
 pub struct BenchConfig {
     /// Runs to submit (R).
     pub runs: u32,
-    /// No-op tool steps per run (K); a run is `2K + 1` steps.
+    /// No-op tool steps per run (K); a run is `2K + 1` steps
+    /// ([`Shape::Agent`]) or K ([`Shape::Loop`]).
     pub tool_steps: u32,
+    /// What a run does.
+    pub shape: Shape,
+    /// Size of the no-op tool's JSON answer, bytes (0: `{"ok":true}`).
+    pub result_bytes: usize,
     /// Workers (N).
     pub workers: u32,
     /// Engine replicas (E).
@@ -85,6 +92,8 @@ impl BenchConfig {
         BenchConfig {
             runs: 200,
             tool_steps: 5,
+            shape: Shape::Agent,
+            result_bytes: 0,
             workers: 2,
             engines: 1,
             concurrency: 50,
@@ -122,12 +131,22 @@ impl BenchConfig {
         };
         vec![
             format!("runs (R): {}", self.runs),
+            match self.shape {
+                Shape::Agent => format!(
+                    "tool steps per run (K): {} (an agent: a run is {} steps, {} model calls and {} tool calls)",
+                    self.tool_steps,
+                    workload::steps_per_run(self.tool_steps, self.shape),
+                    self.tool_steps + 1,
+                    self.tool_steps
+                ),
+                Shape::Loop => format!(
+                    "tool steps per run (K): {} (a workflow loop: a run is {} tool calls, no model)",
+                    self.tool_steps, self.tool_steps
+                ),
+            },
             format!(
-                "tool steps per run (K): {} (a run is {} steps: {} model calls, {} tool calls)",
-                self.tool_steps,
-                workload::steps_per_run(self.tool_steps),
-                self.tool_steps + 1,
-                self.tool_steps
+                "tool result: {} bytes of JSON",
+                fake::tool_answer(self.result_bytes).len()
             ),
             format!(
                 "workers (N): {} ({} tasks in flight each)",
@@ -227,6 +246,12 @@ pub struct Report {
     pub tool_dispatch_latency: Option<Percentiles>,
     /// Runs' created → ended latency.
     pub run_latency: Percentiles,
+    /// Step latency of the first and the last tenth of each run's steps,
+    /// when runs have at least 20 steps.
+    pub history_latency: Option<(Percentiles, Percentiles)>,
+    /// The longest history: its events, and how long a fresh store (empty
+    /// state cache) took to read and fold it.
+    pub cold_load: Option<(i64, Duration)>,
     /// Tasks that took more than one attempt.
     pub retried_steps: u64,
     /// Events written.
@@ -319,6 +344,16 @@ impl Report {
             lines.extend(pct("tool ready-to-dispatched latency", p));
         }
         lines.extend(pct("run latency", &self.run_latency));
+        if let Some((first, last)) = &self.history_latency {
+            lines.extend(pct("step latency, first tenth of each run", first));
+            lines.extend(pct("step latency, last tenth of each run", last));
+        }
+        if let Some((events, took)) = &self.cold_load {
+            lines.push(format!(
+                "history load of the longest run ({events} events), cold: {:.1} ms",
+                took.as_secs_f64() * 1000.0
+            ));
+        }
         lines.push(format!(
             "postgres transactions per step: {:.2}",
             self.transactions_per_step()
@@ -431,6 +466,7 @@ async fn run_in(
     let fakes = tokio::spawn(fake::serve(
         fake_listener,
         config.tool_steps,
+        config.result_bytes,
         Arc::clone(&counters),
         async move {
             let mut rx = fakes_stopped;
@@ -461,6 +497,27 @@ async fn run_in(
     let pool = sqlx::PgPool::connect(&db.url).await?;
     let timings: StepTimings = pg::step_timings(&pool).await?;
     pool.close().await;
+    // How the engine loads a history it has not cached (another replica's
+    // run, a restart): read every event and fold it.
+    let cold_load = match timings.longest_run {
+        Some((run, events)) => {
+            let store = belay_engine::store::Store::connect(&db.url, 1)
+                .await
+                .context("connecting a store to time a cold history load")?;
+            let started = Instant::now();
+            let loaded = store.run_state(run).await;
+            let took = started.elapsed();
+            store.close().await;
+            loaded.with_context(|| format!("folding run {run}"))?;
+            Some((events, took))
+        }
+        None => None,
+    };
+    let history_latency = if workload::steps_per_run(config.tool_steps, config.shape) >= 20 {
+        Percentiles::of(&timings.first_tenth_ms).zip(Percentiles::of(&timings.last_tenth_ms))
+    } else {
+        None
+    };
     if timings.not_completed > 0 {
         bail!(
             "{} task(s) did not complete although every run did",
@@ -514,6 +571,8 @@ async fn run_in(
         tool_step_latency: Percentiles::of(&timings.tool_ms),
         tool_dispatch_latency: Percentiles::of(&timings.tool_dispatch_ms),
         run_latency,
+        history_latency,
+        cold_load,
         retried_steps: timings.retried,
         events: timings.events,
         commits,
@@ -542,11 +601,16 @@ struct Workload {
 
 /// Starts an engine in `fleet`, registers the workflow through it and
 /// grants the tenant its permission.
-async fn register(fleet: &mut Fleet, options: &EngineOptions, tool_steps: u32) -> Result<()> {
+async fn register(
+    fleet: &mut Fleet,
+    options: &EngineOptions,
+    tool_steps: u32,
+    shape: Shape,
+) -> Result<()> {
     let url = fleet.add_engine(options).await?;
     let client = Client::connect_lazy(&url, workload::TENANT)?;
     client
-        .register_files(workload::bundle(tool_steps))
+        .register_files(workload::bundle(tool_steps, shape))
         .await
         .context("registering the benchmark's definitions")?;
     client
@@ -578,7 +642,7 @@ async fn drive(
     // otherwise keep them for up to 10 s), so the counters read next are
     // exact and the setup is not in them.
     let mut setup = Fleet::new(config.launch.clone(), log_dir.to_owned(), "setup-");
-    let registered = register(&mut setup, &engine_options, config.tool_steps).await;
+    let registered = register(&mut setup, &engine_options, config.tool_steps, config.shape).await;
     setup.stop().await;
     registered?;
     let settled = pg::settled_counts(&db.url).await?;

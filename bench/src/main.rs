@@ -38,6 +38,13 @@ struct BenchArgs {
     /// No-op tool steps per run (K); a run is 2K+1 steps (K+1 model calls).
     #[arg(long, default_value_t = 5)]
     steps: u32,
+    /// What a run does: `agent` (K+1 scripted model calls, K tool calls) or
+    /// `loop` (a workflow calling the tool K times round a loop, no model).
+    #[arg(long, value_enum, default_value = "agent")]
+    shape: belay_bench::Shape,
+    /// Size of the no-op tool's JSON answer, bytes (0: `{"ok":true}`).
+    #[arg(long, default_value_t = 0)]
+    result_bytes: usize,
     /// Workers (N).
     #[arg(long, default_value_t = 2)]
     workers: u32,
@@ -226,6 +233,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let config = BenchConfig {
         runs: args.runs,
         tool_steps: args.steps,
+        shape: args.shape,
+        result_bytes: args.result_bytes,
         workers: args.workers,
         engines: args.engines,
         concurrency: args.concurrency,

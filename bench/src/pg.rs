@@ -383,6 +383,14 @@ pub struct StepTimings {
     pub events: u64,
     /// Created → last update of every run, in ms.
     pub run_ms: Vec<f64>,
+    /// Ready → recorded of the steps in the first tenth of each run (by
+    /// creation), ms: with the last tenth, shows whether a step costs more
+    /// as its run's history grows.
+    pub first_tenth_ms: Vec<f64>,
+    /// The same, last tenth of each run.
+    pub last_tenth_ms: Vec<f64>,
+    /// The run with the longest history, and its events.
+    pub longest_run: Option<(uuid::Uuid, i64)>,
 }
 
 impl StepTimings {
@@ -404,7 +412,8 @@ pub async fn step_timings(pool: &PgPool) -> Result<StepTimings> {
     let rows = sqlx::query(
         "SELECT t.kind, t.attempt,
                 (EXTRACT(EPOCH FROM (e.recorded_at - t.available_at)) * 1000)::float8 AS done_ms,
-                (EXTRACT(EPOCH FROM (t.dispatched_at - t.available_at)) * 1000)::float8 AS dispatch_ms
+                (EXTRACT(EPOCH FROM (t.dispatched_at - t.available_at)) * 1000)::float8 AS dispatch_ms,
+                ntile(10) OVER (PARTITION BY t.run_id ORDER BY t.created_at, t.task_id) AS tenth
          FROM tasks t
          JOIN events e ON e.run_id = t.run_id AND e.payload->>'call_id' = t.call_id
                       AND e.kind IN ('model_call_completed', 'tool_call_completed')
@@ -419,8 +428,14 @@ pub async fn step_timings(pool: &PgPool) -> Result<StepTimings> {
         let attempt: i32 = row.try_get("attempt")?;
         let done: f64 = row.try_get("done_ms")?;
         let dispatch: Option<f64> = row.try_get("dispatch_ms")?;
+        let tenth: i32 = row.try_get("tenth")?;
         if attempt > 1 {
             timings.retried += 1;
+        }
+        match tenth {
+            1 => timings.first_tenth_ms.push(done),
+            10 => timings.last_tenth_ms.push(done),
+            _ => {}
         }
         match kind.as_str() {
             "model_call" => timings.model_ms.push(done),
@@ -442,6 +457,11 @@ pub async fn step_timings(pool: &PgPool) -> Result<StepTimings> {
         .fetch_one(pool)
         .await?;
     timings.events = events.max(0) as u64;
+    timings.longest_run = sqlx::query_as(
+        "SELECT run_id, last_seq::int8 FROM runs ORDER BY last_seq DESC, run_id LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
     timings.run_ms = sqlx::query_scalar(
         "SELECT (EXTRACT(EPOCH FROM (updated_at - created_at)) * 1000)::float8 FROM runs",
     )
