@@ -10,6 +10,20 @@ pub mod v1 {
     tonic::include_proto!("belay.v1");
 }
 
+impl std::fmt::Debug for v1::SecretValue {
+    /// The key and the value's length: a vaulted secret never shows in
+    /// `Debug` output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretValue")
+            .field("key", &self.key)
+            .field(
+                "value",
+                &format_args!("<{} bytes hidden>", self.value.len()),
+            )
+            .finish()
+    }
+}
+
 /// The encoded `FileDescriptorSet` of `belay.v1`, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/belay_v1_descriptor.bin"));

@@ -238,6 +238,24 @@ pub struct UncertainRow {
     pub occurrence: i32,
 }
 
+/// A row of a run's secret vault (`run_secrets`), without its value: for
+/// tests and operators ([`Store::run_secrets`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSecretRow {
+    /// The vault key.
+    pub key: String,
+    /// The call whose result held it.
+    pub producer_call: String,
+    /// When it expires by the engine's clock; `None`: at the run's end.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Consumed by the first call that reads it.
+    pub single_use: bool,
+    /// The tools that may read it (empty: any that lists it).
+    pub consumers: Vec<String>,
+    /// The call that consumed it, for a single-use one.
+    pub consumed_by_call: Option<String>,
+}
+
 /// Why a transition did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError<E> {
@@ -258,6 +276,10 @@ pub struct Applied {
     pub events: usize,
     /// Status of the run afterwards.
     pub status: &'static str,
+    /// What the decision's [`Command::RestoreSecrets`](crate::machine::Command::RestoreSecrets)
+    /// read from the run's vault (sealed; the coordinator opens them).
+    /// Empty for every other transition.
+    pub secrets: Vec<crate::machine::SealedSecret>,
 }
 
 /// A bounded map of run states; when full, an arbitrary entry is dropped.
@@ -820,6 +842,12 @@ impl Store {
                 decide(state, task, verdict).map_err(TransitionError::Refused)
             };
         on_backend!(self, b => b.transition_at(target, decide).await)
+    }
+
+    /// The rows of a run's secret vault, by key, without their values
+    /// (for tests and operators); empty once the run has ended.
+    pub async fn run_secrets(&self, run_id: Uuid) -> Result<Vec<RunSecretRow>, StoreError> {
+        on_backend!(self, b => b.run_secrets(run_id).await)
     }
 
     /// The gate row of a tenant's tool ([`crate::gates`]), as stored; `None`
