@@ -27,3 +27,20 @@ impl std::fmt::Debug for v1::SecretValue {
 /// The encoded `FileDescriptorSet` of `belay.v1`, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/belay_v1_descriptor.bin"));
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_secret_value_never_shows_in_debug_output() {
+        let response = super::v1::DispatchToolCallResponse {
+            secrets: vec![super::v1::SecretValue {
+                key: "txn_otp".into(),
+                value: "otp-123456".into(),
+            }],
+            ..Default::default()
+        };
+        let shown = format!("{response:?}");
+        assert!(shown.contains("txn_otp") && shown.contains("10 bytes hidden"));
+        assert!(!shown.contains("otp-123456"), "{shown}");
+    }
+}

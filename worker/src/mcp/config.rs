@@ -627,6 +627,28 @@ mod tests {
     }
 
     #[test]
+    fn a_call_header_takes_vault_values_and_server_settings_do_not() {
+        let secrets = placeholders::SecretValues::new(BTreeMap::from([(
+            "sess".to_owned(),
+            "v-1".to_owned(),
+        )]));
+        assert_eq!(
+            resolve_call_header(
+                "s",
+                "{{config.TOKEN}}/{{_secret.sess}}/{{_secret.gone}}",
+                &vars(),
+                &secrets
+            )
+            .unwrap(),
+            "s3cret/v-1/"
+        );
+        assert!(matches!(
+            resolve_placeholders("s", "{{_secret.sess}}", &vars()),
+            Err(ConfigError::UnsupportedPlaceholder { .. })
+        ));
+    }
+
+    #[test]
     fn bad_placeholders_are_typed_errors() {
         assert_eq!(
             resolve_placeholders("s", "{{config.NOPE}}", &vars()),
