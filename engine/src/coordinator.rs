@@ -1297,8 +1297,11 @@ impl Coordinator {
                     )));
                 }
                 run_id = Some(row.run_id);
+                // (An attempt already dispatched, asking again, is let
+                // through: its result fails closed on completion.)
                 if verdict.is_none()
                     && !has_vault
+                    && !row.dispatched
                     && let Some(tool) = producer_tool(state, &row.call_id)
                 {
                     // Fail closed: the tool would hand out a secret this

@@ -6,7 +6,9 @@
 //! defaults (`base_url:`, `auth:`, `timeout:`, `headers:`, `retry:`,
 //! `retry_delay:`, `rate_limit:`). Tools a worker calls take `retry:`,
 //! `retry_delay:` and `retry_policy:` (`retry.rs`), `rate_limit:` and
-//! `circuit_breaker:`.
+//! `circuit_breaker:`. The run secret vault's `RESULT_SECRETS:` and
+//! `SECRET_ACCESS:`, and where `{{_secret.KEY}}` may stand, are read in
+//! `secrets.rs`.
 //!
 //! The format is line-oriented: lines are grouped into a tree by indentation,
 //! then each tool is read from its subtree. Errors are collected, not
