@@ -8,6 +8,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PROTOC").is_none() {
         config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     }
+    // A secret's value must not show in `Debug` output (logs, panics):
+    // `src/lib.rs` writes the `Debug` of `SecretValue` by hand.
+    config.skip_debug([".belay.v1.SecretValue"]);
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("belay_v1_descriptor.bin"))

@@ -95,6 +95,11 @@ pub struct DevArgs {
     /// document); checked at start.
     #[arg(long, env = "BELAY_MCP_CONFIG", value_name = "FILE")]
     mcp_config: Option<PathBuf>,
+    /// Key of the runs' secret vaults (`RESULT_SECRETS`), as for
+    /// `belay-engine`: 32 bytes as 64 hex digits or base64. Unset: a tool
+    /// with `RESULT_SECRETS` is refused at dispatch.
+    #[arg(long, env = "BELAY_VAULT_KEY", hide_env_values = true)]
+    vault_key: Option<String>,
 }
 
 /// Where the database is, and which flag said so (for error messages).
@@ -346,6 +351,13 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             sweep_interval_ms: args.sweep_interval_ms,
         },
     );
+    if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
+        let key = belay_engine::vault::VaultKey::parse(key)
+            .map_err(|e| anyhow!("--vault-key (BELAY_VAULT_KEY): {e}"))?;
+        coord
+            .use_vault_key(key)
+            .map_err(|e| anyhow!("--vault-key: {e}"))?;
+    }
     // Callbacks of `type: async_webhook` tools are served beside the admin
     // endpoint (one port fewer for a developer).
     coord

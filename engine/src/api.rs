@@ -572,13 +572,21 @@ impl WorkerService for Api {
                 .pin_mcp_for_dispatch(&r.worker_id, &r.task_id, r.attempt, &r.mcp_definition_hash)
                 .await?
         };
-        let callback_url = self
+        let dispatched = self
             .coord
-            .dispatch(&r.worker_id, &r.task_id, r.attempt)
+            .dispatch_call(&r.worker_id, &r.task_id, r.attempt)
             .await?;
         Ok(Response::new(v1::DispatchToolCallResponse {
-            callback_url: callback_url.unwrap_or_default(),
+            callback_url: dispatched.callback_url.unwrap_or_default(),
             mcp_pinned_hash,
+            secrets: dispatched
+                .secrets
+                .into_iter()
+                .map(|(key, value)| v1::SecretValue {
+                    key,
+                    value: value.into_inner(),
+                })
+                .collect(),
         }))
     }
 
@@ -612,8 +620,13 @@ impl WorkerService for Api {
         req: Request<v1::CompleteTaskRequest>,
     ) -> Result<Response<v1::CompleteTaskResponse>, Status> {
         let r = req.into_inner();
+        let secrets = r
+            .vaulted_secrets
+            .into_iter()
+            .map(|s| (s.key, crate::vault::SecretText::new(s.value)))
+            .collect();
         self.coord
-            .complete(&r.worker_id, &r.task_id, r.attempt, &r.result_json)
+            .complete_with_secrets(&r.worker_id, &r.task_id, r.attempt, &r.result_json, secrets)
             .await?;
         Ok(Response::new(v1::CompleteTaskResponse {}))
     }

@@ -24,6 +24,7 @@ use crate::store::{
     ClaimedTask, DefinitionRow, EventRow, RunRow, Store, StoreError, TaskRow, TransitionError,
     UncertainQuery, UncertainRow, Wake,
 };
+use crate::vault::{SecretText, VaultKey};
 
 /// How long a claimed outbox row is left to its replica before another may
 /// take it, ms.
@@ -151,6 +152,19 @@ pub struct Coordinator {
     /// Base URL of the callback endpoint (`type: async_webhook`), as tool
     /// servers reach it; unset: such tools are refused at dispatch.
     callback_base_url: std::sync::OnceLock<String>,
+    /// The key of the runs' secret vaults (`RESULT_SECRETS`); unset: a
+    /// producer tool is refused at dispatch.
+    vault: std::sync::OnceLock<VaultKey>,
+}
+
+/// What a dispatch allows the worker ([`Coordinator::dispatch_call`]).
+#[derive(Debug, Default)]
+pub struct Dispatched {
+    /// The single-use callback URL of a `type: async_webhook` call.
+    pub callback_url: Option<String>,
+    /// The vault values the call's `SECRET_ACCESS` may read, by key (a key
+    /// without a value is absent). Secrets: `Debug` hides them.
+    pub secrets: Vec<(String, SecretText)>,
 }
 
 /// What `POST /callbacks/v1/{token}` did.
@@ -311,7 +325,24 @@ impl Coordinator {
             outbox_ready: Notify::new(),
             run_events,
             callback_base_url: std::sync::OnceLock::new(),
+            vault: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Keep the runs' secret vaults (`RESULT_SECRETS`) encrypted with
+    /// `key` (`--vault-key` / `BELAY_VAULT_KEY`). Set once; a second call is
+    /// refused with `FailedPrecondition`. Without it a producer tool's call
+    /// is refused before it acts, and a producer's result that reaches
+    /// this engine anyway fails its call: values are never kept unencrypted.
+    pub fn use_vault_key(&self, key: VaultKey) -> Result<(), CoordinatorError> {
+        self.vault.set(key).map_err(|_| {
+            CoordinatorError::FailedPrecondition("the vault key is already set".into())
+        })
+    }
+
+    /// Whether a vault key is set.
+    pub fn has_vault_key(&self) -> bool {
+        self.vault.get().is_some()
     }
 
     /// Serve callbacks of `type: async_webhook` tools at `base_url` (what
@@ -1207,12 +1238,31 @@ impl Coordinator {
     /// `ToolCallDispatched`. Any error means: do not act. Returns the
     /// callback URL for a `type: async_webhook` call (a fresh single-use
     /// token each time; only its SHA-256 is stored), `None` for other tools.
+    /// [`Coordinator::dispatch_call`] also returns the vault's values.
     pub async fn dispatch(
         &self,
         worker_id: &str,
         task_id: &str,
         attempt: u32,
     ) -> Result<Option<String>, CoordinatorError> {
+        Ok(self
+            .dispatch_call(worker_id, task_id, attempt)
+            .await?
+            .callback_url)
+    }
+
+    /// [`Coordinator::dispatch`], with the values of the run's secret vault
+    /// the call's tool may read (its `SECRET_ACCESS`), read and, for a
+    /// single-use key, consumed by this call in the dispatch's
+    /// transaction. A value that does not decrypt (the vault key changed)
+    /// is left out, as an absent one is. A producer tool (`RESULT_SECRETS`)
+    /// on an engine without a vault key is refused (rejected, not sent).
+    pub async fn dispatch_call(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+    ) -> Result<Dispatched, CoordinatorError> {
         require("worker_id", worker_id)?;
         let task = parse_uuid("task_id", task_id)?;
         let worker = worker_id.to_owned();
@@ -1235,13 +1285,43 @@ impl Coordinator {
         let mut issued = false;
         // The tool's gates (rate limit, circuit breaker) held the call back.
         let mut gated: Option<String> = None;
-        self.store
+        let mut run_id: Option<Uuid> = None;
+        let has_vault = self.has_vault_key();
+        let applied = self
+            .store
             .transition_task_gated(task, |state, row, verdict| {
                 let row = leased_tool_call(row, attempt, worker_id)?;
                 if row.lease_expired {
                     return Err(CoordinatorError::FailedPrecondition(format!(
                         "the lease of task {task_id} attempt {attempt} has expired"
                     )));
+                }
+                run_id = Some(row.run_id);
+                // (An attempt already dispatched, asking again, is let
+                // through: its result fails closed on completion.)
+                if verdict.is_none()
+                    && !has_vault
+                    && !row.dispatched
+                    && let Some(tool) = producer_tool(state, &row.call_id)
+                {
+                    // Fail closed: the tool would hand out a secret this
+                    // engine could not keep.
+                    let detail = format!(
+                        "tool `{tool}` puts values into the run's secret vault (`RESULT_SECRETS`), and this engine has no vault key: set BELAY_VAULT_KEY (or --vault-key) to 32 random bytes, hex or base64"
+                    );
+                    refusal = Some(detail.clone());
+                    return machine::decide(
+                        state,
+                        Input::TaskFailed {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            error: format!("dispatch refused: {detail}"),
+                            class: FailureClass::Rejected,
+                            dispatched: false,
+                            status_code: None,
+                        },
+                    )
+                    .map_err(CoordinatorError::from);
                 }
                 let input = match verdict {
                     None => Input::DispatchToolCall {
@@ -1319,11 +1399,47 @@ impl Coordinator {
             tracing::info!(%task, attempt, worker_id, %detail, "dispatch held back by the tool's gates");
             return Err(CoordinatorError::FailedPrecondition(detail));
         }
-        tracing::info!(%task, attempt, worker_id, callback = issued, "tool call dispatched");
-        Ok(match (issued, token, self.callback_base_url()) {
+        let secrets = self.open_secrets(run_id, applied.secrets);
+        tracing::info!(
+            %task, attempt, worker_id, callback = issued, secrets = secrets.len(),
+            "tool call dispatched"
+        );
+        let callback_url = match (issued, token, self.callback_base_url()) {
             (true, Some(token), Some(base)) => Some(format!("{base}{CALLBACK_PATH_PREFIX}{token}")),
             _ => None,
+        };
+        Ok(Dispatched {
+            callback_url,
+            secrets,
         })
+    }
+
+    /// The values of what a dispatch read from run `run_id`'s vault; one
+    /// that does not open is left out (logged by key only).
+    fn open_secrets(
+        &self,
+        run_id: Option<Uuid>,
+        sealed: Vec<machine::SealedSecret>,
+    ) -> Vec<(String, SecretText)> {
+        let (Some(run_id), Some(vault)) = (run_id, self.vault.get()) else {
+            if !sealed.is_empty() {
+                tracing::warn!(
+                    keys = ?sealed.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(),
+                    "vaulted secrets cannot be opened: this engine has no vault key; the call gets none"
+                );
+            }
+            return Vec::new();
+        };
+        sealed
+            .into_iter()
+            .filter_map(|s| match vault.open(run_id, &s) {
+                Ok(value) => Some((s.key, value)),
+                Err(e) => {
+                    tracing::warn!(%run_id, key = %s.key, error = %e, "vaulted secret left out");
+                    None
+                }
+            })
+            .collect()
     }
 
     /// A tool server's callback for a `type: async_webhook` call: `token`
@@ -1412,14 +1528,43 @@ impl Coordinator {
         attempt: u32,
         result_json: &str,
     ) -> Result<(), CoordinatorError> {
+        self.complete_with_secrets(worker_id, task_id, attempt, result_json, Vec::new())
+            .await
+    }
+
+    /// [`Coordinator::complete`] for a producer tool (`RESULT_SECRETS`):
+    /// `secrets` are the values the worker took out of the result, by
+    /// vault key. They are sealed and kept in the run's vault in the
+    /// transaction that records the result; the result holds
+    /// `[VAULTED:<key>]` in their place (a value the worker left at a
+    /// declared path is taken out here too). A key the tool does not
+    /// declare is dropped. Without a vault key the call fails (rejected):
+    /// the values are never kept unencrypted. A late result (an attempt
+    /// that lost its lease) is recorded without its values: they are
+    /// dropped, never vaulted.
+    pub async fn complete_with_secrets(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+        result_json: &str,
+        secrets: Vec<(String, SecretText)>,
+    ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
-        let value = json_arg("result_json", result_json)?;
+        let mut value = json_arg("result_json", result_json)?;
         let task = parse_uuid("task_id", task_id)?;
+        let vault = self.vault.get();
         self.store
             .transition_task(task, |state, row| {
                 let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
                 let is_tool = row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL;
                 let current = row.status == "leased" && row.attempt as u32 == attempt;
+                // What the tool's `RESULT_SECRETS` vault, out of the result.
+                let vaulted = if is_tool {
+                    take_vaulted(state, &row.call_id, &mut value, secrets)
+                } else {
+                    Vec::new()
+                };
                 if is_tool && !current && attempt >= 1 && attempt <= row.attempt as u32 {
                     // A result from an attempt that no longer holds the task:
                     // the machine decides (resolve, first wins, or history).
@@ -1456,11 +1601,39 @@ impl Coordinator {
                         attempt,
                         result,
                     }
-                } else {
+                } else if vaulted.is_empty() {
                     Input::ToolCallCompleted {
                         call_id: row.call_id.clone(),
                         attempt,
                         result: value,
+                        secrets: Vec::new(),
+                    }
+                } else if let Some(vault) = vault {
+                    let mut sealed = Vec::with_capacity(vaulted.len());
+                    for (key, text) in &vaulted {
+                        sealed.push(vault.seal(row.run_id, key, text.expose()).map_err(|e| {
+                            CoordinatorError::Store(StoreError::Corrupt(e.to_string()))
+                        })?);
+                    }
+                    Input::ToolCallCompleted {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        result: value,
+                        secrets: sealed,
+                    }
+                } else {
+                    // Fail closed: a secret is never kept unencrypted, and
+                    // the result without it would pass for the whole.
+                    let tool = producer_tool(state, &row.call_id).unwrap_or_default();
+                    Input::TaskFailed {
+                        call_id: row.call_id.clone(),
+                        attempt,
+                        error: format!(
+                            "the result of `{tool}` holds values for the run's secret vault (`RESULT_SECRETS`), and this engine has no vault key to keep them: the result was dropped; set BELAY_VAULT_KEY (or --vault-key) to 32 random bytes, hex or base64"
+                        ),
+                        class: FailureClass::Rejected,
+                        dispatched: row.dispatched,
+                        status_code: None,
                     }
                 };
                 machine::decide(state, input).map_err(CoordinatorError::from)
@@ -2037,6 +2210,44 @@ fn without_source_positions(body: &Value) -> Value {
 ///
 /// Errors: those of `fenced`; `InvalidArgument` for a model call;
 /// `FailedPrecondition` for a task no longer leased.
+/// The tool of call `call_id` when it is a producer of the run's secret
+/// vault (its pinned definition has `RESULT_SECRETS`).
+fn producer_tool(state: &machine::RunState, call_id: &str) -> Option<String> {
+    let tool = &state.tool_calls.get(call_id)?.tool;
+    let def = &state.plan.as_ref()?.tools.get(tool)?.def;
+    (!def.result_secrets.is_empty()).then(|| tool.clone())
+}
+
+/// The values a producer's result gives the vault: those the worker took
+/// out (`from_worker`, only keys the tool declares), and any value still at
+/// a declared path of `result` (taken out here, so it is in no event).
+/// Empty for a tool without `RESULT_SECRETS`.
+fn take_vaulted(
+    state: &machine::RunState,
+    call_id: &str,
+    result: &mut Value,
+    from_worker: Vec<(String, SecretText)>,
+) -> Vec<(String, SecretText)> {
+    let declared = state
+        .tool_calls
+        .get(call_id)
+        .and_then(|c| state.plan.as_ref()?.tools.get(&c.tool))
+        .map(|t| t.def.result_secrets.clone())
+        .unwrap_or_default();
+    let mut out: Vec<(String, SecretText)> = Vec::new();
+    for def in &declared {
+        let left = belay_proto::wire::take_secret_at(result, &def.path, &def.key);
+        let given = from_worker
+            .iter()
+            .find(|(k, _)| *k == def.key)
+            .map(|(_, v)| v.clone());
+        if let Some(value) = given.or_else(|| left.map(SecretText::new)) {
+            out.push((def.key.clone(), value));
+        }
+    }
+    out
+}
+
 fn leased_tool_call<'a>(
     row: Option<&'a TaskRow>,
     attempt: u32,

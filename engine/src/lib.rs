@@ -15,6 +15,8 @@
 //! - [`notify`]: webhook delivery of operator notifications.
 //! - [`mcp_pins`]: pinning of MCP tool definitions (reports, trust on first
 //!   use, operator acceptance).
+//! - [`vault`]: AES-256-GCM encryption of the run secret vault
+//!   (`RESULT_SECRETS` / `SECRET_ACCESS`).
 //! - `mcp_server` (cargo feature `mcp-server`): chosen workflows served as
 //!   MCP tools over Streamable HTTP, each call a durable run.
 
@@ -32,3 +34,4 @@ pub mod mcp_pins;
 pub mod mcp_server;
 pub mod notify;
 pub mod store;
+pub mod vault;

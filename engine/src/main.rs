@@ -72,6 +72,12 @@ struct ServeArgs {
     /// `http://<callback listen address>`.
     #[arg(long, env = "BELAY_CALLBACK_BASE_URL")]
     callback_base_url: Option<String>,
+    /// Key of the runs' secret vaults (`RESULT_SECRETS` values, kept
+    /// encrypted with AES-256-GCM): 32 bytes as 64 hex digits or base64
+    /// (`openssl rand -hex 32`). Every engine on one database needs the
+    /// same key. Unset: a tool with `RESULT_SECRETS` is refused at dispatch.
+    #[arg(long, env = "BELAY_VAULT_KEY", hide_env_values = true)]
+    vault_key: Option<String>,
     /// Webhook URL that receives signed notifications (a run paused on an
     /// uncertain outcome); needs --webhook-secret.
     #[arg(long, env = "BELAY_WEBHOOK_URL")]
@@ -190,6 +196,13 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             sweep_interval_ms: args.sweep_interval_ms,
         },
     );
+    if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
+        let key =
+            belay_engine::vault::VaultKey::parse(key).context("--vault-key (BELAY_VAULT_KEY)")?;
+        coord
+            .use_vault_key(key)
+            .context("--vault-key (BELAY_VAULT_KEY)")?;
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

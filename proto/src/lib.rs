@@ -10,6 +10,37 @@ pub mod v1 {
     tonic::include_proto!("belay.v1");
 }
 
+impl std::fmt::Debug for v1::SecretValue {
+    /// The key and the value's length: a vaulted secret never shows in
+    /// `Debug` output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretValue")
+            .field("key", &self.key)
+            .field(
+                "value",
+                &format_args!("<{} bytes hidden>", self.value.len()),
+            )
+            .finish()
+    }
+}
+
 /// The encoded `FileDescriptorSet` of `belay.v1`, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/belay_v1_descriptor.bin"));
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_secret_value_never_shows_in_debug_output() {
+        let response = super::v1::DispatchToolCallResponse {
+            secrets: vec![super::v1::SecretValue {
+                key: "txn_otp".into(),
+                value: "otp-123456".into(),
+            }],
+            ..Default::default()
+        };
+        let shown = format!("{response:?}");
+        assert!(shown.contains("txn_otp") && shown.contains("10 bytes hidden"));
+        assert!(!shown.contains("otp-123456"), "{shown}");
+    }
+}

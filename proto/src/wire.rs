@@ -372,6 +372,78 @@ pub fn config_placeholder_name(inner: &str) -> Option<&str> {
     })
 }
 
+/// The name of a `{{_secret.KEY}}` placeholder's inside (`_secret.KEY`),
+/// when it is one: KEY of ASCII letters, digits, `_` and `-` (a vault key,
+/// [`is_vault_key`]).
+pub fn secret_placeholder_name(inner: &str) -> Option<&str> {
+    inner.strip_prefix("_secret.").filter(|k| is_vault_key(k))
+}
+
+/// Longest vault key, in characters.
+pub const MAX_VAULT_KEY_CHARS: usize = 64;
+
+/// Whether `key` can name a vault entry: 1 to [`MAX_VAULT_KEY_CHARS`] ASCII
+/// letters, digits, `_` and `-`, starting with a letter or `_`.
+pub fn is_vault_key(key: &str) -> bool {
+    let mut chars = key.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && key.len() <= MAX_VAULT_KEY_CHARS
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// What a vaulted field of a tool's result holds instead of its value,
+/// in every event, in what the model sees and in the audit:
+/// `[VAULTED:<key>]`.
+pub fn vaulted_marker(key: &str) -> String {
+    format!("[VAULTED:{key}]")
+}
+
+/// One `RESULT_SECRETS:` entry as a worker needs it: where the value is in
+/// the tool's result, and the vault key it goes under. The entry's options
+/// (consumers, ttl, single use) stay in the engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultSecret {
+    /// Dotted path of object keys into the result (`otp_token`,
+    /// `session.key`).
+    pub path: String,
+    /// The vault key.
+    pub key: String,
+}
+
+/// Takes the value at `path` (dotted object keys) out of `result`, leaving
+/// [`vaulted_marker`] of `key` in its place, and returns it as text: a
+/// string as it is, any other JSON value as its JSON text. `None`, with
+/// `result` unchanged, when the path is absent, passes through a value that
+/// is not an object, ends at `null`, or already holds the marker (taken
+/// before). The one place the worker (and the engine, as a backstop) takes
+/// a secret out of a result.
+pub fn take_secret_at(result: &mut Value, path: &str, key: &str) -> Option<String> {
+    let mut at = result;
+    let mut segments = path.split('.').peekable();
+    while let Some(segment) = segments.next() {
+        let Value::Object(map) = at else {
+            return None;
+        };
+        let next = map.get_mut(segment)?;
+        if segments.peek().is_some() {
+            at = next;
+            continue;
+        }
+        let marker = vaulted_marker(key);
+        let text = match &mut *next {
+            Value::Null => return None,
+            Value::String(s) if *s == marker => return None,
+            Value::String(s) => std::mem::take(s),
+            other => other.to_string(),
+        };
+        *next = Value::String(marker);
+        return Some(text);
+    }
+    None
+}
+
 /// Spec of a `tool_call` task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallSpec {
@@ -399,6 +471,12 @@ pub struct ToolCallSpec {
     /// cannot resolve fails the call `NOT_SENT`. Added for issue 4.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_params: Vec<String>,
+    /// The tool's `RESULT_SECRETS:`: the worker takes the value at each
+    /// path out of a result ([`take_secret_at`]) and reports it in
+    /// `CompleteTaskRequest.vaulted_secrets`, never in the result. Added
+    /// for issue 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub result_secrets: Vec<ResultSecret>,
 }
 
 #[cfg(test)]
@@ -466,5 +544,45 @@ mod tests {
         assert_eq!(config_placeholder_name("config.A-b.c"), Some("A-b.c"));
         assert_eq!(config_placeholder_name("config."), None);
         assert_eq!(config_placeholder_name("session.x"), None);
+        assert_eq!(secret_placeholder_name("_secret.txn_otp"), Some("txn_otp"));
+        assert_eq!(secret_placeholder_name("_secret.a.b"), None);
+        assert_eq!(secret_placeholder_name("_secret."), None);
+        assert_eq!(secret_placeholder_name("config.A"), None);
+    }
+
+    #[test]
+    fn a_secret_is_taken_out_of_a_result_and_a_marker_left() {
+        let mut result = serde_json::json!({
+            "otp_token": "123456", "expires_in": 300,
+            "session": {"key": {"id": 7}, "none": null}, "list": [1]
+        });
+        assert_eq!(
+            take_secret_at(&mut result, "otp_token", "txn_otp").as_deref(),
+            Some("123456")
+        );
+        assert_eq!(
+            take_secret_at(&mut result, "session.key", "s").as_deref(),
+            Some(r#"{"id":7}"#)
+        );
+        // Taken before, absent, null, or through something not an object.
+        for path in [
+            "otp_token",
+            "missing",
+            "session.none",
+            "list.0",
+            "expires_in.x",
+        ] {
+            assert_eq!(take_secret_at(&mut result, path, "txn_otp"), None, "{path}");
+        }
+        assert_eq!(
+            result,
+            serde_json::json!({
+                "otp_token": "[VAULTED:txn_otp]", "expires_in": 300,
+                "session": {"key": "[VAULTED:s]", "none": null}, "list": [1]
+            })
+        );
+        assert!(is_vault_key("txn_otp") && is_vault_key("_a-1"));
+        assert!(!is_vault_key("") && !is_vault_key("1a") && !is_vault_key("a.b"));
+        assert!(!is_vault_key(&"k".repeat(MAX_VAULT_KEY_CHARS + 1)));
     }
 }

@@ -281,6 +281,42 @@ impl TestDb {
         Ok(())
     }
 
+    /// Every row of `table`, each as one line of text (PostgreSQL: the row
+    /// as JSON; SQLite: its columns `quote`d, blobs as hex), for tests that
+    /// look for what must never be stored.
+    pub async fn dump_table(&self, table: &str) -> Result<Vec<String>> {
+        match self.backend {
+            DbBackend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await?;
+                let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT to_jsonb(t)::text FROM {table} t"
+                )))
+                .fetch_all(&pool)
+                .await?;
+                pool.close().await;
+                Ok(rows.into_iter().map(|r| r.0).collect())
+            }
+            DbBackend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await?;
+                let columns: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+                )))
+                .fetch_all(&pool)
+                .await?;
+                let quoted: Vec<String> =
+                    columns.iter().map(|(c,)| format!("quote({c})")).collect();
+                let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT json_array({}) FROM {table}",
+                    quoted.join(", ")
+                )))
+                .fetch_all(&pool)
+                .await?;
+                pool.close().await;
+                Ok(rows.into_iter().map(|r| r.0).collect())
+            }
+        }
+    }
+
     /// Drop the database (terminating leftover connections) or remove the
     /// SQLite file.
     pub async fn drop_db(&self) -> Result<()> {
@@ -309,6 +345,8 @@ pub struct Proc {
     /// Every `listening on` URL it printed, in order (engines print the
     /// gRPC URL, then the admin URL).
     pub urls: Vec<String>,
+    /// The file its stderr (its log) goes to.
+    pub log: PathBuf,
     child: Child,
 }
 
@@ -334,9 +372,8 @@ impl Proc {
     ) -> Result<Proc> {
         let log_dir = std::env::temp_dir().join("belay-test-logs");
         std::fs::create_dir_all(&log_dir)?;
-        let log = std::fs::File::create(
-            log_dir.join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple())),
-        )?;
+        let log_path = log_dir.join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()));
+        let log = std::fs::File::create(&log_path)?;
         let mut cmd = Command::new(program);
         cmd.args(args)
             .stdout(Stdio::piped())
@@ -372,6 +409,7 @@ impl Proc {
             name: name.to_owned(),
             url,
             urls,
+            log: log_path,
             child,
         })
     }
@@ -429,6 +467,10 @@ impl Proc {
 
 /// Admin bearer token every test engine accepts (token name `ops`, all tenants).
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// The vault key (`BELAY_VAULT_KEY`) of every test engine: tools with
+/// `RESULT_SECRETS` are refused by an engine without one.
+pub const VAULT_KEY: &str = "62656c61792d746573742d7661756c742d6b65792d303132333435363738390a";
 
 /// Engine options for a test.
 #[derive(Debug, Clone)]
@@ -580,6 +622,7 @@ impl Env {
             &[
                 ("DATABASE_URL", self.db.url.clone()),
                 ("BELAY_ADMIN_TOKENS", format!("ops:{ADMIN_TOKEN}:*")),
+                ("BELAY_VAULT_KEY", VAULT_KEY.into()),
             ],
             3 + extra_lines,
         )

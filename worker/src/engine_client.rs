@@ -23,10 +23,12 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use belay_proto::v1::worker_service_client::WorkerServiceClient;
 use belay_proto::v1::{
-    ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, FailTaskRequest, FailureClass,
-    HeartbeatRequest, LeaseStatus, McpToolListing, ReportMcpToolsRequest, RequestToolInputRequest,
-    Task, TaskLease,
+    ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, DispatchToolCallResponse,
+    FailTaskRequest, FailureClass, HeartbeatRequest, LeaseStatus, McpToolListing,
+    ReportMcpToolsRequest, RequestToolInputRequest, SecretValue, Task, TaskLease,
 };
+
+use crate::placeholders::SecretValues;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
@@ -70,6 +72,28 @@ impl RetryPolicy {
             .with_total_delay(Some(Duration::from_millis(self.total_delay_ms)))
             .without_max_times()
             .with_jitter()
+    }
+}
+
+/// What a `DispatchToolCall` allowed.
+#[derive(Debug, Clone, Default)]
+pub struct Dispatch {
+    /// The callback URL of a `type: async_webhook` call.
+    pub callback_url: Option<String>,
+    /// The pinned definition hash of a `type: mcp` call (empty otherwise).
+    pub mcp_pinned_hash: String,
+    /// The vault values the call may read (`SECRET_ACCESS`), for its
+    /// `{{_secret.KEY}}` placeholders. Secrets: `Debug` shows the keys.
+    pub secrets: SecretValues,
+}
+
+impl From<DispatchToolCallResponse> for Dispatch {
+    fn from(r: DispatchToolCallResponse) -> Self {
+        Dispatch {
+            callback_url: Some(r.callback_url).filter(|u| !u.is_empty()),
+            mcp_pinned_hash: r.mcp_pinned_hash,
+            secrets: SecretValues::new(r.secrets.into_iter().map(|s| (s.key, s.value)).collect()),
+        }
     }
 }
 
@@ -165,9 +189,9 @@ impl EngineClient {
 
     /// `DispatchToolCall`, retried while transient. `Ok` means the dispatch is
     /// recorded and the worker may act; any error means it must not. The
-    /// `Ok` value is the callback URL of a `type: async_webhook` call
-    /// (`None` for other tools).
-    pub async fn dispatch(&self, task_id: &str, attempt: u32) -> Result<Option<String>, Status> {
+    /// `Ok` value holds the callback URL of a `type: async_webhook` call
+    /// and the vault values of a tool with `SECRET_ACCESS`.
+    pub async fn dispatch(&self, task_id: &str, attempt: u32) -> Result<Dispatch, Status> {
         let request = DispatchToolCallRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
@@ -180,7 +204,7 @@ impl EngineClient {
                 client
                     .dispatch_tool_call(with_deadline(request))
                     .await
-                    .map(|r| Some(r.into_inner().callback_url).filter(|u| !u.is_empty()))
+                    .map(|r| Dispatch::from(r.into_inner()))
             }
         })
         .await
@@ -189,14 +213,14 @@ impl EngineClient {
     /// `DispatchToolCall` for a `type: mcp` call, retried while transient:
     /// sends the definition hash the worker's server lists for the tool now
     /// and returns the hash the engine pinned for the run's tenant (the one
-    /// the call must find). As for [`EngineClient::dispatch`], any error
-    /// means the worker must not act.
+    /// the call must find) in [`Dispatch::mcp_pinned_hash`]. As for
+    /// [`EngineClient::dispatch`], any error means the worker must not act.
     pub async fn dispatch_mcp(
         &self,
         task_id: &str,
         attempt: u32,
         listed_hash: &str,
-    ) -> Result<String, Status> {
+    ) -> Result<Dispatch, Status> {
         let request = DispatchToolCallRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
@@ -209,7 +233,7 @@ impl EngineClient {
                 client
                     .dispatch_tool_call(with_deadline(request))
                     .await
-                    .map(|r| r.into_inner().mcp_pinned_hash)
+                    .map(|r| Dispatch::from(r.into_inner()))
             }
         })
         .await
@@ -248,11 +272,29 @@ impl EngineClient {
         attempt: u32,
         result_json: String,
     ) -> Result<(), Status> {
+        self.report_complete_vaulted(task_id, attempt, result_json, Vec::new())
+            .await
+    }
+
+    /// [`EngineClient::report_complete`] for a producer tool: `vaulted` are
+    /// the values taken out of the result (its `RESULT_SECRETS`), by vault
+    /// key, sent beside the result, never in it.
+    pub async fn report_complete_vaulted(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        result_json: String,
+        vaulted: Vec<(String, String)>,
+    ) -> Result<(), Status> {
         let request = CompleteTaskRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
             attempt,
             result_json,
+            vaulted_secrets: vaulted
+                .into_iter()
+                .map(|(key, value)| SecretValue { key, value })
+                .collect(),
         };
         self.retrying("CompleteTask", task_id, attempt, |mut client| {
             let request = request.clone();

@@ -51,6 +51,15 @@
 //! into a GET. Proxy variables (`HTTP_PROXY`, …) are ignored for tool
 //! requests: behind a proxy the worker could not see where a request goes.
 //!
+//! Vault references: `{{_secret.KEY}}` in a header value or the body
+//! template is filled from the values the engine handed out at dispatch
+//! ([`HttpToolClient::prepare_with_secrets`]); a key without a value is the
+//! empty string (never the placeholder), and nothing else of the request
+//! (endpoint, query, auth settings) takes one. [`HttpToolClient::prepare`]
+//! builds the request with none (so a call that cannot be made is refused
+//! before dispatch); the runner builds it again with the values once the
+//! dispatch returned them. Headers holding one are marked sensitive.
+//!
 //! [`ToolBinding::AsyncWebhook`] builds the same request (POST, PUT or PATCH
 //! only); the callback URL the engine hands out at dispatch is then put into
 //! the JSON body at the binding's dot-path `callback_url_field`
@@ -76,7 +85,7 @@ use serde_json::{Map, Value};
 
 use crate::http_util::{SendFailure, classify_send_error, error_chain, truncate_text};
 use crate::oauth2::{ClientCredentials, Clock, TokenCache, TokenError, form_encode};
-use crate::placeholders::{self, ConfigValues, PlaceholderError};
+use crate::placeholders::{self, ConfigValues, PlaceholderError, SecretValues};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
 
 /// Characters left as they are in a path parameter: RFC 3986 unreserved.
@@ -376,7 +385,18 @@ impl HttpToolClient {
     /// [`HttpToolError::Config`], or [`HttpToolError::Refused`] for an
     /// IP-literal host the policy refuses: the call must not be dispatched.
     pub fn prepare(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
-        let request = self.prepare_binding(spec)?;
+        self.prepare_with_secrets(spec, &SecretValues::default())
+    }
+
+    /// [`prepare`](Self::prepare), with `{{_secret.KEY}}` of the headers and
+    /// body template filled from `secrets` (the dispatch's values; a key
+    /// without one is the empty string).
+    pub fn prepare_with_secrets(
+        &self,
+        spec: &ToolCallSpec,
+        secrets: &SecretValues,
+    ) -> Result<PreparedRequest, HttpToolError> {
+        let request = self.prepare_binding(spec, secrets)?;
         self.policy.check_url(&request.url)?;
         if let Some(oauth) = &request.oauth {
             self.policy.check_url(&oauth.token_url)?;
@@ -384,7 +404,11 @@ impl HttpToolClient {
         Ok(request)
     }
 
-    fn prepare_binding(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
+    fn prepare_binding(
+        &self,
+        spec: &ToolCallSpec,
+        secrets: &SecretValues,
+    ) -> Result<PreparedRequest, HttpToolError> {
         match &spec.binding {
             ToolBinding::Http(binding) => prepare_http(
                 binding,
@@ -392,6 +416,7 @@ impl HttpToolClient {
                 &spec.idempotency_key,
                 self.base_url.as_deref(),
                 &self.config,
+                secrets,
             ),
             ToolBinding::AsyncWebhook(binding) => {
                 let mut request = prepare_http(
@@ -400,6 +425,7 @@ impl HttpToolClient {
                     &spec.idempotency_key,
                     self.base_url.as_deref(),
                     &self.config,
+                    secrets,
                 )?;
                 if !has_body(&request.method) {
                     return Err(config(format!(
@@ -568,6 +594,7 @@ fn prepare_http(
     idempotency_key: &str,
     base_url: Option<&str>,
     values: &ConfigValues,
+    secrets: &SecretValues,
 ) -> Result<PreparedRequest, HttpToolError> {
     let method = Method::from_bytes(binding.method.trim().to_ascii_uppercase().as_bytes())
         .map_err(|_| config(format!("invalid HTTP method {:?}", binding.method)))?;
@@ -615,7 +642,8 @@ fn prepare_http(
 
     let auto = options.body_mode == BodyMode::Auto;
     let body = if let Some(template) = &options.body_template {
-        Some(render_body(template, options.body_type, &all_args)?)
+        let args = with_secrets(template, &all_args, secrets)?;
+        Some(render_body(template, options.body_type, &args)?)
     } else if has_body(&method) && auto {
         Some(encode_body(options.body_type, remaining, arguments)?)
     } else {
@@ -649,7 +677,7 @@ fn prepare_http(
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     }
     for (name, value) in &binding.headers {
-        insert_header(&mut headers, name, value, values)?;
+        insert_header(&mut headers, name, value, values, Some(secrets))?;
     }
     let oauth = apply_auth(&options.auth, &mut headers, values)?;
     let key = HeaderValue::from_str(idempotency_key)
@@ -667,9 +695,42 @@ fn prepare_http(
     })
 }
 
-/// `text` with its `{{config.NAME}}` placeholders resolved from `values`.
-fn resolve_config(text: &str, values: &ConfigValues) -> Result<String, HttpToolError> {
-    placeholders::resolve(text, |name| values.get(name)).map_err(|e| match e {
+/// `args` plus, for each `{{_secret.KEY}}` of `template`, the string value
+/// of KEY in `secrets` (the empty string when it has none) under the name
+/// `_secret.KEY`, which no parameter can have: the body template's
+/// placeholders are then all filled by one pass.
+fn with_secrets(
+    template: &str,
+    args: &Map<String, Value>,
+    secrets: &SecretValues,
+) -> Result<Map<String, Value>, HttpToolError> {
+    let mut out = args.clone();
+    let pieces = split_placeholders(template)
+        .map_err(|_| config("a `{{` placeholder of the body template is not closed"))?;
+    for piece in pieces {
+        if let TemplatePiece::Placeholder { inner, .. } = piece
+            && let Some(key) = belay_proto::wire::secret_placeholder_name(inner)
+        {
+            let value = secrets.get(key).unwrap_or_default();
+            out.insert(inner.to_owned(), Value::String(value.to_owned()));
+        }
+    }
+    Ok(out)
+}
+
+/// `text` with its `{{config.NAME}}` placeholders resolved from `values`
+/// (and, given `secrets`, its `{{_secret.KEY}}` from them).
+fn resolve_config(
+    text: &str,
+    values: &ConfigValues,
+    secrets: Option<&SecretValues>,
+) -> Result<String, HttpToolError> {
+    let lookup = |name: &str| values.get(name);
+    match secrets {
+        Some(secrets) => placeholders::resolve_with_secrets(text, lookup, secrets),
+        None => placeholders::resolve(text, lookup),
+    }
+    .map_err(|e| match e {
         PlaceholderError::Missing(name) => HttpToolError::Unconfigured {
             name,
             env: placeholders::ENV_PREFIX,
@@ -678,19 +739,22 @@ fn resolve_config(text: &str, values: &ConfigValues) -> Result<String, HttpToolE
     })
 }
 
-/// Adds the header `name: value`, its placeholders resolved; a value from
-/// configuration is marked sensitive. Errors never echo the value.
+/// Adds the header `name: value`, its placeholders resolved (with
+/// `secrets`, `{{_secret.KEY}}` too: only a tool's own headers take them);
+/// a value from configuration is marked sensitive. Errors never echo the
+/// value.
 fn insert_header(
     headers: &mut HeaderMap,
     name: &str,
     value: &str,
     values: &ConfigValues,
+    secrets: Option<&SecretValues>,
 ) -> Result<(), HttpToolError> {
     let header = HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| config(format!("invalid header name {name:?}")))?;
     let configured = placeholders::has_placeholder(value);
     let text = if configured {
-        resolve_config(value, values)?
+        resolve_config(value, values, secrets)?
     } else {
         value.to_owned()
     };
@@ -712,20 +776,21 @@ fn apply_auth(
     match auth {
         HttpAuth::None => {}
         HttpAuth::Bearer { token } => {
-            let token = resolve_config(token, values)?;
+            let token = resolve_config(token, values, None)?;
             insert_header(
                 headers,
                 AUTHORIZATION.as_str(),
                 &format!("Bearer {token}"),
                 values,
+                None,
             )?;
         }
         HttpAuth::ApiKey { header_name, key } => {
-            insert_header(headers, header_name, key, values)?;
+            insert_header(headers, header_name, key, values, None)?;
         }
         HttpAuth::Custom { headers: custom } => {
             for (name, value) in custom {
-                insert_header(headers, name, value, values)?;
+                insert_header(headers, name, value, values, None)?;
             }
         }
         HttpAuth::Oauth2Client {
@@ -740,8 +805,8 @@ fn apply_auth(
                 .ok_or_else(|| config(format!("invalid token URL {token_url:?}")))?;
             return Ok(Some(ClientCredentials {
                 token_url,
-                client_id: resolve_config(client_id, values)?,
-                client_secret: resolve_config(client_secret, values)?,
+                client_id: resolve_config(client_id, values, None)?,
+                client_secret: resolve_config(client_secret, values, None)?,
                 scopes: scopes.clone(),
             }));
         }
@@ -1013,7 +1078,14 @@ mod tests {
         arguments: &Value,
         base_url: Option<&str>,
     ) -> Result<PreparedRequest, HttpToolError> {
-        prepare_http(binding, arguments, "k", base_url, &ConfigValues::default())
+        prepare_http(
+            binding,
+            arguments,
+            "k",
+            base_url,
+            &ConfigValues::default(),
+            &SecretValues::default(),
+        )
     }
 
     fn binding(endpoint: &str, method: &str) -> HttpBinding {
@@ -1116,9 +1188,59 @@ mod tests {
         let mut b = binding("http://h/x", "GET");
         b.headers.insert("X-Key".into(), "{{config.K}}".into());
         let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "v".to_owned())]));
-        let req = prepare_http(&b, &json!({}), "k", None, &values).unwrap();
+        let req =
+            prepare_http(&b, &json!({}), "k", None, &values, &SecretValues::default()).unwrap();
         assert!(req.headers()["x-key"].is_sensitive());
         assert_eq!(req.headers()["x-key"], "v");
+    }
+
+    #[test]
+    fn vault_values_fill_headers_and_the_body_template_only() {
+        let mut b = binding("http://h/x", "POST");
+        b.headers
+            .insert("X-OTP-Token".into(), "{{_secret.txn_otp}}".into());
+        b.headers
+            .insert("X-Both".into(), "{{config.K}}:{{_secret.txn_otp}}".into());
+        b.headers
+            .insert("X-Gone".into(), "[{{_secret.gone}}]".into());
+        b.request.body_template =
+            Some(r#"{"otp": "{{_secret.txn_otp}}", "note": "otp={{_secret.txn_otp}};{{_secret.gone}}", "id": "{{id}}"}"#.into());
+        // A query value is never filled from the vault.
+        b.request.query_params = vec![QueryParam {
+            key: "otp".into(),
+            value: "{{_secret.txn_otp}}".into(),
+        }];
+        let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "v".to_owned())]));
+        let secrets = SecretValues::new(BTreeMap::from([(
+            "txn_otp".to_owned(),
+            "otp-981".to_owned(),
+        )]));
+        let args = json!({"id": 4});
+        let req = prepare_http(&b, &args, "k", None, &values, &secrets).unwrap();
+        assert_eq!(req.headers()["x-otp-token"], "otp-981");
+        assert!(req.headers()["x-otp-token"].is_sensitive());
+        assert_eq!(req.headers()["x-both"], "v:otp-981");
+        assert_eq!(req.headers()["x-gone"], "[]");
+        let body: Value = serde_json::from_slice(req.body().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            json!({"otp": "otp-981", "note": "otp=otp-981;", "id": 4})
+        );
+        assert_eq!(req.url().query().unwrap_or_default(), "");
+        // Before dispatch (no values yet): every reference is empty, never
+        // the placeholder.
+        let before = prepare_http(&b, &args, "k", None, &values, &SecretValues::default()).unwrap();
+        assert_eq!(before.headers()["x-otp-token"], "");
+        let body: Value = serde_json::from_slice(before.body().unwrap()).unwrap();
+        assert_eq!(body, json!({"otp": "", "note": "otp=;", "id": 4}));
+        // Auth settings take none.
+        b.request.auth = HttpAuth::Bearer {
+            token: "{{_secret.txn_otp}}".into(),
+        };
+        assert!(matches!(
+            prepare_http(&b, &args, "k", None, &values, &secrets),
+            Err(HttpToolError::Config(m)) if !m.contains("otp-981")
+        ));
     }
 
     #[test]

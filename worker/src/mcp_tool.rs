@@ -363,13 +363,16 @@ impl McpTools {
     }
 
     /// Performs one `type: mcp` call (see the module docs) and says what to
-    /// report. `on_dispatched` runs once the engine allowed the call to act.
+    /// report. `on_dispatched` runs once the engine allowed the call to act,
+    /// with the vault values the dispatch handed out (for the call's
+    /// `{{_secret.KEY}}` headers; the caller keeps them out of what it
+    /// reports).
     pub async fn call(
         &self,
         task: &Task,
         spec: &ToolCallSpec,
         binding: &McpBinding,
-        on_dispatched: impl FnOnce(),
+        on_dispatched: impl FnOnce(&crate::placeholders::SecretValues),
     ) -> McpCallReport {
         let server = binding.server.as_str();
         let tool = binding.server_tool.as_str();
@@ -461,18 +464,18 @@ impl McpTools {
                 );
             }
         };
-        let pinned = match self
+        let (pinned, secrets) = match self
             .engine
             .dispatch_mcp(&task.task_id, task.attempt, &listed_hash)
             .await
         {
-            Ok(pinned) => pinned,
+            Ok(d) => (d.mcp_pinned_hash, d.secrets),
             Err(status) => {
                 crate::runner::log_dispatch_refused(task, &status);
                 return McpCallReport::NotDispatched;
             }
         };
-        on_dispatched();
+        on_dispatched(&secrets);
         if pinned.is_empty() {
             return fail(
                 FailureClass::Rejected,
@@ -490,6 +493,7 @@ impl McpTools {
             arguments: arguments.clone(),
             expected_hash: Some(pinned),
             headers: binding.headers.clone(),
+            secrets,
             timeout_ms: binding.timeout_ms.max(1),
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             idempotency_key: Some(spec.idempotency_key.clone()),

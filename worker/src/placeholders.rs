@@ -6,11 +6,21 @@
 //! placeholder; the value comes from this worker's configuration
 //! ([`ConfigValues`]) right before the request is built, and is never
 //! logged nor put into an error message (errors name the placeholder).
+//!
+//! `{{_secret.KEY}}` (the run's secret vault, `SECRET_ACCESS`) is resolved
+//! by the same pass ([`resolve_with_secrets`]) in a tool's headers (and,
+//! in [`crate::http_tool`], its body template) from the values the engine
+//! handed out at dispatch ([`SecretValues`]); a key without a value becomes
+//! the empty string, never the placeholder. One pass: a value is never
+//! scanned for placeholders again, so a vaulted value that looks like
+//! `{{config.X}}` stays text.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use belay_proto::wire::{TemplatePiece, config_placeholder_name, split_placeholders};
+use belay_proto::wire::{
+    TemplatePiece, config_placeholder_name, secret_placeholder_name, split_placeholders,
+};
 
 /// Prefix of the environment variables that give placeholder values:
 /// `BELAY_TOOL_CONFIG_CRM_TOKEN=…` is the value of `{{config.CRM_TOKEN}}`.
@@ -76,6 +86,40 @@ impl ConfigValues {
     }
 }
 
+/// Values of `{{_secret.KEY}}` placeholders, by KEY: what the engine handed
+/// out at a dispatch (`DispatchToolCallResponse.secrets`). Secrets: `Debug`
+/// prints the keys only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SecretValues(BTreeMap<String, String>);
+
+impl fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl SecretValues {
+    /// The values in `map`.
+    pub fn new(map: BTreeMap<String, String>) -> Self {
+        Self(map)
+    }
+
+    /// The value of `{{_secret.KEY}}`, if the engine gave one.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Whether no value was given.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The values, for [`redact_values_as`].
+    pub fn values(&self) -> Vec<String> {
+        self.0.values().cloned().collect()
+    }
+}
+
 /// Why a text's placeholders cannot be resolved. Neither variant carries a
 /// configured value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,6 +142,28 @@ pub fn resolve<'v>(
     text: &str,
     lookup: impl Fn(&str) -> Option<&'v str>,
 ) -> Result<String, PlaceholderError> {
+    resolve_inner(text, lookup, None)
+}
+
+/// [`resolve`], where `{{_secret.KEY}}` also resolves: to `secrets`'s value
+/// of KEY, or to the empty string when it has none (fail closed: the
+/// placeholder itself is never sent).
+///
+/// # Errors
+/// As [`resolve`], for `{{config.NAME}}` and any other placeholder.
+pub fn resolve_with_secrets<'v>(
+    text: &str,
+    lookup: impl Fn(&str) -> Option<&'v str>,
+    secrets: &SecretValues,
+) -> Result<String, PlaceholderError> {
+    resolve_inner(text, lookup, Some(secrets))
+}
+
+fn resolve_inner<'v>(
+    text: &str,
+    lookup: impl Fn(&str) -> Option<&'v str>,
+    secrets: Option<&SecretValues>,
+) -> Result<String, PlaceholderError> {
     let pieces = split_placeholders(text)
         .map_err(|at| PlaceholderError::Unsupported(text[at..].chars().take(64).collect()))?;
     let mut out = String::with_capacity(text.len());
@@ -105,6 +171,10 @@ pub fn resolve<'v>(
         match piece {
             TemplatePiece::Text(t) => out.push_str(t),
             TemplatePiece::Placeholder { inner, .. } => {
+                if let (Some(secrets), Some(key)) = (secrets, secret_placeholder_name(inner)) {
+                    out.push_str(secrets.get(key).unwrap_or_default());
+                    continue;
+                }
                 let name = config_placeholder_name(inner)
                     .ok_or_else(|| PlaceholderError::Unsupported(format!("{{{{{inner}}}}}")))?;
                 let value =
@@ -167,6 +237,14 @@ pub const MIN_REDACTED_CHARS: usize = 4;
 /// found, so JSON text stays valid. Values shorter than
 /// [`MIN_REDACTED_CHARS`] are left alone.
 pub fn redact_values(text: &str, secrets: &[String]) -> String {
+    redact_values_as(text, secrets, "config")
+}
+
+/// [`redact_values`] with `[REDACTED:<label>]` as the replacement: `secret`
+/// for the vault values a call was given, `vaulted` for those a producer's
+/// result held elsewhere than at its `RESULT_SECRETS` paths.
+pub fn redact_values_as(text: &str, secrets: &[String], label: &str) -> String {
+    let marker = format!("[REDACTED:{label}]");
     let mut out = text.to_owned();
     for secret in secrets {
         if secret.chars().count() < MIN_REDACTED_CHARS {
@@ -179,7 +257,7 @@ pub fn redact_values(text: &str, secrets: &[String]) -> String {
             .unwrap_or(secret);
         for form in [escaped, secret.as_str()] {
             if out.contains(form) {
-                out = out.replace(form, "[REDACTED:config]");
+                out = out.replace(form, &marker);
             }
         }
     }
@@ -232,6 +310,40 @@ mod tests {
             resolve("{{config.T", lookup),
             Err(PlaceholderError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn vault_references_resolve_in_one_pass_and_unresolved_ones_are_empty() {
+        let values = ConfigValues::new(BTreeMap::from([("T".to_owned(), "s3cret".to_owned())]));
+        let lookup = |n: &str| values.get(n);
+        let secrets = SecretValues::new(BTreeMap::from([
+            ("otp".to_owned(), "123456".to_owned()),
+            ("sneaky".to_owned(), "{{config.T}}".to_owned()),
+        ]));
+        assert_eq!(
+            resolve_with_secrets("{{config.T}}/{{ _secret.otp }}", lookup, &secrets).unwrap(),
+            "s3cret/123456"
+        );
+        // Absent: empty, never the placeholder.
+        assert_eq!(
+            resolve_with_secrets("[{{_secret.gone}}]", lookup, &secrets).unwrap(),
+            "[]"
+        );
+        // A value is not scanned again: no configured value leaks through it.
+        assert_eq!(
+            resolve_with_secrets("{{_secret.sneaky}}", lookup, &secrets).unwrap(),
+            "{{config.T}}"
+        );
+        // Without the vault (auth settings), a reference is refused.
+        assert!(matches!(
+            resolve("{{_secret.otp}}", lookup),
+            Err(PlaceholderError::Unsupported(_))
+        ));
+        assert_eq!(format!("{secrets:?}"), r#"{"otp", "sneaky"}"#);
+        assert_eq!(
+            redact_values_as("echo 123456", &secrets.values(), "secret"),
+            "echo [REDACTED:secret]"
+        );
     }
 
     #[test]

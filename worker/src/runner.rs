@@ -19,6 +19,13 @@
 //!   its 2xx answer is reported as a result the engine reads as "accepted".
 //!   A `type: mcp` call goes through [`crate::mcp_tool`]: the dispatch also
 //!   carries the tool's listed definition hash and returns the pinned one.
+//! - The run's secret vault: a tool with `SECRET_ACCESS` gets its values
+//!   from the dispatch and its request is built again with them (headers
+//!   and body template only); a producer's result has the value at each
+//!   of its spec's `result_secrets` paths taken out (`[VAULTED:<key>]` left
+//!   in its place) and sent beside the result in `CompleteTask`, never in
+//!   it. Neither kind of value is logged, and what a tool answers is
+//!   reported with them redacted.
 //! - On shutdown the claim loop stops, in-flight tasks get a grace period to
 //!   finish and report (heartbeats continue meanwhile), the rest are dropped
 //!   and their leases expire.
@@ -511,15 +518,12 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     };
     // What the tool answers must not carry those values back (a tool that
     // echoes its request): into the events, or to the model.
-    let redact = |text: String| {
-        if filled.is_empty() {
-            text
-        } else {
-            crate::placeholders::redact_values(&text, &filled)
-        }
+    let mut redact = Redactions {
+        config: filled,
+        secrets: Vec::new(),
     };
     if let ToolBinding::Mcp(binding) = &spec.binding {
-        return perform_mcp_call(ctx, task, &spec, binding, dispatched, &redact).await;
+        return perform_mcp_call(ctx, task, &spec, binding, dispatched, &mut redact).await;
     }
     // Build the request before dispatch: a call that cannot be made is
     // refused without ever being dispatched.
@@ -527,11 +531,24 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
         Ok(request) => request,
         Err(e) => return report_failure(ctx, task, e.class(), e.to_string()).await,
     };
-    let callback_url = match ctx.engine.dispatch(task_id, attempt).await {
-        Ok(url) => url,
+    let dispatch = match ctx.engine.dispatch(task_id, attempt).await {
+        Ok(dispatch) => dispatch,
         Err(status) => return log_dispatch_refused(task, &status),
     };
     dispatched.store(true, Ordering::SeqCst);
+    let callback_url = dispatch.callback_url;
+    if !dispatch.secrets.is_empty() {
+        // The run's vault values for `{{_secret.KEY}}`: the request again,
+        // with them (it was built with none, so only they change).
+        redact.secrets = dispatch.secrets.values();
+        request = match ctx.tools.prepare_with_secrets(&spec, &dispatch.secrets) {
+            Ok(request) => request,
+            Err(e) => {
+                let error = redact.apply(e.to_string());
+                return report_failure(ctx, task, e.class(), error).await;
+            }
+        };
+    }
     if request.wants_callback_url() {
         // An async webhook: the engine's single-use callback URL goes into
         // the body. Without one nothing is sent (NOT_SENT: safe to retry).
@@ -547,10 +564,10 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     }
     tracing::info!(%task_id, attempt, tool = %spec.tool, "tool call dispatched");
     match ctx.tools.execute(request).await {
-        Ok(value) => report_complete(ctx, task, redact(value.to_string())).await,
+        Ok(value) => report_result(ctx, task, &spec, value, &redact).await,
         Err(e) => {
             let class = e.class();
-            let error = redact(e.to_string());
+            let error = redact.apply(e.to_string());
             tracing::warn!(
                 %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), %error,
                 "tool call failed"
@@ -568,7 +585,7 @@ async fn perform_mcp_call(
     spec: &ToolCallSpec,
     binding: &McpBinding,
     dispatched: &AtomicBool,
-    redact: &(dyn Fn(String) -> String + Sync),
+    redact: &mut Redactions,
 ) {
     let Some(mcp) = &ctx.mcp else {
         let error = format!(
@@ -578,14 +595,23 @@ async fn perform_mcp_call(
         return report_failure(ctx, task, FailureClass::Rejected, error).await;
     };
     let report = mcp
-        .call(task, spec, binding, || {
-            dispatched.store(true, Ordering::SeqCst)
+        .call(task, spec, binding, |secrets| {
+            dispatched.store(true, Ordering::SeqCst);
+            redact.secrets = secrets.values();
         })
         .await;
     match report {
-        McpCallReport::Complete(json) => report_complete(ctx, task, redact(json)).await,
+        McpCallReport::Complete(json) => match serde_json::from_str::<serde_json::Value>(&json) {
+            Ok(value) => report_result(ctx, task, spec, value, redact).await,
+            // Never happens (the text is a value's); fail rather than risk
+            // reporting a value meant for the vault.
+            Err(e) => {
+                let error = format!("the MCP result is not JSON: {e}");
+                report_failure(ctx, task, FailureClass::MayHaveActed, error).await;
+            }
+        },
         McpCallReport::Fail { class, error } => {
-            let error = redact(error);
+            let error = redact.apply(error);
             tracing::warn!(
                 task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
                 class = class.as_str_name(), %error, "MCP tool call failed"
@@ -630,12 +656,74 @@ pub(crate) fn log_dispatch_refused(task: &Task, status: &tonic::Status) {
     }
 }
 
+/// Values kept out of what a tool call reports (its result and errors): the
+/// `source: config` values put into its arguments, shown as
+/// `[REDACTED:config]`, and the vault values its dispatch handed out,
+/// shown as `[REDACTED:secret]`.
+struct Redactions {
+    config: Vec<String>,
+    secrets: Vec<String>,
+}
+
+impl Redactions {
+    fn apply(&self, mut text: String) -> String {
+        if !self.config.is_empty() {
+            text = crate::placeholders::redact_values(&text, &self.config);
+        }
+        if !self.secrets.is_empty() {
+            text = crate::placeholders::redact_values_as(&text, &self.secrets, "secret");
+        }
+        text
+    }
+}
+
+/// Report a tool's result: the values at its spec's `result_secrets` paths
+/// taken out (the result keeps `[VAULTED:<key>]` there, and any other copy
+/// of them in the result is redacted) and sent beside it, for the run's
+/// vault; then `redact` applied.
+async fn report_result(
+    ctx: &Ctx,
+    task: &Task,
+    spec: &ToolCallSpec,
+    mut value: serde_json::Value,
+    redact: &Redactions,
+) {
+    let vaulted: Vec<(String, String)> = spec
+        .result_secrets
+        .iter()
+        .filter_map(|r| {
+            belay_proto::wire::take_secret_at(&mut value, &r.path, &r.key)
+                .map(|v| (r.key.clone(), v))
+        })
+        .collect();
+    let mut text = redact.apply(value.to_string());
+    if !vaulted.is_empty() {
+        let values: Vec<String> = vaulted.iter().map(|(_, v)| v.clone()).collect();
+        text = crate::placeholders::redact_values_as(&text, &values, "vaulted");
+        tracing::info!(
+            task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
+            keys = ?vaulted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            "result fields taken out for the run's secret vault"
+        );
+    }
+    report_complete_vaulted(ctx, task, text, vaulted).await
+}
+
 async fn report_complete(ctx: &Ctx, task: &Task, result_json: String) {
+    report_complete_vaulted(ctx, task, result_json, Vec::new()).await
+}
+
+async fn report_complete_vaulted(
+    ctx: &Ctx,
+    task: &Task,
+    result_json: String,
+    vaulted: Vec<(String, String)>,
+) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
         .engine
-        .report_complete(task_id, attempt, result_json)
+        .report_complete_vaulted(task_id, attempt, result_json, vaulted)
         .await
     {
         Ok(()) => tracing::info!(%task_id, attempt, "task completed"),

@@ -1152,10 +1152,11 @@ async fn call_through(
         idempotency_key: "run-1/call-1".into(),
         input: None,
         config_params: Vec::new(),
+        result_secrets: Vec::new(),
     };
     let mut dispatched = false;
     let report = tools
-        .call(&task, &spec, &binding, || dispatched = true)
+        .call(&task, &spec, &binding, |_| dispatched = true)
         .await;
     (report, dispatched)
 }

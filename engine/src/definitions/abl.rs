@@ -6,7 +6,9 @@
 //! defaults (`base_url:`, `auth:`, `timeout:`, `headers:`, `retry:`,
 //! `retry_delay:`, `rate_limit:`). Tools a worker calls take `retry:`,
 //! `retry_delay:` and `retry_policy:` (`retry.rs`), `rate_limit:` and
-//! `circuit_breaker:`.
+//! `circuit_breaker:`. The run secret vault's `RESULT_SECRETS:` and
+//! `SECRET_ACCESS:`, and where `{{_secret.KEY}}` may stand, are read in
+//! `secrets.rs`.
 //!
 //! The format is line-oriented: lines are grouped into a tree by indentation,
 //! then each tool is read from its subtree. Errors are collected, not
@@ -17,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use belay_proto::wire::{
     BodyMode, BodyType, HttpAuth, HttpRequestOptions, QueryParam, TemplatePiece,
-    config_placeholder_name, split_placeholders,
+    config_placeholder_name, secret_placeholder_name, split_placeholders,
 };
 use serde_json::Value;
 
@@ -34,6 +36,7 @@ use super::signature::{
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
 mod retry;
+mod secrets;
 
 /// Default `timeout:`, ms (the model's documented default).
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -97,8 +100,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "scrub_secrets",
     "context_access",
     "store_result",
-    "RESULT_SECRETS",
-    "SECRET_ACCESS",
     "code",
     "runtime",
     "memory_mb",
@@ -162,6 +163,9 @@ pub(super) struct AblOutput {
     pub workflow_refs: Vec<NameAt>,
     /// `file:` imports of the `TOOLS:` section, resolved against the bundle.
     pub imports: Vec<FileImport>,
+    /// `(producer, vault key, consumer)` of every `consumers:` name of a
+    /// `RESULT_SECRETS:` entry, checked across the bundle.
+    pub secret_consumers: Vec<(String, String, NameAt)>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }
@@ -523,6 +527,15 @@ fn read_file_defaults(items: &[Block], cx: &mut Cx<'_>) -> FileDefaults {
         }
     }
     let props = read_props(accepted.into_iter(), cx);
+    for (key, line, col) in &props.header_secrets {
+        cx.error(
+            *line,
+            *col,
+            format!(
+                "`{{{{_secret.{key}}}}}` is not allowed in the file's default `headers:`: put it in the `headers:` of the tool whose `SECRET_ACCESS` lists `{key}`"
+            ),
+        );
+    }
     let auth = props_auth(&props, None, cx);
     FileDefaults {
         base_url: props.base_url.map(|(url, _, _)| url),
@@ -639,6 +652,13 @@ struct Props<'b> {
     body_template: Option<(String, u32, u32)>,
     /// `retry:`, `retry_delay:` and `retry_policy:`.
     retry: retry::RetryProps,
+    /// `RESULT_SECRETS:`, read once the return type is known.
+    result_secrets: Option<&'b Block>,
+    /// `SECRET_ACCESS:`.
+    secret_access: Option<&'b Block>,
+    /// Every `{{_secret.KEY}}` of `headers:`: (KEY, line, column), checked
+    /// against `SECRET_ACCESS` once it is read.
+    header_secrets: Vec<(String, u32, u32)>,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing. `body:` is
     /// recorded as `body_template`.
@@ -862,7 +882,18 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             "`base_url:` is a file-level default: put it under `TOOLS:`, above the first tool",
         );
     }
-    let request = http_request_options(&props, signature.as_ref(), &name, line, defaults, cx);
+    let mut placed_secrets = std::mem::take(&mut props.header_secrets);
+    let request = http_request_options(
+        &props,
+        signature.as_ref(),
+        &name,
+        line,
+        defaults,
+        &mut placed_secrets,
+        cx,
+    );
+    let (result_secrets, secret_access) =
+        secrets::read_tool(&props, signature.as_ref(), &name, line, placed_secrets, cx);
     let own_retry = std::mem::take(&mut props.retry);
     let retry_policy =
         retry::tool_policy(own_retry, &defaults.retry, props.binding_type, &name, cx);
@@ -974,6 +1005,8 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         compaction: props.compaction,
         on_result: props.on_result,
         on_error: props.on_error,
+        result_secrets,
+        secret_access,
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
@@ -1005,12 +1038,15 @@ const HTTP_REQUEST_PROPERTIES: &[&str] = &[
 /// The checked `auth:`, `query_params:` and body properties of a `type:
 /// http` or `type: async_webhook` tool (the file's `auth:` when the tool
 /// has none). For any other type, each of them written is an error.
+/// Every `{{_secret.KEY}}` of the body template goes into `body_secrets`
+/// (KEY, line, column), to check against the tool's `SECRET_ACCESS`.
 fn http_request_options(
     props: &Props<'_>,
     sig: Option<&Signature>,
     name: &str,
     line: &Line,
     defaults: &FileDefaults,
+    body_secrets: &mut Vec<(String, u32, u32)>,
     cx: &mut Cx<'_>,
 ) -> HttpRequestOptions {
     let async_webhook = match props.binding_type {
@@ -1084,7 +1120,16 @@ fn http_request_options(
         ),
         Some((template, tline, tcol)) if sends_body => {
             let at = (*tline, *tcol);
-            check_body_template(template, body_type, async_webhook, sig, name, at, cx);
+            check_body_template(
+                template,
+                body_type,
+                async_webhook,
+                sig,
+                name,
+                at,
+                body_secrets,
+                cx,
+            );
         }
         None if sends_body && body_type == BodyType::Text && body_mode == BodyMode::Auto => {
             if let Some((_, tline, tcol)) = props.body_type {
@@ -1125,6 +1170,7 @@ fn props_auth(props: &Props<'_>, fallback: Option<&HttpAuth>, cx: &mut Cx<'_>) -
 
 /// A `body_template:`: its placeholders name parameters; for JSON it is
 /// JSON (placeholders inside strings), an object for an async webhook.
+#[allow(clippy::too_many_arguments)]
 fn check_body_template(
     template: &str,
     body_type: BodyType,
@@ -1132,10 +1178,12 @@ fn check_body_template(
     sig: Option<&Signature>,
     tool: &str,
     (line, col): (u32, u32),
+    secrets: &mut Vec<(String, u32, u32)>,
     cx: &mut Cx<'_>,
 ) {
     if let Some(sig) = sig {
-        check_param_placeholders(template, (line, col), sig, "`body_template`", cx);
+        let found = check_param_placeholders(template, (line, col), sig, "`body_template`", cx);
+        secrets.extend(found);
     }
     if body_type != BodyType::Json {
         return;
@@ -1158,14 +1206,18 @@ fn check_body_template(
 }
 
 /// Each `{{...}}` in `text` (at `line`, `col`) names a parameter of `sig`:
-/// query values and body templates take arguments, never credentials.
+/// query values and body templates take arguments, never credentials. A
+/// body template may also hold `{{_secret.KEY}}`: returned as (KEY, line,
+/// column) to check against the tool's `SECRET_ACCESS`; anywhere else it
+/// is refused.
 fn check_param_placeholders(
     text: &str,
     (line, col): (u32, u32),
     sig: &Signature,
     what: &str,
     cx: &mut Cx<'_>,
-) {
+) -> Vec<(String, u32, u32)> {
+    let mut secrets_found = Vec::new();
     let at = |offset: usize| col.saturating_add(to_u32(text[..offset].chars().count()));
     let pieces = match split_placeholders(text) {
         Ok(pieces) => pieces,
@@ -1175,14 +1227,22 @@ fn check_param_placeholders(
                 at(offset),
                 format!("a `{{{{` placeholder in {what} is not closed with `}}}}`"),
             );
-            return;
+            return secrets_found;
         }
     };
     for piece in pieces {
         let TemplatePiece::Placeholder { inner, at: offset } = piece else {
             continue;
         };
-        if config_placeholder_name(inner).is_some() {
+        if inner.starts_with("_secret") {
+            match secret_placeholder_name(inner) {
+                Some(key) if what == "`body_template`" => {
+                    secrets_found.push((key.to_owned(), line, at(offset)));
+                }
+                Some(_) => cx.error(line, at(offset), secrets::misplaced_message(inner, what)),
+                None => cx.error(line, at(offset), secrets::bad_key_message(inner)),
+            }
+        } else if config_placeholder_name(inner).is_some() {
             cx.error(
                 line,
                 at(offset),
@@ -1201,6 +1261,7 @@ fn check_param_placeholders(
             );
         }
     }
+    secrets_found
 }
 
 /// `query_params:` as `key: value` lines (order kept, a key once) or `-
@@ -1222,7 +1283,8 @@ fn read_query_params(
             continue;
         };
         if let Some(sig) = sig {
-            check_param_placeholders(&param.value, (vline, vcol), sig, "`query_params`", cx);
+            let _ =
+                check_param_placeholders(&param.value, (vline, vcol), sig, "`query_params`", cx);
         }
         out.push(param);
     }
@@ -1527,7 +1589,7 @@ fn read_auth_config(
         if key == "custom_headers" {
             if block_only(entry, &kv, cx) {
                 out.custom_headers = Some(read_headers(entry, cx));
-                check_header_placeholders(entry, cx);
+                check_header_placeholders(entry, false, cx);
             }
             continue;
         }
@@ -1683,20 +1745,69 @@ fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) 
 }
 
 /// Every `{{...}}` in the values of a headers block (`headers:`,
-/// `auth_config.custom_headers:`) must be `{{config.NAME}}`.
-fn check_header_placeholders(block: &Block, cx: &mut Cx<'_>) {
+/// `auth_config.custom_headers:`) must be `{{config.NAME}}`, or, with
+/// `secrets` (a tool's own `headers:`), `{{_secret.KEY}}`: returned as
+/// (KEY, line, column) to check against the tool's `SECRET_ACCESS`.
+fn check_header_placeholders(
+    block: &Block,
+    secrets: bool,
+    cx: &mut Cx<'_>,
+) -> Vec<(String, u32, u32)> {
+    let mut found = Vec::new();
     for header in &block.children {
-        if let Some((name, value)) = header.line.text.split_once(':')
-            && let Some(message) = check_config_placeholders(value.trim())
-        {
-            let name = name.trim_end();
-            cx.error(
-                header.line.no,
-                header.line.col(),
-                format!("header `{name}`: {message}"),
-            );
+        let line = &header.line;
+        let Some((name, value)) = line.text.split_once(':') else {
+            continue;
+        };
+        let name = name.trim_end();
+        let lead = value.chars().take_while(|c| c.is_whitespace()).count();
+        let value_col = line
+            .col()
+            .saturating_add(to_u32(name.chars().count() + 1 + lead));
+        let value = value.trim();
+        if secrets && let Ok(pieces) = split_placeholders(value) {
+            for piece in pieces {
+                if let TemplatePiece::Placeholder { inner, at } = piece
+                    && let Some(key) = secret_placeholder_name(inner)
+                {
+                    let col = value_col.saturating_add(to_u32(value[..at].chars().count()));
+                    found.push((key.to_owned(), line.no, col));
+                }
+            }
+        }
+        let check = if secrets {
+            check_header_value(value)
+        } else {
+            check_config_placeholders(value)
+        };
+        if let Some(message) = check {
+            cx.error(line.no, line.col(), format!("header `{name}`: {message}"));
         }
     }
+    found
+}
+
+/// [`check_config_placeholders`] for a tool's own `headers:`, where
+/// `{{_secret.KEY}}` is allowed too.
+fn check_header_value(value: &str) -> Option<String> {
+    let Ok(pieces) = split_placeholders(value) else {
+        return Some("a `{{` placeholder is not closed with `}}`".into());
+    };
+    pieces.iter().find_map(|piece| match piece {
+        TemplatePiece::Placeholder { inner, .. }
+            if config_placeholder_name(inner).is_none()
+                && secret_placeholder_name(inner).is_none() =>
+        {
+            Some(if inner.starts_with("_secret") {
+                secrets::bad_key_message(inner)
+            } else {
+                format!(
+                    "placeholder `{{{{{inner}}}}}` is not supported (only `{{{{config.NAME}}}}`, resolved by the worker from its configuration, and `{{{{_secret.KEY}}}}` of a key the tool lists in `SECRET_ACCESS`)"
+                )
+            })
+        }
+        _ => None,
+    })
 }
 
 /// `None` when every `{{...}}` in `value` is `{{config.NAME}}` (NAME of
@@ -1706,6 +1817,9 @@ fn check_config_placeholders(value: &str) -> Option<String> {
         return Some("a `{{` placeholder is not closed with `}}`".into());
     };
     pieces.iter().find_map(|piece| match piece {
+        TemplatePiece::Placeholder { inner, .. } if inner.starts_with("_secret") => {
+            Some(secrets::misplaced_message(inner, "here"))
+        }
         TemplatePiece::Placeholder { inner, .. } if config_placeholder_name(inner).is_none() => {
             Some(format!(
                 "placeholder `{{{{{inner}}}}}` is not supported (only `{{{{config.NAME}}}}`, resolved by the worker from its configuration)"
@@ -1852,7 +1966,14 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 if let Some(s) = scalar(child, &kv, cx) {
                     // Point at the text inside the quotes.
                     let col = kv.value_col + u32::from(is_quoted(kv.value));
-                    if let Some(message) = check_endpoint(&s) {
+                    if let Some((inner, at)) = secrets::first_secret_placeholder(&s) {
+                        let col = col.saturating_add(to_u32(s[..at].chars().count()));
+                        cx.error(
+                            line.no,
+                            col,
+                            secrets::misplaced_message(inner, "`endpoint`"),
+                        );
+                    } else if let Some(message) = check_endpoint(&s) {
                         cx.error(line.no, kv.value_col, message);
                     } else {
                         props.endpoint = Some((s, line.no, col));
@@ -1930,7 +2051,16 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             "headers" => {
                 if block_only(child, &kv, cx) {
                     props.headers = read_headers(child, cx);
-                    check_header_placeholders(child, cx);
+                    props.header_secrets = check_header_placeholders(child, true, cx);
+                }
+            }
+            "RESULT_SECRETS" | "SECRET_ACCESS" => {
+                if block_only(child, &kv, cx) {
+                    if key == "RESULT_SECRETS" {
+                        props.result_secrets = Some(child);
+                    } else {
+                        props.secret_access = Some(child);
+                    }
                 }
             }
             "server" | "server_tool" => {
@@ -3127,6 +3257,20 @@ fn finish_source(
     cx: &mut Cx<'_>,
 ) -> Option<InjectedParam> {
     let name = field.name.clone();
+    // A vaulted secret never becomes an argument (the model's transcript
+    // and every event hold the arguments).
+    for (what, entry) in [("`value`", &keys.value), ("`default`", &keys.default)] {
+        if let Some((text, quoted, line, col)) = entry
+            && let Some((inner, at)) = secrets::first_secret_placeholder(text)
+        {
+            let col = col
+                .saturating_add(u32::from(*quoted))
+                .saturating_add(to_u32(text[..at].chars().count()));
+            let what = format!("a parameter's {what}");
+            cx.error(*line, col, secrets::misplaced_message(inner, &what));
+            return None;
+        }
+    }
     if let Some((text, quoted, line, col)) = &keys.default {
         match typed_literal(&field.ty, text, *quoted, "default") {
             Ok(v) => field.default = Some(v),
@@ -4681,7 +4825,7 @@ TOOLS:
                 "TOOLS:\n  t(q: string) -> string\n    type: mcp\n    server: s\n    headers:\n      X-User: \"{{session.user}}\"\n      X-Key: \"{{config.K\"\n      Mcp-Session-Id: abc\n    permission: p\n    repeat_safety: never\n"
             ),
             vec![
-                "6:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
+                "6:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration, and `{{_secret.KEY}}` of a key the tool lists in `SECRET_ACCESS`)",
                 "7:7: header `X-Key`: a `{{` placeholder is not closed with `}}`",
                 "2:3: tool `t`: header `Mcp-Session-Id` is set by the MCP transport itself and cannot be given in `headers:`",
             ]
@@ -4955,7 +5099,7 @@ TOOLS:
         assert_eq!(
             errs("    headers:\n      X-User: \"{{session.user}}\"\n"),
             vec![
-                "8:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)"
+                "8:7: header `X-User`: placeholder `{{session.user}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration, and `{{_secret.KEY}}` of a key the tool lists in `SECRET_ACCESS`)"
             ]
         );
         assert_eq!(
@@ -5454,7 +5598,7 @@ TOOLS:
             vec![
                 "5:3: expected a tool signature `name(params) -> ReturnType`, found `type: http`",
                 "2:13: `base_url` must be an absolute http(s) URL, not `api.example.com`",
-                "7:5: header `X-A`: placeholder `{{session.a}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration)",
+                "7:5: header `X-A`: placeholder `{{session.a}}` is not supported (only `{{config.NAME}}`, resolved by the worker from its configuration, and `{{_secret.KEY}}` of a key the tool lists in `SECRET_ACCESS`)",
                 "3:3: `auth_config:` needs an `auth:` beside it (a tool's does not extend the file's `auth:`)",
                 "11:15: `base_url:` is a file-level default: put it under `TOOLS:`, above the first tool",
                 "14:3: file-level default `timeout:` must come before the first tool",

@@ -117,6 +117,8 @@ pub fn parse_bundle(
     let mut agent_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut workflow_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut probe_refs: Vec<(&str, String, NameAt)> = Vec::new();
+    // (file, producer, vault key, consumer) of every `consumers:` name.
+    let mut secret_consumers: Vec<(&str, String, String, NameAt)> = Vec::new();
     let mut paths: BTreeSet<&str> = BTreeSet::new();
     // `file:` imports: (file, tools it declares, its imports) of every
     // tools file, (file, agent, imports) of every agent.
@@ -141,6 +143,11 @@ pub fn parse_bundle(
                 tools_files.push((path, out.declared.clone(), out.imports));
                 tools_declared.extend(out.declared.into_iter().map(|n| (path, n)));
                 probe_refs.extend(out.reconcile_refs.into_iter().map(|(t, n)| (path, t, n)));
+                secret_consumers.extend(
+                    out.secret_consumers
+                        .into_iter()
+                        .map(|(t, k, n)| (path, t, k, n)),
+                );
                 workflow_refs.extend(out.workflow_refs.into_iter().map(|n| (path, n)));
                 errors.extend(out.errors);
             }
@@ -222,6 +229,34 @@ pub fn parse_bundle(
                 r.column,
                 format!(
                     "unknown tool `{}` in `reconcile_with:`: not declared in this bundle nor registered",
+                    r.name
+                ),
+            )),
+        }
+    }
+    // A consumer named in `RESULT_SECRETS` is a tool of the bundle that
+    // reads the key (or a registered tool, whose declaration is not at hand).
+    for (file, producer, key, r) in &secret_consumers {
+        match bundle.tools.iter().find(|t| t.name == r.name) {
+            Some(consumer) if !consumer.secret_access.contains(key) => {
+                errors.push(DefinitionError::new(
+                    file,
+                    r.line,
+                    r.column,
+                    format!(
+                        "`{}` is a consumer of vault key `{key}` of `{producer}`, but its `SECRET_ACCESS: READ` does not list `{key}`",
+                        r.name
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None if tool_names.contains(r.name.as_str()) || registered.tools.contains(&r.name) => {}
+            None => errors.push(DefinitionError::new(
+                file,
+                r.line,
+                r.column,
+                format!(
+                    "unknown tool `{}` in `consumers:` of vault key `{key}`: not declared in this bundle nor registered",
                     r.name
                 ),
             )),

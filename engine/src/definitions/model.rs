@@ -486,10 +486,44 @@ pub struct ToolDef {
     /// value written to `.vars.<var>`. Added for issue 4.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub on_error: BTreeMap<String, Expr>,
+    /// `RESULT_SECRETS:` (a producer): result fields that go into the
+    /// run's secret vault instead of the result (the result, every event
+    /// and the model see `[VAULTED:<key>]`). Only on `http` and `mcp`
+    /// tools. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub result_secrets: Vec<ResultSecretDef>,
+    /// `SECRET_ACCESS: READ: [keys]` (a consumer): the vault keys a call
+    /// may read; `{{_secret.KEY}}` of these fill its headers and body
+    /// template. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_access: Vec<String>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.
     pub source_line: u32,
+}
+
+/// One `RESULT_SECRETS:` entry: `<path> -> <key> (consumers: [a, b],
+/// ttl: 300, single_use: true)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultSecretDef {
+    /// Dotted path of the result field (declared `string` in the return
+    /// type).
+    pub path: String,
+    /// The vault key it is kept under.
+    pub key: String,
+    /// `consumers:`: the tools that may read it; empty: any tool whose
+    /// `SECRET_ACCESS` lists the key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumers: Vec<String>,
+    /// `ttl:` in seconds from when the result is recorded, by the engine's
+    /// clock; `None`: until the run ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// `single_use: true`: the first call that reads it consumes it (that
+    /// call's retries read it again; no other call does).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub single_use: bool,
 }
 
 /// A tool's `compaction:` block.

@@ -429,6 +429,22 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         errors: BTreeMap<String, String>,
     },
+    /// Right after a producer's [`Event::ToolCallCompleted`]: the fields of
+    /// its result that went into the run's secret vault (`RESULT_SECRETS`),
+    /// by key and options; never a value (the result holds
+    /// `[VAULTED:<key>]` in their place). `absent`: declared keys the result
+    /// had no value for. Added for issue 4.
+    SecretsVaulted {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// Keys put into the vault.
+        keys: Vec<super::vault::VaultedKey>,
+        /// Declared keys left out: the result had no value at their path.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        absent: Vec<String>,
+    },
     /// A lease expired before the worker reported.
     TaskLeaseExpired {
         /// Call id.
@@ -696,6 +712,7 @@ impl Event {
             Event::ToolCallCompleted { .. } => "tool_call_completed",
             Event::ToolCallFailed { .. } => "tool_call_failed",
             Event::ToolVarsSet { .. } => "tool_vars_set",
+            Event::SecretsVaulted { .. } => "secrets_vaulted",
             Event::TaskLeaseExpired { .. } => "task_lease_expired",
             Event::UncertainOutcomeRecorded { .. } => "uncertain_outcome_recorded",
             Event::RunPaused { .. } => "run_paused",

@@ -12,6 +12,7 @@ pub mod normalize;
 pub mod plan;
 pub mod scrub;
 pub mod state;
+pub mod vault;
 
 use belay_proto::wire::{
     AsyncWebhookBinding, ChatMessage, HttpBinding, McpBinding, ModelCallResult, ModelCallSpec,
@@ -24,6 +25,7 @@ pub use event::{
 };
 pub use plan::{Pinned, RunPlan};
 pub use state::{CallStatus, RunState, RunStatus, StepKind, StepState};
+pub use vault::{SealedSecret, VaultEntry, VaultedKey};
 
 use crate::definitions::expr::Template;
 use crate::definitions::model::{
@@ -236,6 +238,33 @@ pub enum Command {
     },
     /// Cancel every open task of the run.
     CancelOpenTasks,
+    /// Put a producer's sealed result fields into the run's vault (a key
+    /// written again replaces its value and options, and is unconsumed).
+    /// Emitted with the result's events, so the vault holds a value only
+    /// if the result was recorded.
+    VaultSecrets {
+        /// The producing call.
+        call_id: String,
+        /// Its tool.
+        tool: String,
+        /// What to keep.
+        entries: Vec<VaultEntry>,
+    },
+    /// At a dispatch: read the run's vault for `keys`, for `tool` (a key's
+    /// `consumers` must allow it), leaving out expired keys and single-use
+    /// keys another call consumed; consume the single-use ones for
+    /// `call_id`. The store hands what it read to the coordinator
+    /// ([`crate::store::Applied::secrets`]), which gives it to the worker.
+    RestoreSecrets {
+        /// The dispatched call.
+        call_id: String,
+        /// Its tool.
+        tool: String,
+        /// Its `SECRET_ACCESS: READ` keys.
+        keys: Vec<String>,
+    },
+    /// The run ended: delete its vault.
+    DropRunSecrets,
 }
 
 /// What the machine decided for one input.
@@ -334,6 +363,10 @@ pub enum Input {
         attempt: u32,
         /// Result (normalised).
         result: Value,
+        /// The fields of the result the worker took out for the vault
+        /// (the tool's `RESULT_SECRETS`), sealed by the coordinator; the
+        /// result holds `[VAULTED:<key>]` in their place.
+        secrets: Vec<SealedSecret>,
     },
     /// A worker reported a failure (model or tool call).
     TaskFailed {
@@ -816,10 +849,12 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             call_id,
             attempt,
             result,
+            secrets,
         } => {
             m.require_active("tool result")?;
             m.require_open_tool_call(&call_id)?;
             m.on_tool_result(call_id.clone(), attempt, result)?;
+            m.vault_result(&call_id, secrets)?;
             // The endpoint answered: whatever the result holds, it is up.
             m.record_tool_outcome(&call_id, false);
         }
@@ -1140,6 +1175,15 @@ impl Step {
             .collect(),
             _ => Vec::new(),
         };
+        // The run's vault is not wanted once the run has ended.
+        if matches!(
+            event,
+            Event::RunCompleted { .. } | Event::RunFailed { .. } | Event::RunCancelled { .. }
+        ) && self.plan_vaults()
+            && !self.out.commands.contains(&Command::DropRunSecrets)
+        {
+            self.command(Command::DropRunSecrets);
+        }
         for t in ended {
             if !self
                 .out
@@ -1984,7 +2028,9 @@ impl Step {
         if call.dispatched_attempt == Some(attempt) {
             // The same attempt asking again (its reply was lost): already
             // recorded. An async webhook gets a fresh token, as the first
-            // reply (and its token) never reached the worker.
+            // reply (and its token) never reached the worker; a consumer of
+            // the vault gets its values again (the call consumed them).
+            self.restore_secrets(&call_id, &call.tool);
             return issue_callback(self);
         }
         if call.may_have_acted && call.repeat_safety != RepeatSafety::Idempotent {
@@ -2049,6 +2095,7 @@ impl Step {
             worker_id,
         });
         issue_callback(self)?;
+        self.restore_secrets(&call_id, &call.tool);
         self.command(Command::MarkDispatched { call_id, attempt });
         if gates.any() {
             // Last: every other check passed, so a turn taken is used.
@@ -4924,6 +4971,15 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
         idempotency_key: key.to_owned(),
         input: None,
         config_params: inject::config_params(&tool.def),
+        result_secrets: tool
+            .def
+            .result_secrets
+            .iter()
+            .map(|r| belay_proto::wire::ResultSecret {
+                path: r.path.clone(),
+                key: r.key.clone(),
+            })
+            .collect(),
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }

@@ -985,7 +985,9 @@ impl RunState {
                     self.refresh_pause(false);
                 }
             }
-            Event::ReconcileProbeFinished { .. } | Event::LateResultRecorded { .. } => {}
+            Event::ReconcileProbeFinished { .. }
+            | Event::LateResultRecorded { .. }
+            | Event::SecretsVaulted { .. } => {}
             Event::ToolVarsSet { values, .. } => {
                 for (k, v) in values {
                     self.vars.insert(k.clone(), v.clone());

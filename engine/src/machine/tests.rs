@@ -61,6 +61,8 @@ fn tool(
             compaction: None,
             on_result: BTreeMap::new(),
             on_error: BTreeMap::new(),
+            result_secrets: Vec::new(),
+            secret_access: Vec::new(),
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },
@@ -329,6 +331,7 @@ fn happy_path_runs_model_tool_model_and_completes() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!({"found": false}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -428,6 +431,7 @@ fn each_failed_check_goes_back_to_the_model_in_order() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!("ok"),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -465,6 +469,7 @@ fn results_go_back_in_the_models_order_whatever_order_they_arrive() {
         call_id: "intake.t2".into(),
         attempt: 1,
         result: json!("second"),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -475,6 +480,7 @@ fn results_go_back_in_the_models_order_whatever_order_they_arrive() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!("first"),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -815,12 +821,14 @@ fn the_loop_bound_fails_the_run_with_a_reason() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!(1),
+        secrets: Vec::new(),
     });
     run.model("intake.m2", &[("lookup", r#"{"email":"2"}"#)], None);
     let d = run.step(Input::ToolCallCompleted {
         call_id: "intake.t2".into(),
         attempt: 1,
         result: json!(2),
+        secrets: Vec::new(),
     });
     assert_eq!(Run::kinds(&d), ["tool_call_completed", "run_failed"]);
     assert!(run.state.status_reason.contains("bound of 2 model steps"));
@@ -834,6 +842,7 @@ fn stale_and_unknown_calls_are_refused_without_events() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!(1),
+        secrets: Vec::new(),
     });
     let again = decide(
         &run.state,
@@ -841,6 +850,7 @@ fn stale_and_unknown_calls_are_refused_without_events() {
             call_id: "intake.t1".into(),
             attempt: 1,
             result: json!(1),
+            secrets: Vec::new(),
         },
     );
     assert!(matches!(again, Err(MachineError::CallNotOpen { .. })));
@@ -872,6 +882,7 @@ fn results_are_truncated_for_the_model_but_kept_whole_in_events() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!(big),
+        secrets: Vec::new(),
     });
     assert!(
         matches!(&d.events[0], Event::ToolCallCompleted { result, .. } if result == &json!(big))
@@ -908,6 +919,7 @@ fn essential_fields_compact_the_result_for_the_model_but_the_event_keeps_it_whol
         call_id: "intake.t1".into(),
         attempt: 1,
         result: whole.clone(),
+        secrets: Vec::new(),
     });
     assert!(matches!(&d.events[0], Event::ToolCallCompleted { result, .. } if result == &whole));
     let content = run.transcript().into_iter().find_map(|m| match m {
@@ -937,6 +949,7 @@ fn on_result_sets_run_vars_after_an_agents_call() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!({"id": "c_9", "name": "Ada"}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d)[..2],
@@ -1238,6 +1251,7 @@ fn a_probe_that_finds_the_effect_resolves_it_without_an_operator() {
         call_id: probe_id,
         attempt: 1,
         result: json!({"account_id": "acc_7"}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -1288,6 +1302,7 @@ fn a_probe_answering_404_retries_with_the_same_key_and_an_undecided_probe_calls_
         call_id: "intake.t1.p1".into(),
         attempt: 1,
         result: json!({"unrelated": true}),
+        secrets: Vec::new(),
     });
     assert!(d.events.iter().any(|e| matches!(
         e,
@@ -1611,6 +1626,7 @@ fn the_probe_needs_the_tenants_grant_not_the_callers_and_an_undecided_probe_asks
         call_id: "intake.t1.p1".into(),
         attempt: 1,
         result: json!({"nope": 1}),
+        secrets: Vec::new(),
     });
     assert!(
         run.state
@@ -1652,6 +1668,7 @@ fn a_probe_result_is_cut_to_what_the_tool_declares() {
         call_id: "intake.t1.p1".into(),
         attempt: 1,
         result: json!({"account_id": "acc_1", "email": "e", "idempotency_key": "k"}),
+        secrets: Vec::new(),
     });
     assert_eq!(tool_results(&run), [r#"{"account_id":"acc_1"}"#]);
 }
@@ -1697,6 +1714,7 @@ fn a_result_that_does_not_match_the_declared_type_fails_the_call_or_becomes_unce
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!(["not", "an", "object"]),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -1735,6 +1753,7 @@ fn a_result_that_does_not_match_the_declared_type_fails_the_call_or_becomes_unce
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!({"id": 7}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -1883,6 +1902,7 @@ fn an_elicitation_waits_durably_and_the_answer_repeats_the_call_with_it() {
         call_id: "intake.t1".into(),
         attempt: 3,
         result: json!({"found": true}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         Run::kinds(&d),
@@ -2151,6 +2171,7 @@ fn the_same_call_proposed_again_and_again_stops_the_run() {
             call_id: call,
             attempt: 1,
             result,
+            secrets: Vec::new(),
         });
     }
     // The third time in a row: refused, and the run stops.
@@ -2183,6 +2204,7 @@ fn budgets_of_the_node_and_of_the_run_stop_it_with_a_typed_outcome() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!({}),
+        secrets: Vec::new(),
     });
     run.model("intake.m2", &[("lookup", r#"{"email":"f"}"#)], None);
     dispatch(&mut run, "intake.t2", 1);
@@ -2190,6 +2212,7 @@ fn budgets_of_the_node_and_of_the_run_stop_it_with_a_typed_outcome() {
         call_id: "intake.t2".into(),
         attempt: 1,
         result: json!({}),
+        secrets: Vec::new(),
     });
     assert_eq!(Run::kinds(&d), ["tool_call_completed", "run_failed"]);
     assert_eq!(
@@ -2223,6 +2246,7 @@ fn budgets_of_the_node_and_of_the_run_stop_it_with_a_typed_outcome() {
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!({}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         run.state.status,
@@ -2235,6 +2259,7 @@ fn budgets_of_the_node_and_of_the_run_stop_it_with_a_typed_outcome() {
         call_id: "intake.t2".into(),
         attempt: 1,
         result: json!({}),
+        secrets: Vec::new(),
     });
     match stop_of(&d) {
         Some(Stop::Budget {
@@ -2318,6 +2343,7 @@ fn secrets_in_results_are_redacted_before_they_are_recorded_unless_the_tool_opts
         call_id: "intake.t1".into(),
         attempt: 1,
         result: json!({"found": true, "api_key": "k_live_123", "echo": "Authorization: Bearer abcdefghijklmnop"}),
+        secrets: Vec::new(),
     });
     let recorded = d.events.iter().find_map(|e| match e {
         Event::ToolCallCompleted { result, .. } => Some(result.clone()),
@@ -2346,6 +2372,7 @@ fn secrets_in_results_are_redacted_before_they_are_recorded_unless_the_tool_opts
         call_id: "intake.t1".into(),
         attempt: 1,
         result: raw.clone(),
+        secrets: Vec::new(),
     });
     assert!(
         d.events
@@ -2546,6 +2573,7 @@ fn a_gated_dispatch_asks_for_the_gates_and_a_deferral_is_no_attempt() {
         call_id: "intake.t1".into(),
         attempt: 2,
         result: json!({"found": false}),
+        secrets: Vec::new(),
     });
     assert_eq!(outcomes(&d), vec![("lookup".to_owned(), false)]);
     // Outcomes of tools without a breaker move nothing.
@@ -2554,6 +2582,7 @@ fn a_gated_dispatch_asks_for_the_gates_and_a_deferral_is_no_attempt() {
         call_id: "intake.t2".into(),
         attempt: 1,
         result: json!({"account_id": "acc_1"}),
+        secrets: Vec::new(),
     });
     assert_eq!(outcomes(&d), vec![]);
 }
@@ -2846,4 +2875,146 @@ fn a_run_deadline_stops_the_run_in_whatever_node_it_is() {
         stop,
         json!({"kind": "deadline", "scope": "run", "node": "intake", "limit_ms": 7_200_000, "elapsed_ms": 7_200_000})
     );
+}
+
+#[test]
+fn a_producer_vaults_its_result_fields_and_a_consumer_reads_them_at_dispatch() {
+    use crate::definitions::model::ResultSecretDef;
+    let sealed = |key: &str| SealedSecret {
+        key: key.into(),
+        nonce: vec![0; 12],
+        ciphertext: vec![7, 7, 7],
+    };
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|plan| {
+            if let Some(lookup) = plan.tools.get_mut("lookup") {
+                lookup.def.result_secrets = vec![
+                    ResultSecretDef {
+                        path: "otp".into(),
+                        key: "txn_otp".into(),
+                        consumers: vec!["create".into()],
+                        ttl_s: Some(300),
+                        single_use: true,
+                    },
+                    ResultSecretDef {
+                        path: "session.key".into(),
+                        key: "sess".into(),
+                        consumers: vec![],
+                        ttl_s: None,
+                        single_use: false,
+                    },
+                ];
+            }
+            if let Some(create) = plan.tools.get_mut("create") {
+                create.def.secret_access = vec!["txn_otp".into()];
+            }
+        }),
+        ..Opts::default()
+    });
+    // The producer's spec names its paths and keys, never an option.
+    let d = run.model(
+        "intake.m1",
+        &[("lookup", r#"{"email":"a@example.com"}"#)],
+        None,
+    );
+    let spec: ToolCallSpec =
+        serde_json::from_value(scheduled_specs(&d)[0].1.clone()).expect("tool spec");
+    assert_eq!(
+        serde_json::to_value(&spec.result_secrets).unwrap_or_default(),
+        json!([{"path": "otp", "key": "txn_otp"}, {"path": "session.key", "key": "sess"}])
+    );
+    let d = run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w1".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    // The producer reads nothing.
+    assert!(
+        !d.commands
+            .iter()
+            .any(|c| matches!(c, Command::RestoreSecrets { .. }))
+    );
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({"otp": "[VAULTED:txn_otp]", "ok": true}),
+        secrets: vec![sealed("txn_otp"), sealed("undeclared")],
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "tool_call_completed",
+            "secrets_vaulted",
+            "model_call_scheduled"
+        ]
+    );
+    let vaulted = serde_json::to_value(&d.events[1]).unwrap_or_default();
+    assert_eq!(
+        vaulted,
+        json!({
+            "type": "secrets_vaulted", "call_id": "intake.t1", "tool": "lookup",
+            "keys": [{"key": "txn_otp", "path": "otp", "ttl_s": 300, "single_use": true, "consumers": ["create"]}],
+            "absent": ["sess"]
+        })
+    );
+    // Only the declared key goes into the vault; the undeclared one is dropped.
+    let entries: Vec<&VaultEntry> = d
+        .commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::VaultSecrets { entries, .. } => Some(entries),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].sealed, sealed("txn_otp"));
+    assert_eq!((entries[0].ttl_s, entries[0].single_use), (Some(300), true));
+
+    // The consumer's dispatch reads its keys, and again when the same
+    // attempt asks again (its reply was lost).
+    run.model(
+        "intake.m2",
+        &[("create", r#"{"email":"a@example.com"}"#)],
+        None,
+    );
+    let restore = Command::RestoreSecrets {
+        call_id: "intake.t2".into(),
+        tool: "create".into(),
+        keys: vec!["txn_otp".into()],
+    };
+    for _ in 0..2 {
+        let d = run.step(Input::DispatchToolCall {
+            call_id: "intake.t2".into(),
+            attempt: 1,
+            worker_id: "w1".into(),
+            callback_token_sha256: None,
+            tenant_grants: None,
+        });
+        assert!(d.commands.contains(&restore), "{:?}", d.commands);
+    }
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t2".into(),
+        attempt: 1,
+        result: json!({"account_id": "acc_1"}),
+        secrets: Vec::new(),
+    });
+    // The run's end drops its vault.
+    let d = run.model("intake.m3", &[], Some("done"));
+    assert!(
+        Run::kinds(&d).contains(&"run_completed"),
+        "{:?}",
+        Run::kinds(&d)
+    );
+    assert!(d.commands.contains(&Command::DropRunSecrets));
+}
+
+#[test]
+fn a_run_without_producers_drops_no_vault() {
+    let (mut run, _) = Run::start(Opts::default());
+    let d = run.model("intake.m1", &[], Some("done"));
+    assert!(Run::kinds(&d).contains(&"run_completed"));
+    assert!(!d.commands.contains(&Command::DropRunSecrets));
 }

@@ -590,6 +590,7 @@ nodes:
         call_id: "create.t1".into(),
         attempt: 1,
         result: json!({"account_id": "acct_1"}),
+        secrets: Vec::new(),
     });
     assert_eq!(run.state.output, Some(json!("acct_1")));
 
@@ -978,6 +979,7 @@ fn an_async_webhook_is_accepted_then_completed_by_its_callback_once() {
         call_id: "check.t1".into(),
         attempt: 1,
         result: json!({"check_id": "kyc_1", "status": "pending"}),
+        secrets: Vec::new(),
     });
     assert_eq!(
         d.events.iter().map(Event::kind).collect::<Vec<_>>(),
@@ -1112,6 +1114,7 @@ fn an_async_webhook_without_a_callback_in_time_fails_and_needs_a_callback_endpoi
         call_id: "check.t1".into(),
         attempt: 1,
         result: json!({"accepted": true}),
+        secrets: Vec::new(),
     });
     let d = run.step(Input::TimerFired {
         timer_id: "check.t1.callback".into(),
@@ -1527,6 +1530,7 @@ fn parameters_the_model_does_not_supply_are_hidden_from_it_and_filled_in_when_pr
         call_id: "n.t1".into(),
         attempt: 1,
         result: json!({"ok": true}),
+        secrets: Vec::new(),
     });
     let next = model_calls(&d);
     assert_eq!(next.len(), 1, "{:?}", d.commands);
@@ -1703,6 +1707,7 @@ nodes:
         call_id: "look.t1".into(),
         attempt: 1,
         result: json!({"found": true}),
+        secrets: Vec::new(),
     });
     // The side-effect tool waits for a person.
     assert!(
@@ -1757,6 +1762,7 @@ fn the_same_call_repeated_stops_the_run_although_its_filled_in_call_id_differs()
             call_id,
             attempt: 1,
             result: json!({"ok": true}),
+            secrets: Vec::new(),
         });
     }
     assert_eq!(run.state.status, RunStatus::Failed);
@@ -1904,6 +1910,7 @@ fn on_result_sets_run_vars_the_next_node_reads_and_a_failing_expression_sets_not
         call_id: "create.t1".into(),
         attempt: 1,
         result: json!({"account_id": "acct_1"}),
+        secrets: Vec::new(),
     });
     // Recorded right after the result, before the next node runs.
     let kinds: Vec<&str> = d.events.iter().map(Event::kind).collect();

@@ -239,6 +239,24 @@ pub struct UncertainRow {
     pub occurrence: i32,
 }
 
+/// A row of a run's secret vault (`run_secrets`), without its value: for
+/// tests and operators ([`Store::run_secrets`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSecretRow {
+    /// The vault key.
+    pub key: String,
+    /// The call whose result held it.
+    pub producer_call: String,
+    /// When it expires by the engine's clock; `None`: at the run's end.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Consumed by the first call that reads it.
+    pub single_use: bool,
+    /// The tools that may read it (empty: any that lists it).
+    pub consumers: Vec<String>,
+    /// The call that consumed it, for a single-use one.
+    pub consumed_by_call: Option<String>,
+}
+
 /// Why a transition did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError<E> {
@@ -259,6 +277,10 @@ pub struct Applied {
     pub events: usize,
     /// Status of the run afterwards.
     pub status: &'static str,
+    /// What the decision's [`Command::RestoreSecrets`](crate::machine::Command::RestoreSecrets)
+    /// read from the run's vault (sealed; the coordinator opens them).
+    /// Empty for every other transition.
+    pub secrets: Vec<crate::machine::SealedSecret>,
 }
 
 /// A bounded map of run states; when full, an arbitrary entry is dropped.
@@ -341,8 +363,8 @@ impl Target {
     }
 }
 
-/// What a committed transition wakes.
-#[derive(Debug, Clone, Copy, Default)]
+/// What a committed transition wakes (and hands back).
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Wakes {
     /// Tasks may have become claimable.
     pub(crate) tasks: bool,
@@ -350,6 +372,10 @@ pub(crate) struct Wakes {
     pub(crate) events: bool,
     /// Outbox rows were written.
     pub(crate) outbox: bool,
+    /// What a [`Command::RestoreSecrets`](crate::machine::Command) read from
+    /// the run's vault (not a wake-up: handed back with the transition's
+    /// result).
+    pub(crate) secrets: Vec<crate::machine::SealedSecret>,
 }
 
 /// A wake-up relayed by [`Store::listen`].
@@ -832,6 +858,12 @@ impl Store {
                 decide(state, task, verdict).map_err(TransitionError::Refused)
             };
         on_backend!(self, b => b.transition_at(target, decide).await)
+    }
+
+    /// The rows of a run's secret vault, by key, without their values
+    /// (for tests and operators); empty once the run has ended.
+    pub async fn run_secrets(&self, run_id: Uuid) -> Result<Vec<RunSecretRow>, StoreError> {
+        on_backend!(self, b => b.run_secrets(run_id).await)
     }
 
     /// The gate row of a tenant's tool ([`crate::gates`]), as stored; `None`

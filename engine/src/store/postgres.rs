@@ -16,7 +16,7 @@ use super::{
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
-use crate::machine::{Command, Decision, RunState, TaskEnd};
+use crate::machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 
 use super::Wakes;
 use super::pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
@@ -548,13 +548,16 @@ impl Pg {
         for event in &decision.events {
             after.apply(event);
         }
-        let wakes = write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        let mut wakes =
+            write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        let secrets = std::mem::take(&mut wakes.secrets);
         tx.commit().await.map_err(StoreError::from)?;
         self.wakes.send(run_id, wakes);
         let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
             status: after.status.as_str(),
+            secrets,
         };
         // Only a committed state may be cached.
         self.cache().put(run_id, after);
@@ -962,7 +965,8 @@ async fn load_state(
 
 /// Append the decision's events after `last_seq`, perform its commands, and
 /// update the run row from the state `after` the events. Returns what to
-/// wake once the transaction has committed ([`super::pg_wakes`]).
+/// wake once the transaction has committed ([`super::pg_wakes`]), and what
+/// a [`Command::RestoreSecrets`] read from the run's vault.
 async fn write_decision(
     tx: &mut Transaction<'static, Postgres>,
     run_id: Uuid,
@@ -983,6 +987,7 @@ async fn write_decision(
                 Command::StartChildRun { .. } | Command::CancelChildRun { .. }
             )
         }),
+        secrets: Vec::new(),
     };
     let mut parent_run_id: Option<Uuid> = None;
     let folded = if decision.events.is_empty() {
@@ -1324,6 +1329,72 @@ async fn write_decision(
                 circuit_breaker,
                 failed,
             } => record_tool_outcome(tx, tenant, tool, circuit_breaker, *failed).await?,
+            Command::VaultSecrets {
+                call_id, entries, ..
+            } => {
+                for entry in entries {
+                    sqlx::query(
+                        "INSERT INTO run_secrets (run_id, key, producer_call, nonce, ciphertext, expires_at, single_use, consumers)
+                         VALUES ($1, $2, $3, $4, $5,
+                                 CASE WHEN $6::int8 IS NULL THEN NULL ELSE belay_now() + make_interval(secs => $6::float8) END,
+                                 $7, $8)
+                         ON CONFLICT (run_id, key) DO UPDATE SET producer_call = excluded.producer_call,
+                             nonce = excluded.nonce, ciphertext = excluded.ciphertext,
+                             expires_at = excluded.expires_at, single_use = excluded.single_use,
+                             consumers = excluded.consumers, consumed_by_call = NULL,
+                             created_at = belay_now()",
+                    )
+                    .bind(run_id)
+                    .bind(&entry.sealed.key)
+                    .bind(call_id)
+                    .bind(&entry.sealed.nonce)
+                    .bind(&entry.sealed.ciphertext)
+                    .bind(entry.ttl_s.map(|t| i64::try_from(t).unwrap_or(i64::MAX)))
+                    .bind(entry.single_use)
+                    .bind(&entry.consumers)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+            Command::RestoreSecrets {
+                call_id,
+                tool,
+                keys,
+            } => {
+                // Row locks come with the UPDATE; the run row's lock already
+                // serialises the run's transitions.
+                let rows: Vec<(String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+                    "UPDATE run_secrets
+                     SET consumed_by_call = CASE WHEN single_use THEN $4 ELSE consumed_by_call END
+                     WHERE run_id = $1 AND key = ANY($2)
+                       AND (expires_at IS NULL OR expires_at > belay_now())
+                       AND (cardinality(consumers) = 0 OR $3 = ANY(consumers))
+                       AND (consumed_by_call IS NULL OR consumed_by_call = $4)
+                     RETURNING key, nonce, ciphertext",
+                )
+                .bind(run_id)
+                .bind(keys)
+                .bind(tool)
+                .bind(call_id)
+                .fetch_all(&mut **tx)
+                .await?;
+                wakes
+                    .secrets
+                    .extend(
+                        rows.into_iter()
+                            .map(|(key, nonce, ciphertext)| SealedSecret {
+                                key,
+                                nonce,
+                                ciphertext,
+                            }),
+                    );
+            }
+            Command::DropRunSecrets => {
+                sqlx::query("DELETE FROM run_secrets WHERE run_id = $1")
+                    .bind(run_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
         }
     }
     // A run that ended has nothing left to wake it; a child run that ends
@@ -1537,6 +1608,42 @@ async fn record_tool_outcome(
 
 impl Pg {
     /// See [`super::Store::tool_gate`].
+    pub(crate) async fn run_secrets(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<super::RunSecretRow>, StoreError> {
+        type Row = (
+            String,
+            String,
+            Option<chrono::DateTime<chrono::Utc>>,
+            bool,
+            Vec<String>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT key, producer_call, expires_at, single_use, consumers, consumed_by_call
+             FROM run_secrets WHERE run_id = $1 ORDER BY key",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(key, producer_call, expires_at, single_use, consumers, consumed_by_call)| {
+                    super::RunSecretRow {
+                        key,
+                        producer_call,
+                        expires_at,
+                        single_use,
+                        consumers,
+                        consumed_by_call,
+                    }
+                },
+            )
+            .collect())
+    }
+
     pub(crate) async fn tool_gate(
         &self,
         tenant: &str,

@@ -39,7 +39,7 @@ use super::{
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
-use crate::machine::{Command, Decision, RunState, TaskEnd};
+use crate::machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 
 /// SQL for "now" in the stored time format (`YYYY-MM-DDTHH:MM:SS.SSSZ`).
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now', COALESCE((SELECT printf('%+.3f seconds', offset_ms / 1000.0) FROM belay_clock WHERE id = 1), '+0 seconds'))";
@@ -597,13 +597,16 @@ impl Lite {
         for event in &decision.events {
             after.apply(event);
         }
-        let wakes = write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        let mut wakes =
+            write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
         tx.commit().await.map_err(StoreError::from)?;
+        let secrets = std::mem::take(&mut wakes.secrets);
         self.send_wakes(run_id, wakes);
         let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
             status: after.status.as_str(),
+            secrets,
         };
         self.cache().put(run_id, after);
         Ok(applied)
@@ -1075,6 +1078,7 @@ async fn write_decision(
         tasks: false,
         events: !decision.events.is_empty(),
         outbox: false,
+        secrets: Vec::new(),
     };
     for (i, event) in decision.events.iter().enumerate() {
         let payload = serde_json::to_value(event)
@@ -1388,6 +1392,76 @@ async fn write_decision(
                 circuit_breaker,
                 failed,
             } => record_tool_outcome(tx, tenant, tool, circuit_breaker, *failed).await?,
+            Command::VaultSecrets {
+                call_id, entries, ..
+            } => {
+                for entry in entries {
+                    let consumers = serde_json::to_string(&entry.consumers)
+                        .map_err(|e| StoreError::Corrupt(format!("consumers: {e}")))?;
+                    let ttl_ms = entry
+                        .ttl_s
+                        .map(|t| i64::try_from(t.saturating_mul(1000)).unwrap_or(i64::MAX));
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "INSERT INTO run_secrets (run_id, key, producer_call, nonce, ciphertext, expires_at, single_use, consumers, consumed_by_call, created_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, CASE WHEN ?6 IS NULL THEN NULL ELSE {} END, ?7, ?8, NULL, {NOW})
+                         ON CONFLICT (run_id, key) DO UPDATE SET producer_call = excluded.producer_call,
+                             nonce = excluded.nonce, ciphertext = excluded.ciphertext,
+                             expires_at = excluded.expires_at, single_use = excluded.single_use,
+                             consumers = excluded.consumers, consumed_by_call = NULL,
+                             created_at = excluded.created_at",
+                        now_plus_ms(6)
+                    )))
+                    .bind(run_id)
+                    .bind(&entry.sealed.key)
+                    .bind(call_id)
+                    .bind(&entry.sealed.nonce)
+                    .bind(&entry.sealed.ciphertext)
+                    .bind(ttl_ms)
+                    .bind(entry.single_use)
+                    .bind(consumers)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+            Command::RestoreSecrets {
+                call_id,
+                tool,
+                keys,
+            } => {
+                let keys = serde_json::to_string(keys)
+                    .map_err(|e| StoreError::Corrupt(format!("vault keys: {e}")))?;
+                let rows: Vec<(String, Vec<u8>, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "UPDATE run_secrets
+                     SET consumed_by_call = CASE WHEN single_use THEN ?4 ELSE consumed_by_call END
+                     WHERE run_id = ?1 AND key IN (SELECT value FROM json_each(?2))
+                       AND (expires_at IS NULL OR expires_at > {NOW})
+                       AND (consumers = '[]' OR EXISTS (SELECT 1 FROM json_each(consumers) WHERE value = ?3))
+                       AND (consumed_by_call IS NULL OR consumed_by_call = ?4)
+                     RETURNING key, nonce, ciphertext"
+                )))
+                .bind(run_id)
+                .bind(keys)
+                .bind(tool)
+                .bind(call_id)
+                .fetch_all(&mut **tx)
+                .await?;
+                wakes
+                    .secrets
+                    .extend(
+                        rows.into_iter()
+                            .map(|(key, nonce, ciphertext)| SealedSecret {
+                                key,
+                                nonce,
+                                ciphertext,
+                            }),
+                    );
+            }
+            Command::DropRunSecrets => {
+                sqlx::query("DELETE FROM run_secrets WHERE run_id = ?1")
+                    .bind(run_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
         }
     }
     if after.status.is_terminal() {
@@ -1541,6 +1615,46 @@ async fn record_tool_outcome(
 
 impl Lite {
     /// See [`super::Store::tool_gate`].
+    pub(crate) async fn run_secrets(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<super::RunSecretRow>, StoreError> {
+        type Row = (String, String, Option<String>, bool, String, Option<String>);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT key, producer_call, expires_at, single_use, consumers, consumed_by_call
+             FROM run_secrets WHERE run_id = ?1 ORDER BY key",
+        )
+        .bind(run_id)
+        .fetch_all(&self.read)
+        .await?;
+        rows.into_iter()
+            .map(
+                |(key, producer_call, expires_at, single_use, consumers, consumed_by_call)| {
+                    let consumers: Vec<String> = serde_json::from_str(&consumers)
+                        .map_err(|e| StoreError::Corrupt(format!("run_secrets.consumers: {e}")))?;
+                    let expires_at = match expires_at {
+                        Some(t) => Some(
+                            chrono::DateTime::parse_from_rfc3339(&t)
+                                .map_err(|e| {
+                                    StoreError::Corrupt(format!("run_secrets.expires_at: {e}"))
+                                })?
+                                .with_timezone(&Utc),
+                        ),
+                        None => None,
+                    };
+                    Ok(super::RunSecretRow {
+                        key,
+                        producer_call,
+                        expires_at,
+                        single_use,
+                        consumers,
+                        consumed_by_call,
+                    })
+                },
+            )
+            .collect()
+    }
+
     pub(crate) async fn tool_gate(
         &self,
         tenant: &str,

@@ -539,6 +539,31 @@ pub fn resolve_placeholders(
     })
 }
 
+/// [`resolve_placeholders`] for a call's per-call header: `{{_secret.KEY}}`
+/// resolves too, from `secrets` (to the empty string when absent), in the
+/// same pass.
+///
+/// # Errors
+/// As [`resolve_placeholders`].
+pub fn resolve_call_header(
+    server: &str,
+    text: &str,
+    vars: &BTreeMap<String, String>,
+    secrets: &placeholders::SecretValues,
+) -> Result<String, ConfigError> {
+    placeholders::resolve_with_secrets(text, |name| vars.get(name).map(String::as_str), secrets)
+        .map_err(|e| match e {
+            PlaceholderError::Missing(name) => ConfigError::MissingConfigValue {
+                server: server.to_owned(),
+                name,
+            },
+            PlaceholderError::Unsupported(placeholder) => ConfigError::UnsupportedPlaceholder {
+                server: server.to_owned(),
+                placeholder,
+            },
+        })
+}
+
 /// Checks one header (name, resolved value) for HTTP validity and MCP
 /// reservations.
 ///
@@ -599,6 +624,28 @@ mod tests {
             resolve_placeholders("s", "plain", &vars()).unwrap(),
             "plain"
         );
+    }
+
+    #[test]
+    fn a_call_header_takes_vault_values_and_server_settings_do_not() {
+        let secrets = placeholders::SecretValues::new(BTreeMap::from([(
+            "sess".to_owned(),
+            "v-1".to_owned(),
+        )]));
+        assert_eq!(
+            resolve_call_header(
+                "s",
+                "{{config.TOKEN}}/{{_secret.sess}}/{{_secret.gone}}",
+                &vars(),
+                &secrets
+            )
+            .unwrap(),
+            "s3cret/v-1/"
+        );
+        assert!(matches!(
+            resolve_placeholders("s", "{{_secret.sess}}", &vars()),
+            Err(ConfigError::UnsupportedPlaceholder { .. })
+        ));
     }
 
     #[test]

@@ -337,8 +337,12 @@ pub struct CallRequest {
     /// refused with [`CallRefusal::DefinitionChanged`].
     pub expected_hash: Option<String>,
     /// Extra HTTP headers for this call (HTTP servers only); values may hold
-    /// `{{config.X}}`.
+    /// `{{config.X}}`, and `{{_secret.KEY}}` filled from `secrets`.
     pub headers: BTreeMap<String, String>,
+    /// The run's vault values the dispatch handed out (`SECRET_ACCESS`), for
+    /// the `{{_secret.KEY}}` of `headers` (a key without a value is the
+    /// empty string). Secrets: `Debug` shows the keys only.
+    pub secrets: crate::placeholders::SecretValues,
     /// Whole-call timeout (waiting for a connection included), in ms.
     pub timeout_ms: u64,
     /// Result size limit, in bytes (see [`Truncation`]).
@@ -362,6 +366,7 @@ impl CallRequest {
             arguments,
             expected_hash: None,
             headers: BTreeMap::new(),
+            secrets: crate::placeholders::SecretValues::default(),
             timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             idempotency_key: None,

@@ -52,7 +52,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, BufReader, R
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::config::{ResolvedServer, ResolvedTransport, check_header, resolve_placeholders};
+use super::config::{ResolvedServer, ResolvedTransport, check_header, resolve_call_header};
 use super::schema::{self, CompiledTool, RawTool};
 use super::{
     BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
@@ -1372,7 +1372,12 @@ impl Shared {
                         reason,
                     })
                 };
-                let value = match resolve_placeholders(&server, value, &self.server.config_values) {
+                let value = match resolve_call_header(
+                    &server,
+                    value,
+                    &self.server.config_values,
+                    &request.secrets,
+                ) {
                     Ok(v) => v,
                     Err(e @ crate::mcp::config::ConfigError::MissingConfigValue { .. }) => {
                         return CallOutcome::Refused(CallRefusal::MissingConfigValue {
