@@ -496,6 +496,104 @@ where
     Ok(second)
 }
 
+/// A row of `tool_cache` (the result cache of `hints.cacheable` tools,
+/// [`crate::machine::cache`]).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ToolCacheRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Key ([`crate::machine::cache::key`]).
+    pub cache_key: String,
+    /// Tool name.
+    pub tool: String,
+    /// The result, as recorded (scrubbed).
+    pub result: Value,
+    /// The run whose call stored it.
+    pub run_id: Uuid,
+    /// That call's id.
+    pub call_id: String,
+    /// When it was stored (engine's clock).
+    pub stored_at: DateTime<Utc>,
+    /// When it stops being served (engine's clock).
+    pub expires_at: DateTime<Utc>,
+}
+
+impl ToolCacheRow {
+    /// The entry as the machine takes it ([`crate::machine::Input::ToolCacheHit`]).
+    pub(crate) fn entry(self) -> crate::machine::cache::CacheEntry {
+        crate::machine::cache::CacheEntry {
+            key: self.cache_key,
+            result: self.result,
+            stored_by_run: self.run_id.to_string(),
+            stored_by_call: self.call_id,
+            stored_at: self.stored_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// The columns of [`ToolCacheRow`], in its order.
+pub(crate) const TOOL_CACHE_COLUMNS: &str =
+    "tenant, cache_key, tool, result, run_id, call_id, stored_at, expires_at";
+
+/// The cache lookups `commands` ask for
+/// ([`Command::LookupToolCache`](crate::machine::Command::LookupToolCache)):
+/// `(call_id, key)`, in order.
+pub(crate) fn cache_lookups(commands: &[crate::machine::Command]) -> Vec<(String, String)> {
+    commands
+        .iter()
+        .filter_map(|c| match c {
+            crate::machine::Command::LookupToolCache { call_id, key } => {
+                Some((call_id.clone(), key.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Serve call `call_id` of `decision` (already folded into `after`) from
+/// the cache `entry`: the machine decides [`Input::ToolCacheHit`] on
+/// `after`; if it takes it, the call's task (and lookup) leave `decision`,
+/// the hit's events and commands are appended to it, and `after` takes its
+/// events. Returns the lookups the hit's decision asks for (a tool node it
+/// started, say), or `None` when the machine refused the hit, which leaves
+/// everything as it was: the call runs as a task.
+///
+/// [`Input::ToolCacheHit`]: crate::machine::Input::ToolCacheHit
+pub(crate) fn apply_cache_hit(
+    decision: &mut Decision,
+    after: &mut RunState,
+    call_id: &str,
+    entry: crate::machine::cache::CacheEntry,
+    tenant_grants: &[String],
+) -> Option<Vec<(String, String)>> {
+    use crate::machine::Command;
+    let input = crate::machine::Input::ToolCacheHit {
+        call_id: call_id.to_owned(),
+        entry,
+        tenant_grants: tenant_grants.to_vec(),
+    };
+    let hit = match crate::machine::decide(after, input) {
+        Ok(hit) => hit,
+        Err(e) => {
+            tracing::debug!(call_id, error = %e, "cached result not used");
+            return None;
+        }
+    };
+    decision.commands.retain(|c| {
+        !matches!(c,
+            Command::ScheduleTask { call_id: id, .. } | Command::LookupToolCache { call_id: id, .. }
+                if id == call_id)
+    });
+    for event in &hit.events {
+        after.apply(event);
+    }
+    let more = cache_lookups(&hit.commands);
+    decision.events.extend(hit.events);
+    decision.commands.extend(hit.commands);
+    Some(more)
+}
+
 /// A `tool_gates` row as both backends select it: `next_at_ms`,
 /// `queue_at_ms`, `failures`, `circuit`, `retry_at_ms`, then the engine's
 /// clock in ms.
@@ -827,6 +925,21 @@ impl Store {
     /// [`GateRow::default`]). For tests and operators.
     pub async fn tool_gate(&self, tenant: &str, tool: &str) -> Result<Option<GateRow>, StoreError> {
         on_backend!(self, b => b.tool_gate(tenant, tool).await)
+    }
+
+    /// Every entry of a tenant's tool result cache, expired or not (they
+    /// are served only until `expires_at`), newest first. For operators and
+    /// tests.
+    pub async fn tool_cache_entries(&self, tenant: &str) -> Result<Vec<ToolCacheRow>, StoreError> {
+        on_backend!(self, b => b.tool_cache_entries(tenant).await)
+    }
+
+    /// Delete up to `limit` expired entries of the tool result cache (every
+    /// tenant; by the engine's clock), oldest first; returns how many. The
+    /// coordinator's sweeper calls it, so the cache holds little more than
+    /// the entries still served.
+    pub async fn purge_expired_tool_cache(&self, limit: i64) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.purge_expired_tool_cache(limit).await)
     }
 
     /// The folded state of a run from its whole history (for reads and tests).
