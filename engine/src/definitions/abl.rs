@@ -835,7 +835,13 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             "`repeat_safety:` (`never`, `idempotent` or `reconcile`)",
         );
     }
-    cache::check(&props, &name, props.present.contains("repeat_safety"), cx);
+    cache::check(
+        &props,
+        &injected,
+        &name,
+        props.present.contains("repeat_safety"),
+        cx,
+    );
     if let Some(probe) = &props.reconcile_with {
         if props
             .repeat_safety
@@ -4411,6 +4417,16 @@ TOOLS:
         assert!(
             e.contains(&"8:18: `cacheable: true` does not fit tool `f`: it is `type: workflow`, and each call starts a child run; a cached result is served instead of calling the tool".to_owned()),
             "{e:?}"
+        );
+        // A parameter unique to each call would make every key different.
+        assert_eq!(
+            errors(&tool_with(
+                "f(at: string, day: date) -> string",
+                "    hints:\n      cacheable: true\n    parameters:\n      at:\n        source: runtime\n        value: time\n      day:\n        source: runtime\n        value: date\n",
+            )),
+            why(
+                "its parameter `at` is `source: runtime` `value: time`, different in every call, so no two calls have the same arguments (the cache key) and none would ever be served"
+            )
         );
         // An idempotent MCP tool that says so may be cached.
         let t = one_tool(

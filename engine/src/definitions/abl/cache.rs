@@ -15,12 +15,19 @@
 //!   `type: workflow` tool (a call starts a child run), and with
 //!   `scrub_secrets: false` (the cache keeps results outside the run, for
 //!   every run of the tenant, and keeps only scrubbed ones).
+//! - A parameter the engine fills with something unique to each call
+//!   (`source: runtime` `call_id`, `idempotency_key`, `time`, `unix_ms`)
+//!   makes every call's arguments, and so its key, different: the cache
+//!   could never serve it, so `cacheable: true` is refused with it too
+//!   (`date`, `run_id`, `node_id` and `tenant` repeat, and are allowed).
 //! - `cache_ttl:` (how long an entry is served: ms, or text like `30s`,
 //!   `5m`, `1h`; at most 7 days) needs `cacheable: true`. Without it, the
 //!   engine's `--tool-cache-ttl-ms` applies.
 //! - `cacheable: false` (or nothing) never caches.
 
-use super::super::model::{Effect, MAX_CACHE_TTL_MS, RepeatSafety};
+use super::super::model::{
+    Effect, InjectedParam, MAX_CACHE_TTL_MS, ParamSource, RepeatSafety, RuntimeField,
+};
 use super::{BindingType, Cx, Props};
 
 /// `hints.cache_ttl`'s value, ms; the error says what is wrong with it.
@@ -50,9 +57,16 @@ pub(super) fn parse_ttl(text: &str) -> Result<u64, String> {
 }
 
 /// Checks `hints.cacheable` and `hints.cache_ttl` of tool `name` against
-/// its other properties (see the module's rules). `repeat_safety_written`:
-/// the tool wrote `repeat_safety:` (an MCP tool may leave it to its server).
-pub(super) fn check(props: &Props<'_>, name: &str, repeat_safety_written: bool, cx: &mut Cx<'_>) {
+/// its other properties and its `injected` parameters (see the module's
+/// rules). `repeat_safety_written`: the tool wrote `repeat_safety:` (an MCP
+/// tool may leave it to its server).
+pub(super) fn check(
+    props: &Props<'_>,
+    injected: &[(InjectedParam, (u32, u32))],
+    name: &str,
+    repeat_safety_written: bool,
+    cx: &mut Cx<'_>,
+) {
     let cacheable = props.hints.cacheable == Some(true);
     if !cacheable {
         if let Some(&(line, col)) = props.hint_at.get("cache_ttl") {
@@ -103,6 +117,27 @@ pub(super) fn check(props: &Props<'_>, name: &str, repeat_safety_written: bool, 
     }
     if props.binding_type == Some(BindingType::Workflow) {
         refuse("it is `type: workflow`, and each call starts a child run".into());
+    }
+    for (param, _) in injected {
+        let unique = match param.source {
+            ParamSource::Runtime {
+                field: RuntimeField::CallId,
+            } => "call_id",
+            ParamSource::Runtime {
+                field: RuntimeField::IdempotencyKey,
+            } => "idempotency_key",
+            ParamSource::Runtime {
+                field: RuntimeField::Time,
+            } => "time",
+            ParamSource::Runtime {
+                field: RuntimeField::UnixMs,
+            } => "unix_ms",
+            _ => continue,
+        };
+        refuse(format!(
+            "its parameter `{}` is `source: runtime` `value: {unique}`, different in every call, so no two calls have the same arguments (the cache key) and none would ever be served",
+            param.name
+        ));
     }
     if props.scrub_secrets == Some(false) {
         refuse("it says `scrub_secrets: false`, and the cache keeps only scrubbed results (it keeps them outside the run, for every run of the tenant)".into());
