@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use belay_engine::coordinator::{Coordinator, StartRun};
 use belay_engine::machine::FailureClass;
+use belay_engine::machine::cache::MAX_CACHE_HITS_PER_TRANSITION;
 use belay_engine::store::{ClaimedTask, Store, ToolCallQuery};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -72,6 +73,18 @@ kind: workflow
 name: plain
 nodes:
   - {id: fx, type: tool, tool: plain_rate, args: {from: "${ .input.from }"}, grants: [p.use]}
+---
+kind: workflow
+name: poll
+nodes:
+  - {id: fx, type: tool, tool: rate, args: {from: "${ .input.from }"}, grants: [p.use], next: again}
+  - id: again
+    type: branch
+    cases:
+      - when: ${ .nodes.fx.output.rate > 0 }
+        next: fx
+    default: done
+  - {id: done, type: succeed}
 ---
 kind: workflow
 name: stamped
@@ -332,6 +345,38 @@ async fn a_hit_can_start_the_next_cached_call_in_the_same_transition(backend: Ba
     env.finish().await;
 }
 
+async fn a_loop_over_a_cached_call_stops_hitting_after_the_bound_of_one_transition(
+    backend: Backend,
+) {
+    let env = Env::new(backend).await;
+    let run = env.start("poll", "USD").await;
+    // The first result is stored by the transition that records it, which
+    // also launches the second visit's call: that lookup does not see the
+    // entry yet, so the call is a task.
+    env.serve(json!({"rate": 1.5})).await;
+    assert_eq!(env.cached(run).await, vec![Value::Null]);
+    // The next visits hit, until the bound: then the call is a task again
+    // (the loop cannot turn inside one transaction).
+    env.serve(json!({"rate": 1.5})).await;
+    let cached = env.cached(run).await;
+    let hits = cached.iter().filter(|c| !c.is_null()).count();
+    assert_eq!(
+        (cached.len(), hits),
+        (
+            2 + MAX_CACHE_HITS_PER_TRANSITION,
+            MAX_CACHE_HITS_PER_TRANSITION
+        )
+    );
+    let tasks = env.claim().await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(env.status(TENANT, run).await.0, "running");
+    env.coord
+        .cancel_run(TENANT, &run.to_string(), "enough")
+        .await
+        .expect("cancel");
+    env.finish().await;
+}
+
 async fn a_failure_is_not_cached_and_an_uncached_tool_always_runs(backend: Backend) {
     let env = Env::new(backend).await;
     let failed = env.start("rate", "USD").await;
@@ -433,6 +478,7 @@ async fn a_runtime_time_is_the_engines_clock_when_the_call_is_proposed(backend: 
 on_both_backends!(
     a_second_run_is_served_from_the_cache_until_the_entry_expires,
     a_hit_can_start_the_next_cached_call_in_the_same_transition,
+    a_loop_over_a_cached_call_stops_hitting_after_the_bound_of_one_transition,
     a_failure_is_not_cached_and_an_uncached_tool_always_runs,
     a_runtime_time_is_the_engines_clock_when_the_call_is_proposed,
 );

@@ -551,47 +551,122 @@ pub(crate) fn cache_lookups(commands: &[crate::machine::Command]) -> Vec<(String
         .collect()
 }
 
-/// Serve call `call_id` of `decision` (already folded into `after`) from
-/// the cache `entry`: the machine decides [`Input::ToolCacheHit`] on
-/// `after`; if it takes it, the call's task (and lookup) leave `decision`,
-/// the hit's events and commands are appended to it, and `after` takes its
-/// events. Returns the lookups the hit's decision asks for (a tool node it
-/// started, say), or `None` when the machine refused the hit, which leaves
-/// everything as it was: the call runs as a task.
+/// Serving the calls a decision launched from the tenant's tool cache
+/// ([`crate::machine::cache`]): the loop of each backend's
+/// `serve_from_cache`, whose statements differ. It hands out the keys to
+/// read, in order (the lookups of the decision, then those of each hit's
+/// decision: a hit can start the next node, whose call can hit too), at
+/// most [`MAX_CACHE_HITS_PER_TRANSITION`] hits; a live entry makes the
+/// machine decide [`Input::ToolCacheHit`] on the state after what was
+/// decided so far. If it takes the hit, the call's task and lookup leave
+/// the decision and the hit's events and commands are appended; if it
+/// refuses, the call runs as a task, as on a miss.
 ///
+/// [`MAX_CACHE_HITS_PER_TRANSITION`]: crate::machine::cache::MAX_CACHE_HITS_PER_TRANSITION
 /// [`Input::ToolCacheHit`]: crate::machine::Input::ToolCacheHit
-pub(crate) fn apply_cache_hit(
-    decision: &mut Decision,
-    after: &mut RunState,
-    call_id: &str,
-    entry: crate::machine::cache::CacheEntry,
-    tenant_grants: &[String],
-) -> Option<Vec<(String, String)>> {
-    use crate::machine::Command;
-    let input = crate::machine::Input::ToolCacheHit {
-        call_id: call_id.to_owned(),
-        entry,
-        tenant_grants: tenant_grants.to_vec(),
-    };
-    let hit = match crate::machine::decide(after, input) {
-        Ok(hit) => hit,
-        Err(e) => {
-            tracing::debug!(call_id, error = %e, "cached result not used");
+pub(crate) struct CacheServing {
+    decision: Decision,
+    /// The run after `decision`'s events.
+    after: RunState,
+    /// `(call_id, key)` to read, in order; `next` is the first not read.
+    queue: Vec<(String, String)>,
+    next: usize,
+    hits: usize,
+    /// The tenant's grants now, read at the first live entry.
+    grants: Option<Vec<String>>,
+}
+
+impl CacheServing {
+    /// Serving `decision`, decided on `state`; `Err` gives it back when it
+    /// asks for no lookup (it then costs no statement).
+    pub(crate) fn new(state: &RunState, decision: Decision) -> Result<CacheServing, Decision> {
+        let queue = cache_lookups(&decision.commands);
+        if queue.is_empty() {
+            return Err(decision);
+        }
+        let mut after = state.clone();
+        for event in &decision.events {
+            after.apply(event);
+        }
+        Ok(CacheServing {
+            decision,
+            after,
+            queue,
+            next: 0,
+            hits: 0,
+            grants: None,
+        })
+    }
+
+    /// Whether the transition's time is unknown (a run's start): the
+    /// machine may start a node whose call fills in the time.
+    pub(crate) fn needs_clock(&self) -> bool {
+        self.after.now.is_none()
+    }
+
+    /// The engine's clock, read in the transaction.
+    pub(crate) fn set_clock(&mut self, now: DateTime<Utc>) {
+        self.after.now = Some(now);
+    }
+
+    /// The next key to read, or `None` when every lookup is done or the
+    /// hits are at their bound.
+    pub(crate) fn next_key(&mut self) -> Option<String> {
+        if self.hits >= crate::machine::cache::MAX_CACHE_HITS_PER_TRANSITION {
             return None;
         }
-    };
-    decision.commands.retain(|c| {
-        !matches!(c,
-            Command::ScheduleTask { call_id: id, .. } | Command::LookupToolCache { call_id: id, .. }
-                if id == call_id)
-    });
-    for event in &hit.events {
-        after.apply(event);
+        let (_, key) = self.queue.get(self.next)?;
+        self.next += 1;
+        Some(key.clone())
     }
-    let more = cache_lookups(&hit.commands);
-    decision.events.extend(hit.events);
-    decision.commands.extend(hit.commands);
-    Some(more)
+
+    /// Whether [`CacheServing::serve`] needs the tenant's grants first.
+    pub(crate) fn needs_grants(&self) -> bool {
+        self.grants.is_none()
+    }
+
+    /// The tenant's grants now, read in the transaction.
+    pub(crate) fn set_grants(&mut self, grants: Vec<String>) {
+        self.grants = Some(grants);
+    }
+
+    /// The live entry found for the key [`CacheServing::next_key`] gave last.
+    pub(crate) fn serve(&mut self, row: ToolCacheRow) {
+        use crate::machine::Command;
+        let Some((call_id, _)) = self.next.checked_sub(1).and_then(|i| self.queue.get(i)) else {
+            return;
+        };
+        let call_id = call_id.clone();
+        let input = crate::machine::Input::ToolCacheHit {
+            call_id: call_id.clone(),
+            entry: row.entry(),
+            tenant_grants: self.grants.clone().unwrap_or_default(),
+        };
+        let hit = match crate::machine::decide(&self.after, input) {
+            Ok(hit) => hit,
+            Err(e) => {
+                tracing::debug!(call_id, error = %e, "cached result not used");
+                return;
+            }
+        };
+        self.decision.commands.retain(|c| {
+            !matches!(c,
+                Command::ScheduleTask { call_id: id, .. } | Command::LookupToolCache { call_id: id, .. }
+                    if *id == call_id)
+        });
+        for event in &hit.events {
+            self.after.apply(event);
+        }
+        self.hits += 1;
+        self.queue.extend(cache_lookups(&hit.commands));
+        self.decision.events.extend(hit.events);
+        self.decision.commands.extend(hit.commands);
+    }
+
+    /// The decision to write.
+    pub(crate) fn finish(self) -> Decision {
+        self.decision
+    }
 }
 
 /// A `tool_gates` row as both backends select it: `next_at_ms`,

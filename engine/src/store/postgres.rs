@@ -16,7 +16,6 @@ use super::{
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
-use crate::machine::cache::MAX_CACHE_HITS_PER_TRANSITION;
 use crate::machine::{Command, Decision, RunState, TaskEnd};
 
 /// Channel notified when tasks become claimable (payload empty).
@@ -1445,35 +1444,26 @@ async fn record_tool_outcome(
 
 /// Serve the calls `decision` launched with a cache lookup
 /// ([`Command::LookupToolCache`]) from the tenant's tool cache where it has
-/// a live entry ([`super::apply_cache_hit`]), at most
-/// [`MAX_CACHE_HITS_PER_TRANSITION`] of them; `state` is the run before
-/// `decision`. A decision without lookups costs no statement.
+/// a live entry (the rules are [`super::CacheServing`]'s); `state` is the
+/// run before `decision`. A decision without lookups costs no statement.
 async fn serve_from_cache(
     tx: &mut Transaction<'static, Postgres>,
     tenant: &str,
     state: &RunState,
-    mut decision: Decision,
+    decision: Decision,
 ) -> Result<Decision, StoreError> {
-    let mut queue = super::cache_lookups(&decision.commands);
-    if queue.is_empty() {
-        return Ok(decision);
-    }
-    let mut after = state.clone();
-    for event in &decision.events {
-        after.apply(event);
-    }
-    if after.now.is_none() {
-        after.now = Some(
+    let mut serving = match super::CacheServing::new(state, decision) {
+        Ok(serving) => serving,
+        Err(decision) => return Ok(decision),
+    };
+    if serving.needs_clock() {
+        serving.set_clock(
             sqlx::query_scalar("SELECT belay_now()")
                 .fetch_one(&mut **tx)
                 .await?,
         );
     }
-    let mut grants: Option<Vec<String>> = None;
-    let (mut next, mut hits) = (0, 0);
-    while next < queue.len() && hits < MAX_CACHE_HITS_PER_TRANSITION {
-        let (call_id, key) = queue[next].clone();
-        next += 1;
+    while let Some(key) = serving.next_key() {
         let row: Option<ToolCacheRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {TOOL_CACHE_COLUMNS} FROM tool_cache
              WHERE tenant = $1 AND cache_key = $2 AND expires_at > belay_now()"
@@ -1485,23 +1475,17 @@ async fn serve_from_cache(
         let Some(row) = row else {
             continue;
         };
-        if grants.is_none() {
+        if serving.needs_grants() {
             let stored: Option<(Vec<String>,)> =
                 sqlx::query_as("SELECT grants FROM tenants WHERE tenant = $1")
                     .bind(tenant)
                     .fetch_optional(&mut **tx)
                     .await?;
-            grants = Some(stored.map(|r| r.0).unwrap_or_default());
+            serving.set_grants(stored.map(|r| r.0).unwrap_or_default());
         }
-        let grants = grants.as_deref().unwrap_or_default();
-        if let Some(more) =
-            super::apply_cache_hit(&mut decision, &mut after, &call_id, row.entry(), grants)
-        {
-            hits += 1;
-            queue.extend(more);
-        }
+        serving.serve(row);
     }
-    Ok(decision)
+    Ok(serving.finish())
 }
 
 impl Pg {
