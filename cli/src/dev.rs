@@ -88,6 +88,12 @@ pub struct DevArgs {
     #[arg(long, default_value_t = CoordinatorConfig::default().sweep_interval_ms,
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     sweep_interval_ms: u64,
+    /// How long a result of a `hints.cacheable: true` tool is served from
+    /// the tenant's result cache, ms, when the tool gives no
+    /// `hints.cache_ttl`; 0: such tools are not cached.
+    #[arg(long, env = "BELAY_TOOL_CACHE_TTL_MS", default_value_t = CoordinatorConfig::default().tool_cache_ttl_ms,
+          value_parser = clap::value_parser!(u64).range(0..=belay_engine::definitions::model::MAX_CACHE_TTL_MS))]
+    tool_cache_ttl_ms: u64,
     /// On shutdown, how long the worker waits for its in-flight tasks, ms.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
@@ -349,6 +355,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         CoordinatorConfig {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,
+            tool_cache_ttl_ms: args.tool_cache_ttl_ms,
         },
     );
     if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {

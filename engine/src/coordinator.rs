@@ -129,6 +129,11 @@ pub struct CoordinatorConfig {
     pub lease_ms: u64,
     /// How often expired leases are looked for.
     pub sweep_interval_ms: u64,
+    /// How long a result of a `hints.cacheable: true` tool is served from
+    /// the tenant's result cache when the tool gives no `hints.cache_ttl`
+    /// (pinned into each run's plan when it starts); 0: such tools are not
+    /// cached.
+    pub tool_cache_ttl_ms: u64,
 }
 
 impl Default for CoordinatorConfig {
@@ -136,9 +141,16 @@ impl Default for CoordinatorConfig {
         CoordinatorConfig {
             lease_ms: 30_000,
             sweep_interval_ms: 1_000,
+            tool_cache_ttl_ms: machine::cache::DEFAULT_TOOL_CACHE_TTL_MS,
         }
     }
 }
+
+/// How often the sweeper deletes expired entries of the tool result cache.
+const TOOL_CACHE_PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Most expired entries of the tool result cache deleted by one statement.
+const TOOL_CACHE_PURGE_BATCH: i64 = 1_000;
 
 /// The coordinator; share it with `Arc`.
 #[derive(Debug)]
@@ -543,6 +555,10 @@ impl Coordinator {
             })?;
         let mut tdef: ToolDef = decode(&trow)?;
         self.repeat_safety_from_server(&mut tdef).await?;
+        // The engine's default cache TTL, pinned so the run keeps it.
+        if tdef.hints.cacheable == Some(true) && tdef.hints.cache_ttl_ms.is_none() {
+            tdef.hints.cache_ttl_ms = Some(self.config.tool_cache_ttl_ms);
+        }
         // A reconcile probe is pinned too (never offered to the model).
         if let Some(probe) = tdef.reconcile_with.clone()
             && !tools.contains_key(&probe)
@@ -584,6 +600,43 @@ impl Coordinator {
             tool.repeat_safety = crate::definitions::model::RepeatSafety::Idempotent;
         }
         Ok(())
+    }
+
+    /// The state a run starts from: empty, with the engine's clock when a
+    /// tool of `plan` fills a parameter with the time (`source: runtime`
+    /// `time`, `date`, `unix_ms`), since its first node may call it (the
+    /// one round trip is spent only then).
+    async fn start_state(&self, plan: &RunPlan) -> Result<machine::RunState, CoordinatorError> {
+        let reads_time = plan.tools.values().any(|t| {
+            t.def.injected.iter().any(|p| {
+                matches!(p.source, definitions::model::ParamSource::Runtime { field } if field.is_time())
+            })
+        });
+        let now = if reads_time {
+            Some(self.store.clock_now().await?)
+        } else {
+            None
+        };
+        Ok(machine::RunState {
+            now,
+            ..machine::RunState::default()
+        })
+    }
+
+    /// Delete the expired entries of the tool result cache, a batch at a
+    /// time; returns how many.
+    pub async fn purge_tool_cache(&self) -> Result<u64, CoordinatorError> {
+        let mut total = 0;
+        loop {
+            let n = self
+                .store
+                .purge_expired_tool_cache(TOOL_CACHE_PURGE_BATCH)
+                .await?;
+            total += n;
+            if n < TOOL_CACHE_PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
     }
 
     // ---- runs ---------------------------------------------------------------
@@ -630,7 +683,7 @@ impl Coordinator {
         let run_id = Uuid::now_v7();
         let workflow_version = plan.workflow.version as i32;
         let decision = machine::decide(
-            &machine::RunState::default(),
+            &self.start_state(&plan).await?,
             Input::Start {
                 run_id: run_id.to_string(),
                 tenant: req.tenant.clone(),
@@ -1806,8 +1859,9 @@ impl Coordinator {
         Ok(handled)
     }
 
-    /// Background loops: LISTEN/NOTIFY relay and the lease sweeper. They run
-    /// until the returned handles are aborted.
+    /// Background loops: LISTEN/NOTIFY relay and the sweeper (expired
+    /// leases, due timers, and once a minute expired tool cache entries).
+    /// They run until the returned handles are aborted.
     pub fn spawn_background(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         let listen = {
             let this = Arc::clone(self);
@@ -1820,6 +1874,7 @@ impl Coordinator {
                     this.config.sweep_interval_ms.max(10),
                 ));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut purged_at: Option<tokio::time::Instant> = None;
                 loop {
                     tick.tick().await;
                     if let Err(e) = this.sweep_expired_leases().await {
@@ -1827,6 +1882,16 @@ impl Coordinator {
                     }
                     if let Err(e) = this.fire_due_timers().await {
                         tracing::warn!(error = %e, "timer sweep failed");
+                    }
+                    if purged_at.is_none_or(|at| at.elapsed() >= TOOL_CACHE_PURGE_INTERVAL) {
+                        purged_at = Some(tokio::time::Instant::now());
+                        match this.purge_tool_cache().await {
+                            Ok(0) => {}
+                            Ok(n) => {
+                                tracing::debug!(entries = n, "expired tool cache entries deleted")
+                            }
+                            Err(e) => tracing::warn!(error = %e, "tool cache purge failed"),
+                        }
                     }
                 }
             })
@@ -1953,7 +2018,7 @@ impl Coordinator {
             let tenant_grants = self.store.tenant_grants(&tenant).await?;
             let version = plan.workflow.version as i32;
             let decision = machine::decide(
-                &machine::RunState::default(),
+                &self.start_state(&plan).await?,
                 Input::Start {
                     run_id: child_run_id.to_string(),
                     tenant: tenant.clone(),

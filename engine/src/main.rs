@@ -51,6 +51,13 @@ struct ServeArgs {
     /// How often expired leases are looked for, ms.
     #[arg(long, env = "BELAY_SWEEP_INTERVAL_MS", default_value_t = 1_000)]
     sweep_interval_ms: u64,
+    /// How long a result of a `hints.cacheable: true` tool is served from
+    /// the tenant's result cache, ms, when the tool gives no
+    /// `hints.cache_ttl`; 0: such tools are not cached.
+    #[arg(long, env = "BELAY_TOOL_CACHE_TTL_MS",
+          default_value_t = belay_engine::machine::cache::DEFAULT_TOOL_CACHE_TTL_MS,
+          value_parser = clap::value_parser!(u64).range(0..=belay_engine::definitions::model::MAX_CACHE_TTL_MS))]
+    tool_cache_ttl_ms: u64,
     /// Database connections.
     #[arg(long, env = "BELAY_DB_CONNECTIONS", default_value_t = 16)]
     db_connections: u32,
@@ -194,6 +201,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         CoordinatorConfig {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,
+            tool_cache_ttl_ms: args.tool_cache_ttl_ms,
         },
     );
     if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {

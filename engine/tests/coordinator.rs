@@ -415,6 +415,7 @@ async fn two_replicas_with_their_own_state_caches_agree_with_a_full_fold(backend
             CoordinatorConfig {
                 lease_ms: 60_000,
                 sweep_interval_ms: 1_000,
+                ..CoordinatorConfig::default()
             },
         ),
         Backend::Sqlite => {

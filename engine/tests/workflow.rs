@@ -42,6 +42,7 @@ fn config() -> CoordinatorConfig {
     CoordinatorConfig {
         lease_ms: 60_000,
         sweep_interval_ms: 1_000,
+        ..CoordinatorConfig::default()
     }
 }
 
@@ -1192,6 +1193,7 @@ async fn the_background_loops_start_children_tell_parents_and_fire_timers_on_the
         CoordinatorConfig {
             lease_ms: 60_000,
             sweep_interval_ms: 100,
+            ..CoordinatorConfig::default()
         },
     );
     register(&coord, FAMILY).await;

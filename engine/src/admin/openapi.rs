@@ -306,7 +306,7 @@ fn schemas() -> Value {
     map.insert("ToolCall".into(), json!({
         "type": "object",
         "description": "One tool call a run proposed, derived from the run's events: what was asked, what the engine decided, and how it ended.",
-        "required": ["run_id", "seq", "call_id", "tool", "tool_version", "node", "arguments", "caller", "tenant", "decision", "refusal", "confirmation", "outcome", "result", "error", "proposed_at", "ended_at"],
+        "required": ["run_id", "seq", "call_id", "tool", "tool_version", "node", "arguments", "caller", "tenant", "decision", "refusal", "confirmation", "outcome", "result", "cached", "error", "proposed_at", "ended_at"],
         "properties": {
             "run_id": {"type": "string", "format": "uuid"},
             "seq": {"type": "integer", "description": "Seq of the proposal event (`tool_call_scheduled` or `tool_call_refused`) in the run's history."},
@@ -339,6 +339,18 @@ fn schemas() -> Value {
             },
             "outcome": {"type": "string", "enum": ["completed", "failed", "uncertain", "open"], "description": "`completed`: succeeded (or resolved as succeeded); `failed`: failed for good, declined, resolved as failed, or refused; `uncertain`: the outcome is unknown and unresolved; `open`: not ended yet (running, awaiting a confirmation, or retried after an uncertain outcome)."},
             "result": {"description": "The result of a completed call, whole; `null` otherwise."},
+            "cached": {
+                "type": ["object", "null"],
+                "description": "Set when the result came from the tenant's result cache (`hints.cacheable: true`): the tool was not called. Where the entry came from; `null` otherwise.",
+                "required": ["key", "stored_by_run", "stored_by_call", "stored_at", "expires_at"],
+                "properties": {
+                    "key": {"type": "string", "description": "The cache key: hex SHA-256 of the tenant, the tool, its definition's content hash and the arguments."},
+                    "stored_by_run": {"type": "string", "format": "uuid", "description": "The run whose call stored the result."},
+                    "stored_by_call": {"type": "string", "description": "That call's id."},
+                    "stored_at": {"type": "string", "format": "date-time"},
+                    "expires_at": {"type": "string", "format": "date-time"},
+                }
+            },
             "error": {"type": ["string", "null"], "description": "What the model or workflow was told of a failed call (a refused call: the refusal's reason)."},
             "proposed_at": timestamp,
             "ended_at": {"type": ["string", "null"], "format": "date-time", "description": "When the call completed or failed (a refused call: when it was refused)."},

@@ -35,6 +35,7 @@ use super::signature::{
 };
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
+mod cache;
 mod retry;
 mod secrets;
 
@@ -632,6 +633,8 @@ struct Props<'b> {
     confirmation: Option<ConfirmationProps>,
     /// `hints:`.
     hints: ToolHints,
+    /// Line and column of the value of each hint written.
+    hint_at: BTreeMap<&'static str, (u32, u32)>,
     /// `effect:`, with the line and column of its value.
     effect: Option<(Effect, u32, u32)>,
     parameters: Option<&'b Block>,
@@ -852,6 +855,13 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             "`repeat_safety:` (`never`, `idempotent` or `reconcile`)",
         );
     }
+    cache::check(
+        &props,
+        &injected,
+        &name,
+        props.present.contains("repeat_safety"),
+        cx,
+    );
     if let Some(probe) = &props.reconcile_with {
         if props
             .repeat_safety
@@ -2142,7 +2152,7 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             }
             "hints" => {
                 if block_only(child, &kv, cx) {
-                    props.hints = read_hints(child, cx);
+                    (props.hints, props.hint_at) = read_hints(child, cx);
                 }
             }
             "effect" => {
@@ -2818,9 +2828,12 @@ fn read_on_outcome(block: &Block, what: &str, cx: &mut Cx<'_>) -> BTreeMap<Strin
 
 /// The `hints:` block: `cacheable`, `side_effects`, `requires_auth`
 /// (`true`/`false`), `latency` (`fast`, `medium`, `slow`), `timeout` (a
-/// duration, as `timeout:`; a bare number is ms).
-fn read_hints(block: &Block, cx: &mut Cx<'_>) -> ToolHints {
+/// duration, as `timeout:`; a bare number is ms), `cache_ttl` (a Belay
+/// extension: `cache::parse_ttl`); with where `cacheable` and `cache_ttl`
+/// were written, for `cache::check`.
+fn read_hints(block: &Block, cx: &mut Cx<'_>) -> (ToolHints, BTreeMap<&'static str, (u32, u32)>) {
     let mut hints = ToolHints::default();
+    let mut at = BTreeMap::new();
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
     for entry in &block.children {
         let line = &entry.line;
@@ -2829,6 +2842,11 @@ fn read_hints(block: &Block, cx: &mut Cx<'_>) -> ToolHints {
         };
         if !first_time(&mut seen, &kv, line.no, &format!("hint `{}`", kv.key), cx) {
             continue;
+        }
+        for known in ["cacheable", "cache_ttl"] {
+            if kv.key == known {
+                at.insert(known, (line.no, kv.value_col));
+            }
         }
         let flag = |cx: &mut Cx<'_>| keyword(entry, &kv, &[("true", true), ("false", false)], cx);
         match kv.key {
@@ -2851,14 +2869,22 @@ fn read_hints(block: &Block, cx: &mut Cx<'_>) -> ToolHints {
                     }
                 }
             }
+            "cache_ttl" => {
+                if let Some(s) = scalar(entry, &kv, cx) {
+                    match cache::parse_ttl(&s) {
+                        Ok(ms) => hints.cache_ttl_ms = Some(ms),
+                        Err(m) => cx.error(line.no, kv.value_col, m),
+                    }
+                }
+            }
             other => cx.error(
                 line.no,
                 kv.key_col,
-                format!("unknown hint `{other}` (expected `cacheable`, `latency`, `side_effects`, `requires_auth` or `timeout`)"),
+                format!("unknown hint `{other}` (expected `cacheable`, `cache_ttl`, `latency`, `side_effects`, `requires_auth` or `timeout`)"),
             ),
         }
     }
-    hints
+    (hints, at)
 }
 
 /// `effect:` and `hints.side_effects` must agree: `read_only` with
@@ -3246,6 +3272,17 @@ fn typed_literal(ty: &TypeExpr, text: &str, quoted: bool, what: &str) -> Result<
     }
 }
 
+/// The `value:`s of `source: runtime`, for messages.
+const RUNTIME_VALUES: &str = "`run_id`, `node_id`, `call_id`, `idempotency_key`, `tenant`, `time` (or `now`), `date` or `unix_ms`";
+
+/// The built-in type of `ty`, if it is one.
+fn field_ty_prim(ty: &TypeExpr) -> Option<Prim> {
+    match ty {
+        TypeExpr::Prim(p) => Some(*p),
+        _ => None,
+    }
+}
+
 /// The `source:`, `value:`, `key:`, `table:`, `hidden:`, `required:` and
 /// `default:` of one parameter, applied to `field` (`required`, `default`)
 /// and checked; `Some` for a parameter the model does not supply. `at` is
@@ -3310,6 +3347,7 @@ fn finish_source(
             format!("`hidden: false` contradicts the parameter's source: `{name}` is never shown to the model when its value comes from elsewhere"),
         );
     }
+    let field_ty = field.ty.clone();
     let need_string = |cx: &mut Cx<'_>, what: &str| {
         if field.ty != TypeExpr::Prim(Prim::String) {
             cx.error(
@@ -3330,7 +3368,7 @@ fn finish_source(
                 cx.error(src_line, src_col, format!("`source: {what}` needs a `value:` ({})", match what {
                     "system" => "a jq expression over the run's state, like `.input.customer_id`",
                     "expr" => "a jq expression over the run's state and the model's arguments at `.args`",
-                    "runtime" => "`run_id`, `node_id`, `call_id`, `idempotency_key` or `tenant`",
+                    "runtime" => RUNTIME_VALUES,
                     _ => "the name of a worker configuration value, like `CRM_ACCOUNT`",
                 }));
                 None
@@ -3386,7 +3424,6 @@ fn finish_source(
             }
         }
         Some("runtime") => {
-            need_string(cx, "runtime");
             let (text, line, col) = value_text(cx, "runtime")?;
             let field = match text.as_str() {
                 "run_id" => RuntimeField::RunId,
@@ -3394,15 +3431,41 @@ fn finish_source(
                 "call_id" => RuntimeField::CallId,
                 "idempotency_key" => RuntimeField::IdempotencyKey,
                 "tenant" => RuntimeField::Tenant,
-                "time" | "now" | "timestamp" => {
-                    cx.error(line, col, format!("`value: {text}` of `source: runtime` is not supported yet: the engine decides a call without reading a clock, and no recorded event carries the time yet"));
-                    return None;
-                }
+                "time" | "now" => RuntimeField::Time,
+                "date" => RuntimeField::Date,
+                "unix_ms" => RuntimeField::UnixMs,
                 other => {
-                    cx.error(line, col, format!("unknown `value: {other}` of `source: runtime` (expected `run_id`, `node_id`, `call_id`, `idempotency_key` or `tenant`)"));
+                    cx.error(line, col, format!("unknown `value: {other}` of `source: runtime` (expected {RUNTIME_VALUES})"));
                     return None;
                 }
             };
+            // What each value gives: the time as RFC 3339 text, the date as
+            // `YYYY-MM-DD` (a `date` or a `string`), ms as a number.
+            let fits = match field {
+                RuntimeField::Date => {
+                    matches!(field_ty_prim(&field_ty), Some(Prim::Date | Prim::String))
+                }
+                RuntimeField::UnixMs => field_ty_prim(&field_ty) == Some(Prim::Number),
+                _ => field_ty_prim(&field_ty) == Some(Prim::String),
+            };
+            if !fits {
+                let gives = match field {
+                    RuntimeField::Date => {
+                        "a date (`YYYY-MM-DD`), for a `date` or `string` parameter"
+                    }
+                    RuntimeField::UnixMs => "a number (ms since the Unix epoch)",
+                    RuntimeField::Time => "a string (RFC 3339, like `2026-12-02T10:15:30.123Z`)",
+                    _ => "a string",
+                };
+                cx.error(
+                    src_line,
+                    src_col,
+                    format!(
+                        "`source: runtime` `value: {text}` gives {gives}; `{name}` is a `{}`",
+                        field_ty.describe()
+                    ),
+                );
+            }
             ParamSource::Runtime { field }
         }
         Some("auth") => {
@@ -4316,6 +4379,7 @@ TOOLS:
                 side_effects: Some(false),
                 requires_auth: Some(true),
                 timeout_ms: Some(5000),
+                cache_ttl_ms: None,
             }
         );
         assert!(!t.has_side_effects());
@@ -4356,7 +4420,7 @@ TOOLS:
                 "8:18: unknown cacheable `yes` (expected `true` or `false`)",
                 "9:16: unknown latency `instant` (expected `fast`, `medium` or `slow`)",
                 "10:16: timeout `soon` is not a duration (write e.g. `30s`, `500ms`, `2m`, or a number of milliseconds)",
-                "11:7: unknown hint `cost` (expected `cacheable`, `latency`, `side_effects`, `requires_auth` or `timeout`)",
+                "11:7: unknown hint `cost` (expected `cacheable`, `cache_ttl`, `latency`, `side_effects`, `requires_auth` or `timeout`)",
                 "12:7: duplicate hint `cacheable` (first on line 8)",
                 "13:7: expected `hint: value` in `hints:`, found `latency`",
                 "14:5: duplicate property `hints` (first on line 7)",
@@ -4365,6 +4429,207 @@ TOOLS:
         assert_eq!(
             errors(&tool_with("f() -> string", "    hints: fast\n")),
             vec!["7:12: `hints` takes an indented block on the following lines, not a value"]
+        );
+    }
+
+    #[test]
+    fn cacheable_takes_a_ttl_and_is_refused_on_a_tool_that_acts() {
+        // The seed's "Caching hints" example, with Belay's required
+        // properties and the `cache_ttl` extension.
+        let t = one_tool(
+            "TOOLS:\n  get_exchange_rate(from: string, to: string) -> {rate: number}\n    description: \"Get current exchange rate\"\n    type: http\n    endpoint: \"/api/fx/rate\"\n    method: GET\n    hints:\n      cacheable: true\n      latency: fast\n      cache_ttl: 5m\n    effect: read_only\n    permission: fx.read\n    repeat_safety: idempotent\n",
+        );
+        assert_eq!(
+            (t.hints.cacheable, t.hints.cache_ttl_ms),
+            (Some(true), Some(300_000))
+        );
+        assert_eq!(t.cache_ttl_ms(1), Some(300_000));
+        for (ttl, ms) in [
+            ("90000", 90_000),
+            ("30s", 30_000),
+            ("1h 30m", 5_400_000),
+            ("7days", 604_800_000),
+        ] {
+            let t = one_tool(&tool_with(
+                "f() -> string",
+                &format!("    hints:\n      cacheable: true\n      cache_ttl: {ttl}\n"),
+            ));
+            assert_eq!(t.hints.cache_ttl_ms, Some(ms), "{ttl}");
+        }
+        // Without a TTL, the engine's default (pinned when a run starts).
+        let t = one_tool(&tool_with(
+            "f() -> string",
+            "    hints:\n      cacheable: true\n",
+        ));
+        assert_eq!((t.hints.cache_ttl_ms, t.cache_ttl_ms(42)), (None, Some(42)));
+        assert_eq!(t.cache_ttl_ms(0), None);
+        // `cacheable: false` (or nothing) never caches.
+        let t = one_tool(&tool_with(
+            "f() -> string",
+            "    hints:\n      cacheable: false\n",
+        ));
+        assert_eq!(t.cache_ttl_ms(42), None);
+        assert_eq!(
+            errors(&tool_with(
+                "f() -> string",
+                "    hints:\n      cacheable: true\n      cache_ttl: 0\n"
+            )),
+            vec![
+                "9:18: `cache_ttl` must be more than 0 (leave `cacheable: true` out to cache nothing)"
+            ]
+        );
+        assert_eq!(
+            errors(&tool_with(
+                "f() -> string",
+                "    hints:\n      cacheable: true\n      cache_ttl: 8days\n"
+            )),
+            vec![
+                "9:18: `cache_ttl: 8days` is longer than 7 days, the longest a result is served from the cache"
+            ]
+        );
+        let e = errors(&tool_with(
+            "f() -> string",
+            "    hints:\n      cacheable: true\n      cache_ttl: soon\n",
+        ));
+        assert!(
+            e.len() == 1 && e[0].starts_with("9:18: `cache_ttl: soon` is not a duration"),
+            "{e:?}"
+        );
+        assert_eq!(
+            errors(&tool_with(
+                "f() -> string",
+                "    hints:\n      cache_ttl: 5m\n"
+            )),
+            vec![
+                "8:18: `hints.cache_ttl` goes with `hints.cacheable: true`: without it nothing is cached"
+            ]
+        );
+
+        // A tool that acts may not be cached: each refusal points at
+        // `cacheable: true` (line 8, column 18).
+        let refused = |props: &str, repeat_safety: &str| {
+            errors(&format!(
+                "TOOLS:\n  f() -> string\n    type: http\n    endpoint: \"/x\"\n    permission: p\n    repeat_safety: {repeat_safety}\n    hints:\n      cacheable: true\n{props}"
+            ))
+        };
+        let why = |what: &str| {
+            vec![format!(
+                "8:18: `cacheable: true` does not fit tool `f`: {what}; a cached result is served instead of calling the tool"
+            )]
+        };
+        assert_eq!(
+            refused("    effect: side_effect\n", "idempotent"),
+            why("it declares `effect: side_effect`")
+        );
+        assert_eq!(
+            refused("    effect: state_write\n", "idempotent"),
+            why("it declares `effect: state_write`")
+        );
+        assert_eq!(
+            refused("      side_effects: true\n", "idempotent"),
+            why("it declares `hints.side_effects: true`")
+        );
+        assert_eq!(
+            refused("", "never"),
+            why(
+                "it is `repeat_safety: never` (a call whose effect must not happen twice); only an `idempotent` tool that changes nothing may be cached"
+            )
+        );
+        assert_eq!(
+            refused("", "reconcile"),
+            why(
+                "it is `repeat_safety: reconcile` (a call whose effect must not happen twice); only an `idempotent` tool that changes nothing may be cached"
+            )
+        );
+        assert_eq!(
+            refused("    scrub_secrets: false\n", "idempotent"),
+            why(
+                "it says `scrub_secrets: false`, and the cache keeps only scrubbed results (it keeps them outside the run, for every run of the tenant)"
+            )
+        );
+        assert_eq!(
+            errors(
+                "TOOLS:\n  f() -> string\n    type: mcp\n    server: s\n    permission: p\n    hints:\n      cacheable: true\n"
+            ),
+            vec![
+                "7:18: `cacheable: true` does not fit tool `f`: it leaves its repeat safety to the MCP server's hints; declare `repeat_safety: idempotent`; a cached result is served instead of calling the tool"
+            ]
+        );
+        let e = errors(
+            "TOOLS:\n  f(x: string) -> object\n    type: workflow\n    workflow_id: child\n    permission: p\n    repeat_safety: idempotent\n    hints:\n      cacheable: true\n",
+        );
+        assert!(
+            e.contains(&"8:18: `cacheable: true` does not fit tool `f`: it is `type: workflow`, and each call starts a child run; a cached result is served instead of calling the tool".to_owned()),
+            "{e:?}"
+        );
+        // A parameter unique to each call would make every key different.
+        assert_eq!(
+            errors(&tool_with(
+                "f(at: string, day: date) -> string",
+                "    hints:\n      cacheable: true\n    parameters:\n      at:\n        source: runtime\n        value: time\n      day:\n        source: runtime\n        value: date\n",
+            )),
+            why(
+                "its parameter `at` is `source: runtime` `value: time`, different in every call, so no two calls have the same arguments (the cache key) and none would ever be served"
+            )
+        );
+        // An idempotent MCP tool that says so may be cached.
+        let t = one_tool(
+            "TOOLS:\n  f() -> string\n    type: mcp\n    server: s\n    permission: p\n    repeat_safety: idempotent\n    hints:\n      cacheable: true\n",
+        );
+        assert_eq!(t.cache_ttl_ms(5), Some(5));
+    }
+
+    #[test]
+    fn runtime_time_values_and_their_types() {
+        let t = one_tool(&tool_with(
+            "f(at: string, now: string, day: date, day_text: string, ms: number) -> string",
+            "    parameters:\n      at:\n        source: runtime\n        value: time\n      now:\n        source: runtime\n        value: now\n      day:\n        source: runtime\n        value: date\n      day_text:\n        source: runtime\n        value: date\n      ms:\n        source: runtime\n        value: unix_ms\n",
+        ));
+        let fields: Vec<_> = t
+            .injected
+            .iter()
+            .map(|p| match &p.source {
+                ParamSource::Runtime { field } => (p.name.as_str(), *field),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                ("at", RuntimeField::Time),
+                ("now", RuntimeField::Time),
+                ("day", RuntimeField::Date),
+                ("day_text", RuntimeField::Date),
+                ("ms", RuntimeField::UnixMs),
+            ]
+        );
+        assert_eq!(
+            t.model_input_schema,
+            Some(
+                json!({"type": "object", "properties": {}, "required": [], "additionalProperties": false})
+            )
+        );
+        // Each value needs a parameter of the type it gives.
+        assert_eq!(
+            errors(&tool_with(
+                "f(a: number, b: string, c: boolean, d: date) -> string",
+                "    parameters:\n      a:\n        source: runtime\n        value: time\n      b:\n        source: runtime\n        value: unix_ms\n      c:\n        source: runtime\n        value: date\n      d:\n        source: runtime\n        value: run_id\n",
+            )),
+            vec![
+                "9:17: `source: runtime` `value: time` gives a string (RFC 3339, like `2026-12-02T10:15:30.123Z`); `a` is a `number`",
+                "12:17: `source: runtime` `value: unix_ms` gives a number (ms since the Unix epoch); `b` is a `string`",
+                "15:17: `source: runtime` `value: date` gives a date (`YYYY-MM-DD`), for a `date` or `string` parameter; `c` is a `boolean`",
+                "18:17: `source: runtime` `value: run_id` gives a string; `d` is a `date`",
+            ]
+        );
+        assert_eq!(
+            errors(&tool_with(
+                "f(a: string) -> string",
+                "    parameters:\n      a:\n        source: runtime\n        value: timestamp\n",
+            )),
+            vec![
+                "10:16: unknown `value: timestamp` of `source: runtime` (expected `run_id`, `node_id`, `call_id`, `idempotency_key`, `tenant`, `time` (or `now`), `date` or `unix_ms`)"
+            ]
         );
     }
 
@@ -4583,8 +4848,7 @@ TOOLS:
             )),
             vec![
                 "9:17: unknown `source: session` (expected `model`, `system`, `runtime`, `config`, `auth`, `expr` or `lookup`)",
-                "11:17: `source: runtime` gives a string; `b` is a `number`",
-                "15:16: `value: time` of `source: runtime` is not supported yet: the engine decides a call without reading a clock, and no recorded event carries the time yet",
+                "11:17: `source: runtime` `value: run_id` gives a string; `b` is a `number`",
                 "17:17: `source: system` needs a `value:` (a jq expression over the run's state, like `.input.customer_id`)",
                 "20:16: `value` is not a valid jq expression: column 10: `foo/0` is not defined",
                 "22:18: default \"3\" is not a number",

@@ -313,6 +313,28 @@ pub enum RuntimeField {
     IdempotencyKey,
     /// The run's tenant.
     Tenant,
+    /// The time the call was proposed, by the engine's clock, as RFC 3339
+    /// UTC with milliseconds (`2026-12-02T10:15:30.123Z`): the time of the
+    /// transition that proposed it, which the store reads under the run's
+    /// lock. The machine reads no clock; the value is recorded in the
+    /// call's arguments, so replay never needs it again. Added for issue 4.
+    Time,
+    /// The UTC date of [`RuntimeField::Time`] (`2026-12-02`). Added for
+    /// issue 4.
+    Date,
+    /// [`RuntimeField::Time`] in milliseconds since the Unix epoch. Added
+    /// for issue 4.
+    UnixMs,
+}
+
+impl RuntimeField {
+    /// Whether the value is the time of the call's proposal.
+    pub fn is_time(self) -> bool {
+        matches!(
+            self,
+            RuntimeField::Time | RuntimeField::Date | RuntimeField::UnixMs
+        )
+    }
 }
 
 /// `source: auth` values. Added for issue 4.
@@ -373,7 +395,9 @@ pub enum Latency {
 /// readers of the definition and the audit see it; what each one changes is
 /// in `docs/tools.md`: `timeout` sets the tool's timeout when `timeout:` is
 /// absent, `side_effects` feeds `confirmation.require: when_side_effects`,
-/// the others change nothing yet. Added for issue 4.
+/// `cacheable: true` (with `cache_ttl`) turns on the tenant's durable
+/// result cache for the tool (`crate::machine::cache`), `latency` and
+/// `requires_auth` are advisory. Added for issue 4.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolHints {
     /// `cacheable:`.
@@ -391,7 +415,19 @@ pub struct ToolHints {
     /// `timeout:` in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// `cache_ttl:` (a Belay extension, only with `cacheable: true`): how
+    /// long a cached result is served, ms. `None` in a registered
+    /// definition: the engine's `--tool-cache-ttl-ms`, which the
+    /// coordinator pins here when a run starts (0: the tool's results are
+    /// not cached). Added for issue 4 (result cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_ttl_ms: Option<u64>,
 }
+
+/// Longest `hints.cache_ttl:` a tool may declare, ms (7 days): a cached
+/// result older than that is not "the same call's result" in any sense a
+/// reader of the run would accept.
+pub const MAX_CACHE_TTL_MS: u64 = 7 * 86_400_000;
 
 impl ToolHints {
     /// Whether no hint is given.
@@ -542,6 +578,29 @@ impl ToolDef {
         self.model_input_schema
             .as_ref()
             .unwrap_or(&self.input_schema)
+    }
+
+    /// The time a result of this tool is served from the tenant's result
+    /// cache, ms, when its calls may use it: `hints.cacheable: true` and a
+    /// TTL above 0 (`hints.cache_ttl_ms`, else `default_ttl_ms`). The parser
+    /// allows `cacheable: true` only on an `idempotent` tool without
+    /// declared side effects, whose results are scrubbed, that a worker
+    /// calls; this checks the same again, so a definition stored before
+    /// those rules never caches.
+    pub fn cache_ttl_ms(&self, default_ttl_ms: u64) -> Option<u64> {
+        let allowed = self.hints.cacheable == Some(true)
+            && self.repeat_safety == RepeatSafety::Idempotent
+            && !self.repeat_safety_from_server
+            && self.scrub_secrets
+            && !matches!(self.effect, Some(Effect::StateWrite | Effect::SideEffect))
+            && self.hints.side_effects != Some(true)
+            && !matches!(self.binding, ToolBindingDef::Workflow { .. });
+        let ttl = self
+            .hints
+            .cache_ttl_ms
+            .unwrap_or(default_ttl_ms)
+            .min(MAX_CACHE_TTL_MS);
+        (allowed && ttl > 0).then_some(ttl)
     }
 
     /// Whether the tool may change state outside the run: `effect:` when

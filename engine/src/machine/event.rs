@@ -397,10 +397,17 @@ pub enum Event {
     ToolCallCompleted {
         /// Call id.
         call_id: String,
-        /// Attempt whose result this is.
+        /// Attempt whose result this is (0: no attempt was made, as for a
+        /// cached result or an async child run's id).
         attempt: u32,
         /// The tool's result, whole (the model sees it truncated).
         result: Value,
+        /// Set when the result came from the tenant's result cache
+        /// (`hints.cacheable`): no task was scheduled, nothing was
+        /// dispatched, the tool was not called. Added for issue 4 (result
+        /// cache).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cached: Option<super::cache::CachedResult>,
     },
     /// The tool call failed for good; the model sees `error`.
     ToolCallFailed {

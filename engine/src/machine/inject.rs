@@ -5,10 +5,14 @@
 //!
 //! Pure, like the rest of the machine: every value comes from the run's
 //! state (its recorded events) and the call being proposed, none from a
-//! clock. A `source: config` parameter gets the placeholder
+//! clock: a `source: runtime` time (`time`, `date`, `unix_ms`) is the
+//! transition's time the store handed in ([`RunState::now`]), and lands in
+//! the recorded arguments like every other value. A `source: config`
+//! parameter gets the placeholder
 //! `{{config.NAME}}`; the worker puts the value in at dispatch
 //! (`ToolCallSpec::config_params`), so no event holds it.
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Map, Value};
 
 use crate::definitions::expr::ExprError;
@@ -16,6 +20,8 @@ use crate::definitions::model::{AuthField, InjectedParam, ParamSource, RuntimeFi
 
 /// What a call knows about itself and its run, for `source: runtime` and
 /// `source: auth`.
+///
+/// [`RunState::now`]: super::RunState::now
 pub(super) struct CallFacts<'a> {
     /// The run's id.
     pub run_id: &'a str,
@@ -29,6 +35,8 @@ pub(super) struct CallFacts<'a> {
     pub tenant: &'a str,
     /// Who started the run.
     pub caller: &'a str,
+    /// The time the call is proposed ([`RunState::now`](super::RunState::now)).
+    pub now: Option<DateTime<Utc>>,
 }
 
 /// The injected parameters among `args`' keys, in the tool's order: the
@@ -152,16 +160,16 @@ fn source_value(
             };
             table.get(&key).cloned().unwrap_or(Value::Null)
         }
-        ParamSource::Runtime { field } => Value::String(
-            match field {
-                RuntimeField::RunId => facts.run_id,
-                RuntimeField::NodeId => facts.node_id,
-                RuntimeField::CallId => facts.call_id,
-                RuntimeField::IdempotencyKey => facts.idempotency_key,
-                RuntimeField::Tenant => facts.tenant,
+        ParamSource::Runtime { field } => match field {
+            RuntimeField::RunId => Value::String(facts.run_id.to_owned()),
+            RuntimeField::NodeId => Value::String(facts.node_id.to_owned()),
+            RuntimeField::CallId => Value::String(facts.call_id.to_owned()),
+            RuntimeField::IdempotencyKey => Value::String(facts.idempotency_key.to_owned()),
+            RuntimeField::Tenant => Value::String(facts.tenant.to_owned()),
+            RuntimeField::Time | RuntimeField::Date | RuntimeField::UnixMs => {
+                facts.now.map_or(Value::Null, |now| time_value(*field, now))
             }
-            .to_owned(),
-        ),
+        },
         ParamSource::Auth { field } => Value::String(
             match field {
                 AuthField::Caller => facts.caller,
@@ -172,6 +180,31 @@ fn source_value(
         ParamSource::Config { name } => Value::String(config_placeholder(name)),
         ParamSource::Literal { value } => value.clone(),
     })
+}
+
+/// A `source: runtime` time value of `now`: RFC 3339 UTC with ms, the UTC
+/// date, or ms since the Unix epoch.
+fn time_value(field: RuntimeField, now: DateTime<Utc>) -> Value {
+    match field {
+        RuntimeField::Date => Value::String(now.format("%Y-%m-%d").to_string()),
+        RuntimeField::UnixMs => Value::from(now.timestamp_millis()),
+        _ => Value::String(now.to_rfc3339_opts(SecondsFormat::Millis, true)),
+    }
+}
+
+/// The time values of `def`'s `source: runtime` parameters in `recorded`
+/// (a call's arguments as proposed) put back into `args`: a call's time is
+/// when it was proposed, so an approver's edit, which fills the other
+/// parameters in again, keeps it (the approver saw it).
+pub(super) fn keep_proposal_time(def: &ToolDef, recorded: &Value, args: &mut Map<String, Value>) {
+    for p in &def.injected {
+        if let ParamSource::Runtime { field } = p.source
+            && field.is_time()
+            && let Some(v) = recorded.get(&p.name)
+        {
+            args.insert(p.name.clone(), v.clone());
+        }
+    }
 }
 
 /// `source: system \`.input.id\`` and the like, for messages.

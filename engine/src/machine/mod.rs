@@ -7,6 +7,7 @@
 //! model call, the next node, the end of the run) is derived in `advance`
 //! from the state alone, so replaying a history reaches the same decisions.
 
+pub mod cache;
 pub mod event;
 pub mod normalize;
 pub mod plan;
@@ -265,6 +266,32 @@ pub enum Command {
     },
     /// The run ended: delete its vault.
     DropRunSecrets,
+    /// Before the `ScheduleTask` of `call_id` in the same decision: look
+    /// `key` up in the tenant's tool cache (by the engine's clock). On a
+    /// live entry the store leaves that task out and decides
+    /// [`Input::ToolCacheHit`] with it, on the state after this decision,
+    /// in the same transaction ([`cache`]). Added for issue 4 (result cache).
+    LookupToolCache {
+        /// Call id.
+        call_id: String,
+        /// The call's cache key ([`cache::key`]).
+        key: String,
+    },
+    /// Keep a call's result in the tenant's tool cache for `ttl_ms` by the
+    /// engine's clock (a newer result of the same key replaces it). Added
+    /// for issue 4 (result cache).
+    StoreToolCache {
+        /// The call's cache key ([`cache::key`]).
+        key: String,
+        /// Tool name (for operators and the store's tests).
+        tool: String,
+        /// The call whose result it is.
+        call_id: String,
+        /// The result, as recorded (scrubbed).
+        result: Value,
+        /// How long it is served, ms.
+        ttl_ms: u64,
+    },
 }
 
 /// What the machine decided for one input.
@@ -492,6 +519,22 @@ pub enum Input {
         answer: Value,
         /// Who answers.
         by: String,
+    },
+    /// The tenant's tool cache holds a live result for a call the decision
+    /// before it launched ([`Command::LookupToolCache`]); decided by the
+    /// store in the same transaction. Refused (and the call's task then
+    /// scheduled as usual) when the call is no longer launchable from the
+    /// cache: not open, dispatched, its key or the permission changed.
+    /// Added for issue 4 (result cache).
+    ToolCacheHit {
+        /// Call id.
+        call_id: String,
+        /// The entry found.
+        entry: cache::CacheEntry,
+        /// The tenant's grants now, read in the same transaction, so a
+        /// permission withdrawn since the run started is not served from
+        /// the cache (it is refused at dispatch instead).
+        tenant_grants: Vec<String>,
     },
     /// A person decides an approval node.
     DecideApproval {
@@ -805,6 +848,13 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             verdict,
         } => {
             m.on_dispatch_gated(call_id, attempt, worker_id, verdict)?;
+        }
+        Input::ToolCacheHit {
+            call_id,
+            entry,
+            tenant_grants,
+        } => {
+            m.on_cache_hit(call_id, entry, &tenant_grants)?;
         }
         Input::Callback {
             token_sha256,
@@ -1198,6 +1248,9 @@ impl Step {
         }
         self.state.apply(&event);
         let vars = self.outcome_vars(&event);
+        if let Some(keep) = self.cache_store(&event) {
+            self.command(keep);
+        }
         self.out.events.push(event);
         if let Some(vars) = vars {
             self.state.apply(&vars);
@@ -1566,6 +1619,7 @@ impl Step {
                 idempotency_key: &key,
                 tenant: &self.state.tenant,
                 caller: &self.state.caller,
+                now: self.state.now,
             };
             if let Err(reason) = inject::inject(&tool.def, map, &self.state.document(), &facts) {
                 let event = refuse(
@@ -1735,14 +1789,22 @@ impl Step {
         child: Option<(ToolBindingDef, Value)>,
     ) {
         match (spec, child) {
-            (Some(spec), _) => self.command(Command::ScheduleTask {
-                call_id: call_id.to_owned(),
-                kind: TaskKind::ToolCall,
-                spec,
-                idempotency_key: key,
-                repeat_safety: Some(repeat_safety),
-                runs_while_paused: false,
-            }),
+            (Some(spec), _) => {
+                if let Some(key) = self.cache_key_of(call_id) {
+                    self.command(Command::LookupToolCache {
+                        call_id: call_id.to_owned(),
+                        key,
+                    });
+                }
+                self.command(Command::ScheduleTask {
+                    call_id: call_id.to_owned(),
+                    kind: TaskKind::ToolCall,
+                    spec,
+                    idempotency_key: key,
+                    repeat_safety: Some(repeat_safety),
+                    runs_while_paused: false,
+                })
+            }
             (None, Some((binding, arguments))) => {
                 self.start_tool_child(node_id, call_id, &binding, &arguments)
             }
@@ -1824,11 +1886,11 @@ impl Step {
                         idempotency_key: &call.idempotency_key,
                         tenant: &self.state.tenant,
                         caller: &self.state.caller,
+                        now: self.state.now,
                     };
-                    if let Err(reason) =
-                        inject::inject(&tool.def, &mut map, &self.state.document(), &facts)
-                    {
-                        errors.push(format!("/: {reason}"));
+                    match inject::inject(&tool.def, &mut map, &self.state.document(), &facts) {
+                        Ok(()) => inject::keep_proposal_time(&tool.def, &call.arguments, &mut map),
+                        Err(reason) => errors.push(format!("/: {reason}")),
                     }
                 }
                 let value = Value::Object(map);
@@ -1971,6 +2033,7 @@ impl Step {
                 call_id: call_id.to_owned(),
                 attempt: 0,
                 result: json!({"run_id": child_run_id}),
+                cached: None,
             });
         }
     }
@@ -2045,36 +2108,8 @@ impl Step {
         // Permission again, immediately before the tool acts: the node's
         // grants (agent + node, as pinned), the caller's, and the tenant's
         // as they are now (a grant withdrawn since the proposal refuses it).
-        let plan = self.plan()?;
-        let permission = plan
-            .tools
-            .get(&call.tool)
-            .map(|t| t.def.permission.clone())
-            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
-        let node_def = plan.workflow.def.nodes.iter().find(|n| n.id == call.node);
-        let agent_has = node_def
-            .and_then(|n| match &n.kind {
-                NodeKind::Agent { agent, .. } => plan.agents.get(agent),
-                _ => None,
-            })
-            .is_some_and(|a| a.def.grants.contains(&permission));
-        let node_has = agent_has || node_def.is_some_and(|n| n.grants.contains(&permission));
         let tenant_grants = tenant_grants.as_ref().unwrap_or(&self.state.tenant_grants);
-        // A reconcile probe is the engine's own lookup, declared by the tool's
-        // author: tenant policy applies, the node's and the caller's do not.
-        let probe = call.probe_for.is_some();
-        let missing: Vec<&str> = [
-            ("node", probe || node_has),
-            (
-                "caller",
-                probe || self.state.caller_grants.contains(&permission),
-            ),
-            ("tenant", tenant_grants.contains(&permission)),
-        ]
-        .into_iter()
-        .filter(|(_, ok)| !ok)
-        .map(|(who, _)| who)
-        .collect();
+        let (permission, missing) = self.missing_grants(&call, tenant_grants)?;
         if !missing.is_empty() {
             return Err(MachineError::DispatchRefused {
                 call_id,
@@ -2084,6 +2119,7 @@ impl Step {
                 ),
             });
         }
+        let plan = self.plan()?;
         let gates = plan
             .tools
             .get(&call.tool)
@@ -2105,6 +2141,166 @@ impl Step {
                 holds_turn: call.holds_turn,
             });
         }
+        Ok(())
+    }
+
+    /// The permission of `call`'s tool and who of node, caller and tenant
+    /// (`tenant_grants`: the tenant's grants now) lacks it, for the check
+    /// right before a tool acts (or its cached result is served). A
+    /// reconcile probe is the engine's own lookup, declared by the tool's
+    /// author: tenant policy applies, the node's and the caller's do not.
+    fn missing_grants(
+        &self,
+        call: &state::ToolCallState,
+        tenant_grants: &[String],
+    ) -> Result<(String, Vec<&'static str>), MachineError> {
+        let plan = self.plan()?;
+        let permission = plan
+            .tools
+            .get(&call.tool)
+            .map(|t| t.def.permission.clone())
+            .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
+        let node_def = plan.workflow.def.nodes.iter().find(|n| n.id == call.node);
+        let agent_has = node_def
+            .and_then(|n| match &n.kind {
+                NodeKind::Agent { agent, .. } => plan.agents.get(agent),
+                _ => None,
+            })
+            .is_some_and(|a| a.def.grants.contains(&permission));
+        let node_has = agent_has || node_def.is_some_and(|n| n.grants.contains(&permission));
+        let probe = call.probe_for.is_some();
+        let missing = [
+            ("node", probe || node_has),
+            (
+                "caller",
+                probe || self.state.caller_grants.contains(&permission),
+            ),
+            ("tenant", tenant_grants.contains(&permission)),
+        ]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(who, _)| who)
+        .collect();
+        Ok((permission, missing))
+    }
+
+    /// The cache key of call `call_id` when its result may come from, and
+    /// go to, the tenant's tool cache ([`cache`]): a call of a tool whose
+    /// [`ToolDef::cache_ttl_ms`] is set, not a reconcile probe, and one that
+    /// has not asked a person for input (its result then depends on the
+    /// answers, which its arguments do not hold).
+    fn cache_key_of(&self, call_id: &str) -> Option<String> {
+        let call = self.state.tool_calls.get(call_id)?;
+        if call.probe_for.is_some() || call.input_rounds > 0 {
+            return None;
+        }
+        let tool = self.state.plan.as_ref()?.tools.get(&call.tool)?;
+        tool.def.cache_ttl_ms(cache::DEFAULT_TOOL_CACHE_TTL_MS)?;
+        Some(cache::key(&self.state.tenant, tool, &call.arguments))
+    }
+
+    /// A call just completed by `event` (a result the tool gave: not a
+    /// cached one) whose result goes to the tenant's tool cache: the
+    /// command that keeps it. A result larger than
+    /// [`cache::MAX_CACHED_RESULT_BYTES`] is not kept.
+    fn cache_store(&self, event: &Event) -> Option<Command> {
+        let Event::ToolCallCompleted {
+            call_id,
+            result,
+            cached: None,
+            ..
+        } = event
+        else {
+            return None;
+        };
+        let key = self.cache_key_of(call_id)?;
+        let call = self.state.tool_calls.get(call_id)?;
+        let tool = self.state.plan.as_ref()?.tools.get(&call.tool)?;
+        let ttl_ms = tool.def.cache_ttl_ms(cache::DEFAULT_TOOL_CACHE_TTL_MS)?;
+        if serde_json::to_string(result).map_or(true, |t| t.len() > cache::MAX_CACHED_RESULT_BYTES)
+        {
+            return None;
+        }
+        Some(Command::StoreToolCache {
+            key,
+            tool: call.tool.clone(),
+            call_id: call_id.clone(),
+            result: result.clone(),
+            ttl_ms,
+        })
+    }
+
+    /// The store found a live entry for a call launched in the decision
+    /// before this one (same transaction): the call completes with it, as
+    /// a `tool_call_completed` marked `cached`, with no attempt (0), no
+    /// task and no dispatch. The checks a dispatch makes right before the
+    /// tool acts are made here too (the run runs, the call is open and not
+    /// under way, the tenant's grants now); the entry must be the call's
+    /// key and of the tool's declared return type. Any refusal leaves the
+    /// call to its task, as if the cache had no entry.
+    fn on_cache_hit(
+        &mut self,
+        call_id: String,
+        entry: cache::CacheEntry,
+        tenant_grants: &[String],
+    ) -> Result<(), MachineError> {
+        if !matches!(self.state.status, RunStatus::Running | RunStatus::Waiting) {
+            return Err(self.wrong_status("serving a cached result"));
+        }
+        let call = self.require_open_tool_call(&call_id)?.clone();
+        if call.dispatched_attempt.is_some()
+            || call.failed_attempts > 0
+            || call.awaiting_confirmation.is_some()
+            || call.awaiting_input.is_some()
+        {
+            return Err(MachineError::CallNotOpen {
+                call_id,
+                detail: "it is under way, so it is not served from the cache".into(),
+            });
+        }
+        if self.cache_key_of(&call_id).as_deref() != Some(entry.key.as_str()) {
+            return Err(MachineError::CallNotOpen {
+                call_id,
+                detail: "the cache entry is not this call's".into(),
+            });
+        }
+        let (permission, missing) = self.missing_grants(&call, tenant_grants)?;
+        if !missing.is_empty() {
+            return Err(MachineError::DispatchRefused {
+                call_id,
+                detail: format!(
+                    "permission `{permission}` is no longer granted to the {}",
+                    missing.join(", ")
+                ),
+            });
+        }
+        let tool =
+            self.plan()?.tools.get(&call.tool).ok_or_else(|| {
+                MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
+            })?;
+        if let Err(errors) =
+            crate::definitions::validate_json(&tool.def.output_schema, &entry.result)
+        {
+            return Err(MachineError::InvalidResult {
+                tool: call.tool.clone(),
+                errors,
+            });
+        }
+        let at = |t: chrono::DateTime<chrono::Utc>| {
+            t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        };
+        self.emit(Event::ToolCallCompleted {
+            call_id,
+            attempt: 0,
+            result: entry.result,
+            cached: Some(cache::CachedResult {
+                key: entry.key,
+                stored_by_run: entry.stored_by_run,
+                stored_by_call: entry.stored_by_call,
+                stored_at: at(entry.stored_at),
+                expires_at: at(entry.expires_at),
+            }),
+        });
         Ok(())
     }
 
@@ -2235,6 +2431,7 @@ impl Step {
                     call_id: call_id.clone(),
                     attempt,
                     result: payload,
+                    cached: None,
                 });
                 // The worker may not have reported the acceptance yet: its
                 // task ends here, and its report finds the call completed.
@@ -2324,6 +2521,7 @@ impl Step {
             call_id: call_id.clone(),
             attempt,
             result: result.clone(),
+            cached: None,
         });
         self.command(Command::EndTask {
             call_id: call_id.clone(),
@@ -3147,6 +3345,7 @@ impl Step {
                         idempotency_key: &key,
                         tenant: &self.state.tenant,
                         caller: &self.state.caller,
+                        now: self.state.now,
                     };
                     match inject::inject(&probe.def, &mut args, &self.state.document(), &facts) {
                         Ok(()) => Some((probe, Value::Object(args))),
@@ -3760,6 +3959,7 @@ impl Step {
             idempotency_key: &key,
             tenant: &self.state.tenant,
             caller: &self.state.caller,
+            now: self.state.now,
         };
         if let Err(reason) = inject::inject(&tool.def, &mut map, &self.state.document(), &facts) {
             self.fail_run(format!("node `{}`: tool `{tool_name}`: {reason}", def.id));
@@ -4442,6 +4642,7 @@ impl Step {
                     call_id,
                     attempt: 0,
                     result: output.unwrap_or(Value::Null),
+                    cached: None,
                 });
             } else {
                 self.emit(Event::ToolCallFailed {
@@ -5033,6 +5234,8 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 
 mod inject;
 
+#[cfg(test)]
+mod cache_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

@@ -474,6 +474,15 @@ pub struct RunState {
     pub operator_paused: Option<String>,
     /// Seq of the last applied event (0 for none).
     pub last_seq: u64,
+    /// The engine's clock at the transition being decided, set by the store
+    /// (read by the transition's lock statement) or the coordinator (a
+    /// run's start) right before it asks the machine. Not part of the
+    /// fold: [`RunState::apply`] never touches it and a folded history has
+    /// `None`. The machine reads it only to fill a `source: runtime` time
+    /// parameter, whose value is then recorded in the call's arguments, so
+    /// nothing a replay computes depends on it. `None`: no time is known
+    /// (such a parameter then has no value).
+    pub now: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Default for RunState {
@@ -504,6 +513,7 @@ impl Default for RunState {
             last_seq: 0,
             totals: RunTotals::default(),
             deadline: None,
+            now: None,
         }
     }
 }
@@ -874,6 +884,7 @@ impl RunState {
                 call_id,
                 attempt,
                 result,
+                ..
             } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
                     call.completed_by_attempt = Some(*attempt);

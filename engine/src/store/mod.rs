@@ -534,6 +534,179 @@ where
     Ok(second)
 }
 
+/// A row of `tool_cache` (the result cache of `hints.cacheable` tools,
+/// [`crate::machine::cache`]).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ToolCacheRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Key ([`crate::machine::cache::key`]).
+    pub cache_key: String,
+    /// Tool name.
+    pub tool: String,
+    /// The result, as recorded (scrubbed).
+    pub result: Value,
+    /// The run whose call stored it.
+    pub run_id: Uuid,
+    /// That call's id.
+    pub call_id: String,
+    /// When it was stored (engine's clock).
+    pub stored_at: DateTime<Utc>,
+    /// When it stops being served (engine's clock).
+    pub expires_at: DateTime<Utc>,
+}
+
+impl ToolCacheRow {
+    /// The entry as the machine takes it ([`crate::machine::Input::ToolCacheHit`]).
+    pub(crate) fn entry(self) -> crate::machine::cache::CacheEntry {
+        crate::machine::cache::CacheEntry {
+            key: self.cache_key,
+            result: self.result,
+            stored_by_run: self.run_id.to_string(),
+            stored_by_call: self.call_id,
+            stored_at: self.stored_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// The columns of [`ToolCacheRow`], in its order.
+pub(crate) const TOOL_CACHE_COLUMNS: &str =
+    "tenant, cache_key, tool, result, run_id, call_id, stored_at, expires_at";
+
+/// The cache lookups `commands` ask for
+/// ([`Command::LookupToolCache`](crate::machine::Command::LookupToolCache)):
+/// `(call_id, key)`, in order.
+pub(crate) fn cache_lookups(commands: &[crate::machine::Command]) -> Vec<(String, String)> {
+    commands
+        .iter()
+        .filter_map(|c| match c {
+            crate::machine::Command::LookupToolCache { call_id, key } => {
+                Some((call_id.clone(), key.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Serving the calls a decision launched from the tenant's tool cache
+/// ([`crate::machine::cache`]): the loop of each backend's
+/// `serve_from_cache`, whose statements differ. It hands out the keys to
+/// read, in order (the lookups of the decision, then those of each hit's
+/// decision: a hit can start the next node, whose call can hit too), at
+/// most [`MAX_CACHE_HITS_PER_TRANSITION`] hits; a live entry makes the
+/// machine decide [`Input::ToolCacheHit`] on the state after what was
+/// decided so far. If it takes the hit, the call's task and lookup leave
+/// the decision and the hit's events and commands are appended; if it
+/// refuses, the call runs as a task, as on a miss.
+///
+/// [`MAX_CACHE_HITS_PER_TRANSITION`]: crate::machine::cache::MAX_CACHE_HITS_PER_TRANSITION
+/// [`Input::ToolCacheHit`]: crate::machine::Input::ToolCacheHit
+pub(crate) struct CacheServing {
+    decision: Decision,
+    /// The run after `decision`'s events.
+    after: RunState,
+    /// `(call_id, key)` to read, in order; `next` is the first not read.
+    queue: Vec<(String, String)>,
+    next: usize,
+    hits: usize,
+    /// The tenant's grants now, read at the first live entry.
+    grants: Option<Vec<String>>,
+}
+
+impl CacheServing {
+    /// Serving `decision`, decided on `state`; `Err` gives it back when it
+    /// asks for no lookup (it then costs no statement).
+    pub(crate) fn new(state: &RunState, decision: Decision) -> Result<CacheServing, Decision> {
+        let queue = cache_lookups(&decision.commands);
+        if queue.is_empty() {
+            return Err(decision);
+        }
+        let mut after = state.clone();
+        for event in &decision.events {
+            after.apply(event);
+        }
+        Ok(CacheServing {
+            decision,
+            after,
+            queue,
+            next: 0,
+            hits: 0,
+            grants: None,
+        })
+    }
+
+    /// Whether the transition's time is unknown (a run's start): the
+    /// machine may start a node whose call fills in the time.
+    pub(crate) fn needs_clock(&self) -> bool {
+        self.after.now.is_none()
+    }
+
+    /// The engine's clock, read in the transaction.
+    pub(crate) fn set_clock(&mut self, now: DateTime<Utc>) {
+        self.after.now = Some(now);
+    }
+
+    /// The next key to read, or `None` when every lookup is done or the
+    /// hits are at their bound.
+    pub(crate) fn next_key(&mut self) -> Option<String> {
+        if self.hits >= crate::machine::cache::MAX_CACHE_HITS_PER_TRANSITION {
+            return None;
+        }
+        let (_, key) = self.queue.get(self.next)?;
+        self.next += 1;
+        Some(key.clone())
+    }
+
+    /// Whether [`CacheServing::serve`] needs the tenant's grants first.
+    pub(crate) fn needs_grants(&self) -> bool {
+        self.grants.is_none()
+    }
+
+    /// The tenant's grants now, read in the transaction.
+    pub(crate) fn set_grants(&mut self, grants: Vec<String>) {
+        self.grants = Some(grants);
+    }
+
+    /// The live entry found for the key [`CacheServing::next_key`] gave last.
+    pub(crate) fn serve(&mut self, row: ToolCacheRow) {
+        use crate::machine::Command;
+        let Some((call_id, _)) = self.next.checked_sub(1).and_then(|i| self.queue.get(i)) else {
+            return;
+        };
+        let call_id = call_id.clone();
+        let input = crate::machine::Input::ToolCacheHit {
+            call_id: call_id.clone(),
+            entry: row.entry(),
+            tenant_grants: self.grants.clone().unwrap_or_default(),
+        };
+        let hit = match crate::machine::decide(&self.after, input) {
+            Ok(hit) => hit,
+            Err(e) => {
+                tracing::debug!(call_id, error = %e, "cached result not used");
+                return;
+            }
+        };
+        self.decision.commands.retain(|c| {
+            !matches!(c,
+                Command::ScheduleTask { call_id: id, .. } | Command::LookupToolCache { call_id: id, .. }
+                    if *id == call_id)
+        });
+        for event in &hit.events {
+            self.after.apply(event);
+        }
+        self.hits += 1;
+        self.queue.extend(cache_lookups(&hit.commands));
+        self.decision.events.extend(hit.events);
+        self.decision.commands.extend(hit.commands);
+    }
+
+    /// The decision to write.
+    pub(crate) fn finish(self) -> Decision {
+        self.decision
+    }
+}
+
 /// A `tool_gates` row as both backends select it: `next_at_ms`,
 /// `queue_at_ms`, `failures`, `circuit`, `retry_at_ms`, then the engine's
 /// clock in ms.
@@ -871,6 +1044,21 @@ impl Store {
     /// [`GateRow::default`]). For tests and operators.
     pub async fn tool_gate(&self, tenant: &str, tool: &str) -> Result<Option<GateRow>, StoreError> {
         on_backend!(self, b => b.tool_gate(tenant, tool).await)
+    }
+
+    /// Every entry of a tenant's tool result cache, expired or not (they
+    /// are served only until `expires_at`), newest first. For operators and
+    /// tests.
+    pub async fn tool_cache_entries(&self, tenant: &str) -> Result<Vec<ToolCacheRow>, StoreError> {
+        on_backend!(self, b => b.tool_cache_entries(tenant).await)
+    }
+
+    /// Delete up to `limit` expired entries of the tool result cache (every
+    /// tenant; by the engine's clock), oldest first; returns how many. The
+    /// coordinator's sweeper calls it, so the cache holds little more than
+    /// the entries still served.
+    pub async fn purge_expired_tool_cache(&self, limit: i64) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.purge_expired_tool_cache(limit).await)
     }
 
     /// The folded state of a run from its whole history (for reads and tests).

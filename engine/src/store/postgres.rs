@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::{
     Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, OutboxRow, RunRow,
-    STATE_CACHE_RUNS, StateCache, StoreError, Target, TaskRow, TransitionError, UncertainQuery,
-    UncertainRow, Wake,
+    STATE_CACHE_RUNS, StateCache, StoreError, TOOL_CACHE_COLUMNS, Target, TaskRow, ToolCacheRow,
+    TransitionError, UncertainQuery, UncertainRow, Wake,
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
@@ -362,6 +362,14 @@ impl Pg {
                 })?;
             return Ok((row, false));
         }
+        let served;
+        let decision = if super::cache_lookups(&decision.commands).is_empty() {
+            decision
+        } else {
+            served =
+                serve_from_cache(&mut tx, tenant, &RunState::default(), decision.clone()).await?;
+            &served
+        };
         let mut state = RunState::default();
         for event in &decision.events {
             state.apply(event);
@@ -482,7 +490,7 @@ impl Pg {
                  SELECT run_id, tenant, last_seq FROM runs
                  WHERE run_id = COALESCE($1, (SELECT run_id FROM tasks WHERE task_id = $2))
                  FOR UPDATE)
-             SELECT r.run_id, r.tenant, r.last_seq,
+             SELECT r.run_id, r.tenant, r.last_seq, belay_now() AS now,
                     t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
                     t.dispatched_at, t.lease_expired,
                     CASE WHEN $3 THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
@@ -520,7 +528,7 @@ impl Pg {
             .cache()
             .take(&run_id)
             .filter(|s| s.last_seq <= last_seq as u64);
-        let state = load_state(&mut tx, run_id, cached, Some(last_seq as u64)).await?;
+        let mut state = load_state(&mut tx, run_id, cached, Some(last_seq as u64)).await?;
         if state.last_seq != last_seq as u64 {
             return Err(StoreError::Corrupt(format!(
                 "run {run_id}: last_seq {last_seq} but {} events",
@@ -528,6 +536,7 @@ impl Pg {
             ))
             .into());
         }
+        state.now = Some(row.now);
         let mut decision = decide(&state, task.as_ref(), None);
         if let Ok(first) = &decision
             && let Some(asked) = super::gates_asked(first)
@@ -544,6 +553,7 @@ impl Pg {
                 return Err(e);
             }
         };
+        let decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
         let mut after = state;
         for event in &decision.events {
             after.apply(event);
@@ -907,6 +917,8 @@ struct LockedRow {
     run_id: Uuid,
     tenant: String,
     last_seq: i64,
+    /// The engine's clock (the time of the transition, `RunState::now`).
+    now: chrono::DateTime<chrono::Utc>,
     task_id: Option<Uuid>,
     call_id: Option<String>,
     kind: Option<String>,
@@ -1322,8 +1334,35 @@ async fn write_decision(
                 .execute(&mut **tx)
                 .await?;
             }
-            // Passed before this decision was written (`transition_at`).
-            Command::PassToolGates { .. } => {}
+            // Passed before this decision was written (`transition_at`);
+            // lookups were made by `serve_from_cache`.
+            Command::PassToolGates { .. } | Command::LookupToolCache { .. } => {}
+            Command::StoreToolCache {
+                key,
+                tool,
+                call_id,
+                result,
+                ttl_ms,
+            } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO tool_cache ({TOOL_CACHE_COLUMNS})
+                     VALUES ($1, $2, $3, $4, $5, $6, belay_now(),
+                             belay_now() + make_interval(secs => $7::float8 / 1000.0))
+                     ON CONFLICT (tenant, cache_key) DO UPDATE SET
+                         tool = excluded.tool, result = excluded.result, run_id = excluded.run_id,
+                         call_id = excluded.call_id, stored_at = excluded.stored_at,
+                         expires_at = excluded.expires_at"
+                )))
+                .bind(tenant)
+                .bind(key)
+                .bind(tool)
+                .bind(result)
+                .bind(run_id)
+                .bind(call_id)
+                .bind(*ttl_ms as f64)
+                .execute(&mut **tx)
+                .await?;
+            }
             Command::RecordToolOutcome {
                 tool,
                 circuit_breaker,
@@ -1606,7 +1645,81 @@ async fn record_tool_outcome(
     save_gate(tx, tenant, tool, &gates::after_failure(&row, now, breaker)).await
 }
 
+/// Serve the calls `decision` launched with a cache lookup
+/// ([`Command::LookupToolCache`]) from the tenant's tool cache where it has
+/// a live entry (the rules are [`super::CacheServing`]'s); `state` is the
+/// run before `decision`. A decision without lookups costs no statement.
+async fn serve_from_cache(
+    tx: &mut Transaction<'static, Postgres>,
+    tenant: &str,
+    state: &RunState,
+    decision: Decision,
+) -> Result<Decision, StoreError> {
+    let mut serving = match super::CacheServing::new(state, decision) {
+        Ok(serving) => serving,
+        Err(decision) => return Ok(decision),
+    };
+    if serving.needs_clock() {
+        serving.set_clock(
+            sqlx::query_scalar("SELECT belay_now()")
+                .fetch_one(&mut **tx)
+                .await?,
+        );
+    }
+    while let Some(key) = serving.next_key() {
+        let row: Option<ToolCacheRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOOL_CACHE_COLUMNS} FROM tool_cache
+             WHERE tenant = $1 AND cache_key = $2 AND expires_at > belay_now()"
+        )))
+        .bind(tenant)
+        .bind(&key)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(row) = row else {
+            continue;
+        };
+        if serving.needs_grants() {
+            let stored: Option<(Vec<String>,)> =
+                sqlx::query_as("SELECT grants FROM tenants WHERE tenant = $1")
+                    .bind(tenant)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            serving.set_grants(stored.map(|r| r.0).unwrap_or_default());
+        }
+        serving.serve(row);
+    }
+    Ok(serving.finish())
+}
+
 impl Pg {
+    /// See [`super::Store::tool_cache_entries`].
+    pub(crate) async fn tool_cache_entries(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<ToolCacheRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOOL_CACHE_COLUMNS} FROM tool_cache WHERE tenant = $1
+             ORDER BY stored_at DESC, cache_key"
+        )))
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// See [`super::Store::purge_expired_tool_cache`]. Rows another engine
+    /// is deleting are skipped.
+    pub(crate) async fn purge_expired_tool_cache(&self, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM tool_cache WHERE (tenant, cache_key) IN (
+                 SELECT tenant, cache_key FROM tool_cache WHERE expires_at <= belay_now()
+                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(limit)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     /// See [`super::Store::tool_gate`].
     pub(crate) async fn run_secrets(
         &self,

@@ -34,8 +34,9 @@ use uuid::Uuid;
 
 use super::{
     Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow,
-    NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError, Target,
-    TaskRow, TransitionError, UncertainQuery, UncertainRow, Wake, Wakes,
+    NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError,
+    TOOL_CACHE_COLUMNS, Target, TaskRow, ToolCacheRow, TransitionError, UncertainQuery,
+    UncertainRow, Wake, Wakes,
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
@@ -402,6 +403,14 @@ impl Lite {
                 })?;
             return Ok((row, false));
         }
+        let served;
+        let decision = if super::cache_lookups(&decision.commands).is_empty() {
+            decision
+        } else {
+            served =
+                serve_from_cache(&mut tx, tenant, &RunState::default(), decision.clone()).await?;
+            &served
+        };
         let mut state = RunState::default();
         for event in &decision.events {
             state.apply(event);
@@ -505,20 +514,25 @@ impl Lite {
         // is locked for writing, which covers the run-row and task-row locks.
         let mut tx = self.begin().await?;
         let (target, dispatch) = target.split_dispatch();
-        let (run, task_id): (Option<(Uuid, String, i64)>, Option<Uuid>) = match target {
+        // The engine's clock is read by the same statement: the time of the
+        // transition (`RunState::now`).
+        type RunLock = (Uuid, String, i64, DateTime<Utc>);
+        let (run, task_id): (Option<RunLock>, Option<Uuid>) = match target {
             Target::Run(run_id, task_id) => (
-                sqlx::query_as("SELECT run_id, tenant, last_seq FROM runs WHERE run_id = ?1")
-                    .bind(run_id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(StoreError::from)?,
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT run_id, tenant, last_seq, {NOW} FROM runs WHERE run_id = ?1"
+                )))
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?,
                 task_id,
             ),
             Target::Task(task_id) | Target::Dispatch(task_id) => (
-                sqlx::query_as(
-                    "SELECT run_id, tenant, last_seq FROM runs
-                     WHERE run_id = (SELECT run_id FROM tasks WHERE task_id = ?1)",
-                )
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT run_id, tenant, last_seq, {NOW} FROM runs
+                     WHERE run_id = (SELECT run_id FROM tasks WHERE task_id = ?1)"
+                )))
                 .bind(task_id)
                 .fetch_optional(&mut *tx)
                 .await
@@ -526,7 +540,7 @@ impl Lite {
                 Some(task_id),
             ),
         };
-        let Some((run_id, tenant, last_seq)) = run else {
+        let Some((run_id, tenant, last_seq, now)) = run else {
             return Err(StoreError::NotFound(match target {
                 Target::Run(run_id, _) => format!("run {run_id}"),
                 Target::Task(task_id) | Target::Dispatch(task_id) => format!("task {task_id}"),
@@ -569,7 +583,7 @@ impl Lite {
             .cache()
             .take(&run_id)
             .filter(|s| s.last_seq <= last_seq as u64);
-        let state = load_state(&mut tx, run_id, cached).await?;
+        let mut state = load_state(&mut tx, run_id, cached).await?;
         if state.last_seq != last_seq as u64 {
             return Err(StoreError::Corrupt(format!(
                 "run {run_id}: last_seq {last_seq} but {} events",
@@ -577,6 +591,7 @@ impl Lite {
             ))
             .into());
         }
+        state.now = Some(now);
         let mut decision = decide(&state, task.as_ref(), None);
         if let Ok(first) = &decision
             && let Some(asked) = super::gates_asked(first)
@@ -593,6 +608,7 @@ impl Lite {
                 return Err(e);
             }
         };
+        let decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
         let mut after = state;
         for event in &decision.events {
             after.apply(event);
@@ -1060,6 +1076,56 @@ async fn load_state(
     Ok(state)
 }
 
+/// Serve the calls `decision` launched with a cache lookup
+/// ([`Command::LookupToolCache`]) from the tenant's tool cache where it has
+/// a live entry (the rules are [`super::CacheServing`]'s); `state` is the
+/// run before `decision`. A decision without lookups costs no statement.
+async fn serve_from_cache(
+    tx: &mut Transaction<'static, Sqlite>,
+    tenant: &str,
+    state: &RunState,
+    decision: Decision,
+) -> Result<Decision, StoreError> {
+    let mut serving = match super::CacheServing::new(state, decision) {
+        Ok(serving) => serving,
+        Err(decision) => return Ok(decision),
+    };
+    if serving.needs_clock() {
+        serving.set_clock(
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {NOW}")))
+                .fetch_one(&mut **tx)
+                .await?,
+        );
+    }
+    while let Some(key) = serving.next_key() {
+        let row: Option<ToolCacheRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOOL_CACHE_COLUMNS} FROM tool_cache
+             WHERE tenant = ?1 AND cache_key = ?2 AND expires_at > {NOW}"
+        )))
+        .bind(tenant)
+        .bind(&key)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(row) = row else {
+            continue;
+        };
+        if serving.needs_grants() {
+            let stored: Option<(Value,)> =
+                sqlx::query_as("SELECT grants FROM tenants WHERE tenant = ?1")
+                    .bind(tenant)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            serving.set_grants(match stored {
+                Some((v,)) => serde_json::from_value(v)
+                    .map_err(|e| StoreError::Corrupt(format!("grants of tenant {tenant}: {e}")))?,
+                None => Vec::new(),
+            });
+        }
+        serving.serve(row);
+    }
+    Ok(serving.finish())
+}
+
 /// SQL of the newest uncertain-outcome record of a call (`?1` run, `?2` call).
 const NEWEST_RECORD: &str = "(SELECT uncertain_id FROM uncertain_outcomes
      WHERE run_id = ?1 AND call_id = ?2 ORDER BY occurrence DESC LIMIT 1)";
@@ -1385,8 +1451,35 @@ async fn write_decision(
                 .execute(&mut **tx)
                 .await?;
             }
-            // Passed before this decision was written (`transition_at`).
-            Command::PassToolGates { .. } => {}
+            // Passed before this decision was written (`transition_at`);
+            // lookups were made by `serve_from_cache`.
+            Command::PassToolGates { .. } | Command::LookupToolCache { .. } => {}
+            Command::StoreToolCache {
+                key,
+                tool,
+                call_id,
+                result,
+                ttl_ms,
+            } => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO tool_cache ({TOOL_CACHE_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW}, {expires})
+                     ON CONFLICT (tenant, cache_key) DO UPDATE SET
+                         tool = excluded.tool, result = excluded.result, run_id = excluded.run_id,
+                         call_id = excluded.call_id, stored_at = excluded.stored_at,
+                         expires_at = excluded.expires_at",
+                    expires = now_plus_ms(7)
+                )))
+                .bind(tenant)
+                .bind(key)
+                .bind(tool)
+                .bind(result)
+                .bind(run_id)
+                .bind(call_id)
+                .bind(*ttl_ms as f64)
+                .execute(&mut **tx)
+                .await?;
+            }
             Command::RecordToolOutcome {
                 tool,
                 circuit_breaker,
@@ -1653,6 +1746,31 @@ impl Lite {
                 },
             )
             .collect()
+    }
+
+    pub(crate) async fn tool_cache_entries(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<ToolCacheRow>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOOL_CACHE_COLUMNS} FROM tool_cache WHERE tenant = ?1
+             ORDER BY stored_at DESC, cache_key"
+        )))
+        .bind(tenant)
+        .fetch_all(&self.read)
+        .await?)
+    }
+
+    pub(crate) async fn purge_expired_tool_cache(&self, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM tool_cache WHERE rowid IN (
+                 SELECT rowid FROM tool_cache WHERE expires_at <= {NOW}
+                 ORDER BY expires_at LIMIT ?1)"
+        )))
+        .bind(limit)
+        .execute(&self.write)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     pub(crate) async fn tool_gate(

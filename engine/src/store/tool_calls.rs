@@ -119,6 +119,10 @@ pub struct ToolCallRecord {
     pub outcome: ToolCallOutcome,
     /// The result of a completed call.
     pub result: Option<Value>,
+    /// Set when that result came from the tenant's result cache
+    /// (`hints.cacheable`): the tool was not called; where the entry came
+    /// from. Added for issue 4 (result cache).
+    pub cached: Option<crate::machine::cache::CachedResult>,
     /// What the model or workflow was told of a failed call (a refused
     /// call's refusal reason).
     pub error: Option<String>,
@@ -233,6 +237,7 @@ impl ToolCallEvents {
             confirmation: None,
             outcome: ToolCallOutcome::Open,
             result: None,
+            cached: None,
             error: None,
             proposed_at: self.proposed_at,
             ended_at: None,
@@ -302,7 +307,8 @@ impl ToolCallEvents {
             return Ok(record);
         };
         let (outcome, result, error) = match decode("end", payload)? {
-            Event::ToolCallCompleted { result, .. } => {
+            Event::ToolCallCompleted { result, cached, .. } => {
+                record.cached = cached;
                 (ToolCallOutcome::Completed, Some(result), None)
             }
             Event::ToolCallFailed { error, .. } => (ToolCallOutcome::Failed, None, Some(error)),

@@ -181,6 +181,7 @@ pub async fn coordinator(
         CoordinatorConfig {
             lease_ms: 60_000,
             sweep_interval_ms: 1_000,
+            ..CoordinatorConfig::default()
         },
     );
     let grants: Vec<String> = grants.iter().map(|g| (*g).to_owned()).collect();

@@ -252,6 +252,7 @@ async fn run(args: Args) -> Result<bool> {
         CoordinatorConfig {
             lease_ms: 10_000,
             sweep_interval_ms: 200,
+            ..CoordinatorConfig::default()
         },
     );
     // The callback endpoint of the KYC check (`type: async_webhook`).
