@@ -1152,6 +1152,10 @@ impl Step {
                 });
             }
         }
+        if let Some(processed) = self.process_after(&event) {
+            self.state.apply(&processed);
+            self.out.events.push(processed);
+        }
         self.state.apply(&event);
         let vars = self.outcome_vars(&event);
         self.out.events.push(event);
@@ -1159,6 +1163,40 @@ impl Step {
             self.state.apply(&vars);
             self.out.events.push(vars);
         }
+    }
+
+    /// Before a call's result is recorded: its tool's `process.after`,
+    /// evaluated over the raw result, as an [`Event::ToolCallProcessed`]
+    /// (none for a probe, or a tool without it). See `machine/process.rs`.
+    fn process_after(&self, event: &Event) -> Option<Event> {
+        let (call_id, result) = match event {
+            Event::ToolCallCompleted {
+                call_id, result, ..
+            } => (call_id, result),
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Succeeded,
+                result,
+                ..
+            } => (call_id, result.as_ref().unwrap_or(&Value::Null)),
+            _ => return None,
+        };
+        let call = self.state.tool_calls.get(call_id)?;
+        if call.probe_for.is_some() {
+            return None;
+        }
+        let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
+        let after = tool.process.as_ref()?.after.as_ref()?;
+        let done = process::after(after, &call.arguments, result);
+        Some(Event::ToolCallProcessed {
+            call_id: call_id.clone(),
+            tool: call.tool.clone(),
+            stage: "after".to_owned(),
+            outcome: done.outcome.to_owned(),
+            message: done.message,
+            error: done.error,
+            result: done.result,
+        })
     }
 
     /// After a call's result or final failure: its tool's `on_result.set`
@@ -1201,6 +1239,16 @@ impl Step {
         if call.probe_for.is_some() {
             return None;
         }
+        // `on_result` reads the result as `process.after` made it (the
+        // state holds it); a result `after` blocked runs neither.
+        let input = if from == "on_result" {
+            if call.status != CallStatus::Completed {
+                return None;
+            }
+            json!({ "result": call.result.clone().unwrap_or(Value::Null) })
+        } else {
+            input
+        };
         let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
         let exprs = if from == "on_result" {
             &tool.on_result
@@ -1532,6 +1580,34 @@ impl Step {
                 return Ok(());
             }
         }
+        // The tool's `process.before`: preconditions, computed parameters.
+        let mut before_skipped = None;
+        if let (Some(before), Value::Object(map)) = (
+            tool.def.process.as_ref().and_then(|p| p.before.as_ref()),
+            &arguments,
+        ) {
+            match process::before(&tool.def.name, before, map) {
+                process::Before::Go {
+                    arguments: computed,
+                    skipped,
+                } => {
+                    arguments = Value::Object(computed);
+                    before_skipped = skipped;
+                }
+                process::Before::Refuse {
+                    check,
+                    reason,
+                    fail_run,
+                } => {
+                    let event = refuse(check, reason);
+                    self.emit(event);
+                    if let Some(error) = fail_run {
+                        self.fail_run(error);
+                    }
+                    return Ok(());
+                }
+            }
+        }
 
         // 3. Permission granted to node, caller and tenant.
         let permission = &tool.def.permission;
@@ -1646,6 +1722,17 @@ impl Step {
         let confirmation = tool.def.confirmation.clone();
         let tool_name = tool.def.name.clone();
         self.emit(event);
+        if let Some((outcome, message, why)) = before_skipped {
+            self.emit(Event::ToolCallProcessed {
+                call_id: call_id.clone(),
+                tool: tool_name.clone(),
+                stage: "before".to_owned(),
+                outcome: outcome.to_owned(),
+                message,
+                error: Some(why),
+                result: None,
+            });
+        }
         if let Some(confirmation) = confirmation {
             self.request_confirmation(&node_id, &call_id, &tool_name, &confirmation);
             return Ok(());
@@ -4976,6 +5063,7 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 }
 
 mod inject;
+mod process;
 
 #[cfg(test)]
 mod retry_tests;
