@@ -1858,6 +1858,18 @@ impl Step {
                         ));
                     }
                 }
+                // Parameters `process.before` computed are the
+                // definition's too: computed again from the edit below.
+                let before = tool.def.process.as_ref().and_then(|p| p.before.as_ref());
+                for name in before.iter().flat_map(|b| b.params.keys()) {
+                    if let Some(v) = map.remove(name)
+                        && Some(&v) != call.arguments.get(name)
+                    {
+                        errors.push(format!(
+                            "/{name}: `{name}` is computed by the tool's `process.before`, not by the approver; leave it out"
+                        ));
+                    }
+                }
                 fill_defaults(&mut map, tool.def.model_schema());
                 if errors.is_empty() {
                     let facts = inject::CallFacts {
@@ -1874,9 +1886,22 @@ impl Step {
                         errors.push(format!("/: {reason}"));
                     }
                 }
-                let value = Value::Object(map);
+                let mut value = Value::Object(map);
                 if let Err(e) = crate::definitions::validate_json(&tool.def.input_schema, &value) {
                     errors.extend(e);
+                }
+                // `process.before` over the edited arguments: a refusal
+                // (or a stage that fails) refuses the edit; `warn` and
+                // `use_original` keep the edit as written.
+                if errors.is_empty()
+                    && let (Some(before), Value::Object(map)) = (before, &value)
+                {
+                    match process::before(&tool.def.name, before, map) {
+                        process::Before::Go { arguments, .. } => value = Value::Object(arguments),
+                        process::Before::Refuse { reason, .. } => errors.push(format!(
+                            "/: the tool's `process.before` refuses the edited arguments: {reason}"
+                        )),
+                    }
                 }
                 if !errors.is_empty() {
                     return Err(MachineError::InvalidEdit {
@@ -3824,6 +3849,31 @@ impl Step {
             ));
             return Ok(());
         }
+        // `process.before`, over arguments of the tool's input type: no
+        // model to re-ask, so any refusal fails the run.
+        let mut before_skipped = None;
+        let mut computed = None;
+        if let Some(before) = tool.def.process.as_ref().and_then(|p| p.before.as_ref()) {
+            let Value::Object(map) = &arguments else {
+                return Err(MachineError::InvalidPlan("arguments are an object".into()));
+            };
+            match process::before(tool_name, before, map) {
+                process::Before::Go { arguments, skipped } => {
+                    computed = Some(arguments);
+                    before_skipped = skipped;
+                }
+                process::Before::Refuse {
+                    reason, fail_run, ..
+                } => {
+                    let error = fail_run.unwrap_or_else(|| {
+                        format!("tool `{tool_name}`: `process.before` refused the call: {reason}")
+                    });
+                    self.fail_run(format!("node `{}`: {error}", def.id));
+                    return Ok(());
+                }
+            }
+        }
+        let arguments = computed.map(Value::Object).unwrap_or(arguments);
         let permission = &tool.def.permission;
         let missing: Vec<&str> = [
             ("node", def.grants.contains(permission)),
@@ -3859,6 +3909,17 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
         });
+        if let Some((outcome, message, why)) = before_skipped {
+            self.emit(Event::ToolCallProcessed {
+                call_id: call_id.clone(),
+                tool: tool.def.name.clone(),
+                stage: "before".to_owned(),
+                outcome: outcome.to_owned(),
+                message,
+                error: Some(why),
+                result: None,
+            });
+        }
         if let Some(confirmation) = &tool.def.confirmation {
             self.request_confirmation(&def.id, &call_id, &tool.def.name, confirmation);
             return Ok(());

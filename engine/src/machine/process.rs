@@ -17,6 +17,22 @@ use serde_json::{Map, Value, json};
 
 use crate::definitions::model::{OnFail, ProcessAfter, ProcessBefore};
 
+/// Largest JSON (bytes) the computed arguments of `before`, or the
+/// result of `after`, may be: jq can build large values from small ones,
+/// and both are recorded in events. Larger is a failure of the stage.
+pub(super) const MAX_COMPUTED_BYTES: usize = 256 * 1024;
+
+/// `Err` when `v`'s JSON is larger than [`MAX_COMPUTED_BYTES`].
+fn bounded(v: &Value, what: &str) -> Result<(), String> {
+    let size = serde_json::to_string(v).map_or(usize::MAX, |s| s.len());
+    if size > MAX_COMPUTED_BYTES {
+        return Err(format!(
+            "the {what} are {size} bytes, more than the limit of {MAX_COMPUTED_BYTES}"
+        ));
+    }
+    Ok(())
+}
+
 /// What `before` decided for a proposed call.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Before {
@@ -65,7 +81,12 @@ fn compute_before(
             Err(e) => return Err(format!("parameter `{name}` (`{}`): {e}", expr.source())),
         }
     }
-    Ok(out)
+    let out = Value::Object(out);
+    bounded(&out, "computed arguments")?;
+    match out {
+        Value::Object(m) => Ok(m),
+        _ => Err("the computed arguments are not an object".to_owned()),
+    }
 }
 
 /// `before` of `tool` over the call's arguments (defaults and injected
@@ -142,12 +163,16 @@ pub(super) fn after(def: &ProcessAfter, args: &Value, result: &Value) -> After {
             }
         }
     }
+    let out = Value::Object(out);
+    if failed.is_none() {
+        failed = bounded(&out, "remapped result's fields").err();
+    }
     let Some(why) = failed else {
         return After {
             outcome: "ok",
             message: None,
             error: None,
-            result: Some(Value::Object(out)),
+            result: Some(out),
         };
     };
     let (outcome, message, result) = match &def.on_fail {
@@ -261,6 +286,23 @@ mod tests {
             assert_eq!(arguments, args(-1), "the model's arguments, unchanged");
             assert_eq!(skipped.map(|s| s.0), Some(outcome));
         }
+    }
+
+    #[test]
+    fn computed_values_are_bounded() {
+        let def = ProcessBefore {
+            params: BTreeMap::from([(
+                "big".to_owned(),
+                expr("[range(0; 300)] | map(\"x\" * 1000) | add"),
+            )]),
+            require: Vec::new(),
+            on_fail: OnFail::Warn("too big".into()),
+        };
+        let Before::Go { skipped, .. } = before("fx", &def, &args(1)) else {
+            panic!()
+        };
+        let (_, _, why) = skipped.expect("the stage failed");
+        assert!(why.contains("more than the limit of 262144"), "{why}");
     }
 
     #[test]
