@@ -3129,3 +3129,53 @@ fn max_description_length_cuts_long_strings_for_the_model_only() {
         vec![r#"{"blurb":"a lo…[cut]","id":12345678}"#.to_owned()]
     );
 }
+
+#[test]
+fn an_approvers_edit_is_processed_again_and_may_not_write_a_computed_parameter() {
+    use crate::definitions::model::{ConfirmationDef, OnFail};
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|plan| {
+            lookup_before(plan, OnFail::Reask("use an @x address".into()));
+            if let Some(lookup) = plan.tools.get_mut("lookup") {
+                lookup.def.confirmation = Some(ConfirmationDef {
+                    when_side_effects: false,
+                    immutable_params: Vec::new(),
+                    approver_grant: "crm.read".into(),
+                });
+            }
+        }),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"a@x"}"#)], None);
+    let decide_with = |edit: Value| Input::DecideApproval {
+        node: "intake.t1".into(),
+        approve: true,
+        edited_subject: Some(edit),
+        by: "ops".into(),
+        grants: vec!["crm.read".into()],
+        reason: "ok".into(),
+    };
+    // A computed parameter written with another value is refused.
+    let err = decide(
+        &run.state,
+        decide_with(json!({"email": "b@x", "email_upper": "NOPE"})),
+    )
+    .expect_err("refused");
+    assert!(
+        format!("{err:?}").contains("computed by the tool's `process.before`"),
+        "{err:?}"
+    );
+    // An edit the precondition refuses is refused.
+    let err = decide(&run.state, decide_with(json!({"email": "b@y"}))).expect_err("refused");
+    assert!(format!("{err:?}").contains("use an @x address"), "{err:?}");
+    // An edit that passes gets its parameters computed again.
+    let d = run.step(decide_with(json!({"email": "b@x"})));
+    let decided = d.events.iter().find_map(|e| match e {
+        Event::ConfirmationDecided { arguments, .. } => Some(arguments.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        decided,
+        Some(json!({"email": "b@x", "email_upper": "B@X", "plan": "starter"}))
+    );
+}
