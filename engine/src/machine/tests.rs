@@ -3063,8 +3063,9 @@ fn process_after_remaps_the_result_for_the_model_and_on_result_but_the_event_kee
 #[test]
 fn process_after_on_fail_outcomes() {
     use crate::definitions::model::OnFail;
-    // (plan edit, what the model reads, whether on_result ran)
-    let cases: [(fn(&mut RunPlan), &str, bool); 4] = [
+    /// (plan edit, what the model reads, whether on_result ran)
+    type Case = (fn(&mut RunPlan), &'static str, bool);
+    let cases: [Case; 4] = [
         (
             |p| lookup_after(p, OnFail::Block("quote unusable".into())),
             "error: quote unusable",
