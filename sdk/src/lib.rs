@@ -756,6 +756,16 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("attempt"),
             s("error")
         ),
+        "tool_call_processed" => format!(
+            "{} {} {} {} message={} error={} result={}",
+            s("call_id"),
+            s("tool"),
+            s("stage"),
+            s("outcome"),
+            s("message"),
+            s("error"),
+            s("result")
+        ),
         "tool_vars_set" => match p.get("errors") {
             Some(e) if !e.is_null() => format!(
                 "{} {} {} values={} errors={}",

@@ -36,6 +36,7 @@ use super::signature::{
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
 mod cache;
+mod process;
 mod retry;
 mod secrets;
 
@@ -96,7 +97,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "wsdl_operation",
     "wsdl_version",
     "provides",
-    "process",
     "pii_access",
     "scrub_secrets",
     "context_access",
@@ -629,6 +629,8 @@ struct Props<'b> {
     on_result: BTreeMap<String, Expr>,
     /// `on_error: {set: ...}`.
     on_error: BTreeMap<String, Expr>,
+    /// `process:` (`abl/process.rs`).
+    process: Option<crate::definitions::model::ProcessDef>,
     /// `confirmation:` with `require: always` or `when_side_effects`.
     confirmation: Option<ConfirmationProps>,
     /// `hints:`.
@@ -1017,6 +1019,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         on_error: props.on_error,
         result_secrets,
         secret_access,
+        process: props.process,
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
@@ -2140,6 +2143,11 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                     props.compaction = read_compaction(child, cx);
                 }
             }
+            "process" => {
+                if block_only(child, &kv, cx) {
+                    props.process = process::read_process(child, cx);
+                }
+            }
             "on_result" | "on_error" => {
                 if block_only(child, &kv, cx) {
                     let set = read_on_outcome(child, kv.key, cx);
@@ -2583,6 +2591,7 @@ const MAX_OUTCOME_VARS: usize = 16;
 fn read_compaction(block: &Block, cx: &mut Cx<'_>) -> Option<CompactionDef> {
     let errors_before = cx.out.errors.len();
     let mut fields: Option<Vec<String>> = None;
+    let mut max_len: Option<u32> = None;
     for entry in &block.children {
         let line = &entry.line;
         let Some(kv) = entry_kv(line, "`essential_fields: [path, ...]` in `compaction:`", cx)
@@ -2610,10 +2619,32 @@ fn read_compaction(block: &Block, cx: &mut Cx<'_>) -> Option<CompactionDef> {
                     fields = None;
                 }
             }
-            "max_description_length" | "summary_timeout_ms" => cx.error(
+            "max_description_length" => {
+                if max_len.is_some() {
+                    cx.error(
+                        line.no,
+                        kv.key_col,
+                        "duplicate `max_description_length` in `compaction:`",
+                    );
+                    continue;
+                }
+                if let Some(s) = scalar(entry, &kv, cx) {
+                    match s.parse::<u32>() {
+                        Ok(n) if n >= 1 => max_len = Some(n),
+                        _ => cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!(
+                                "`max_description_length` must be a whole number of characters, at least 1, not `{s}`"
+                            ),
+                        ),
+                    }
+                }
+            }
+            "summary_timeout_ms" => cx.error(
                 line.no,
                 kv.key_col,
-                format!("`compaction.{}` is not supported yet (only `essential_fields` is)", kv.key),
+                "`compaction.summary_timeout_ms` is not applicable: Belay never summarises a result with a model (what the model sees is cut by `essential_fields`, `max_description_length` and `max_result_bytes`, deterministically)",
             ),
             "max_search_tokens" => cx.error(
                 line.no,
@@ -2623,23 +2654,27 @@ fn read_compaction(block: &Block, cx: &mut Cx<'_>) -> Option<CompactionDef> {
             other => cx.error(
                 line.no,
                 kv.key_col,
-                format!("unknown property `{other}` in `compaction:` (expected `essential_fields`)"),
+                format!(
+                    "unknown property `{other}` in `compaction:` (expected `essential_fields` or `max_description_length`)"
+                ),
             ),
         }
     }
-    match fields {
-        Some(essential_fields) => Some(CompactionDef { essential_fields }),
-        None => {
-            if cx.out.errors.len() == errors_before {
-                cx.error(
-                    block.line.no,
-                    block.line.col(),
-                    "`compaction:` needs `essential_fields: [path, ...]`",
-                );
-            }
-            None
-        }
+    if cx.out.errors.len() != errors_before {
+        return None;
     }
+    if fields.is_none() && max_len.is_none() {
+        cx.error(
+            block.line.no,
+            block.line.col(),
+            "`compaction:` needs `essential_fields: [path, ...]` or `max_description_length: N`",
+        );
+        return None;
+    }
+    Some(CompactionDef {
+        essential_fields: fields.unwrap_or_default(),
+        max_description_length: max_len,
+    })
 }
 
 /// `essential_fields:` as `[a, b.c]` or as `- a` lines: dotted paths, each
@@ -3843,6 +3878,17 @@ mod tests {
     }
 
     #[test]
+    fn compaction_max_description_length() {
+        let t = one_tool(&tool_with(
+            "search(q: string) -> object",
+            "    compaction:\n      max_description_length: 500\n",
+        ));
+        let c = t.compaction.expect("compaction");
+        assert_eq!(c.max_description_length, Some(500));
+        assert!(c.essential_fields.is_empty());
+    }
+
+    #[test]
     fn compaction_errors() {
         let sig = "search(q: string) -> object";
         let cases = [
@@ -3864,9 +3910,9 @@ mod tests {
                 vec!["8:25: `essential_fields` needs at least one field path"],
             ),
             (
-                "    compaction:\n      max_description_length: 500\n      max_search_tokens: 9\n      essential_fields: [a]\n",
+                "    compaction:\n      summary_timeout_ms: 500\n      max_search_tokens: 9\n      essential_fields: [a]\n",
                 vec![
-                    "8:7: `compaction.max_description_length` is not supported yet (only `essential_fields` is)",
+                    "8:7: `compaction.summary_timeout_ms` is not applicable: Belay never summarises a result with a model (what the model sees is cut by `essential_fields`, `max_description_length` and `max_result_bytes`, deterministically)",
                     "9:7: `compaction.max_search_tokens` is not applicable: it applies to SearchAI results, and Belay has no SearchAI tools",
                 ],
             ),
@@ -3878,7 +3924,19 @@ mod tests {
             ),
             (
                 "    compaction:\n      keep: [a]\n",
-                vec!["8:7: unknown property `keep` in `compaction:` (expected `essential_fields`)"],
+                vec![
+                    "8:7: unknown property `keep` in `compaction:` (expected `essential_fields` or `max_description_length`)",
+                ],
+            ),
+            (
+                "    compaction:\n      max_description_length: 0\n",
+                vec![
+                    "8:31: `max_description_length` must be a whole number of characters, at least 1, not `0`",
+                ],
+            ),
+            (
+                "    compaction:\n      max_description_length: 5\n      max_description_length: 6\n",
+                vec!["9:7: duplicate `max_description_length` in `compaction:`"],
             ),
         ];
         for (extra, expected) in cases {

@@ -533,6 +533,10 @@ pub struct ToolDef {
     /// template. Added for issue 4.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_access: Vec<String>,
+    /// `process:`: the pure `before` (arguments) and `after` (result)
+    /// transforms around a call. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessDef>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.
@@ -568,7 +572,72 @@ pub struct CompactionDef {
     /// `essential_fields:`: dotted paths (`items.id`) of the fields the
     /// model is shown of a result; through an array, the path applies to
     /// each item. The recorded event keeps the whole result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub essential_fields: Vec<String>,
+    /// `max_description_length:`: in what the model is shown of a result,
+    /// every string longer than this many characters (Unicode scalar
+    /// values) is cut to it and marked `…[cut]`. The event keeps the whole
+    /// result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_description_length: Option<u32>,
+}
+
+/// A tool's `process:` block: pure transforms around a call, jq
+/// expressions evaluated by the machine (see `machine/process.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessDef {
+    /// `before:`, over `{"args": <the arguments>}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<ProcessBefore>,
+    /// `after:`, over `{"result": <the result>, "args": <the arguments>}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<ProcessAfter>,
+}
+
+/// `process.before:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessBefore {
+    /// `params:`: parameter name -> expression; each value is set in the
+    /// arguments the tool gets (added, or replacing the model's value).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, Expr>,
+    /// `require:`: preconditions; each must evaluate to `true`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub require: Vec<Expr>,
+    /// `on_fail:`: what a failed precondition or expression does.
+    pub on_fail: OnFail,
+}
+
+/// `process.after:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessAfter {
+    /// `result:`: field name -> expression; the transformed result is the
+    /// object of these fields.
+    pub result: BTreeMap<String, Expr>,
+    /// `on_fail:`: what a failed expression does.
+    pub on_fail: OnFail,
+}
+
+/// `on_fail:` of a `process` stage. Default [`OnFail::Block`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "action", content = "message")]
+pub enum OnFail {
+    /// `block("msg")`: before, the call is refused and the run fails;
+    /// after, the result is withheld and the model reads `error: msg`.
+    Block(String),
+    /// `reask("msg")`: before, the call is refused and the model reads
+    /// `msg` as the call's result, so it can propose again; after, the
+    /// model reads `msg` instead of the result.
+    Reask(String),
+    /// `warn("msg")`: the stage is skipped (the model's arguments, or the
+    /// raw result, are used) and `msg` is recorded in a
+    /// `tool_call_processed` event.
+    Warn(String),
+    /// `use_original`: as `warn`, without a message.
+    UseOriginal,
+    /// `fallback("msg")`: before, no call is made and the model reads
+    /// `msg` as its result; after, `msg` (a string) is the result.
+    Fallback(String),
 }
 
 impl ToolDef {

@@ -452,6 +452,35 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         absent: Vec<String>,
     },
+    /// A tool's `process:` stage that changed what a call runs with or
+    /// what is made of its result (`machine/process.rs`). `after`: just
+    /// before the call's [`Event::ToolCallCompleted`] (which keeps the raw
+    /// result); `result` is what the model, `on_result` and a tool node's
+    /// output get instead. `before`: after the call's
+    /// [`Event::ToolCallScheduled`], when the stage failed and `on_fail`
+    /// (`warn`, `use_original`) let the call run with the model's
+    /// arguments. Added for issue 4.
+    ToolCallProcessed {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// `before` or `after`.
+        stage: String,
+        /// `ok`, `block`, `reask`, `warn`, `use_original` or `fallback`.
+        outcome: String,
+        /// The `on_fail` message, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        /// Why the stage failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// `after`: the result used instead of the raw one (none: the raw
+        /// one, or, for `block`, nothing: the model reads
+        /// `error: <message>`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+    },
     /// A lease expired before the worker reported.
     TaskLeaseExpired {
         /// Call id.
@@ -720,6 +749,7 @@ impl Event {
             Event::ToolCallFailed { .. } => "tool_call_failed",
             Event::ToolVarsSet { .. } => "tool_vars_set",
             Event::SecretsVaulted { .. } => "secrets_vaulted",
+            Event::ToolCallProcessed { .. } => "tool_call_processed",
             Event::TaskLeaseExpired { .. } => "task_lease_expired",
             Event::UncertainOutcomeRecorded { .. } => "uncertain_outcome_recorded",
             Event::RunPaused { .. } => "run_paused",

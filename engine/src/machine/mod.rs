@@ -1246,6 +1246,10 @@ impl Step {
                 });
             }
         }
+        if let Some(processed) = self.process_after(&event) {
+            self.state.apply(&processed);
+            self.out.events.push(processed);
+        }
         self.state.apply(&event);
         let vars = self.outcome_vars(&event);
         if let Some(keep) = self.cache_store(&event) {
@@ -1256,6 +1260,40 @@ impl Step {
             self.state.apply(&vars);
             self.out.events.push(vars);
         }
+    }
+
+    /// Before a call's result is recorded: its tool's `process.after`,
+    /// evaluated over the raw result, as an [`Event::ToolCallProcessed`]
+    /// (none for a probe, or a tool without it). See `machine/process.rs`.
+    fn process_after(&self, event: &Event) -> Option<Event> {
+        let (call_id, result) = match event {
+            Event::ToolCallCompleted {
+                call_id, result, ..
+            } => (call_id, result),
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Succeeded,
+                result,
+                ..
+            } => (call_id, result.as_ref().unwrap_or(&Value::Null)),
+            _ => return None,
+        };
+        let call = self.state.tool_calls.get(call_id)?;
+        if call.probe_for.is_some() {
+            return None;
+        }
+        let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
+        let after = tool.process.as_ref()?.after.as_ref()?;
+        let done = process::after(after, &call.arguments, result);
+        Some(Event::ToolCallProcessed {
+            call_id: call_id.clone(),
+            tool: call.tool.clone(),
+            stage: "after".to_owned(),
+            outcome: done.outcome.to_owned(),
+            message: done.message,
+            error: done.error,
+            result: done.result,
+        })
     }
 
     /// After a call's result or final failure: its tool's `on_result.set`
@@ -1298,6 +1336,16 @@ impl Step {
         if call.probe_for.is_some() {
             return None;
         }
+        // `on_result` reads the result as `process.after` made it (the
+        // state holds it); a result `after` blocked runs neither.
+        let input = if from == "on_result" {
+            if call.status != CallStatus::Completed {
+                return None;
+            }
+            json!({ "result": call.result.clone().unwrap_or(Value::Null) })
+        } else {
+            input
+        };
         let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
         let exprs = if from == "on_result" {
             &tool.on_result
@@ -1630,6 +1678,34 @@ impl Step {
                 return Ok(());
             }
         }
+        // The tool's `process.before`: preconditions, computed parameters.
+        let mut before_skipped = None;
+        if let (Some(before), Value::Object(map)) = (
+            tool.def.process.as_ref().and_then(|p| p.before.as_ref()),
+            &arguments,
+        ) {
+            match process::before(&tool.def.name, before, map) {
+                process::Before::Go {
+                    arguments: computed,
+                    skipped,
+                } => {
+                    arguments = Value::Object(computed);
+                    before_skipped = skipped;
+                }
+                process::Before::Refuse {
+                    check,
+                    reason,
+                    fail_run,
+                } => {
+                    let event = refuse(check, reason);
+                    self.emit(event);
+                    if let Some(error) = fail_run {
+                        self.fail_run(error);
+                    }
+                    return Ok(());
+                }
+            }
+        }
 
         // 3. Permission granted to node, caller and tenant.
         let permission = &tool.def.permission;
@@ -1744,6 +1820,17 @@ impl Step {
         let confirmation = tool.def.confirmation.clone();
         let tool_name = tool.def.name.clone();
         self.emit(event);
+        if let Some((outcome, message, why)) = before_skipped {
+            self.emit(Event::ToolCallProcessed {
+                call_id: call_id.clone(),
+                tool: tool_name.clone(),
+                stage: "before".to_owned(),
+                outcome: outcome.to_owned(),
+                message,
+                error: Some(why),
+                result: None,
+            });
+        }
         if let Some(confirmation) = confirmation {
             self.request_confirmation(&node_id, &call_id, &tool_name, &confirmation);
             return Ok(());
@@ -1877,6 +1964,18 @@ impl Step {
                         ));
                     }
                 }
+                // Parameters `process.before` computed are the
+                // definition's too: computed again from the edit below.
+                let before = tool.def.process.as_ref().and_then(|p| p.before.as_ref());
+                for name in before.iter().flat_map(|b| b.params.keys()) {
+                    if let Some(v) = map.remove(name)
+                        && Some(&v) != call.arguments.get(name)
+                    {
+                        errors.push(format!(
+                            "/{name}: `{name}` is computed by the tool's `process.before`, not by the approver; leave it out"
+                        ));
+                    }
+                }
                 fill_defaults(&mut map, tool.def.model_schema());
                 if errors.is_empty() {
                     let facts = inject::CallFacts {
@@ -1893,9 +1992,22 @@ impl Step {
                         Err(reason) => errors.push(format!("/: {reason}")),
                     }
                 }
-                let value = Value::Object(map);
+                let mut value = Value::Object(map);
                 if let Err(e) = crate::definitions::validate_json(&tool.def.input_schema, &value) {
                     errors.extend(e);
+                }
+                // `process.before` over the edited arguments: a refusal
+                // (or a stage that fails) refuses the edit; `warn` and
+                // `use_original` keep the edit as written.
+                if errors.is_empty()
+                    && let (Some(before), Value::Object(map)) = (before, &value)
+                {
+                    match process::before(&tool.def.name, before, map) {
+                        process::Before::Go { arguments, .. } => value = Value::Object(arguments),
+                        process::Before::Refuse { reason, .. } => errors.push(format!(
+                            "/: the tool's `process.before` refuses the edited arguments: {reason}"
+                        )),
+                    }
                 }
                 if !errors.is_empty() {
                     return Err(MachineError::InvalidEdit {
@@ -3984,6 +4096,31 @@ impl Step {
             ));
             return Ok(());
         }
+        // `process.before`, over arguments of the tool's input type: no
+        // model to re-ask, so any refusal fails the run.
+        let mut before_skipped = None;
+        let mut computed = None;
+        if let Some(before) = tool.def.process.as_ref().and_then(|p| p.before.as_ref()) {
+            let Value::Object(map) = &arguments else {
+                return Err(MachineError::InvalidPlan("arguments are an object".into()));
+            };
+            match process::before(tool_name, before, map) {
+                process::Before::Go { arguments, skipped } => {
+                    computed = Some(arguments);
+                    before_skipped = skipped;
+                }
+                process::Before::Refuse {
+                    reason, fail_run, ..
+                } => {
+                    let error = fail_run.unwrap_or_else(|| {
+                        format!("tool `{tool_name}`: `process.before` refused the call: {reason}")
+                    });
+                    self.fail_run(format!("node `{}`: {error}", def.id));
+                    return Ok(());
+                }
+            }
+        }
+        let arguments = computed.map(Value::Object).unwrap_or(arguments);
         let permission = &tool.def.permission;
         let missing: Vec<&str> = [
             ("node", def.grants.contains(permission)),
@@ -4019,6 +4156,17 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
         });
+        if let Some((outcome, message, why)) = before_skipped {
+            self.emit(Event::ToolCallProcessed {
+                call_id: call_id.clone(),
+                tool: tool.def.name.clone(),
+                stage: "before".to_owned(),
+                outcome: outcome.to_owned(),
+                message,
+                error: Some(why),
+                result: None,
+            });
+        }
         if let Some(confirmation) = &tool.def.confirmation {
             self.request_confirmation(&def.id, &call_id, &tool.def.name, confirmation);
             return Ok(());
@@ -5233,6 +5381,7 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 }
 
 mod inject;
+mod process;
 
 #[cfg(test)]
 mod cache_tests;

@@ -76,6 +76,34 @@ pub fn essential_fields(result: &Value, paths: &[String]) -> Value {
     }
 }
 
+/// Marker after a string cut by [`cut_long_strings`].
+pub const CUT_MARKER: &str = "…[cut]";
+
+/// A tool result with every string (at any depth, object keys excepted)
+/// longer than `max_chars` characters (Unicode scalar values) cut to
+/// `max_chars` and followed by [`CUT_MARKER`], for the model
+/// (`compaction.max_description_length`). Other values are unchanged.
+pub fn cut_long_strings(value: &Value, max_chars: usize) -> Value {
+    match value {
+        Value::String(s) => match s.char_indices().nth(max_chars) {
+            Some((at, _)) => Value::String(format!("{}{CUT_MARKER}", &s[..at])),
+            None => value.clone(),
+        },
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|v| cut_long_strings(v, max_chars))
+                .collect(),
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), cut_long_strings(v, max_chars)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// The parts of `value` that `paths` (each non-empty) reach; `None` when
 /// none does.
 fn select(value: &Value, paths: &[&[&str]]) -> Option<Value> {
@@ -123,6 +151,16 @@ mod tests {
     fn strips_nul_everywhere() {
         let v = strip_nul_value(json!({"a\u{0}": ["x\u{0}y", 1, {"b": "\u{0}"}]}));
         assert_eq!(v, json!({"a": ["xy", 1, {"b": ""}]}));
+    }
+
+    #[test]
+    fn long_strings_are_cut_at_any_depth_on_char_boundaries() {
+        let v = json!({"description": "héllo wörld", "n": 12345678, "items": [{"t": "abcdef"}, "ab"], "abcdefgh": true});
+        assert_eq!(
+            cut_long_strings(&v, 5),
+            json!({"description": "héllo…[cut]", "n": 12345678, "items": [{"t": "abcde…[cut]"}, "ab"], "abcdefgh": true})
+        );
+        assert_eq!(cut_long_strings(&json!("abc"), 3), json!("abc"));
     }
 
     #[test]

@@ -130,8 +130,12 @@ pub struct ToolCallState {
     pub resolution: Option<(ResolvedVia, ResolutionKind, Option<Value>)>,
     /// Why its outcome is uncertain (while it is).
     pub uncertain_reason: Option<String>,
-    /// The result once completed.
+    /// The result once completed (as the tool's `process.after` made
+    /// it; the `tool_call_completed` event keeps the raw one).
     pub result: Option<Value>,
+    /// `process.after`'s outcome, recorded before the result: the result
+    /// to use instead of the raw one, or (`Err`) the `block` message.
+    pub after: Option<Result<Value, String>>,
     /// The error once failed.
     pub error: Option<String>,
     /// For a `type: workflow` tool: the child run a sync call waits for.
@@ -243,6 +247,7 @@ impl ToolCallState {
             resolution: None,
             uncertain_reason: None,
             result: None,
+            after: None,
             error: None,
             child_run_id: None,
             child_timer: None,
@@ -999,6 +1004,23 @@ impl RunState {
             Event::ReconcileProbeFinished { .. }
             | Event::LateResultRecorded { .. }
             | Event::SecretsVaulted { .. } => {}
+            Event::ToolCallProcessed {
+                call_id,
+                stage,
+                outcome,
+                message,
+                result,
+                ..
+            } if stage == "after" => {
+                if let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.after = match (outcome.as_str(), result) {
+                        ("block", _) => Some(Err(message.clone().unwrap_or_default())),
+                        (_, Some(r)) => Some(Ok(r.clone())),
+                        (_, None) => None,
+                    };
+                }
+            }
+            Event::ToolCallProcessed { .. } => {}
             Event::ToolVarsSet { values, .. } => {
                 for (k, v) in values {
                     self.vars.insert(k.clone(), v.clone());
@@ -1169,23 +1191,44 @@ impl RunState {
     /// Mark a call completed and, unless it is a probe, hand its result to
     /// the model (truncated to the agent's limit).
     fn complete_call(&mut self, call_id: &str, result: &Value) {
+        // `process.after` recorded what becomes of the result.
+        let after = self.tool_calls.get(call_id).and_then(|c| c.after.clone());
+        let processed;
+        let result = match after {
+            Some(Err(message)) => {
+                self.fail_call(call_id, &message);
+                return;
+            }
+            Some(Ok(v)) => {
+                processed = v;
+                &processed
+            }
+            None => result,
+        };
         let limit = self
             .current_agent()
             .map(|a| a.max_result_bytes)
             .unwrap_or(16384);
-        // `compaction.essential_fields` first, then the byte limit; the
-        // event (and `call.result`) keep the whole result.
-        let fields = self
+        // `compaction.essential_fields` first, then
+        // `max_description_length`, then the byte limit; the event (and
+        // `call.result`) keep the whole result.
+        let compaction = self
             .tool_calls
             .get(call_id)
             .and_then(|c| self.plan.as_ref()?.tools.get(&c.tool))
-            .and_then(|t| t.def.compaction.as_ref())
-            .map(|c| c.essential_fields.as_slice());
-        let text = match fields {
-            Some(fields) => super::normalize::truncate_for_model(
-                &super::normalize::essential_fields(result, fields),
-                limit as usize,
-            ),
+            .and_then(|t| t.def.compaction.as_ref());
+        let text = match compaction {
+            Some(c) => {
+                let mut shown = if c.essential_fields.is_empty() {
+                    result.clone()
+                } else {
+                    super::normalize::essential_fields(result, &c.essential_fields)
+                };
+                if let Some(max) = c.max_description_length {
+                    shown = super::normalize::cut_long_strings(&shown, max as usize);
+                }
+                super::normalize::truncate_for_model(&shown, limit as usize)
+            }
             None => super::normalize::truncate_for_model(result, limit as usize),
         };
         if let Some(call) = self.tool_calls.get_mut(call_id) {

@@ -426,7 +426,12 @@ async fn api_key_is_required_when_configured() {
         .collect();
     let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
     expected.extend(MCP_TEST_MODELS);
-    expected.extend([ONBOARDING_MODEL, REFUSALS_MODEL, "scripted-vault"]);
+    expected.extend([
+        ONBOARDING_MODEL,
+        "scripted-process",
+        REFUSALS_MODEL,
+        "scripted-vault",
+    ]);
     assert_eq!(ids, expected);
     server.stop().await;
 }
@@ -549,7 +554,12 @@ fn embedded_script_is_the_file_and_has_every_model() {
     let script = Script::onboarding().expect("embedded script parses");
     let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
     expected.extend(MCP_TEST_MODELS);
-    expected.extend([ONBOARDING_MODEL, REFUSALS_MODEL, "scripted-vault"]);
+    expected.extend([
+        ONBOARDING_MODEL,
+        "scripted-process",
+        REFUSALS_MODEL,
+        "scripted-vault",
+    ]);
     assert_eq!(script.models().collect::<Vec<_>>(), expected);
     assert_eq!(script.turns(INTAKE_MODEL).map(<[_]>::len), Some(3));
     assert_eq!(script.turns(ONBOARDING_MODEL).map(<[_]>::len), Some(4));
