@@ -399,6 +399,12 @@ pub struct ToolCallSpec {
     /// cannot resolve fails the call `NOT_SENT`. Added for issue 4.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_params: Vec<String>,
+    /// The `request_variants:` item whose request `binding` is (the engine
+    /// chose it when the call was scheduled and merged its overrides into
+    /// the binding); `None`: the tool's own request. For logs and audit:
+    /// the worker sends the binding as it is. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 #[cfg(test)]

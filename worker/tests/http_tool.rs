@@ -88,6 +88,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
         idempotency_key: "run-1/call-7".into(),
         input: None,
         config_params: Vec::new(),
+        variant: None,
     }
 }
 
@@ -344,6 +345,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
         idempotency_key: "run-1/call-8".into(),
         input: None,
         config_params: Vec::new(),
+        variant: None,
     }
 }
 

@@ -1152,6 +1152,7 @@ async fn call_through(
         idempotency_key: "run-1/call-1".into(),
         input: None,
         config_params: Vec::new(),
+        variant: None,
     };
     let mut dispatched = false;
     let report = tools

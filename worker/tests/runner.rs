@@ -85,6 +85,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         idempotency_key: format!("key-{task_id}"),
         input: None,
         config_params: Vec::new(),
+        variant: None,
     };
     Task {
         task_id: task_id.into(),

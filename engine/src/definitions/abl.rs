@@ -33,6 +33,7 @@ use super::signature::{
 };
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
+mod http_variants;
 mod retry;
 
 /// Default `timeout:`, ms (the model's documented default).
@@ -83,7 +84,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "connection",
     "body_schema",
     "use_body_schema",
-    "request_variants",
     "protocol",
     "soap_version",
     "soap_action",
@@ -639,6 +639,8 @@ struct Props<'b> {
     body_template: Option<(String, u32, u32)>,
     /// `retry:`, `retry_delay:` and `retry_policy:`.
     retry: retry::RetryProps,
+    /// `request_variants:`, read once the tool's own request is known.
+    request_variants: Option<&'b Block>,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing. `body:` is
     /// recorded as `body_template`.
@@ -863,6 +865,32 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         );
     }
     let request = http_request_options(&props, signature.as_ref(), &name, line, defaults, cx);
+    let request_variants = match (props.request_variants, props.binding_type) {
+        (Some(block), Some(BindingType::Http)) => {
+            let base_headers = merge_headers(&defaults.headers, props.headers.clone());
+            let base = http_variants::BaseRequest {
+                endpoint: props.endpoint.as_ref().map(|(e, _, _)| e.as_str()),
+                method: props.method.as_deref().unwrap_or("POST"),
+                headers: &base_headers,
+                request: &request,
+                body_type: props.body_type,
+                body_mode: props.body_mode,
+                body_template: props.body_template.as_ref(),
+                base_url: defaults.base_url.as_deref(),
+                broken: cx.out.errors.len() > errors_before,
+            };
+            http_variants::read_variants(block, &base, signature.as_ref(), &name, line, cx)
+        }
+        (Some(block), Some(t)) if t != BindingType::Unsupported => {
+            cx.error(
+                block.line.no,
+                block.line.col(),
+                "`request_variants:` applies to `type: http` tools only",
+            );
+            Vec::new()
+        }
+        _ => Vec::new(),
+    };
     let own_retry = std::mem::take(&mut props.retry);
     let retry_policy =
         retry::tool_policy(own_retry, &defaults.retry, props.binding_type, &name, cx);
@@ -974,6 +1002,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         compaction: props.compaction,
         on_result: props.on_result,
         on_error: props.on_error,
+        request_variants,
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
@@ -1038,19 +1067,58 @@ fn http_request_options(
         .query_params
         .map(|block| read_query_params(block, sig, name, cx))
         .unwrap_or_default();
-    let method = props.method.as_deref().unwrap_or("POST");
+    let body = BodyProps {
+        method: props.method.as_deref().unwrap_or("POST"),
+        body_type: props.body_type,
+        body_mode: props.body_mode.unwrap_or_default(),
+        body_template: props.body_template.as_ref(),
+    };
+    check_body(&body, async_webhook, sig, name, line, cx);
+    let (body_type, body_mode) = (body.body_type.map(|(t, _, _)| t).unwrap_or_default(), body.body_mode);
+    HttpRequestOptions {
+        auth: auth.unwrap_or_default(),
+        query_params,
+        body_type,
+        body_mode,
+        body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
+    }
+}
+
+/// The body properties of one request (a tool's, or a request variant's
+/// merged over it), each with the line and column it was written at.
+struct BodyProps<'a> {
+    /// Method, upper case.
+    method: &'a str,
+    body_type: Option<(BodyType, u32, u32)>,
+    body_mode: BodyMode,
+    body_template: Option<&'a (String, u32, u32)>,
+}
+
+/// The body rules: a method without a body takes no `body_type:` or
+/// `body_template:`; an async webhook's body is JSON; `body_mode: none`
+/// takes no template; a template is checked ([`check_body_template`]);
+/// `body_type: text` needs one.
+fn check_body(
+    body: &BodyProps<'_>,
+    async_webhook: bool,
+    sig: Option<&Signature>,
+    name: &str,
+    line: &Line,
+    cx: &mut Cx<'_>,
+) {
+    let method = body.method;
     let sends_body = matches!(method, "POST" | "PUT" | "PATCH");
-    let body_type = props.body_type.map(|(t, _, _)| t).unwrap_or_default();
-    let body_mode = props.body_mode.unwrap_or_default();
+    let body_type = body.body_type.map(|(t, _, _)| t).unwrap_or_default();
+    let body_mode = body.body_mode;
     if !sends_body {
-        if let Some((_, tline, tcol)) = props.body_type {
+        if let Some((_, tline, tcol)) = body.body_type {
             cx.error(
                 tline,
                 tcol,
                 format!("`method: {method}` sends no body: `body_type:` does not apply"),
             );
         }
-        if let Some((_, tline, tcol)) = &props.body_template {
+        if let Some((_, tline, tcol)) = body.body_template {
             cx.error(
                 *tline,
                 *tcol,
@@ -1059,7 +1127,7 @@ fn http_request_options(
         }
     }
     if async_webhook {
-        if let Some((t, tline, tcol)) = props.body_type
+        if let Some((t, tline, tcol)) = body.body_type
             && t != BodyType::Json
         {
             cx.error(
@@ -1076,7 +1144,7 @@ fn http_request_options(
             );
         }
     }
-    match &props.body_template {
+    match body.body_template {
         Some((_, tline, tcol)) if body_mode == BodyMode::None => cx.error(
             *tline,
             *tcol,
@@ -1087,7 +1155,7 @@ fn http_request_options(
             check_body_template(template, body_type, async_webhook, sig, name, at, cx);
         }
         None if sends_body && body_type == BodyType::Text && body_mode == BodyMode::Auto => {
-            if let Some((_, tline, tcol)) = props.body_type {
+            if let Some((_, tline, tcol)) = body.body_type {
                 cx.error(
                     tline,
                     tcol,
@@ -1096,13 +1164,6 @@ fn http_request_options(
             }
         }
         _ => {}
-    }
-    HttpRequestOptions {
-        auth: auth.unwrap_or_default(),
-        query_params,
-        body_type,
-        body_mode,
-        body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
     }
 }
 
@@ -1782,12 +1843,12 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                     props.auth = Some((s, line.no, kv.value_col));
                 }
             }
-            "auth_config" | "query_params" => {
+            "auth_config" | "query_params" | "request_variants" => {
                 if block_only(child, &kv, cx) {
-                    if key == "auth_config" {
-                        props.auth_config = Some(child);
-                    } else {
-                        props.query_params = Some(child);
+                    match key {
+                        "auth_config" => props.auth_config = Some(child),
+                        "query_params" => props.query_params = Some(child),
+                        _ => props.request_variants = Some(child),
                     }
                 }
             }
