@@ -33,6 +33,8 @@ use super::signature::{
 };
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
+#[cfg(test)]
+mod http_body_tests;
 mod http_variants;
 mod retry;
 
@@ -78,12 +80,9 @@ const MAX_MCP_NAME_CHARS: usize = 128;
 /// would make a tool behave differently from what its author reads).
 const SEED_TOOL_PROPERTIES: &[&str] = &[
     "auth_profile",
-    "tls_profile",
     "auth_jit",
     "consent",
     "connection",
-    "body_schema",
-    "use_body_schema",
     "protocol",
     "soap_version",
     "soap_action",
@@ -641,6 +640,14 @@ struct Props<'b> {
     retry: retry::RetryProps,
     /// `request_variants:`, read once the tool's own request is known.
     request_variants: Option<&'b Block>,
+    /// `xml_root:`, with its line and column.
+    xml_root: Option<(String, u32, u32)>,
+    /// `body_schema:` (parsed and compiled), with its line and column.
+    body_schema: Option<(Value, u32, u32)>,
+    /// `use_body_schema:`, with its line and column.
+    use_body_schema: Option<(bool, u32, u32)>,
+    /// `tls_profile:`.
+    tls_profile: Option<String>,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing. `body:` is
     /// recorded as `body_template`.
@@ -877,6 +884,12 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
                 body_mode: props.body_mode,
                 body_template: props.body_template.as_ref(),
                 base_url: defaults.base_url.as_deref(),
+                xml_root: props.xml_root.as_ref().map(|(_, l, c)| (*l, *c)),
+                body_schema: request
+                    .body_schema
+                    .as_ref()
+                    .and(props.body_schema.as_ref())
+                    .map(|(_, l, c)| (*l, *c)),
                 broken: cx.out.errors.len() > errors_before,
             };
             http_variants::read_variants(block, &base, signature.as_ref(), &name, line, cx)
@@ -1029,7 +1042,14 @@ const HTTP_REQUEST_PROPERTIES: &[&str] = &[
     "body_type",
     "body_mode",
     "body_template",
+    "xml_root",
+    "body_schema",
+    "use_body_schema",
+    "tls_profile",
 ];
+
+/// Longest `tls_profile:` name, in characters.
+const MAX_TLS_PROFILE_CHARS: usize = 64;
 
 /// The checked `auth:`, `query_params:` and body properties of a `type:
 /// http` or `type: async_webhook` tool (the file's `auth:` when the tool
@@ -1067,21 +1087,65 @@ fn http_request_options(
         .query_params
         .map(|block| read_query_params(block, sig, name, cx))
         .unwrap_or_default();
+    let body_schema = used_body_schema(props, cx);
     let body = BodyProps {
         method: props.method.as_deref().unwrap_or("POST"),
         body_type: props.body_type,
         body_mode: props.body_mode.unwrap_or_default(),
         body_template: props.body_template.as_ref(),
+        xml_root: props.xml_root.as_ref().map(|(_, l, c)| (*l, *c)),
+        body_schema: body_schema.as_ref().map(|(_, l, c)| (*l, *c)),
     };
     check_body(&body, async_webhook, sig, name, line, cx);
-    let (body_type, body_mode) = (body.body_type.map(|(t, _, _)| t).unwrap_or_default(), body.body_mode);
+    let (body_type, body_mode) = (
+        body.body_type.map(|(t, _, _)| t).unwrap_or_default(),
+        body.body_mode,
+    );
     HttpRequestOptions {
         auth: auth.unwrap_or_default(),
         query_params,
         body_type,
         body_mode,
         body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
+        xml_root: props.xml_root.as_ref().map(|(r, _, _)| r.clone()),
+        body_schema: body_schema.map(|(s, _, _)| s),
+        tls_profile: props.tls_profile.clone(),
     }
+}
+
+/// `body_schema:` when `use_body_schema: true` uses it. Either without the
+/// other is an error: a schema written but not used would read as enforced.
+fn used_body_schema(props: &Props<'_>, cx: &mut Cx<'_>) -> Option<(Value, u32, u32)> {
+    match (&props.body_schema, props.use_body_schema) {
+        (Some(schema), Some((true, _, _))) => Some(schema.clone()),
+        (Some((_, sline, scol)), _) => {
+            cx.error(
+                *sline,
+                *scol,
+                "`body_schema:` is used only with `use_body_schema: true` beside it (add it, or drop the schema)",
+            );
+            None
+        }
+        (None, Some((true, uline, ucol))) => {
+            cx.error(
+                uline,
+                ucol,
+                "`use_body_schema: true` needs a `body_schema:` (the JSON Schema of the body)",
+            );
+            None
+        }
+        (None, _) => None,
+    }
+}
+
+/// An XML element name as this worker writes them: a letter or `_`, then
+/// letters, digits, `_`, `-` or `.` (ASCII; no namespace prefix).
+fn is_xml_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
 /// The body properties of one request (a tool's, or a request variant's
@@ -1092,6 +1156,10 @@ struct BodyProps<'a> {
     body_type: Option<(BodyType, u32, u32)>,
     body_mode: BodyMode,
     body_template: Option<&'a (String, u32, u32)>,
+    /// Line and column of `xml_root:`.
+    xml_root: Option<(u32, u32)>,
+    /// Line and column of `body_schema:` (with `use_body_schema: true`).
+    body_schema: Option<(u32, u32)>,
 }
 
 /// The body rules: a method without a body takes no `body_type:` or
@@ -1164,6 +1232,38 @@ fn check_body(
             }
         }
         _ => {}
+    }
+    if let Some((rline, rcol)) = body.xml_root {
+        if body_type != BodyType::Xml {
+            cx.error(rline, rcol, "`xml_root:` applies to `body_type: xml` only");
+        } else if body.body_template.is_some() {
+            cx.error(
+                rline,
+                rcol,
+                "`xml_root:` names the root of a body made from the arguments; a `body_template:` writes its own root",
+            );
+        }
+    }
+    if let Some((sline, scol)) = body.body_schema {
+        let made_from_json = match body_type {
+            BodyType::Json => true,
+            BodyType::Form | BodyType::Xml => body.body_template.is_none(),
+            BodyType::Text => false,
+        };
+        let has_body = sends_body && (body_mode == BodyMode::Auto || body.body_template.is_some());
+        if !has_body {
+            cx.error(
+                sline,
+                scol,
+                format!("`body_schema:` does not apply: `method: {method}` with this `body_mode` sends no body"),
+            );
+        } else if !made_from_json {
+            cx.error(
+                sline,
+                scol,
+                "`body_schema:` checks a body made from a JSON value: `body_type: json` (arguments or template), or `form` or `xml` made from the arguments (not a text template)",
+            );
+        }
     }
 }
 
@@ -1856,16 +1956,71 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 let choices = [
                     ("json", BodyType::Json),
                     ("form", BodyType::Form),
+                    ("xml", BodyType::Xml),
                     ("text", BodyType::Text),
                 ];
-                if kv.value.trim_matches(['"', '\'']) == "xml" {
-                    cx.error(
-                        line.no,
-                        kv.value_col,
-                        "`body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
-                    );
-                } else if let Some(t) = keyword(child, &kv, &choices, cx) {
+                if let Some(t) = keyword(child, &kv, &choices, cx) {
                     props.body_type = Some((t, line.no, kv.value_col));
+                }
+            }
+            "xml_root" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    if is_xml_name(&s) {
+                        props.xml_root = Some((s, line.no, kv.value_col));
+                    } else {
+                        cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!("`xml_root` must be an XML element name (a letter or `_`, then letters, digits, `_`, `-`, `.`), not `{s}`"),
+                        );
+                    }
+                }
+            }
+            "body_schema" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    let col = kv.value_col + u32::from(is_quoted(kv.value));
+                    match serde_json::from_str::<Value>(&s) {
+                        Err(e) => cx.error(
+                            line.no,
+                            col,
+                            format!("`body_schema` is not JSON ({e}); write the JSON Schema on one line, in single quotes"),
+                        ),
+                        Ok(schema) if !schema.is_object() => cx.error(
+                            line.no,
+                            col,
+                            "`body_schema` must be a JSON Schema object, like `{\"type\": \"object\"}`",
+                        ),
+                        Ok(schema) => match super::schema::compile(&schema) {
+                            Err(e) => cx.error(
+                                line.no,
+                                col,
+                                format!("`body_schema` is not a valid JSON Schema: {e}"),
+                            ),
+                            Ok(_) => props.body_schema = Some((schema, line.no, col)),
+                        },
+                    }
+                }
+            }
+            "use_body_schema" => {
+                let choices = [("true", true), ("false", false)];
+                if let Some(b) = keyword(child, &kv, &choices, cx) {
+                    props.use_body_schema = Some((b, line.no, kv.value_col));
+                }
+            }
+            "tls_profile" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    let ok = !s.is_empty()
+                        && s.chars().count() <= MAX_TLS_PROFILE_CHARS
+                        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                    if ok {
+                        props.tls_profile = Some(s);
+                    } else {
+                        cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!("`tls_profile` must be the name of a profile of the worker's configuration: 1 to {MAX_TLS_PROFILE_CHARS} letters, digits, `_`, `-` or `.`, not `{s}`"),
+                        );
+                    }
                 }
             }
             "body_mode" => {
@@ -5110,13 +5265,12 @@ TOOLS:
                 "    body_type: xml\n    body_mode: sometimes\n"
             ),
             vec![
-                "7:16: `body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
                 "8:16: unknown body_mode `sometimes` (expected `auto` or `none`)",
             ]
         );
         assert_eq!(
             errs("f() -> string", "    body_type: yaml\n"),
-            vec!["7:16: unknown body_type `yaml` (expected `json`, `form` or `text`)"]
+            vec!["7:16: unknown body_type `yaml` (expected `json`, `form`, `xml` or `text`)"]
         );
         assert_eq!(
             errs(

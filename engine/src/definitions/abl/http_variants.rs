@@ -73,6 +73,10 @@ pub(super) struct BaseRequest<'a> {
     pub body_template: Option<&'a (String, u32, u32)>,
     /// The file's `base_url:`.
     pub base_url: Option<&'a str>,
+    /// Line and column of the tool's `xml_root:`.
+    pub xml_root: Option<(u32, u32)>,
+    /// Line and column of the tool's `body_schema:` (when used).
+    pub body_schema: Option<(u32, u32)>,
     /// Whether the tool's own request had errors: then a variant's merged
     /// request is not checked (its errors would repeat the tool's).
     pub broken: bool,
@@ -309,6 +313,8 @@ fn read_variant(
             body_type,
             body_mode,
             body_template,
+            xml_root: base.xml_root,
+            body_schema: base.body_schema,
         };
         check_body(&body, false, sig, tool, tool_line, cx);
         for e in &mut cx.out.errors[merged_from..] {
@@ -617,7 +623,7 @@ mod tests {
         assert_eq!(
             e("      - name: eu\n        when: .region == \"EU\"\n        endpoint: \"/eu/{nope}\"\n        method: GET\n        body_type: form\n"),
             vec![
-                "14:20: path parameter `{nope}` is not a parameter of `submit`",
+                "14:24: path parameter `{nope}` is not a parameter of `submit`",
                 "16:20: request variant `eu`: `method: GET` sends no body: `body_type:` does not apply",
             ]
         );
