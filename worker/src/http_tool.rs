@@ -39,7 +39,14 @@
 //! dispatch, cached per worker, fetched again once if the tool answers 401).
 //!
 //! A 2xx answer's body is the result: parsed as JSON, a non-JSON body becomes
-//! a JSON string, an empty body `null`.
+//! a JSON string, an empty body `null`; an answer whose `Content-Type` is
+//! XML is converted to JSON ([`xml`]).
+//!
+//! `body_type: xml` ([`xml`]) sends the arguments as XML elements under a
+//! root element (`xml_root:`, default the tool's name), or an XML template;
+//! `body_schema:` ([`body_schema`]) fills the body's top-level defaults
+//! and refuses a body that does not satisfy it, before dispatch
+//! ([`HttpToolError::BodySchema`]).
 //!
 //! Where a request may go ([`crate::ssrf`]): only to public addresses and
 //! those the worker's [`NetworkPolicy`] allowlists. An IP-literal host is
@@ -78,6 +85,9 @@ use crate::http_util::{SendFailure, classify_send_error, error_chain, truncate_t
 use crate::oauth2::{ClientCredentials, Clock, TokenCache, TokenError, form_encode};
 use crate::placeholders::{self, ConfigValues, PlaceholderError};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
+
+mod body_schema;
+pub mod xml;
 
 /// Characters left as they are in a path parameter: RFC 3986 unreserved.
 /// Everything else, `/` included, is percent-encoded so that a value stays
@@ -141,6 +151,12 @@ pub enum HttpToolError {
         /// Transport error chain.
         message: String,
     },
+    /// The request body does not satisfy the tool's `body_schema:` (with
+    /// `use_body_schema: true`): the violations, each with its JSON pointer.
+    /// Detected before dispatch; nothing was sent, and the same arguments
+    /// make the same body, so it is not repeated. Class `REJECTED`.
+    #[error("the request body does not match the tool's `body_schema`, nothing was sent: {0}")]
+    BodySchema(String),
     /// The connection failed after the request was sent, or a 2xx body could
     /// not be read. Class `MAY_HAVE_ACTED`.
     #[error("tool call failed after the request was sent: {0}")]
@@ -189,7 +205,7 @@ impl HttpToolError {
     /// The failure class to report in `FailTask`.
     pub fn class(&self) -> FailureClass {
         match self {
-            Self::Config(_) | Self::Refused(_) => FailureClass::Rejected,
+            Self::Config(_) | Self::Refused(_) | Self::BodySchema(_) => FailureClass::Rejected,
             Self::Connect(_) | Self::Unconfigured { .. } | Self::Auth(_) => FailureClass::NotSent,
             Self::Timeout { .. } | Self::Transport(_) => FailureClass::MayHaveActed,
             Self::Status { method, status, .. } => {
@@ -387,6 +403,7 @@ impl HttpToolClient {
     fn prepare_binding(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
         match &spec.binding {
             ToolBinding::Http(binding) => prepare_http(
+                &spec.tool,
                 binding,
                 &spec.arguments,
                 &spec.idempotency_key,
@@ -395,6 +412,7 @@ impl HttpToolClient {
             ),
             ToolBinding::AsyncWebhook(binding) => {
                 let mut request = prepare_http(
+                    &spec.tool,
                     &binding.http,
                     &spec.arguments,
                     &spec.idempotency_key,
@@ -495,8 +513,16 @@ impl HttpToolClient {
         if status.is_success() {
             // The tool acted; losing the body now loses the result, so any
             // error here is MAY_HAVE_ACTED (timeout or transport).
+            let xml = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(xml::is_xml_content_type);
             let bytes = response.bytes().await.map_err(|e| send_error(&e))?;
-            return Ok(body_value(&bytes));
+            // An XML answer as JSON (`xml.rs`); one that does not parse
+            // stays its text.
+            let value = if xml { xml::decode(&bytes) } else { None };
+            return Ok(value.unwrap_or_else(|| body_value(&bytes)));
         }
         if status.is_redirection() {
             let location = response.headers().get(LOCATION).map_or_else(
@@ -563,6 +589,7 @@ fn config(message: impl Into<String>) -> HttpToolError {
 }
 
 fn prepare_http(
+    tool: &str,
     binding: &HttpBinding,
     arguments: &Value,
     idempotency_key: &str,
@@ -614,10 +641,15 @@ fn prepare_http(
     }
 
     let auto = options.body_mode == BodyMode::Auto;
+    let shape = BodyShape {
+        body_type: options.body_type,
+        schema: options.body_schema.as_ref(),
+        xml_root: options.xml_root.as_deref().unwrap_or(tool),
+    };
     let body = if let Some(template) = &options.body_template {
-        Some(render_body(template, options.body_type, &all_args)?)
+        Some(render_body(template, &shape, &all_args)?)
     } else if has_body(&method) && auto {
-        Some(encode_body(options.body_type, remaining, arguments)?)
+        Some(encode_body(&shape, remaining, arguments)?)
     } else {
         if auto {
             let Some(map) = remaining else {
@@ -639,12 +671,17 @@ fn prepare_http(
     };
 
     let mut headers = HeaderMap::new();
-    headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+    let accept = match options.body_type {
+        BodyType::Xml => "application/xml, text/xml;q=0.9, application/json;q=0.8",
+        _ => "application/json",
+    };
+    headers.insert(ACCEPT, HeaderValue::from_static(accept));
     if body.is_some() {
         let content_type = match options.body_type {
             BodyType::Json => "application/json",
             BodyType::Form => "application/x-www-form-urlencoded",
             BodyType::Text => "text/plain; charset=utf-8",
+            BodyType::Xml => "application/xml; charset=utf-8",
         };
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     }
@@ -788,22 +825,52 @@ fn query_values(
     Ok(vec![out])
 }
 
+/// How a body is encoded: its type, the `body_schema` its JSON value must
+/// satisfy, and the root element of an XML body made from the arguments.
+struct BodyShape<'a> {
+    body_type: BodyType,
+    schema: Option<&'a Value>,
+    xml_root: &'a str,
+}
+
+impl BodyShape<'_> {
+    /// `value` authored from and checked against the body schema, if any.
+    fn checked(&self, value: Value) -> Result<Value, HttpToolError> {
+        match self.schema {
+            Some(schema) => body_schema::author_and_check(schema, value),
+            None => Ok(value),
+        }
+    }
+}
+
 /// The body `template` filled from `args` (see [`BodyType`]).
 fn render_body(
     template: &str,
-    body_type: BodyType,
+    shape: &BodyShape<'_>,
     args: &Map<String, Value>,
 ) -> Result<Vec<u8>, HttpToolError> {
-    match body_type {
+    match shape.body_type {
         BodyType::Json => {
             let parsed: Value = serde_json::from_str(template)
                 .map_err(|e| config(format!("the body template is not JSON: {e}")))?;
-            let filled = fill_json(&parsed, args)?;
+            let filled = shape.checked(fill_json(&parsed, args)?)?;
             serde_json::to_vec(&filled).map_err(|e| config(format!("cannot encode the body: {e}")))
         }
         BodyType::Form => fill_text(template, args, form_encode).map(String::into_bytes),
         BodyType::Text => fill_text(template, args, str::to_owned).map(String::into_bytes),
+        BodyType::Xml => {
+            let filled = fill_text(template, args, |t| xml_escape(t))?;
+            xml::check_well_formed(&filled).map_err(|e| {
+                config(format!("the XML body template, filled in, is not well-formed: {e}"))
+            })?;
+            Ok(filled.into_bytes())
+        }
     }
+}
+
+/// `text` escaped for XML text or an attribute value.
+fn xml_escape(text: &str) -> String {
+    quick_xml::escape::escape(text).into_owned()
 }
 
 /// A JSON template's value filled: a string that is one placeholder
@@ -863,11 +930,18 @@ fn fill_text(
 
 /// The remaining arguments as a `body_mode: auto` body.
 fn encode_body(
-    body_type: BodyType,
+    shape: &BodyShape<'_>,
     remaining: Option<Map<String, Value>>,
     arguments: &Value,
 ) -> Result<Vec<u8>, HttpToolError> {
-    match (body_type, remaining) {
+    let remaining = match (shape.schema, remaining) {
+        (Some(_), Some(map)) => match shape.checked(Value::Object(map))? {
+            Value::Object(map) => Some(map),
+            _ => None,
+        },
+        (_, remaining) => remaining,
+    };
+    match (shape.body_type, remaining) {
         (BodyType::Form, Some(map)) => {
             let pairs: Vec<String> = map
                 .iter()
@@ -879,14 +953,19 @@ fn encode_body(
                 .collect();
             Ok(pairs.join("&").into_bytes())
         }
-        (BodyType::Form | BodyType::Text, None) => Err(config(format!(
-            "arguments of a form or text body must be a JSON object, got {}",
+        (BodyType::Form | BodyType::Text | BodyType::Xml, None) => Err(config(format!(
+            "arguments of a form, text or XML body must be a JSON object, got {}",
             json_kind(arguments)
         ))),
+        (BodyType::Xml, Some(map)) => xml::encode(shape.xml_root, &Value::Object(map))
+            .map_err(|e| config(format!("the arguments cannot be sent as XML: {e}"))),
         // The parser requires a template for text; an old spec might not.
         (BodyType::Text, Some(_)) => Err(config("a text body needs a `body_template`")),
         (BodyType::Json, remaining) => {
-            let value = remaining.map_or_else(|| arguments.clone(), Value::Object);
+            let value = match remaining {
+                Some(map) => Value::Object(map),
+                None => shape.checked(arguments.clone())?,
+            };
             serde_json::to_vec(&value)
                 .map_err(|e| config(format!("cannot encode the arguments: {e}")))
         }
@@ -1013,7 +1092,7 @@ mod tests {
         arguments: &Value,
         base_url: Option<&str>,
     ) -> Result<PreparedRequest, HttpToolError> {
-        prepare_http(binding, arguments, "k", base_url, &ConfigValues::default())
+        prepare_http("t", binding, arguments, "k", base_url, &ConfigValues::default())
     }
 
     fn binding(endpoint: &str, method: &str) -> HttpBinding {
@@ -1116,7 +1195,7 @@ mod tests {
         let mut b = binding("http://h/x", "GET");
         b.headers.insert("X-Key".into(), "{{config.K}}".into());
         let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "v".to_owned())]));
-        let req = prepare_http(&b, &json!({}), "k", None, &values).unwrap();
+        let req = prepare_http("t", &b, &json!({}), "k", None, &values).unwrap();
         assert!(req.headers()["x-key"].is_sensitive());
         assert_eq!(req.headers()["x-key"], "v");
     }
