@@ -87,7 +87,10 @@ use crate::placeholders::{self, ConfigValues, PlaceholderError};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
 
 mod body_schema;
+pub mod tls;
 pub mod xml;
+
+pub use tls::TlsProfilesConfig;
 
 /// Characters left as they are in a path parameter: RFC 3986 unreserved.
 /// Everything else, `/` included, is percent-encoded so that a value stays
@@ -128,6 +131,28 @@ pub enum HttpToolError {
         name: String,
         /// [`crate::placeholders::ENV_PREFIX`].
         env: &'static str,
+    },
+    /// The tool's `tls_profile:` is not one of this worker's
+    /// (`--tls-profiles`). Detected before dispatch; nothing was sent, and
+    /// a worker with the profile can make the call. Class `NOT_SENT`.
+    #[error(
+        "the TLS client-certificate profile `{0}` is not configured on this worker \
+         (--tls-profiles / BELAY_TLS_PROFILES); nothing was sent"
+    )]
+    UnknownTlsProfile(String),
+    /// The server refused the TLS handshake over the client certificate
+    /// (it asked for one and got none, or did not accept the one sent):
+    /// its application saw no request. Class `REJECTED`: the same
+    /// certificate gets the same answer.
+    #[error(
+        "the tool's server refused the TLS handshake over the client certificate ({detail}); \
+         {hint}; nothing was sent"
+    )]
+    ClientCertificate {
+        /// The TLS alert, as rustls names it.
+        detail: String,
+        /// What to change.
+        hint: &'static str,
     },
     /// The OAuth 2.0 token could not be had (see [`crate::oauth2`]): nothing
     /// was sent to the tool. Class `NOT_SENT`.
@@ -205,8 +230,14 @@ impl HttpToolError {
     /// The failure class to report in `FailTask`.
     pub fn class(&self) -> FailureClass {
         match self {
-            Self::Config(_) | Self::Refused(_) | Self::BodySchema(_) => FailureClass::Rejected,
-            Self::Connect(_) | Self::Unconfigured { .. } | Self::Auth(_) => FailureClass::NotSent,
+            Self::Config(_)
+            | Self::Refused(_)
+            | Self::BodySchema(_)
+            | Self::ClientCertificate { .. } => FailureClass::Rejected,
+            Self::Connect(_)
+            | Self::Unconfigured { .. }
+            | Self::UnknownTlsProfile(_)
+            | Self::Auth(_) => FailureClass::NotSent,
             Self::Timeout { .. } | Self::Transport(_) => FailureClass::MayHaveActed,
             Self::Status { method, status, .. } => {
                 if *status == 429 {
@@ -252,6 +283,8 @@ pub struct PreparedRequest {
     callback_url_field: Option<String>,
     /// `auth: oauth2_client`: the token is fetched when the request is sent.
     oauth: Option<ClientCredentials>,
+    /// `tls_profile:`: the client certificate the request is sent with.
+    tls_profile: Option<String>,
 }
 
 /// Put `url` into `body` (a JSON object) at the dot-path `field`, creating
@@ -341,6 +374,21 @@ pub struct HttpToolClient {
     policy: Arc<NetworkPolicy>,
     config: Arc<ConfigValues>,
     tokens: Arc<TokenCache>,
+    /// One client per `--tls-profiles` profile, with its certificate, and
+    /// whether it has one (a profile may hold a CA bundle only).
+    tls_clients: Arc<std::collections::BTreeMap<String, (reqwest::Client, bool)>>,
+}
+
+/// The builder of every tool client: connect timeout, user agent, the
+/// policy's address check on every resolved address, no redirects, no
+/// proxy.
+fn tool_client_builder(policy: &Arc<NetworkPolicy>) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(CheckedResolver::new(Arc::clone(policy)))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
 }
 
 impl HttpToolClient {
@@ -350,12 +398,7 @@ impl HttpToolClient {
     /// allowlisted too). Fails only if the HTTP client cannot be built.
     pub fn new(base_url: Option<String>, policy: NetworkPolicy) -> Result<Self, HttpToolError> {
         let policy = Arc::new(policy);
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-            .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
-            .dns_resolver(CheckedResolver::new(Arc::clone(&policy)))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
+        let http = tool_client_builder(&policy)
             .build()
             .map_err(|e| HttpToolError::Config(error_chain(&e)))?;
         Ok(Self {
@@ -364,7 +407,34 @@ impl HttpToolClient {
             policy,
             config: Arc::default(),
             tokens: Arc::default(),
+            tls_clients: Arc::default(),
         })
+    }
+
+    /// This client, sending the requests of tools with `tls_profile:` with
+    /// the certificates of `profiles` ([`tls`]). Reads the files; `Err`
+    /// names the profile and the file that cannot be used.
+    pub fn with_tls_profiles(mut self, profiles: &TlsProfilesConfig) -> Result<Self, HttpToolError> {
+        let mut clients = std::collections::BTreeMap::new();
+        for (name, profile) in &profiles.profiles {
+            let material = profile
+                .read()
+                .map_err(|e| config(format!("TLS profile `{name}`: {e}")))?;
+            let mut builder = tool_client_builder(&self.policy);
+            let has_certificate = material.identity.is_some();
+            if let Some(identity) = material.identity {
+                builder = builder.identity(identity);
+            }
+            if let Some(roots) = material.roots {
+                builder = builder.tls_certs_only(roots);
+            }
+            let client = builder.build().map_err(|e| {
+                config(format!("TLS profile `{name}`: cannot build its client: {}", error_chain(&e)))
+            })?;
+            clients.insert(name.clone(), (client, has_certificate));
+        }
+        self.tls_clients = Arc::new(clients);
+        Ok(self)
     }
 
     /// The values `{{config.NAME}}` placeholders resolve to.
@@ -393,6 +463,11 @@ impl HttpToolClient {
     /// IP-literal host the policy refuses: the call must not be dispatched.
     pub fn prepare(&self, spec: &ToolCallSpec) -> Result<PreparedRequest, HttpToolError> {
         let request = self.prepare_binding(spec)?;
+        if let Some(name) = &request.tls_profile
+            && !self.tls_clients.contains_key(name)
+        {
+            return Err(HttpToolError::UnknownTlsProfile(name.clone()));
+        }
         self.policy.check_url(&request.url)?;
         if let Some(oauth) = &request.oauth {
             self.policy.check_url(&oauth.token_url)?;
@@ -485,8 +560,17 @@ impl HttpToolClient {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        let mut builder = self
-            .http
+        let (http, sends_certificate) = match &request.tls_profile {
+            None => (&self.http, false),
+            Some(name) => {
+                let (client, has) = self
+                    .tls_clients
+                    .get(name)
+                    .ok_or_else(|| HttpToolError::UnknownTlsProfile(name.clone()))?;
+                (client, *has)
+            }
+        };
+        let mut builder = http
             .request(request.method.clone(), request.url.clone())
             .headers(headers)
             .timeout(Duration::from_millis(timeout_ms));
@@ -496,6 +580,15 @@ impl HttpToolClient {
         let send_error = |e: &reqwest::Error| {
             if let Some(refused) = address_refused(e) {
                 return HttpToolError::Refused(refused.clone());
+            }
+            if let Some(detail) = tls::client_certificate_refused(e) {
+                let hint = if sends_certificate {
+                    "the server does not accept the certificate of the tool's `tls_profile:`"
+                } else {
+                    "the server asks for a client certificate: give the tool a `tls_profile:` \
+                     with `cert` and `key`"
+                };
+                return HttpToolError::ClientCertificate { detail, hint };
             }
             let message = error_chain(e);
             match classify_send_error(e) {
@@ -701,6 +794,7 @@ fn prepare_http(
         timeout_ms: binding.timeout_ms,
         callback_url_field: None,
         oauth,
+        tls_profile: options.tls_profile.clone(),
     })
 }
 
