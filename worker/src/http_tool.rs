@@ -414,7 +414,10 @@ impl HttpToolClient {
     /// This client, sending the requests of tools with `tls_profile:` with
     /// the certificates of `profiles` ([`tls`]). Reads the files; `Err`
     /// names the profile and the file that cannot be used.
-    pub fn with_tls_profiles(mut self, profiles: &TlsProfilesConfig) -> Result<Self, HttpToolError> {
+    pub fn with_tls_profiles(
+        mut self,
+        profiles: &TlsProfilesConfig,
+    ) -> Result<Self, HttpToolError> {
         let mut clients = std::collections::BTreeMap::new();
         for (name, profile) in &profiles.profiles {
             let material = profile
@@ -429,7 +432,10 @@ impl HttpToolClient {
                 builder = builder.tls_certs_only(roots);
             }
             let client = builder.build().map_err(|e| {
-                config(format!("TLS profile `{name}`: cannot build its client: {}", error_chain(&e)))
+                config(format!(
+                    "TLS profile `{name}`: cannot build its client: {}",
+                    error_chain(&e)
+                ))
             })?;
             clients.insert(name.clone(), (client, has_certificate));
         }
@@ -953,9 +959,11 @@ fn render_body(
         BodyType::Form => fill_text(template, args, form_encode).map(String::into_bytes),
         BodyType::Text => fill_text(template, args, str::to_owned).map(String::into_bytes),
         BodyType::Xml => {
-            let filled = fill_text(template, args, |t| xml_escape(t))?;
+            let filled = fill_text(template, args, xml_escape)?;
             xml::check_well_formed(&filled).map_err(|e| {
-                config(format!("the XML body template, filled in, is not well-formed: {e}"))
+                config(format!(
+                    "the XML body template, filled in, is not well-formed: {e}"
+                ))
             })?;
             Ok(filled.into_bytes())
         }
@@ -1186,7 +1194,14 @@ mod tests {
         arguments: &Value,
         base_url: Option<&str>,
     ) -> Result<PreparedRequest, HttpToolError> {
-        prepare_http("t", binding, arguments, "k", base_url, &ConfigValues::default())
+        prepare_http(
+            "t",
+            binding,
+            arguments,
+            "k",
+            base_url,
+            &ConfigValues::default(),
+        )
     }
 
     fn binding(endpoint: &str, method: &str) -> HttpBinding {

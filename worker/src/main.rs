@@ -123,8 +123,9 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
-    let tls_profiles = belay_worker::http_tool::TlsProfilesConfig::load(args.tls_profiles.as_deref())
-        .map_err(|e| anyhow::anyhow!(e))?;
+    let tls_profiles =
+        belay_worker::http_tool::TlsProfilesConfig::load(args.tls_profiles.as_deref())
+            .map_err(|e| anyhow::anyhow!(e))?;
     let tool_network_policy = args.allow_private_networks.policy()?;
     let provider = args.model_provider;
     let config = WorkerConfig {

@@ -65,9 +65,7 @@ fn xml_leaves(body: &[u8]) -> Vec<(String, String)> {
 
 /// A server that records requests and answers with what `answer` makes of
 /// each (status 200, its content type, its body).
-async fn server(
-    answer: fn(&Seen) -> (&'static str, String),
-) -> (String, SeenLog) {
+async fn server(answer: fn(&Seen) -> (&'static str, String)) -> (String, SeenLog) {
     let seen: SeenLog = Arc::default();
     let router = Router::new().fallback(any({
         let seen = Arc::clone(&seen);
@@ -83,7 +81,9 @@ async fn server(
             ([(header::CONTENT_TYPE, content_type)], body)
         }
     }));
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     (format!("http://{addr}"), seen)
@@ -93,7 +93,12 @@ fn client() -> HttpToolClient {
     HttpToolClient::new(None, NetworkPolicy::allowing_loopback()).unwrap()
 }
 
-fn spec(tool: &str, endpoint: String, arguments: Value, request: HttpRequestOptions) -> ToolCallSpec {
+fn spec(
+    tool: &str,
+    endpoint: String,
+    arguments: Value,
+    request: HttpRequestOptions,
+) -> ToolCallSpec {
     ToolCallSpec {
         tool: tool.into(),
         tool_version: 1,
@@ -190,7 +195,9 @@ async fn the_root_defaults_to_the_tools_name_and_a_template_is_escaped_and_check
         .unwrap();
     let template = HttpRequestOptions {
         body_type: BodyType::Xml,
-        body_template: Some(r#"<o:order xmlns:o="urn:o" id="{{id}}"><o:note>{{note}}</o:note></o:order>"#.into()),
+        body_template: Some(
+            r#"<o:order xmlns:o="urn:o" id="{{id}}"><o:note>{{note}}</o:note></o:order>"#.into(),
+        ),
         ..HttpRequestOptions::default()
     };
     let result = client()
@@ -256,7 +263,12 @@ async fn a_body_that_fails_its_schema_is_refused_before_it_is_sent() {
     let url = format!("{base}/pay");
     // Authored: the default currency is added, then the body is valid.
     let ok = client()
-        .call(&spec("pay", url.clone(), json!({"amount": 5}), request(BodyType::Json)))
+        .call(&spec(
+            "pay",
+            url.clone(),
+            json!({"amount": 5}),
+            request(BodyType::Json),
+        ))
         .await
         .unwrap();
     assert_eq!(ok, json!({"ok": true}));
@@ -278,16 +290,29 @@ async fn a_body_that_fails_its_schema_is_refused_before_it_is_sent() {
     let message = err.to_string();
     assert!(message.contains("nothing was sent"), "{message}");
     assert!(message.contains("/amount: "), "{message}");
-    assert!(message.contains("/lines/0: \"sku\" is a required property"), "{message}");
+    assert!(
+        message.contains("/lines/0: \"sku\" is a required property"),
+        "{message}"
+    );
     // A form body is checked as the object it is encoded from.
     let err = client()
-        .call(&spec("pay", url.clone(), json!({"amount": 1, "currency": "GBP"}), request(BodyType::Form)))
+        .call(&spec(
+            "pay",
+            url.clone(),
+            json!({"amount": 1, "currency": "GBP"}),
+            request(BodyType::Form),
+        ))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("/currency: "), "{err}");
     // And the check runs in `prepare`, before a dispatch is asked for.
     let err = client()
-        .prepare(&spec("pay", url, json!({"amount": -1}), request(BodyType::Xml)))
+        .prepare(&spec(
+            "pay",
+            url,
+            json!({"amount": -1}),
+            request(BodyType::Xml),
+        ))
         .unwrap_err();
     assert!(matches!(err, HttpToolError::BodySchema(_)), "{err:?}");
     assert_eq!(seen.lock().unwrap().len(), 1);
@@ -336,7 +361,10 @@ async fn the_eu_variant_goes_to_its_endpoint_with_its_method_and_headers() {
     assert_eq!(round.variant.as_deref(), Some("eu"));
 
     assert_eq!(client().call(&round).await.unwrap(), json!({"ref": "eu-1"}));
-    assert_eq!(client().call(&us_spec).await.unwrap(), json!({"ref": "us-1"}));
+    assert_eq!(
+        client().call(&us_spec).await.unwrap(),
+        json!({"ref": "us-1"})
+    );
     let eu_seen = eu_seen.lock().unwrap();
     assert_eq!(eu_seen.len(), 1);
     let req = &eu_seen[0];

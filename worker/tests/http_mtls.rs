@@ -48,7 +48,9 @@ impl Ca {
         let mut params =
             CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
                 .unwrap();
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         (cert.der().clone(), cert.pem(), key.serialize_pem())
@@ -76,9 +78,7 @@ async fn mtls_server(server_ca: &Ca, client_ca: &Ca) -> (String, Arc<Seen>) {
         .build()
         .unwrap();
     let (server_der, _, server_key) = server_ca.leaf("tools.test", &["127.0.0.1"]);
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
-        rustls_pem_key_der(&server_key),
-    ));
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(rustls_pem_key_der(&server_key)));
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -86,7 +86,9 @@ async fn mtls_server(server_ca: &Ca, client_ca: &Ca) -> (String, Arc<Seen>) {
         .with_single_cert(vec![server_der], key)
         .unwrap();
     let acceptor = TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Seen::default());
     let log = Arc::clone(&seen);
@@ -110,7 +112,9 @@ async fn mtls_server(server_ca: &Ca, client_ca: &Ca) -> (String, Arc<Seen>) {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
                 let body_start = loop {
-                    let Ok(n) = tls.read(&mut chunk).await else { return };
+                    let Ok(n) = tls.read(&mut chunk).await else {
+                        return;
+                    };
                     if n == 0 {
                         return;
                     }
@@ -125,7 +129,9 @@ async fn mtls_server(server_ca: &Ca, client_ca: &Ca) -> (String, Arc<Seen>) {
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map_or(0, |v| v.trim().parse().unwrap());
                 while buf.len() < body_start + length {
-                    let Ok(n) = tls.read(&mut chunk).await else { return };
+                    let Ok(n) = tls.read(&mut chunk).await else {
+                        return;
+                    };
                     if n == 0 {
                         return;
                     }
@@ -261,7 +267,10 @@ async fn with_the_profile_the_call_succeeds_and_the_server_sees_the_certificate(
         .await
         .unwrap();
     assert_eq!(result, json!({"hello": "mtls"}));
-    assert_eq!(*s.seen.client_certs.lock().unwrap(), vec![s.client_der.clone()]);
+    assert_eq!(
+        *s.seen.client_certs.lock().unwrap(),
+        vec![s.client_der.clone()]
+    );
 }
 
 #[tokio::test]
@@ -279,7 +288,10 @@ async fn without_a_client_certificate_the_handshake_fails_and_the_error_says_so(
     assert_eq!(err.class(), FailureClass::Rejected);
     let message = err.to_string();
     assert!(message.contains("CertificateRequired"), "{message}");
-    assert!(message.contains("give the tool a `tls_profile:`"), "{message}");
+    assert!(
+        message.contains("give the tool a `tls_profile:`"),
+        "{message}"
+    );
     // A certificate the server does not trust.
     let err = tools.call(&spec(&url, Some("stranger"))).await.unwrap_err();
     assert!(
@@ -312,9 +324,16 @@ async fn an_unknown_profile_is_not_sent_and_the_address_policy_still_applies() {
     let url = format!("{}/lookup", s.url);
     let tools = client(&s.profiles, NetworkPolicy::allowing_loopback());
     let err = tools.prepare(&spec(&url, Some("nope"))).unwrap_err();
-    assert!(matches!(err, HttpToolError::UnknownTlsProfile(_)), "{err:?}");
+    assert!(
+        matches!(err, HttpToolError::UnknownTlsProfile(_)),
+        "{err:?}"
+    );
     assert_eq!(err.class(), FailureClass::NotSent);
-    assert!(err.to_string().contains("`nope` is not configured on this worker"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("`nope` is not configured on this worker"),
+        "{err}"
+    );
     // The default policy refuses loopback for profile clients too.
     let strict = client(&s.profiles, NetworkPolicy::default());
     let err = strict.call(&spec(&url, Some("partner"))).await.unwrap_err();
@@ -348,7 +367,10 @@ fn bad_profiles_are_errors_at_start_naming_the_profile_and_the_file() {
         .with_tls_profiles(&missing)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("TLS profile `partner`") && err.contains("nope.crt"), "{err}");
+    assert!(
+        err.contains("TLS profile `partner`") && err.contains("nope.crt"),
+        "{err}"
+    );
     let garbage = write(&dir, "garbage.pem", "not a certificate");
     let not_pem = TlsProfilesConfig {
         profiles: BTreeMap::from([(
@@ -365,7 +387,10 @@ fn bad_profiles_are_errors_at_start_naming_the_profile_and_the_file() {
         .with_tls_profiles(&not_pem)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("not a PEM certificate and private key"), "{err}");
+    assert!(
+        err.contains("not a PEM certificate and private key"),
+        "{err}"
+    );
     let only_cert = r#"{"profiles": {"a": {"cert": "/c"}}}"#;
     let config = TlsProfilesConfig::from_json(only_cert).unwrap();
     let err = HttpToolClient::new(None, NetworkPolicy::default())

@@ -2011,7 +2011,8 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 if let Some(s) = scalar(child, &kv, cx) {
                     let ok = !s.is_empty()
                         && s.chars().count() <= MAX_TLS_PROFILE_CHARS
-                        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                        && s.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
                     if ok {
                         props.tls_profile = Some(s);
                     } else {
@@ -5264,9 +5265,7 @@ TOOLS:
                 "f() -> string",
                 "    body_type: xml\n    body_mode: sometimes\n"
             ),
-            vec![
-                "8:16: unknown body_mode `sometimes` (expected `auto` or `none`)",
-            ]
+            vec!["8:16: unknown body_mode `sometimes` (expected `auto` or `none`)",]
         );
         assert_eq!(
             errs("f() -> string", "    body_type: yaml\n"),

@@ -1536,10 +1536,7 @@ impl Step {
         let variant = match variants::choose(&tool.def, &arguments) {
             Ok(variant) => variant,
             Err(reason) => {
-                let event = refuse(
-                    "request_variant",
-                    format!("{reason}; nothing was sent"),
-                );
+                let event = refuse("request_variant", format!("{reason}; nothing was sent"));
                 self.emit(event);
                 return Ok(());
             }
@@ -3132,12 +3129,13 @@ impl Step {
                         tenant: &self.state.tenant,
                         caller: &self.state.caller,
                     };
-                    let args = inject::inject(&probe.def, &mut args, &self.state.document(), &facts)
-                        .map(|()| Value::Object(args))
-                        .and_then(|args| {
-                            let variant = variants::choose(&probe.def, &args)?;
-                            Ok((args, variant))
-                        });
+                    let args =
+                        inject::inject(&probe.def, &mut args, &self.state.document(), &facts)
+                            .map(|()| Value::Object(args))
+                            .and_then(|args| {
+                                let variant = variants::choose(&probe.def, &args)?;
+                                Ok((args, variant))
+                            });
                     match args {
                         Ok((args, variant)) => Some((probe, args, variant)),
                         Err(e) => {

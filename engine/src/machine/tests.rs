@@ -229,7 +229,12 @@ impl Run {
         d
     }
 
-    pub(super) fn model(&mut self, call_id: &str, calls: &[(&str, &str)], content: Option<&str>) -> Decision {
+    pub(super) fn model(
+        &mut self,
+        call_id: &str,
+        calls: &[(&str, &str)],
+        content: Option<&str>,
+    ) -> Decision {
         self.step(Input::ModelCallCompleted {
             call_id: call_id.into(),
             attempt: 1,

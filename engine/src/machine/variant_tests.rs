@@ -104,7 +104,10 @@ fn the_variant_is_chosen_when_scheduled_recorded_and_sent_in_the_spec() {
         .iter()
         .find(|e| e.kind() == "tool_call_scheduled")
         .expect("scheduled");
-    assert_eq!(serde_json::to_value(scheduled).expect("json")["variant"], "eu");
+    assert_eq!(
+        serde_json::to_value(scheduled).expect("json")["variant"],
+        "eu"
+    );
 
     let specs = scheduled_specs(&d);
     let (spec, endpoint, method, headers) = http(&specs[0].1);
@@ -126,7 +129,11 @@ fn the_variant_is_chosen_when_scheduled_recorded_and_sent_in_the_spec() {
 #[test]
 fn without_variants_nothing_is_recorded_and_the_tools_request_is_sent() {
     let (mut run, _) = Run::start(Opts::default());
-    let d = run.model("intake.m1", &[("lookup", r#"{"email":"ada@example.eu"}"#)], None);
+    let d = run.model(
+        "intake.m1",
+        &[("lookup", r#"{"email":"ada@example.eu"}"#)],
+        None,
+    );
     assert_eq!(scheduled_variant(&d), Some(None));
     let specs = scheduled_specs(&d);
     assert!(specs[0].1.get("variant").is_none());
@@ -135,7 +142,12 @@ fn without_variants_nothing_is_recorded_and_the_tools_request_is_sent() {
         .iter()
         .find(|e| e.kind() == "tool_call_scheduled")
         .expect("scheduled");
-    assert!(serde_json::to_value(scheduled).expect("json").get("variant").is_none());
+    assert!(
+        serde_json::to_value(scheduled)
+            .expect("json")
+            .get("variant")
+            .is_none()
+    );
 }
 
 #[test]
@@ -144,7 +156,11 @@ fn a_when_that_gives_no_boolean_refuses_the_call_before_anything_is_sent() {
         edit: Some(with_a_broken_when),
         ..Opts::default()
     });
-    let d = run.model("intake.m1", &[("lookup", r#"{"email":"ada@example.eu"}"#)], None);
+    let d = run.model(
+        "intake.m1",
+        &[("lookup", r#"{"email":"ada@example.eu"}"#)],
+        None,
+    );
     let refused = d
         .events
         .iter()
@@ -155,14 +171,19 @@ fn a_when_that_gives_no_boolean_refuses_the_call_before_anything_is_sent() {
         .expect("refused");
     assert_eq!(refused.0, "request_variant");
     assert!(
-        refused.1.contains("request variant `eu` of tool `lookup` gave \"ada@example.eu\", not true or false")
-            && refused.1.ends_with("nothing was sent"),
+        refused.1.contains(
+            "request variant `eu` of tool `lookup` gave \"ada@example.eu\", not true or false"
+        ) && refused.1.ends_with("nothing was sent"),
         "{}",
         refused.1
     );
     // Refused: no tool call task, the model hears why.
     assert_eq!(scheduled_variant(&d), None);
-    assert!(!scheduled_specs(&d).iter().any(|(id, _, _)| id.contains(".t")));
+    assert!(
+        !scheduled_specs(&d)
+            .iter()
+            .any(|(id, _, _)| id.contains(".t"))
+    );
 }
 
 #[test]
@@ -171,7 +192,11 @@ fn an_approvers_edit_chooses_the_variant_again_and_the_decision_records_it() {
         edit: Some(with_variants_and_confirmation),
         ..Opts::default()
     });
-    let d = run.model("intake.m1", &[("lookup", r#"{"email":"ada@example.eu"}"#)], None);
+    let d = run.model(
+        "intake.m1",
+        &[("lookup", r#"{"email":"ada@example.eu"}"#)],
+        None,
+    );
     assert_eq!(scheduled_variant(&d), Some(Some("eu".to_owned())));
     assert!(scheduled_specs(&d).is_empty(), "waits for the decision");
     let d = run.step(Input::DecideApproval {
@@ -186,7 +211,9 @@ fn an_approvers_edit_chooses_the_variant_again_and_the_decision_records_it() {
         .events
         .iter()
         .find_map(|e| match e {
-            Event::ConfirmationDecided { variant, edited, .. } => Some((variant.clone(), *edited)),
+            Event::ConfirmationDecided {
+                variant, edited, ..
+            } => Some((variant.clone(), *edited)),
             _ => None,
         })
         .expect("decided");

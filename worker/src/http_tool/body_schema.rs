@@ -24,7 +24,9 @@ use crate::mcp::schema::{compile, validate};
 pub(super) fn author_and_check(schema: &Value, value: Value) -> Result<Value, HttpToolError> {
     let value = with_defaults(schema, value);
     let validator = compile(schema).map_err(|e| {
-        HttpToolError::Config(format!("the tool's `body_schema` is not a valid JSON Schema: {e}"))
+        HttpToolError::Config(format!(
+            "the tool's `body_schema` is not a valid JSON Schema: {e}"
+        ))
     })?;
     validate(&validator, &value).map_err(HttpToolError::BodySchema)?;
     Ok(value)
@@ -67,7 +69,10 @@ mod tests {
         let err = author_and_check(&schema, json!({"amount": -1, "x": 1})).unwrap_err();
         assert_eq!(err.class(), belay_proto::v1::FailureClass::Rejected);
         let message = err.to_string();
-        assert!(message.contains("/amount: -1 is less than the minimum of 0"), "{message}");
+        assert!(
+            message.contains("/amount: -1 is less than the minimum of 0"),
+            "{message}"
+        );
         assert!(message.contains("nothing was sent"), "{message}");
     }
 }

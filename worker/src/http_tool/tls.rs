@@ -101,7 +101,8 @@ impl TlsProfileConfig {
     /// Reads the files. Errors name the file, never its content.
     pub(super) fn read(&self) -> Result<TlsMaterial, String> {
         let read = |what: &str, path: &Path| {
-            std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
         };
         let identity = match (&self.cert, &self.key) {
             (Some(cert), Some(key_path)) => {

@@ -229,7 +229,11 @@ fn parse(text: &str) -> Result<Value, String> {
                 } else {
                     let name: &str = &r;
                     resolve_predefined_entity(name)
-                        .ok_or_else(|| format!("it names the entity `&{name};`, which is not one of XML's five"))?
+                        .ok_or_else(|| {
+                            format!(
+                                "it names the entity `&{name};`, which is not one of XML's five"
+                            )
+                        })?
                         .to_owned()
                 };
                 push_text(&mut stack, &resolved)?;
@@ -357,7 +361,11 @@ mod tests {
         ] {
             assert_eq!(decode(bad), None, "{}", String::from_utf8_lossy(bad));
         }
-        let deep = format!("{}{}", "<a>".repeat(MAX_DEPTH + 1), "</a>".repeat(MAX_DEPTH + 1));
+        let deep = format!(
+            "{}{}",
+            "<a>".repeat(MAX_DEPTH + 1),
+            "</a>".repeat(MAX_DEPTH + 1)
+        );
         assert_eq!(decode(deep.as_bytes()), None);
         assert!(check_well_formed("<o><a>1</a></o>").is_ok());
         assert!(check_well_formed("<o><a>1</o>").is_err());
@@ -365,7 +373,11 @@ mod tests {
 
     #[test]
     fn content_types() {
-        for xml in ["application/xml", "text/xml; charset=utf-8", "application/soap+xml"] {
+        for xml in [
+            "application/xml",
+            "text/xml; charset=utf-8",
+            "application/soap+xml",
+        ] {
             assert!(is_xml_content_type(xml), "{xml}");
         }
         for other in ["application/json", "text/plain", "application/xml-dtd"] {

@@ -51,7 +51,7 @@ fn xml_bodies_with_a_root_or_a_template() {
         r.body_template.as_deref(),
         Some("<order><amount>{{amount}}</amount></order>")
     );
-    let json = serde_json::to_value(&request(&with("    body_type: xml\n"))).expect("json");
+    let json = serde_json::to_value(request(&with("    body_type: xml\n"))).expect("json");
     assert_eq!(json["body_type"], "xml");
     assert_eq!(
         errors(&with("    xml_root: 1bad\n")),

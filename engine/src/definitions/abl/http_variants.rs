@@ -442,10 +442,7 @@ fn bare_parameters<'t>(text: &'t str, params: &[&str]) -> Vec<(usize, &'t str)> 
             let prefixed = matches!(text[..start].chars().next_back(), Some('.' | '$' | '@'))
                 || matches!(before, Some('.'));
             let called_or_key = matches!(after, Some('(' | ':'));
-            if params.contains(&word)
-                && !prefixed
-                && !called_or_key
-                && !JQ_KEYWORDS.contains(&word)
+            if params.contains(&word) && !prefixed && !called_or_key && !JQ_KEYWORDS.contains(&word)
             {
                 found.push((start, word));
             }
@@ -554,10 +551,16 @@ mod tests {
         let default = &t.request_variants[2];
         assert!(default.default && default.when.is_none());
         assert_eq!(default.endpoint, "https://api.example.com/us/submit");
-        assert_eq!(default.headers.get("X-Region").map(String::as_str), Some("us"));
+        assert_eq!(
+            default.headers.get("X-Region").map(String::as_str),
+            Some("us")
+        );
         // Stored and read back as the definition is.
         let json = serde_json::to_value(&t).unwrap();
-        assert_eq!(json["request_variants"][0]["when"], json!(".region == \"EU\""));
+        assert_eq!(
+            json["request_variants"][0]["when"],
+            json!(".region == \"EU\"")
+        );
         assert_eq!(json["request_variants"][2]["default"], json!(true));
         let back: ToolDef = serde_json::from_value(json).unwrap();
         assert_eq!(back, t);
@@ -591,7 +594,9 @@ mod tests {
         let e = |variants: &str| errors(&file(variants));
         // Unknown keys, and keys a variant does not override.
         assert_eq!(
-            e("      - name: eu\n        when: .region == \"EU\"\n        timeout: 5s\n        colour: red\n"),
+            e(
+                "      - name: eu\n        when: .region == \"EU\"\n        timeout: 5s\n        colour: red\n"
+            ),
             vec![
                 "14:9: `timeout:` cannot be set in a request variant (a variant has `name`, `when` or `default`, and overrides `endpoint`, `method`, `headers`, `query_params`, `body_type`, `body_mode` or `body_template`)",
                 "15:9: `colour:` cannot be set in a request variant (a variant has `name`, `when` or `default`, and overrides `endpoint`, `method`, `headers`, `query_params`, `body_type`, `body_mode` or `body_template`)",
@@ -611,7 +616,9 @@ mod tests {
         );
         // Overrides are checked like the tool's own keys.
         assert_eq!(
-            e("      - name: eu\n        when: .region == \"EU\"\n        method: FETCH\n        endpoint: api/x\n        body_type: yaml\n"),
+            e(
+                "      - name: eu\n        when: .region == \"EU\"\n        method: FETCH\n        endpoint: api/x\n        body_type: yaml\n"
+            ),
             vec![
                 "14:17: unknown method `FETCH` (expected GET, POST, PUT, PATCH or DELETE)",
                 "15:19: endpoint `api/x` must be a path starting with `/` or an http(s) URL",
@@ -621,7 +628,9 @@ mod tests {
         // The merged request is checked as a tool's: path parameters, and
         // the body rules against the method.
         assert_eq!(
-            e("      - name: eu\n        when: .region == \"EU\"\n        endpoint: \"/eu/{nope}\"\n        method: GET\n        body_type: form\n"),
+            e(
+                "      - name: eu\n        when: .region == \"EU\"\n        endpoint: \"/eu/{nope}\"\n        method: GET\n        body_type: form\n"
+            ),
             vec![
                 "14:24: path parameter `{nope}` is not a parameter of `submit`",
                 "16:20: request variant `eu`: `method: GET` sends no body: `body_type:` does not apply",
@@ -654,7 +663,7 @@ mod tests {
             errors(content),
             vec!["7:5: `request_variants:` applies to `type: http` tools only"]
         );
-        let empty = format!("{}", file("").trim_end());
+        let empty = file("").trim_end().to_string();
         assert_eq!(
             errors(&empty),
             vec!["11:5: `request_variants:` needs at least one `- name: …` item"]
@@ -673,12 +682,18 @@ mod tests {
         assert_eq!(words(r#"region == "EU""#), ["region"]);
         assert_eq!(words(r#".region == "EU""#), Vec::<String>::new());
         assert_eq!(words(r#"."region" == "region""#), Vec::<String>::new());
-        assert_eq!(words(r#"$region or {region: 1} or region(1)"#), Vec::<String>::new());
+        assert_eq!(
+            words(r#"$region or {region: 1} or region(1)"#),
+            Vec::<String>::new()
+        );
         assert_eq!(words(r#"region == "EU" and tier > 2"#), ["region", "tier"]);
         assert_eq!(words("length > 2"), ["length"]);
         assert_eq!(words(".a | not"), Vec::<String>::new());
         assert_eq!(
-            with_dots(r#"region == "EU" and tier"#, &bare_parameters(r#"region == "EU" and tier"#, &params)),
+            with_dots(
+                r#"region == "EU" and tier"#,
+                &bare_parameters(r#"region == "EU" and tier"#, &params)
+            ),
             r#".region == "EU" and .tier"#
         );
     }
