@@ -214,7 +214,9 @@ pub enum Event {
         tool: String,
         /// Which check failed (`not_on_list`, `invalid_arguments`, `permission`,
         /// `budget`, …; `parameter_source`: a parameter the tool supplies
-        /// itself (`source:`) could not be filled in).
+        /// itself (`source:`) could not be filled in; `request_variant`: a
+        /// `when:` of the tool's `request_variants:` failed or gave no
+        /// boolean).
         check: String,
         /// Message for the model.
         reason: String,
