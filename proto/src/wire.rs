@@ -207,6 +207,25 @@ pub struct HttpRequestOptions {
     /// placeholders filled from the arguments (see [`BodyType`] for how).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_template: Option<String>,
+    /// `xml_root:` of a `body_type: xml` tool whose body is made from the
+    /// arguments: the root element's name; `None`: the tool's name. Added
+    /// for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xml_root: Option<String>,
+    /// `body_schema:` with `use_body_schema: true`: the JSON Schema the
+    /// body's JSON value must satisfy (its top-level `default`s fill absent
+    /// properties first); a body that does not is refused before it is
+    /// sent. A worker that predates the field sends the body unchecked.
+    /// Added for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_schema: Option<Value>,
+    /// `tls_profile:`: the name of a client-certificate (mTLS) profile of
+    /// the worker's configuration (`--tls-profiles`); the certificate and
+    /// key never appear in a definition or a spec. A worker without the
+    /// profile fails the call `NOT_SENT` before dispatch. Added for
+    /// issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_profile: Option<String>,
 }
 
 /// `auth:` of an HTTP tool with its `auth_config:`. Secrets are
@@ -288,6 +307,13 @@ pub enum BodyType {
     /// replaced by the argument as text (strings as they are, other values
     /// as JSON text).
     Text,
+    /// `application/xml; charset=utf-8`. The arguments become elements
+    /// under a root element ([`HttpRequestOptions::xml_root`]): an object's
+    /// members are child elements in key order, an array repeats its
+    /// member's element, `null` members are left out, scalars are text.
+    /// A template is XML whose placeholders are replaced by the argument
+    /// as text, XML-escaped. Added for issue 4.
+    Xml,
 }
 
 impl BodyType {
@@ -477,6 +503,12 @@ pub struct ToolCallSpec {
     /// for issue 4.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub result_secrets: Vec<ResultSecret>,
+    /// The `request_variants:` item whose request `binding` is (the engine
+    /// chose it when the call was scheduled and merged its overrides into
+    /// the binding); `None`: the tool's own request. For logs and audit:
+    /// the worker sends the binding as it is. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 #[cfg(test)]
@@ -516,6 +548,7 @@ mod tests {
                 body_type: BodyType::Form,
                 body_mode: BodyMode::None,
                 body_template: Some("a={{v}}".into()),
+                ..HttpRequestOptions::default()
             },
         });
         let json = serde_json::to_value(&binding).unwrap();

@@ -136,6 +136,9 @@ pub struct WorkerConfig {
     /// of [`WorkerConfig::mcp`] fills in names not given here. Secrets:
     /// `Debug` prints names only. Empty by default.
     pub tool_config: ConfigValues,
+    /// Client-certificate profiles of HTTP tools (`tls_profile:`), read
+    /// from `--tls-profiles`; the files are loaded when the worker starts.
+    pub tls_profiles: crate::http_tool::TlsProfilesConfig,
 }
 
 impl WorkerConfig {
@@ -153,6 +156,7 @@ impl WorkerConfig {
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             mcp: McpConfig::default(),
             tool_config: ConfigValues::default(),
+            tls_profiles: Default::default(),
         }
     }
 }

@@ -39,7 +39,14 @@
 //! dispatch, cached per worker, fetched again once if the tool answers 401).
 //!
 //! A 2xx answer's body is the result: parsed as JSON, a non-JSON body becomes
-//! a JSON string, an empty body `null`.
+//! a JSON string, an empty body `null`; an answer whose `Content-Type` is
+//! XML is converted to JSON ([`xml`]).
+//!
+//! `body_type: xml` ([`xml`]) sends the arguments as XML elements under a
+//! root element (`xml_root:`, default the tool's name), or an XML template;
+//! `body_schema:` ([`body_schema`]) fills the body's top-level defaults
+//! and refuses a body that does not satisfy it, before dispatch
+//! ([`HttpToolError::BodySchema`]).
 //!
 //! Where a request may go ([`crate::ssrf`]): only to public addresses and
 //! those the worker's [`NetworkPolicy`] allowlists. An IP-literal host is
@@ -88,6 +95,12 @@ use crate::oauth2::{ClientCredentials, Clock, TokenCache, TokenError, form_encod
 use crate::placeholders::{self, ConfigValues, PlaceholderError, SecretValues};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
 
+mod body_schema;
+pub mod tls;
+pub mod xml;
+
+pub use tls::TlsProfilesConfig;
+
 /// Characters left as they are in a path parameter: RFC 3986 unreserved.
 /// Everything else, `/` included, is percent-encoded so that a value stays
 /// inside its path segment.
@@ -128,6 +141,28 @@ pub enum HttpToolError {
         /// [`crate::placeholders::ENV_PREFIX`].
         env: &'static str,
     },
+    /// The tool's `tls_profile:` is not one of this worker's
+    /// (`--tls-profiles`). Detected before dispatch; nothing was sent, and
+    /// a worker with the profile can make the call. Class `NOT_SENT`.
+    #[error(
+        "the TLS client-certificate profile `{0}` is not configured on this worker \
+         (--tls-profiles / BELAY_TLS_PROFILES); nothing was sent"
+    )]
+    UnknownTlsProfile(String),
+    /// The server refused the TLS handshake over the client certificate
+    /// (it asked for one and got none, or did not accept the one sent):
+    /// its application saw no request. Class `REJECTED`: the same
+    /// certificate gets the same answer.
+    #[error(
+        "the tool's server refused the TLS handshake over the client certificate ({detail}); \
+         {hint}; nothing was sent"
+    )]
+    ClientCertificate {
+        /// The TLS alert, as rustls names it.
+        detail: String,
+        /// What to change.
+        hint: &'static str,
+    },
     /// The OAuth 2.0 token could not be had (see [`crate::oauth2`]): nothing
     /// was sent to the tool. Class `NOT_SENT`.
     #[error("{0}; nothing was sent to the tool")]
@@ -150,6 +185,12 @@ pub enum HttpToolError {
         /// Transport error chain.
         message: String,
     },
+    /// The request body does not satisfy the tool's `body_schema:` (with
+    /// `use_body_schema: true`): the violations, each with its JSON pointer.
+    /// Detected before dispatch; nothing was sent, and the same arguments
+    /// make the same body, so it is not repeated. Class `REJECTED`.
+    #[error("the request body does not match the tool's `body_schema`, nothing was sent: {0}")]
+    BodySchema(String),
     /// The connection failed after the request was sent, or a 2xx body could
     /// not be read. Class `MAY_HAVE_ACTED`.
     #[error("tool call failed after the request was sent: {0}")]
@@ -198,8 +239,14 @@ impl HttpToolError {
     /// The failure class to report in `FailTask`.
     pub fn class(&self) -> FailureClass {
         match self {
-            Self::Config(_) | Self::Refused(_) => FailureClass::Rejected,
-            Self::Connect(_) | Self::Unconfigured { .. } | Self::Auth(_) => FailureClass::NotSent,
+            Self::Config(_)
+            | Self::Refused(_)
+            | Self::BodySchema(_)
+            | Self::ClientCertificate { .. } => FailureClass::Rejected,
+            Self::Connect(_)
+            | Self::Unconfigured { .. }
+            | Self::UnknownTlsProfile(_)
+            | Self::Auth(_) => FailureClass::NotSent,
             Self::Timeout { .. } | Self::Transport(_) => FailureClass::MayHaveActed,
             Self::Status { method, status, .. } => {
                 if *status == 429 {
@@ -245,6 +292,8 @@ pub struct PreparedRequest {
     callback_url_field: Option<String>,
     /// `auth: oauth2_client`: the token is fetched when the request is sent.
     oauth: Option<ClientCredentials>,
+    /// `tls_profile:`: the client certificate the request is sent with.
+    tls_profile: Option<String>,
 }
 
 /// Put `url` into `body` (a JSON object) at the dot-path `field`, creating
@@ -334,6 +383,21 @@ pub struct HttpToolClient {
     policy: Arc<NetworkPolicy>,
     config: Arc<ConfigValues>,
     tokens: Arc<TokenCache>,
+    /// One client per `--tls-profiles` profile, with its certificate, and
+    /// whether it has one (a profile may hold a CA bundle only).
+    tls_clients: Arc<std::collections::BTreeMap<String, (reqwest::Client, bool)>>,
+}
+
+/// The builder of every tool client: connect timeout, user agent, the
+/// policy's address check on every resolved address, no redirects, no
+/// proxy.
+fn tool_client_builder(policy: &Arc<NetworkPolicy>) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(CheckedResolver::new(Arc::clone(policy)))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
 }
 
 impl HttpToolClient {
@@ -343,12 +407,7 @@ impl HttpToolClient {
     /// allowlisted too). Fails only if the HTTP client cannot be built.
     pub fn new(base_url: Option<String>, policy: NetworkPolicy) -> Result<Self, HttpToolError> {
         let policy = Arc::new(policy);
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-            .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
-            .dns_resolver(CheckedResolver::new(Arc::clone(&policy)))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
+        let http = tool_client_builder(&policy)
             .build()
             .map_err(|e| HttpToolError::Config(error_chain(&e)))?;
         Ok(Self {
@@ -357,7 +416,40 @@ impl HttpToolClient {
             policy,
             config: Arc::default(),
             tokens: Arc::default(),
+            tls_clients: Arc::default(),
         })
+    }
+
+    /// This client, sending the requests of tools with `tls_profile:` with
+    /// the certificates of `profiles` ([`tls`]). Reads the files; `Err`
+    /// names the profile and the file that cannot be used.
+    pub fn with_tls_profiles(
+        mut self,
+        profiles: &TlsProfilesConfig,
+    ) -> Result<Self, HttpToolError> {
+        let mut clients = std::collections::BTreeMap::new();
+        for (name, profile) in &profiles.profiles {
+            let material = profile
+                .read()
+                .map_err(|e| config(format!("TLS profile `{name}`: {e}")))?;
+            let mut builder = tool_client_builder(&self.policy);
+            let has_certificate = material.identity.is_some();
+            if let Some(identity) = material.identity {
+                builder = builder.identity(identity);
+            }
+            if let Some(roots) = material.roots {
+                builder = builder.tls_certs_only(roots);
+            }
+            let client = builder.build().map_err(|e| {
+                config(format!(
+                    "TLS profile `{name}`: cannot build its client: {}",
+                    error_chain(&e)
+                ))
+            })?;
+            clients.insert(name.clone(), (client, has_certificate));
+        }
+        self.tls_clients = Arc::new(clients);
+        Ok(self)
     }
 
     /// The values `{{config.NAME}}` placeholders resolve to.
@@ -397,6 +489,11 @@ impl HttpToolClient {
         secrets: &SecretValues,
     ) -> Result<PreparedRequest, HttpToolError> {
         let request = self.prepare_binding(spec, secrets)?;
+        if let Some(name) = &request.tls_profile
+            && !self.tls_clients.contains_key(name)
+        {
+            return Err(HttpToolError::UnknownTlsProfile(name.clone()));
+        }
         self.policy.check_url(&request.url)?;
         if let Some(oauth) = &request.oauth {
             self.policy.check_url(&oauth.token_url)?;
@@ -411,6 +508,7 @@ impl HttpToolClient {
     ) -> Result<PreparedRequest, HttpToolError> {
         match &spec.binding {
             ToolBinding::Http(binding) => prepare_http(
+                &spec.tool,
                 binding,
                 &spec.arguments,
                 &spec.idempotency_key,
@@ -420,6 +518,7 @@ impl HttpToolClient {
             ),
             ToolBinding::AsyncWebhook(binding) => {
                 let mut request = prepare_http(
+                    &spec.tool,
                     &binding.http,
                     &spec.arguments,
                     &spec.idempotency_key,
@@ -493,8 +592,17 @@ impl HttpToolClient {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        let mut builder = self
-            .http
+        let (http, sends_certificate) = match &request.tls_profile {
+            None => (&self.http, false),
+            Some(name) => {
+                let (client, has) = self
+                    .tls_clients
+                    .get(name)
+                    .ok_or_else(|| HttpToolError::UnknownTlsProfile(name.clone()))?;
+                (client, *has)
+            }
+        };
+        let mut builder = http
             .request(request.method.clone(), request.url.clone())
             .headers(headers)
             .timeout(Duration::from_millis(timeout_ms));
@@ -504,6 +612,15 @@ impl HttpToolClient {
         let send_error = |e: &reqwest::Error| {
             if let Some(refused) = address_refused(e) {
                 return HttpToolError::Refused(refused.clone());
+            }
+            if let Some(detail) = tls::client_certificate_refused(e) {
+                let hint = if sends_certificate {
+                    "the server does not accept the certificate of the tool's `tls_profile:`"
+                } else {
+                    "the server asks for a client certificate: give the tool a `tls_profile:` \
+                     with `cert` and `key`"
+                };
+                return HttpToolError::ClientCertificate { detail, hint };
             }
             let message = error_chain(e);
             match classify_send_error(e) {
@@ -521,8 +638,16 @@ impl HttpToolClient {
         if status.is_success() {
             // The tool acted; losing the body now loses the result, so any
             // error here is MAY_HAVE_ACTED (timeout or transport).
+            let xml = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(xml::is_xml_content_type);
             let bytes = response.bytes().await.map_err(|e| send_error(&e))?;
-            return Ok(body_value(&bytes));
+            // An XML answer as JSON (`xml.rs`); one that does not parse
+            // stays its text.
+            let value = if xml { xml::decode(&bytes) } else { None };
+            return Ok(value.unwrap_or_else(|| body_value(&bytes)));
         }
         if status.is_redirection() {
             let location = response.headers().get(LOCATION).map_or_else(
@@ -589,6 +714,7 @@ fn config(message: impl Into<String>) -> HttpToolError {
 }
 
 fn prepare_http(
+    tool: &str,
     binding: &HttpBinding,
     arguments: &Value,
     idempotency_key: &str,
@@ -641,11 +767,16 @@ fn prepare_http(
     }
 
     let auto = options.body_mode == BodyMode::Auto;
+    let shape = BodyShape {
+        body_type: options.body_type,
+        schema: options.body_schema.as_ref(),
+        xml_root: options.xml_root.as_deref().unwrap_or(tool),
+    };
     let body = if let Some(template) = &options.body_template {
         let args = with_secrets(template, &all_args, secrets)?;
-        Some(render_body(template, options.body_type, &args)?)
+        Some(render_body(template, &shape, &args)?)
     } else if has_body(&method) && auto {
-        Some(encode_body(options.body_type, remaining, arguments)?)
+        Some(encode_body(&shape, remaining, arguments)?)
     } else {
         if auto {
             let Some(map) = remaining else {
@@ -667,12 +798,17 @@ fn prepare_http(
     };
 
     let mut headers = HeaderMap::new();
-    headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+    let accept = match options.body_type {
+        BodyType::Xml => "application/xml, text/xml;q=0.9, application/json;q=0.8",
+        _ => "application/json",
+    };
+    headers.insert(ACCEPT, HeaderValue::from_static(accept));
     if body.is_some() {
         let content_type = match options.body_type {
             BodyType::Json => "application/json",
             BodyType::Form => "application/x-www-form-urlencoded",
             BodyType::Text => "text/plain; charset=utf-8",
+            BodyType::Xml => "application/xml; charset=utf-8",
         };
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     }
@@ -692,6 +828,7 @@ fn prepare_http(
         timeout_ms: binding.timeout_ms,
         callback_url_field: None,
         oauth,
+        tls_profile: options.tls_profile.clone(),
     })
 }
 
@@ -853,22 +990,54 @@ fn query_values(
     Ok(vec![out])
 }
 
+/// How a body is encoded: its type, the `body_schema` its JSON value must
+/// satisfy, and the root element of an XML body made from the arguments.
+struct BodyShape<'a> {
+    body_type: BodyType,
+    schema: Option<&'a Value>,
+    xml_root: &'a str,
+}
+
+impl BodyShape<'_> {
+    /// `value` authored from and checked against the body schema, if any.
+    fn checked(&self, value: Value) -> Result<Value, HttpToolError> {
+        match self.schema {
+            Some(schema) => body_schema::author_and_check(schema, value),
+            None => Ok(value),
+        }
+    }
+}
+
 /// The body `template` filled from `args` (see [`BodyType`]).
 fn render_body(
     template: &str,
-    body_type: BodyType,
+    shape: &BodyShape<'_>,
     args: &Map<String, Value>,
 ) -> Result<Vec<u8>, HttpToolError> {
-    match body_type {
+    match shape.body_type {
         BodyType::Json => {
             let parsed: Value = serde_json::from_str(template)
                 .map_err(|e| config(format!("the body template is not JSON: {e}")))?;
-            let filled = fill_json(&parsed, args)?;
+            let filled = shape.checked(fill_json(&parsed, args)?)?;
             serde_json::to_vec(&filled).map_err(|e| config(format!("cannot encode the body: {e}")))
         }
         BodyType::Form => fill_text(template, args, form_encode).map(String::into_bytes),
         BodyType::Text => fill_text(template, args, str::to_owned).map(String::into_bytes),
+        BodyType::Xml => {
+            let filled = fill_text(template, args, xml_escape)?;
+            xml::check_well_formed(&filled).map_err(|e| {
+                config(format!(
+                    "the XML body template, filled in, is not well-formed: {e}"
+                ))
+            })?;
+            Ok(filled.into_bytes())
+        }
     }
+}
+
+/// `text` escaped for XML text or an attribute value.
+fn xml_escape(text: &str) -> String {
+    quick_xml::escape::escape(text).into_owned()
 }
 
 /// A JSON template's value filled: a string that is one placeholder
@@ -928,11 +1097,18 @@ fn fill_text(
 
 /// The remaining arguments as a `body_mode: auto` body.
 fn encode_body(
-    body_type: BodyType,
+    shape: &BodyShape<'_>,
     remaining: Option<Map<String, Value>>,
     arguments: &Value,
 ) -> Result<Vec<u8>, HttpToolError> {
-    match (body_type, remaining) {
+    let remaining = match (shape.schema, remaining) {
+        (Some(_), Some(map)) => match shape.checked(Value::Object(map))? {
+            Value::Object(map) => Some(map),
+            _ => None,
+        },
+        (_, remaining) => remaining,
+    };
+    match (shape.body_type, remaining) {
         (BodyType::Form, Some(map)) => {
             let pairs: Vec<String> = map
                 .iter()
@@ -944,14 +1120,19 @@ fn encode_body(
                 .collect();
             Ok(pairs.join("&").into_bytes())
         }
-        (BodyType::Form | BodyType::Text, None) => Err(config(format!(
-            "arguments of a form or text body must be a JSON object, got {}",
+        (BodyType::Form | BodyType::Text | BodyType::Xml, None) => Err(config(format!(
+            "arguments of a form, text or XML body must be a JSON object, got {}",
             json_kind(arguments)
         ))),
+        (BodyType::Xml, Some(map)) => xml::encode(shape.xml_root, &Value::Object(map))
+            .map_err(|e| config(format!("the arguments cannot be sent as XML: {e}"))),
         // The parser requires a template for text; an old spec might not.
         (BodyType::Text, Some(_)) => Err(config("a text body needs a `body_template`")),
         (BodyType::Json, remaining) => {
-            let value = remaining.map_or_else(|| arguments.clone(), Value::Object);
+            let value = match remaining {
+                Some(map) => Value::Object(map),
+                None => shape.checked(arguments.clone())?,
+            };
             serde_json::to_vec(&value)
                 .map_err(|e| config(format!("cannot encode the arguments: {e}")))
         }
@@ -1079,6 +1260,7 @@ mod tests {
         base_url: Option<&str>,
     ) -> Result<PreparedRequest, HttpToolError> {
         prepare_http(
+            "t",
             binding,
             arguments,
             "k",
@@ -1188,8 +1370,16 @@ mod tests {
         let mut b = binding("http://h/x", "GET");
         b.headers.insert("X-Key".into(), "{{config.K}}".into());
         let values = ConfigValues::new(BTreeMap::from([("K".to_owned(), "v".to_owned())]));
-        let req =
-            prepare_http(&b, &json!({}), "k", None, &values, &SecretValues::default()).unwrap();
+        let req = prepare_http(
+            "t",
+            &b,
+            &json!({}),
+            "k",
+            None,
+            &values,
+            &SecretValues::default(),
+        )
+        .unwrap();
         assert!(req.headers()["x-key"].is_sensitive());
         assert_eq!(req.headers()["x-key"], "v");
     }
@@ -1216,7 +1406,7 @@ mod tests {
             "otp-981".to_owned(),
         )]));
         let args = json!({"id": 4});
-        let req = prepare_http(&b, &args, "k", None, &values, &secrets).unwrap();
+        let req = prepare_http("t", &b, &args, "k", None, &values, &secrets).unwrap();
         assert_eq!(req.headers()["x-otp-token"], "otp-981");
         assert!(req.headers()["x-otp-token"].is_sensitive());
         assert_eq!(req.headers()["x-both"], "v:otp-981");
@@ -1229,7 +1419,8 @@ mod tests {
         assert_eq!(req.url().query().unwrap_or_default(), "");
         // Before dispatch (no values yet): every reference is empty, never
         // the placeholder.
-        let before = prepare_http(&b, &args, "k", None, &values, &SecretValues::default()).unwrap();
+        let before =
+            prepare_http("t", &b, &args, "k", None, &values, &SecretValues::default()).unwrap();
         assert_eq!(before.headers()["x-otp-token"], "");
         let body: Value = serde_json::from_slice(before.body().unwrap()).unwrap();
         assert_eq!(body, json!({"otp": "", "note": "otp=;", "id": 4}));
@@ -1238,7 +1429,7 @@ mod tests {
             token: "{{_secret.txn_otp}}".into(),
         };
         assert!(matches!(
-            prepare_http(&b, &args, "k", None, &values, &secrets),
+            prepare_http("t", &b, &args, "k", None, &values, &secrets),
             Err(HttpToolError::Config(m)) if !m.contains("otp-981")
         ));
     }

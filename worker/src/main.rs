@@ -63,6 +63,11 @@ struct Args {
     /// placeholders, after the BELAY_TOOL_CONFIG_<NAME> environment variables.
     #[arg(long, env = "BELAY_MCP_CONFIG")]
     mcp_config: Option<String>,
+    /// Client-certificate (mTLS) profiles of HTTP tools' `tls_profile:`
+    /// (JSON: {"profiles": {NAME: {"cert": PEM_PATH, "key": PEM_PATH,
+    /// "ca": PEM_PATH}}}, `ca` optional); the files are read at start.
+    #[arg(long, env = "BELAY_TLS_PROFILES")]
+    tls_profiles: Option<String>,
 }
 
 /// The MCP configuration at `path`, checked; none (or an empty path, e.g.
@@ -118,6 +123,9 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
+    let tls_profiles =
+        belay_worker::http_tool::TlsProfilesConfig::load(args.tls_profiles.as_deref())
+            .map_err(|e| anyhow::anyhow!(e))?;
     let tool_network_policy = args.allow_private_networks.policy()?;
     let provider = args.model_provider;
     let config = WorkerConfig {
@@ -137,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
         tool_config: ConfigValues::from_env(),
+        tls_profiles,
     };
     belay_worker::run(config, shutdown_signal()).await
 }

@@ -92,7 +92,9 @@ pub async fn run_with_engine(
         config.tool_network_policy.clone(),
     )
     .context("cannot build the HTTP tool client")?
-    .with_config_values(config.tool_config.clone().or(&config.mcp.config));
+    .with_config_values(config.tool_config.clone().or(&config.mcp.config))
+    .with_tls_profiles(&config.tls_profiles)
+    .context("invalid --tls-profiles")?;
     // MCP servers connect (and report their tools) before the first claim.
     let mcp = if config.mcp.servers.is_empty() {
         None
@@ -562,7 +564,10 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
             return report_failure(ctx, task, FailureClass::NotSent, e.to_string()).await;
         }
     }
-    tracing::info!(%task_id, attempt, tool = %spec.tool, "tool call dispatched");
+    tracing::info!(
+        %task_id, attempt, tool = %spec.tool, variant = spec.variant.as_deref().unwrap_or("-"),
+        "tool call dispatched"
+    );
     match ctx.tools.execute(request).await {
         Ok(value) => report_result(ctx, task, &spec, value, &redact).await,
         Err(e) => {

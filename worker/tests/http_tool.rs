@@ -89,6 +89,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
         input: None,
         config_params: Vec::new(),
         result_secrets: Vec::new(),
+        variant: None,
     }
 }
 
@@ -346,6 +347,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
         input: None,
         config_params: Vec::new(),
         result_secrets: Vec::new(),
+        variant: None,
     }
 }
 

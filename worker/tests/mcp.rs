@@ -1153,6 +1153,7 @@ async fn call_through(
         input: None,
         config_params: Vec::new(),
         result_secrets: Vec::new(),
+        variant: None,
     };
     let mut dispatched = false;
     let report = tools

@@ -86,6 +86,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         input: None,
         config_params: Vec::new(),
         result_secrets: Vec::new(),
+        variant: None,
     };
     Task {
         task_id: task_id.into(),

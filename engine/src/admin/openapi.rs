@@ -323,7 +323,7 @@ fn schemas() -> Value {
                 "description": "Why the call was refused; the reason went back to the model as the call's result.",
                 "required": ["check", "reason"],
                 "properties": {
-                    "check": {"type": "string", "description": "`not_on_list`, `invalid_arguments`, `permission`, `budget`, `no_progress`, `truncated`, `loop_policy` or `parameter_source` (a parameter the tool supplies itself could not be filled in)."},
+                    "check": {"type": "string", "description": "`not_on_list`, `invalid_arguments`, `permission`, `budget`, `no_progress`, `truncated`, `loop_policy`, `parameter_source` (a parameter the tool supplies itself could not be filled in) or `request_variant` (a `when:` of the tool's `request_variants:` failed or gave no boolean)."},
                     "reason": {"type": "string"},
                 }
             },
@@ -337,6 +337,7 @@ fn schemas() -> Value {
                     "edited": {"type": "boolean", "description": "Whether the approver edited the arguments (`arguments` shows the edit)."},
                 }
             },
+            "variant": {"type": "string", "description": "The `request_variants:` item whose request the call sends (chosen when it was scheduled, or again for an approver's edit). Absent when the tool has none or none applied (the tool's own request)."},
             "outcome": {"type": "string", "enum": ["completed", "failed", "uncertain", "open"], "description": "`completed`: succeeded (or resolved as succeeded); `failed`: failed for good, declined, resolved as failed, or refused; `uncertain`: the outcome is unknown and unresolved; `open`: not ended yet (running, awaiting a confirmation, or retried after an uncertain outcome)."},
             "result": {"description": "The result of a completed call, whole; `null` otherwise."},
             "cached": {

@@ -36,6 +36,9 @@ use super::signature::{
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
 mod cache;
+#[cfg(test)]
+mod http_body_tests;
+mod http_variants;
 mod process;
 mod retry;
 mod secrets;
@@ -82,13 +85,9 @@ const MAX_MCP_NAME_CHARS: usize = 128;
 /// would make a tool behave differently from what its author reads).
 const SEED_TOOL_PROPERTIES: &[&str] = &[
     "auth_profile",
-    "tls_profile",
     "auth_jit",
     "consent",
     "connection",
-    "body_schema",
-    "use_body_schema",
-    "request_variants",
     "protocol",
     "soap_version",
     "soap_action",
@@ -664,6 +663,16 @@ struct Props<'b> {
     /// Every `{{_secret.KEY}}` of `headers:`: (KEY, line, column), checked
     /// against `SECRET_ACCESS` once it is read.
     header_secrets: Vec<(String, u32, u32)>,
+    /// `request_variants:`, read once the tool's own request is known.
+    request_variants: Option<&'b Block>,
+    /// `xml_root:`, with its line and column.
+    xml_root: Option<(String, u32, u32)>,
+    /// `body_schema:` (parsed and compiled), with its line and column.
+    body_schema: Option<(Value, u32, u32)>,
+    /// `use_body_schema:`, with its line and column.
+    use_body_schema: Option<(bool, u32, u32)>,
+    /// `tls_profile:`.
+    tls_profile: Option<String>,
     /// Every property written, valid or not: an invalid `permission:` is
     /// reported once, as invalid, not a second time as missing. `body:` is
     /// recorded as `body_template`.
@@ -906,6 +915,38 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     );
     let (result_secrets, secret_access) =
         secrets::read_tool(&props, signature.as_ref(), &name, line, placed_secrets, cx);
+    let request_variants = match (props.request_variants, props.binding_type) {
+        (Some(block), Some(BindingType::Http)) => {
+            let base_headers = merge_headers(&defaults.headers, props.headers.clone());
+            let base = http_variants::BaseRequest {
+                endpoint: props.endpoint.as_ref().map(|(e, _, _)| e.as_str()),
+                method: props.method.as_deref().unwrap_or("POST"),
+                headers: &base_headers,
+                request: &request,
+                body_type: props.body_type,
+                body_mode: props.body_mode,
+                body_template: props.body_template.as_ref(),
+                base_url: defaults.base_url.as_deref(),
+                xml_root: props.xml_root.as_ref().map(|(_, l, c)| (*l, *c)),
+                body_schema: request
+                    .body_schema
+                    .as_ref()
+                    .and(props.body_schema.as_ref())
+                    .map(|(_, l, c)| (*l, *c)),
+                broken: cx.out.errors.len() > errors_before,
+            };
+            http_variants::read_variants(block, &base, signature.as_ref(), &name, line, cx)
+        }
+        (Some(block), Some(t)) if t != BindingType::Unsupported => {
+            cx.error(
+                block.line.no,
+                block.line.col(),
+                "`request_variants:` applies to `type: http` tools only",
+            );
+            Vec::new()
+        }
+        _ => Vec::new(),
+    };
     let own_retry = std::mem::take(&mut props.retry);
     let retry_policy =
         retry::tool_policy(own_retry, &defaults.retry, props.binding_type, &name, cx);
@@ -1020,6 +1061,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         result_secrets,
         secret_access,
         process: props.process,
+        request_variants,
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
@@ -1046,7 +1088,14 @@ const HTTP_REQUEST_PROPERTIES: &[&str] = &[
     "body_type",
     "body_mode",
     "body_template",
+    "xml_root",
+    "body_schema",
+    "use_body_schema",
+    "tls_profile",
 ];
+
+/// Longest `tls_profile:` name, in characters.
+const MAX_TLS_PROFILE_CHARS: usize = 64;
 
 /// The checked `auth:`, `query_params:` and body properties of a `type:
 /// http` or `type: async_webhook` tool (the file's `auth:` when the tool
@@ -1087,19 +1136,108 @@ fn http_request_options(
         .query_params
         .map(|block| read_query_params(block, sig, name, cx))
         .unwrap_or_default();
-    let method = props.method.as_deref().unwrap_or("POST");
+    let body_schema = used_body_schema(props, cx);
+    let body = BodyProps {
+        method: props.method.as_deref().unwrap_or("POST"),
+        body_type: props.body_type,
+        body_mode: props.body_mode.unwrap_or_default(),
+        body_template: props.body_template.as_ref(),
+        xml_root: props.xml_root.as_ref().map(|(_, l, c)| (*l, *c)),
+        body_schema: body_schema.as_ref().map(|(_, l, c)| (*l, *c)),
+    };
+    check_body(&body, async_webhook, sig, name, line, body_secrets, cx);
+    let (body_type, body_mode) = (
+        body.body_type.map(|(t, _, _)| t).unwrap_or_default(),
+        body.body_mode,
+    );
+    HttpRequestOptions {
+        auth: auth.unwrap_or_default(),
+        query_params,
+        body_type,
+        body_mode,
+        body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
+        xml_root: props.xml_root.as_ref().map(|(r, _, _)| r.clone()),
+        body_schema: body_schema.map(|(s, _, _)| s),
+        tls_profile: props.tls_profile.clone(),
+    }
+}
+
+/// `body_schema:` when `use_body_schema: true` uses it. Either without the
+/// other is an error: a schema written but not used would read as enforced.
+fn used_body_schema(props: &Props<'_>, cx: &mut Cx<'_>) -> Option<(Value, u32, u32)> {
+    match (&props.body_schema, props.use_body_schema) {
+        (Some(schema), Some((true, _, _))) => Some(schema.clone()),
+        (Some((_, sline, scol)), _) => {
+            cx.error(
+                *sline,
+                *scol,
+                "`body_schema:` is used only with `use_body_schema: true` beside it (add it, or drop the schema)",
+            );
+            None
+        }
+        (None, Some((true, uline, ucol))) => {
+            cx.error(
+                uline,
+                ucol,
+                "`use_body_schema: true` needs a `body_schema:` (the JSON Schema of the body)",
+            );
+            None
+        }
+        (None, _) => None,
+    }
+}
+
+/// An XML element name as this worker writes them: a letter or `_`, then
+/// letters, digits, `_`, `-` or `.` (ASCII; no namespace prefix).
+fn is_xml_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// The body properties of one request (a tool's, or a request variant's
+/// merged over it), each with the line and column it was written at.
+struct BodyProps<'a> {
+    /// Method, upper case.
+    method: &'a str,
+    body_type: Option<(BodyType, u32, u32)>,
+    body_mode: BodyMode,
+    body_template: Option<&'a (String, u32, u32)>,
+    /// Line and column of `xml_root:`.
+    xml_root: Option<(u32, u32)>,
+    /// Line and column of `body_schema:` (with `use_body_schema: true`).
+    body_schema: Option<(u32, u32)>,
+}
+
+/// The body rules: a method without a body takes no `body_type:` or
+/// `body_template:`; an async webhook's body is JSON; `body_mode: none`
+/// takes no template; a template is checked ([`check_body_template`]);
+/// `body_type: text` needs one. Every `{{_secret.KEY}}` of the template
+/// goes into `body_secrets`.
+fn check_body(
+    body: &BodyProps<'_>,
+    async_webhook: bool,
+    sig: Option<&Signature>,
+    name: &str,
+    line: &Line,
+    body_secrets: &mut Vec<(String, u32, u32)>,
+    cx: &mut Cx<'_>,
+) {
+    let method = body.method;
     let sends_body = matches!(method, "POST" | "PUT" | "PATCH");
-    let body_type = props.body_type.map(|(t, _, _)| t).unwrap_or_default();
-    let body_mode = props.body_mode.unwrap_or_default();
+    let body_type = body.body_type.map(|(t, _, _)| t).unwrap_or_default();
+    let body_mode = body.body_mode;
     if !sends_body {
-        if let Some((_, tline, tcol)) = props.body_type {
+        if let Some((_, tline, tcol)) = body.body_type {
             cx.error(
                 tline,
                 tcol,
                 format!("`method: {method}` sends no body: `body_type:` does not apply"),
             );
         }
-        if let Some((_, tline, tcol)) = &props.body_template {
+        if let Some((_, tline, tcol)) = body.body_template {
             cx.error(
                 *tline,
                 *tcol,
@@ -1108,7 +1246,7 @@ fn http_request_options(
         }
     }
     if async_webhook {
-        if let Some((t, tline, tcol)) = props.body_type
+        if let Some((t, tline, tcol)) = body.body_type
             && t != BodyType::Json
         {
             cx.error(
@@ -1125,7 +1263,7 @@ fn http_request_options(
             );
         }
     }
-    match &props.body_template {
+    match body.body_template {
         Some((_, tline, tcol)) if body_mode == BodyMode::None => cx.error(
             *tline,
             *tcol,
@@ -1145,7 +1283,7 @@ fn http_request_options(
             );
         }
         None if sends_body && body_type == BodyType::Text && body_mode == BodyMode::Auto => {
-            if let Some((_, tline, tcol)) = props.body_type {
+            if let Some((_, tline, tcol)) = body.body_type {
                 cx.error(
                     tline,
                     tcol,
@@ -1155,12 +1293,37 @@ fn http_request_options(
         }
         _ => {}
     }
-    HttpRequestOptions {
-        auth: auth.unwrap_or_default(),
-        query_params,
-        body_type,
-        body_mode,
-        body_template: props.body_template.as_ref().map(|(t, _, _)| t.clone()),
+    if let Some((rline, rcol)) = body.xml_root {
+        if body_type != BodyType::Xml {
+            cx.error(rline, rcol, "`xml_root:` applies to `body_type: xml` only");
+        } else if body.body_template.is_some() {
+            cx.error(
+                rline,
+                rcol,
+                "`xml_root:` names the root of a body made from the arguments; a `body_template:` writes its own root",
+            );
+        }
+    }
+    if let Some((sline, scol)) = body.body_schema {
+        let made_from_json = match body_type {
+            BodyType::Json => true,
+            BodyType::Form | BodyType::Xml => body.body_template.is_none(),
+            BodyType::Text => false,
+        };
+        let has_body = sends_body && (body_mode == BodyMode::Auto || body.body_template.is_some());
+        if !has_body {
+            cx.error(
+                sline,
+                scol,
+                format!("`body_schema:` does not apply: `method: {method}` with this `body_mode` sends no body"),
+            );
+        } else if !made_from_json {
+            cx.error(
+                sline,
+                scol,
+                "`body_schema:` checks a body made from a JSON value: `body_type: json` (arguments or template), or `form` or `xml` made from the arguments (not a text template)",
+            );
+        }
     }
 }
 
@@ -1909,12 +2072,12 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                     props.auth = Some((s, line.no, kv.value_col));
                 }
             }
-            "auth_config" | "query_params" => {
+            "auth_config" | "query_params" | "request_variants" => {
                 if block_only(child, &kv, cx) {
-                    if key == "auth_config" {
-                        props.auth_config = Some(child);
-                    } else {
-                        props.query_params = Some(child);
+                    match key {
+                        "auth_config" => props.auth_config = Some(child),
+                        "query_params" => props.query_params = Some(child),
+                        _ => props.request_variants = Some(child),
                     }
                 }
             }
@@ -1922,16 +2085,72 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                 let choices = [
                     ("json", BodyType::Json),
                     ("form", BodyType::Form),
+                    ("xml", BodyType::Xml),
                     ("text", BodyType::Text),
                 ];
-                if kv.value.trim_matches(['"', '\'']) == "xml" {
-                    cx.error(
-                        line.no,
-                        kv.value_col,
-                        "`body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
-                    );
-                } else if let Some(t) = keyword(child, &kv, &choices, cx) {
+                if let Some(t) = keyword(child, &kv, &choices, cx) {
                     props.body_type = Some((t, line.no, kv.value_col));
+                }
+            }
+            "xml_root" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    if is_xml_name(&s) {
+                        props.xml_root = Some((s, line.no, kv.value_col));
+                    } else {
+                        cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!("`xml_root` must be an XML element name (a letter or `_`, then letters, digits, `_`, `-`, `.`), not `{s}`"),
+                        );
+                    }
+                }
+            }
+            "body_schema" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    let col = kv.value_col + u32::from(is_quoted(kv.value));
+                    match serde_json::from_str::<Value>(&s) {
+                        Err(e) => cx.error(
+                            line.no,
+                            col,
+                            format!("`body_schema` is not JSON ({e}); write the JSON Schema on one line, in single quotes"),
+                        ),
+                        Ok(schema) if !schema.is_object() => cx.error(
+                            line.no,
+                            col,
+                            "`body_schema` must be a JSON Schema object, like `{\"type\": \"object\"}`",
+                        ),
+                        Ok(schema) => match super::schema::compile(&schema) {
+                            Err(e) => cx.error(
+                                line.no,
+                                col,
+                                format!("`body_schema` is not a valid JSON Schema: {e}"),
+                            ),
+                            Ok(_) => props.body_schema = Some((schema, line.no, col)),
+                        },
+                    }
+                }
+            }
+            "use_body_schema" => {
+                let choices = [("true", true), ("false", false)];
+                if let Some(b) = keyword(child, &kv, &choices, cx) {
+                    props.use_body_schema = Some((b, line.no, kv.value_col));
+                }
+            }
+            "tls_profile" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    let ok = !s.is_empty()
+                        && s.chars().count() <= MAX_TLS_PROFILE_CHARS
+                        && s.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                    if ok {
+                        props.tls_profile = Some(s);
+                    } else {
+                        cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!("`tls_profile` must be the name of a profile of the worker's configuration: 1 to {MAX_TLS_PROFILE_CHARS} letters, digits, `_`, `-` or `.`, not `{s}`"),
+                        );
+                    }
                 }
             }
             "body_mode" => {
@@ -5514,14 +5733,11 @@ TOOLS:
                 "f() -> string",
                 "    body_type: xml\n    body_mode: sometimes\n"
             ),
-            vec![
-                "7:16: `body_type: xml` is not supported yet (expected `json`, `form` or `text`)",
-                "8:16: unknown body_mode `sometimes` (expected `auto` or `none`)",
-            ]
+            vec!["8:16: unknown body_mode `sometimes` (expected `auto` or `none`)",]
         );
         assert_eq!(
             errs("f() -> string", "    body_type: yaml\n"),
-            vec!["7:16: unknown body_type `yaml` (expected `json`, `form` or `text`)"]
+            vec!["7:16: unknown body_type `yaml` (expected `json`, `form`, `xml` or `text`)"]
         );
         assert_eq!(
             errs(

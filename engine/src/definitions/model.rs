@@ -436,6 +436,37 @@ impl ToolHints {
     }
 }
 
+/// One `request_variants:` item of a `type: http` tool: when it applies,
+/// and the request it sends, the variant's `endpoint:`, `method:`,
+/// `headers:`, `query_params:`, `body_type:`, `body_mode:` and
+/// `body_template:` merged over the tool's (headers by name, in any case,
+/// the variant's winning; every other key replaced whole). The tool's
+/// `timeout:`, `auth:`, `body_schema:` and `tls_profile:` are kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestVariantDef {
+    /// `name:`, unique in the tool; recorded in the call's events and spec.
+    pub name: String,
+    /// `when:`: a jq expression over the call's arguments (`.region ==
+    /// "EU"`) that must give `true` or `false`; `None` for the default
+    /// variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Expr>,
+    /// `default: true`: used when no other variant's `when` is true (at
+    /// most one per tool).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
+    /// Endpoint of the request (the file's `base_url` joined).
+    pub endpoint: String,
+    /// Method, upper case.
+    pub method: String,
+    /// Headers (the tool's merged with the variant's).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Auth, query parameters and body, as the tool's binding has them.
+    #[serde(flatten)]
+    pub request: HttpRequestOptions,
+}
+
 /// A tool declared in a `.tools.abl` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDef {
@@ -537,6 +568,14 @@ pub struct ToolDef {
     /// transforms around a call. Added for issue 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process: Option<ProcessDef>,
+    /// `request_variants:` of a `type: http` tool, in file order: each
+    /// holds the whole request it sends (its overrides merged over the
+    /// tool's). When a call is scheduled the engine picks one
+    /// (`crate::machine::variants`), records its name in the
+    /// `tool_call_scheduled` event and puts its request into the task
+    /// spec. Added for issue 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_variants: Vec<RequestVariantDef>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.

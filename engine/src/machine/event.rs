@@ -214,7 +214,9 @@ pub enum Event {
         tool: String,
         /// Which check failed (`not_on_list`, `invalid_arguments`, `permission`,
         /// `budget`, …; `parameter_source`: a parameter the tool supplies
-        /// itself (`source:`) could not be filled in).
+        /// itself (`source:`) could not be filled in; `request_variant`: a
+        /// `when:` of the tool's `request_variants:` failed or gave no
+        /// boolean).
         check: String,
         /// Message for the model.
         reason: String,
@@ -237,6 +239,13 @@ pub enum Event {
         idempotency_key: String,
         /// The tool's repeat safety.
         repeat_safety: RepeatSafety,
+        /// The `request_variants:` item the call sends (its `when` was true
+        /// for `arguments`, or it is the default); `None`: the tool's own
+        /// request. For a call that waits for a confirmation, the variant
+        /// of the arguments as proposed (`ConfirmationDecided.variant` is
+        /// the one that runs). Added for issue 4.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        variant: Option<String>,
     },
     /// A worker was allowed to start the side effect of an attempt.
     ToolCallDispatched {
@@ -331,6 +340,11 @@ pub enum Event {
         arguments: Value,
         /// Whether the approver edited them.
         edited: bool,
+        /// The `request_variants:` item the approved call sends, chosen for
+        /// `arguments`; `None`: the tool's own request (or declined).
+        /// Added for issue 4.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        variant: Option<String>,
     },
     /// A tool call asked, mid-call, for input from a person (an MCP
     /// server's elicitation). The attempt's task ended; the run waits until
@@ -564,6 +578,9 @@ pub enum Event {
         tool: String,
         /// Arguments sent to the probe.
         arguments: Value,
+        /// The probe's `request_variants:` item, if any. Added for issue 4.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        variant: Option<String>,
     },
     /// A reconcile probe answered.
     ReconcileProbeFinished {

@@ -1706,6 +1706,15 @@ impl Step {
                 }
             }
         }
+        // The request the call sends, chosen from the arguments as sent.
+        let variant = match variants::choose(&tool.def, &arguments) {
+            Ok(variant) => variant,
+            Err(reason) => {
+                let event = refuse("request_variant", format!("{reason}; nothing was sent"));
+                self.emit(event);
+                return Ok(());
+            }
+        };
 
         // 3. Permission granted to node, caller and tenant.
         let permission = &tool.def.permission;
@@ -1803,7 +1812,7 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(tool_spec(tool, &arguments, &key)?),
+            None => Some(tool_spec(tool, &arguments, &key, variant.as_deref())?),
             Some(_) => None,
         };
         let repeat_safety = tool.def.repeat_safety;
@@ -1816,6 +1825,7 @@ impl Step {
             arguments,
             idempotency_key: key.clone(),
             repeat_safety,
+            variant,
         };
         let confirmation = tool.def.confirmation.clone();
         let tool_name = tool.def.name.clone();
@@ -2021,6 +2031,18 @@ impl Step {
             (true, None) => (call.arguments.clone(), false),
             (false, _) => (Value::Null, false),
         };
+        // The request the approved arguments send: chosen again after an
+        // edit (a `when` that fails refuses the edit, nothing is decided).
+        let variant = match (approve, was_edited) {
+            (true, true) => variants::choose(&tool.def, &arguments).map_err(|reason| {
+                MachineError::InvalidEdit {
+                    node: call_id.clone(),
+                    errors: vec![format!("/: {reason}")],
+                }
+            })?,
+            (true, false) => call.variant.clone(),
+            (false, _) => None,
+        };
         self.emit(Event::ConfirmationDecided {
             call_id: call_id.clone(),
             approved: approve,
@@ -2028,6 +2050,7 @@ impl Step {
             reason: reason.clone(),
             arguments: arguments.clone(),
             edited: was_edited,
+            variant: variant.clone(),
         });
         if !approve {
             self.emit(Event::ToolCallFailed {
@@ -2045,7 +2068,7 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(tool_spec(tool, &arguments, &key)?),
+            None => Some(tool_spec(tool, &arguments, &key, variant.as_deref())?),
             Some(_) => None,
         };
         self.launch_call(&call.node, &call_id, key, call.repeat_safety, spec, child);
@@ -2748,7 +2771,12 @@ impl Step {
             self.plan()?.tools.get(&call.tool).cloned().ok_or_else(|| {
                 MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
             })?;
-        let mut spec = tool_spec(&tool, &call.arguments, &call.idempotency_key)?;
+        let mut spec = tool_spec(
+            &tool,
+            &call.arguments,
+            &call.idempotency_key,
+            call.variant.as_deref(),
+        )?;
         if let Value::Object(map) = &mut spec {
             map.insert("input".into(), input.clone());
         }
@@ -3128,7 +3156,7 @@ impl Step {
             }),
             ResolutionKind::Retry => {
                 if let Some(key) = key.filter(|k| k != &call.idempotency_key) {
-                    let spec = tool_spec(&tool, &call.arguments, &key)?;
+                    let spec = tool_spec(&tool, &call.arguments, &key, call.variant.as_deref())?;
                     self.command(Command::RekeyTask {
                         call_id: call_id.to_owned(),
                         idempotency_key: key,
@@ -3459,8 +3487,15 @@ impl Step {
                         caller: &self.state.caller,
                         now: self.state.now,
                     };
-                    match inject::inject(&probe.def, &mut args, &self.state.document(), &facts) {
-                        Ok(()) => Some((probe, Value::Object(args))),
+                    let args =
+                        inject::inject(&probe.def, &mut args, &self.state.document(), &facts)
+                            .map(|()| Value::Object(args))
+                            .and_then(|args| {
+                                let variant = variants::choose(&probe.def, &args)?;
+                                Ok((args, variant))
+                            });
+                    match args {
+                        Ok((args, variant)) => Some((probe, args, variant)),
                         Err(e) => {
                             pause_reason = format!(
                                 "{pause_reason}; the probe `{}` cannot be called: {e}",
@@ -3471,13 +3506,14 @@ impl Step {
                     }
                 });
                 match probe {
-                    Some((probe, arguments)) => {
-                        let spec = tool_spec(&probe, &arguments, &key)?;
+                    Some((probe, arguments, variant)) => {
+                        let spec = tool_spec(&probe, &arguments, &key, variant.as_deref())?;
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
                             probe_call_id: probe_call_id.clone(),
                             tool: probe.def.name.clone(),
                             arguments,
+                            variant,
                         });
                         self.command(Command::ScheduleTask {
                             call_id: probe_call_id,
@@ -4139,10 +4175,20 @@ impl Step {
             ));
             return Ok(());
         }
+        let variant = match variants::choose(&tool.def, &arguments) {
+            Ok(variant) => variant,
+            Err(reason) => {
+                self.fail_run(format!(
+                    "node `{}`: tool `{tool_name}`: {reason}; nothing was sent",
+                    def.id
+                ));
+                return Ok(());
+            }
+        };
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(tool_spec(tool, &arguments, &key)?),
+            None => Some(tool_spec(tool, &arguments, &key, variant.as_deref())?),
             Some(_) => None,
         };
         let repeat_safety = tool.def.repeat_safety;
@@ -4155,6 +4201,7 @@ impl Step {
             arguments,
             idempotency_key: key.clone(),
             repeat_safety,
+            variant,
         });
         if let Some((outcome, message, why)) = before_skipped {
             self.emit(Event::ToolCallProcessed {
@@ -5261,7 +5308,14 @@ fn input_for_repeat(
     }
 }
 
-fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Value, MachineError> {
+/// The task spec of a call of `tool` with `arguments`, sending the request
+/// of its `request_variants:` item `variant` (`None`: the tool's own).
+fn tool_spec(
+    tool: &Pinned<ToolDef>,
+    arguments: &Value,
+    key: &str,
+    variant: Option<&str>,
+) -> Result<Value, MachineError> {
     let binding = match &tool.def.binding {
         ToolBindingDef::Http {
             endpoint,
@@ -5312,6 +5366,18 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
             )));
         }
     };
+    let binding = match variant {
+        None => binding,
+        Some(name) => {
+            let chosen = variants::named(&tool.def, name).ok_or_else(|| {
+                MachineError::InvalidPlan(format!(
+                    "tool `{}` has no request variant `{name}`",
+                    tool.def.name
+                ))
+            })?;
+            variants::apply(binding, chosen)
+        }
+    };
     let spec = ToolCallSpec {
         tool: tool.def.name.clone(),
         tool_version: tool.version,
@@ -5329,6 +5395,7 @@ fn tool_spec(tool: &Pinned<ToolDef>, arguments: &Value, key: &str) -> Result<Val
                 key: r.key.clone(),
             })
             .collect(),
+        variant: variant.map(str::to_owned),
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }
@@ -5382,6 +5449,7 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 
 mod inject;
 mod process;
+mod variants;
 
 #[cfg(test)]
 mod cache_tests;
@@ -5389,5 +5457,7 @@ mod cache_tests;
 mod retry_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod variant_tests;
 #[cfg(test)]
 mod workflow_tests;

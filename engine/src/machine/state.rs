@@ -161,6 +161,10 @@ pub struct ToolCallState {
     pub input_rounds: u32,
     /// See `input_rounds`.
     pub input: Value,
+    /// The `request_variants:` item the call sends (from
+    /// `ToolCallScheduled`, then `ConfirmationDecided`); a spec built again
+    /// for the call uses it.
+    pub variant: Option<String>,
 }
 
 /// A tool's question to a person, from [`Event::ToolCallInputRequested`].
@@ -258,6 +262,7 @@ impl ToolCallState {
             awaiting_input: None,
             input_rounds: 0,
             input: Value::Null,
+            variant: None,
         }
     }
 }
@@ -712,6 +717,7 @@ impl RunState {
                 arguments,
                 idempotency_key,
                 repeat_safety,
+                variant,
                 ..
             } => {
                 if let Some(step) = self.step.as_mut()
@@ -736,17 +742,16 @@ impl RunState {
                         p.call_id = Some(call_id.clone());
                     }
                 }
-                self.tool_calls.insert(
-                    call_id.clone(),
-                    ToolCallState::new(
-                        node,
-                        tool_use_id,
-                        tool,
-                        *repeat_safety,
-                        arguments,
-                        idempotency_key,
-                    ),
+                let mut call = ToolCallState::new(
+                    node,
+                    tool_use_id,
+                    tool,
+                    *repeat_safety,
+                    arguments,
+                    idempotency_key,
                 );
+                call.variant = variant.clone();
+                self.tool_calls.insert(call_id.clone(), call);
             }
             Event::ToolCallDispatched {
                 call_id, attempt, ..
@@ -790,6 +795,7 @@ impl RunState {
                 approved,
                 by,
                 arguments,
+                variant,
                 ..
             } => {
                 let seq = self.last_seq;
@@ -798,6 +804,7 @@ impl RunState {
                     call.confirmed = Some((by.clone(), *approved, seq));
                     if *approved {
                         call.arguments = arguments.clone();
+                        call.variant = variant.clone();
                     }
                 }
                 self.refresh_waiting();
@@ -969,6 +976,7 @@ impl RunState {
                 probe_call_id,
                 tool,
                 arguments,
+                variant,
             } => {
                 let node = self
                     .tool_calls
@@ -982,6 +990,7 @@ impl RunState {
                 let mut probe =
                     ToolCallState::new(&node, "", tool, RepeatSafety::Idempotent, arguments, &key);
                 probe.probe_for = Some(call_id.clone());
+                probe.variant = variant.clone();
                 self.tool_calls.insert(probe_call_id.clone(), probe);
             }
             Event::ReconcileProbeFinished {

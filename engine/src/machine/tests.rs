@@ -64,20 +64,21 @@ fn tool(
             result_secrets: Vec::new(),
             secret_access: Vec::new(),
             process: None,
+            request_variants: Vec::new(),
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },
     }
 }
 
-struct Opts {
-    probe: bool,
-    max_model_steps: u32,
-    max_tool_calls: u32,
-    max_result_bytes: u32,
-    caller_grants: Vec<String>,
+pub(super) struct Opts {
+    pub(super) probe: bool,
+    pub(super) max_model_steps: u32,
+    pub(super) max_tool_calls: u32,
+    pub(super) max_result_bytes: u32,
+    pub(super) caller_grants: Vec<String>,
     /// Changes to the plan (agent and workflow settings) before the run starts.
-    edit: Option<fn(&mut RunPlan)>,
+    pub(super) edit: Option<fn(&mut RunPlan)>,
 }
 
 impl Default for Opts {
@@ -191,13 +192,13 @@ fn plan(opts: &Opts) -> RunPlan {
 }
 
 /// A run under test: the live state plus every event recorded so far.
-struct Run {
-    state: RunState,
+pub(super) struct Run {
+    pub(super) state: RunState,
     history: Vec<Event>,
 }
 
 impl Run {
-    fn start(opts: Opts) -> (Run, Decision) {
+    pub(super) fn start(opts: Opts) -> (Run, Decision) {
         let mut run = Run {
             state: RunState::default(),
             history: vec![],
@@ -214,7 +215,7 @@ impl Run {
         (run, d)
     }
 
-    fn step(&mut self, input: Input) -> Decision {
+    pub(super) fn step(&mut self, input: Input) -> Decision {
         let d = decide(&self.state, input).expect("transition accepted");
         for e in &d.events {
             self.state.apply(e);
@@ -231,7 +232,12 @@ impl Run {
         d
     }
 
-    fn model(&mut self, call_id: &str, calls: &[(&str, &str)], content: Option<&str>) -> Decision {
+    pub(super) fn model(
+        &mut self,
+        call_id: &str,
+        calls: &[(&str, &str)],
+        content: Option<&str>,
+    ) -> Decision {
         self.step(Input::ModelCallCompleted {
             call_id: call_id.into(),
             attempt: 1,
@@ -268,7 +274,7 @@ impl Run {
     }
 }
 
-fn scheduled_specs(d: &Decision) -> Vec<(String, Value, String)> {
+pub(super) fn scheduled_specs(d: &Decision) -> Vec<(String, Value, String)> {
     d.commands
         .iter()
         .filter_map(|c| match c {
@@ -1684,7 +1690,7 @@ fn an_mcp_tool_call_is_handed_to_the_worker_with_its_server_and_server_tool() {
         headers: BTreeMap::from([("X-Key".to_owned(), "{{config.KEY}}".to_owned())]),
         timeout_ms: 5_000,
     };
-    let spec = tool_spec(&search, &json!({"q": "hi"}), "r1/intake.t1").expect("spec");
+    let spec = tool_spec(&search, &json!({"q": "hi"}), "r1/intake.t1", None).expect("spec");
     assert_eq!(
         spec["binding"],
         json!({"type": "mcp", "server": "everything", "server_tool": "echo",

@@ -115,6 +115,10 @@ pub struct ToolCallRecord {
     pub refusal: Option<ToolCallRefusal>,
     /// Set once a person decided a call that needed a confirmation.
     pub confirmation: Option<ToolCallConfirmation>,
+    /// The `request_variants:` item the call sends (the approver's
+    /// decision's, once decided); `None`: the tool's own request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// Where the call stands.
     pub outcome: ToolCallOutcome,
     /// The result of a completed call.
@@ -235,6 +239,7 @@ impl ToolCallEvents {
             decision: ToolCallDecision::Scheduled,
             refusal: None,
             confirmation: None,
+            variant: None,
             outcome: ToolCallOutcome::Open,
             result: None,
             cached: None,
@@ -249,6 +254,7 @@ impl ToolCallEvents {
                 tool,
                 tool_version,
                 arguments,
+                variant,
                 ..
             } => {
                 record.call_id = Some(call_id);
@@ -256,6 +262,7 @@ impl ToolCallEvents {
                 record.tool_version = Some(tool_version);
                 record.node = node;
                 record.arguments = arguments;
+                record.variant = variant;
             }
             Event::ToolCallRefused {
                 node,
@@ -291,11 +298,13 @@ impl ToolCallEvents {
                 by,
                 arguments,
                 edited,
+                variant,
                 ..
             } = decode("confirmation", payload)?
         {
             if approved {
                 record.arguments = arguments;
+                record.variant = variant;
             }
             record.confirmation = Some(ToolCallConfirmation {
                 approved,
@@ -447,6 +456,31 @@ mod tests {
                 by: "ops".into(),
                 edited: true
             })
+        );
+    }
+
+    #[test]
+    fn the_audit_shows_the_request_variant_the_call_sends() {
+        let mut e = events(None);
+        e.proposal["variant"] = json!("eu");
+        let r = e.into_record().expect("record");
+        assert_eq!(r.variant.as_deref(), Some("eu"));
+        assert_eq!(serde_json::to_value(&r).expect("json")["variant"], "eu");
+        // An approver's edit chose again.
+        let mut e = events(None);
+        e.proposal["variant"] = json!("eu");
+        e.confirmation = Some(json!({"type": "confirmation_decided", "call_id": "n.t1",
+            "approved": true, "by": "ops", "reason": "", "arguments": {"email": "f"},
+            "edited": true, "variant": "default"}));
+        let r = e.into_record().expect("record");
+        assert_eq!(r.variant.as_deref(), Some("default"));
+        // No variants: no field.
+        let r = events(None).into_record().expect("record");
+        assert!(
+            serde_json::to_value(&r)
+                .expect("json")
+                .get("variant")
+                .is_none()
         );
     }
 
