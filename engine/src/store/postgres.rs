@@ -1002,13 +1002,7 @@ async fn write_decision(
         secrets: Vec::new(),
     };
     let mut parent_run_id: Option<Uuid> = None;
-    let folded = if decision.events.is_empty() {
-        None
-    } else {
-        Folded::of(&decision.commands)
-    };
     if !decision.events.is_empty() {
-        let folded = folded.clone().unwrap_or_default();
         let mut seqs = Vec::with_capacity(decision.events.len());
         let mut kinds = Vec::with_capacity(decision.events.len());
         let mut payloads = Vec::with_capacity(decision.events.len());
@@ -1020,9 +1014,7 @@ async fn write_decision(
                     .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
             );
         }
-        // One round trip: the events, the run row (a projection of them)
-        // and, when the decision's commands are only the task changes of
-        // the hot path, those too (`Folded`).
+        // One round trip: the events and the run row (a projection of them).
         let new_seq = last_seq + decision.events.len() as i64;
         let (parent,): (Option<Uuid>,) = sqlx::query_as(
             "WITH ins AS (
@@ -1031,23 +1023,7 @@ async fn write_decision(
              upd AS (
                  UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
                         updated_at = belay_now()
-                 WHERE run_id = $1 RETURNING parent_run_id),
-             ended AS (
-                 UPDATE tasks t SET status = e.status, lease_expires_at = NULL, updated_at = belay_now()
-                 FROM UNNEST($10::text[], $11::text[]) AS e(call_id, status)
-                 WHERE t.run_id = $1 AND t.call_id = e.call_id),
-             marked AS (
-                 UPDATE tasks t SET dispatched = true, dispatched_attempt = d.attempt,
-                        dispatched_at = belay_now(), updated_at = belay_now()
-                 FROM UNNEST($12::text[], $13::int4[]) AS d(call_id, attempt)
-                 WHERE t.run_id = $1 AND t.call_id = d.call_id AND t.attempt = d.attempt
-                   AND t.status = 'leased'),
-             scheduled AS (
-                 INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key,
-                                    repeat_safety, runs_while_paused)
-                 SELECT n.task_id, $1, $9, n.call_id, n.kind, 'ready', n.spec, n.key, n.safety, n.paused
-                 FROM UNNEST($14::uuid[], $15::text[], $16::text[], $17::jsonb[], $18::text[], $19::text[],
-                             $20::bool[]) AS n(task_id, call_id, kind, spec, key, safety, paused))
+                 WHERE run_id = $1 RETURNING parent_run_id)
              SELECT (SELECT parent_run_id FROM upd)",
         )
         .bind(run_id)
@@ -1059,28 +1035,11 @@ async fn write_decision(
         .bind(after.output.as_ref())
         .bind(new_seq)
         .bind(tenant)
-        .bind(&folded.end_calls)
-        .bind(&folded.end_statuses)
-        .bind(&folded.dispatched_calls)
-        .bind(&folded.dispatched_attempts)
-        .bind(&folded.task_ids)
-        .bind(&folded.calls)
-        .bind(&folded.task_kinds)
-        .bind(&folded.specs)
-        .bind(&folded.keys)
-        .bind(&folded.safeties)
-        .bind(&folded.paused)
         .fetch_one(&mut **tx)
         .await?;
         parent_run_id = parent;
     }
-    // Folded into the events statement above, or each in its own.
-    let commands = if folded.is_some() {
-        &[][..]
-    } else {
-        &decision.commands[..]
-    };
-    for command in commands {
+    for command in &decision.commands {
         match command {
             Command::ScheduleTask {
                 call_id,
@@ -1130,7 +1089,12 @@ async fn write_decision(
                 .await?;
             }
             Command::EndTask { call_id, end } => {
-                let status = task_end_status(*end);
+                let status = match end {
+                    TaskEnd::Completed => "completed",
+                    TaskEnd::Failed => "failed",
+                    TaskEnd::Uncertain => "uncertain",
+                    TaskEnd::Cancelled => "cancelled",
+                };
                 sqlx::query(
                     "UPDATE tasks SET status = $3, lease_expires_at = NULL, updated_at = belay_now()
                      WHERE run_id = $1 AND call_id = $2",
@@ -1450,76 +1414,6 @@ async fn write_decision(
         }
     }
     Ok(wakes)
-}
-
-/// The commands of a decision as the arrays of the events statement, when
-/// they are only new tasks, ended tasks and dispatch marks, each of a
-/// different call: then running them in one statement (where no part sees
-/// another's changes) gives what running them in order would. `None`
-/// otherwise (the commands run one statement each, in order).
-#[derive(Debug, Clone, Default)]
-struct Folded {
-    end_calls: Vec<String>,
-    end_statuses: Vec<&'static str>,
-    dispatched_calls: Vec<String>,
-    dispatched_attempts: Vec<i32>,
-    task_ids: Vec<Uuid>,
-    calls: Vec<String>,
-    task_kinds: Vec<&'static str>,
-    specs: Vec<Value>,
-    keys: Vec<String>,
-    safeties: Vec<Option<&'static str>>,
-    paused: Vec<bool>,
-}
-
-impl Folded {
-    fn of(commands: &[Command]) -> Option<Folded> {
-        let mut f = Folded::default();
-        let mut seen = std::collections::HashSet::new();
-        for command in commands {
-            match command {
-                Command::EndTask { call_id, end } => {
-                    f.end_calls.push(call_id.clone());
-                    f.end_statuses.push(task_end_status(*end));
-                    seen.insert(call_id.as_str()).then_some(())?;
-                }
-                Command::MarkDispatched { call_id, attempt } => {
-                    f.dispatched_calls.push(call_id.clone());
-                    f.dispatched_attempts.push(i32::try_from(*attempt).ok()?);
-                    seen.insert(call_id.as_str()).then_some(())?;
-                }
-                Command::ScheduleTask {
-                    call_id,
-                    kind,
-                    spec,
-                    idempotency_key,
-                    repeat_safety,
-                    runs_while_paused,
-                } => {
-                    f.task_ids.push(Uuid::now_v7());
-                    f.calls.push(call_id.clone());
-                    f.task_kinds.push(kind.as_str());
-                    f.specs.push(spec.clone());
-                    f.keys.push(idempotency_key.clone());
-                    f.safeties.push(repeat_safety.map(|r| r.as_str()));
-                    f.paused.push(*runs_while_paused);
-                    seen.insert(call_id.as_str()).then_some(())?;
-                }
-                _ => return None,
-            }
-        }
-        Some(f)
-    }
-}
-
-/// The `tasks.status` a task ends with.
-fn task_end_status(end: TaskEnd) -> &'static str {
-    match end {
-        TaskEnd::Completed => "completed",
-        TaskEnd::Failed => "failed",
-        TaskEnd::Uncertain => "uncertain",
-        TaskEnd::Cancelled => "cancelled",
-    }
 }
 
 // ---- tool gates (rate limits, circuit breakers) ------------------------
@@ -2005,51 +1899,5 @@ impl Pg {
              ORDER BY p.recorded_at DESC, p.run_id DESC, p.seq DESC"
         ));
         Ok(sql.build_query_as().fetch_all(&self.pool).await?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::machine::TaskKind;
-
-    fn schedule(call: &str) -> Command {
-        Command::ScheduleTask {
-            call_id: call.to_owned(),
-            kind: TaskKind::ModelCall,
-            spec: serde_json::json!({}),
-            idempotency_key: format!("k-{call}"),
-            repeat_safety: None,
-            runs_while_paused: false,
-        }
-    }
-
-    fn end(call: &str) -> Command {
-        Command::EndTask {
-            call_id: call.to_owned(),
-            end: TaskEnd::Completed,
-        }
-    }
-
-    #[test]
-    fn only_task_changes_of_different_calls_are_folded_into_the_events_statement() {
-        let f = Folded::of(&[end("a.t1"), schedule("a.m2")]).expect("the hot path folds");
-        assert_eq!(f.end_calls, ["a.t1"]);
-        assert_eq!(f.end_statuses, ["completed"]);
-        assert_eq!(f.calls, ["a.m2"]);
-        let f = Folded::of(&[Command::MarkDispatched {
-            call_id: "a.t1".into(),
-            attempt: 3,
-        }])
-        .expect("a dispatch folds");
-        assert_eq!(
-            (f.dispatched_calls, f.dispatched_attempts),
-            (vec!["a.t1".to_owned()], vec![3])
-        );
-        // Two changes of one call must run in order: not folded.
-        assert!(Folded::of(&[end("a.t1"), schedule("a.t1")]).is_none());
-        // Any other command (here one that touches every open task) keeps
-        // the statements in order.
-        assert!(Folded::of(&[schedule("a.m2"), Command::CancelOpenTasks]).is_none());
     }
 }
