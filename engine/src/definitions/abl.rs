@@ -947,6 +947,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         }
         _ => Vec::new(),
     };
+    check_injected_use_in_variants(&injected, &request_variants, &name, cx);
     let own_retry = std::mem::take(&mut props.retry);
     let retry_policy =
         retry::tool_policy(own_retry, &defaults.retry, props.binding_type, &name, cx);
@@ -3861,6 +3862,53 @@ fn check_injected_use(
     }
 }
 
+/// [`check_injected_use`] for each `request_variants:` item (its merged
+/// request): a variant must not put a `source: config` parameter into a
+/// URL either (a path parameter, a query parameter, or the arguments of a
+/// request without a body). Reported at the parameter, naming the variant.
+fn check_injected_use_in_variants(
+    injected: &[(InjectedParam, (u32, u32))],
+    variants: &[super::model::RequestVariantDef],
+    tool: &str,
+    cx: &mut Cx<'_>,
+) {
+    for (param, (line, col)) in injected {
+        if !matches!(param.source, ParamSource::Config { .. }) {
+            continue;
+        }
+        let name = &param.name;
+        let placeholder = |text: &str| {
+            let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+            squeezed.contains(&format!("{{{{{name}}}}}"))
+        };
+        for v in variants {
+            let method = v.method.trim().to_ascii_uppercase();
+            let problem = if v.endpoint.contains(&format!("{{{name}}}")) {
+                Some("it is a path parameter".to_owned())
+            } else if v.request.query_params.iter().any(|q| placeholder(&q.value)) {
+                Some("`query_params:` puts it in the URL".to_owned())
+            } else if v.request.body_template.is_none()
+                && matches!(method.as_str(), "GET" | "DELETE")
+                && v.request.body_mode != belay_proto::wire::BodyMode::None
+            {
+                Some(format!("a {method} request sends its arguments in the URL"))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                cx.error(
+                    *line,
+                    *col,
+                    format!(
+                        "parameter `{name}` of `{tool}` has `source: config`, but in request variant `{}` {problem}, which ends up in logs and errors; a configured value goes in a request body or an MCP call only",
+                        v.name
+                    ),
+                );
+            }
+        }
+    }
+}
+
 /// Apply an indented block to a parameter or field: `description:`, and
 /// nested fields when it is an `object` / `object[]`.
 fn enrich_field<'b>(
@@ -4818,6 +4866,14 @@ TOOLS:
                 "it is `repeat_safety: reconcile` (a call whose effect must not happen twice); only an `idempotent` tool that changes nothing may be cached"
             )
         );
+        // The vault: a cached result would bypass it (a producer's hit
+        // vaults nothing; a consumer's key leaves out its secret).
+        assert_eq!(
+            refused("    SECRET_ACCESS:\n      READ: [k1]\n", "idempotent"),
+            why(
+                "it declares `SECRET_ACCESS:`, and the cache key (its arguments) leaves out the secret its request carries"
+            )
+        );
         assert_eq!(
             refused("    scrub_secrets: false\n", "idempotent"),
             why(
@@ -5156,6 +5212,23 @@ TOOLS:
         );
         // Where a configured value may go: a body or an MCP call only.
         let config = "    parameters:\n      k:\n        source: config\n        value: K\n";
+        // A request variant may not put it in a URL either.
+        for (variant, problem) in [
+            (
+                "        method: GET\n",
+                "a GET request sends its arguments in the URL",
+            ),
+            ("        endpoint: /x/{k}\n", "it is a path parameter"),
+        ] {
+            assert_eq!(
+                errors(&format!(
+                    "TOOLS:\n  f(k: string) -> string\n    type: http\n    endpoint: /x\n    permission: p\n    repeat_safety: never\n{config}    request_variants:\n      - name: eu\n        default: true\n{variant}"
+                )),
+                vec![format!(
+                    "8:7: parameter `k` of `f` has `source: config`, but in request variant `eu` {problem}, which ends up in logs and errors; a configured value goes in a request body or an MCP call only"
+                )]
+            );
+        }
         assert_eq!(
             errors(&format!(
                 "TOOLS:\n  f(k: string) -> string\n    type: http\n    endpoint: /x/{{k}}\n    permission: p\n    repeat_safety: never\n{config}"

@@ -104,6 +104,16 @@ pub(super) fn check(
         }
         _ => {}
     }
+    // A cached result would skip the vault: a producer's hit puts nothing
+    // into it, and a consumer's key (its arguments) leaves out the secret
+    // its request carried, so an authenticated result would be served to a
+    // run without the secret.
+    if props.result_secrets.is_some() {
+        refuse("it declares `RESULT_SECRETS:`, and a cached result would put nothing into the run's vault".into());
+    }
+    if props.secret_access.is_some() {
+        refuse("it declares `SECRET_ACCESS:`, and the cache key (its arguments) leaves out the secret its request carries".into());
+    }
     match (props.repeat_safety, repeat_safety_written) {
         (Some(RepeatSafety::Idempotent), true) => {}
         (Some(r @ (RepeatSafety::Never | RepeatSafety::Reconcile)), true) => refuse(format!(
