@@ -2849,10 +2849,31 @@ impl Step {
             .tools
             .get(&call.tool)
             .ok_or_else(|| MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool)))?;
-        let Err(errors) = crate::definitions::validate_json(&tool.def.output_schema, result) else {
+        // With `process.after`, the declared return type is the processed
+        // result's: check what the model and the run's state will get. A
+        // stage that failed decides the call itself (`block`: failed;
+        // `reask`/`fallback`: a message), or keeps the raw result (`warn`,
+        // `use_original`), which is then checked.
+        let processed;
+        let checked = match tool.def.process.as_ref().and_then(|p| p.after.as_ref()) {
+            Some(after) if call.probe_for.is_none() => {
+                let done = process::after(after, &call.arguments, result);
+                match (done.outcome, done.result) {
+                    ("ok", Some(r)) => {
+                        processed = r;
+                        &processed
+                    }
+                    ("ok" | "warn" | "use_original", _) => result,
+                    _ => return Ok(None),
+                }
+            }
+            _ => result,
+        };
+        let Err(errors) = crate::definitions::validate_json(&tool.def.output_schema, checked)
+        else {
             return Ok(None);
         };
-        let text = self.scrubbed(call_id, result.clone()).to_string();
+        let text = self.scrubbed(call_id, checked.clone()).to_string();
         let excerpt = normalize::truncate_str(&text, RESULT_EXCERPT_BYTES);
         let class = if call.repeat_safety == RepeatSafety::Reconcile {
             FailureClass::MayHaveActed

@@ -3360,3 +3360,69 @@ fn an_approvers_edit_is_processed_again_and_may_not_write_a_computed_parameter()
         Some(json!({"email": "b@x", "email_upper": "B@X", "plan": "starter"}))
     );
 }
+
+#[test]
+fn with_process_after_the_return_type_checks_the_processed_result_not_the_raw_one() {
+    use crate::definitions::model::{OnFail, ProcessAfter, ProcessDef};
+    fn edit(plan: &mut RunPlan, expr: &str) {
+        if let Some(lookup) = plan.tools.get_mut("lookup") {
+            // The tool answers `{"id", "full"}`; its declared type is the
+            // processed `{"name": string}`.
+            lookup.def.output_schema = json!({"type": "object", "required": ["name"],
+                "properties": {"name": {"type": "string"}}});
+            lookup.def.process = Some(ProcessDef {
+                before: None,
+                after: Some(ProcessAfter {
+                    result: BTreeMap::from([("name".to_owned(), jq(expr))]),
+                    on_fail: OnFail::Block("cannot read the answer".into()),
+                }),
+            });
+        }
+    }
+    let raw = json!({"id": "c_9", "full": "Ada"});
+    // The raw answer lacks `name`, the processed one has it: completed.
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|plan| edit(plan, ".result.full")),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    let d = run.step(Input::ToolCallCompleted {
+        secrets: Vec::new(),
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: raw.clone(),
+    });
+    assert!(
+        Run::kinds(&d).contains(&"tool_call_completed"),
+        "{:?}",
+        Run::kinds(&d)
+    );
+    assert_eq!(tool_contents(&run), vec![r#"{"name":"Ada"}"#.to_owned()]);
+    // A processed result of the wrong type fails the call, naming it.
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(|plan| edit(plan, ".result.id | length")),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("lookup", r#"{"email":"1"}"#)], None);
+    let d = run.step(Input::ToolCallCompleted {
+        secrets: Vec::new(),
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: raw,
+    });
+    assert!(
+        !Run::kinds(&d).contains(&"tool_call_completed"),
+        "{:?}",
+        Run::kinds(&d)
+    );
+    let failed = d.events.iter().find_map(|e| match e {
+        Event::ToolCallFailed { error, .. } => Some(error.clone()),
+        _ => None,
+    });
+    assert!(
+        failed
+            .as_deref()
+            .is_some_and(|e| e.contains("does not match its declared return type")),
+        "{failed:?}"
+    );
+}
