@@ -935,7 +935,30 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
                     .map(|(_, l, c)| (*l, *c)),
                 broken: cx.out.errors.len() > errors_before,
             };
-            http_variants::read_variants(block, &base, signature.as_ref(), &name, line, cx)
+            let mut placed = Vec::new();
+            let variants = http_variants::read_variants(
+                block,
+                &base,
+                signature.as_ref(),
+                &name,
+                line,
+                &mut placed,
+                cx,
+            );
+            // A variant's `{{_secret.KEY}}` must be a key the tool reads, as
+            // in its own headers and body template.
+            for (key, kline, kcol) in placed {
+                if !secret_access.contains(&key) {
+                    cx.error(
+                        kline,
+                        kcol,
+                        format!(
+                            "`{{{{_secret.{key}}}}}`: `{key}` is not in the `SECRET_ACCESS: READ` list of `{name}`"
+                        ),
+                    );
+                }
+            }
+            variants
         }
         (Some(block), Some(t)) if t != BindingType::Unsupported => {
             cx.error(
@@ -5212,6 +5235,14 @@ TOOLS:
         );
         // Where a configured value may go: a body or an MCP call only.
         let config = "    parameters:\n      k:\n        source: config\n        value: K\n";
+        // A variant's `{{_secret.KEY}}` is checked against the tool's
+        // `SECRET_ACCESS`, at its place, like the tool's own.
+        assert_eq!(
+            errors(
+                "TOOLS:\n  f(k: string) -> string\n    type: http\n    endpoint: /x\n    permission: p\n    repeat_safety: never\n    request_variants:\n      - name: eu\n        default: true\n        headers:\n          X-Otp: \"{{_secret.zzz}}\"\n"
+            ),
+            vec!["11:19: `{{_secret.zzz}}`: `zzz` is not in the `SECRET_ACCESS: READ` list of `f`"]
+        );
         // A request variant may not put it in a URL either.
         for (variant, problem) in [
             (

@@ -90,6 +90,7 @@ pub(super) fn read_variants(
     sig: Option<&Signature>,
     tool: &str,
     line: &Line,
+    secrets: &mut Vec<(String, u32, u32)>,
     cx: &mut Cx<'_>,
 ) -> Vec<RequestVariantDef> {
     let mut out: Vec<RequestVariantDef> = Vec::new();
@@ -123,7 +124,7 @@ pub(super) fn read_variants(
             );
             break;
         }
-        let Some(variant) = read_variant(entry, rest, base, sig, tool, line, cx) else {
+        let Some(variant) = read_variant(entry, rest, base, sig, tool, line, secrets, cx) else {
             continue;
         };
         let (def, name_line) = variant;
@@ -165,6 +166,7 @@ fn read_variant(
     sig: Option<&Signature>,
     tool: &str,
     tool_line: &Line,
+    secrets: &mut Vec<(String, u32, u32)>,
     cx: &mut Cx<'_>,
 ) -> Option<(RequestVariantDef, u32)> {
     let errors_before = cx.out.errors.len();
@@ -261,6 +263,9 @@ fn read_variant(
         }
     }
     let props = read_props(overrides.into_iter(), cx);
+    // Its `{{_secret.KEY}}` are checked against the tool's `SECRET_ACCESS`
+    // by the caller, as the tool's own are.
+    secrets.extend(props.header_secrets.iter().cloned());
     let when = when.and_then(|(text, wline, wcol)| parse_when(&text, wline, wcol, sig, cx));
     let is_default = default.unwrap_or(false);
     let Some((name, name_line)) = name else {
@@ -316,10 +321,7 @@ fn read_variant(
             xml_root: base.xml_root,
             body_schema: base.body_schema,
         };
-        // A variant's `{{_secret.KEY}}` is not checked against the tool's
-        // `SECRET_ACCESS` here; the worker fills only keys the tool reads
-        // (any other is the empty string: fail-closed).
-        check_body(&body, false, sig, tool, tool_line, &mut Vec::new(), cx);
+        check_body(&body, false, sig, tool, tool_line, secrets, cx);
         for e in &mut cx.out.errors[merged_from..] {
             e.message = format!("request variant `{name}`: {}", e.message);
         }
