@@ -1,6 +1,11 @@
 //! Generates the `belay.v1` client and server code and the file descriptor set
-//! that the engine serves for gRPC reflection.
+//! that the engine serves for gRPC reflection (feature `grpc`, the default;
+//! without it there is nothing to generate).
 
+#[cfg(not(feature = "grpc"))]
+fn main() {}
+
+#[cfg(feature = "grpc")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = prost_build::Config::new();
     // Honour $PROTOC when set; otherwise use the vendored binary so no system

@@ -20,18 +20,26 @@
 //! - `mcp_server` (cargo feature `mcp-server`): chosen workflows served as
 //!   MCP tools over Streamable HTTP, each call a durable run.
 
+#[cfg(feature = "server")]
 pub mod admin;
+#[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
 pub mod audit;
+#[cfg(feature = "server")]
 pub mod callbacks;
+#[cfg(feature = "server")]
 pub mod coordinator;
 pub mod definitions;
 pub mod expr_sandbox;
 pub mod gates;
 pub mod machine;
+#[cfg(feature = "server")]
 pub mod mcp_pins;
 #[cfg(feature = "mcp-server")]
 pub mod mcp_server;
+#[cfg(feature = "server")]
 pub mod notify;
+#[cfg(feature = "server")]
 pub mod store;
 pub mod vault;

@@ -4,12 +4,15 @@
 
 pub mod wire;
 
-/// Generated messages, clients and servers of package `belay.v1`.
+/// Generated messages, clients and servers of package `belay.v1`
+/// (feature `grpc`, the default).
+#[cfg(feature = "grpc")]
 #[allow(missing_docs, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("belay.v1");
 }
 
+#[cfg(feature = "grpc")]
 impl std::fmt::Debug for v1::SecretValue {
     /// The key and the value's length: a vaulted secret never shows in
     /// `Debug` output.
@@ -24,11 +27,13 @@ impl std::fmt::Debug for v1::SecretValue {
     }
 }
 
-/// The encoded `FileDescriptorSet` of `belay.v1`, served by gRPC reflection.
+/// The encoded `FileDescriptorSet` of `belay.v1`, served by gRPC reflection
+/// (feature `grpc`).
+#[cfg(feature = "grpc")]
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/belay_v1_descriptor.bin"));
 
-#[cfg(test)]
+#[cfg(all(test, feature = "grpc"))]
 mod tests {
     #[test]
     fn a_secret_value_never_shows_in_debug_output() {

@@ -115,6 +115,14 @@ const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// classified `NOT_SENT`.
 const CONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// The most bytes of a 2xx response body the worker reads (4 MiB): the
+/// engine's cap on a result document (`MAX_JSON_BYTES` in
+/// `engine/src/coordinator.rs`), so a longer answer could never be
+/// recorded. Checked against `Content-Length` before reading and while
+/// reading (a chunked body has none); a longer body fails the call with
+/// [`HttpToolError::ResponseTooLarge`].
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Header carrying [`ToolCallSpec::idempotency_key`] on every request.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
@@ -224,6 +232,26 @@ pub enum HttpToolError {
         /// The `Location` header as text (truncated), or `<none>`.
         location: String,
     },
+    /// The endpoint answered 2xx with a body longer than
+    /// [`MAX_RESPONSE_BYTES`]: the result cannot be recorded. Class:
+    /// `REJECTED` for GET/HEAD/OPTIONS/TRACE (no effect, and the same
+    /// request gets the same answer); `MAY_HAVE_ACTED` for every other
+    /// method (the tool acted, and its answer is lost).
+    #[error(
+        "tool endpoint answered {method} with HTTP {status} and a body of more than {limit} bytes \
+         ({seen}); the worker reads at most {limit} bytes of a tool's answer"
+    )]
+    ResponseTooLarge {
+        /// Request method, upper case.
+        method: String,
+        /// HTTP status code (2xx).
+        status: u16,
+        /// [`MAX_RESPONSE_BYTES`].
+        limit: usize,
+        /// What was known when reading stopped: `Content-Length: N` or
+        /// `read N bytes`.
+        seen: String,
+    },
 }
 
 impl HttpToolError {
@@ -259,7 +287,7 @@ impl HttpToolError {
                     FailureClass::MayHaveActed
                 }
             }
-            Self::Redirect { method, .. } => {
+            Self::Redirect { method, .. } | Self::ResponseTooLarge { method, .. } => {
                 if is_safe_method(method) {
                     FailureClass::Rejected
                 } else {
@@ -643,7 +671,9 @@ impl HttpToolClient {
                 .get(CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(xml::is_xml_content_type);
-            let bytes = response.bytes().await.map_err(|e| send_error(&e))?;
+            let bytes = read_capped(response, &method, MAX_RESPONSE_BYTES)
+                .await
+                .map_err(|e| e.unwrap_or_else(|e| send_error(&e)))?;
             // An XML answer as JSON (`xml.rs`); one that does not parse
             // stays its text.
             let value = if xml { xml::decode(&bytes) } else { None };
@@ -697,6 +727,42 @@ pub(crate) fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
         source = inner.source();
     }
     None
+}
+
+/// The body of a 2xx `response`, at most `limit` bytes: a longer one
+/// (announced by `Content-Length`, or read) is
+/// [`HttpToolError::ResponseTooLarge`] (`Ok` of the outer error); a read
+/// failure is the transport's error (`Err`).
+async fn read_capped(
+    mut response: reqwest::Response,
+    method: &str,
+    limit: usize,
+) -> Result<Vec<u8>, Result<HttpToolError, reqwest::Error>> {
+    let status = response.status().as_u16();
+    let too_large = |seen: String| {
+        Ok(HttpToolError::ResponseTooLarge {
+            method: method.to_owned(),
+            status,
+            limit,
+            seen,
+        })
+    };
+    if let Some(length) = response.content_length()
+        && length > limit as u64
+    {
+        return Err(too_large(format!("Content-Length: {length}")));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(Err)? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large(format!(
+                "read {} bytes",
+                body.len() + chunk.len()
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A 2xx body as the tool's result: JSON if it parses, else a JSON string of

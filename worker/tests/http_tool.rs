@@ -1027,3 +1027,74 @@ async fn a_token_endpoint_on_a_refused_address_is_refused_before_dispatch() {
     assert!(matches!(err, HttpToolError::Refused(_)), "{err:?}");
     assert_eq!(err.class(), FailureClass::Rejected);
 }
+
+/// A server answering 200 with `len` bytes of JSON string, with a
+/// `Content-Length` (`chunked: false`) or as a chunked stream of 64 KiB
+/// pieces that announces no length (`chunked: true`).
+async fn large_body_server(len: usize, chunked: bool) -> String {
+    let router = Router::new().fallback(any(move || async move {
+        let mut text = vec![b'x'; len];
+        text[0] = b'"';
+        text[len - 1] = b'"';
+        if chunked {
+            let pieces: Vec<Result<Bytes, std::io::Error>> = text
+                .chunks(64 * 1024)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            axum::body::Body::from_stream(futures_util::stream::iter(pieces))
+        } else {
+            axum::body::Body::from(text)
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_answer_longer_than_the_cap_is_refused_with_or_without_a_length() {
+    use belay_worker::http_tool::MAX_RESPONSE_BYTES;
+    // Exactly at the cap: read whole.
+    let url = large_body_server(MAX_RESPONSE_BYTES, false).await;
+    let value = local_client(None)
+        .call(&spec(&format!("{url}/big"), "GET", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(value.as_str().map(str::len), Some(MAX_RESPONSE_BYTES - 2));
+
+    for chunked in [false, true] {
+        let url = large_body_server(MAX_RESPONSE_BYTES + 1, chunked).await;
+        for (method, class) in [
+            ("GET", FailureClass::Rejected),
+            ("POST", FailureClass::MayHaveActed),
+        ] {
+            let err = local_client(None)
+                .call(&spec(&format!("{url}/big"), method, json!({})))
+                .await
+                .unwrap_err();
+            let HttpToolError::ResponseTooLarge {
+                method: m,
+                status,
+                limit,
+                seen,
+            } = &err
+            else {
+                panic!("expected ResponseTooLarge, got {err:?}");
+            };
+            assert_eq!(
+                (m.as_str(), *status, *limit),
+                (method, 200, MAX_RESPONSE_BYTES)
+            );
+            if chunked {
+                assert!(seen.starts_with("read "), "{seen}");
+            } else {
+                assert_eq!(seen, &format!("Content-Length: {}", MAX_RESPONSE_BYTES + 1));
+            }
+            assert_eq!(err.class(), class, "{method} chunked={chunked}");
+            assert!(err.to_string().contains("more than 4194304 bytes"), "{err}");
+        }
+    }
+}

@@ -140,7 +140,9 @@ const MAX_RESET_MS: u64 = 30 * 24 * 3600 * 1000;
 const DEFAULT_API_KEY_HEADER: &str = "X-API-Key";
 
 /// Enrichment keys of the seed's "Parameter enrichment and sources" table
-/// that Belay does not read yet.
+/// that Belay does not read yet. (`properties:` and `items:` with a block
+/// are read by [`enrich_field`] where they apply; elsewhere they are
+/// refused here.)
 const SEED_ENRICHMENT_KEYS: &[&str] = &["visibility", "properties", "items"];
 
 /// Enrichment keys of a tool's parameter (not of a nested field) that Belay
@@ -3954,6 +3956,29 @@ fn enrich_field<'b>(
     // Decided once: the first nested field turns `object` into a declared
     // object, after which more fields are still welcome.
     let can_nest = field.ty.is_plain_object();
+    // The seed's schema keys: `properties:` (under `object` or `object[]`)
+    // and `items:` (under `object[]`) with a block of field lines declare
+    // the same fields as lines written directly under the parameter, so
+    // their blocks are read as if they were (duplicates across both
+    // included). Under an `object`, `items:` stays a field named `items`.
+    let is_array = matches!(field.ty, TypeExpr::Array(_));
+    let blocks: Vec<&Block> = blocks
+        .iter()
+        .flat_map(|b| {
+            let schema_key = can_nest
+                && !b.children.is_empty()
+                && split_key(&b.line).is_some_and(|kv| {
+                    kv.value.is_empty()
+                        && !kv.optional
+                        && (kv.key == "properties" || (kv.key == "items" && is_array))
+                });
+            if schema_key {
+                b.children.iter().collect::<Vec<_>>()
+            } else {
+                vec![b]
+            }
+        })
+        .collect();
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
     for child in blocks {
         let line = &child.line;
@@ -4008,11 +4033,20 @@ fn enrich_field<'b>(
             continue;
         }
         if SEED_ENRICHMENT_KEYS.contains(&kv.key) && !declares_field {
-            cx.error(
-                line.no,
-                kv.key_col,
-                format!("parameter setting `{}:` is not supported yet", kv.key),
-            );
+            let message = match kv.key {
+                "properties" => format!(
+                    "`properties:` with a block of `field: type` lines declares the fields of an `object` or `object[]` parameter; `{}` is `{}`",
+                    field.name,
+                    field.ty.describe()
+                ),
+                "items" => format!(
+                    "`items:` with a block of `field: type` lines declares the item fields of an `object[]` parameter; `{}` is `{}`",
+                    field.name,
+                    field.ty.describe()
+                ),
+                _ => format!("parameter setting `{}:` is not supported yet", kv.key),
+            };
+            cx.error(line.no, kv.key_col, message);
             continue;
         }
         if !can_nest {
@@ -4424,6 +4458,87 @@ TOOLS:
             panic!("an http tool");
         };
         assert_eq!(timeout_ms, 250);
+    }
+
+    #[test]
+    fn seed_properties_and_items_keys_declare_the_nested_fields() {
+        // The seed's `properties:` (object) and `items:` (object[]) blocks
+        // give the same schema as field lines written directly.
+        let keyed = one_tool(&tool_with(
+            "create_order(customer: object, lines: object[], meta: object) -> {order_id: string}",
+            r#"    parameters:
+      customer:
+        description: "Who is ordering"
+        properties:
+          name: string
+          address:
+            properties:
+              zip: string = "00000"
+      lines:
+        items:
+          product_id: string
+          quantity: number = 1
+      meta:
+        items: string[]
+"#,
+        ));
+        let direct = one_tool(&tool_with(
+            "create_order(customer: object, lines: object[], meta: object) -> {order_id: string}",
+            r#"    parameters:
+      customer:
+        description: "Who is ordering"
+        name: string
+        address:
+          zip: string = "00000"
+      lines:
+        product_id: string
+        quantity: number = 1
+      meta:
+        items: string[]
+"#,
+        ));
+        assert_eq!(keyed.input_schema, direct.input_schema);
+        assert_eq!(
+            keyed.input_schema["properties"]["lines"]["items"]["required"],
+            json!(["product_id"])
+        );
+        // Under an `object`, `items:` is a field of that name.
+        assert_eq!(
+            keyed.input_schema["properties"]["meta"]["properties"]["items"],
+            json!({"type": "array", "items": {"type": "string"}})
+        );
+
+        // A field declared both ways is a duplicate; the keys do not apply
+        // to a non-object parameter.
+        let errs = errors(&tool_with(
+            "f(c: object, n: number, s: string[]) -> string",
+            r#"    parameters:
+      c:
+        name: string
+        properties:
+          name: string
+      n:
+        properties:
+          x: string
+      s:
+        items:
+          x: string
+"#,
+        ));
+        assert_eq!(errs.len(), 3, "{errs:#?}");
+        assert!(errs[0].contains("field `name`"), "{errs:#?}");
+        assert!(
+            errs[1].ends_with(
+                "declares the fields of an `object` or `object[]` parameter; `n` is `number`"
+            ),
+            "{errs:#?}"
+        );
+        assert!(
+            errs[2].ends_with(
+                "declares the item fields of an `object[]` parameter; `s` is `string[]`"
+            ),
+            "{errs:#?}"
+        );
     }
 
     #[test]

@@ -143,9 +143,41 @@ fn param() -> impl Strategy<Value = Field> {
             number().prop_map(|n| (Prim::Number, Value::Number(n))),
             any::<bool>().prop_map(|b| (Prim::Boolean, Value::Bool(b))),
             date().prop_map(|d| (Prim::Date, Value::String(d))),
+        ]
+        .prop_map(|(p, v)| (TypeExpr::Prim(p), v)),
+    )
+        .prop_map(|(n, o, (t, v))| field(n, o, t, Some(v)));
+    // Array and object defaults: JSON-like literals of the type.
+    let structured = (
+        ident(),
+        any::<bool>(),
+        prop_oneof![
+            prop::collection::vec(text(), 0..3).prop_map(|v| (
+                TypeExpr::Array(Box::new(TypeExpr::Prim(Prim::String))),
+                Value::Array(v.into_iter().map(Value::String).collect())
+            )),
+            prop::collection::vec(number(), 0..3).prop_map(|v| (
+                TypeExpr::Array(Box::new(TypeExpr::Prim(Prim::Number))),
+                Value::Array(v.into_iter().map(Value::Number).collect())
+            )),
+            (number(), prop::option::of(text())).prop_map(|(n, label)| {
+                let mut map = serde_json::Map::new();
+                map.insert("n".into(), Value::Number(n));
+                if let Some(label) = label {
+                    map.insert("label".into(), Value::String(label));
+                }
+                (
+                    TypeExpr::Object(vec![
+                        field("n".into(), false, TypeExpr::Prim(Prim::Number), None),
+                        field("label".into(), true, TypeExpr::Prim(Prim::String), None),
+                    ]),
+                    Value::Object(map),
+                )
+            }),
         ],
     )
-        .prop_map(|(n, o, (p, v))| field(n, o, TypeExpr::Prim(p), Some(v)));
+        .prop_map(|(n, o, (t, v))| field(n, o, t, Some(v)));
+    let defaulted = prop_oneof![3 => defaulted, 1 => structured];
     prop_oneof![3 => plain, 1 => defaulted]
 }
 
@@ -259,6 +291,27 @@ fn render_value(v: &Value, s: Style) -> String {
             }
             out.push('"');
             out
+        }
+        Value::Array(items) => {
+            let sep = if s.spaced { ", " } else { "," };
+            let items: Vec<String> = items.iter().map(|v| render_value(v, s)).collect();
+            format!("[{}]", items.join(sep))
+        }
+        Value::Object(map) => {
+            let (sep, colon) = if s.spaced { (", ", ": ") } else { (",", ":") };
+            let fields: Vec<String> = map
+                .iter()
+                .map(|(k, v)| {
+                    // A key may be bare (a name) or quoted.
+                    let key = if s.single_quotes {
+                        k.clone()
+                    } else {
+                        render_value(&Value::String(k.clone()), s)
+                    };
+                    format!("{key}{colon}{}", render_value(v, s))
+                })
+                .collect();
+            format!("{{{}}}", fields.join(sep))
         }
         other => other.to_string(),
     }

@@ -498,7 +498,7 @@ impl Parser {
         if allow_default && self.peek() == Some(&Tok::Equals) {
             self.pos += 1;
             let at = self.column();
-            let value = self.literal()?;
+            let value = self.literal(0)?;
             check_default(&ty, &value, at)?;
             default = Some(value);
         }
@@ -512,9 +512,15 @@ impl Parser {
         })
     }
 
-    /// A default value: number, quoted string, `true` or `false`.
-    fn literal(&mut self) -> Result<Value, SigError> {
+    /// A default value: a number, a quoted string, `true`, `false`, or, for
+    /// array and object types, a JSON-like array `[v, ...]` or object
+    /// `{key: v, ...}` of those (keys are names or quoted strings; `null`
+    /// only inside one). Nested at most [`MAX_TYPE_DEPTH`] deep.
+    fn literal(&mut self, depth: usize) -> Result<Value, SigError> {
         let column = self.column();
+        if depth > MAX_TYPE_DEPTH {
+            return err(column, "default value is nested too deeply");
+        }
         let negative = self.eat(&Tok::Minus);
         let value = match self.peek() {
             Some(Tok::Num(n)) => {
@@ -528,11 +534,61 @@ impl Parser {
             Some(Tok::Str(s)) if !negative => Value::String(s.clone()),
             Some(Tok::Ident(s)) if !negative && s == "true" => Value::Bool(true),
             Some(Tok::Ident(s)) if !negative && s == "false" => Value::Bool(false),
+            Some(Tok::Ident(s)) if !negative && depth > 0 && s == "null" => Value::Null,
+            Some(Tok::LBracket) if !negative => {
+                self.pos += 1;
+                let mut items = Vec::new();
+                while !self.eat(&Tok::RBracket) {
+                    items.push(self.literal(depth + 1)?);
+                    if !self.eat(&Tok::Comma) {
+                        self.expect(&Tok::RBracket, "`,` or `]` in the default array")?;
+                        break;
+                    }
+                }
+                return Ok(Value::Array(items));
+            }
+            Some(Tok::LBrace) if !negative => {
+                self.pos += 1;
+                let mut map = Map::new();
+                while !self.eat(&Tok::RBrace) {
+                    let key_column = self.column();
+                    let key = match self.peek() {
+                        Some(Tok::Ident(k) | Tok::Str(k)) => k.clone(),
+                        _ => {
+                            return err(
+                                key_column,
+                                format!(
+                                    "expected a key (a name or a quoted string) in the default object, found {}",
+                                    self.found()
+                                ),
+                            );
+                        }
+                    };
+                    self.pos += 1;
+                    if map.contains_key(&key) {
+                        return err(
+                            key_column,
+                            format!("key `{key}` is repeated in the default object"),
+                        );
+                    }
+                    self.expect(
+                        &Tok::Colon,
+                        &format!("`:` after `{key}` in the default object"),
+                    )?;
+                    let v = self.literal(depth + 1)?;
+                    map.insert(key, v);
+                    if !self.eat(&Tok::Comma) {
+                        self.expect(&Tok::RBrace, "`,` or `}` in the default object")?;
+                        break;
+                    }
+                }
+                return Ok(Value::Object(map));
+            }
             _ => {
                 return err(
                     column,
                     format!(
-                        "expected a default value (a number, a quoted string, `true` or `false`), found {}",
+                        "expected a default value (a number, a quoted string, `true`, `false`, `[...]` or `{{...}}`), found {}",
                         self.found()
                     ),
                 );
@@ -639,37 +695,27 @@ fn prim_or_named(name: &str, column: u32) -> Result<TypeExpr, SigError> {
 }
 
 fn check_default(ty: &TypeExpr, value: &Value, column: u32) -> Result<(), SigError> {
-    let ok = match (ty, value) {
-        (TypeExpr::Prim(Prim::String), Value::String(_)) => true,
-        (TypeExpr::Prim(Prim::Number), Value::Number(_)) => true,
-        (TypeExpr::Prim(Prim::Boolean), Value::Bool(_)) => true,
-        (TypeExpr::Prim(Prim::Date), Value::String(s)) => {
-            if !is_date(s) {
-                return err(
-                    column,
-                    format!("default \"{s}\" is not a date (YYYY-MM-DD)"),
-                );
-            }
-            true
-        }
-        (TypeExpr::Prim(Prim::String | Prim::Number | Prim::Boolean | Prim::Date), _) => false,
-        _ => {
-            return err(
-                column,
-                format!(
-                    "a `{}` parameter cannot have a default; defaults are for string, number, boolean and date",
-                    ty.describe()
-                ),
-            );
-        }
-    };
-    if ok {
-        Ok(())
-    } else {
-        err(
+    if let (TypeExpr::Prim(Prim::Date), Value::String(s)) = (ty, value)
+        && !is_date(s)
+    {
+        return err(
             column,
-            format!("default {value} does not match type `{}`", ty.describe()),
-        )
+            format!("default \"{s}\" is not a date (YYYY-MM-DD)"),
+        );
+    }
+    // Any other type: the default must be a value of it, judged by the
+    // type's own input schema (so an object default has every required
+    // field and no undeclared one, and array items are of the item type).
+    match super::schema::validate_json(&type_schema(ty, Direction::Input), value) {
+        Ok(()) => Ok(()),
+        Err(errors) => err(
+            column,
+            format!(
+                "default {value} does not match type `{}`: {}",
+                ty.describe(),
+                errors.join("; ")
+            ),
+        ),
     }
 }
 
@@ -873,9 +919,11 @@ mod tests {
             sig_err("f() -> {a: string, a: number}"),
             (20, "duplicate field `a`".into())
         );
-        assert_eq!(
-            sig_err("f(a: number = \"x\") -> string"),
-            (15, "default \"x\" does not match type `number`".into())
+        let (column, message) = sig_err("f(a: number = \"x\") -> string");
+        assert_eq!(column, 15);
+        assert!(
+            message.starts_with("default \"x\" does not match type `number`: "),
+            "{message}"
         );
         assert_eq!(
             sig_err("f(a: date = \"2026-02-30\") -> string"),
@@ -884,9 +932,11 @@ mod tests {
                 "default \"2026-02-30\" is not a date (YYYY-MM-DD)".into()
             )
         );
-        assert_eq!(
-            sig_err("f(a: string[] = \"x\") -> string"),
-            (17, "a `string[]` parameter cannot have a default; defaults are for string, number, boolean and date".into())
+        let (column, message) = sig_err("f(a: string[] = \"x\") -> string");
+        assert_eq!(column, 17);
+        assert!(
+            message.starts_with("default \"x\" does not match type `string[]`: "),
+            "{message}"
         );
         assert_eq!(sig_err("f(a: string = maybe) -> string").0, 15);
         assert_eq!(
@@ -920,6 +970,83 @@ mod tests {
             sig_err("f(a: 1x) -> string"),
             (6, "`1x` is not a number".into())
         );
+    }
+
+    #[test]
+    fn array_and_object_defaults_are_json_like_literals_of_the_type() {
+        let s = sig("f(tags: string[] = [\"a\", 'b'], nums: number[] = [], \
+             opts: {size: number, label?: string} = {size: -2, \"label\": \"x\"}, \
+             rows: {id: number}[] = [{id: 1}, {id: 2},], any: object = {k: [null, true]}) -> string");
+        let defaults: Vec<_> = s.params.iter().map(|p| p.default.clone()).collect();
+        assert_eq!(
+            defaults,
+            vec![
+                Some(json!(["a", "b"])),
+                Some(json!([])),
+                Some(json!({"size": -2, "label": "x"})),
+                Some(json!([{"id": 1}, {"id": 2}])),
+                Some(json!({"k": [null, true]})),
+            ]
+        );
+        // The schema carries them, and a parameter with a default is optional.
+        let schema = input_schema(&s.params);
+        assert_eq!(schema["properties"]["tags"]["default"], json!(["a", "b"]));
+        assert_eq!(schema["required"], json!([]));
+
+        // A default of the wrong shape names the column of the value and why.
+        for (text, column, starts) in [
+            (
+                "f(a: number[] = [1, \"x\"]) -> string",
+                17,
+                "default [1,\"x\"] does not match type `number[]`: ",
+            ),
+            (
+                "f(a: {x: number} = {}) -> string",
+                20,
+                "default {} does not match type `object`: ",
+            ),
+            (
+                "f(a: {x: number} = {x: 1, y: 2}) -> string",
+                20,
+                "default {\"x\":1,\"y\":2} does not match type `object`: ",
+            ),
+            (
+                "f(a: string = null) -> string",
+                15,
+                "expected a default value",
+            ),
+            (
+                "f(a: string[] = [1 2]) -> string",
+                20,
+                "expected `,` or `]` in the default array, found `2`",
+            ),
+            (
+                "f(a: object = {x 1}) -> string",
+                18,
+                "expected `:` after `x` in the default object, found `1`",
+            ),
+            (
+                "f(a: object = {x: 1, x: 2}) -> string",
+                22,
+                "key `x` is repeated in the default object",
+            ),
+            (
+                "f(a: object = {1: 2}) -> string",
+                16,
+                "expected a key (a name or a quoted string) in the default object, found `1`",
+            ),
+            (
+                "f(a: string[] = [\"x\") -> string",
+                21,
+                "expected `,` or `]` in the default array, found `)`",
+            ),
+        ] {
+            let (c, m) = sig_err(text);
+            assert!(m.starts_with(starts), "{text}: {m}");
+            assert_eq!(c, column, "{text}: {m}");
+        }
+        let deep = format!("f(a: object = {}1) -> string", "[".repeat(100));
+        assert_eq!(sig_err(&deep).1, "default value is nested too deeply");
     }
 
     #[test]

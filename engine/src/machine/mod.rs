@@ -1684,7 +1684,7 @@ impl Step {
             tool.def.process.as_ref().and_then(|p| p.before.as_ref()),
             &arguments,
         ) {
-            match process::before(&tool.def.name, before, map) {
+            match process::before(&tool.def, before, map) {
                 process::Before::Go {
                     arguments: computed,
                     skipped,
@@ -2012,7 +2012,7 @@ impl Step {
                 if errors.is_empty()
                     && let (Some(before), Value::Object(map)) = (before, &value)
                 {
-                    match process::before(&tool.def.name, before, map) {
+                    match process::before(&tool.def, before, map) {
                         process::Before::Go { arguments, .. } => value = Value::Object(arguments),
                         process::Before::Refuse { reason, .. } => errors.push(format!(
                             "/: the tool's `process.before` refuses the edited arguments: {reason}"
@@ -4161,7 +4161,7 @@ impl Step {
             let Value::Object(map) = &arguments else {
                 return Err(MachineError::InvalidPlan("arguments are an object".into()));
             };
-            match process::before(tool_name, before, map) {
+            match process::before(&tool.def, before, map) {
                 process::Before::Go { arguments, skipped } => {
                     computed = Some(arguments);
                     before_skipped = skipped;

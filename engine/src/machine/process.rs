@@ -15,7 +15,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::definitions::model::{OnFail, ProcessAfter, ProcessBefore};
+use crate::definitions::model::{OnFail, ProcessAfter, ProcessBefore, ToolDef};
 
 /// Largest JSON (bytes) the computed arguments of `before`, or the
 /// result of `after`, may be: jq can build large values from small ones,
@@ -56,6 +56,7 @@ pub(super) enum Before {
 /// Why the stage failed, or the computed arguments.
 fn compute_before(
     def: &ProcessBefore,
+    input_schema: &Value,
     args: &Map<String, Value>,
 ) -> Result<Map<String, Value>, String> {
     let input = json!({ "args": Value::Object(args.clone()) });
@@ -76,6 +77,18 @@ fn compute_before(
     for (name, expr) in &def.params {
         match expr.eval(&input) {
             Ok(v) => {
+                // The computed value must be of the parameter's declared
+                // type, as a value from the model must be (check 2).
+                if let Some(schema) = input_schema.pointer(&format!("/properties/{name}"))
+                    && let Err(errors) = crate::definitions::validate_json(schema, &v)
+                {
+                    return Err(format!(
+                        "parameter `{name}` (`{}`) gave {}, not of its declared type: {}",
+                        expr.source(),
+                        short(&v),
+                        errors.join("; ")
+                    ));
+                }
                 out.insert(name.clone(), v);
             }
             Err(e) => return Err(format!("parameter `{name}` (`{}`): {e}", expr.source())),
@@ -90,9 +103,10 @@ fn compute_before(
 }
 
 /// `before` of `tool` over the call's arguments (defaults and injected
-/// parameters filled in).
-pub(super) fn before(tool: &str, def: &ProcessBefore, args: &Map<String, Value>) -> Before {
-    let why = match compute_before(def, args) {
+/// parameters filled in). A computed parameter not of its declared type
+/// (`tool.input_schema`) fails the stage like a failing expression.
+pub(super) fn before(tool: &ToolDef, def: &ProcessBefore, args: &Map<String, Value>) -> Before {
+    let why = match compute_before(def, &tool.input_schema, args) {
         Ok(arguments) => {
             return Before::Go {
                 arguments,
@@ -106,7 +120,8 @@ pub(super) fn before(tool: &str, def: &ProcessBefore, args: &Map<String, Value>)
             check: "process",
             reason: msg.clone(),
             fail_run: Some(format!(
-                "tool `{tool}`: `process.before` failed ({why}), and its `on_fail` is `block`: {msg}"
+                "tool `{}`: `process.before` failed ({why}), and its `on_fail` is `block`: {msg}",
+                tool.name
             )),
         },
         OnFail::Reask(msg) => Before::Refuse {
@@ -210,6 +225,24 @@ mod tests {
         Expr::parse(s).expect("valid jq")
     }
 
+    /// The tool `fx(amount: number, from: string, amount_cents?: number)`.
+    fn fx() -> ToolDef {
+        let files = [crate::definitions::SourceFile {
+            path: "t.tools.abl".into(),
+            content:
+                "TOOLS:\n  fx(amount: number, from: string, amount_cents?: number) -> object\n    \
+                      description: \"fx\"\n    type: http\n    endpoint: \"http://fx.test/q\"\n    \
+                      method: POST\n    permission: fx\n    repeat_safety: idempotent\n"
+                    .into(),
+        }];
+        let bundle = crate::definitions::parse_bundle(
+            &files,
+            &crate::definitions::RegisteredNames::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        bundle.tools.into_iter().next().expect("one tool")
+    }
+
     fn before_def(on_fail: OnFail) -> ProcessBefore {
         ProcessBefore {
             params: BTreeMap::from([("amount_cents".to_owned(), expr(".args.amount * 100"))]),
@@ -228,7 +261,7 @@ mod tests {
     #[test]
     fn before_computes_params_when_every_precondition_holds() {
         let got = before(
-            "fx",
+            &fx(),
             &before_def(OnFail::Reask("positive".into())),
             &args(2),
         );
@@ -245,7 +278,7 @@ mod tests {
     #[test]
     fn before_on_fail_outcomes() {
         let reask = before(
-            "fx",
+            &fx(),
             &before_def(OnFail::Reask("positive".into())),
             &args(-1),
         );
@@ -258,7 +291,7 @@ mod tests {
             }
         );
         let Before::Refuse { fail_run, .. } =
-            before("fx", &before_def(OnFail::Block("no".into())), &args(-1))
+            before(&fx(), &before_def(OnFail::Block("no".into())), &args(-1))
         else {
             panic!()
         };
@@ -268,7 +301,7 @@ mod tests {
             "{fail_run}"
         );
         let Before::Refuse { check, .. } = before(
-            "fx",
+            &fx(),
             &before_def(OnFail::Fallback("none".into())),
             &args(-1),
         ) else {
@@ -279,7 +312,7 @@ mod tests {
             (OnFail::Warn("w".into()), "warn"),
             (OnFail::UseOriginal, "use_original"),
         ] {
-            let Before::Go { arguments, skipped } = before("fx", &before_def(on_fail), &args(-1))
+            let Before::Go { arguments, skipped } = before(&fx(), &before_def(on_fail), &args(-1))
             else {
                 panic!()
             };
@@ -298,7 +331,7 @@ mod tests {
             require: Vec::new(),
             on_fail: OnFail::Warn("too big".into()),
         };
-        let Before::Go { skipped, .. } = before("fx", &def, &args(1)) else {
+        let Before::Go { skipped, .. } = before(&fx(), &def, &args(1)) else {
             panic!()
         };
         let (_, _, why) = skipped.expect("the stage failed");
@@ -326,5 +359,41 @@ mod tests {
         assert!(w.error.is_some_and(|e| e.contains("field `converted`")));
         let b = after(&def(OnFail::Block("blocked".into())), &json!({}), &bad);
         assert_eq!((b.outcome, b.message), ("block", Some("blocked".into())));
+    }
+
+    #[test]
+    fn a_computed_parameter_not_of_its_declared_type_fails_the_stage() {
+        // `amount_cents` is declared `number`; `tostring` makes a string.
+        let mut def = before_def(OnFail::Reask("bad amount".into()));
+        def.params = BTreeMap::from([(
+            "amount_cents".to_owned(),
+            expr(".args.amount * 100 | tostring"),
+        )]);
+        let got = before(&fx(), &def, &args(2));
+        let Before::Refuse { check, reason, .. } = &got else {
+            panic!("{got:?}")
+        };
+        assert_eq!((*check, reason.as_str()), ("process", "bad amount"));
+        // `warn` goes ahead with the model's arguments and says why.
+        def.on_fail = OnFail::Warn("w".into());
+        let Before::Go { arguments, skipped } = before(&fx(), &def, &args(2)) else {
+            panic!()
+        };
+        assert_eq!(
+            Value::Object(arguments),
+            json!({ "amount": 2, "from": "EUR" })
+        );
+        let (outcome, _, why) = skipped.expect("skipped");
+        assert_eq!(outcome, "warn");
+        assert!(
+            why.contains("parameter `amount_cents`")
+                && why.contains("\"200\"")
+                && why.contains("not of its declared type"),
+            "{why}"
+        );
+        // A computed value of the declared type goes.
+        def.params = BTreeMap::from([("amount_cents".to_owned(), expr(".args.amount * 0.5"))]);
+        def.on_fail = OnFail::Reask("r".into());
+        assert!(matches!(before(&fx(), &def, &args(3)), Before::Go { .. }));
     }
 }
