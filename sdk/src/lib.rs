@@ -766,6 +766,7 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("error"),
             s("result")
         ),
+        "final_answer_refused" => format!("{} errors={}", s("node"), s("errors")),
         "tool_vars_set" => match p.get("errors") {
             Some(e) if !e.is_null() => format!(
                 "{} {} {} values={} errors={}",

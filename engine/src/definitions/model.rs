@@ -868,6 +868,13 @@ pub struct AgentDef {
     /// `on_tool_failure:`. Added after v0.1.
     #[serde(default)]
     pub on_tool_failure: OnToolFailure,
+    /// `output_schema:`: a JSON Schema the final answer must satisfy (as
+    /// JSON); a final answer that does not is sent back to the model with
+    /// the violations ([`crate::machine::event::Event::FinalAnswerRefused`]),
+    /// within the agent's model-step budget. `None`: any answer finishes the
+    /// node (JSON if it parses, text otherwise). Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
     /// File and line, for messages.
     pub source_file: String,
     /// 1-based line of the document start.

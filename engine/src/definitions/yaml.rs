@@ -43,6 +43,7 @@ const AGENT_KEYS: &[&str] = &[
     "pricing",
     "max_identical_calls",
     "on_tool_failure",
+    "output_schema",
 ];
 const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes", "budget"];
 const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "input", "grants", "next"];
@@ -670,6 +671,9 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
             None => OnToolFailure::Continue,
         },
     };
+    let output_schema = map
+        .get_present("output_schema")
+        .and_then(|n| json_schema(n, "output_schema", cx));
     map.finish("an agent", AGENT_KEYS, cx);
     cx.out.tool_refs.extend(tools.iter().cloned());
     if !imports.is_empty() {
@@ -699,6 +703,7 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         pricing,
         max_identical_calls,
         on_tool_failure,
+        output_schema,
         source_file: cx.file.to_string(),
         source_line: pos(doc).0,
     });
@@ -1807,6 +1812,7 @@ max_output_tokens: 1024
                 pricing: None,
                 max_identical_calls: crate::definitions::model::DEFAULT_MAX_IDENTICAL_CALLS,
                 on_tool_failure: OnToolFailure::Continue,
+                output_schema: None,
                 source_file: FILE.into(),
                 source_line: 2,
             }]
@@ -1981,6 +1987,28 @@ max_output_tokens: 1024
     }
 
     #[test]
+    fn an_agent_output_schema_is_a_compiled_json_schema() {
+        let out = parse(&agent(
+            "output_schema:\n  type: object\n  required: [account_id]\n  properties:\n    account_id: {type: string}\n",
+        ));
+        assert_eq!(out.errors, vec![]);
+        assert_eq!(
+            out.agents[0].output_schema,
+            Some(json!({
+                "type": "object",
+                "required": ["account_id"],
+                "properties": {"account_id": {"type": "string"}}
+            }))
+        );
+        let errs = errors(&agent("output_schema:\n  type: 5\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("6:3: `output_schema` is not a valid JSON Schema: "),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn agent_value_errors() {
         assert_eq!(
             errors(&agent(
@@ -2000,7 +2028,7 @@ max_output_tokens: 1024
                 "16:22: `max_tool_attempts` must be a whole number, written without a decimal point",
                 "17:3: unknown key `max_tool_retries` in `limits` (expected one of: max_argument_bytes, max_result_bytes, max_model_attempts, max_tool_attempts)",
                 "18:20: `max_output_tokens` must be a whole number of at least 1, found \"lots\"",
-                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure)",
+                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema)",
             ]
         );
         assert_eq!(
@@ -2248,7 +2276,7 @@ nodes:
         assert_eq!(
             errors(&agent("1: b\n")),
             vec![
-                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure)"
+                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema)"
             ]
         );
     }

@@ -739,6 +739,19 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// An agent's final answer did not satisfy its `output_schema:`: the
+    /// node does not finish; `message` goes to the model as the next user
+    /// message and the model is called again (within the node's budget).
+    /// Added after v0.1.
+    FinalAnswerRefused {
+        /// Node id.
+        node: String,
+        /// The violations (JSON pointer and message), or why the answer is
+        /// not JSON.
+        errors: Vec<String>,
+        /// The text the model reads.
+        message: String,
+    },
 }
 
 impl Event {
@@ -788,6 +801,7 @@ impl Event {
             Event::RunCompleted { .. } => "run_completed",
             Event::RunFailed { .. } => "run_failed",
             Event::RunCancelled { .. } => "run_cancelled",
+            Event::FinalAnswerRefused { .. } => "final_answer_refused",
         }
     }
 }

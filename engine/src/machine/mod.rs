@@ -3765,10 +3765,31 @@ impl Step {
                     content,
                     tool_calls,
                 }) if tool_calls.is_empty() => {
-                    // A final answer: JSON if it parses, text otherwise.
+                    // A final answer: JSON if it parses, text otherwise;
+                    // with an `output_schema:`, JSON that satisfies it, or
+                    // the model is asked again.
                     let text = content.clone().unwrap_or_default();
-                    let output =
-                        serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
+                    let output = match &agent.output_schema {
+                        None => serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
+                        Some(schema) => match checked_final_answer(schema, &text) {
+                            Ok(value) => value,
+                            Err(errors) => {
+                                let message = format!(
+                                    "Your final answer does not match the required output schema: {}. \
+                                     Answer again with only a JSON value that matches this JSON Schema: {schema}",
+                                    errors.join("; ")
+                                );
+                                self.emit(Event::FinalAnswerRefused {
+                                    node: node.id.clone(),
+                                    errors,
+                                    message,
+                                });
+                                // The next pass calls the model again, within
+                                // the node's budget.
+                                continue;
+                            }
+                        },
+                    };
                     self.emit(Event::NodeCompleted {
                         node: node.id.clone(),
                         output,
@@ -5450,6 +5471,34 @@ fn decode_arguments(raw: &str, limit: usize, def: &ToolDef) -> Result<Value, Str
             errors.join("; ")
         )
     })?;
+    Ok(value)
+}
+
+/// An agent's final answer `text` checked against its `output_schema`:
+/// the JSON value (the text, or the one fenced code block it is wrapped in,
+/// as models often write ```` ```json … ``` ````), or the violations.
+fn checked_final_answer(schema: &Value, text: &str) -> Result<Value, Vec<String>> {
+    let trimmed = text.trim();
+    let unfenced = trimmed
+        .strip_prefix("```")
+        .and_then(|rest| rest.strip_suffix("```"))
+        .map(|inner| {
+            // The info string (`json`) ends at the first line break.
+            inner.split_once('\n').map_or(inner, |(info, body)| {
+                if info.trim().chars().all(|c| c.is_ascii_alphanumeric()) {
+                    body
+                } else {
+                    inner
+                }
+            })
+        })
+        .unwrap_or(trimmed);
+    let value: Value = serde_json::from_str(unfenced).map_err(|e| {
+        vec![format!(
+            "the answer is not JSON ({e}); it must be one JSON value"
+        )]
+    })?;
+    crate::definitions::validate_json(schema, &value)?;
     Ok(value)
 }
 

@@ -1194,6 +1194,15 @@ impl RunState {
                     }
                 }
             }
+            Event::FinalAnswerRefused { node, message, .. } => {
+                if let Some(state) = self.node.as_mut()
+                    && &state.id == node
+                {
+                    state.transcript.push(ChatMessage::User {
+                        content: message.clone(),
+                    });
+                }
+            }
         }
     }
 

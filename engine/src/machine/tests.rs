@@ -147,6 +147,7 @@ fn plan(opts: &Opts) -> RunPlan {
         pricing: None,
         max_identical_calls: 0,
         on_tool_failure: OnToolFailure::Continue,
+        output_schema: None,
         source_file: "a.yaml".into(),
         source_line: 1,
     };
@@ -3425,4 +3426,122 @@ fn with_process_after_the_return_type_checks_the_processed_result_not_the_raw_on
             .is_some_and(|e| e.contains("does not match its declared return type")),
         "{failed:?}"
     );
+}
+
+fn with_account_output_schema(plan: &mut RunPlan) {
+    if let Some(agent) = plan.agents.get_mut("onboarder") {
+        agent.def.output_schema = Some(json!({
+            "type": "object",
+            "required": ["account_id"],
+            "properties": {"account_id": {"type": "string"}}
+        }));
+    }
+}
+
+fn refused_errors(d: &Decision) -> Vec<String> {
+    d.events
+        .iter()
+        .find_map(|e| match e {
+            Event::FinalAnswerRefused { errors, .. } => Some(errors.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_final_answer_is_checked_against_the_output_schema_and_the_model_is_asked_again() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(with_account_output_schema),
+        ..Opts::default()
+    });
+    // Text, not JSON: refused, and the model reads why.
+    let d = run.model("intake.m1", &[], Some("all done"));
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "final_answer_refused",
+            "model_call_scheduled"
+        ]
+    );
+    let errors = refused_errors(&d);
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].starts_with("the answer is not JSON"),
+        "{errors:?}"
+    );
+    let spec = &scheduled_specs(&d)[0].1;
+    let last = spec["messages"].as_array().and_then(|m| m.last()).cloned();
+    let last = last.expect("messages");
+    assert_eq!(last["role"], "user");
+    let text = last["content"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with(
+            "Your final answer does not match the required output schema: the answer is not JSON"
+        ) && text.contains("\"account_id\""),
+        "{text}"
+    );
+    // JSON of the wrong shape: refused with the violation's place.
+    let d = run.model("intake.m2", &[], Some(r#"{"account": 1}"#));
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "final_answer_refused",
+            "model_call_scheduled"
+        ]
+    );
+    let errors = refused_errors(&d);
+    assert!(
+        errors.iter().any(|e| e.contains("account_id")),
+        "{errors:?}"
+    );
+    // A fenced JSON answer that matches finishes the node with the value.
+    let d = run.model(
+        "intake.m3",
+        &[],
+        Some("```json\n{\"account_id\": \"A-1\"}\n```"),
+    );
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "node_completed", "run_completed"]
+    );
+    assert_eq!(run.state.output, Some(json!({"account_id": "A-1"})));
+}
+
+#[test]
+fn refused_final_answers_count_against_the_model_step_budget() {
+    let (mut run, _) = Run::start(Opts {
+        max_model_steps: 2,
+        edit: Some(with_account_output_schema),
+        ..Opts::default()
+    });
+    let d = run.model("intake.m1", &[], Some("[]"));
+    assert!(Run::kinds(&d).contains(&"final_answer_refused"));
+    let d = run.model("intake.m2", &[], Some(r#"{"account_id": 7}"#));
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "final_answer_refused", "run_failed"]
+    );
+    let Some(Event::RunFailed {
+        stop: Some(Stop::Budget { budget, .. }),
+        ..
+    }) = d.events.last()
+    else {
+        panic!("{:?}", d.events.last())
+    };
+    assert_eq!(budget, "model_steps");
+    assert_eq!(run.state.status, RunStatus::Failed);
+}
+
+#[test]
+fn without_an_output_schema_any_answer_finishes_the_node() {
+    let (mut run, _) = Run::start(Opts::default());
+    let d = run.model("intake.m1", &[], Some("```json\n{}\n```"));
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "node_completed", "run_completed"]
+    );
+    // Not unfenced: without a schema the text is kept as it is.
+    assert_eq!(run.state.output, Some(json!("```json\n{}\n```")));
 }
