@@ -134,6 +134,11 @@ pub struct CoordinatorConfig {
     /// (pinned into each run's plan when it starts); 0: such tools are not
     /// cached.
     pub tool_cache_ttl_ms: u64,
+    /// Values of `{{config.NAME}}` placeholders resolved in definitions
+    /// when they are registered (a `type: workflow` tool's `timeout_ms`),
+    /// by NAME; the binaries read them from `BELAY_TOOL_CONFIG_<NAME>`
+    /// ([`definitions::config_from_env`]). Empty by default.
+    pub definition_config: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for CoordinatorConfig {
@@ -142,6 +147,7 @@ impl Default for CoordinatorConfig {
             lease_ms: 30_000,
             sweep_interval_ms: 1_000,
             tool_cache_ttl_ms: machine::cache::DEFAULT_TOOL_CACHE_TTL_MS,
+            definition_config: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -448,6 +454,7 @@ impl Coordinator {
                 .await?
                 .into_iter()
                 .collect(),
+            config: self.config.definition_config.clone(),
         };
         let bundle = definitions::parse_bundle(&files, &registered)
             .map_err(CoordinatorError::Definitions)?;

@@ -202,6 +202,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,
             tool_cache_ttl_ms: args.tool_cache_ttl_ms,
+            definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },
     );
     if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {

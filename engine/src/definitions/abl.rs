@@ -168,6 +168,9 @@ pub(super) struct AblOutput {
     /// `(producer, vault key, consumer)` of every `consumers:` name of a
     /// `RESULT_SECRETS:` entry, checked across the bundle.
     pub secret_consumers: Vec<(String, String, NameAt)>,
+    /// `(tool, NAME, line, column)` of every `timeout_ms: "{{config.NAME}}"`
+    /// of a `type: workflow` tool, resolved across the bundle.
+    pub config_timeouts: Vec<(String, String, u32, u32)>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }
@@ -599,6 +602,10 @@ struct Props<'b> {
     mode: Option<ChildMode>,
     /// `timeout_ms:` of a `type: workflow` tool.
     workflow_timeout_ms: Option<u64>,
+    /// `timeout_ms: "{{config.NAME}}"` of a `type: workflow` tool: NAME,
+    /// line and column, resolved from the engine's configuration by
+    /// [`super::parse_bundle`].
+    workflow_timeout_config: Option<(String, u32, u32)>,
     /// `param_mapping:` of a `type: workflow` tool: workflow input key → tool parameter.
     param_mapping: BTreeMap<String, String>,
     /// `callback_url_field:` of a `type: async_webhook` tool, with its line and column.
@@ -803,6 +810,11 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         }
         if let Some(w) = &props.workflow_id {
             cx.out.workflow_refs.push(w.clone());
+        }
+        if let Some((config, at_line, at_col)) = &props.workflow_timeout_config {
+            cx.out
+                .config_timeouts
+                .push((name.clone(), config.clone(), *at_line, *at_col));
         }
     } else {
         for key in ["workflow_id", "mode", "timeout_ms", "param_mapping"] {
@@ -2355,13 +2367,22 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             }
             "timeout_ms" => {
                 if let Some(s) = scalar(child, &kv, cx) {
-                    match s.parse::<u64>() {
-                        Ok(ms) if ms >= 1 => props.workflow_timeout_ms = Some(ms),
+                    let config = s
+                        .trim()
+                        .strip_prefix("{{")
+                        .and_then(|r| r.strip_suffix("}}"))
+                        .and_then(|inner| belay_proto::wire::config_placeholder_name(inner.trim()));
+                    match (config, s.parse::<u64>()) {
+                        (Some(name), _) => {
+                            props.workflow_timeout_config =
+                                Some((name.to_owned(), line.no, kv.value_col));
+                        }
+                        (None, Ok(ms)) if ms >= 1 => props.workflow_timeout_ms = Some(ms),
                         _ => cx.error(
                             line.no,
                             kv.value_col,
                             format!(
-                                "`timeout_ms` must be a whole number of ms, at least 1, not `{s}`"
+                                "`timeout_ms` must be a whole number of ms, at least 1, or `{{{{config.NAME}}}}`, not `{s}`"
                             ),
                         ),
                     }

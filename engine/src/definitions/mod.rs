@@ -70,6 +70,29 @@ pub struct RegisteredNames {
     pub agents: BTreeSet<String>,
     /// Workflow names.
     pub workflows: BTreeSet<String>,
+    /// Values of the `{{config.NAME}}` placeholders the engine resolves in
+    /// definitions when they are registered (a `type: workflow` tool's
+    /// `timeout_ms`), by NAME: the engine's configuration
+    /// (`BELAY_TOOL_CONFIG_<NAME>` in its environment, see
+    /// [`config_from_env`]). The stored definition holds the value.
+    pub config: BTreeMap<String, String>,
+}
+
+/// Prefix of the engine's environment variables that give `{{config.NAME}}`
+/// values for definitions (the same prefix workers read for tool calls).
+pub const CONFIG_ENV_PREFIX: &str = "BELAY_TOOL_CONFIG_";
+
+/// `{{config.NAME}}` values from `vars` (an environment): every
+/// `BELAY_TOOL_CONFIG_<NAME>=value` with a non-empty NAME.
+pub fn config_from_env(
+    vars: impl IntoIterator<Item = (String, String)>,
+) -> BTreeMap<String, String> {
+    vars.into_iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix(CONFIG_ENV_PREFIX)?;
+            (!name.is_empty()).then(|| (name.to_owned(), v))
+        })
+        .collect()
 }
 
 /// A name (or a reference to one) and where it is written.
@@ -116,6 +139,7 @@ pub fn parse_bundle(
     let mut tool_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut agent_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut workflow_refs: Vec<(&str, NameAt)> = Vec::new();
+    let mut config_timeouts: Vec<(&str, (String, String, u32, u32))> = Vec::new();
     let mut probe_refs: Vec<(&str, String, NameAt)> = Vec::new();
     // (file, producer, vault key, consumer) of every `consumers:` name.
     let mut secret_consumers: Vec<(&str, String, String, NameAt)> = Vec::new();
@@ -149,6 +173,7 @@ pub fn parse_bundle(
                         .map(|(t, k, n)| (path, t, k, n)),
                 );
                 workflow_refs.extend(out.workflow_refs.into_iter().map(|n| (path, n)));
+                config_timeouts.extend(out.config_timeouts.into_iter().map(|c| (path, c)));
                 errors.extend(out.errors);
             }
             Some(FileKind::Yaml) => {
@@ -171,6 +196,33 @@ pub fn parse_bundle(
                     "`{path}` is not a definition file: expected `*.tools.abl` (tools) or `*.yaml` / `*.yml` (agents and workflows)"
                 ),
             )),
+        }
+    }
+
+    // `timeout_ms: "{{config.NAME}}"`: the engine's value, now.
+    for (file, (tool, name, line, column)) in config_timeouts {
+        let value = match registered.config.get(&name) {
+            None => Err(format!(
+                "`{{{{config.{name}}}}}` has no value on the engine: set {CONFIG_ENV_PREFIX}{name} in the engine's environment"
+            )),
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(ms) if ms >= 1 => Ok(ms),
+                // The value is configuration, not a secret, but say only
+                // what it is not.
+                _ => Err(format!(
+                    "`{{{{config.{name}}}}}` must be a whole number of ms, at least 1, for `timeout_ms`"
+                )),
+            },
+        };
+        match value {
+            Ok(ms) => {
+                for def in bundle.tools.iter_mut().filter(|t| t.name == tool) {
+                    if let model::ToolBindingDef::Workflow { timeout_ms, .. } = &mut def.binding {
+                        *timeout_ms = Some(ms);
+                    }
+                }
+            }
+            Err(message) => errors.push(DefinitionError::new(file, line, column, message)),
         }
     }
 
@@ -876,6 +928,7 @@ nodes:
             tools: BTreeSet::from(["old_tool".to_string()]),
             agents: BTreeSet::from(["old_agent".to_string()]),
             workflows: BTreeSet::new(),
+            config: BTreeMap::new(),
         };
         let bundle = parse_bundle(&files, &registered).unwrap();
         assert_eq!(bundle.agents[0].tools, ["old_tool"]);
@@ -1186,6 +1239,58 @@ nodes:
         assert!(
             errors[0].contains("`a` (node `intake`, agent `helper`, tool `run_a`) → `a`"),
             "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_workflow_tools_timeout_may_come_from_the_engines_config() {
+        let tools = "TOOLS:\n  kyc(id: string) -> object\n    type: workflow\n    workflow_id: kyc_flow\n    timeout_ms: \"{{config.KYC_TIMEOUT_MS}}\"\n    permission: kyc\n    repeat_safety: idempotent\n";
+        let registered = |value: Option<&str>| RegisteredNames {
+            workflows: BTreeSet::from(["kyc_flow".to_string()]),
+            config: value
+                .map(|v| BTreeMap::from([("KYC_TIMEOUT_MS".to_string(), v.to_string())]))
+                .unwrap_or_default(),
+            ..RegisteredNames::default()
+        };
+        let bundle = parse_bundle(&[file("t.tools.abl", tools)], &registered(Some(" 90000 ")))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let model::ToolBindingDef::Workflow { timeout_ms, .. } = &bundle.tools[0].binding else {
+            panic!("{:?}", bundle.tools[0].binding)
+        };
+        assert_eq!(*timeout_ms, Some(90_000));
+
+        let message = |value: Option<&str>| {
+            let errors = parse_bundle(&[file("t.tools.abl", tools)], &registered(value))
+                .expect_err("refused");
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            errors[0].to_string()
+        };
+        assert_eq!(
+            message(None),
+            "t.tools.abl:5:17: `{{config.KYC_TIMEOUT_MS}}` has no value on the engine: set BELAY_TOOL_CONFIG_KYC_TIMEOUT_MS in the engine's environment"
+        );
+        for bad in ["soon", "0", "-5", "1.5"] {
+            assert_eq!(
+                message(Some(bad)),
+                "t.tools.abl:5:17: `{{config.KYC_TIMEOUT_MS}}` must be a whole number of ms, at least 1, for `timeout_ms`",
+                "{bad}"
+            );
+        }
+        // Anything else that is not a number is refused where it is written.
+        let other = tools.replace("{{config.KYC_TIMEOUT_MS}}", "{{KYC}}");
+        let errors = parse_bundle(&[file("t.tools.abl", &other)], &registered(Some("5")))
+            .expect_err("refused");
+        assert!(
+            errors[0].to_string().starts_with("t.tools.abl:5:17: `timeout_ms` must be a whole number of ms, at least 1, or `{{config.NAME}}`"),
+            "{errors:?}"
+        );
+        assert_eq!(
+            config_from_env([
+                ("BELAY_TOOL_CONFIG_A".to_string(), "1".to_string()),
+                ("BELAY_TOOL_CONFIG_".to_string(), "2".to_string()),
+                ("PATH".to_string(), "/bin".to_string()),
+            ]),
+            BTreeMap::from([("A".to_string(), "1".to_string())])
         );
     }
 
