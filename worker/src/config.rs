@@ -139,6 +139,10 @@ pub struct WorkerConfig {
     /// Client-certificate profiles of HTTP tools (`tls_profile:`), read
     /// from `--tls-profiles`; the files are loaded when the worker starts.
     pub tls_profiles: crate::http_tool::TlsProfilesConfig,
+    /// The worker's readiness, written by the claim loop; `belay-worker
+    /// --health-listen` serves it ([`crate::health`]). A fresh one by
+    /// default.
+    pub health: crate::health::HealthState,
 }
 
 impl WorkerConfig {
@@ -157,6 +161,7 @@ impl WorkerConfig {
             mcp: McpConfig::default(),
             tool_config: ConfigValues::default(),
             tls_profiles: Default::default(),
+            health: crate::health::HealthState::default(),
         }
     }
 }

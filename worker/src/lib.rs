@@ -29,6 +29,7 @@
 
 pub mod config;
 pub mod engine_client;
+pub mod health;
 pub mod http_tool;
 mod http_util;
 pub mod mcp;

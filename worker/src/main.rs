@@ -68,6 +68,11 @@ struct Args {
     /// "ca": PEM_PATH}}}, `ca` optional); the files are read at start.
     #[arg(long, env = "BELAY_TLS_PROFILES")]
     tls_profiles: Option<String>,
+    /// Serve `GET /livez` and `GET /readyz` (the pod's probes) on this
+    /// address, e.g. 0.0.0.0:8081. `/readyz` is 503 until a claim reaches
+    /// the engine, while it cannot be reached, and once shutdown began.
+    #[arg(long, env = "BELAY_WORKER_HEALTH_LISTEN")]
+    health_listen: Option<std::net::SocketAddr>,
 }
 
 /// The MCP configuration at `path`, checked; none (or an empty path, e.g.
@@ -146,7 +151,22 @@ async fn main() -> anyhow::Result<()> {
         mcp,
         tool_config: ConfigValues::from_env(),
         tls_profiles,
+        health: belay_worker::health::HealthState::default(),
     };
+    // The health endpoint outlives the claim loop's shutdown (it says
+    // "stopping") and ends with the process.
+    if let Some(addr) = args.health_listen {
+        let listener = belay_worker::health::bind(addr).await?;
+        tracing::info!(%addr, "health endpoint listening (/livez, /readyz)");
+        let state = config.health.clone();
+        tokio::spawn(async move {
+            if let Err(e) =
+                belay_worker::health::serve(listener, state, std::future::pending()).await
+            {
+                tracing::error!(error = %e, "health endpoint stopped");
+            }
+        });
+    }
     belay_worker::run(config, shutdown_signal()).await
 }
 

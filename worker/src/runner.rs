@@ -105,6 +105,8 @@ pub async fn run_with_engine(
                 .context("invalid MCP configuration")?,
         )
     };
+    let health = config.health.clone();
+    health.set_worker_id(engine.worker_id());
     let ctx = Arc::new(Ctx {
         engine,
         model,
@@ -160,6 +162,12 @@ pub async fn run_with_engine(
             () = &mut shutdown => break,
             claimed = ctx.engine.claim_tasks(max_tasks, config.claim_wait_ms) => claimed,
         };
+        match &claimed {
+            Ok(_) => health.claim_succeeded(),
+            Err(status) => {
+                health.claim_failed(format!("{:?}: {}", status.code(), status.message()))
+            }
+        }
         match claimed {
             Ok(claimed) => {
                 if let Some(since) = outage_since.take() {
@@ -212,6 +220,7 @@ pub async fn run_with_engine(
         }
     }
 
+    health.stopping();
     tracing::info!(
         in_flight = tasks.len(),
         "shutting down: stopped claiming, waiting for in-flight tasks"

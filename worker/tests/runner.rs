@@ -630,3 +630,65 @@ async fn worker_started_before_the_engine_claims_once_it_is_up() {
     assert!(matches!(report, Report::Complete(_)), "{report:?}");
     worker.stop().await;
 }
+
+/// `GET path` of the health endpoint at `addr`: status and JSON body.
+async fn probe(addr: std::net::SocketAddr, path: &str) -> (u16, Value) {
+    let response = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn readiness_follows_the_engine_and_shutdown_while_liveness_holds() {
+    use belay_worker::health::{HealthState, Readiness};
+    let health = HealthState::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health_addr = listener.local_addr().unwrap();
+    tokio::spawn(belay_worker::health::serve(
+        listener,
+        health.clone(),
+        std::future::pending(),
+    ));
+    // Before the worker claims anything.
+    let (status, body) = probe(health_addr, "/readyz").await;
+    assert_eq!(status, 503);
+    assert_eq!(body["reason"], "no claim has reached the engine yet");
+    assert_eq!(probe(health_addr, "/livez").await, (200, json!("ok")));
+
+    // The engine's port is closed: claims fail, the worker is not ready.
+    let addr = common::closed_port();
+    let worker = Worker::start_at(format!("http://{addr}"), |c| c.health = health.clone());
+    health
+        .wait_for(|r| matches!(r, Readiness::EngineUnreachable { .. }))
+        .await;
+    let (status, body) = probe(health_addr, "/readyz").await;
+    assert_eq!(status, 503);
+    assert_eq!(body["worker_id"], WORKER_ID);
+    let reason = body["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("the engine cannot be reached: Unavailable"),
+        "{body}"
+    );
+    assert!(body["unreachable_for_ms"].is_u64(), "{body}");
+
+    // The engine comes up: the next claim reaches it.
+    let _engine = FakeEngine::start_on(addr, Log::default()).await;
+    guard(health.wait_for(|r| *r == Readiness::Ready)).await;
+    let (status, body) = probe(health_addr, "/readyz").await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"ready": true, "worker_id": WORKER_ID}))
+    );
+
+    // Shutdown: no more claims, not ready; the process still answers.
+    worker.stop().await;
+    assert_eq!(health.get(), Readiness::Stopping);
+    let (status, body) = probe(health_addr, "/readyz").await;
+    assert_eq!(status, 503);
+    assert_eq!(body["reason"], "shutting down: no more claims");
+    assert_eq!(probe(health_addr, "/livez").await.0, 200);
+}
