@@ -42,6 +42,7 @@ mod http_variants;
 mod process;
 mod retry;
 mod secrets;
+mod types;
 
 /// Default `timeout:`, ms (the model's documented default).
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -180,13 +181,31 @@ pub(super) fn parse_tools_file(file: &str, content: &str) -> AblOutput {
     let mut cx = Cx {
         file,
         out: AblOutput::default(),
+        types: BTreeMap::new(),
     };
     let lines = split_lines(content, &mut cx);
     let mut lines = lines.into_iter().peekable();
     let blocks = build_level(&mut lines, None, 0, &mut cx);
+    // Named types first: tools anywhere in the file may use them.
+    let mut types_sections = 0;
+    for block in blocks.iter().filter(|b| b.line.text == "TYPES:") {
+        types_sections += 1;
+        if types_sections > 1 {
+            cx.error(
+                block.line.no,
+                block.line.col(),
+                "a second `TYPES:` section; a file has one",
+            );
+            continue;
+        }
+        cx.types = types::read_types(block, &mut cx);
+    }
     let mut sections = 0;
     for block in &blocks {
         let line = &block.line;
+        if line.text == "TYPES:" {
+            continue;
+        }
         if line.text == "TOOLS:" {
             sections += 1;
             // Defaults come first: they are the lines before the first tool.
@@ -211,7 +230,7 @@ pub(super) fn parse_tools_file(file: &str, content: &str) -> AblOutput {
                 line.no,
                 line.col(),
                 format!(
-                    "expected `TOOLS:`, found `{}`; a tools file holds only a `TOOLS:` section",
+                    "expected `TOOLS:`, found `{}`; a tools file holds a `TOOLS:` section and, optionally, a `TYPES:` section",
                     head(&line.text)
                 ),
             );
@@ -226,6 +245,8 @@ pub(super) fn parse_tools_file(file: &str, content: &str) -> AblOutput {
 struct Cx<'a> {
     file: &'a str,
     out: AblOutput,
+    /// The file's `TYPES:`, expanded ([`types::read_types`]).
+    types: BTreeMap<String, TypeExpr>,
 }
 
 impl Cx<'_> {
@@ -714,7 +735,20 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         column: line.col(),
     });
     let mut signature = signature;
-    if let Some(sig) = &signature {
+    if let Some(sig) = &mut signature {
+        // The file's named types, substituted.
+        let types = std::mem::take(&mut cx.types);
+        for ty in sig
+            .params
+            .iter_mut()
+            .map(|p| &mut p.ty)
+            .chain([&mut sig.returns])
+        {
+            if let Err(e) = signature::expand_named(ty, &types) {
+                cx.error(line.no, e.column, e.message);
+            }
+        }
+        cx.types = types;
         for p in &sig.params {
             if let Err(e) = check_input_type(&p.ty) {
                 cx.error(line.no, e.column, e.message);
@@ -4113,7 +4147,9 @@ fn enrich_field<'b>(
                 }
             }
         };
-        if let Err(e) = check_input_type(&nested.ty) {
+        if let Err(e) = signature::expand_named(&mut nested.ty, &cx.types)
+            .and_then(|()| check_input_type(&nested.ty))
+        {
             cx.error(line.no, e.column, e.message);
             continue;
         }
@@ -6491,7 +6527,7 @@ TOOLS:
         assert_eq!(
             errors(&tool_with("f(h: Hotel) -> string", "")),
             vec![
-                "2:8: named type `Hotel` is not allowed in parameters; use `object` and declare its fields"
+                "2:8: named type `Hotel` is not defined in this file's `TYPES:` section, so it is not allowed in parameters; define it there, or use `object` and declare its fields"
             ]
         );
     }
@@ -6555,7 +6591,7 @@ TOOLS:
         assert_eq!(
             errors("AGENT: x\nTOOLS: y\n"),
             vec![
-                "1:1: expected `TOOLS:`, found `AGENT: x`; a tools file holds only a `TOOLS:` section",
+                "1:1: expected `TOOLS:`, found `AGENT: x`; a tools file holds a `TOOLS:` section and, optionally, a `TYPES:` section",
                 "2:1: `TOOLS:` takes an indented block of tools, not a value on the same line",
             ]
         );

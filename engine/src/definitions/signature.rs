@@ -60,8 +60,10 @@ pub(super) enum TypeExpr {
     Object(Vec<Field>),
     /// `type[]`.
     Array(Box<TypeExpr>),
-    /// A PascalCase name such as `Hotel` (seed: `-> Hotel[]`). The seed never
-    /// defines these, so they are opaque: allowed only in return types.
+    /// A PascalCase name such as `Hotel` (seed: `-> Hotel[]`). One the
+    /// file's `TYPES:` section defines is replaced by its definition
+    /// ([`expand_named`]); an undefined one (the seed never defines its
+    /// own) stays opaque: allowed only in return types.
     Named {
         /// The name as written.
         name: String,
@@ -189,14 +191,90 @@ pub(super) fn parse_field_decl(text: &str, first_column: u32) -> Result<Field, S
     Ok(field)
 }
 
+/// Parse a whole type expression (the right-hand side of a `TYPES:` line).
+pub(super) fn parse_type_decl(text: &str, first_column: u32) -> Result<TypeExpr, SigError> {
+    let mut p = Parser::new(text, first_column)?;
+    let ty = p.ty(0)?;
+    p.end("after the type")?;
+    Ok(ty)
+}
+
+/// Most type nodes (fields, arrays, primitives) a type may expand to once
+/// its named types are substituted: named types that use each other twice
+/// over grow exponentially.
+pub(super) const MAX_TYPE_NODES: usize = 4096;
+
+/// Substitute the named types of `ty` that `types` defines (each already
+/// expanded) into it. A name `types` lacks stays [`TypeExpr::Named`].
+/// Errors: the expansion is deeper than [`MAX_TYPE_DEPTH`] or larger than
+/// [`MAX_TYPE_NODES`] (at the column of the name that made it so).
+pub(super) fn expand_named(
+    ty: &mut TypeExpr,
+    types: &std::collections::BTreeMap<String, TypeExpr>,
+) -> Result<(), SigError> {
+    fn walk(
+        ty: &mut TypeExpr,
+        types: &std::collections::BTreeMap<String, TypeExpr>,
+        depth: usize,
+        nodes: &mut usize,
+        at: u32,
+    ) -> Result<(), SigError> {
+        *nodes += 1;
+        if depth > MAX_TYPE_DEPTH {
+            return err(
+                at,
+                "type is nested too deeply once its named types are expanded",
+            );
+        }
+        if *nodes > MAX_TYPE_NODES {
+            return err(
+                at,
+                format!(
+                    "type expands to more than {MAX_TYPE_NODES} parts once its named types are expanded"
+                ),
+            );
+        }
+        match ty {
+            TypeExpr::Named { name, column } => {
+                if let Some(def) = types.get(name.as_str()) {
+                    let column = *column;
+                    *ty = def.clone();
+                    // Count (and bound) what was substituted.
+                    *nodes -= 1;
+                    walk(ty, &std::collections::BTreeMap::new(), depth, nodes, column)?;
+                }
+                Ok(())
+            }
+            TypeExpr::Array(inner) => walk(inner, types, depth + 1, nodes, at),
+            TypeExpr::Object(fields) => fields
+                .iter_mut()
+                .try_for_each(|f| walk(&mut f.ty, types, depth + 1, nodes, f.column)),
+            TypeExpr::Prim(_) => Ok(()),
+        }
+    }
+    let mut nodes = 0;
+    walk(ty, types, 0, &mut nodes, 1)
+}
+
+/// The named types `ty` refers to, with their columns, in order.
+pub(super) fn named_refs(ty: &TypeExpr, out: &mut Vec<(String, u32)>) {
+    match ty {
+        TypeExpr::Named { name, column } => out.push((name.clone(), *column)),
+        TypeExpr::Array(inner) => named_refs(inner, out),
+        TypeExpr::Object(fields) => fields.iter().for_each(|f| named_refs(&f.ty, out)),
+        TypeExpr::Prim(_) => {}
+    }
+}
+
 /// Reject what is valid in a return type but not in a parameter: named
-/// types, which the seed never defines, so the model could not know what to send.
+/// types not defined in the file's `TYPES:` section (the seed never defines
+/// its own), so the model could not know what to send.
 pub(super) fn check_input_type(ty: &TypeExpr) -> Result<(), SigError> {
     match ty {
         TypeExpr::Named { name, column } => err(
             *column,
             format!(
-                "named type `{name}` is not allowed in parameters; use `object` and declare its fields"
+                "named type `{name}` is not defined in this file's `TYPES:` section, so it is not allowed in parameters; define it there, or use `object` and declare its fields"
             ),
         ),
         TypeExpr::Array(inner) => check_input_type(inner),
@@ -1075,7 +1153,7 @@ mod tests {
         assert_eq!(e.column, 6);
         assert!(
             e.message
-                .starts_with("named type `Hotel` is not allowed in parameters")
+                .starts_with("named type `Hotel` is not defined in this file's `TYPES:` section")
         );
         let s = sig("f(h: {x: Hotel[]}) -> string");
         assert_eq!(check_input_type(&s.params[0].ty).unwrap_err().column, 10);
