@@ -166,10 +166,10 @@ fn a_hit_completes_the_call_with_no_task_and_the_history_replays_without_the_cac
     // The recorded history alone gives the same state (`Run::step` checked
     // it at each step), and the hit is in it.
     let replayed = RunState::fold(&run.history);
-    assert_eq!(
-        replayed.tool_calls["fx.t1"].result,
-        Some(json!({"rate": 0.92}))
-    );
+    assert_eq!(replayed.tool_calls["fx.t1"].status, CallStatus::Completed);
+    assert_eq!(replayed.output, Some(json!({"rate": 0.92})));
+    // The node took the result as its output; the state holds it once.
+    assert_eq!(replayed.tool_calls["fx.t1"].result, None);
 }
 
 #[test]

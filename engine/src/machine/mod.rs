@@ -1434,7 +1434,16 @@ impl Step {
     fn plan(&self) -> Result<&RunPlan, MachineError> {
         self.state
             .plan
-            .as_ref()
+            .as_deref()
+            .ok_or_else(|| MachineError::InvalidPlan("run has no plan".into()))
+    }
+
+    /// A handle on the plan, for code that changes the state while it reads
+    /// the plan (a reference count, not a copy).
+    fn plan_handle(&self) -> Result<std::sync::Arc<RunPlan>, MachineError> {
+        self.state
+            .plan
+            .clone()
             .ok_or_else(|| MachineError::InvalidPlan("run has no plan".into()))
     }
 
@@ -1936,7 +1945,7 @@ impl Step {
                 call.tool
             )));
         }
-        let plan = self.plan()?.clone();
+        let plan = self.plan_handle()?;
         let tool = plan
             .tools
             .get(&call.tool)
@@ -3724,8 +3733,8 @@ impl Step {
             }
             let Some(node) = self.state.node.clone() else {
                 // Between nodes: start the next one or finish the run.
-                let plan = self.plan()?.clone();
-                let next = match self.state.completed_nodes.last() {
+                let plan = self.plan_handle()?;
+                let next = match self.state.last_completed.as_ref() {
                     None => Some(plan.workflow.def.start.clone()),
                     Some((last, _)) => self.state.chosen_next.clone().or_else(|| {
                         plan.workflow
@@ -4081,7 +4090,7 @@ impl Step {
 
     /// The output of the latest completed node, if any.
     fn previous_output(&self) -> Option<Value> {
-        self.state.completed_nodes.last().map(|(_, o)| o.clone())
+        self.state.last_completed.as_ref().map(|(_, o)| o.clone())
     }
 
     /// A node's default input: the previous node's output, or the run input
@@ -4723,7 +4732,7 @@ impl Step {
             stale(self);
             return Ok(());
         };
-        let plan = self.plan()?.clone();
+        let plan = self.plan_handle()?;
         let def = plan
             .workflow
             .def

@@ -440,8 +440,9 @@ pub struct RunState {
     pub status: RunStatus,
     /// Why paused, failed or cancelled.
     pub status_reason: String,
-    /// Pinned definitions (None before `RunStarted`).
-    pub plan: Option<RunPlan>,
+    /// Pinned definitions (None before `RunStarted`); shared, so the
+    /// machine takes a handle instead of copying every definition.
+    pub plan: Option<std::sync::Arc<RunPlan>>,
     /// What the whole run used so far, for the workflow's `budget:`.
     pub totals: RunTotals,
     /// The run's wall-time timer (the workflow's `max_wall_time`).
@@ -456,8 +457,10 @@ pub struct RunState {
     pub tenant_grants: Vec<String>,
     /// The node being executed.
     pub node: Option<NodeState>,
-    /// Outputs of completed nodes, in completion order.
-    pub completed_nodes: Vec<(String, Value)>,
+    /// The latest completed node and its output (`None` before the first
+    /// completes). Only the latest is kept: a long loop must not grow the
+    /// state (the events keep them all).
+    pub last_completed: Option<(String, Value)>,
     /// The non-agent node being executed.
     pub step: Option<StepState>,
     /// Inputs and outputs of the latest visit of each node
@@ -508,7 +511,7 @@ impl Default for RunState {
             caller_grants: Vec::new(),
             tenant_grants: Vec::new(),
             node: None,
-            completed_nodes: Vec::new(),
+            last_completed: None,
             step: None,
             node_io: Map::new(),
             vars: Map::new(),
@@ -571,7 +574,7 @@ impl RunState {
                 self.caller_grants = caller_grants.clone();
                 self.tenant_grants = tenant_grants.clone();
                 self.input = input.clone();
-                self.plan = Some((**plan).clone());
+                self.plan = Some(std::sync::Arc::new((**plan).clone()));
                 self.status = RunStatus::Running;
             }
             Event::NodeStarted {
@@ -729,7 +732,7 @@ impl RunState {
                 } else if let Some(state) = self.node.as_mut() {
                     state.tool_calls += 1;
                     self.totals.tool_calls += 1;
-                    let chosen = model_arguments(self.plan.as_ref(), tool, arguments);
+                    let chosen = model_arguments(self.plan.as_deref(), tool, arguments);
                     state.last_call = match state.last_call.take() {
                         Some((t, a, n)) if &t == tool && a == chosen => Some((t, a, n + 1)),
                         _ => Some((tool.clone(), chosen, 1)),
@@ -1030,9 +1033,19 @@ impl RunState {
                 }
             }
             Event::ToolCallProcessed { .. } => {}
-            Event::ToolVarsSet { values, .. } => {
+            Event::ToolVarsSet {
+                values, call_id, ..
+            } => {
                 for (k, v) in values {
                     self.vars.insert(k.clone(), v.clone());
+                }
+                // `on_result` has read the result; a tool node's output
+                // still needs it.
+                let is_step_call = self.step.as_ref().is_some_and(
+                    |s| matches!(&s.kind, StepKind::Tool { call_id: c } if c == call_id),
+                );
+                if !is_step_call && let Some(call) = self.tool_calls.get_mut(call_id) {
+                    call.result = None;
                 }
             }
             Event::NodeCompleted { node, output, next } => {
@@ -1049,10 +1062,16 @@ impl RunState {
                 if let Some(Value::Object(io)) = self.node_io.get_mut(node) {
                     io.insert("output".into(), output.clone());
                 }
+                // A tool node's result is its output now.
+                if let Some(StepKind::Tool { call_id }) = self.step.as_ref().map(|s| &s.kind)
+                    && let Some(call) = self.tool_calls.get_mut(call_id)
+                {
+                    call.result = None;
+                }
                 self.node = None;
                 self.step = None;
                 self.chosen_next = next.clone();
-                self.completed_nodes.push((node.clone(), output.clone()));
+                self.last_completed = Some((node.clone(), output.clone()));
                 if self.status == RunStatus::Waiting {
                     self.status = RunStatus::Running;
                     self.status_reason.clear();
@@ -1210,7 +1229,10 @@ impl RunState {
     /// the model (truncated to the agent's limit).
     fn complete_call(&mut self, call_id: &str, result: &Value) {
         // `process.after` recorded what becomes of the result.
-        let after = self.tool_calls.get(call_id).and_then(|c| c.after.clone());
+        let after = self
+            .tool_calls
+            .get_mut(call_id)
+            .and_then(|c| c.after.take());
         let processed;
         let result = match after {
             Some(Err(message)) => {
@@ -1249,9 +1271,23 @@ impl RunState {
             }
             None => super::normalize::truncate_for_model(result, limit as usize),
         };
+        // The state keeps a result only while something will read it: a
+        // tool node's output (until `node_completed`), or `on_result` (until
+        // its `tool_vars_set`, in the same transition). A long run must not
+        // hold every result it ever had; the events do.
+        let is_step_call = self
+            .step
+            .as_ref()
+            .is_some_and(|s| matches!(&s.kind, StepKind::Tool { call_id: c } if c == call_id));
+        let has_on_result = self
+            .tool_calls
+            .get(call_id)
+            .and_then(|c| self.plan.as_ref()?.tools.get(&c.tool))
+            .is_some_and(|t| !t.def.on_result.is_empty());
         if let Some(call) = self.tool_calls.get_mut(call_id) {
             call.status = CallStatus::Completed;
-            call.result = Some(result.clone());
+            call.result = (is_step_call || (has_on_result && call.probe_for.is_none()))
+                .then(|| result.clone());
             if call.probe_for.is_none() {
                 let tool_use_id = call.tool_use_id.clone();
                 self.set_pending_result(&tool_use_id, text);

@@ -195,7 +195,7 @@ fn plan(opts: &Opts) -> RunPlan {
 /// A run under test: the live state plus every event recorded so far.
 pub(super) struct Run {
     pub(super) state: RunState,
-    history: Vec<Event>,
+    pub(super) history: Vec<Event>,
 }
 
 impl Run {
@@ -3544,4 +3544,36 @@ fn without_an_output_schema_any_answer_finishes_the_node() {
     );
     // Not unfenced: without a schema the text is kept as it is.
     assert_eq!(run.state.output, Some(json!("```json\n{}\n```")));
+}
+
+#[test]
+fn the_state_keeps_no_result_once_the_model_has_it() {
+    let (mut run, _) = Run::start(Opts::default());
+    run.model(
+        "intake.m1",
+        &[("lookup", r#"{"email":"a@example.com"}"#)],
+        None,
+    );
+    run.step(Input::DispatchToolCall {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        worker_id: "w1".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    let big = "x".repeat(100_000);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!({"found": true, "pad": big}),
+        secrets: Vec::new(),
+    });
+    // The model got its (truncated) text; the call keeps no copy of the
+    // result, and the history (which `Run::step` replays) holds it whole.
+    let call = &run.state.tool_calls["intake.t1"];
+    assert_eq!((call.status, &call.result), (CallStatus::Completed, &None));
+    let recorded = run.history.iter().any(|e| {
+        matches!(e, Event::ToolCallCompleted { result, .. } if result["pad"].as_str().map(str::len) == Some(100_000))
+    });
+    assert!(recorded);
 }
