@@ -4954,6 +4954,10 @@ TOOLS:
 
     #[test]
     fn cacheable_takes_a_ttl_and_is_refused_on_a_tool_that_acts() {
+        // A GET tool: a method that may change something needs the tool
+        // to say it does not (below).
+        let get_with =
+            |sig: &str, extra: &str| tool_with(sig, &format!("{extra}    method: GET\n"));
         // The seed's "Caching hints" example, with Belay's required
         // properties and the `cache_ttl` extension.
         let t = one_tool(
@@ -4970,27 +4974,27 @@ TOOLS:
             ("1h 30m", 5_400_000),
             ("7days", 604_800_000),
         ] {
-            let t = one_tool(&tool_with(
+            let t = one_tool(&get_with(
                 "f() -> string",
                 &format!("    hints:\n      cacheable: true\n      cache_ttl: {ttl}\n"),
             ));
             assert_eq!(t.hints.cache_ttl_ms, Some(ms), "{ttl}");
         }
         // Without a TTL, the engine's default (pinned when a run starts).
-        let t = one_tool(&tool_with(
+        let t = one_tool(&get_with(
             "f() -> string",
             "    hints:\n      cacheable: true\n",
         ));
         assert_eq!((t.hints.cache_ttl_ms, t.cache_ttl_ms(42)), (None, Some(42)));
         assert_eq!(t.cache_ttl_ms(0), None);
         // `cacheable: false` (or nothing) never caches.
-        let t = one_tool(&tool_with(
+        let t = one_tool(&get_with(
             "f() -> string",
             "    hints:\n      cacheable: false\n",
         ));
         assert_eq!(t.cache_ttl_ms(42), None);
         assert_eq!(
-            errors(&tool_with(
+            errors(&get_with(
                 "f() -> string",
                 "    hints:\n      cacheable: true\n      cache_ttl: 0\n"
             )),
@@ -4999,7 +5003,7 @@ TOOLS:
             ]
         );
         assert_eq!(
-            errors(&tool_with(
+            errors(&get_with(
                 "f() -> string",
                 "    hints:\n      cacheable: true\n      cache_ttl: 8days\n"
             )),
@@ -5007,7 +5011,7 @@ TOOLS:
                 "9:18: `cache_ttl: 8days` is longer than 7 days, the longest a result is served from the cache"
             ]
         );
-        let e = errors(&tool_with(
+        let e = errors(&get_with(
             "f() -> string",
             "    hints:\n      cacheable: true\n      cache_ttl: soon\n",
         ));
@@ -5016,7 +5020,7 @@ TOOLS:
             "{e:?}"
         );
         assert_eq!(
-            errors(&tool_with(
+            errors(&get_with(
                 "f() -> string",
                 "    hints:\n      cache_ttl: 5m\n"
             )),
@@ -5029,7 +5033,7 @@ TOOLS:
         // `cacheable: true` (line 8, column 18).
         let refused = |props: &str, repeat_safety: &str| {
             errors(&format!(
-                "TOOLS:\n  f() -> string\n    type: http\n    endpoint: \"/x\"\n    permission: p\n    repeat_safety: {repeat_safety}\n    hints:\n      cacheable: true\n{props}"
+                "TOOLS:\n  f() -> string\n    type: http\n    endpoint: \"/x\"\n    permission: p\n    repeat_safety: {repeat_safety}\n    hints:\n      cacheable: true\n{props}    method: GET\n"
             ))
         };
         let why = |what: &str| {
@@ -5041,6 +5045,35 @@ TOOLS:
             refused("    effect: side_effect\n", "idempotent"),
             why("it declares `effect: side_effect`")
         );
+        // A method that may change something needs the tool to say it
+        // does not.
+        let post = |props: &str| {
+            errors(&format!(
+                "TOOLS:\n  f() -> string\n    type: http\n    endpoint: \"/x\"\n    permission: p\n    repeat_safety: idempotent\n    hints:\n      cacheable: true\n{props}"
+            ))
+        };
+        assert_eq!(
+            post(""),
+            why(
+                "it sends `POST` (the default method), which may change something; declare `effect: read_only` (or `hints.side_effects: false`) if it does not"
+            )
+        );
+        assert_eq!(
+            post("    method: delete\n"),
+            why(
+                "it sends `DELETE`, which may change something; declare `effect: read_only` (or `hints.side_effects: false`) if it does not"
+            )
+        );
+        for ok in [
+            "    method: POST\n    effect: read_only\n",
+            "      side_effects: false\n    method: PUT\n",
+            "    method: GET\n",
+        ] {
+            let t = one_tool(&format!(
+                "TOOLS:\n  f() -> string\n    type: http\n    endpoint: \"/x\"\n    permission: p\n    repeat_safety: idempotent\n    hints:\n      cacheable: true\n{ok}"
+            ));
+            assert_eq!(t.hints.cacheable, Some(true), "{ok}");
+        }
         assert_eq!(
             refused("    effect: state_write\n", "idempotent"),
             why("it declares `effect: state_write`")
@@ -5092,7 +5125,7 @@ TOOLS:
         );
         // A parameter unique to each call would make every key different.
         assert_eq!(
-            errors(&tool_with(
+            errors(&get_with(
                 "f(at: string, day: date) -> string",
                 "    hints:\n      cacheable: true\n    parameters:\n      at:\n        source: runtime\n        value: time\n      day:\n        source: runtime\n        value: date\n",
             )),

@@ -33,6 +33,7 @@ const TOOLS: &str = r#"TOOLS:
   rate_confirmed(from: string, to: string) -> {rate: number}
     type: http
     endpoint: "/fx"
+    method: GET
     hints:
       cacheable: true
     confirmation:

@@ -23,6 +23,10 @@
 //! - `cache_ttl:` (how long an entry is served: ms, or text like `30s`,
 //!   `5m`, `1h`; at most 7 days) needs `cacheable: true`. Without it, the
 //!   engine's `--tool-cache-ttl-ms` applies.
+//! - An HTTP tool whose method may change something (`POST`, the default,
+//!   `PUT`, `PATCH`, `DELETE`) must say it does not (`effect: read_only` or
+//!   `hints.side_effects: false`) to be cacheable; `GET` need not. (A `request_variants:` item's method is not
+//!   judged: the base request's is.)
 //! - `cacheable: false` (or nothing) never caches.
 
 use super::super::model::{
@@ -103,6 +107,27 @@ pub(super) fn check(
             refuse("it declares `hints.side_effects: true`".into())
         }
         _ => {}
+    }
+    // An HTTP method that may change something (POST, the default, PUT,
+    // PATCH, DELETE) needs the tool to say it does not.
+    let declares_read = matches!(props.effect, Some((Effect::ReadOnly, _, _)))
+        || props.hints.side_effects == Some(false);
+    if matches!(
+        props.binding_type,
+        Some(BindingType::Http | BindingType::AsyncWebhook)
+    ) && !declares_read
+    {
+        let method = props.method.as_deref().unwrap_or("POST");
+        if method != "GET" {
+            refuse(format!(
+                "it sends `{method}`{}, which may change something; declare `effect: read_only` (or `hints.side_effects: false`) if it does not",
+                if props.method.is_none() {
+                    " (the default method)"
+                } else {
+                    ""
+                }
+            ));
+        }
     }
     // A cached result would skip the vault: a producer's hit puts nothing
     // into it, and a consumer's key (its arguments) leaves out the secret
