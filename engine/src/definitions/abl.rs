@@ -618,6 +618,8 @@ struct Props<'b> {
     reconcile_with: Option<NameAt>,
     /// `scrub_secrets: false` (None: the default, true).
     scrub_secrets: Option<bool>,
+    /// `strict: true`, with the line and column of its value.
+    strict: Option<(u32, u32)>,
     /// `rate_limit:`, calls per second.
     rate_limit: Option<f64>,
     /// `circuit_breaker:`.
@@ -1086,9 +1088,19 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         secret_access,
         process: props.process,
         request_variants,
+        strict_schema: None,
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
+    if let Some((l, c)) = props.strict {
+        match super::strict::to_strict(&tool.name, tool.model_schema()) {
+            Ok(schema) => tool.strict_schema = Some(schema),
+            Err(e) => {
+                cx.error(l, c, e.to_string());
+                return;
+            }
+        }
+    }
     // `when_side_effects` is settled here, once: the machine sees a tool
     // that always asks, or one that never does.
     let side_effects = tool.has_side_effects();
@@ -2289,6 +2301,11 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                             })
                         }
                     }
+                }
+            }
+            "strict" => {
+                if keyword(child, &kv, &[("true", true), ("false", false)], cx) == Some(true) {
+                    props.strict = Some((line.no, kv.value_col));
                 }
             }
             "scrub_secrets" => {

@@ -3792,7 +3792,13 @@ impl Step {
                         .map(|t| ToolSchema {
                             name: t.def.name.clone(),
                             description: t.def.description.clone(),
-                            parameters: t.def.model_schema().clone(),
+                            parameters: t
+                                .def
+                                .strict_schema
+                                .as_ref()
+                                .unwrap_or(t.def.model_schema())
+                                .clone(),
+                            strict: t.def.strict_schema.is_some(),
                         })
                         .collect();
                     let spec = ModelCallSpec {
@@ -5435,7 +5441,13 @@ fn decode_arguments(raw: &str, limit: usize, def: &ToolDef) -> Result<Value, Str
     let raw = if raw.trim().is_empty() { "{}" } else { raw };
     let value: Value = serde_json::from_str(raw)
         .map_err(|e| format!("arguments are not valid JSON ({e}); send a JSON object"))?;
-    let Value::Object(mut map) = normalize::strip_nul_value(value) else {
+    let mut value = normalize::strip_nul_value(value);
+    if def.strict_schema.is_some() {
+        // The strict schema made optional parameters nullable: a `null`
+        // there means "not given" (the default applies, as when left out).
+        crate::definitions::strict::strip_optional_nulls(schema, &mut value);
+    }
+    let Value::Object(mut map) = value else {
         return Err("arguments must be a JSON object".into());
     };
     let sent = inject::sent_anyway(def, &map);
@@ -5476,6 +5488,8 @@ mod variants;
 mod cache_tests;
 #[cfg(test)]
 mod retry_tests;
+#[cfg(test)]
+mod strict_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -65,6 +65,7 @@ fn tool(
             secret_access: Vec::new(),
             process: None,
             request_variants: Vec::new(),
+            strict_schema: None,
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },
