@@ -66,6 +66,7 @@ fn tool(
             process: None,
             request_variants: Vec::new(),
             strict_schema: None,
+            untraced: Vec::new(),
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },

@@ -431,6 +431,7 @@ async fn api_key_is_required_when_configured() {
         "scripted-process",
         REFUSALS_MODEL,
         "scripted-vault",
+        "scripted-untraced",
     ]);
     assert_eq!(ids, expected);
     server.stop().await;
@@ -559,6 +560,7 @@ fn embedded_script_is_the_file_and_has_every_model() {
         "scripted-process",
         REFUSALS_MODEL,
         "scripted-vault",
+        "scripted-untraced",
     ]);
     assert_eq!(script.models().collect::<Vec<_>>(), expected);
     assert_eq!(script.turns(INTAKE_MODEL).map(<[_]>::len), Some(3));
