@@ -430,8 +430,8 @@ async fn api_key_is_required_when_configured() {
         ONBOARDING_MODEL,
         "scripted-process",
         REFUSALS_MODEL,
-        "scripted-vault",
         "scripted-untraced",
+        "scripted-vault",
     ]);
     assert_eq!(ids, expected);
     server.stop().await;
@@ -559,8 +559,8 @@ fn embedded_script_is_the_file_and_has_every_model() {
         ONBOARDING_MODEL,
         "scripted-process",
         REFUSALS_MODEL,
-        "scripted-vault",
         "scripted-untraced",
+        "scripted-vault",
     ]);
     assert_eq!(script.models().collect::<Vec<_>>(), expected);
     assert_eq!(script.turns(INTAKE_MODEL).map(<[_]>::len), Some(3));
