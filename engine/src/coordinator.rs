@@ -1383,6 +1383,30 @@ impl Coordinator {
                     )
                     .map_err(CoordinatorError::from);
                 }
+                if verdict.is_none()
+                    && !has_vault
+                    && !row.dispatched
+                    && let Some((tool, param)) = machine::untraced::vaulted_argument(state, &row.call_id)
+                {
+                    // Its value is in the vault, which this engine cannot
+                    // open: sending the placeholder would be wrong.
+                    let detail = format!(
+                        "tool `{tool}` takes `{param}` with `visibility.trace: false`, whose value is in the run's secret vault, and this engine has no vault key to open it: set BELAY_VAULT_KEY (or --vault-key) to the key the engine that scheduled the call had"
+                    );
+                    refusal = Some(detail.clone());
+                    return machine::decide(
+                        state,
+                        Input::TaskFailed {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            error: format!("dispatch refused: {detail}"),
+                            class: FailureClass::Rejected,
+                            dispatched: false,
+                            status_code: None,
+                        },
+                    )
+                    .map_err(CoordinatorError::from);
+                }
                 let input = match verdict {
                     None => Input::DispatchToolCall {
                         call_id: row.call_id.clone(),
@@ -1651,15 +1675,39 @@ impl Coordinator {
                     )));
                 }
                 let input = if row.kind == belay_proto::wire::TASK_KIND_MODEL_CALL {
-                    let result: ModelCallResult = serde_json::from_value(value).map_err(|e| {
-                        CoordinatorError::InvalidArgument(format!(
-                            "`result_json` is not a model call result: {e}"
-                        ))
-                    })?;
-                    Input::ModelCallCompleted {
-                        call_id: row.call_id.clone(),
-                        attempt,
-                        result,
+                    let mut result: ModelCallResult =
+                        serde_json::from_value(value).map_err(|e| {
+                            CoordinatorError::InvalidArgument(format!(
+                                "`result_json` is not a model call result: {e}"
+                            ))
+                        })?;
+                    // `visibility.trace: false` arguments: out of the answer
+                    // before anything of it is recorded.
+                    let taken = machine::untraced::take_untraced(state, &row.call_id, &mut result);
+                    if taken.is_empty() {
+                        Input::ModelCallCompleted {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            result,
+                        }
+                    } else {
+                        let mut sealed = Vec::with_capacity(taken.len());
+                        // No vault key: none sealed, and the machine refuses
+                        // those calls (check `vault`) before they can act.
+                        if let Some(vault) = vault {
+                            for (key, text) in taken {
+                                let text = SecretText::new(text);
+                                sealed.push(vault.seal(row.run_id, &key, text.expose()).map_err(
+                                    |e| CoordinatorError::Store(StoreError::Corrupt(e.to_string())),
+                                )?);
+                            }
+                        }
+                        Input::ModelCallCompletedUntraced {
+                            call_id: row.call_id.clone(),
+                            attempt,
+                            result,
+                            secrets: sealed,
+                        }
                     }
                 } else if vaulted.is_empty() {
                     Input::ToolCallCompleted {

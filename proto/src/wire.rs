@@ -71,6 +71,13 @@ pub struct ToolSchema {
     /// JSON Schema (draft 2020-12) of the arguments object; hidden parameters
     /// are not in it.
     pub parameters: Value,
+    /// Strict mode (the tool's `strict: true`): `parameters` is already in
+    /// the strict subset (every object closed, every property required,
+    /// optional ones nullable), and the adapter asks the provider to
+    /// constrain generation to it (`function.strict` for OpenAI, the tool's
+    /// `strict` for Anthropic). Added for issue 4 (strict mode).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
 }
 
 /// Spec of a `model_call` task.

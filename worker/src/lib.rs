@@ -39,6 +39,7 @@ pub mod oauth2;
 pub mod placeholders;
 pub mod runner;
 pub mod ssrf;
+pub mod untraced;
 
 pub use config::{ModelProvider, ModelProviderConfig, WorkerConfig};
 pub use engine_client::{EngineClient, RetryPolicy};

@@ -548,6 +548,12 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     };
     dispatched.store(true, Ordering::SeqCst);
     let callback_url = dispatch.callback_url;
+    // `visibility.trace: false` arguments: their values, from the vault,
+    // in place of their placeholders (a missing one sends nothing); the
+    // request is built again below, with them.
+    if let Err(error) = crate::untraced::restore_arguments(&mut spec.arguments, &dispatch.secrets) {
+        return report_failure(ctx, task, FailureClass::NotSent, error).await;
+    }
     if !dispatch.secrets.is_empty() {
         // The run's vault values for `{{_secret.KEY}}`: the request again,
         // with them (it was built with none, so only they change).

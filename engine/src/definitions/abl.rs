@@ -43,6 +43,7 @@ mod process;
 mod retry;
 mod secrets;
 mod types;
+mod visibility;
 
 /// Default `timeout:`, ms (the model's documented default).
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -144,13 +145,28 @@ const DEFAULT_API_KEY_HEADER: &str = "X-API-Key";
 /// that Belay does not read yet. (`properties:` and `items:` with a block
 /// are read by [`enrich_field`] where they apply; elsewhere they are
 /// refused here.)
-const SEED_ENRICHMENT_KEYS: &[&str] = &["visibility", "properties", "items"];
+const SEED_ENRICHMENT_KEYS: &[&str] = &["properties", "items"];
 
 /// Enrichment keys of a tool's parameter (not of a nested field) that Belay
 /// reads, besides `description` ([`SourceKeys`]).
 const SOURCE_KEYS: &[&str] = &[
-    "required", "default", "source", "value", "key", "table", "hidden",
+    "required",
+    "default",
+    "source",
+    "value",
+    "key",
+    "table",
+    "hidden",
+    "visibility",
 ];
+
+/// A `visibility.trace: false` parameter: name, type, and the line and
+/// column of its `trace:` value.
+type Untraced = (String, TypeExpr, u32, u32);
+
+/// A parameter the model does not supply, with the line and column of its
+/// name.
+type Injected = (InjectedParam, (u32, u32));
 
 /// What one `.tools.abl` file yields.
 #[derive(Debug, Default)]
@@ -648,6 +664,8 @@ struct Props<'b> {
     reconcile_with: Option<NameAt>,
     /// `scrub_secrets: false` (None: the default, true).
     scrub_secrets: Option<bool>,
+    /// `strict: true`, with the line and column of its value.
+    strict: Option<(u32, u32)>,
     /// `rate_limit:`, calls per second.
     rate_limit: Option<f64>,
     /// `circuit_breaker:`.
@@ -759,10 +777,11 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     let mut props = read_props(block.children.iter(), cx);
 
     let mut injected = Vec::new();
+    let mut untraced = Vec::new();
     if let Some(sig) = &mut signature
         && let Some(params_block) = props.parameters
     {
-        injected = apply_parameters(params_block, &mut sig.params, &name, cx);
+        (injected, untraced) = apply_parameters(params_block, &mut sig.params, &name, cx);
     }
     check_injected_use(&injected, &props, &name, cx);
     check_side_effect_hints(&props, cx);
@@ -1134,9 +1153,20 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         secret_access,
         process: props.process,
         request_variants,
+        strict_schema: None,
+        untraced: Vec::new(),
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
+    if let Some((l, c)) = props.strict {
+        match super::strict::to_strict(&tool.name, tool.model_schema()) {
+            Ok(schema) => tool.strict_schema = Some(schema),
+            Err(e) => {
+                cx.error(l, c, e.to_string());
+                return;
+            }
+        }
+    }
     // `when_side_effects` is settled here, once: the machine sees a tool
     // that always asks, or one that never does.
     let side_effects = tool.has_side_effects();
@@ -1148,6 +1178,12 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             immutable_params: c.immutable.into_iter().map(|(p, _, _)| p).collect(),
             approver_grant: c.grant.unwrap_or_else(|| tool.permission.clone()),
         });
+    if !untraced.is_empty() {
+        if !visibility::check_untraced(&tool, &untraced, cx) {
+            return;
+        }
+        tool.untraced = untraced.into_iter().map(|(n, ..)| n).collect();
+    }
     cx.out.tools.push(tool);
 }
 
@@ -2339,6 +2375,11 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                     }
                 }
             }
+            "strict" => {
+                if keyword(child, &kv, &[("true", true), ("false", false)], cx) == Some(true) {
+                    props.strict = Some((line.no, kv.value_col));
+                }
+            }
             "scrub_secrets" => {
                 if let Some(s) = scalar(child, &kv, cx) {
                     match s.as_str() {
@@ -3443,14 +3484,17 @@ fn check_path_param(name: &str, line: u32, at: u32, sig: &Signature, cx: &mut Cx
 
 /// Apply a tool's `parameters:` block to its signature parameters; returns
 /// the parameters the model does not supply ([`InjectedParam`]), in the
-/// block's order, each with the line and column of its name.
+/// block's order, each with the line and column of its name, and those
+/// with `visibility.trace: false` (name, type, line and column of the
+/// `trace:` value).
 fn apply_parameters(
     block: &Block,
     params: &mut [Field],
     tool: &str,
     cx: &mut Cx<'_>,
-) -> Vec<(InjectedParam, (u32, u32))> {
+) -> (Vec<Injected>, Vec<Untraced>) {
     let mut injected = Vec::new();
+    let mut untraced = Vec::new();
     let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
     for child in &block.children {
         let line = &child.line;
@@ -3505,11 +3549,38 @@ fn apply_parameters(
         }
         let mut keys = SourceKeys::default();
         enrich_field(param, &child.children, 1, Some(&mut keys), cx);
+        if let Some(v) = keys.visibility {
+            if let Some((model, l, c)) = v.model {
+                let from_elsewhere = keys.value.is_some()
+                    || keys
+                        .source
+                        .as_ref()
+                        .is_some_and(|(s, _, _)| s.as_str() != "model");
+                match keys.hidden {
+                    Some((hidden, ..)) if hidden == model => cx.error(
+                        l,
+                        c,
+                        format!("`visibility.model: {model}` contradicts `hidden: {hidden}`"),
+                    ),
+                    _ if model && from_elsewhere => cx.error(
+                        l,
+                        c,
+                        format!("`visibility.model: true` contradicts the parameter's source: `{}` is never shown to the model when its value comes from elsewhere", kv.key),
+                    ),
+                    // `model: false` is `hidden: true`.
+                    None if !model => keys.hidden = Some((true, l, c)),
+                    _ => {}
+                }
+            }
+            if let Some((false, l, c)) = v.trace {
+                untraced.push((kv.key.to_owned(), param.ty.clone(), l, c));
+            }
+        }
         if let Some(i) = finish_source(param, keys, (line.no, kv.key_col), cx) {
             injected.push((i, (line.no, kv.key_col)));
         }
     }
-    injected
+    (injected, untraced)
 }
 
 /// The source settings written under one parameter, with the line and
@@ -3528,6 +3599,8 @@ struct SourceKeys<'b> {
     required: Option<(bool, u32, u32)>,
     /// `default:` as written (unquoted), whether it was quoted, line, column.
     default: Option<(String, bool, u32, u32)>,
+    /// `visibility:` (`abl/visibility.rs`).
+    visibility: Option<visibility::Visibility>,
 }
 
 impl<'b> SourceKeys<'b> {
@@ -3566,6 +3639,7 @@ impl<'b> SourceKeys<'b> {
                 }
             }
             "hidden" => self.hidden = flag(cx),
+            "visibility" => self.visibility = Some(visibility::read_visibility(block, kv, cx)),
             _ => self.required = flag(cx),
         }
     }

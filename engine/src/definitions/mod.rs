@@ -15,6 +15,7 @@ mod imports;
 mod prop_tests;
 mod schema;
 mod signature;
+pub mod strict;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};

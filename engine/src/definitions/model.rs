@@ -576,6 +576,22 @@ pub struct ToolDef {
     /// spec. Added for issue 4.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request_variants: Vec<RequestVariantDef>,
+    /// `strict: true`: the schema the model is given in strict mode (the
+    /// model schema rewritten by `definitions::strict::to_strict`: every
+    /// object closed, every property required, optional ones nullable),
+    /// sent with the provider's `strict` flag; a `null` the model sends for
+    /// an optional parameter is removed before check 2. `None`: not strict.
+    /// Added for issue 4 (strict mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_schema: Option<Value>,
+    /// Parameters with `visibility: {trace: false}`, in declaration order:
+    /// `string` parameters the model supplies whose values the coordinator
+    /// takes out of the model's answer into the run's vault (every record
+    /// of the call holds a `{{_secret.KEY}}` placeholder) and the worker
+    /// gets back at dispatch. Only on `type: http` tools. Added for issue 4
+    /// (visibility).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub untraced: Vec<String>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.

@@ -691,3 +691,96 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------- strict mode
+
+/// The JSON pointers of the free-form `object`s (no declared fields) in
+/// `ty` at `at`, which strict mode cannot express.
+fn free_objects(ty: &TypeExpr, at: &str, found: &mut Vec<String>) {
+    match ty {
+        TypeExpr::Prim(Prim::Object) => found.push(at.to_owned()),
+        TypeExpr::Array(inner) => free_objects(inner, &format!("{at}/items"), found),
+        TypeExpr::Object(fields) => {
+            for f in fields {
+                free_objects(&f.ty, &format!("{at}/properties/{}", f.name), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `value` (which fits `ty`) as a strict model sends it: every optional
+/// field it leaves out given as `null`.
+fn with_nulls(ty: &TypeExpr, value: &Value) -> Value {
+    match (ty, value) {
+        (TypeExpr::Array(inner), Value::Array(items)) => {
+            Value::Array(items.iter().map(|i| with_nulls(inner, i)).collect())
+        }
+        (TypeExpr::Object(fields), Value::Object(map)) => {
+            let mut out = Map::new();
+            for f in fields {
+                match map.get(&f.name) {
+                    Some(v) => out.insert(f.name.clone(), with_nulls(&f.ty, v)),
+                    None => out.insert(f.name.clone(), Value::Null),
+                };
+            }
+            Value::Object(out)
+        }
+        _ => value.clone(),
+    }
+}
+
+/// Every object schema in a strict schema is closed and requires all of
+/// its properties.
+fn all_closed_and_required(schema: &Value) -> bool {
+    let here = match schema.get("properties").and_then(Value::as_object) {
+        Some(props) => {
+            let names: Vec<Value> = props.keys().cloned().map(Value::String).collect();
+            schema.get("additionalProperties") == Some(&Value::Bool(false))
+                && schema.get("required") == Some(&Value::Array(names))
+                && props.values().all(all_closed_and_required)
+        }
+        None => true,
+    };
+    here && schema.get("items").is_none_or(all_closed_and_required)
+        && schema.get("default").is_none()
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+    /// Strict mode: a signature without free-form objects becomes a strict
+    /// schema (valid, every object closed with every property required, no
+    /// `default`); arguments that fit the tool, with each left-out optional
+    /// field sent as `null`, fit the strict schema, and stripping those
+    /// nulls gives back exactly the tool's arguments, which still validate
+    /// against the tool's own schema. A signature with a free-form object
+    /// is refused, naming the pointer of one of them.
+    #[test]
+    fn strict_schemas_accept_what_the_tool_accepts_with_nulls_for_the_optional(
+        (params, args) in params().prop_flat_map(|ps| {
+            let args = object_of(&ps, false);
+            (Just(ps), args)
+        })
+    ) {
+        let schema = input_schema(&params);
+        let ty = args_type(&params);
+        let mut free = Vec::new();
+        free_objects(&ty, "", &mut free);
+        match (super::strict::to_strict("t", &schema), free.is_empty()) {
+            (Err(e), false) => {
+                prop_assert!(free.contains(&e.pointer), "{} not in {:?}", e.pointer, free);
+                prop_assert_eq!(e.tool, "t");
+            }
+            (Ok(strict), true) => {
+                prop_assert!(compile(&strict).is_ok(), "{}", strict);
+                prop_assert!(all_closed_and_required(&strict), "{}", strict);
+                let mut sent = with_nulls(&ty, &args);
+                prop_assert_eq!(validate_json(&strict, &sent), Ok(()), "{} vs {}", sent, strict);
+                super::strict::strip_optional_nulls(&schema, &mut sent);
+                prop_assert_eq!(&sent, &args);
+                prop_assert_eq!(validate_json(&schema, &sent), Ok(()));
+            }
+            (got, _) => prop_assert!(false, "to_strict gave {:?}, free objects at {:?}", got, free),
+        }
+    }
+}

@@ -551,6 +551,22 @@ pub enum Input {
         /// Why.
         reason: String,
     },
+    /// A worker reported a model result whose proposed calls carried
+    /// `visibility.trace: false` arguments: the coordinator took them out
+    /// of `result` (placeholders in their place, `untraced::take_untraced`)
+    /// and sealed them into `secrets` (empty when it has no vault key, and
+    /// such calls are then refused). Otherwise as
+    /// [`Input::ModelCallCompleted`]. Added for issue 4 (visibility).
+    ModelCallCompletedUntraced {
+        /// Call id.
+        call_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Result, with placeholders.
+        result: ModelCallResult,
+        /// The values taken out, sealed.
+        secrets: Vec<SealedSecret>,
+    },
 }
 
 /// An operator's (or a probe's) decision about an uncertain outcome.
@@ -777,6 +793,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         state: state.clone(),
         out: Decision::default(),
         late_attempt: None,
+        arg_secrets: Vec::new(),
     };
     match input {
         Input::Start {
@@ -824,6 +841,17 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         } => {
             m.require_active("model result")?;
             m.require_open_model_call(&call_id)?;
+            m.on_model_result(call_id, attempt, result)?;
+        }
+        Input::ModelCallCompletedUntraced {
+            call_id,
+            attempt,
+            result,
+            secrets,
+        } => {
+            m.require_active("model result")?;
+            m.require_open_model_call(&call_id)?;
+            m.arg_secrets = secrets;
             m.on_model_result(call_id, attempt, result)?;
         }
         Input::DispatchToolCall {
@@ -1201,6 +1229,9 @@ struct Step {
     out: Decision,
     /// The attempt of a late result being applied, for the resolution event.
     late_attempt: Option<u32>,
+    /// The sealed `visibility.trace: false` arguments of the model answer
+    /// being applied (`untraced.rs`).
+    arg_secrets: Vec<SealedSecret>,
 }
 
 impl Step {
@@ -1659,6 +1690,16 @@ impl Step {
                 return Ok(());
             }
         };
+        // `visibility.trace: false` arguments: placeholders, each with its
+        // sealed value (else the call is refused before it can act).
+        let untraced_values = match untraced::sealed_for(&tool.def, &arguments, &self.arg_secrets) {
+            Ok(values) => values,
+            Err((check, reason)) => {
+                let event = refuse(check, reason);
+                self.emit(event);
+                return Ok(());
+            }
+        };
         // What the model chose, for `max_identical_calls` below.
         let chosen = arguments.clone();
         let call_id = self
@@ -1839,6 +1880,7 @@ impl Step {
         let confirmation = tool.def.confirmation.clone();
         let tool_name = tool.def.name.clone();
         self.emit(event);
+        self.vault_arguments(&call_id, &tool_name, untraced_values);
         if let Some((outcome, message, why)) = before_skipped {
             self.emit(Event::ToolCallProcessed {
                 call_id: call_id.clone(),
@@ -3822,7 +3864,13 @@ impl Step {
                         .map(|t| ToolSchema {
                             name: t.def.name.clone(),
                             description: t.def.description.clone(),
-                            parameters: t.def.model_schema().clone(),
+                            parameters: t
+                                .def
+                                .strict_schema
+                                .as_ref()
+                                .unwrap_or(t.def.model_schema())
+                                .clone(),
+                            strict: t.def.strict_schema.is_some(),
                         })
                         .collect();
                     let spec = ModelCallSpec {
@@ -5465,7 +5513,13 @@ fn decode_arguments(raw: &str, limit: usize, def: &ToolDef) -> Result<Value, Str
     let raw = if raw.trim().is_empty() { "{}" } else { raw };
     let value: Value = serde_json::from_str(raw)
         .map_err(|e| format!("arguments are not valid JSON ({e}); send a JSON object"))?;
-    let Value::Object(mut map) = normalize::strip_nul_value(value) else {
+    let mut value = normalize::strip_nul_value(value);
+    if def.strict_schema.is_some() {
+        // The strict schema made optional parameters nullable: a `null`
+        // there means "not given" (the default applies, as when left out).
+        crate::definitions::strict::strip_optional_nulls(schema, &mut value);
+    }
+    let Value::Object(mut map) = value else {
         return Err("arguments must be a JSON object".into());
     };
     let sent = inject::sent_anyway(def, &map);
@@ -5528,6 +5582,7 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 
 mod inject;
 mod process;
+pub mod untraced;
 mod variants;
 
 #[cfg(test)]
@@ -5535,7 +5590,11 @@ mod cache_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]
+mod strict_tests;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod untraced_tests;
 #[cfg(test)]
 mod variant_tests;
 #[cfg(test)]

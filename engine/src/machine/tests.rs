@@ -65,6 +65,8 @@ fn tool(
             secret_access: Vec::new(),
             process: None,
             request_variants: Vec::new(),
+            strict_schema: None,
+            untraced: Vec::new(),
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },

@@ -152,13 +152,17 @@ impl Step {
     /// dispatch's transaction and handed to the worker. None for a tool
     /// that reads nothing.
     pub(super) fn restore_secrets(&mut self, call_id: &str, tool: &str) {
-        let keys = self
+        let def = self
             .state
             .plan
             .as_ref()
             .and_then(|p| p.tools.get(tool))
-            .map(|t| t.def.secret_access.clone())
-            .unwrap_or_default();
+            .map(|t| &t.def);
+        let mut keys = def.map(|d| d.secret_access.clone()).unwrap_or_default();
+        // The call's own `visibility.trace: false` arguments.
+        if let (Some(def), Some(call)) = (def, self.state.tool_calls.get(call_id)) {
+            keys.extend(super::untraced::restore_keys(def, &call.arguments));
+        }
         if !keys.is_empty() {
             self.command(Command::RestoreSecrets {
                 call_id: call_id.to_owned(),
@@ -171,9 +175,58 @@ impl Step {
     /// Whether any tool of the run's plan puts values into the vault (so
     /// its end must drop them).
     pub(super) fn plan_vaults(&self) -> bool {
-        self.state
-            .plan
-            .as_ref()
-            .is_some_and(|p| p.tools.values().any(|t| !t.def.result_secrets.is_empty()))
+        self.state.plan.as_ref().is_some_and(|p| {
+            p.tools
+                .values()
+                .any(|t| !t.def.result_secrets.is_empty() || !t.def.untraced.is_empty())
+        })
+    }
+
+    /// Right after a call's [`Event::ToolCallScheduled`]: its
+    /// `visibility.trace: false` arguments (their sealed values, by
+    /// parameter) go into the run's vault in this transaction, readable by
+    /// this tool only, never consumed (a retry reads them again), until the
+    /// run ends; [`Event::SecretsVaulted`] names the keys (path
+    /// `args.<param>`).
+    pub(super) fn vault_arguments(
+        &mut self,
+        call_id: &str,
+        tool: &str,
+        values: Vec<(String, SealedSecret)>,
+    ) {
+        if values.is_empty() {
+            return;
+        }
+        let consumers = vec![tool.to_owned()];
+        let keys = values
+            .iter()
+            .map(|(param, sealed)| VaultedKey {
+                key: sealed.key.clone(),
+                path: format!("args.{param}"),
+                ttl_s: None,
+                single_use: false,
+                consumers: consumers.clone(),
+            })
+            .collect();
+        self.emit(Event::SecretsVaulted {
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            keys,
+            absent: Vec::new(),
+        });
+        let entries = values
+            .into_iter()
+            .map(|(_, sealed)| VaultEntry {
+                sealed,
+                ttl_s: None,
+                single_use: false,
+                consumers: consumers.clone(),
+            })
+            .collect();
+        self.command(Command::VaultSecrets {
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            entries,
+        });
     }
 }

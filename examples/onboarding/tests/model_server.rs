@@ -430,6 +430,7 @@ async fn api_key_is_required_when_configured() {
         ONBOARDING_MODEL,
         "scripted-process",
         REFUSALS_MODEL,
+        "scripted-untraced",
         "scripted-vault",
     ]);
     assert_eq!(ids, expected);
@@ -558,6 +559,7 @@ fn embedded_script_is_the_file_and_has_every_model() {
         ONBOARDING_MODEL,
         "scripted-process",
         REFUSALS_MODEL,
+        "scripted-untraced",
         "scripted-vault",
     ]);
     assert_eq!(script.models().collect::<Vec<_>>(), expected);

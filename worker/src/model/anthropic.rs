@@ -43,7 +43,8 @@ pub const ERROR_RESULT_PREFIX: &str = "error:";
 /// (omitted when there is no system text), `messages` (alternating roles,
 /// content as blocks: `text`, `tool_use` with `id`/`name`/`input`,
 /// `tool_result` with `tool_use_id`/`content`/`is_error`) and `tools`
-/// (`{name, description, input_schema}`, omitted when empty).
+/// (`{name, description, input_schema}`, plus `strict: true` for a strict
+/// tool; omitted when empty).
 pub fn build_request(spec: &ModelCallSpec) -> Value {
     let mut system: Vec<&str> = Vec::new();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
@@ -103,6 +104,12 @@ pub fn build_request(spec: &ModelCallSpec) -> Value {
             tool.insert("description".into(), Value::String(t.description.clone()));
         }
         tool.insert("input_schema".into(), t.parameters.clone());
+        // Strict tool use: a top-level `strict` beside `input_schema`
+        // (Anthropic docs, "Structured outputs"); the schema is already in
+        // the strict subset.
+        if t.strict {
+            tool.insert("strict".into(), Value::Bool(true));
+        }
         Value::Object(tool)
     });
     Value::Object(body)

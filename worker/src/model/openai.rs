@@ -12,21 +12,28 @@ use crate::http_util::truncate_text;
 
 /// The Chat Completions request body for `spec`: `model`, `messages` (one per
 /// transcript message, by role), `tools` (omitted when empty, which some
-/// providers refuse) and `max_tokens` (only when the spec sets it).
+/// providers refuse; a strict tool's function carries `"strict": true`) and
+/// `max_tokens` (only when the spec sets it).
 pub fn build_request(spec: &ModelCallSpec) -> Value {
     let messages: Vec<Value> = spec.messages.iter().map(message_json).collect();
     let mut body = Map::new();
     body.insert("model".into(), Value::String(spec.model.clone()));
     body.insert("messages".into(), Value::Array(messages));
     insert_tools(&mut body, spec, |t| {
-        json!({
-            "type": "function",
-            "function": {
-                "name": t.name,
-                "description": t.description,
-                "parameters": t.parameters,
-            }
-        })
+        let mut function = json!({
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.parameters,
+        });
+        // Structured Outputs for function calling: `strict` sits in the
+        // function object; the engine already rewrote `parameters` into the
+        // strict subset (`definitions::strict`).
+        if t.strict
+            && let Value::Object(f) = &mut function
+        {
+            f.insert("strict".into(), Value::Bool(true));
+        }
+        json!({"type": "function", "function": function})
     });
     if let Some(max) = spec.max_output_tokens {
         body.insert("max_tokens".into(), Value::from(max));

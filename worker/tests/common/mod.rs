@@ -65,6 +65,7 @@ pub fn lookup_tool() -> ToolSchema {
         name: "lookup".into(),
         description: "Look something up".into(),
         parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        strict: false,
     }
 }
 
