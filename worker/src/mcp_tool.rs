@@ -593,6 +593,15 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
                 }
             ),
         ),
+        CallOutcome::SamplingRefused { detail, .. } => fail(
+            FailureClass::Rejected,
+            format!(
+                "{named} asked for a model completion (MCP sampling), which Belay does not offer{}",
+                detail
+                    .map(|d| format!("; the server then said: {}", cut(&d, MAX_ERROR_TEXT_BYTES)))
+                    .unwrap_or_default()
+            ),
+        ),
     }
 }
 

@@ -1212,3 +1212,177 @@ async fn arguments_the_input_schema_refuses_are_rejected_before_dispatch() {
     assert_eq!(engine.state.lock().unwrap().dispatches.len(), 1);
     tools.shutdown().await;
 }
+
+/// A server that asks the client for a completion although Belay declares
+/// no sampling capability.
+///
+/// `legacy`: a plain JSON-RPC server over stdio written here (Python, no
+/// SDK: the SDK's own server refuses to ask a client that did not declare
+/// sampling) that speaks 2025-11-25 and, during `tools/call`, sends
+/// `sampling/createMessage` and waits for the answer: `ask` then fails the
+/// tool with the client's error (`isError`), `ask_and_report` returns it.
+/// Otherwise the Python SDK's `MCPServer` on 2026-07-28, whose `ask`
+/// returns `input_required` with a sampling request in it.
+fn sampling_server(legacy: bool) -> McpServerConfig {
+    let script =
+        std::env::temp_dir().join(format!("belay-mcp-sampling-{}.py", uuid::Uuid::new_v4()));
+    let legacy_server = r#"import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def read():
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    return json.loads(line)
+schema = {"type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}
+tools = [{"name": n, "description": n, "inputSchema": schema} for n in ("ask", "ask_and_report")]
+while True:
+    m = read()
+    method, mid = m.get("method"), m.get("id")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "sampler", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": tools}})
+    elif method == "tools/call":
+        name = m["params"]["name"]
+        send({"jsonrpc": "2.0", "id": "s-1", "method": "sampling/createMessage", "params": {
+              "messages": [{"role": "user", "content": {"type": "text", "text": m["params"]["arguments"]["prompt"]}}],
+              "maxTokens": 50}})
+        answer = read()
+        while answer.get("id") != "s-1":
+            answer = read()
+        if "error" in answer:
+            e = answer["error"]
+            text = f"refused: code={e['code']} {e['message']}"
+            send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": text}],
+                  "isError": name == "ask"}})
+        else:
+            send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "sampled"}]}})
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": f"unknown method {method}"}})
+"#;
+    let modern_server = r#"import warnings
+warnings.simplefilter("ignore")
+from mcp import types
+from mcp.server.mcpserver import MCPServer, Context
+server = MCPServer("sampler")
+
+@server.tool()
+async def ask(prompt: str, ctx: Context) -> types.InputRequiredResult:
+    """Asks the client's model, 2026-07-28 style."""
+    return types.InputRequiredResult(input_requests={"llm": types.CreateMessageRequest(
+        params=types.CreateMessageRequestParams(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))],
+            max_tokens=50))})
+
+server.run()
+"#;
+    std::fs::write(&script, if legacy { legacy_server } else { modern_server }).unwrap();
+    McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    )
+}
+
+#[tokio::test]
+async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_outcome() {
+    // server-everything registers its sampling tools only for a client
+    // that declares the capability; Belay declares none.
+    let everything = everything_stdio().await;
+    let discovery = everything.list_tools().await.unwrap();
+    assert!(
+        !discovery
+            .tools
+            .iter()
+            .any(|t| t.name.starts_with("trigger-sampling")),
+        "{discovery:#?}"
+    );
+    everything.shutdown().await;
+
+    // A server that asks anyway gets JSON-RPC error -32601 with a reason.
+    let client = mcp::connect(resolve("sampler", sampling_server(true), &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        client.status().protocol_version.as_deref(),
+        Some("2025-11-25")
+    );
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "ask_and_report",
+            args(json!({"prompt": "hi"})),
+        ))
+        .await;
+    let text = text_of(&outcome);
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    assert!(text.contains("code=-32601"), "{text}");
+    assert!(text.contains("declares no sampling capability"), "{text}");
+
+    // A tool that fails for it ends typed: a definite refusal.
+    let outcome = client
+        .call_tool(CallRequest::new("ask", args(json!({"prompt": "hi"}))))
+        .await;
+    let CallOutcome::SamplingRefused {
+        may_have_acted,
+        detail,
+    } = &outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert!(*may_have_acted);
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("declares no sampling capability")),
+        "{detail:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    // The connection is still usable.
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "ask_and_report",
+            args(json!({"prompt": "again"})),
+        ))
+        .await;
+    assert!(text_of(&outcome).contains("refused"), "{outcome:?}");
+    client.shutdown().await;
+
+    // 2026-07-28: a sampling request inside `input_required` never becomes
+    // a question for a person; nothing ran.
+    let client = mcp::connect(resolve("sampler", sampling_server(false), &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        client.status().protocol_version.as_deref(),
+        Some("2026-07-28")
+    );
+    let outcome = client
+        .call_tool(CallRequest::new("ask", args(json!({"prompt": "hi"}))))
+        .await;
+    assert_eq!(
+        outcome,
+        CallOutcome::SamplingRefused {
+            may_have_acted: false,
+            detail: None
+        }
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    client.shutdown().await;
+
+    // Through the worker's tool path: reported as REJECTED, naming why.
+    let (_engine, tools) = mcp_tools(vec![("sampler", sampling_server(true))]).await;
+    let (report, dispatched) = call_through(&tools, "sampler", "ask", json!({"prompt": "x"})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert!(dispatched);
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(
+        error.contains("asked for a model completion (MCP sampling), which Belay does not offer"),
+        "{error}"
+    );
+    tools.shutdown().await;
+}

@@ -512,6 +512,23 @@ pub enum CallOutcome {
         /// Whether the request had been handed to the transport.
         sent: bool,
     },
+    /// The server asked for a completion (`sampling/createMessage`), which
+    /// Belay does not offer (it declares no sampling capability), and the
+    /// call failed for it: the server's request was answered with JSON-RPC
+    /// error -32601 and the tool then reported an error or refused the
+    /// call; or (protocol 2026-07-28) the call returned `input_required`
+    /// with a sampling request in it. A definite answer: repeating it
+    /// changes nothing. A tool that recovers from the refusal and succeeds
+    /// ends [`CallOutcome::Ok`].
+    SamplingRefused {
+        /// Whether the tool had been running when it asked (older
+        /// protocols), so it may have acted; `false` for `input_required`.
+        may_have_acted: bool,
+        /// What the server said after the refusal (its tool error text or
+        /// JSON-RPC error), untrusted; `None` for `input_required`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
 }
 
 impl CallOutcome {
@@ -526,6 +543,7 @@ impl CallOutcome {
                 true
             }
             Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => *sent,
+            Self::SamplingRefused { may_have_acted, .. } => *may_have_acted,
         }
     }
 
@@ -539,9 +557,10 @@ impl CallOutcome {
             Self::Disconnected { .. } | Self::Refused(CallRefusal::MissingConfigValue { .. }) => {
                 Some(FailureClass::NotSent)
             }
-            Self::ToolError(_) | Self::Rejected { .. } | Self::Refused(_) => {
-                Some(FailureClass::Rejected)
-            }
+            Self::ToolError(_)
+            | Self::Rejected { .. }
+            | Self::Refused(_)
+            | Self::SamplingRefused { .. } => Some(FailureClass::Rejected),
             Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
                 Some(FailureClass::MayHaveActed)
             }

@@ -12,7 +12,9 @@
 //! - [`Handler`]: the client side of server requests and notifications:
 //!   `tools/list_changed` (bumps the change counter), progress, logging, and
 //!   `elicitation/create`, which is answered from the call's durable answers
-//!   or with `cancel` (the call then ends as `NeedsInput`).
+//!   or with `cancel` (the call then ends as `NeedsInput`); and
+//!   `sampling/createMessage`, refused with -32601 (no sampling capability is
+//!   declared; the call then ends as `SamplingRefused`).
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
 
@@ -29,13 +31,18 @@ use rmcp::model::GetMeta as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
     ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult, ElicitationCapability,
-    FormElicitationCapability, Implementation, JsonRpcMessage, ProgressNotificationParam,
-    ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, UrlElicitationCapability,
+    FormElicitationCapability, Implementation, InputRequest, JsonRpcMessage,
+    ProgressNotificationParam, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
+    UrlElicitationCapability,
 };
 // Logging notifications are deprecated by the 2026-07-28 revision but still
 // sent by servers on older ones; they are only logged here.
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+// Sampling is deprecated by the 2026-07-28 revision (SEP-2577); servers on
+// older revisions may still ask for it, and are refused.
+#[allow(deprecated)]
+use rmcp::model::{CreateMessageRequestParams, CreateMessageResult};
 use rmcp::service::{
     ClientCacheConfig, ClientLifecycleMode, ClientServiceExt as _, InboundStreamOrigin,
     NotificationContext, RequestContext, RoleClient, RunningService,
@@ -64,6 +71,13 @@ use super::{
 const MARKER_KEY: &str = "io.belay/call-marker";
 /// JSON-RPC error code of "URL elicitation required".
 const URL_ELICITATION_REQUIRED: i32 = -32042;
+/// The JSON-RPC error a server's `sampling/createMessage` is answered
+/// with: "method not found" (-32601), as for any method a client does not
+/// offer; Belay declares no sampling capability.
+const SAMPLING_REFUSED: i32 = -32601;
+/// The message of [`SAMPLING_REFUSED`].
+const SAMPLING_REFUSED_MESSAGE: &str = "sampling/createMessage is not offered: this client (Belay) declares no sampling capability; \
+     a completion must go through the run's own model, budget and events";
 /// Longest stderr line logged at once, in bytes; longer lines are split.
 const MAX_STDERR_LINE: u64 = 8 * 1024;
 /// Longest message a stdio server may send, in bytes (one JSON-RPC line).
@@ -126,6 +140,9 @@ struct CallSlot {
     unattributed_elicitation: bool,
     /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
     too_large: bool,
+    /// The server sent `sampling/createMessage` during this call and was
+    /// answered with [`SAMPLING_REFUSED`] (Belay declares no sampling).
+    sampling_refused: bool,
 }
 
 #[derive(Default)]
@@ -816,6 +833,42 @@ impl ClientHandler for Handler {
         Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel))
     }
 
+    /// Belay does not declare `sampling`: a completion a server asks for
+    /// would bypass the run's model, budget and events. A server that asks
+    /// anyway gets a JSON-RPC error, and the call that asked is marked so
+    /// that a failure that follows ends as [`CallOutcome::SamplingRefused`].
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let server = &self.shared.server.name;
+        let call = self.call_of(&context);
+        let mut slots = lock(&self.shared.calls.slots);
+        match call.and_then(|marker| slots.get_mut(&marker)) {
+            Some(slot) => {
+                slot.sampling_refused = true;
+                tracing::warn!(
+                    server,
+                    call = slot.label,
+                    "sampling/createMessage refused: Belay offers no sampling"
+                );
+            }
+            None => {
+                tracing::warn!(
+                    server,
+                    "sampling/createMessage outside a known call refused: Belay offers no sampling"
+                );
+            }
+        }
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode(SAMPLING_REFUSED),
+            SAMPLING_REFUSED_MESSAGE,
+            None,
+        ))
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::info!(server = self.shared.server.name, "tools/list_changed");
         self.shared.changes.send_modify(|seq| *seq += 1);
@@ -1424,6 +1477,7 @@ impl Shared {
                 needs_input: None,
                 unattributed_elicitation: false,
                 too_large: false,
+                sampling_refused: false,
             },
         );
         // Removes the slot however this future ends (a caller may drop it).
@@ -1572,13 +1626,14 @@ impl Shared {
             params.request_state = input.request_state.clone();
         }
         let response = live.peer.call_tool_once(params).await;
-        let (needs_input, too_large, unattributed) = lock(&self.calls.slots)
+        let (needs_input, too_large, unattributed, sampling_refused) = lock(&self.calls.slots)
             .get_mut(&marker)
             .map(|s| {
                 (
                     s.needs_input.take(),
                     s.too_large,
                     s.unattributed_elicitation,
+                    s.sampling_refused,
                 )
             })
             .unwrap_or_default();
@@ -1599,7 +1654,21 @@ impl Shared {
                     .into(),
             };
         }
-        match response {
+        if let Ok(CallToolResponse::InputRequired(input)) = &response
+            && input.input_requests.as_ref().is_some_and(|requests| {
+                requests
+                    .values()
+                    .any(|r| matches!(r, InputRequest::CreateMessage(_)))
+            })
+        {
+            // Protocol 2026-07-28 asks within the result: nothing ran yet,
+            // and no person could answer a completion request.
+            return CallOutcome::SamplingRefused {
+                may_have_acted: false,
+                detail: None,
+            };
+        }
+        let outcome = match response {
             Ok(CallToolResponse::Complete(result)) => {
                 finish(result, tool, request.max_result_bytes)
             }
@@ -1620,6 +1689,22 @@ impl Shared {
                 reason: "the server's answer to tools/call is of an unknown kind".into(),
             },
             Err(e) => classify(e, &self.calls.state(marker)),
+        };
+        match outcome {
+            // The server recovered from the refusal: its result stands.
+            CallOutcome::Ok(_) => outcome,
+            _ if !sampling_refused => outcome,
+            CallOutcome::ToolError(result) => CallOutcome::SamplingRefused {
+                may_have_acted: true,
+                detail: Some(result::text(&result.content)),
+            },
+            CallOutcome::Rejected { code, message, .. } => CallOutcome::SamplingRefused {
+                may_have_acted: true,
+                detail: Some(format!("JSON-RPC error {code}: {message}")),
+            },
+            // Lost, cancelled, timed out…: what happened to the call matters
+            // more than why the server asked.
+            other => other,
         }
     }
 }
