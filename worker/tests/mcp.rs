@@ -1386,3 +1386,224 @@ async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_o
     );
     tools.shutdown().await;
 }
+
+/// A local OAuth token endpoint (client-credentials grant) and what it
+/// issued; the bearer tokens an MCP server in front of it accepts.
+#[derive(Clone, Default)]
+struct Authority {
+    /// Token requests: (Authorization header, form body).
+    requests: Arc<Mutex<Vec<(String, String)>>>,
+    /// Tokens the resource server accepts now.
+    valid: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// `POST /token`: `tok-<n>` for client `crm-client` / `s3cret`
+/// (HTTP Basic), `invalid_client` (401) otherwise.
+async fn token_endpoint(authority: Authority) -> String {
+    let router = axum::Router::new().route(
+        "/token",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let authority = authority.clone();
+                async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    let body = String::from_utf8_lossy(&body).into_owned();
+                    let n = {
+                        let mut requests = authority.requests.lock().unwrap();
+                        requests.push((auth.clone(), body));
+                        requests.len()
+                    };
+                    // base64("crm-client:s3cret")
+                    if auth != "Basic Y3JtLWNsaWVudDpzM2NyZXQ=" {
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            axum::Json(json!({"error": "invalid_client"})),
+                        );
+                    }
+                    let token = format!("tok-{n}");
+                    authority.valid.lock().unwrap().insert(token.clone());
+                    (
+                        axum::http::StatusCode::OK,
+                        axum::Json(
+                            json!({"access_token": token, "token_type": "Bearer", "expires_in": 3600}),
+                        ),
+                    )
+                }
+            },
+        ),
+    );
+    format!("http://{}/token", common::serve(router).await)
+}
+
+/// An MCP endpoint that demands a valid bearer token (401 with a
+/// `WWW-Authenticate` challenge otherwise, as MCP's authorization asks)
+/// and passes accepted requests to `upstream`; records the token of each.
+async fn guarded_proxy(
+    upstream: String,
+    authority: Authority,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (client, log) = (reqwest::Client::new(), seen.clone());
+    let router = axum::Router::new().route(
+        "/mcp",
+        axum::routing::any(
+            move |method: axum::http::Method,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| {
+                let (client, upstream, log, authority) =
+                    (client.clone(), upstream.clone(), log.clone(), authority.clone());
+                async move {
+                    let bearer = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .unwrap_or_default()
+                        .to_owned();
+                    log.lock().unwrap().push(bearer.clone());
+                    if !authority.valid.lock().unwrap().contains(&bearer) {
+                        return axum::http::Response::builder()
+                            .status(401)
+                            .header(
+                                "www-authenticate",
+                                r#"Bearer error="invalid_token", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource""#,
+                            )
+                            .body(axum::body::Body::empty())
+                            .unwrap();
+                    }
+                    let mut request = client.request(method, &upstream).body(body);
+                    for (name, value) in &headers {
+                        if name != "host" && name != "content-length" && name != "authorization" {
+                            request = request.header(name, value);
+                        }
+                    }
+                    let response = request.send().await.unwrap();
+                    let mut builder = axum::http::Response::builder().status(response.status());
+                    for (name, value) in response.headers() {
+                        if name != "content-length" && name != "transfer-encoding" {
+                            builder = builder.header(name, value);
+                        }
+                    }
+                    let chunks = futures_util::stream::unfold(response, |mut r| async move {
+                        match r.chunk().await {
+                            Ok(Some(chunk)) => Some((Ok::<_, std::io::Error>(chunk), r)),
+                            _ => None,
+                        }
+                    });
+                    builder.body(axum::body::Body::from_stream(chunks)).unwrap()
+                }
+            },
+        ),
+    );
+    let addr = common::serve(router).await;
+    (format!("http://{addr}/mcp"), seen)
+}
+
+fn oauth_server(url: String, token_url: &str, secret_name: &str) -> McpServerConfig {
+    McpServerConfig::Http(mcp::HttpServerConfig {
+        oauth: Some(mcp::OAuthClientConfig {
+            token_url: token_url.to_owned(),
+            client_id: "{{config.CRM_ID}}".into(),
+            client_secret: format!("{{{{config.{secret_name}}}}}"),
+            scopes: vec!["mcp:tools".into(), "crm.read".into()],
+        }),
+        ..match McpServerConfig::http(url) {
+            McpServerConfig::Http(h) => h,
+            McpServerConfig::Stdio(_) => unreachable!(),
+        }
+    })
+}
+
+#[tokio::test]
+async fn an_oauth_server_gets_a_client_credentials_token_cached_and_refreshed_on_401() {
+    let everything = everything_http().await;
+    let authority = Authority::default();
+    let token_url = token_endpoint(authority.clone()).await;
+    let (url, seen) = guarded_proxy(everything.url.clone(), authority.clone()).await;
+    let vars = [
+        ("CRM_ID", "crm-client"),
+        ("CRM_SECRET", "s3cret"),
+        ("WRONG_SECRET", "nope"),
+    ];
+
+    // Without a token the server refuses: a client without `oauth` cannot
+    // connect.
+    let err = mcp::connect(resolve("crm", McpServerConfig::http(url.clone()), &[]))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, McpError::Connect { .. }), "{err:?}");
+
+    // With client credentials: one token, fetched once, on every request.
+    let resolved = resolve(
+        "crm",
+        oauth_server(url.clone(), &token_url, "CRM_SECRET"),
+        &vars,
+    );
+    assert!(!format!("{resolved:?}").contains("s3cret"));
+    let client = mcp::connect(resolved).await.unwrap();
+    let mut events = client.events();
+    let discovery = client.list_tools().await.unwrap();
+    assert!(discovery.tools.iter().any(|t| t.name == "echo"));
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "one"}))))
+        .await;
+    assert!(text_of(&outcome).contains("one"), "{outcome:?}");
+    {
+        let requests = authority.requests.lock().unwrap();
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(
+            requests[0].1,
+            "grant_type=client_credentials&scope=mcp%3Atools%20crm.read"
+        );
+    }
+    let before = seen.lock().unwrap().clone();
+    assert!(before.len() >= 3, "{before:?}");
+    assert!(before[1..].iter().all(|t| t == "tok-1"), "{before:?}");
+
+    // The authorization server revokes it: the next request is answered
+    // 401, a new token is fetched once, and the call goes through.
+    authority.valid.lock().unwrap().clear();
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "two"}))))
+        .await;
+    assert!(text_of(&outcome).contains("two"), "{outcome:?}");
+    assert_eq!(authority.requests.lock().unwrap().len(), 2);
+    let after: Vec<String> = seen.lock().unwrap()[before.len()..].to_vec();
+    assert_eq!(
+        after.first().map(String::as_str),
+        Some("tok-1"),
+        "{after:?}"
+    );
+    assert!(after[1..].iter().all(|t| t == "tok-2"), "{after:?}");
+    // Tokens never appear in what the client reports.
+    while let Ok(event) = events.try_recv() {
+        let text = format!("{event:?}");
+        assert!(!text.contains("tok-"), "{text}");
+    }
+    assert!(!format!("{:?}", client.status()).contains("tok-"));
+    client.shutdown().await;
+
+    // A token endpoint that refuses the client: a typed connection error
+    // naming the endpoint and its `error`, and the MCP server saw nothing.
+    let seen_before = seen.lock().unwrap().len();
+    let err = mcp::connect(resolve(
+        "crm",
+        oauth_server(url.clone(), &token_url, "WRONG_SECRET"),
+        &vars,
+    ))
+    .await
+    .err()
+    .unwrap();
+    let McpError::Connect { message, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(message.contains(&token_url), "{message}");
+    assert!(message.contains("invalid_client"), "{message}");
+    assert!(!message.contains("nope"), "{message}");
+    assert_eq!(seen.lock().unwrap().len(), seen_before);
+    everything.kill().await;
+}

@@ -32,8 +32,8 @@ mod rmcp_client;
 pub mod schema;
 
 pub use config::{
-    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, ResolvedServer, ResolvedTransport,
-    StdioServerConfig,
+    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, OAuthClientConfig, ResolvedServer,
+    ResolvedTransport, StdioServerConfig,
 };
 pub use result::Truncation;
 pub use schema::{RawTool, SchemaRefusal, SchemaSide};

@@ -538,9 +538,12 @@ fn http_not_sent(error: &StreamableHttpError<reqwest::Error>) -> bool {
     match error {
         StreamableHttpError::Client(e) => e.is_connect() || e.is_builder(),
         StreamableHttpError::HttpStatus(status) => status.status == 429,
-        StreamableHttpError::SessionExpired | StreamableHttpError::ReservedHeaderConflict(_) => {
-            true
-        }
+        // 401/403: refused before it was handled (or, with `oauth`, no
+        // token could be had and nothing was sent).
+        StreamableHttpError::SessionExpired
+        | StreamableHttpError::ReservedHeaderConflict(_)
+        | StreamableHttpError::AuthRequired(_)
+        | StreamableHttpError::InsufficientScope(_) => true,
         _ => false,
     }
 }
@@ -556,6 +559,83 @@ struct HeaderClient {
     /// Cancelled when the server no longer knows this connection's session:
     /// the supervisor then re-makes the connection (see [`HeaderClient::answered`]).
     lost: CancellationToken,
+    /// Bearer tokens for a server configured with `oauth`.
+    oauth: Option<Arc<OAuth>>,
+}
+
+/// Client-credentials tokens of one server: cached across its connections
+/// (in [`Shared`]), fetched again when the server answers 401.
+struct OAuth {
+    creds: crate::oauth2::ClientCredentials,
+    tokens: Arc<crate::oauth2::TokenCache>,
+    /// For the token endpoint only.
+    http: reqwest::Client,
+}
+
+/// How long a token request may take, in ms.
+const OAUTH_TOKEN_TIMEOUT_MS: u64 = 10_000;
+
+/// Whether an HTTP answer says the bearer token was not accepted: 401 with
+/// a challenge (`AuthRequired`) or without one (rmcp then reports the
+/// status in an unexpected-response error).
+fn unauthorized<T>(result: &Result<T, StreamableHttpError<reqwest::Error>>) -> bool {
+    match result {
+        Err(StreamableHttpError::AuthRequired(_)) => true,
+        Err(StreamableHttpError::UnexpectedServerResponse(message)) => {
+            message.starts_with("HTTP 401")
+        }
+        _ => false,
+    }
+}
+
+/// A token that could not be had, as a transport error: nothing was sent.
+fn no_token(error: &crate::oauth2::TokenError) -> StreamableHttpError<reqwest::Error> {
+    StreamableHttpError::AuthRequired(
+        rmcp::transport::streamable_http_client::AuthRequiredError::new(format!(
+            "no OAuth access token: {error}"
+        )),
+    )
+}
+
+impl HeaderClient {
+    /// Runs `send` with the bearer token of a server configured with
+    /// `oauth` (else with `auth_header` as rmcp gave it): the cached token,
+    /// and once more with a new one when the server answers 401. A 401 is
+    /// the server refusing before handling the request, so sending it again
+    /// cannot repeat an effect.
+    async fn authorized<T, F, Fut>(
+        &self,
+        auth_header: Option<String>,
+        send: F,
+    ) -> Result<T, StreamableHttpError<reqwest::Error>>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = Result<T, StreamableHttpError<reqwest::Error>>>,
+    {
+        let Some(oauth) = &self.oauth else {
+            return send(auth_header).await;
+        };
+        let timeout = Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS);
+        let token = oauth
+            .tokens
+            .token(&oauth.http, &oauth.creds, timeout)
+            .await
+            .map_err(|e| no_token(&e))?;
+        let result = send(Some(token.clone())).await;
+        if !unauthorized(&result) {
+            return result;
+        }
+        tracing::info!(
+            token_url = oauth.creds.token_url.as_str(),
+            "MCP server answered 401: fetching a new access token"
+        );
+        let token = oauth
+            .tokens
+            .refresh_after_rejection(&oauth.http, &oauth.creds, &token, timeout)
+            .await
+            .map_err(|e| no_token(&e))?;
+        send(Some(token)).await
+    }
 }
 
 type HeaderMap = HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
@@ -639,8 +719,15 @@ impl StreamableHttpClient for HeaderClient {
         let (id, attached) = (request_id(&message), session_id.is_some());
         async move {
             let result = self
-                .inner
-                .post_message(uri, message, session_id, auth_header, headers)
+                .authorized(auth_header, |auth| {
+                    self.inner.post_message(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        auth,
+                        headers.clone(),
+                    )
+                })
                 .await;
             self.answered(id, attached, result)
         }
@@ -659,15 +746,16 @@ impl StreamableHttpClient for HeaderClient {
         let (id, attached) = (request_id(&message), session_id.is_some());
         async move {
             let result = self
-                .inner
-                .post_message_with_max_sse_event_size(
-                    uri,
-                    message,
-                    session_id,
-                    auth_header,
-                    headers,
-                    max_sse_event_size,
-                )
+                .authorized(auth_header, |auth| {
+                    self.inner.post_message_with_max_sse_event_size(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        auth,
+                        headers.clone(),
+                        max_sse_event_size,
+                    )
+                })
                 .await;
             self.answered(id, attached, result)
         }
@@ -686,15 +774,16 @@ impl StreamableHttpClient for HeaderClient {
         let (id, attached) = (request_id(&message), session_id.is_some());
         async move {
             let result = self
-                .inner
-                .post_message_with_response_limits(
-                    uri,
-                    message,
-                    session_id,
-                    auth_header,
-                    headers,
-                    limits,
-                )
+                .authorized(auth_header, |auth| {
+                    self.inner.post_message_with_response_limits(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        auth,
+                        headers.clone(),
+                        limits,
+                    )
+                })
                 .await;
             self.answered(id, attached, result)
         }
@@ -707,8 +796,14 @@ impl StreamableHttpClient for HeaderClient {
         auth_header: Option<String>,
         custom_headers: HeaderMap,
     ) -> impl Future<Output = Result<(), StreamableHttpError<reqwest::Error>>> + Send + '_ {
-        self.inner
-            .delete_session(uri, session_id, auth_header, custom_headers)
+        self.authorized(auth_header, move |auth| {
+            self.inner.delete_session(
+                uri.clone(),
+                session_id.clone(),
+                auth,
+                custom_headers.clone(),
+            )
+        })
     }
 
     fn get_stream(
@@ -725,8 +820,15 @@ impl StreamableHttpClient for HeaderClient {
         >,
     > + Send
     + '_ {
-        self.inner
-            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+        self.authorized(auth_header, move |auth| {
+            self.inner.get_stream(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                auth,
+                custom_headers.clone(),
+            )
+        })
     }
 }
 
@@ -949,6 +1051,8 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     /// Number of the latest connection that came up.
     generation: AtomicU64,
+    /// OAuth access tokens (servers with `oauth`), kept across reconnections.
+    tokens: Arc<crate::oauth2::TokenCache>,
 }
 
 /// The rmcp-backed [`McpClient`].
@@ -984,6 +1088,7 @@ impl RmcpClient {
             next_marker: AtomicU64::new(1),
             last_error: Mutex::new(None),
             generation: AtomicU64::new(0),
+            tokens: Arc::default(),
         });
         let (live, running) = connect_once(&shared, 1).await?;
         publish_up(&shared, &live);
@@ -1084,7 +1189,11 @@ async fn connect_once(
             .map_err(|e| connect_failed(error_chain(&e)))?;
             (running, pid)
         }
-        ResolvedTransport::Http { url, headers } => {
+        ResolvedTransport::Http {
+            url,
+            headers,
+            oauth,
+        } => {
             let mut fixed = HeaderMap::new();
             for (key, value) in headers {
                 let key = reqwest::header::HeaderName::from_bytes(key.as_bytes())
@@ -1102,11 +1211,37 @@ async fn connect_once(
                 .pool_max_idle_per_host(0)
                 .build()
                 .map_err(|e| connect_failed(error_chain(&e)))?;
+            let oauth = match oauth {
+                None => None,
+                Some(creds) => Some(Arc::new(OAuth {
+                    creds: creds.clone(),
+                    tokens: shared.tokens.clone(),
+                    http: reqwest::Client::builder()
+                        .connect_timeout(Duration::from_millis(HTTP_CONNECT_TIMEOUT_MS))
+                        .build()
+                        .map_err(|e| connect_failed(error_chain(&e)))?,
+                })),
+            };
+            // The first token is fetched here, so that a token endpoint
+            // that refuses the client is reported as what it is (rmcp
+            // reports a failed send without its cause).
+            if let Some(oauth) = &oauth {
+                oauth
+                    .tokens
+                    .token(
+                        &oauth.http,
+                        &oauth.creds,
+                        Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS),
+                    )
+                    .await
+                    .map_err(|e| connect_failed(e.to_string()))?;
+            }
             let client = HeaderClient {
                 inner: http,
                 calls: shared.calls.clone(),
                 generation,
                 lost: lost.clone(),
+                oauth,
             };
             let mut config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(fixed);
