@@ -1607,3 +1607,230 @@ async fn an_oauth_server_gets_a_client_credentials_token_cached_and_refreshed_on
     assert_eq!(seen.lock().unwrap().len(), seen_before);
     everything.kill().await;
 }
+
+#[tokio::test]
+async fn resources_are_listed_and_read_with_limits_and_typed_errors() {
+    let client = everything_stdio().await;
+    let listing = client.list_resources().await.unwrap();
+    assert_eq!(listing.server, "everything");
+    let uris: BTreeSet<&str> = listing
+        .resources
+        .iter()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    assert!(
+        uris.contains("demo://resource/static/document/features.md"),
+        "{uris:?}"
+    );
+    let templates: BTreeSet<&str> = listing
+        .templates
+        .iter()
+        .filter_map(|t| t["uriTemplate"].as_str())
+        .collect();
+    assert!(
+        templates.contains("demo://resource/dynamic/text/{resourceId}"),
+        "{templates:?}"
+    );
+
+    // A text resource from a template.
+    let outcome = client
+        .read_resource(mcp::ReadRequest::new("demo://resource/dynamic/text/3"))
+        .await;
+    let CallOutcome::Ok(result) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(result.content.len(), 1, "{result:?}");
+    assert_eq!(result.content[0]["uri"], "demo://resource/dynamic/text/3");
+    assert_eq!(result.content[0]["mimeType"], "text/plain");
+    assert!(
+        result.content[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Resource 3: This is a plaintext resource"),
+        "{result:?}"
+    );
+    assert!(result.truncation.is_none());
+    // Cut to the caller's limit, and says so.
+    let mut small = mcp::ReadRequest::new("demo://resource/static/document/features.md");
+    small.max_result_bytes = 300;
+    let CallOutcome::Ok(cut) = client.read_resource(small).await else {
+        panic!("not read");
+    };
+    assert!(cut.truncation.is_some(), "{cut:?}");
+    assert!(serde_json::to_string(&cut.content).unwrap().len() <= 300);
+    // A resource the server does not have: its JSON-RPC error, typed.
+    let outcome = client
+        .read_resource(mcp::ReadRequest::new("demo://resource/nope"))
+        .await;
+    assert!(
+        matches!(outcome, CallOutcome::Rejected { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    client.shutdown().await;
+
+    // A server without resources lists none.
+    let time = mcp::connect(resolve(
+        "time",
+        McpServerConfig::stdio(installed("BELAY_MCP_TIME"), vec![]),
+        &[],
+    ))
+    .await
+    .unwrap();
+    let listing = time.list_resources().await.unwrap();
+    assert!(listing.resources.is_empty() && listing.templates.is_empty());
+    time.shutdown().await;
+}
+
+/// Reads through the worker's tool path a `type: mcp` tool with
+/// `resource: template`; also says whether the read was dispatched.
+async fn read_through(
+    tools: &belay_worker::mcp_tool::McpTools,
+    server: &str,
+    template: &str,
+    arguments: Value,
+) -> (belay_worker::mcp_tool::McpCallReport, bool) {
+    let task = belay_proto::v1::Task {
+        task_id: "task-1".into(),
+        run_id: "run-1".into(),
+        tenant: "acme".into(),
+        kind: "tool_call".into(),
+        attempt: 1,
+        ..Default::default()
+    };
+    let binding = belay_proto::wire::McpResourceBinding {
+        server: server.into(),
+        uri_template: template.into(),
+        timeout_ms: 30_000,
+    };
+    let spec = belay_proto::wire::ToolCallSpec {
+        tool: "read_doc".into(),
+        tool_version: 1,
+        arguments,
+        binding: belay_proto::wire::ToolBinding::McpResource(binding.clone()),
+        idempotency_key: "run-1/call-1".into(),
+        input: None,
+        config_params: Vec::new(),
+        result_secrets: Vec::new(),
+        variant: None,
+    };
+    let mut dispatched = false;
+    let report = tools
+        .read(&task, &spec, &binding, |_| dispatched = true)
+        .await;
+    (report, dispatched)
+}
+
+#[tokio::test]
+async fn a_resource_tool_fills_its_uri_template_and_reports_the_contents() {
+    let (engine, tools) = mcp_tools(vec![("everything", everything_stdio_config())]).await;
+    let template = "demo://resource/dynamic/text/{id}";
+    let (report, dispatched) = read_through(&tools, "everything", template, json!({"id": 7})).await;
+    let belay_worker::mcp_tool::McpCallReport::Complete(json) = &report else {
+        panic!("{report:?}");
+    };
+    let value: Value = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        value["contents"][0]["uri"],
+        "demo://resource/dynamic/text/7"
+    );
+    assert!(
+        value["contents"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Resource 7:"),
+        "{value}"
+    );
+    assert!(dispatched);
+    assert_eq!(engine.state.lock().unwrap().dispatches.len(), 1);
+
+    // An argument the template needs but the call lacks: refused before
+    // dispatch, naming it.
+    let (report, dispatched) = read_through(&tools, "everything", template, json!({})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(error.contains("no argument `id`"), "{error}");
+    assert!(!dispatched);
+    // A resource the server lacks: dispatched, then its error, REJECTED.
+    let (report, _) = read_through(
+        &tools,
+        "everything",
+        "demo://resource/{id}",
+        json!({"id": "x y"}),
+    )
+    .await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(
+        error.contains(
+            "MCP resource `demo://resource/x%20y` of server `everything` could not be read"
+        ),
+        "{error}"
+    );
+    // A server this worker lacks: not sent, another worker may have it.
+    let (report, dispatched) = read_through(&tools, "elsewhere", template, json!({"id": 1})).await;
+    assert!(
+        matches!(
+            report,
+            belay_worker::mcp_tool::McpCallReport::Fail {
+                class: FailureClass::NotSent,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    assert!(!dispatched);
+    tools.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_worker_lists_a_servers_resources_for_an_operator() {
+    let config = std::env::temp_dir().join(format!("belay-mcp-{}.json", uuid::Uuid::new_v4()));
+    let document = McpConfig {
+        servers: BTreeMap::from([("everything".to_owned(), everything_stdio_config())]),
+        config: BTreeMap::new(),
+    };
+    std::fs::write(&config, serde_json::to_string(&document).unwrap()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_belay-worker"))
+        .arg("--mcp-config")
+        .arg(&config)
+        .args(["--list-mcp-resources", "everything"])
+        .env("BELAY_ENGINE_URL", "http://127.0.0.1:1")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing["server"], "everything");
+    assert!(
+        listing["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["uri"] == "demo://resource/static/document/features.md"),
+        "{listing}"
+    );
+    // A server that is not configured: a clear error, not a listing.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_belay-worker"))
+        .arg("--mcp-config")
+        .arg(&config)
+        .args(["--list-mcp-resources", "nope"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no MCP server named `nope` is configured"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(&config);
+}

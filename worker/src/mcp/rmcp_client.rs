@@ -35,6 +35,7 @@ use rmcp::model::{
     ProgressNotificationParam, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
     UrlElicitationCapability,
 };
+use rmcp::model::{ReadResourceRequestParams, ReadResourceResponse};
 // Logging notifications are deprecated by the 2026-07-28 revision but still
 // sent by servers on older ones; they are only logged here.
 #[allow(deprecated)]
@@ -64,7 +65,7 @@ use super::schema::{self, CompiledTool, RawTool};
 use super::{
     BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
     ElicitationAnswer, IDEMPOTENCY_META_KEY, InputNeeded, InputVia, McpClient, McpError, McpEvent,
-    RefusedTool, ServerStatus, result,
+    ReadRequest, RefusedTool, ResourceListing, ServerStatus, result,
 };
 
 /// `_meta` key of the call marker (stripped before sending).
@@ -1950,6 +1951,96 @@ fn error_chain(error: &(dyn StdError + 'static)) -> String {
     out
 }
 
+impl Shared {
+    /// See [`McpClient::list_resources`].
+    async fn resources(&self) -> Result<ResourceListing, McpError> {
+        let deadline = self.connect_deadline();
+        let live = self.live(deadline).await?;
+        let protocol = |e: ServiceError| McpError::Protocol {
+            server: self.server.name.clone(),
+            message: error_chain(&e),
+        };
+        let declared = live
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.resources.is_some());
+        if !declared {
+            return Ok(ResourceListing {
+                server: self.server.name.clone(),
+                resources: Vec::new(),
+                templates: Vec::new(),
+            });
+        }
+        let resources = live.peer.list_all_resources().await.map_err(protocol)?;
+        let templates = match live.peer.list_all_resource_templates().await {
+            Ok(templates) => templates,
+            Err(ServiceError::McpError(e))
+                if e.code == rmcp::model::ErrorCode::METHOD_NOT_FOUND =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(protocol(e)),
+        };
+        Ok(ResourceListing {
+            server: self.server.name.clone(),
+            resources: resources
+                .iter()
+                .filter_map(|r| serde_json::to_value(r).ok())
+                .collect(),
+            templates: templates
+                .iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect(),
+        })
+    }
+
+    /// See [`McpClient::read_resource`].
+    async fn read(&self, request: ReadRequest) -> CallOutcome {
+        let timeout = Duration::from_millis(request.timeout_ms);
+        let reading = async {
+            let live = match self.live(self.connect_deadline()).await {
+                Ok(live) => live,
+                Err(e) => {
+                    return CallOutcome::Disconnected {
+                        reason: e.to_string(),
+                    };
+                }
+            };
+            let params = ReadResourceRequestParams::new(request.uri.clone());
+            match live.peer.read_resource_once(params).await {
+                Ok(ReadResourceResponse::Complete(result)) => {
+                    let contents: Result<Vec<Value>, _> =
+                        result.contents.iter().map(serde_json::to_value).collect();
+                    match contents {
+                        Ok(contents) => CallOutcome::Ok(result::truncate(
+                            contents,
+                            None,
+                            request.max_result_bytes,
+                        )),
+                        Err(e) => CallOutcome::Malformed {
+                            reason: format!("resource contents cannot be represented as JSON: {e}"),
+                        },
+                    }
+                }
+                Ok(_) => CallOutcome::Malformed {
+                    reason:
+                        "the server asked for input to read a resource, which Belay does not answer"
+                            .into(),
+                },
+                // Sent or not, a read changed nothing.
+                Err(e) => classify(e, &SendState::Written),
+            }
+        };
+        match tokio::time::timeout(timeout, reading).await {
+            Ok(outcome) => outcome,
+            Err(_) => CallOutcome::Timeout {
+                timeout_ms: request.timeout_ms,
+                sent: true,
+            },
+        }
+    }
+}
+
 impl McpClient for RmcpClient {
     fn server(&self) -> &str {
         &self.shared.server.name
@@ -2009,6 +2100,14 @@ impl McpClient for RmcpClient {
 
     fn events(&self) -> broadcast::Receiver<McpEvent> {
         self.shared.events.subscribe()
+    }
+
+    fn list_resources(&self) -> BoxFuture<'_, Result<ResourceListing, McpError>> {
+        Box::pin(self.shared.resources())
+    }
+
+    fn read_resource(&self, request: ReadRequest) -> BoxFuture<'_, CallOutcome> {
+        Box::pin(self.shared.read(request))
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
