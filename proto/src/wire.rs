@@ -136,6 +136,22 @@ pub enum ToolBinding {
     /// A tool of an MCP server (`type: mcp`), called by the worker's MCP
     /// client. Added after v0.1.
     Mcp(McpBinding),
+    /// One resource of an MCP server (`type: mcp` with `resource:`), read
+    /// by the worker's MCP client (`resources/read`). Added for issue 4.
+    McpResource(McpResourceBinding),
+}
+
+/// Binding of a `type: mcp` tool with `resource:`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpResourceBinding {
+    /// The server's logical name, resolved by the worker's MCP configuration.
+    pub server: String,
+    /// The resource's URI, or a URI template (RFC 6570 level 1) whose
+    /// `{name}` expressions are filled from the call's arguments of those
+    /// names, percent-encoded.
+    pub uri_template: String,
+    /// Whole-read timeout in ms (waiting for the server's connection included).
+    pub timeout_ms: u64,
 }
 
 /// Binding of a `type: mcp` tool.

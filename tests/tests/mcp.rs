@@ -904,9 +904,68 @@ async fn a_tool_asking_for_input_waits_durably_for_the_answer(backend: DbBackend
     env.stop().await
 }
 
+/// A resource read as the run starts (a tool node bound to `resource:`),
+/// recorded as a step, and carried into the agent's context.
+async fn a_resource_read_at_the_start_reaches_the_model_and_is_recorded(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
+    setup(&env).await?;
+    let everything = mcp_server("BELAY_MCP_EVERYTHING")?;
+    env.start_worker_with_mcp(
+        0,
+        &json!({"servers": {"everything": {"transport": "stdio", "command": everything, "args": ["stdio"]}}}),
+    )
+    .await?;
+    let (run, _) = env
+        .client(0)?
+        .start_run(
+            "mcp_resource_brief",
+            &json!({"doc_id": "5"}),
+            StartOptions {
+                idempotency_key: "mcp-resource-1".into(),
+                caller: "test".into(),
+                caller_grants: vec!["mcp.use".into()],
+            },
+        )
+        .await?;
+    let output = completed(&env, &run.run_id).await?;
+    let brief = output["brief"].as_str().unwrap_or_default();
+    ensure!(
+        brief.starts_with("Resource 5: This is a plaintext resource"),
+        "{output}"
+    );
+    let events = env.events(&run.run_id).await?;
+    // The read is one recorded, dispatched step: its contents are in the
+    // event (a replay folds them from there, it never reads again).
+    let reads = of_kind(&events, "tool_call_completed");
+    ensure!(reads.len() == 1, "{reads:?}");
+    let contents = &reads[0]["result"]["contents"];
+    ensure!(
+        contents[0]["uri"] == "demo://resource/dynamic/text/5"
+            && contents[0]["text"].as_str() == Some(brief),
+        "{contents}"
+    );
+    let counts = dispatch_counts(&events);
+    ensure!(
+        counts.values().all(|n| *n == 1) && counts.len() == 1,
+        "{counts:?}"
+    );
+    // The model saw it in its context.
+    let model_call = of_kind(&events, "model_call_scheduled")
+        .first()
+        .and_then(|e| e["call_id"].as_str())
+        .ok_or_else(|| anyhow!("no model call"))?
+        .to_owned();
+    let spec = env.db.task_spec(&run.run_id, &model_call).await?;
+    ensure!(spec.to_string().contains(brief), "{spec}");
+    env.stop().await
+}
+
 belay_tests::on_both_backends!(
     an_agent_run_calls_mcp_tools_over_stdio_and_completes,
-    a_tool_asking_for_input_waits_durably_for_the_answer
+    a_tool_asking_for_input_waits_durably_for_the_answer,
+    a_resource_read_at_the_start_reaches_the_model_and_is_recorded
 );
 
 mod postgres_only {

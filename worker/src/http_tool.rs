@@ -571,6 +571,10 @@ impl HttpToolClient {
                 "tool `{}` is `type: mcp` (server `{}`): it is called by the MCP client, not over HTTP",
                 spec.tool, binding.server
             ))),
+            ToolBinding::McpResource(binding) => Err(config(format!(
+                "tool `{}` reads a resource of MCP server `{}`: it is read by the MCP client, not over HTTP",
+                spec.tool, binding.server
+            ))),
         }
     }
 

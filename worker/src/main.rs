@@ -73,6 +73,27 @@ struct Args {
     /// the engine, while it cannot be reached, and once shutdown began.
     #[arg(long, env = "BELAY_WORKER_HEALTH_LISTEN")]
     health_listen: Option<std::net::SocketAddr>,
+    /// Print the resources and resource templates of this `--mcp-config`
+    /// server as JSON on stdout, and exit (claims no work). For an operator
+    /// choosing the URIs of `resource:` tools.
+    #[arg(long, value_name = "SERVER")]
+    list_mcp_resources: Option<String>,
+}
+
+/// `--list-mcp-resources SERVER`: connects to that server only and prints
+/// its listing.
+async fn list_mcp_resources(mcp: &McpConfig, server: &str) -> anyhow::Result<()> {
+    let resolved = mcp
+        .resolve(server)
+        .map_err(|e| anyhow::anyhow!("--list-mcp-resources: {e}"))?;
+    let client = belay_worker::mcp::connect(resolved)
+        .await
+        .map_err(|e| anyhow::anyhow!("--list-mcp-resources: {e}"))?;
+    let listing = client.list_resources().await;
+    client.shutdown().await;
+    let listing = listing.map_err(|e| anyhow::anyhow!("--list-mcp-resources: {e}"))?;
+    println!("{}", serde_json::to_string_pretty(&listing)?);
+    Ok(())
 }
 
 /// The MCP configuration at `path`, checked; none (or an empty path, e.g.
@@ -128,6 +149,9 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
+    if let Some(server) = &args.list_mcp_resources {
+        return list_mcp_resources(&mcp, server).await;
+    }
     let tls_profiles =
         belay_worker::http_tool::TlsProfilesConfig::load(args.tls_profiles.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;

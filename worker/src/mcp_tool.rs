@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use belay_proto::v1::{FailureClass, McpToolListing, Task};
-use belay_proto::wire::{McpBinding, ToolCallSpec};
+use belay_proto::wire::{McpBinding, McpResourceBinding, ToolCallSpec};
 use serde_json::Value;
 use tokio::task::AbortHandle;
 
@@ -512,6 +512,119 @@ impl McpTools {
     }
 }
 
+impl McpTools {
+    /// Reads the resource of a `type: mcp` tool with `resource:` (the URI
+    /// template filled from the arguments) and says what to report: its
+    /// `{"contents": […]}` (MCP's `resources/read` result), or a failure. No
+    /// definition is pinned (a resource has no tool definition); the read
+    /// is dispatched like any call before it is sent, and `on_dispatched`
+    /// runs then.
+    pub async fn read(
+        &self,
+        task: &Task,
+        spec: &ToolCallSpec,
+        binding: &McpResourceBinding,
+        on_dispatched: impl FnOnce(&crate::placeholders::SecretValues),
+    ) -> McpCallReport {
+        let server = binding.server.as_str();
+        let client = match self.slot(server, |s| (s.client.clone(), s.last_error.clone())) {
+            None => {
+                return fail(
+                    FailureClass::NotSent,
+                    format!(
+                        "MCP server `{server}` is not configured on worker `{}` (--mcp-config)",
+                        self.engine.worker_id()
+                    ),
+                );
+            }
+            Some((None, last_error)) => {
+                return fail(
+                    FailureClass::NotSent,
+                    format!(
+                        "MCP server `{server}` is not connected: {}",
+                        last_error.as_deref().unwrap_or("connecting")
+                    ),
+                );
+            }
+            Some((Some(client), _)) => client,
+        };
+        let Value::Object(arguments) = &spec.arguments else {
+            return fail(
+                FailureClass::Rejected,
+                format!("the arguments of `{}` are not a JSON object", spec.tool),
+            );
+        };
+        let uri = match mcp::expand_uri_template(&binding.uri_template, arguments) {
+            Ok(uri) => uri,
+            Err(e) => {
+                return fail(
+                    FailureClass::Rejected,
+                    format!(
+                        "tool `{}`: resource URI `{}`: {e}",
+                        spec.tool, binding.uri_template
+                    ),
+                );
+            }
+        };
+        let secrets = match self.engine.dispatch(&task.task_id, task.attempt).await {
+            Ok(d) => d.secrets,
+            Err(status) => {
+                crate::runner::log_dispatch_refused(task, &status);
+                return McpCallReport::NotDispatched;
+            }
+        };
+        on_dispatched(&secrets);
+        tracing::info!(
+            task_id = %task.task_id, attempt = task.attempt, server, %uri,
+            "MCP resource read dispatched"
+        );
+        let outcome = client
+            .read_resource(mcp::ReadRequest {
+                uri: uri.clone(),
+                timeout_ms: binding.timeout_ms.max(1),
+                max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            })
+            .await;
+        let named = format!("MCP resource `{uri}` of server `{server}`");
+        match outcome {
+            CallOutcome::Ok(result) => {
+                let mut value = serde_json::json!({ "contents": result.content });
+                if let Some(t) = result.truncation
+                    && let Ok(t) = serde_json::to_value(t)
+                {
+                    value["truncation"] = t;
+                }
+                McpCallReport::Complete(value.to_string())
+            }
+            CallOutcome::Rejected { code, message, .. } => fail(
+                FailureClass::Rejected,
+                format!(
+                    "{named} could not be read (JSON-RPC error {code}): {}",
+                    cut(&message, MAX_ERROR_TEXT_BYTES)
+                ),
+            ),
+            CallOutcome::Disconnected { reason } => fail(
+                FailureClass::NotSent,
+                format!("{named} was not read: not connected ({reason})"),
+            ),
+            other => {
+                let class = other.failure_class().unwrap_or(FailureClass::MayHaveActed);
+                let what = match &other {
+                    CallOutcome::Timeout { timeout_ms, .. } => {
+                        format!("no answer within {timeout_ms} ms")
+                    }
+                    CallOutcome::LostAfterSend { reason } => {
+                        format!("the answer was lost ({reason})")
+                    }
+                    CallOutcome::Malformed { reason } => cut(reason, MAX_ERROR_TEXT_BYTES),
+                    other => format!("{other:?}"),
+                };
+                fail(class, format!("{named} could not be read: {what}"))
+            }
+        }
+    }
+}
+
 /// The failure or result an outcome is reported as.
 fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> McpCallReport {
     let class = outcome.failure_class();
@@ -591,6 +704,15 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
                 } else {
                     " (not sent)"
                 }
+            ),
+        ),
+        CallOutcome::SamplingRefused { detail, .. } => fail(
+            FailureClass::Rejected,
+            format!(
+                "{named} asked for a model completion (MCP sampling), which Belay does not offer{}",
+                detail
+                    .map(|d| format!("; the server then said: {}", cut(&d, MAX_ERROR_TEXT_BYTES)))
+                    .unwrap_or_default()
             ),
         ),
     }

@@ -536,6 +536,9 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     if let ToolBinding::Mcp(binding) = &spec.binding {
         return perform_mcp_call(ctx, task, &spec, binding, dispatched, &mut redact).await;
     }
+    if let ToolBinding::McpResource(binding) = &spec.binding {
+        return perform_mcp_read(ctx, task, &spec, binding, dispatched, &mut redact).await;
+    }
     // Build the request before dispatch: a call that cannot be made is
     // refused without ever being dispatched.
     let mut request = match ctx.tools.prepare(&spec) {
@@ -620,6 +623,43 @@ async fn perform_mcp_call(
             redact.secrets = secrets.values();
         })
         .await;
+    report_mcp(ctx, task, spec, report, redact).await;
+}
+
+/// Performs a `type: mcp` tool with `resource:`: reads the resource through
+/// the worker's MCP client and reports its contents like a tool result.
+async fn perform_mcp_read(
+    ctx: &Ctx,
+    task: &Task,
+    spec: &ToolCallSpec,
+    binding: &belay_proto::wire::McpResourceBinding,
+    dispatched: &AtomicBool,
+    redact: &mut Redactions,
+) {
+    let Some(mcp) = &ctx.mcp else {
+        let error = format!(
+            "MCP server `{}` is not configured on this worker (it has no --mcp-config)",
+            binding.server
+        );
+        return report_failure(ctx, task, FailureClass::NotSent, error).await;
+    };
+    let report = mcp
+        .read(task, spec, binding, |secrets| {
+            dispatched.store(true, Ordering::SeqCst);
+            redact.secrets = secrets.values();
+        })
+        .await;
+    report_mcp(ctx, task, spec, report, redact).await;
+}
+
+/// Reports what an MCP call or read came to.
+async fn report_mcp(
+    ctx: &Ctx,
+    task: &Task,
+    spec: &ToolCallSpec,
+    report: McpCallReport,
+    redact: &mut Redactions,
+) {
     match report {
         McpCallReport::Complete(json) => match serde_json::from_str::<serde_json::Value>(&json) {
             Ok(value) => report_result(ctx, task, spec, value, redact).await,

@@ -1212,3 +1212,625 @@ async fn arguments_the_input_schema_refuses_are_rejected_before_dispatch() {
     assert_eq!(engine.state.lock().unwrap().dispatches.len(), 1);
     tools.shutdown().await;
 }
+
+/// A server that asks the client for a completion although Belay declares
+/// no sampling capability.
+///
+/// `legacy`: a plain JSON-RPC server over stdio written here (Python, no
+/// SDK: the SDK's own server refuses to ask a client that did not declare
+/// sampling) that speaks 2025-11-25 and, during `tools/call`, sends
+/// `sampling/createMessage` and waits for the answer: `ask` then fails the
+/// tool with the client's error (`isError`), `ask_and_report` returns it.
+/// Otherwise the Python SDK's `MCPServer` on 2026-07-28, whose `ask`
+/// returns `input_required` with a sampling request in it.
+fn sampling_server(legacy: bool) -> McpServerConfig {
+    let script =
+        std::env::temp_dir().join(format!("belay-mcp-sampling-{}.py", uuid::Uuid::new_v4()));
+    let legacy_server = r#"import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def read():
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    return json.loads(line)
+schema = {"type": "object", "properties": {"prompt": {"type": "string"}}, "required": ["prompt"]}
+tools = [{"name": n, "description": n, "inputSchema": schema} for n in ("ask", "ask_and_report")]
+while True:
+    m = read()
+    method, mid = m.get("method"), m.get("id")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "sampler", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": tools}})
+    elif method == "tools/call":
+        name = m["params"]["name"]
+        send({"jsonrpc": "2.0", "id": "s-1", "method": "sampling/createMessage", "params": {
+              "messages": [{"role": "user", "content": {"type": "text", "text": m["params"]["arguments"]["prompt"]}}],
+              "maxTokens": 50}})
+        answer = read()
+        while answer.get("id") != "s-1":
+            answer = read()
+        if "error" in answer:
+            e = answer["error"]
+            text = f"refused: code={e['code']} {e['message']}"
+            send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": text}],
+                  "isError": name == "ask"}})
+        else:
+            send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "sampled"}]}})
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": f"unknown method {method}"}})
+"#;
+    let modern_server = r#"import warnings
+warnings.simplefilter("ignore")
+from mcp import types
+from mcp.server.mcpserver import MCPServer, Context
+server = MCPServer("sampler")
+
+@server.tool()
+async def ask(prompt: str, ctx: Context) -> types.InputRequiredResult:
+    """Asks the client's model, 2026-07-28 style."""
+    return types.InputRequiredResult(input_requests={"llm": types.CreateMessageRequest(
+        params=types.CreateMessageRequestParams(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))],
+            max_tokens=50))})
+
+server.run()
+"#;
+    std::fs::write(&script, if legacy { legacy_server } else { modern_server }).unwrap();
+    McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    )
+}
+
+#[tokio::test]
+async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_outcome() {
+    // server-everything registers its sampling tools only for a client
+    // that declares the capability; Belay declares none.
+    let everything = everything_stdio().await;
+    let discovery = everything.list_tools().await.unwrap();
+    assert!(
+        !discovery
+            .tools
+            .iter()
+            .any(|t| t.name.starts_with("trigger-sampling")),
+        "{discovery:#?}"
+    );
+    everything.shutdown().await;
+
+    // A server that asks anyway gets JSON-RPC error -32601 with a reason.
+    let client = mcp::connect(resolve("sampler", sampling_server(true), &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        client.status().protocol_version.as_deref(),
+        Some("2025-11-25")
+    );
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "ask_and_report",
+            args(json!({"prompt": "hi"})),
+        ))
+        .await;
+    let text = text_of(&outcome);
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    assert!(text.contains("code=-32601"), "{text}");
+    assert!(text.contains("declares no sampling capability"), "{text}");
+
+    // A tool that fails for it ends typed: a definite refusal.
+    let outcome = client
+        .call_tool(CallRequest::new("ask", args(json!({"prompt": "hi"}))))
+        .await;
+    let CallOutcome::SamplingRefused {
+        may_have_acted,
+        detail,
+    } = &outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert!(*may_have_acted);
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("declares no sampling capability")),
+        "{detail:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    // The connection is still usable.
+    let outcome = client
+        .call_tool(CallRequest::new(
+            "ask_and_report",
+            args(json!({"prompt": "again"})),
+        ))
+        .await;
+    assert!(text_of(&outcome).contains("refused"), "{outcome:?}");
+    client.shutdown().await;
+
+    // 2026-07-28: a sampling request inside `input_required` never becomes
+    // a question for a person; nothing ran.
+    let client = mcp::connect(resolve("sampler", sampling_server(false), &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        client.status().protocol_version.as_deref(),
+        Some("2026-07-28")
+    );
+    let outcome = client
+        .call_tool(CallRequest::new("ask", args(json!({"prompt": "hi"}))))
+        .await;
+    assert_eq!(
+        outcome,
+        CallOutcome::SamplingRefused {
+            may_have_acted: false,
+            detail: None
+        }
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    client.shutdown().await;
+
+    // Through the worker's tool path: reported as REJECTED, naming why.
+    let (_engine, tools) = mcp_tools(vec![("sampler", sampling_server(true))]).await;
+    let (report, dispatched) = call_through(&tools, "sampler", "ask", json!({"prompt": "x"})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert!(dispatched);
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(
+        error.contains("asked for a model completion (MCP sampling), which Belay does not offer"),
+        "{error}"
+    );
+    tools.shutdown().await;
+}
+
+/// A local OAuth token endpoint (client-credentials grant) and what it
+/// issued; the bearer tokens an MCP server in front of it accepts.
+#[derive(Clone, Default)]
+struct Authority {
+    /// Token requests: (Authorization header, form body).
+    requests: Arc<Mutex<Vec<(String, String)>>>,
+    /// Tokens the resource server accepts now.
+    valid: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// `POST /token`: `tok-<n>` for client `crm-client` / `s3cret`
+/// (HTTP Basic), `invalid_client` (401) otherwise.
+async fn token_endpoint(authority: Authority) -> String {
+    let router = axum::Router::new().route(
+        "/token",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let authority = authority.clone();
+                async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    let body = String::from_utf8_lossy(&body).into_owned();
+                    let n = {
+                        let mut requests = authority.requests.lock().unwrap();
+                        requests.push((auth.clone(), body));
+                        requests.len()
+                    };
+                    // base64("crm-client:s3cret")
+                    if auth != "Basic Y3JtLWNsaWVudDpzM2NyZXQ=" {
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            axum::Json(json!({"error": "invalid_client"})),
+                        );
+                    }
+                    let token = format!("tok-{n}");
+                    authority.valid.lock().unwrap().insert(token.clone());
+                    (
+                        axum::http::StatusCode::OK,
+                        axum::Json(
+                            json!({"access_token": token, "token_type": "Bearer", "expires_in": 3600}),
+                        ),
+                    )
+                }
+            },
+        ),
+    );
+    format!("http://{}/token", common::serve(router).await)
+}
+
+/// An MCP endpoint that demands a valid bearer token (401 with a
+/// `WWW-Authenticate` challenge otherwise, as MCP's authorization asks)
+/// and passes accepted requests to `upstream`; records the token of each.
+async fn guarded_proxy(
+    upstream: String,
+    authority: Authority,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (client, log) = (reqwest::Client::new(), seen.clone());
+    let router = axum::Router::new().route(
+        "/mcp",
+        axum::routing::any(
+            move |method: axum::http::Method,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| {
+                let (client, upstream, log, authority) =
+                    (client.clone(), upstream.clone(), log.clone(), authority.clone());
+                async move {
+                    let bearer = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .unwrap_or_default()
+                        .to_owned();
+                    log.lock().unwrap().push(bearer.clone());
+                    if !authority.valid.lock().unwrap().contains(&bearer) {
+                        return axum::http::Response::builder()
+                            .status(401)
+                            .header(
+                                "www-authenticate",
+                                r#"Bearer error="invalid_token", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource""#,
+                            )
+                            .body(axum::body::Body::empty())
+                            .unwrap();
+                    }
+                    let mut request = client.request(method, &upstream).body(body);
+                    for (name, value) in &headers {
+                        if name != "host" && name != "content-length" && name != "authorization" {
+                            request = request.header(name, value);
+                        }
+                    }
+                    let response = request.send().await.unwrap();
+                    let mut builder = axum::http::Response::builder().status(response.status());
+                    for (name, value) in response.headers() {
+                        if name != "content-length" && name != "transfer-encoding" {
+                            builder = builder.header(name, value);
+                        }
+                    }
+                    let chunks = futures_util::stream::unfold(response, |mut r| async move {
+                        match r.chunk().await {
+                            Ok(Some(chunk)) => Some((Ok::<_, std::io::Error>(chunk), r)),
+                            _ => None,
+                        }
+                    });
+                    builder.body(axum::body::Body::from_stream(chunks)).unwrap()
+                }
+            },
+        ),
+    );
+    let addr = common::serve(router).await;
+    (format!("http://{addr}/mcp"), seen)
+}
+
+fn oauth_server(url: String, token_url: &str, secret_name: &str) -> McpServerConfig {
+    McpServerConfig::Http(mcp::HttpServerConfig {
+        oauth: Some(mcp::OAuthClientConfig {
+            token_url: token_url.to_owned(),
+            client_id: "{{config.CRM_ID}}".into(),
+            client_secret: format!("{{{{config.{secret_name}}}}}"),
+            scopes: vec!["mcp:tools".into(), "crm.read".into()],
+        }),
+        ..match McpServerConfig::http(url) {
+            McpServerConfig::Http(h) => h,
+            McpServerConfig::Stdio(_) => unreachable!(),
+        }
+    })
+}
+
+#[tokio::test]
+async fn an_oauth_server_gets_a_client_credentials_token_cached_and_refreshed_on_401() {
+    let everything = everything_http().await;
+    let authority = Authority::default();
+    let token_url = token_endpoint(authority.clone()).await;
+    let (url, seen) = guarded_proxy(everything.url.clone(), authority.clone()).await;
+    let vars = [
+        ("CRM_ID", "crm-client"),
+        ("CRM_SECRET", "s3cret"),
+        ("WRONG_SECRET", "nope"),
+    ];
+
+    // Without a token the server refuses: a client without `oauth` cannot
+    // connect.
+    let err = mcp::connect(resolve("crm", McpServerConfig::http(url.clone()), &[]))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, McpError::Connect { .. }), "{err:?}");
+
+    // With client credentials: one token, fetched once, on every request.
+    let resolved = resolve(
+        "crm",
+        oauth_server(url.clone(), &token_url, "CRM_SECRET"),
+        &vars,
+    );
+    assert!(!format!("{resolved:?}").contains("s3cret"));
+    let client = mcp::connect(resolved).await.unwrap();
+    let mut events = client.events();
+    let discovery = client.list_tools().await.unwrap();
+    assert!(discovery.tools.iter().any(|t| t.name == "echo"));
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "one"}))))
+        .await;
+    assert!(text_of(&outcome).contains("one"), "{outcome:?}");
+    {
+        let requests = authority.requests.lock().unwrap();
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(
+            requests[0].1,
+            "grant_type=client_credentials&scope=mcp%3Atools%20crm.read"
+        );
+    }
+    let before = seen.lock().unwrap().clone();
+    assert!(before.len() >= 3, "{before:?}");
+    assert!(before[1..].iter().all(|t| t == "tok-1"), "{before:?}");
+
+    // The authorization server revokes it: the next request is answered
+    // 401, a new token is fetched once, and the call goes through.
+    authority.valid.lock().unwrap().clear();
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "two"}))))
+        .await;
+    assert!(text_of(&outcome).contains("two"), "{outcome:?}");
+    assert_eq!(authority.requests.lock().unwrap().len(), 2);
+    let after: Vec<String> = seen.lock().unwrap()[before.len()..].to_vec();
+    assert_eq!(
+        after.first().map(String::as_str),
+        Some("tok-1"),
+        "{after:?}"
+    );
+    assert!(after[1..].iter().all(|t| t == "tok-2"), "{after:?}");
+    // Tokens never appear in what the client reports.
+    while let Ok(event) = events.try_recv() {
+        let text = format!("{event:?}");
+        assert!(!text.contains("tok-"), "{text}");
+    }
+    assert!(!format!("{:?}", client.status()).contains("tok-"));
+    client.shutdown().await;
+
+    // A token endpoint that refuses the client: a typed connection error
+    // naming the endpoint and its `error`, and the MCP server saw nothing.
+    let seen_before = seen.lock().unwrap().len();
+    let err = mcp::connect(resolve(
+        "crm",
+        oauth_server(url.clone(), &token_url, "WRONG_SECRET"),
+        &vars,
+    ))
+    .await
+    .err()
+    .unwrap();
+    let McpError::Connect { message, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(message.contains(&token_url), "{message}");
+    assert!(message.contains("invalid_client"), "{message}");
+    assert!(!message.contains("nope"), "{message}");
+    assert_eq!(seen.lock().unwrap().len(), seen_before);
+    everything.kill().await;
+}
+
+#[tokio::test]
+async fn resources_are_listed_and_read_with_limits_and_typed_errors() {
+    let client = everything_stdio().await;
+    let listing = client.list_resources().await.unwrap();
+    assert_eq!(listing.server, "everything");
+    let uris: BTreeSet<&str> = listing
+        .resources
+        .iter()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    assert!(
+        uris.contains("demo://resource/static/document/features.md"),
+        "{uris:?}"
+    );
+    let templates: BTreeSet<&str> = listing
+        .templates
+        .iter()
+        .filter_map(|t| t["uriTemplate"].as_str())
+        .collect();
+    assert!(
+        templates.contains("demo://resource/dynamic/text/{resourceId}"),
+        "{templates:?}"
+    );
+
+    // A text resource from a template.
+    let outcome = client
+        .read_resource(mcp::ReadRequest::new("demo://resource/dynamic/text/3"))
+        .await;
+    let CallOutcome::Ok(result) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(result.content.len(), 1, "{result:?}");
+    assert_eq!(result.content[0]["uri"], "demo://resource/dynamic/text/3");
+    assert_eq!(result.content[0]["mimeType"], "text/plain");
+    assert!(
+        result.content[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Resource 3: This is a plaintext resource"),
+        "{result:?}"
+    );
+    assert!(result.truncation.is_none());
+    // Cut to the caller's limit, and says so.
+    let mut small = mcp::ReadRequest::new("demo://resource/static/document/features.md");
+    small.max_result_bytes = 300;
+    let CallOutcome::Ok(cut) = client.read_resource(small).await else {
+        panic!("not read");
+    };
+    assert!(cut.truncation.is_some(), "{cut:?}");
+    assert!(serde_json::to_string(&cut.content).unwrap().len() <= 300);
+    // A resource the server does not have: its JSON-RPC error, typed.
+    let outcome = client
+        .read_resource(mcp::ReadRequest::new("demo://resource/nope"))
+        .await;
+    assert!(
+        matches!(outcome, CallOutcome::Rejected { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    client.shutdown().await;
+
+    // A server without resources lists none.
+    let time = mcp::connect(resolve(
+        "time",
+        McpServerConfig::stdio(installed("BELAY_MCP_TIME"), vec![]),
+        &[],
+    ))
+    .await
+    .unwrap();
+    let listing = time.list_resources().await.unwrap();
+    assert!(listing.resources.is_empty() && listing.templates.is_empty());
+    time.shutdown().await;
+}
+
+/// Reads through the worker's tool path a `type: mcp` tool with
+/// `resource: template`; also says whether the read was dispatched.
+async fn read_through(
+    tools: &belay_worker::mcp_tool::McpTools,
+    server: &str,
+    template: &str,
+    arguments: Value,
+) -> (belay_worker::mcp_tool::McpCallReport, bool) {
+    let task = belay_proto::v1::Task {
+        task_id: "task-1".into(),
+        run_id: "run-1".into(),
+        tenant: "acme".into(),
+        kind: "tool_call".into(),
+        attempt: 1,
+        ..Default::default()
+    };
+    let binding = belay_proto::wire::McpResourceBinding {
+        server: server.into(),
+        uri_template: template.into(),
+        timeout_ms: 30_000,
+    };
+    let spec = belay_proto::wire::ToolCallSpec {
+        tool: "read_doc".into(),
+        tool_version: 1,
+        arguments,
+        binding: belay_proto::wire::ToolBinding::McpResource(binding.clone()),
+        idempotency_key: "run-1/call-1".into(),
+        input: None,
+        config_params: Vec::new(),
+        result_secrets: Vec::new(),
+        variant: None,
+    };
+    let mut dispatched = false;
+    let report = tools
+        .read(&task, &spec, &binding, |_| dispatched = true)
+        .await;
+    (report, dispatched)
+}
+
+#[tokio::test]
+async fn a_resource_tool_fills_its_uri_template_and_reports_the_contents() {
+    let (engine, tools) = mcp_tools(vec![("everything", everything_stdio_config())]).await;
+    let template = "demo://resource/dynamic/text/{id}";
+    let (report, dispatched) = read_through(&tools, "everything", template, json!({"id": 7})).await;
+    let belay_worker::mcp_tool::McpCallReport::Complete(json) = &report else {
+        panic!("{report:?}");
+    };
+    let value: Value = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        value["contents"][0]["uri"],
+        "demo://resource/dynamic/text/7"
+    );
+    assert!(
+        value["contents"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Resource 7:"),
+        "{value}"
+    );
+    assert!(dispatched);
+    assert_eq!(engine.state.lock().unwrap().dispatches.len(), 1);
+
+    // An argument the template needs but the call lacks: refused before
+    // dispatch, naming it.
+    let (report, dispatched) = read_through(&tools, "everything", template, json!({})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(error.contains("no argument `id`"), "{error}");
+    assert!(!dispatched);
+    // A resource the server lacks: dispatched, then its error, REJECTED.
+    let (report, _) = read_through(
+        &tools,
+        "everything",
+        "demo://resource/{id}",
+        json!({"id": "x y"}),
+    )
+    .await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::Rejected);
+    assert!(
+        error.contains(
+            "MCP resource `demo://resource/x%20y` of server `everything` could not be read"
+        ),
+        "{error}"
+    );
+    // A server this worker lacks: not sent, another worker may have it.
+    let (report, dispatched) = read_through(&tools, "elsewhere", template, json!({"id": 1})).await;
+    assert!(
+        matches!(
+            report,
+            belay_worker::mcp_tool::McpCallReport::Fail {
+                class: FailureClass::NotSent,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    assert!(!dispatched);
+    tools.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_worker_lists_a_servers_resources_for_an_operator() {
+    let config = std::env::temp_dir().join(format!("belay-mcp-{}.json", uuid::Uuid::new_v4()));
+    let document = McpConfig {
+        servers: BTreeMap::from([("everything".to_owned(), everything_stdio_config())]),
+        config: BTreeMap::new(),
+    };
+    std::fs::write(&config, serde_json::to_string(&document).unwrap()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_belay-worker"))
+        .arg("--mcp-config")
+        .arg(&config)
+        .args(["--list-mcp-resources", "everything"])
+        .env("BELAY_ENGINE_URL", "http://127.0.0.1:1")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing["server"], "everything");
+    assert!(
+        listing["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["uri"] == "demo://resource/static/document/features.md"),
+        "{listing}"
+    );
+    // A server that is not configured: a clear error, not a listing.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_belay-worker"))
+        .arg("--mcp-config")
+        .arg(&config)
+        .args(["--list-mcp-resources", "nope"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no MCP server named `nope` is configured"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(&config);
+}

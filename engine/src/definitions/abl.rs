@@ -39,6 +39,7 @@ mod cache;
 #[cfg(test)]
 mod http_body_tests;
 mod http_variants;
+mod mcp_resource;
 mod process;
 mod retry;
 mod secrets;
@@ -653,6 +654,9 @@ struct Props<'b> {
     server: Option<String>,
     /// `server_tool:` of a `type: mcp` tool.
     server_tool: Option<String>,
+    /// `resource:` of a `type: mcp` tool (`abl/mcp_resource.rs`), with the
+    /// line and column of its value.
+    resource: Option<(String, u32, u32)>,
     endpoint: Option<(String, u32, u32)>,
     method: Option<String>,
     /// Line and column of the `method:` value.
@@ -925,7 +929,11 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     // starts; `never` without a trusted hint).
     let from_server =
         !props.present.contains("repeat_safety") && props.binding_type == Some(BindingType::Mcp);
-    if from_server {
+    // Reading a resource changes nothing: idempotent, not the server's hints.
+    let from_server = from_server && props.resource.is_none();
+    if !props.present.contains("repeat_safety") && props.resource.is_some() {
+        props.repeat_safety = Some(RepeatSafety::Idempotent);
+    } else if from_server {
         props.repeat_safety = Some(RepeatSafety::Never);
     } else if !props.present.contains("repeat_safety") {
         missing(
@@ -1081,11 +1089,22 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             let Some(server) = props.server else {
                 return;
             };
-            ToolBindingDef::Mcp {
-                server,
-                server_tool: props.server_tool.unwrap_or_else(|| sig.name.clone()),
-                headers,
-                timeout_ms,
+            if let Some((template, line_no, col)) = props.resource {
+                let Some(binding) =
+                    mcp_resource::binding(server, template, timeout_ms, &sig, &props.present)
+                        .map_err(|m| cx.error(line_no, col, m))
+                        .ok()
+                else {
+                    return;
+                };
+                binding
+            } else {
+                ToolBindingDef::Mcp {
+                    server,
+                    server_tool: props.server_tool.unwrap_or_else(|| sig.name.clone()),
+                    headers,
+                    timeout_ms,
+                }
             }
         }
         (Some(BindingType::Http), Some(endpoint), _) => ToolBindingDef::Http {
@@ -1993,7 +2012,7 @@ fn merge_headers(
 /// itself; `server:` and `server_tool:` belong to `type: mcp` tools only.
 fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) {
     if props.binding_type != Some(BindingType::Mcp) {
-        for key in ["server", "server_tool"] {
+        for key in ["server", "server_tool", "resource"] {
             if props.present.contains(key) {
                 cx.error(
                     line.no,
@@ -2406,6 +2425,11 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                     } else {
                         props.secret_access = Some(child);
                     }
+                }
+            }
+            "resource" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    props.resource = Some((s, line.no, kv.value_col));
                 }
             }
             "server" | "server_tool" => {
@@ -4980,6 +5004,7 @@ TOOLS:
         let timeout = |t: &ToolDef| match &t.binding {
             ToolBindingDef::Http { timeout_ms, .. }
             | ToolBindingDef::Mcp { timeout_ms, .. }
+            | ToolBindingDef::McpResource { timeout_ms, .. }
             | ToolBindingDef::AsyncWebhook { timeout_ms, .. } => Some(*timeout_ms),
             ToolBindingDef::Workflow { timeout_ms, .. } => *timeout_ms,
         };

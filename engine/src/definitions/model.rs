@@ -118,6 +118,18 @@ pub enum ToolBindingDef {
         /// `timeout:` of the whole call in ms; default 30000.
         timeout_ms: u64,
     },
+    /// `type: mcp` with `resource:`: a call reads one resource of an MCP
+    /// server (`resources/read`) and its contents are the result, recorded
+    /// like any tool result. Added for issue 4.
+    McpResource {
+        /// `server:`, the server's logical name.
+        server: String,
+        /// `resource:`, a URI or a URI template whose `{name}` expressions
+        /// are parameters of the tool.
+        uri_template: String,
+        /// `timeout:` of the whole read in ms; default 30000.
+        timeout_ms: u64,
+    },
 }
 
 /// `confirmation:` of a tool with `require: always`, or with `require:

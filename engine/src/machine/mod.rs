@@ -5458,6 +5458,15 @@ fn tool_spec(
             headers: headers.clone(),
             timeout_ms: *timeout_ms,
         }),
+        ToolBindingDef::McpResource {
+            server,
+            uri_template,
+            timeout_ms,
+        } => ToolBinding::McpResource(belay_proto::wire::McpResourceBinding {
+            server: server.clone(),
+            uri_template: uri_template.clone(),
+            timeout_ms: *timeout_ms,
+        }),
         ToolBindingDef::Workflow { .. } => {
             return Err(MachineError::InvalidPlan(format!(
                 "tool `{}` is not called through a worker",

@@ -10,11 +10,22 @@
 //!                    "args": ["stdio"], "env": {"API_KEY": "{{config.EVERYTHING_KEY}}"}},
 //!     "search": {"transport": "http", "url": "https://mcp.example.com/mcp",
 //!                "headers": {"Authorization": "Bearer {{config.SEARCH_TOKEN}}"},
-//!                "trusted": true}
+//!                "trusted": true},
+//!     "crm": {"transport": "http", "url": "https://crm.example.com/mcp",
+//!             "oauth": {"token_url": "https://auth.example.com/token",
+//!                       "client_id": "{{config.CRM_ID}}", "client_secret": "{{config.CRM_SECRET}}",
+//!                       "scopes": ["mcp:tools"]}}
 //!   },
-//!   "config": {"EVERYTHING_KEY": "…", "SEARCH_TOKEN": "…"}
+//!   "config": {"EVERYTHING_KEY": "…", "SEARCH_TOKEN": "…", "CRM_ID": "…", "CRM_SECRET": "…"}
 //! }
 //! ```
+//!
+//! `oauth` (HTTP servers): MCP's authorization for Streamable HTTP is OAuth
+//! 2.1; a worker has no browser, so it uses the client-credentials grant
+//! ([`crate::oauth2`]): the access token is fetched before the first
+//! request, cached until shortly before it expires, fetched again when the
+//! server answers 401, and sent as `Authorization: Bearer …`. It is never
+//! logged nor put in an event.
 //!
 //! `{{config.NAME}}` placeholders (in stdio `env` values, HTTP `headers` values
 //! and per-call headers) are replaced by `config.NAME`; a missing name or any
@@ -171,6 +182,39 @@ pub struct HttpServerConfig {
     /// Longest restart delay, in ms. Default [`DEFAULT_RESTART_MAX_DELAY_MS`].
     #[serde(default = "default_restart_max_delay_ms")]
     pub restart_max_delay_ms: u64,
+    /// OAuth 2.1 client credentials: every request carries a bearer token
+    /// from this token endpoint (see the module docs). Excludes an
+    /// `Authorization` header in `headers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<OAuthClientConfig>,
+}
+
+/// `"oauth"` of an HTTP server: the client-credentials grant (RFC 6749
+/// §4.4) at `token_url`. `Debug` leaves the secret out.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthClientConfig {
+    /// The authorization server's token endpoint, `http(s)://…`.
+    pub token_url: String,
+    /// The client identifier; may hold `{{config.X}}`.
+    pub client_id: String,
+    /// The client secret; may hold `{{config.X}}` (a secret belongs in
+    /// `config`, not in the server entry).
+    pub client_secret: String,
+    /// Scopes to ask for (sent space-separated as `scope`); none: no
+    /// `scope` parameter.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+impl fmt::Debug for OAuthClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OAuthClientConfig")
+            .field("token_url", &self.token_url)
+            .field("client_id", &self.client_id)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Settings shared by both transports (the same fields on both).
@@ -221,6 +265,7 @@ impl McpServerConfig {
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             restart_min_delay_ms: DEFAULT_RESTART_MIN_DELAY_MS,
             restart_max_delay_ms: DEFAULT_RESTART_MAX_DELAY_MS,
+            oauth: None,
         })
     }
 
@@ -333,9 +378,14 @@ impl McpServerConfig {
                     check_header(name, key, &value)?;
                     headers.insert(key.clone(), value);
                 }
+                let oauth = match &h.oauth {
+                    None => None,
+                    Some(oauth) => Some(resolve_oauth(name, oauth, &h.headers, vars)?),
+                };
                 ResolvedTransport::Http {
                     url: h.url.clone(),
                     headers,
+                    oauth,
                 }
             }
         };
@@ -393,10 +443,15 @@ impl fmt::Debug for ResolvedTransport {
                 .field("inherit_env", inherit_env)
                 .field("cwd", cwd)
                 .finish(),
-            Self::Http { url, headers } => f
+            Self::Http {
+                url,
+                headers,
+                oauth,
+            } => f
                 .debug_struct("Http")
                 .field("url", url)
                 .field("headers", &headers.keys().collect::<Vec<_>>())
+                .field("oauth", oauth)
                 .finish(),
         }
     }
@@ -425,6 +480,8 @@ pub enum ResolvedTransport {
         url: String,
         /// Headers for every request, placeholders resolved.
         headers: BTreeMap<String, String>,
+        /// Client credentials for bearer tokens, placeholders resolved.
+        oauth: Option<crate::oauth2::ClientCredentials>,
     },
 }
 
@@ -585,6 +642,55 @@ pub fn check_header(server: &str, name: &str, value: &str) -> Result<(), ConfigE
     Ok(())
 }
 
+/// `oauth` with its placeholders resolved; refuses a bad token URL, an
+/// empty client id, a scope with whitespace, and an `Authorization` header
+/// next to it.
+fn resolve_oauth(
+    server: &str,
+    oauth: &OAuthClientConfig,
+    headers: &BTreeMap<String, String>,
+    vars: &BTreeMap<String, String>,
+) -> Result<crate::oauth2::ClientCredentials, ConfigError> {
+    let invalid = |message: String| ConfigError::InvalidSetting {
+        server: server.to_owned(),
+        message,
+    };
+    if let Some(name) = headers
+        .keys()
+        .find(|k| k.eq_ignore_ascii_case("authorization"))
+    {
+        return Err(ConfigError::InvalidHeader {
+            server: server.to_owned(),
+            name: name.clone(),
+            reason: "`oauth` sets the Authorization header itself".into(),
+        });
+    }
+    check_url(server, &oauth.token_url)?;
+    let token_url = reqwest::Url::parse(&oauth.token_url).map_err(|e| ConfigError::InvalidUrl {
+        server: server.to_owned(),
+        url: oauth.token_url.clone(),
+        reason: e.to_string(),
+    })?;
+    let client_id = resolve_placeholders(server, &oauth.client_id, vars)?;
+    if client_id.trim().is_empty() {
+        return Err(invalid("oauth.client_id is empty".into()));
+    }
+    let client_secret = resolve_placeholders(server, &oauth.client_secret, vars)?;
+    for scope in &oauth.scopes {
+        if scope.is_empty() || scope.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid(format!(
+                "oauth.scopes: `{scope}` is not a scope (non-empty, no spaces)"
+            )));
+        }
+    }
+    Ok(crate::oauth2::ClientCredentials {
+        token_url,
+        client_id,
+        client_secret,
+        scopes: oauth.scopes.join(" "),
+    })
+}
+
 fn check_url(server: &str, url: &str) -> Result<(), ConfigError> {
     let invalid = |reason: &str| ConfigError::InvalidUrl {
         server: server.to_owned(),
@@ -668,6 +774,64 @@ mod tests {
     }
 
     #[test]
+    fn oauth_client_credentials_resolve_and_bad_ones_are_typed_errors() {
+        let parse = |oauth: &str, headers: &str| {
+            McpConfig::from_json(&format!(
+                r#"{{"servers": {{"crm": {{"transport": "http", "url": "http://127.0.0.1:1/mcp",
+                    "headers": {headers}, "oauth": {oauth}}}}},
+                    "config": {{"ID": "crm-client", "SECRET": "s3cret"}}}}"#
+            ))
+            .unwrap()
+        };
+        let good = r#"{"token_url": "http://127.0.0.1:2/token", "client_id": "{{config.ID}}",
+                       "client_secret": "{{config.SECRET}}", "scopes": ["mcp:tools", "crm.read"]}"#;
+        let config = parse(good, "{}");
+        let resolved = config.resolve("crm").unwrap();
+        let ResolvedTransport::Http {
+            oauth: Some(creds), ..
+        } = &resolved.transport
+        else {
+            panic!("{resolved:?}");
+        };
+        assert_eq!(creds.client_id, "crm-client");
+        assert_eq!(creds.client_secret, "s3cret");
+        assert_eq!(creds.scopes, "mcp:tools crm.read");
+        assert_eq!(creds.token_url.as_str(), "http://127.0.0.1:2/token");
+        assert!(!format!("{resolved:?}").contains("s3cret"));
+        assert!(!format!("{config:?}").contains("s3cret"));
+
+        let err = |oauth: &str, headers: &str| parse(oauth, headers).validate().unwrap_err();
+        assert!(matches!(
+            err(good, r#"{"authorization": "Bearer x"}"#),
+            ConfigError::InvalidHeader { name, reason, .. }
+                if name == "authorization" && reason.contains("`oauth`")
+        ));
+        assert!(matches!(
+            err(&good.replace("http://127.0.0.1:2/token", "ftp://x/token"), "{}"),
+            ConfigError::InvalidUrl { url, .. } if url == "ftp://x/token"
+        ));
+        assert!(matches!(
+            err(&good.replace("{{config.SECRET}}", "{{config.NOPE}}"), "{}"),
+            ConfigError::MissingConfigValue { name, .. } if name == "NOPE"
+        ));
+        assert!(matches!(
+            err(&good.replace("crm.read", "a b"), "{}"),
+            ConfigError::InvalidSetting { message, .. } if message.contains("`a b` is not a scope")
+        ));
+        assert!(matches!(
+            err(&good.replace("{{config.ID}}", " "), "{}"),
+            ConfigError::InvalidSetting { message, .. } if message.contains("client_id is empty")
+        ));
+        assert!(matches!(
+            McpConfig::from_json(
+                r#"{"servers": {"crm": {"transport": "http", "url": "http://x/mcp",
+                    "oauth": {"token_url": "http://x/t", "client_id": "a", "client_secret": "b", "scope": "c"}}}}"#
+            ),
+            Err(ConfigError::Parse(m)) if m.contains("scope")
+        ));
+    }
+
+    #[test]
     fn parses_both_transports_and_refuses_unknown_fields() {
         let config = McpConfig::from_json(
             r#"{"servers": {
@@ -685,6 +849,7 @@ mod tests {
             ResolvedTransport::Http {
                 url: "http://127.0.0.1:1/mcp".into(),
                 headers: BTreeMap::from([("Authorization".to_owned(), "Bearer s3cret".to_owned())]),
+                oauth: None,
             }
         );
         assert!(!format!("{b:?}").contains("s3cret"));

@@ -32,8 +32,8 @@ mod rmcp_client;
 pub mod schema;
 
 pub use config::{
-    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, ResolvedServer, ResolvedTransport,
-    StdioServerConfig,
+    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, OAuthClientConfig, ResolvedServer,
+    ResolvedTransport, StdioServerConfig,
 };
 pub use result::Truncation;
 pub use schema::{RawTool, SchemaRefusal, SchemaSide};
@@ -99,6 +99,101 @@ pub trait McpClient: Send + Sync {
     /// Stops the connection (and the stdio process); later calls return
     /// `Disconnected`. Idempotent.
     fn shutdown(&self) -> BoxFuture<'_, ()>;
+
+    /// Lists the server's resources and resource templates (every page),
+    /// as MCP JSON. A server without resources lists none.
+    ///
+    /// # Errors
+    /// As [`McpClient::list_tools`].
+    fn list_resources(&self) -> BoxFuture<'_, Result<ResourceListing, McpError>>;
+
+    /// Reads one resource (`resources/read`) once. Its contents come back
+    /// as [`CallOutcome::Ok`] whose [`ToolResult::content`] holds the MCP
+    /// `contents` entries (`{uri, mimeType, text | blob}`), cut to
+    /// [`ReadRequest::max_result_bytes`]; a JSON-RPC error (e.g. -32002,
+    /// resource not found) is [`CallOutcome::Rejected`]. A read changes
+    /// nothing, so the other outcomes only say whether to try again.
+    fn read_resource(&self, request: ReadRequest) -> BoxFuture<'_, CallOutcome>;
+}
+
+/// What [`McpClient::list_resources`] found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResourceListing {
+    /// Server name.
+    pub server: String,
+    /// `resources/list` entries (`uri`, `name`, `mimeType`, …), untrusted.
+    pub resources: Vec<Value>,
+    /// `resources/templates/list` entries (`uriTemplate`, `name`, …),
+    /// untrusted; empty when the server has none or does not know the method.
+    pub templates: Vec<Value>,
+}
+
+/// One [`McpClient::read_resource`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// The resource's URI.
+    pub uri: String,
+    /// Whole-read timeout (waiting for a connection included), in ms.
+    pub timeout_ms: u64,
+    /// Size limit of the contents, in bytes.
+    pub max_result_bytes: usize,
+}
+
+impl ReadRequest {
+    /// A read of `uri` with [`DEFAULT_CALL_TIMEOUT_MS`] and
+    /// [`DEFAULT_MAX_RESULT_BYTES`].
+    pub fn new(uri: impl Into<String>) -> Self {
+        Self {
+            uri: uri.into(),
+            timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+        }
+    }
+}
+
+/// Fills a `resource:` URI template (RFC 6570 level 1: `{name}` only) from
+/// `arguments`: strings as they are, numbers and booleans as JSON text,
+/// each percent-encoded except RFC 3986's unreserved characters.
+///
+/// # Errors
+/// A message naming the expression whose argument is missing or not a
+/// string, number or boolean, or a malformed template.
+pub fn expand_uri_template(
+    template: &str,
+    arguments: &Map<String, Value>,
+) -> Result<String, String> {
+    const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let close = after
+            .find('}')
+            .ok_or_else(|| format!("unclosed `{{` in `{template}`"))?;
+        let name = &after[..close];
+        let value = match arguments.get(name) {
+            Some(Value::String(s)) => s.clone(),
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+            Some(_) => {
+                return Err(format!(
+                    "argument `{name}` is not a string, number or boolean"
+                ));
+            }
+            None => return Err(format!("no argument `{name}` for `{{{name}}}`")),
+        };
+        out.push_str(&percent_encoding::utf8_percent_encode(&value, UNRESERVED).to_string());
+        rest = &after[close + 1..];
+    }
+    if rest.contains('}') {
+        return Err(format!("`}}` without a matching `{{` in `{template}`"));
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Connects to one server: starts it (stdio) or opens a session (HTTP) and
@@ -512,6 +607,23 @@ pub enum CallOutcome {
         /// Whether the request had been handed to the transport.
         sent: bool,
     },
+    /// The server asked for a completion (`sampling/createMessage`), which
+    /// Belay does not offer (it declares no sampling capability), and the
+    /// call failed for it: the server's request was answered with JSON-RPC
+    /// error -32601 and the tool then reported an error or refused the
+    /// call; or (protocol 2026-07-28) the call returned `input_required`
+    /// with a sampling request in it. A definite answer: repeating it
+    /// changes nothing. A tool that recovers from the refusal and succeeds
+    /// ends [`CallOutcome::Ok`].
+    SamplingRefused {
+        /// Whether the tool had been running when it asked (older
+        /// protocols), so it may have acted; `false` for `input_required`.
+        may_have_acted: bool,
+        /// What the server said after the refusal (its tool error text or
+        /// JSON-RPC error), untrusted; `None` for `input_required`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
 }
 
 impl CallOutcome {
@@ -526,6 +638,7 @@ impl CallOutcome {
                 true
             }
             Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => *sent,
+            Self::SamplingRefused { may_have_acted, .. } => *may_have_acted,
         }
     }
 
@@ -539,9 +652,10 @@ impl CallOutcome {
             Self::Disconnected { .. } | Self::Refused(CallRefusal::MissingConfigValue { .. }) => {
                 Some(FailureClass::NotSent)
             }
-            Self::ToolError(_) | Self::Rejected { .. } | Self::Refused(_) => {
-                Some(FailureClass::Rejected)
-            }
+            Self::ToolError(_)
+            | Self::Rejected { .. }
+            | Self::Refused(_)
+            | Self::SamplingRefused { .. } => Some(FailureClass::Rejected),
             Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
                 Some(FailureClass::MayHaveActed)
             }
@@ -766,6 +880,29 @@ mod tests {
         assert_eq!(h.destructive, None);
         assert_eq!(h.idempotent, Some(false));
         assert_eq!(ToolHints::from_annotations(None), ToolHints::default());
+    }
+
+    #[test]
+    fn uri_templates_fill_and_encode_their_arguments() {
+        let args = |v: Value| match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            expand_uri_template(
+                "docs://a/{id}/v{n}?x={q}",
+                &args(json!({"id": "a b/c", "n": 2, "q": true}))
+            )
+            .unwrap(),
+            "docs://a/a%20b%2Fc/v2?x=true"
+        );
+        assert_eq!(
+            expand_uri_template("file:///x", &Map::new()).unwrap(),
+            "file:///x"
+        );
+        assert!(expand_uri_template("d://{id}", &Map::new()).is_err());
+        assert!(expand_uri_template("d://{id", &args(json!({"id": "x"}))).is_err());
+        assert!(expand_uri_template("d://{id}", &args(json!({"id": [1]}))).is_err());
     }
 
     #[test]

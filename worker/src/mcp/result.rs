@@ -34,6 +34,18 @@ fn size(value: &Value) -> usize {
 }
 
 /// `content` plus `structured_content`, cut to at most `limit_bytes`.
+/// The text of content blocks joined with newlines (other blocks as JSON).
+pub(crate) fn text(content: &[Value]) -> String {
+    content
+        .iter()
+        .map(|block| match block.get("text").and_then(Value::as_str) {
+            Some(text) => text.to_owned(),
+            None => block.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 pub(crate) fn truncate(
     content: Vec<Value>,
     structured_content: Option<Value>,

@@ -12,7 +12,9 @@
 //! - [`Handler`]: the client side of server requests and notifications:
 //!   `tools/list_changed` (bumps the change counter), progress, logging, and
 //!   `elicitation/create`, which is answered from the call's durable answers
-//!   or with `cancel` (the call then ends as `NeedsInput`).
+//!   or with `cancel` (the call then ends as `NeedsInput`); and
+//!   `sampling/createMessage`, refused with -32601 (no sampling capability is
+//!   declared; the call then ends as `SamplingRefused`).
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
 
@@ -29,13 +31,19 @@ use rmcp::model::GetMeta as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
     ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult, ElicitationCapability,
-    FormElicitationCapability, Implementation, JsonRpcMessage, ProgressNotificationParam,
-    ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, UrlElicitationCapability,
+    FormElicitationCapability, Implementation, InputRequest, JsonRpcMessage,
+    ProgressNotificationParam, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
+    UrlElicitationCapability,
 };
+use rmcp::model::{ReadResourceRequestParams, ReadResourceResponse};
 // Logging notifications are deprecated by the 2026-07-28 revision but still
 // sent by servers on older ones; they are only logged here.
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+// Sampling is deprecated by the 2026-07-28 revision (SEP-2577); servers on
+// older revisions may still ask for it, and are refused.
+#[allow(deprecated)]
+use rmcp::model::{CreateMessageRequestParams, CreateMessageResult};
 use rmcp::service::{
     ClientCacheConfig, ClientLifecycleMode, ClientServiceExt as _, InboundStreamOrigin,
     NotificationContext, RequestContext, RoleClient, RunningService,
@@ -57,13 +65,20 @@ use super::schema::{self, CompiledTool, RawTool};
 use super::{
     BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
     ElicitationAnswer, IDEMPOTENCY_META_KEY, InputNeeded, InputVia, McpClient, McpError, McpEvent,
-    RefusedTool, ServerStatus, result,
+    ReadRequest, RefusedTool, ResourceListing, ServerStatus, result,
 };
 
 /// `_meta` key of the call marker (stripped before sending).
 const MARKER_KEY: &str = "io.belay/call-marker";
 /// JSON-RPC error code of "URL elicitation required".
 const URL_ELICITATION_REQUIRED: i32 = -32042;
+/// The JSON-RPC error a server's `sampling/createMessage` is answered
+/// with: "method not found" (-32601), as for any method a client does not
+/// offer; Belay declares no sampling capability.
+const SAMPLING_REFUSED: i32 = -32601;
+/// The message of [`SAMPLING_REFUSED`].
+const SAMPLING_REFUSED_MESSAGE: &str = "sampling/createMessage is not offered: this client (Belay) declares no sampling capability; \
+     a completion must go through the run's own model, budget and events";
 /// Longest stderr line logged at once, in bytes; longer lines are split.
 const MAX_STDERR_LINE: u64 = 8 * 1024;
 /// Longest message a stdio server may send, in bytes (one JSON-RPC line).
@@ -126,6 +141,9 @@ struct CallSlot {
     unattributed_elicitation: bool,
     /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
     too_large: bool,
+    /// The server sent `sampling/createMessage` during this call and was
+    /// answered with [`SAMPLING_REFUSED`] (Belay declares no sampling).
+    sampling_refused: bool,
 }
 
 #[derive(Default)]
@@ -521,9 +539,12 @@ fn http_not_sent(error: &StreamableHttpError<reqwest::Error>) -> bool {
     match error {
         StreamableHttpError::Client(e) => e.is_connect() || e.is_builder(),
         StreamableHttpError::HttpStatus(status) => status.status == 429,
-        StreamableHttpError::SessionExpired | StreamableHttpError::ReservedHeaderConflict(_) => {
-            true
-        }
+        // 401/403: refused before it was handled (or, with `oauth`, no
+        // token could be had and nothing was sent).
+        StreamableHttpError::SessionExpired
+        | StreamableHttpError::ReservedHeaderConflict(_)
+        | StreamableHttpError::AuthRequired(_)
+        | StreamableHttpError::InsufficientScope(_) => true,
         _ => false,
     }
 }
@@ -539,6 +560,83 @@ struct HeaderClient {
     /// Cancelled when the server no longer knows this connection's session:
     /// the supervisor then re-makes the connection (see [`HeaderClient::answered`]).
     lost: CancellationToken,
+    /// Bearer tokens for a server configured with `oauth`.
+    oauth: Option<Arc<OAuth>>,
+}
+
+/// Client-credentials tokens of one server: cached across its connections
+/// (in [`Shared`]), fetched again when the server answers 401.
+struct OAuth {
+    creds: crate::oauth2::ClientCredentials,
+    tokens: Arc<crate::oauth2::TokenCache>,
+    /// For the token endpoint only.
+    http: reqwest::Client,
+}
+
+/// How long a token request may take, in ms.
+const OAUTH_TOKEN_TIMEOUT_MS: u64 = 10_000;
+
+/// Whether an HTTP answer says the bearer token was not accepted: 401 with
+/// a challenge (`AuthRequired`) or without one (rmcp then reports the
+/// status in an unexpected-response error).
+fn unauthorized<T>(result: &Result<T, StreamableHttpError<reqwest::Error>>) -> bool {
+    match result {
+        Err(StreamableHttpError::AuthRequired(_)) => true,
+        Err(StreamableHttpError::UnexpectedServerResponse(message)) => {
+            message.starts_with("HTTP 401")
+        }
+        _ => false,
+    }
+}
+
+/// A token that could not be had, as a transport error: nothing was sent.
+fn no_token(error: &crate::oauth2::TokenError) -> StreamableHttpError<reqwest::Error> {
+    StreamableHttpError::AuthRequired(
+        rmcp::transport::streamable_http_client::AuthRequiredError::new(format!(
+            "no OAuth access token: {error}"
+        )),
+    )
+}
+
+impl HeaderClient {
+    /// Runs `send` with the bearer token of a server configured with
+    /// `oauth` (else with `auth_header` as rmcp gave it): the cached token,
+    /// and once more with a new one when the server answers 401. A 401 is
+    /// the server refusing before handling the request, so sending it again
+    /// cannot repeat an effect.
+    async fn authorized<T, F, Fut>(
+        &self,
+        auth_header: Option<String>,
+        send: F,
+    ) -> Result<T, StreamableHttpError<reqwest::Error>>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = Result<T, StreamableHttpError<reqwest::Error>>>,
+    {
+        let Some(oauth) = &self.oauth else {
+            return send(auth_header).await;
+        };
+        let timeout = Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS);
+        let token = oauth
+            .tokens
+            .token(&oauth.http, &oauth.creds, timeout)
+            .await
+            .map_err(|e| no_token(&e))?;
+        let result = send(Some(token.clone())).await;
+        if !unauthorized(&result) {
+            return result;
+        }
+        tracing::info!(
+            token_url = oauth.creds.token_url.as_str(),
+            "MCP server answered 401: fetching a new access token"
+        );
+        let token = oauth
+            .tokens
+            .refresh_after_rejection(&oauth.http, &oauth.creds, &token, timeout)
+            .await
+            .map_err(|e| no_token(&e))?;
+        send(Some(token)).await
+    }
 }
 
 type HeaderMap = HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
@@ -622,8 +720,15 @@ impl StreamableHttpClient for HeaderClient {
         let (id, attached) = (request_id(&message), session_id.is_some());
         async move {
             let result = self
-                .inner
-                .post_message(uri, message, session_id, auth_header, headers)
+                .authorized(auth_header, |auth| {
+                    self.inner.post_message(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        auth,
+                        headers.clone(),
+                    )
+                })
                 .await;
             self.answered(id, attached, result)
         }
@@ -642,15 +747,16 @@ impl StreamableHttpClient for HeaderClient {
         let (id, attached) = (request_id(&message), session_id.is_some());
         async move {
             let result = self
-                .inner
-                .post_message_with_max_sse_event_size(
-                    uri,
-                    message,
-                    session_id,
-                    auth_header,
-                    headers,
-                    max_sse_event_size,
-                )
+                .authorized(auth_header, |auth| {
+                    self.inner.post_message_with_max_sse_event_size(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        auth,
+                        headers.clone(),
+                        max_sse_event_size,
+                    )
+                })
                 .await;
             self.answered(id, attached, result)
         }
@@ -669,15 +775,16 @@ impl StreamableHttpClient for HeaderClient {
         let (id, attached) = (request_id(&message), session_id.is_some());
         async move {
             let result = self
-                .inner
-                .post_message_with_response_limits(
-                    uri,
-                    message,
-                    session_id,
-                    auth_header,
-                    headers,
-                    limits,
-                )
+                .authorized(auth_header, |auth| {
+                    self.inner.post_message_with_response_limits(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        auth,
+                        headers.clone(),
+                        limits,
+                    )
+                })
                 .await;
             self.answered(id, attached, result)
         }
@@ -690,8 +797,14 @@ impl StreamableHttpClient for HeaderClient {
         auth_header: Option<String>,
         custom_headers: HeaderMap,
     ) -> impl Future<Output = Result<(), StreamableHttpError<reqwest::Error>>> + Send + '_ {
-        self.inner
-            .delete_session(uri, session_id, auth_header, custom_headers)
+        self.authorized(auth_header, move |auth| {
+            self.inner.delete_session(
+                uri.clone(),
+                session_id.clone(),
+                auth,
+                custom_headers.clone(),
+            )
+        })
     }
 
     fn get_stream(
@@ -708,8 +821,15 @@ impl StreamableHttpClient for HeaderClient {
         >,
     > + Send
     + '_ {
-        self.inner
-            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+        self.authorized(auth_header, move |auth| {
+            self.inner.get_stream(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                auth,
+                custom_headers.clone(),
+            )
+        })
     }
 }
 
@@ -816,6 +936,42 @@ impl ClientHandler for Handler {
         Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel))
     }
 
+    /// Belay does not declare `sampling`: a completion a server asks for
+    /// would bypass the run's model, budget and events. A server that asks
+    /// anyway gets a JSON-RPC error, and the call that asked is marked so
+    /// that a failure that follows ends as [`CallOutcome::SamplingRefused`].
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let server = &self.shared.server.name;
+        let call = self.call_of(&context);
+        let mut slots = lock(&self.shared.calls.slots);
+        match call.and_then(|marker| slots.get_mut(&marker)) {
+            Some(slot) => {
+                slot.sampling_refused = true;
+                tracing::warn!(
+                    server,
+                    call = slot.label,
+                    "sampling/createMessage refused: Belay offers no sampling"
+                );
+            }
+            None => {
+                tracing::warn!(
+                    server,
+                    "sampling/createMessage outside a known call refused: Belay offers no sampling"
+                );
+            }
+        }
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode(SAMPLING_REFUSED),
+            SAMPLING_REFUSED_MESSAGE,
+            None,
+        ))
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::info!(server = self.shared.server.name, "tools/list_changed");
         self.shared.changes.send_modify(|seq| *seq += 1);
@@ -896,6 +1052,8 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     /// Number of the latest connection that came up.
     generation: AtomicU64,
+    /// OAuth access tokens (servers with `oauth`), kept across reconnections.
+    tokens: Arc<crate::oauth2::TokenCache>,
 }
 
 /// The rmcp-backed [`McpClient`].
@@ -931,6 +1089,7 @@ impl RmcpClient {
             next_marker: AtomicU64::new(1),
             last_error: Mutex::new(None),
             generation: AtomicU64::new(0),
+            tokens: Arc::default(),
         });
         let (live, running) = connect_once(&shared, 1).await?;
         publish_up(&shared, &live);
@@ -1031,7 +1190,11 @@ async fn connect_once(
             .map_err(|e| connect_failed(error_chain(&e)))?;
             (running, pid)
         }
-        ResolvedTransport::Http { url, headers } => {
+        ResolvedTransport::Http {
+            url,
+            headers,
+            oauth,
+        } => {
             let mut fixed = HeaderMap::new();
             for (key, value) in headers {
                 let key = reqwest::header::HeaderName::from_bytes(key.as_bytes())
@@ -1049,11 +1212,37 @@ async fn connect_once(
                 .pool_max_idle_per_host(0)
                 .build()
                 .map_err(|e| connect_failed(error_chain(&e)))?;
+            let oauth = match oauth {
+                None => None,
+                Some(creds) => Some(Arc::new(OAuth {
+                    creds: creds.clone(),
+                    tokens: shared.tokens.clone(),
+                    http: reqwest::Client::builder()
+                        .connect_timeout(Duration::from_millis(HTTP_CONNECT_TIMEOUT_MS))
+                        .build()
+                        .map_err(|e| connect_failed(error_chain(&e)))?,
+                })),
+            };
+            // The first token is fetched here, so that a token endpoint
+            // that refuses the client is reported as what it is (rmcp
+            // reports a failed send without its cause).
+            if let Some(oauth) = &oauth {
+                oauth
+                    .tokens
+                    .token(
+                        &oauth.http,
+                        &oauth.creds,
+                        Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS),
+                    )
+                    .await
+                    .map_err(|e| connect_failed(e.to_string()))?;
+            }
             let client = HeaderClient {
                 inner: http,
                 calls: shared.calls.clone(),
                 generation,
                 lost: lost.clone(),
+                oauth,
             };
             let mut config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(fixed);
@@ -1424,6 +1613,7 @@ impl Shared {
                 needs_input: None,
                 unattributed_elicitation: false,
                 too_large: false,
+                sampling_refused: false,
             },
         );
         // Removes the slot however this future ends (a caller may drop it).
@@ -1572,13 +1762,14 @@ impl Shared {
             params.request_state = input.request_state.clone();
         }
         let response = live.peer.call_tool_once(params).await;
-        let (needs_input, too_large, unattributed) = lock(&self.calls.slots)
+        let (needs_input, too_large, unattributed, sampling_refused) = lock(&self.calls.slots)
             .get_mut(&marker)
             .map(|s| {
                 (
                     s.needs_input.take(),
                     s.too_large,
                     s.unattributed_elicitation,
+                    s.sampling_refused,
                 )
             })
             .unwrap_or_default();
@@ -1599,7 +1790,21 @@ impl Shared {
                     .into(),
             };
         }
-        match response {
+        if let Ok(CallToolResponse::InputRequired(input)) = &response
+            && input.input_requests.as_ref().is_some_and(|requests| {
+                requests
+                    .values()
+                    .any(|r| matches!(r, InputRequest::CreateMessage(_)))
+            })
+        {
+            // Protocol 2026-07-28 asks within the result: nothing ran yet,
+            // and no person could answer a completion request.
+            return CallOutcome::SamplingRefused {
+                may_have_acted: false,
+                detail: None,
+            };
+        }
+        let outcome = match response {
             Ok(CallToolResponse::Complete(result)) => {
                 finish(result, tool, request.max_result_bytes)
             }
@@ -1620,6 +1825,22 @@ impl Shared {
                 reason: "the server's answer to tools/call is of an unknown kind".into(),
             },
             Err(e) => classify(e, &self.calls.state(marker)),
+        };
+        match outcome {
+            // The server recovered from the refusal: its result stands.
+            CallOutcome::Ok(_) => outcome,
+            _ if !sampling_refused => outcome,
+            CallOutcome::ToolError(result) => CallOutcome::SamplingRefused {
+                may_have_acted: true,
+                detail: Some(result::text(&result.content)),
+            },
+            CallOutcome::Rejected { code, message, .. } => CallOutcome::SamplingRefused {
+                may_have_acted: true,
+                detail: Some(format!("JSON-RPC error {code}: {message}")),
+            },
+            // Lost, cancelled, timed out…: what happened to the call matters
+            // more than why the server asked.
+            other => other,
         }
     }
 }
@@ -1730,6 +1951,96 @@ fn error_chain(error: &(dyn StdError + 'static)) -> String {
     out
 }
 
+impl Shared {
+    /// See [`McpClient::list_resources`].
+    async fn resources(&self) -> Result<ResourceListing, McpError> {
+        let deadline = self.connect_deadline();
+        let live = self.live(deadline).await?;
+        let protocol = |e: ServiceError| McpError::Protocol {
+            server: self.server.name.clone(),
+            message: error_chain(&e),
+        };
+        let declared = live
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.resources.is_some());
+        if !declared {
+            return Ok(ResourceListing {
+                server: self.server.name.clone(),
+                resources: Vec::new(),
+                templates: Vec::new(),
+            });
+        }
+        let resources = live.peer.list_all_resources().await.map_err(protocol)?;
+        let templates = match live.peer.list_all_resource_templates().await {
+            Ok(templates) => templates,
+            Err(ServiceError::McpError(e))
+                if e.code == rmcp::model::ErrorCode::METHOD_NOT_FOUND =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(protocol(e)),
+        };
+        Ok(ResourceListing {
+            server: self.server.name.clone(),
+            resources: resources
+                .iter()
+                .filter_map(|r| serde_json::to_value(r).ok())
+                .collect(),
+            templates: templates
+                .iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect(),
+        })
+    }
+
+    /// See [`McpClient::read_resource`].
+    async fn read(&self, request: ReadRequest) -> CallOutcome {
+        let timeout = Duration::from_millis(request.timeout_ms);
+        let reading = async {
+            let live = match self.live(self.connect_deadline()).await {
+                Ok(live) => live,
+                Err(e) => {
+                    return CallOutcome::Disconnected {
+                        reason: e.to_string(),
+                    };
+                }
+            };
+            let params = ReadResourceRequestParams::new(request.uri.clone());
+            match live.peer.read_resource_once(params).await {
+                Ok(ReadResourceResponse::Complete(result)) => {
+                    let contents: Result<Vec<Value>, _> =
+                        result.contents.iter().map(serde_json::to_value).collect();
+                    match contents {
+                        Ok(contents) => CallOutcome::Ok(result::truncate(
+                            contents,
+                            None,
+                            request.max_result_bytes,
+                        )),
+                        Err(e) => CallOutcome::Malformed {
+                            reason: format!("resource contents cannot be represented as JSON: {e}"),
+                        },
+                    }
+                }
+                Ok(_) => CallOutcome::Malformed {
+                    reason:
+                        "the server asked for input to read a resource, which Belay does not answer"
+                            .into(),
+                },
+                // Sent or not, a read changed nothing.
+                Err(e) => classify(e, &SendState::Written),
+            }
+        };
+        match tokio::time::timeout(timeout, reading).await {
+            Ok(outcome) => outcome,
+            Err(_) => CallOutcome::Timeout {
+                timeout_ms: request.timeout_ms,
+                sent: true,
+            },
+        }
+    }
+}
+
 impl McpClient for RmcpClient {
     fn server(&self) -> &str {
         &self.shared.server.name
@@ -1789,6 +2100,14 @@ impl McpClient for RmcpClient {
 
     fn events(&self) -> broadcast::Receiver<McpEvent> {
         self.shared.events.subscribe()
+    }
+
+    fn list_resources(&self) -> BoxFuture<'_, Result<ResourceListing, McpError>> {
+        Box::pin(self.shared.resources())
+    }
+
+    fn read_resource(&self, request: ReadRequest) -> BoxFuture<'_, CallOutcome> {
+        Box::pin(self.shared.read(request))
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
