@@ -139,6 +139,9 @@ pub struct WorkerConfig {
     /// Client-certificate profiles of HTTP tools (`tls_profile:`), read
     /// from `--tls-profiles`; the files are loaded when the worker starts.
     pub tls_profiles: crate::http_tool::TlsProfilesConfig,
+    /// Where the sandbox runtimes are and the default limits of `type:
+    /// sandbox` tools (`--sandbox-*` flags). Added for issue 4.
+    pub sandbox: crate::sandbox_tool::SandboxConfig,
 }
 
 impl WorkerConfig {
@@ -157,6 +160,7 @@ impl WorkerConfig {
             mcp: McpConfig::default(),
             tool_config: ConfigValues::default(),
             tls_profiles: Default::default(),
+            sandbox: Default::default(),
         }
     }
 }

@@ -543,6 +543,10 @@ impl HttpToolClient {
                 "tool `{}` is `type: mcp` (server `{}`): it is called by the MCP client, not over HTTP",
                 spec.tool, binding.server
             ))),
+            ToolBinding::Sandbox(_) => Err(config(format!(
+                "tool `{}` is `type: sandbox`: its code runs in the worker's sandbox, not over HTTP",
+                spec.tool
+            ))),
         }
     }
 

@@ -68,6 +68,8 @@ struct Args {
     /// "ca": PEM_PATH}}}, `ca` optional); the files are read at start.
     #[arg(long, env = "BELAY_TLS_PROFILES")]
     tls_profiles: Option<String>,
+    #[command(flatten)]
+    sandbox: belay_worker::sandbox_tool::SandboxArgs,
 }
 
 /// The MCP configuration at `path`, checked; none (or an empty path, e.g.
@@ -146,6 +148,7 @@ async fn main() -> anyhow::Result<()> {
         mcp,
         tool_config: ConfigValues::from_env(),
         tls_profiles,
+        sandbox: args.sandbox.into_config(),
     };
     belay_worker::run(config, shutdown_signal()).await
 }

@@ -5380,6 +5380,7 @@ fn tool_spec(
             headers: headers.clone(),
             timeout_ms: *timeout_ms,
         }),
+        ToolBindingDef::Sandbox(sandbox) => ToolBinding::Sandbox(sandbox.clone()),
         ToolBindingDef::Workflow { .. } => {
             return Err(MachineError::InvalidPlan(format!(
                 "tool `{}` is not called through a worker",
