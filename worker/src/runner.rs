@@ -666,8 +666,7 @@ async fn perform_sandbox_call(
 ) {
     let (task_id, attempt) = (&task.task_id, task.attempt);
     if let Err(e) = ctx.sandbox.check(binding) {
-        let error = format!("tool `{}`: {e}", spec.tool);
-        return report_failure(ctx, task, e.class(), error).await;
+        return report_failure(ctx, task, e.class(), e.to_string()).await;
     }
     if let Err(status) = ctx.engine.dispatch(task_id, attempt).await {
         return log_dispatch_refused(task, &status);
@@ -681,7 +680,7 @@ async fn perform_sandbox_call(
         Ok(value) => report_result(ctx, task, spec, value, redact).await,
         Err(e) => {
             let class = e.class();
-            let error = redact.apply(format!("tool `{}`: {e}", spec.tool));
+            let error = redact.apply(e.to_string());
             tracing::warn!(
                 %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), %error,
                 "sandbox tool call failed"

@@ -18,7 +18,14 @@ const fail = (kind, e) => {
       kind,
       name: isError && e.name ? String(e.name) : typeof e,
       message: isError && e.message !== undefined ? String(e.message) : String(e),
-      trace: isError && e.stack ? String(e.stack).slice(0, MAX_TRACE) : "",
+      // The code's frames only, not the harness's.
+      trace: isError && e.stack
+        ? String(e.stack)
+            .split("\n")
+            .filter((l) => !/^\s+at /.test(l) || l.includes("tool.js"))
+            .join("\n")
+            .slice(0, MAX_TRACE)
+        : "",
     },
   });
 };

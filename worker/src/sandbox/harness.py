@@ -49,7 +49,9 @@ def _main():
     try:
         result = namespace["tool"](*[args.get(p) for p in params])
     except BaseException as e:
-        _fail("exception", e, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+        # The code's frames only, not the harness's.
+        tb = e.__traceback__.tb_next if e.__traceback__ else None
+        _fail("exception", e, "".join(traceback.format_exception(type(e), e, tb)))
         return
     if result is None:
         _emit(json.dumps({"error": {"kind": "result", "name": "None",
