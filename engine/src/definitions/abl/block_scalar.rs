@@ -113,15 +113,15 @@ where
             continue;
         }
         let leading = &raw[..raw.len() - raw.trim_start().len()];
-        if let Some(at) = leading.chars().position(|c| c != ' ') {
-            if at < block_indent {
-                errors.push((
-                    no,
-                    to_u32(at).saturating_add(1),
-                    "indentation must be spaces (found a tab or other whitespace)".to_string(),
-                ));
-                continue;
-            }
+        if let Some(at) = leading.chars().position(|c| c != ' ')
+            && at < block_indent
+        {
+            errors.push((
+                no,
+                to_u32(at).saturating_add(1),
+                "indentation must be spaces (found a tab or other whitespace)".to_string(),
+            ));
+            continue;
         }
         if leading.len() < block_indent {
             errors.push((
