@@ -3,8 +3,9 @@
 //! and CPython run by the worker under bubblewrap
 //! (`tests/sandbox-fixtures/`). The model calls the seed's JavaScript
 //! `calculate_tax` and Python `analyze_text`, whose computed values are in
-//! the run's events and its output; a Python tool that raises reaches the
-//! model as a typed tool error naming the exception, and the run goes on.
+//! the run's events and its output; a Python tool that raises, and a
+//! JavaScript tool whose result is not of its declared type, reach the
+//! model as typed tool errors naming what happened, and the run goes on.
 
 use std::time::Duration;
 
@@ -30,6 +31,8 @@ scripted-sandbox:
   - tool_calls:
       - name: divide
         arguments: {a: 1, b: 0}
+      - name: mistyped
+        arguments: {x: 21}
   - content: '{"tax": {{result.calculate_tax.tax}}, "rate": {{result.calculate_tax.rate}}, "words": {{result.analyze_text.word_count}}}'
 "#;
 
@@ -117,25 +120,52 @@ async fn an_agent_calls_javascript_and_python_code_tools_and_the_run_completes(
     );
     // Each ran once: a pure computation that succeeded is not repeated.
     let dispatched = of_kind(&events, "tool_call_dispatched");
-    ensure!(dispatched.len() == 3, "{dispatched:?}");
+    ensure!(dispatched.len() == 4, "{dispatched:?}");
 
     // The division by zero: a typed failure naming the exception, not
     // retried (the same code would raise again), told to the model.
     let failed = of_kind(&events, "tool_call_failed");
-    ensure!(failed.len() == 1, "{failed:?}");
-    let error = failed[0]["error"].as_str().unwrap_or_default();
+    ensure!(failed.len() == 2, "{failed:?}");
+    let call_of = |tool: &str| -> Value {
+        of_kind(&events, "tool_call_scheduled")
+            .iter()
+            .find(|e| e["tool"] == tool)
+            .map(|e| e["call_id"].clone())
+            .unwrap_or_default()
+    };
+    let error_of = |tool: &str| -> String {
+        let call_id = call_of(tool);
+        failed
+            .iter()
+            .find(|e| e["call_id"] == call_id)
+            .and_then(|e| e["error"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let error = error_of("divide");
     ensure!(
         error.starts_with(
             "tool `divide` failed: the code threw ZeroDivisionError: division by zero\nTraceback (most recent call last):\n  File \"tool.py\", line 2, in tool\n"
         ),
         "{error}"
     );
-    let attempts = of_kind(&events, "tool_call_attempt_failed");
+    let divide = call_of("divide");
+    let attempts: Vec<&Value> = of_kind(&events, "tool_call_attempt_failed")
+        .into_iter()
+        .filter(|e| e["call_id"] == divide)
+        .collect();
     ensure!(
         attempts.len() == 1
             && attempts[0]["class"] == "rejected"
             && attempts[0]["will_retry"] == false,
         "{attempts:?}"
+    );
+    // The mistyped result: the same return-type check as every tool's.
+    let error = error_of("mistyped");
+    ensure!(
+        error.contains("its result does not match its declared return type")
+            && error.contains(r#""doubled":"42""#),
+        "{error}"
     );
     let requests: Vec<Value> = env
         .http
@@ -146,8 +176,9 @@ async fn an_agent_calls_javascript_and_python_code_tools_and_the_run_completes(
         .json()
         .await?;
     let last = requests.last().context("no model request")?;
+    let told = last["body"].to_string();
     ensure!(
-        last["body"].to_string().contains("ZeroDivisionError"),
+        told.contains("ZeroDivisionError") && told.contains("declared return type"),
         "the model was not told: {last}"
     );
     env.stop().await
