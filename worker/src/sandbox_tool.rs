@@ -547,8 +547,11 @@ fn interpret(
         Some(Report::Ok(value)) if status.success() => Ok(value),
         Some(Report::Error(e)) => {
             let trace = truncate(&e.trace, MAX_TRACE_BYTES);
+            // Python's MemoryError; an allocation refused by the limits
+            // (V8's "Array buffer allocation failed", ENOMEM from mmap).
             let out_of_memory = e.name == "MemoryError"
-                || (e.name == "RangeError" && e.message.contains("allocation failed"));
+                || (e.name == "RangeError" && e.message.contains("allocation failed"))
+                || e.message.contains("Cannot allocate memory");
             match e.kind.as_str() {
                 _ if out_of_memory => Err(SandboxError::Memory {
                     memory_mb,

@@ -331,6 +331,11 @@ async fn a_memory_hog_is_stopped_at_memory_mb() {
             Py,
             "a = []\nwhile True:\n    a.append(bytearray(10 * 1024 * 1024))",
         ),
+        // Shared memory is not data: RLIMIT_AS stops it.
+        (
+            Py,
+            "import mmap\nm = mmap.mmap(-1, 1024 * 1024 * 1024)\nm.write(b'x' * (1024 * 1024 * 1024))",
+        ),
     ];
     for (runtime, code) in hogs {
         let mut b = binding(runtime, code, &[]);
