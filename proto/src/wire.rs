@@ -139,6 +139,9 @@ pub enum ToolBinding {
     /// One resource of an MCP server (`type: mcp` with `resource:`), read
     /// by the worker's MCP client (`resources/read`). Added for issue 4.
     McpResource(McpResourceBinding),
+    /// Inline JavaScript or Python code run by the worker in an isolated
+    /// sandbox (`type: sandbox`). Added for issue 4.
+    Sandbox(SandboxBinding),
 }
 
 /// Binding of a `type: mcp` tool with `resource:`.
@@ -152,6 +155,52 @@ pub struct McpResourceBinding {
     pub uri_template: String,
     /// Whole-read timeout in ms (waiting for the server's connection included).
     pub timeout_ms: u64,
+}
+
+/// Language of a `type: sandbox` tool's code (`runtime:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxRuntime {
+    /// `runtime: javascript`: run by the worker's Node.js.
+    Javascript,
+    /// `runtime: python`: run by the worker's CPython 3.
+    Python,
+}
+
+impl SandboxRuntime {
+    /// The `.tools.abl` spelling: `javascript` or `python`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxRuntime::Javascript => "javascript",
+            SandboxRuntime::Python => "python",
+        }
+    }
+}
+
+/// Binding of a `type: sandbox` tool: the code is the body of a function
+/// whose parameters are the tool's declared parameters, by name (an
+/// optional one the call leaves out is `undefined` / `None`); what it
+/// returns is the tool's result. Shared by the stored tool definition and
+/// the task spec, so the engine copies it as it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxBinding {
+    /// `runtime:`.
+    pub runtime: SandboxRuntime,
+    /// `code:`, the function body, exactly as written (a `|` block scalar's
+    /// lines with the block's indentation removed).
+    pub code: String,
+    /// The tool's declared parameter names, in signature order: each is
+    /// bound to the argument of that name.
+    #[serde(default)]
+    pub params: Vec<String>,
+    /// `timeout:` in ms (wall clock, start to result); `None`: the worker's
+    /// default (`--sandbox-timeout-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// `memory_mb:`, the process's memory limit in MiB; `None`: the
+    /// worker's default (`--sandbox-memory-mb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
 }
 
 /// Binding of a `type: mcp` tool.

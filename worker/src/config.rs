@@ -143,6 +143,9 @@ pub struct WorkerConfig {
     /// --health-listen` serves it ([`crate::health`]). A fresh one by
     /// default.
     pub health: crate::health::HealthState,
+    /// Where the sandbox runtimes are and the default limits of `type:
+    /// sandbox` tools (`--sandbox-*` flags). Added for issue 4.
+    pub sandbox: crate::sandbox_tool::SandboxConfig,
 }
 
 impl WorkerConfig {
@@ -162,6 +165,7 @@ impl WorkerConfig {
             tool_config: ConfigValues::default(),
             tls_profiles: Default::default(),
             health: crate::health::HealthState::default(),
+            sandbox: Default::default(),
         }
     }
 }

@@ -575,6 +575,10 @@ impl HttpToolClient {
                 "tool `{}` reads a resource of MCP server `{}`: it is read by the MCP client, not over HTTP",
                 spec.tool, binding.server
             ))),
+            ToolBinding::Sandbox(_) => Err(config(format!(
+                "tool `{}` is `type: sandbox`: its code runs in the worker's sandbox, not over HTTP",
+                spec.tool
+            ))),
         }
     }
 

@@ -20,6 +20,10 @@
 //! - [`mcp_tool`]: `tool_call` tasks with an MCP binding ([`mcp_tool::McpTools`]):
 //!   servers connected at start, tools reported to the engine, calls
 //!   dispatched with the definition hash and checked against the pin.
+//! - [`sandbox_tool`]: `tool_call` tasks with a sandbox binding
+//!   ([`sandbox_tool::SandboxTools`]): inline JavaScript or Python run by
+//!   Node.js or CPython under bubblewrap, with no network, no host files,
+//!   a cleared environment and memory and time limits.
 //!
 //! Every failure is reported with a [`belay_proto::v1::FailureClass`] saying
 //! whether the effect may have happened: `NOT_SENT` (provably nothing was
@@ -38,6 +42,7 @@ pub mod model;
 pub mod oauth2;
 pub mod placeholders;
 pub mod runner;
+pub mod sandbox_tool;
 pub mod ssrf;
 pub mod untraced;
 

@@ -78,6 +78,8 @@ struct Args {
     /// choosing the URIs of `resource:` tools.
     #[arg(long, value_name = "SERVER")]
     list_mcp_resources: Option<String>,
+    #[command(flatten)]
+    sandbox: belay_worker::sandbox_tool::SandboxArgs,
 }
 
 /// `--list-mcp-resources SERVER`: connects to that server only and prints
@@ -176,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
         tool_config: ConfigValues::from_env(),
         tls_profiles,
         health: belay_worker::health::HealthState::default(),
+        sandbox: args.sandbox.into_config(),
     };
     // The health endpoint outlives the claim loop's shutdown (it says
     // "stopping") and ends with the process.

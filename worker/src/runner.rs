@@ -19,6 +19,9 @@
 //!   its 2xx answer is reported as a result the engine reads as "accepted".
 //!   A `type: mcp` call goes through [`crate::mcp_tool`]: the dispatch also
 //!   carries the tool's listed definition hash and returns the pinned one.
+//!   A `type: sandbox` call runs its code through [`crate::sandbox_tool`]
+//!   after dispatch (a worker without the runtime refuses it `NOT_SENT`
+//!   before).
 //! - The run's secret vault: a tool with `SECRET_ACCESS` gets its values
 //!   from the dispatch and its request is built again with them (headers
 //!   and body template only); a producer's result has the value at each
@@ -38,7 +41,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use belay_proto::v1::{FailureClass, LeaseStatus, Task, TaskLease};
 use belay_proto::wire::{
-    McpBinding, ModelCallSpec, TASK_KIND_MODEL_CALL, TASK_KIND_TOOL_CALL, ToolBinding, ToolCallSpec,
+    McpBinding, ModelCallSpec, SandboxBinding, TASK_KIND_MODEL_CALL, TASK_KIND_TOOL_CALL,
+    ToolBinding, ToolCallSpec,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
@@ -50,6 +54,7 @@ use crate::engine_client::EngineClient;
 use crate::http_tool::HttpToolClient;
 use crate::mcp_tool::{McpCallReport, McpTools};
 use crate::model::ModelClient;
+use crate::sandbox_tool::SandboxTools;
 
 /// Most tasks one `ClaimTasks` may ask for (the engine's limit).
 const MAX_CLAIM: usize = 64;
@@ -107,11 +112,13 @@ pub async fn run_with_engine(
     };
     let health = config.health.clone();
     health.set_worker_id(engine.worker_id());
+    let sandbox = SandboxTools::start(config.sandbox.clone()).await;
     let ctx = Arc::new(Ctx {
         engine,
         model,
         tools,
         mcp,
+        sandbox,
         leases: Mutex::new(HashMap::new()),
         lease_added: Notify::new(),
     });
@@ -257,6 +264,8 @@ struct Ctx {
     tools: HttpToolClient,
     /// MCP servers, when configured (`type: mcp` tools).
     mcp: Option<Arc<McpTools>>,
+    /// Runs `type: sandbox` tools.
+    sandbox: SandboxTools,
     /// Leases held, by (task id, attempt).
     leases: Mutex<HashMap<LeaseKey, HeldLease>>,
     /// Wakes the heartbeat loop when a lease is added (it may be the shortest).
@@ -539,6 +548,9 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
     if let ToolBinding::McpResource(binding) = &spec.binding {
         return perform_mcp_read(ctx, task, &spec, binding, dispatched, &mut redact).await;
     }
+    if let ToolBinding::Sandbox(binding) = &spec.binding {
+        return perform_sandbox_call(ctx, task, &spec, binding, dispatched, &redact).await;
+    }
     // Build the request before dispatch: a call that cannot be made is
     // refused without ever being dispatched.
     let mut request = match ctx.tools.prepare(&spec) {
@@ -694,6 +706,42 @@ async fn report_mcp(
             }
         }
         McpCallReport::NotDispatched => {}
+    }
+}
+
+/// A `type: sandbox` call (see [`crate::sandbox_tool`]): checked,
+/// dispatched, run, reported.
+async fn perform_sandbox_call(
+    ctx: &Ctx,
+    task: &Task,
+    spec: &ToolCallSpec,
+    binding: &SandboxBinding,
+    dispatched: &AtomicBool,
+    redact: &Redactions,
+) {
+    let (task_id, attempt) = (&task.task_id, task.attempt);
+    if let Err(e) = ctx.sandbox.check(binding) {
+        return report_failure(ctx, task, e.class(), e.to_string()).await;
+    }
+    if let Err(status) = ctx.engine.dispatch(task_id, attempt).await {
+        return log_dispatch_refused(task, &status);
+    }
+    dispatched.store(true, Ordering::SeqCst);
+    tracing::info!(
+        %task_id, attempt, tool = %spec.tool, runtime = binding.runtime.as_str(),
+        "sandbox tool call dispatched"
+    );
+    match ctx.sandbox.run(binding, &spec.arguments).await {
+        Ok(value) => report_result(ctx, task, spec, value, redact).await,
+        Err(e) => {
+            let class = e.class();
+            let error = redact.apply(e.to_string());
+            tracing::warn!(
+                %task_id, attempt, tool = %spec.tool, class = class.as_str_name(), %error,
+                "sandbox tool call failed"
+            );
+            report_failure(ctx, task, class, error).await;
+        }
     }
 }
 

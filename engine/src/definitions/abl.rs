@@ -35,6 +35,7 @@ use super::signature::{
 };
 use super::{DefinitionError, NameAt, check_name, check_permission};
 
+mod block_scalar;
 mod cache;
 #[cfg(test)]
 mod http_body_tests;
@@ -42,6 +43,7 @@ mod http_variants;
 mod mcp_resource;
 mod process;
 mod retry;
+mod sandbox;
 mod secrets;
 mod types;
 mod visibility;
@@ -64,7 +66,7 @@ const MAX_BLOCK_DEPTH: usize = 64;
 
 /// Binding types the seed documents that Belay does not run yet: named in
 /// the error so the author knows it is a gap, not a typo.
-const SEED_BINDING_TYPES: &[&str] = &["sandbox", "lambda", "searchai", "table"];
+const SEED_BINDING_TYPES: &[&str] = &["lambda", "searchai", "table"];
 
 /// Header names the MCP transport sets itself: a `type: mcp` tool's
 /// `headers:` may not override them (the worker refuses them too).
@@ -103,9 +105,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "scrub_secrets",
     "context_access",
     "store_result",
-    "code",
-    "runtime",
-    "memory_mb",
     "function",
     "timeout_ms",
     "workflow_id",
@@ -199,6 +198,7 @@ pub(super) fn parse_tools_file(file: &str, content: &str) -> AblOutput {
         file,
         out: AblOutput::default(),
         types: BTreeMap::new(),
+        block_scalars: BTreeMap::new(),
     };
     let lines = split_lines(content, &mut cx);
     let mut lines = lines.into_iter().peekable();
@@ -264,6 +264,9 @@ struct Cx<'a> {
     out: AblOutput,
     /// The file's `TYPES:`, expanded ([`types::read_types`]).
     types: BTreeMap<String, TypeExpr>,
+    /// The text of each `key: |` block scalar, by the line number of its
+    /// key (`block_scalar.rs`); its lines are not in the line tree.
+    block_scalars: BTreeMap<u32, block_scalar::BlockScalar>,
 }
 
 impl Cx<'_> {
@@ -316,7 +319,8 @@ fn head(text: &str) -> String {
 fn split_lines(content: &str, cx: &mut Cx<'_>) -> Vec<Line> {
     let content = content.strip_prefix('\u{feff}').unwrap_or(content);
     let mut lines = Vec::new();
-    for (i, raw) in content.split('\n').enumerate() {
+    let mut raws = content.split('\n').enumerate().peekable();
+    while let Some((i, raw)) = raws.next() {
         let no = to_u32(i).saturating_add(1);
         let raw = raw.strip_suffix('\r').unwrap_or(raw);
         let stripped = strip_comment(raw);
@@ -332,11 +336,20 @@ fn split_lines(content: &str, cx: &mut Cx<'_>) -> Vec<Line> {
             );
             continue;
         }
-        lines.push(Line {
+        let line = Line {
             no,
             indent: leading.len(),
             text: stripped.trim().to_string(),
-        });
+        };
+        // A `key: |` takes the more-indented raw lines after it as its
+        // text: comments, blank lines and indentation included.
+        if let Some(indicator) = split_key(&line).map(|kv| kv.value)
+            && block_scalar::is_indicator(indicator)
+        {
+            let scalar = block_scalar::read(indicator, &line, &mut raws);
+            cx.block_scalars.insert(no, scalar);
+        }
+        lines.push(line);
     }
     lines
 }
@@ -478,9 +491,9 @@ fn parse_scalar(value: &str, col: u32) -> Result<String, (u32, String)> {
             }
             Ok(s)
         }
-        _ if matches!(value, "|" | "|-" | "|+" | ">" | ">-" | ">+") => Err((
+        _ if block_scalar::is_indicator(value) => Err((
             col,
-            "block scalars (`|`, `>`) are not supported; write the value on one line, in quotes"
+            "block scalars (`|`, `>`) are supported for `code:` only; write the value on one line, in quotes"
                 .to_string(),
         )),
         _ => Ok(value.to_string()),
@@ -625,6 +638,7 @@ enum BindingType {
     AsyncWebhook,
     Mcp,
     Unsupported,
+    Sandbox,
 }
 
 /// Everything read from a tool's property lines.
@@ -729,6 +743,9 @@ struct Props<'b> {
     /// reported once, as invalid, not a second time as missing. `body:` is
     /// recorded as `body_template`.
     present: BTreeSet<String>,
+    /// `runtime:`, `code:` and `memory_mb:` of a `type: sandbox` tool
+    /// (`sandbox.rs`).
+    sandbox: sandbox::SandboxProps,
 }
 
 fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
@@ -831,6 +848,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         _ => {}
     }
     check_mcp_props(&props, &name, line, cx);
+    sandbox::check(&props, signature.as_ref(), &name, line, cx);
     if props.binding_type == Some(BindingType::Workflow) {
         for key in ["rate_limit", "circuit_breaker"] {
             if props.present.contains(key) {
@@ -935,6 +953,11 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         props.repeat_safety = Some(RepeatSafety::Idempotent);
     } else if from_server {
         props.repeat_safety = Some(RepeatSafety::Never);
+    } else if props.binding_type == Some(BindingType::Sandbox)
+        && !props.present.contains("repeat_safety")
+    {
+        // A pure computation: running it again is harmless.
+        props.repeat_safety = Some(RepeatSafety::Idempotent);
     } else if !props.present.contains("repeat_safety") {
         missing(
             cx,
@@ -1120,6 +1143,16 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             timeout_ms: props.workflow_timeout_ms.or(props.hints.timeout_ms),
             param_mapping: props.param_mapping,
         },
+        (Some(BindingType::Sandbox), _, _) => {
+            let Some(binding) = sandbox::binding(
+                &mut props.sandbox,
+                &sig,
+                props.timeout_ms.or(props.hints.timeout_ms),
+            ) else {
+                return;
+            };
+            ToolBindingDef::Sandbox(binding)
+        }
         (Some(BindingType::AsyncWebhook), Some(endpoint), _) => ToolBindingDef::AsyncWebhook {
             endpoint,
             method,
@@ -1241,7 +1274,7 @@ fn http_request_options(
     let async_webhook = match props.binding_type {
         Some(BindingType::Http) => false,
         Some(BindingType::AsyncWebhook) => true,
-        Some(BindingType::Workflow | BindingType::Mcp) => {
+        Some(BindingType::Workflow | BindingType::Mcp | BindingType::Sandbox) => {
             for key in HTTP_REQUEST_PROPERTIES {
                 if props.present.contains(*key) {
                     cx.error(
@@ -2308,13 +2341,15 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                         props.binding_type = Some(BindingType::AsyncWebhook);
                     } else if s == "mcp" {
                         props.binding_type = Some(BindingType::Mcp);
+                    } else if s == "sandbox" {
+                        props.binding_type = Some(BindingType::Sandbox);
                     } else {
                         props.binding_type = Some(BindingType::Unsupported);
                         let message = if SEED_BINDING_TYPES.contains(&s.as_str()) {
                             format!("binding type `{s}` is not supported yet")
                         } else {
                             format!(
-                                "unknown binding type `{s}` (expected `http`, `workflow`, `async_webhook` or `mcp`)"
+                                "unknown binding type `{s}` (expected `http`, `workflow`, `async_webhook`, `mcp` or `sandbox`)"
                             )
                         };
                         cx.error(line.no, kv.value_col, message);
@@ -2575,6 +2610,9 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                         ),
                     }
                 }
+            }
+            "runtime" | "code" | "memory_mb" => {
+                sandbox::read_prop(child, &kv, &mut props.sandbox, cx);
             }
             "param_mapping" => {
                 if block_only(child, &kv, cx) {
@@ -5007,6 +5045,7 @@ TOOLS:
             | ToolBindingDef::McpResource { timeout_ms, .. }
             | ToolBindingDef::AsyncWebhook { timeout_ms, .. } => Some(*timeout_ms),
             ToolBindingDef::Workflow { timeout_ms, .. } => *timeout_ms,
+            ToolBindingDef::Sandbox(b) => b.timeout_ms,
         };
         assert_eq!(timeout(&t), Some(5000));
         // `timeout:` wins over the hint; the hint wins over the file's default.
@@ -5672,16 +5711,16 @@ TOOLS:
     fn unsupported_binding_type() {
         assert_eq!(
             errors(
-                "TOOLS:\n  search(q: string) -> string\n    type: sandbox\n    permission: web.read\n    repeat_safety: idempotent\n"
+                "TOOLS:\n  search(q: string) -> string\n    type: lambda\n    permission: web.read\n    repeat_safety: idempotent\n"
             ),
-            vec!["3:11: binding type `sandbox` is not supported yet"]
+            vec!["3:11: binding type `lambda` is not supported yet"]
         );
         assert_eq!(
             errors(
                 "TOOLS:\n  search(q: string) -> string\n    type: carrier_pigeon\n    permission: web.read\n    repeat_safety: idempotent\n"
             ),
             vec![
-                "3:11: unknown binding type `carrier_pigeon` (expected `http`, `workflow`, `async_webhook` or `mcp`)"
+                "3:11: unknown binding type `carrier_pigeon` (expected `http`, `workflow`, `async_webhook`, `mcp` or `sandbox`)"
             ]
         );
     }
@@ -5865,7 +5904,7 @@ TOOLS:
             )),
             vec![
                 "7:21: unexpected text after the closing quote",
-                "8:13: block scalars (`|`, `>`) are not supported; write the value on one line, in quotes",
+                "8:13: block scalars (`|`, `>`) are supported for `code:` only; write the value on one line, in quotes",
             ]
         );
     }

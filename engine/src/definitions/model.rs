@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use belay_proto::wire::HttpRequestOptions;
+use belay_proto::wire::{HttpRequestOptions, SandboxBinding};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -130,6 +130,13 @@ pub enum ToolBindingDef {
         /// `timeout:` of the whole read in ms; default 30000.
         timeout_ms: u64,
     },
+    /// `type: sandbox`: inline JavaScript or Python code a worker runs in
+    /// an isolated sandbox (no network, no filesystem beyond a fresh
+    /// working directory, memory and time limits). A pure computation: its
+    /// repeat safety defaults to `idempotent` and, without `effect:` or
+    /// `hints.side_effects`, it has no side effects. The wire type itself,
+    /// copied into the task spec. Added for issue 4.
+    Sandbox(SandboxBinding),
 }
 
 /// `confirmation:` of a tool with `require: always`, or with `require:
@@ -742,12 +749,14 @@ impl ToolDef {
     /// Whether the tool may change state outside the run: `effect:` when
     /// given (`read_only`: no), else `hints.side_effects`, else yes (a tool
     /// that says nothing is taken to have side effects, the safe reading for
-    /// `confirmation.require: when_side_effects`).
+    /// `confirmation.require: when_side_effects`; except a `type: sandbox`
+    /// tool, which has no network and no filesystem to act on).
     pub fn has_side_effects(&self) -> bool {
         match (self.effect, self.hints.side_effects) {
             (Some(effect), _) => effect != Effect::ReadOnly,
             (None, Some(side_effects)) => side_effects,
-            (None, None) => true,
+            // A sandbox tool computes; it cannot reach the world.
+            (None, None) => !matches!(self.binding, ToolBindingDef::Sandbox(_)),
         }
     }
 }

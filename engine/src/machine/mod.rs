@@ -5467,6 +5467,7 @@ fn tool_spec(
             uri_template: uri_template.clone(),
             timeout_ms: *timeout_ms,
         }),
+        ToolBindingDef::Sandbox(sandbox) => ToolBinding::Sandbox(sandbox.clone()),
         ToolBindingDef::Workflow { .. } => {
             return Err(MachineError::InvalidPlan(format!(
                 "tool `{}` is not called through a worker",

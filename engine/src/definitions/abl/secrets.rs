@@ -83,7 +83,7 @@ pub(super) fn read_tool(
     let mut produced = Vec::new();
     if let Some(block) = props.result_secrets {
         match props.binding_type {
-            Some(BindingType::Http | BindingType::Mcp) => {
+            Some(BindingType::Http | BindingType::Mcp | BindingType::Sandbox) => {
                 produced = read_result_secrets(block, sig, tool, cx);
             }
             Some(other @ (BindingType::AsyncWebhook | BindingType::Workflow)) => {
