@@ -61,6 +61,19 @@ pub(super) fn misplaced_message(inner: &str, what: &str) -> String {
     )
 }
 
+/// Why `key` may not be written in a tools file: the vault keys of
+/// untraced arguments (`visibility: {trace: false}`) start with
+/// [`crate::machine::untraced::ARG_KEY_PREFIX`], and a worker fills any
+/// whole argument `{{_secret._arg_…}}` from the keys its dispatch returned,
+/// so a key of that shape a tool could read would let a model copy the
+/// secret into an argument.
+fn reserved_key(key: &str) -> Option<String> {
+    let prefix = crate::machine::untraced::ARG_KEY_PREFIX;
+    key.starts_with(prefix).then(|| {
+        format!("vault keys starting with `{prefix}` are reserved for untraced arguments (`visibility: {{trace: false}}`)")
+    })
+}
+
 /// Why `{{inner}}`, which starts with `_secret`, names no vault key.
 pub(super) fn bad_key_message(inner: &str) -> String {
     format!(
@@ -274,6 +287,9 @@ fn read_entry(line: &Line, tool: &str, cx: &mut Cx<'_>) -> Option<(ResultSecretD
                 "`{key}` is not a vault key: letters, digits, `_` and `-`, starting with a letter or `_`, at most {MAX_VAULT_KEY_CHARS}"
             ),
         );
+        ok = false;
+    } else if let Some(message) = reserved_key(key) {
+        cx.error(line.no, key_col, message);
         ok = false;
     }
     let mut def = ResultSecretDef {
@@ -620,6 +636,7 @@ fn read_secret_access(block: &Block, cx: &mut Cx<'_>) -> Vec<String> {
                 items.push((item.trim().to_owned(), line.no, col));
             }
         }
+        let items_written = items.len();
         for (key, no, col) in items {
             if !is_vault_key(&key) {
                 cx.error(
@@ -629,6 +646,8 @@ fn read_secret_access(block: &Block, cx: &mut Cx<'_>) -> Vec<String> {
                         "`{key}` is not a vault key: letters, digits, `_` and `-`, starting with a letter or `_`, at most {MAX_VAULT_KEY_CHARS}"
                     ),
                 );
+            } else if let Some(message) = reserved_key(&key) {
+                cx.error(no, col, message);
             } else if keys.contains(&key) {
                 cx.error(
                     no,
@@ -639,7 +658,7 @@ fn read_secret_access(block: &Block, cx: &mut Cx<'_>) -> Vec<String> {
                 keys.push(key);
             }
         }
-        if keys.is_empty() {
+        if items_written == 0 {
             cx.error(line.no, kv.key_col, "`READ` needs at least one vault key");
         } else if keys.len() > MAX_SECRETS {
             cx.error(
@@ -978,6 +997,26 @@ mod tests {
             vec![
                 "vault.tools.abl:9:41: `convert_transaction_to_emi` is a consumer of vault key `txn_otp` of `request_otp`, but its `SECRET_ACCESS: READ` does not list `txn_otp`"
             ]
+        );
+    }
+}
+
+#[cfg(test)]
+mod reserved_tests {
+    use super::super::parse_tools_file;
+
+    #[test]
+    fn vault_keys_of_untraced_arguments_cannot_be_written() {
+        let content = "TOOLS:\n  t(a: string) -> {tok: string}\n    type: http\n    endpoint: \"/x\"\n    permission: p.read\n    repeat_safety: idempotent\n    RESULT_SECRETS:\n      tok -> _arg_0123456789abcdef01234567\n  u(a: string) -> string\n    type: http\n    endpoint: \"/y\"\n    permission: p.read\n    repeat_safety: idempotent\n    SECRET_ACCESS:\n      READ: [_arg_0123456789abcdef01234567]\n";
+        let errors: Vec<String> = parse_tools_file("t.tools.abl", content)
+            .errors
+            .iter()
+            .map(|e| format!("{}:{}: {}", e.line, e.column, e.message))
+            .collect();
+        let message = "vault keys starting with `_arg_` are reserved for untraced arguments (`visibility: {trace: false}`)";
+        assert_eq!(
+            errors,
+            vec![format!("8:14: {message}"), format!("15:14: {message}")]
         );
     }
 }
