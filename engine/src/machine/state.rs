@@ -480,7 +480,7 @@ pub struct RunState {
     /// Approvals decided, by node id (latest visit).
     pub decided: BTreeMap<String, Decided>,
     /// Every accepted tool call by call id.
-    pub tool_calls: BTreeMap<String, ToolCallState>,
+    pub tool_calls: imbl::OrdMap<String, ToolCallState>,
     /// Final output once completed.
     pub output: Option<Value>,
     /// Set while an operator has paused the run: the reason.
@@ -520,7 +520,7 @@ impl Default for RunState {
             signals: Vec::new(),
             signal_ids: BTreeMap::new(),
             decided: BTreeMap::new(),
-            tool_calls: BTreeMap::new(),
+            tool_calls: imbl::OrdMap::new(),
             output: None,
             operator_paused: None,
             last_seq: 0,
@@ -1207,8 +1207,14 @@ impl RunState {
             Event::RunCancelled { reason } => {
                 self.status = RunStatus::Cancelled;
                 self.status_reason = reason.clone();
-                for call in self.tool_calls.values_mut() {
-                    if call.status == CallStatus::Open {
+                let open: Vec<String> = self
+                    .tool_calls
+                    .iter()
+                    .filter(|(_, c)| c.status == CallStatus::Open)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in open {
+                    if let Some(call) = self.tool_calls.get_mut(&id) {
                         call.status = CallStatus::Cancelled;
                     }
                 }
