@@ -184,7 +184,9 @@ async fn main() -> anyhow::Result<()> {
     // "stopping") and ends with the process.
     if let Some(addr) = args.health_listen {
         let listener = belay_worker::health::bind(addr).await?;
-        tracing::info!(%addr, "health endpoint listening (/livez, /readyz)");
+        // The bound address: with port 0, the one the system chose.
+        let bound = listener.local_addr().unwrap_or(addr);
+        tracing::info!(addr = %bound, "health endpoint listening (/livez, /readyz)");
         let state = config.health.clone();
         tokio::spawn(async move {
             if let Err(e) =

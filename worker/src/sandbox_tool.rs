@@ -527,8 +527,8 @@ impl Stderr {
 }
 
 /// What Node.js (V8) and Python write to stderr when they run out of
-/// memory.
-const OOM_MARKERS: &[&str] = &["out of memory", "MemoryError"];
+/// memory (`std::bad_alloc` when Node's own C++ allocation fails).
+const OOM_MARKERS: &[&str] = &["out of memory", "MemoryError", "bad_alloc"];
 
 /// Turns the process's output and status into the call's outcome.
 fn interpret(

@@ -27,7 +27,8 @@ use super::expr::Expr;
 use super::imports::{FileImport, parse_import_value};
 use super::model::{
     AuthField, ChildMode, CircuitBreakerDef, CompactionDef, ConfirmationDef, Effect, InjectedParam,
-    Latency, ParamSource, RepeatSafety, RuntimeField, ToolBindingDef, ToolDef, ToolHints,
+    Latency, MAX_TIMER_MS, ParamSource, RepeatSafety, RuntimeField, ToolBindingDef, ToolDef,
+    ToolHints,
 };
 use super::signature::{
     self, Direction, Field, MAX_TYPE_DEPTH, Prim, Signature, TypeExpr, check_input_type,
@@ -791,6 +792,15 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         for p in &sig.params {
             if let Err(e) = check_input_type(&p.ty) {
                 cx.error(line.no, e.column, e.message);
+            } else if let Some(d) = &p.default
+                && let Err(e) = signature::check_default(&p.ty, d, p.column)
+            {
+                // A named type's default is checked once the type is known.
+                cx.error(
+                    line.no,
+                    e.column,
+                    format!("parameter `{}`: {}", p.name, e.message),
+                );
             }
         }
     }
@@ -2511,7 +2521,16 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
                             props.workflow_timeout_config =
                                 Some((name.to_owned(), line.no, kv.value_col));
                         }
-                        (None, Ok(ms)) if ms >= 1 => props.workflow_timeout_ms = Some(ms),
+                        (None, Ok(ms)) if (1..=MAX_TIMER_MS).contains(&ms) => {
+                            props.workflow_timeout_ms = Some(ms)
+                        }
+                        (None, Ok(ms)) if ms > MAX_TIMER_MS => cx.error(
+                            line.no,
+                            kv.value_col,
+                            format!(
+                                "`timeout_ms` is longer than 10 years ({MAX_TIMER_MS} ms), the longest a durable timer may wait, not `{ms}`"
+                            ),
+                        ),
                         _ => cx.error(
                             line.no,
                             kv.value_col,

@@ -207,7 +207,11 @@ pub fn parse_bundle(
                 "`{{{{config.{name}}}}}` has no value on the engine: set {CONFIG_ENV_PREFIX}{name} in the engine's environment"
             )),
             Some(v) => match v.trim().parse::<u64>() {
-                Ok(ms) if ms >= 1 => Ok(ms),
+                Ok(ms) if (1..=model::MAX_TIMER_MS).contains(&ms) => Ok(ms),
+                Ok(ms) if ms > model::MAX_TIMER_MS => Err(format!(
+                    "`{{{{config.{name}}}}}` is longer than 10 years ({} ms), the longest a durable timer may wait",
+                    model::MAX_TIMER_MS
+                )),
                 // The value is configuration, not a secret, but say only
                 // what it is not.
                 _ => Err(format!(
@@ -1269,6 +1273,10 @@ nodes:
         assert_eq!(
             message(None),
             "t.tools.abl:5:17: `{{config.KYC_TIMEOUT_MS}}` has no value on the engine: set BELAY_TOOL_CONFIG_KYC_TIMEOUT_MS in the engine's environment"
+        );
+        assert_eq!(
+            message(Some("18446744073709551615")),
+            "t.tools.abl:5:17: `{{config.KYC_TIMEOUT_MS}}` is longer than 10 years (315360000000 ms), the longest a durable timer may wait"
         );
         for bad in ["soon", "0", "-5", "1.5"] {
             assert_eq!(

@@ -864,6 +864,14 @@ pub enum OnToolFailure {
     Stop,
 }
 
+/// The longest duration a definition may give a durable timer (a wait, a
+/// wall-time budget, a `type: workflow` tool's `timeout_ms`): 10 years
+/// (3 650 days), ms. Longer ones are refused when parsed: a timer that far
+/// out overflows the stores' clocks (SQLite's datetime ends in year 9999,
+/// PostgreSQL's interval at about 178 million years) and would fire at once
+/// or refuse the run.
+pub const MAX_TIMER_MS: u64 = 3_650 * 24 * 3_600 * 1_000;
+
 /// An agent declared in YAML (`kind: agent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentDef {

@@ -772,7 +772,10 @@ fn prim_or_named(name: &str, column: u32) -> Result<TypeExpr, SigError> {
     }))
 }
 
-fn check_default(ty: &TypeExpr, value: &Value, column: u32) -> Result<(), SigError> {
+/// Whether `value` is a valid default of `ty` (a date must be a real one;
+/// anything else must satisfy the type's input schema); the error is at
+/// `column`. Run again once named types are expanded ([`expand_named`]).
+pub(super) fn check_default(ty: &TypeExpr, value: &Value, column: u32) -> Result<(), SigError> {
     if let (TypeExpr::Prim(Prim::Date), Value::String(s)) = (ty, value)
         && !is_date(s)
     {

@@ -1406,6 +1406,21 @@ fn until_time(node: &Node, cx: &mut Cx<'_>) -> Option<Template> {
 /// A duration: a whole number of ms, or text such as `90s`, `15m`, `3d`,
 /// `1h 30m` (humantime's syntax).
 fn duration_ms(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<u64> {
+    let ms = duration_ms_unbounded(node, key, cx)?;
+    if ms > crate::definitions::model::MAX_TIMER_MS {
+        cx.error_at(
+            node,
+            format!(
+                "`{key}` is longer than 10 years ({} ms), the longest a durable timer may wait",
+                crate::definitions::model::MAX_TIMER_MS
+            ),
+        );
+        return None;
+    }
+    Some(ms)
+}
+
+fn duration_ms_unbounded(node: &Node, key: &str, cx: &mut Cx<'_>) -> Option<u64> {
     match &node.value {
         Val::Str(s) => match humantime::parse_duration(s.trim()) {
             Ok(d) if d.as_millis() >= 1 => u64::try_from(d.as_millis()).ok().or_else(|| {
@@ -1984,6 +1999,18 @@ max_output_tokens: 1024
             ),
             vec!["4:18: `max_wall_time` must be a whole number of at least 1, found a list"]
         );
+        // Longer than a durable timer may wait (the stores' clocks end).
+        for long in ["18446744073709551615", "3651d", "1000000000000000"] {
+            assert_eq!(
+                errors(&agent(&format!("budget:\n  max_wall_time: {long}\n"))),
+                vec![
+                    "6:18: `max_wall_time` is longer than 10 years (315360000000 ms), the longest a durable timer may wait"
+                ],
+                "{long}"
+            );
+        }
+        let out = parse(&agent("budget:\n  max_wall_time: 3650d\n"));
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
     }
 
     #[test]

@@ -256,6 +256,20 @@ mod tests {
     }
 
     #[test]
+    fn a_default_of_a_named_type_is_checked_against_its_definition() {
+        let errs = errors(&format!(
+            "TYPES:\n  Room: {{beds: number}}\nTOOLS:\n  t(r: Room = {{beds: \"a\"}}, s: Room = {{beds: 1}}) -> object\n{TOOL}"
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with(
+                "4:5: parameter `r`: default {\"beds\":\"a\"} does not match type `object`: "
+            ),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn types_that_grow_exponentially_are_refused() {
         let mut content = String::from("TYPES:\n  T0: {a: number}\n");
         for i in 1..20 {
