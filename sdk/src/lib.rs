@@ -83,6 +83,21 @@ pub enum SdkError {
         /// Cause.
         source: serde_json::Error,
     },
+    /// A definition bundle larger than the engine takes
+    /// ([`MAX_BUNDLE_BYTES`]); nothing was sent. Names the largest file.
+    #[error(
+        "the bundle is {total} bytes, more than the {limit} bytes the engine takes in one registration; the largest file is {largest} ({largest_bytes} bytes): register fewer files at once, or make them smaller"
+    )]
+    BundleTooLarge {
+        /// Bytes of all files' contents.
+        total: usize,
+        /// [`MAX_BUNDLE_BYTES`].
+        limit: usize,
+        /// Path of the largest file.
+        largest: String,
+        /// Its size in bytes.
+        largest_bytes: usize,
+    },
     /// The admin endpoint URL is malformed.
     #[error("invalid admin URL {url:?}: {message}")]
     InvalidAdminUrl {
@@ -184,11 +199,16 @@ impl Client {
         self.register_files(files).await
     }
 
-    /// Register a bundle of files given as (path, content).
+    /// Register a bundle of files given as (path, content). Errors: a bundle
+    /// over [`MAX_BUNDLE_BYTES`] is [`SdkError::BundleTooLarge`] before
+    /// anything is sent (the engine's gRPC message limit would otherwise
+    /// refuse it without naming a file); the engine's refusals as
+    /// [`SdkError::Status`].
     pub async fn register_files(
         &self,
         files: Vec<v1::DefinitionFile>,
     ) -> Result<Vec<Definition>, SdkError> {
+        check_bundle_size(&files)?;
         let resp = self
             .definitions
             .clone()
@@ -896,9 +916,58 @@ pub fn timeline_line(event: &RunEvent) -> String {
     format!("{:>4}  {:<27} {}", event.seq, event.kind, detail)
 }
 
+/// The most bytes of definition files one registration may carry: the
+/// engine's limit on a bundle (`MAX_JSON_BYTES` in
+/// `engine/src/coordinator.rs`, 4 MiB), which is also its gRPC message limit.
+pub const MAX_BUNDLE_BYTES: usize = 4 * 1024 * 1024;
+
+fn check_bundle_size(files: &[v1::DefinitionFile]) -> Result<(), SdkError> {
+    let total: usize = files.iter().map(|f| f.content.len()).sum();
+    if total <= MAX_BUNDLE_BYTES {
+        return Ok(());
+    }
+    let (largest, largest_bytes) = files
+        .iter()
+        .max_by_key(|f| f.content.len())
+        .map(|f| (f.path.clone(), f.content.len()))
+        .unwrap_or_default();
+    Err(SdkError::BundleTooLarge {
+        total,
+        limit: MAX_BUNDLE_BYTES,
+        largest,
+        largest_bytes,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_over_the_engines_limit_is_refused_before_sending_naming_the_largest_file() {
+        // `register_files` runs this check before it sends anything.
+        let files = vec![
+            v1::DefinitionFile {
+                path: "small.yaml".into(),
+                content: "kind: agent\n".into(),
+            },
+            v1::DefinitionFile {
+                path: "big.tools.abl".into(),
+                content: "#".repeat(MAX_BUNDLE_BYTES),
+            },
+        ];
+        let err = check_bundle_size(&files).expect_err("refused");
+        assert!(
+            matches!(&err, SdkError::BundleTooLarge { largest, largest_bytes, .. }
+                if largest == "big.tools.abl" && *largest_bytes == MAX_BUNDLE_BYTES),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with(&format!(
+            "the bundle is {} bytes, more than the {MAX_BUNDLE_BYTES} bytes",
+            MAX_BUNDLE_BYTES + 12
+        )));
+        assert!(check_bundle_size(&files[..1]).is_ok());
+    }
 
     fn event(kind: &str, payload: Value) -> RunEvent {
         RunEvent {
