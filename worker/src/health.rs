@@ -13,11 +13,11 @@
 //!   (`kubectl rollout status` waits for it).
 //!
 //! The claim loop ([`crate::runner`]) writes the state; [`serve`] reads it.
-//! Tests await [`HealthState::changed`] instead of polling.
+//! Tests await [`HealthState::wait_for`] instead of polling.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -87,11 +87,6 @@ impl HealthState {
             Ok(r) => r.clone(),
             Err(_) => self.get(),
         }
-    }
-
-    /// A receiver that sees every change (for [`watch::Receiver::changed`]).
-    pub fn changed(&self) -> watch::Receiver<Readiness> {
-        self.tx.subscribe()
     }
 
     pub(crate) fn set_worker_id(&self, id: &str) {
@@ -179,7 +174,7 @@ async fn readyz(State(state): State<HealthState>) -> impl IntoResponse {
             })),
         ),
         Readiness::EngineUnreachable { since, last_error } => {
-            let down = Duration::as_millis(&since.elapsed());
+            let down = since.elapsed().as_millis();
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(json!({

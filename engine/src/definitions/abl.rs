@@ -778,6 +778,17 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
     if let Some(sig) = &mut signature {
         // The file's named types, substituted.
         let types = std::mem::take(&mut cx.types);
+        // Parameters whose type names a type: their defaults were checked
+        // against an opaque schema when parsed, so again once expanded.
+        let named: Vec<bool> = sig
+            .params
+            .iter()
+            .map(|p| {
+                let mut refs = Vec::new();
+                signature::named_refs(&p.ty, &mut refs);
+                !refs.is_empty()
+            })
+            .collect();
         for ty in sig
             .params
             .iter_mut()
@@ -789,10 +800,11 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             }
         }
         cx.types = types;
-        for p in &sig.params {
+        for (p, named) in sig.params.iter().zip(named) {
             if let Err(e) = check_input_type(&p.ty) {
                 cx.error(line.no, e.column, e.message);
-            } else if let Some(d) = &p.default
+            } else if named
+                && let Some(d) = &p.default
                 && let Err(e) = signature::check_default(&p.ty, d, p.column)
             {
                 // A named type's default is checked once the type is known.

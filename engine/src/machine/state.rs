@@ -1041,10 +1041,9 @@ impl RunState {
                 }
                 // `on_result` has read the result; a tool node's output
                 // still needs it.
-                let is_step_call = self.step.as_ref().is_some_and(
-                    |s| matches!(&s.kind, StepKind::Tool { call_id: c } if c == call_id),
-                );
-                if !is_step_call && let Some(call) = self.tool_calls.get_mut(call_id) {
+                if !self.is_step_call(call_id)
+                    && let Some(call) = self.tool_calls.get_mut(call_id)
+                {
                     call.result = None;
                 }
             }
@@ -1231,6 +1230,13 @@ impl RunState {
         }
     }
 
+    /// Whether `call_id` is the call of the tool node being executed.
+    fn is_step_call(&self, call_id: &str) -> bool {
+        self.step
+            .as_ref()
+            .is_some_and(|s| matches!(&s.kind, StepKind::Tool { call_id: c } if c == call_id))
+    }
+
     /// Mark a call completed and, unless it is a probe, hand its result to
     /// the model (truncated to the agent's limit).
     fn complete_call(&mut self, call_id: &str, result: &Value) {
@@ -1281,10 +1287,7 @@ impl RunState {
         // tool node's output (until `node_completed`), or `on_result` (until
         // its `tool_vars_set`, in the same transition). A long run must not
         // hold every result it ever had; the events do.
-        let is_step_call = self
-            .step
-            .as_ref()
-            .is_some_and(|s| matches!(&s.kind, StepKind::Tool { call_id: c } if c == call_id));
+        let is_step_call = self.is_step_call(call_id);
         let has_on_result = self
             .tool_calls
             .get(call_id)
