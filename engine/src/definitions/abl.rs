@@ -42,6 +42,7 @@ mod cache;
 mod http_body_tests;
 mod http_variants;
 mod mcp_resource;
+mod pii;
 mod process;
 mod retry;
 mod sandbox;
@@ -102,7 +103,6 @@ const SEED_TOOL_PROPERTIES: &[&str] = &[
     "wsdl_operation",
     "wsdl_version",
     "provides",
-    "pii_access",
     "scrub_secrets",
     "context_access",
     "store_result",
@@ -683,6 +683,8 @@ struct Props<'b> {
     reconcile_with: Option<NameAt>,
     /// `scrub_secrets: false` (None: the default, true).
     scrub_secrets: Option<bool>,
+    /// `pii_access:` (`abl/pii.rs`), with the line and column of its value.
+    pii_access: Option<(crate::definitions::model::PiiAccess, u32, u32)>,
     /// `strict: true`, with the line and column of its value.
     strict: Option<(u32, u32)>,
     /// `rate_limit:`, calls per second.
@@ -1210,6 +1212,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         repeat_safety,
         repeat_safety_from_server: from_server,
         scrub_secrets: props.scrub_secrets.unwrap_or(true),
+        pii_access: props.pii_access.map(|(a, _, _)| a).unwrap_or_default(),
         reconcile_with: props.reconcile_with.map(|p| p.name),
         binding,
         confirmation: None,
@@ -1252,6 +1255,18 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
             immutable_params: c.immutable.into_iter().map(|(p, _, _)| p).collect(),
             approver_grant: c.grant.unwrap_or_else(|| tool.permission.clone()),
         });
+    if let (Some((access, l, c)), Some((name, ..))) = (props.pii_access, untraced.first())
+        && (access.user || access.tools)
+    {
+        cx.error(
+            l,
+            c,
+            format!(
+                "`pii_access:` cannot give personal data to `{name}`, a `visibility.trace: false` parameter: its value is sealed in the run's vault as the model wrote it, before the engine could put the data back in place of a token"
+            ),
+        );
+        return;
+    }
     if !untraced.is_empty() {
         if !visibility::check_untraced(&tool, &untraced, cx) {
             return;
@@ -2454,6 +2469,13 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             "strict" => {
                 if keyword(child, &kv, &[("true", true), ("false", false)], cx) == Some(true) {
                     props.strict = Some((line.no, kv.value_col));
+                }
+            }
+            "pii_access" => {
+                if let Some(s) = scalar(child, &kv, cx)
+                    && let Some(access) = pii::read_pii_access(&s, line.no, kv.value_col, cx)
+                {
+                    props.pii_access = Some((access, line.no, kv.value_col));
                 }
             }
             "scrub_secrets" => {

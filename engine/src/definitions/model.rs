@@ -525,6 +525,11 @@ pub struct ToolDef {
     /// model (`machine/scrub.rs`). Added after v0.1.
     #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
     pub scrub_secrets: bool,
+    /// `pii_access:`: the personal data this tool may receive from, and
+    /// send back to, an agent that redacts PII (`AgentDef::pii_redaction`;
+    /// `machine/pii.rs`). Default: none. Added after v0.1.
+    #[serde(default, skip_serializing_if = "PiiAccess::is_none")]
+    pub pii_access: PiiAccess,
     /// `confirmation:` with `require: always`; `None` for `never` or none.
     #[serde(default)]
     pub confirmation: Option<ConfirmationDef>,
@@ -920,6 +925,12 @@ pub struct AgentDef {
     /// node (JSON if it parses, text otherwise). Added after v0.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
+    /// `pii_redaction:`: the kinds of personal data replaced by tokens
+    /// (`[PII:email:1]`) in everything this agent's model is sent, and put
+    /// back only into the arguments of tools whose `pii_access` allows it
+    /// (`machine/pii.rs`). Empty: off (the default). Added after v0.1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pii_redaction: Vec<PiiKind>,
     /// File and line, for messages.
     pub source_file: String,
     /// 1-based line of the document start.
@@ -928,6 +939,82 @@ pub struct AgentDef {
 
 fn yes() -> bool {
     true
+}
+
+/// A kind of personal data the PII redaction of an agent finds
+/// (`machine/pii.rs` has the rules of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PiiKind {
+    /// An e-mail address (`local@domain.tld`).
+    Email,
+    /// A phone number in international form: `+`, country code, 8 to 15
+    /// digits in all (ITU-T E.164), spaces or `-` allowed between digits.
+    Phone,
+    /// A payment card number: 13 to 19 digits passing the Luhn check
+    /// (ISO/IEC 7812), spaces or `-` allowed between digits.
+    Card,
+    /// An IBAN (ISO 13616), checked per country and by its mod-97 digits.
+    Iban,
+    /// A US Social Security number written `AAA-GG-SSSS`, with the area,
+    /// group and serial numbers the SSA never issues left out.
+    Ssn,
+}
+
+impl PiiKind {
+    /// Every kind, in the order `pii_redaction: true` lists them.
+    pub const ALL: [PiiKind; 5] = [
+        PiiKind::Email,
+        PiiKind::Phone,
+        PiiKind::Card,
+        PiiKind::Iban,
+        PiiKind::Ssn,
+    ];
+
+    /// The name written in definitions and tokens (`email`, `phone`, `card`,
+    /// `iban`, `ssn`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PiiKind::Email => "email",
+            PiiKind::Phone => "phone",
+            PiiKind::Card => "card",
+            PiiKind::Iban => "iban",
+            PiiKind::Ssn => "ssn",
+        }
+    }
+
+    /// The kind named `name`, if any.
+    pub fn from_name(name: &str) -> Option<PiiKind> {
+        PiiKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// A tool's `pii_access:` (abl-tools › PII access): the levels it holds.
+/// `original` is `user` and `tools` together; the seed's `logs` level does
+/// not apply (Belay writes no argument or result to its logs) and is
+/// refused when parsed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PiiAccess {
+    /// `user` (or `original`): the tool receives the personal data of the
+    /// run's input and the agent's instructions as written, not as tokens.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub user: bool,
+    /// `tools` (or `original`): the tool receives the personal data found
+    /// in other tools' results as written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tools: bool,
+    /// `llm`: this tool's results go to the model as they are, personal
+    /// data included (their values get no token).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub llm: bool,
+}
+
+impl PiiAccess {
+    /// No level: the default, which `ToolDef` does not serialize (so the
+    /// content hash of a tool without `pii_access:` is unchanged).
+    pub fn is_none(&self) -> bool {
+        *self == PiiAccess::default()
+    }
 }
 
 /// Default of [`AgentDef::max_identical_calls`].

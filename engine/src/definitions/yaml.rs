@@ -17,7 +17,7 @@ use super::expr::{Expr, Template};
 use super::imports::FileImport;
 use super::model::{
     AgentDef, ApprovalDef, BranchCase, Budget, ChildMode, LoopPolicy, NodeDef, NodeKind,
-    OnToolFailure, Pricing, WaitDef, WaitFor, WorkflowDef,
+    OnToolFailure, PiiKind, Pricing, WaitDef, WaitFor, WorkflowDef,
 };
 use super::{DefinitionError, NameAt, check_name, check_permission, schema};
 
@@ -44,6 +44,7 @@ const AGENT_KEYS: &[&str] = &[
     "max_identical_calls",
     "on_tool_failure",
     "output_schema",
+    "pii_redaction",
 ];
 const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes", "budget"];
 const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "input", "grants", "next"];
@@ -674,6 +675,10 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
     let output_schema = map
         .get_present("output_schema")
         .and_then(|n| json_schema(n, "output_schema", cx));
+    let pii_redaction = map
+        .get_present("pii_redaction")
+        .map(|n| parse_pii_redaction(n, cx))
+        .unwrap_or_default();
     map.finish("an agent", AGENT_KEYS, cx);
     cx.out.tool_refs.extend(tools.iter().cloned());
     if !imports.is_empty() {
@@ -704,9 +709,57 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         max_identical_calls,
         on_tool_failure,
         output_schema,
+        pii_redaction,
         source_file: cx.file.to_string(),
         source_line: pos(doc).0,
     });
+}
+
+/// An agent's `pii_redaction:`: `true` (every kind), `false` (off), or a
+/// list of kinds (`[email, card]`; `crate::machine::pii`).
+fn parse_pii_redaction(node: &Node, cx: &mut Cx<'_>) -> Vec<PiiKind> {
+    match &node.value {
+        Val::Bool(true) => PiiKind::ALL.to_vec(),
+        Val::Bool(false) => Vec::new(),
+        Val::Seq(_) => {
+            let names = names_list(
+                Some(node),
+                "pii_redaction",
+                |s| {
+                    PiiKind::from_name(s).is_none().then(|| {
+                        format!(
+                            "unknown kind `{s}` in `pii_redaction` (expected {})",
+                            PiiKind::ALL.map(PiiKind::name).join(", ")
+                        )
+                    })
+                },
+                cx,
+            );
+            let mut kinds: Vec<PiiKind> = names
+                .iter()
+                .filter_map(|n| PiiKind::from_name(&n.name))
+                .collect();
+            kinds.sort();
+            if kinds.is_empty() && names.is_empty() && cx.out.errors.is_empty() {
+                cx.error_at(
+                    node,
+                    "`pii_redaction: []` turns nothing on; write `false`, or name kinds",
+                );
+            }
+            kinds
+        }
+        other => {
+            cx.error_at(
+                node,
+                format!(
+                    "`pii_redaction` takes `true`, `false` or a list of kinds ({}), found {}",
+                    PiiKind::ALL.map(PiiKind::name).join(", "),
+                    show(other)
+                ),
+            );
+            Vec::new()
+        }
+    }
 }
 
 fn parse_loop(node: Option<&Node>, cx: &mut Cx<'_>) -> LoopPolicy {
@@ -1828,6 +1881,7 @@ max_output_tokens: 1024
                 max_identical_calls: crate::definitions::model::DEFAULT_MAX_IDENTICAL_CALLS,
                 on_tool_failure: OnToolFailure::Continue,
                 output_schema: None,
+                pii_redaction: Vec::new(),
                 source_file: FILE.into(),
                 source_line: 2,
             }]
@@ -2014,6 +2068,39 @@ max_output_tokens: 1024
     }
 
     #[test]
+    fn pii_redaction_is_every_kind_some_kinds_or_off() {
+        use crate::definitions::model::PiiKind;
+        let kinds = |extra: &str| {
+            let out = parse(&agent(extra));
+            assert_eq!(out.errors, vec![], "{extra}");
+            out.agents[0].pii_redaction.clone()
+        };
+        assert_eq!(kinds(""), []);
+        assert_eq!(kinds("pii_redaction: false\n"), []);
+        assert_eq!(kinds("pii_redaction: true\n"), PiiKind::ALL);
+        assert_eq!(
+            kinds("pii_redaction: [card, email]\n"),
+            [PiiKind::Email, PiiKind::Card]
+        );
+        assert_eq!(
+            errors(&agent("pii_redaction: [email, name]\n")),
+            [
+                "5:24: unknown kind `name` in `pii_redaction` (expected email, phone, card, iban, ssn)"
+            ]
+        );
+        assert_eq!(
+            errors(&agent("pii_redaction: yes\n")),
+            [
+                "5:16: `pii_redaction` takes `true`, `false` or a list of kinds (email, phone, card, iban, ssn), found \"yes\""
+            ]
+        );
+        assert_eq!(
+            errors(&agent("pii_redaction: []\n")),
+            ["5:16: `pii_redaction: []` turns nothing on; write `false`, or name kinds"]
+        );
+    }
+
+    #[test]
     fn an_agent_output_schema_is_a_compiled_json_schema() {
         let out = parse(&agent(
             "output_schema:\n  type: object\n  required: [account_id]\n  properties:\n    account_id: {type: string}\n",
@@ -2055,7 +2142,7 @@ max_output_tokens: 1024
                 "16:22: `max_tool_attempts` must be a whole number, written without a decimal point",
                 "17:3: unknown key `max_tool_retries` in `limits` (expected one of: max_argument_bytes, max_result_bytes, max_model_attempts, max_tool_attempts)",
                 "18:20: `max_output_tokens` must be a whole number of at least 1, found \"lots\"",
-                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema)",
+                "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction)",
             ]
         );
         assert_eq!(
@@ -2303,7 +2390,7 @@ nodes:
         assert_eq!(
             errors(&agent("1: b\n")),
             vec![
-                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema)"
+                "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction)"
             ]
         );
     }

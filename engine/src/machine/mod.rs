@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod event;
 pub mod normalize;
+pub mod pii;
 pub mod plan;
 pub mod scrub;
 pub mod state;
@@ -1681,8 +1682,32 @@ impl Step {
         // 2. Arguments decode into the input type within the size limit
         // (the type the model sees: parameters it does not supply are
         // refused), then those parameters are filled in.
+        // An agent that redacts PII: tokens get their data back, where the
+        // tool's `pii_access` allows (`pii.rs`), before anything is checked.
+        let restored = match self.state.node.as_ref() {
+            Some(node) if !agent.def.pii_redaction.is_empty() => {
+                let to_model =
+                    |tool: &str| plan.tools.get(tool).is_some_and(|t| t.def.pii_access.llm);
+                match pii::Redactor::from_transcript(
+                    &node.transcript,
+                    &agent.def.pii_redaction,
+                    to_model,
+                )
+                .restore_arguments(&tool_use.arguments, tool.def.pii_access)
+                {
+                    Ok(arguments) => Some(arguments),
+                    Err(refusal) => {
+                        let event = refuse("pii_access", refusal.reason(&tool_use.name));
+                        self.emit(event);
+                        return Ok(());
+                    }
+                }
+            }
+            _ => None,
+        };
+        let raw_arguments = restored.as_deref().unwrap_or(&tool_use.arguments);
         let limit = agent.def.max_argument_bytes as usize;
-        let mut arguments = match decode_arguments(&tool_use.arguments, limit, &tool.def) {
+        let mut arguments = match decode_arguments(raw_arguments, limit, &tool.def) {
             Ok(args) => args,
             Err(reason) => {
                 let event = refuse("invalid_arguments", reason);
@@ -3819,7 +3844,19 @@ impl Step {
                     // A final answer: JSON if it parses, text otherwise;
                     // with an `output_schema:`, JSON that satisfies it, or
                     // the model is asked again.
-                    let text = content.clone().unwrap_or_default();
+                    let mut text = content.clone().unwrap_or_default();
+                    if !agent.pii_redaction.is_empty() {
+                        // The answer goes to the run's own caller: every
+                        // token gets its data back.
+                        let to_model =
+                            |tool: &str| plan.tools.get(tool).is_some_and(|t| t.def.pii_access.llm);
+                        text = pii::Redactor::from_transcript(
+                            &node.transcript,
+                            &agent.pii_redaction,
+                            to_model,
+                        )
+                        .restore_all(&text);
+                    }
                     let output = match &agent.output_schema {
                         None => serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
                         Some(schema) => match checked_final_answer(schema, &text) {
@@ -3873,9 +3910,23 @@ impl Step {
                             strict: t.def.strict_schema.is_some(),
                         })
                         .collect();
+                    // An agent that redacts PII sends tokens in its
+                    // place (`pii.rs`).
+                    let messages = if agent.pii_redaction.is_empty() {
+                        node.transcript.clone()
+                    } else {
+                        let to_model =
+                            |tool: &str| plan.tools.get(tool).is_some_and(|t| t.def.pii_access.llm);
+                        pii::Redactor::from_transcript(
+                            &node.transcript,
+                            &agent.pii_redaction,
+                            to_model,
+                        )
+                        .redact_messages(&node.transcript, to_model)
+                    };
                     let spec = ModelCallSpec {
                         model: agent.model.clone(),
-                        messages: node.transcript.clone(),
+                        messages,
                         tools,
                         max_output_tokens: agent.max_output_tokens,
                     };
@@ -5597,6 +5648,8 @@ mod variants;
 
 #[cfg(test)]
 mod cache_tests;
+#[cfg(test)]
+mod pii_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

@@ -42,6 +42,7 @@ fn tool(
             repeat_safety,
             repeat_safety_from_server: false,
             scrub_secrets: true,
+            pii_access: Default::default(),
             reconcile_with: None,
             binding: ToolBindingDef::Http {
                 endpoint: format!("/{name}"),
@@ -150,6 +151,7 @@ fn plan(opts: &Opts) -> RunPlan {
         max_identical_calls: 0,
         on_tool_failure: OnToolFailure::Continue,
         output_schema: None,
+        pii_redaction: Vec::new(),
         source_file: "a.yaml".into(),
         source_line: 1,
     };
