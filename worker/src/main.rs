@@ -15,6 +15,23 @@ use std::io::IsTerminal as _;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// An address to listen on, or none (an empty value).
+#[derive(Debug, Clone, Copy)]
+struct OptionalAddr(Option<std::net::SocketAddr>);
+
+/// `--health-listen`'s value: an address (`0.0.0.0:8081`), or nothing for
+/// an empty value, so that a pod spec can turn the endpoint off by
+/// setting the variable empty.
+fn optional_addr(s: &str) -> Result<OptionalAddr, String> {
+    if s.trim().is_empty() {
+        return Ok(OptionalAddr(None));
+    }
+    s.trim()
+        .parse()
+        .map(|a| OptionalAddr(Some(a)))
+        .map_err(|e| format!("`{s}` is not an address like 0.0.0.0:8081: {e}"))
+}
+
 /// Belay worker: claims model and tool calls from the engine and performs them.
 #[derive(Debug, Parser)]
 #[command(name = "belay-worker", version, about)]
@@ -71,8 +88,9 @@ struct Args {
     /// Serve `GET /livez` and `GET /readyz` (the pod's probes) on this
     /// address, e.g. 0.0.0.0:8081. `/readyz` is 503 until a claim reaches
     /// the engine, while it cannot be reached, and once shutdown began.
-    #[arg(long, env = "BELAY_WORKER_HEALTH_LISTEN")]
-    health_listen: Option<std::net::SocketAddr>,
+    /// An empty value (`BELAY_WORKER_HEALTH_LISTEN=`) serves nothing.
+    #[arg(long, env = "BELAY_WORKER_HEALTH_LISTEN", value_parser = optional_addr)]
+    health_listen: Option<OptionalAddr>,
     /// Print the resources and resource templates of this `--mcp-config`
     /// server as JSON on stdout, and exit (claims no work). For an operator
     /// choosing the URIs of `resource:` tools.
@@ -182,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
     };
     // The health endpoint outlives the claim loop's shutdown (it says
     // "stopping") and ends with the process.
-    if let Some(addr) = args.health_listen {
+    if let Some(OptionalAddr(Some(addr))) = args.health_listen {
         let listener = belay_worker::health::bind(addr).await?;
         // The bound address: with port 0, the one the system chose.
         let bound = listener.local_addr().unwrap_or(addr);
@@ -303,5 +321,39 @@ mod tests {
             text.contains("[possible values: openai, anthropic]"),
             "{text}"
         );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_health_address_serves_nothing_and_a_bad_one_is_named() {
+        let args = Args::try_parse_from(["belay-worker", "--health-listen", ""]).unwrap();
+        assert!(matches!(args.health_listen, Some(OptionalAddr(None))));
+        let args = Args::try_parse_from(["belay-worker", "--health-listen", "127.0.0.1:0"]).unwrap();
+        assert!(matches!(args.health_listen, Some(OptionalAddr(Some(_)))));
+        let err = Args::try_parse_from(["belay-worker", "--health-listen", "localhost"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`localhost` is not an address like 0.0.0.0:8081"), "{err}");
+    }
+
+    #[test]
+    fn sandbox_binds_must_be_absolute_paths_that_exist() {
+        let ok = Args::try_parse_from(["belay-worker", "--sandbox-ro-bind", "/usr,/tmp"]).unwrap();
+        assert_eq!(ok.sandbox.sandbox_ro_binds.len(), 2);
+        for (bad, says) in [
+            ("relative/lib", "`relative/lib` is not an absolute path"),
+            ("/no/such/belay/dir", "`/no/such/belay/dir` cannot be bound"),
+            ("", "an empty path"),
+        ] {
+            let err = Args::try_parse_from(["belay-worker", "--sandbox-ro-bind", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 }

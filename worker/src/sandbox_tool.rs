@@ -160,9 +160,29 @@ pub struct SandboxArgs {
     #[arg(
         long = "sandbox-ro-bind",
         env = "BELAY_SANDBOX_RO_BINDS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = existing_absolute_path
     )]
     pub sandbox_ro_binds: Vec<PathBuf>,
+}
+
+/// A `--sandbox-ro-bind` path: absolute, and there when the worker starts
+/// (bwrap would fail every call on a missing one, naming only itself).
+///
+/// # Errors
+/// A message naming the path: empty, relative, or not found.
+pub fn existing_absolute_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("an empty path (leave the flag or BELAY_SANDBOX_RO_BINDS out to bind nothing more)".into());
+    }
+    let path = PathBuf::from(s);
+    if !path.is_absolute() {
+        return Err(format!("`{s}` is not an absolute path"));
+    }
+    match std::fs::metadata(&path) {
+        Ok(_) => Ok(path),
+        Err(e) => Err(format!("`{s}` cannot be bound: {e}")),
+    }
 }
 
 impl SandboxArgs {

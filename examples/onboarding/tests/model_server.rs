@@ -424,15 +424,7 @@ async fn api_key_is_required_when_configured() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
-    expected.extend(MCP_TEST_MODELS);
-    expected.extend([
-        ONBOARDING_MODEL,
-        "scripted-process",
-        REFUSALS_MODEL,
-        "scripted-untraced",
-        "scripted-vault",
-    ]);
+    let expected = every_model();
     assert_eq!(ids, expected);
     server.stop().await;
 }
@@ -553,15 +545,7 @@ fn invalid_scripts_are_refused_with_a_reason() {
 #[test]
 fn embedded_script_is_the_file_and_has_every_model() {
     let script = Script::onboarding().expect("embedded script parses");
-    let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
-    expected.extend(MCP_TEST_MODELS);
-    expected.extend([
-        ONBOARDING_MODEL,
-        "scripted-process",
-        REFUSALS_MODEL,
-        "scripted-untraced",
-        "scripted-vault",
-    ]);
+    let expected = every_model();
     assert_eq!(script.models().collect::<Vec<_>>(), expected);
     assert_eq!(script.turns(INTAKE_MODEL).map(<[_]>::len), Some(3));
     assert_eq!(script.turns(ONBOARDING_MODEL).map(<[_]>::len), Some(4));
@@ -569,4 +553,19 @@ fn embedded_script_is_the_file_and_has_every_model() {
     let on_disk =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/script.yaml")).expect("read");
     assert_eq!(on_disk, belay_example_onboarding::ONBOARDING_SCRIPT);
+}
+
+/// Every model of the embedded script, in its (sorted) order.
+fn every_model() -> Vec<&'static str> {
+    let mut expected = vec!["scripted-enrich", INTAKE_MODEL];
+    expected.extend(MCP_TEST_MODELS);
+    expected.extend([
+        ONBOARDING_MODEL,
+        "scripted-pii",
+        "scripted-process",
+        REFUSALS_MODEL,
+        "scripted-untraced",
+        "scripted-vault",
+    ]);
+    expected
 }

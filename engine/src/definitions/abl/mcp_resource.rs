@@ -23,7 +23,7 @@
 
 use std::collections::BTreeSet;
 
-use super::super::model::ToolBindingDef;
+use super::super::model::{RepeatSafety, ToolBindingDef};
 use super::super::signature::{Prim, Signature, TypeExpr};
 
 /// Longest `resource:` value accepted, in characters.
@@ -37,6 +37,7 @@ pub(super) fn binding(
     timeout_ms: u64,
     sig: &Signature,
     present: &BTreeSet<String>,
+    repeat_safety: Option<RepeatSafety>,
 ) -> Result<ToolBindingDef, String> {
     for key in ["server_tool", "headers"] {
         if present.contains(key) {
@@ -46,7 +47,22 @@ pub(super) fn binding(
             ));
         }
     }
+    if repeat_safety == Some(RepeatSafety::Reconcile) {
+        return Err(format!(
+            "tool `{}` reads a resource (`resource:`): `repeat_safety: reconcile` does not apply, a read changes nothing to reconcile (use `idempotent`, the default, or `never`)",
+            sig.name
+        ));
+    }
     check_template(&template, sig)?;
+    // Every parameter fills the URI: one that does not would be a value
+    // the model supplies for nothing.
+    let used = variables(&template)?;
+    if let Some(unused) = sig.params.iter().find(|p| !used.contains(&p.name)) {
+        return Err(format!(
+            "`resource:` does not use parameter `{}` of `{}`: a resource tool's parameters only fill `{{name}}` expressions of its URI",
+            unused.name, sig.name
+        ));
+    }
     Ok(ToolBindingDef::McpResource {
         server,
         uri_template: template,
@@ -145,7 +161,6 @@ fn check_template(template: &str, sig: &Signature) -> Result<(), String> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::super::model::RepeatSafety;
     use super::super::parse_tools_file;
     use super::*;
 
@@ -229,6 +244,16 @@ mod tests {
                 "f(id?: string) -> object",
                 "    resource: \"docs://a/{id}\"\n",
                 "6:15: `resource:` `{id}` is optional without a default: an absent value would leave a hole in the URI",
+            ),
+            (
+                "f(id: string, lang: string) -> object",
+                "    resource: \"docs://a/{id}\"\n",
+                "6:15: `resource:` does not use parameter `lang` of `f`: a resource tool's parameters only fill `{name}` expressions of its URI",
+            ),
+            (
+                "f(id: string) -> object",
+                "    resource: \"docs://a/{id}\"\n    repeat_safety: reconcile\n",
+                "6:15: tool `f` reads a resource (`resource:`): `repeat_safety: reconcile` does not apply, a read changes nothing to reconcile (use `idempotent`, the default, or `never`)",
             ),
             (
                 "f(id: string) -> object",
