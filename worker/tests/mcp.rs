@@ -1489,7 +1489,7 @@ async fn token_endpoint(authority: Authority) -> String {
 /// What a [`guarded_proxy_with`] answers besides its MCP endpoint.
 #[derive(Clone, Default)]
 struct Resource {
-    /// The `WWW-Authenticate` value of its 401 answers.
+    /// The `WWW-Authenticate` value of its 401 answers (empty: none).
     challenge: Arc<Mutex<String>>,
     /// Metadata documents by path (404 elsewhere).
     metadata: Arc<Mutex<BTreeMap<String, Value>>>,
@@ -1543,11 +1543,11 @@ async fn guarded_proxy_with(
                         log.lock().unwrap().push(bearer.clone());
                         if !authority.valid.lock().unwrap().contains(&bearer) {
                             let challenge = resource.challenge.lock().unwrap().clone();
-                            return axum::http::Response::builder()
-                                .status(401)
-                                .header("www-authenticate", challenge)
-                                .body(axum::body::Body::empty())
-                                .unwrap();
+                            let mut refused = axum::http::Response::builder().status(401);
+                            if !challenge.is_empty() {
+                                refused = refused.header("www-authenticate", challenge);
+                            }
+                            return refused.body(axum::body::Body::empty()).unwrap();
                         }
                         let mut request = client.request(method, &upstream).body(body);
                         for (name, value) in &headers {
@@ -1848,9 +1848,9 @@ async fn oauth_discovery_falls_back_to_the_well_known_uris() {
         .lock()
         .unwrap()
         .insert("/.well-known/openid-configuration/tenant".into(), metadata);
-    // A challenge without `resource_metadata`; metadata at the root only.
+    // A 401 without a challenge (so without `resource_metadata`);
+    // metadata at the root only.
     let resource = Resource::default();
-    *resource.challenge.lock().unwrap() = r#"Bearer realm="crm""#.to_owned();
     let (url, seen) =
         guarded_proxy_with(everything.url.clone(), authority.clone(), resource.clone()).await;
     resource.metadata.lock().unwrap().insert(
@@ -2019,6 +2019,56 @@ async fn oauth_discovery_refuses_mismatched_metadata_and_addresses_the_policy_re
     assert_eq!(*resource.asked.lock().unwrap(), ["/prm"]);
     assert_eq!(authority.requests.lock().unwrap().len(), 1);
     assert!(authority.valid.lock().unwrap().is_empty());
+
+    // A token endpoint the metadata puts on a private network: refused by
+    // the address policy, nothing sent.
+    let mut metadata = as_metadata(&issuer, &issuer);
+    metadata["token_endpoint"] = json!("http://10.0.0.7/token");
+    set(&authority.metadata, as_path, metadata);
+    let error = refused_discovery(server(), &seen).await;
+    let AuthorizationError::Token(token_error) = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(token_error.token_url, "http://10.0.0.7/token");
+    assert_eq!(
+        token_error.refused.as_ref().map(|r| r.range.kind),
+        Some(belay_worker::ssrf::RangeKind::Private)
+    );
+    assert_eq!(authority.requests.lock().unwrap().len(), 1);
+    set(&authority.metadata, as_path, as_metadata(&issuer, &issuer));
+
+    // Metadata that is not there, not an object, or too large.
+    challenge(&format!("{origin}/missing"));
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(&error, AuthorizationError::Discovery(DiscoveryError::NoMetadata { tried, .. })
+            if tried == &[(format!("{origin}/missing"), 404)]),
+        "{error:?}"
+    );
+    challenge(&format!("{origin}/prm"));
+    set(&resource.metadata, "/prm", json!(["not", "an", "object"]));
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(&error, AuthorizationError::Discovery(DiscoveryError::BadJson { url: at, .. })
+            if at == &format!("{origin}/prm")),
+        "{error:?}"
+    );
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": url, "authorization_servers": [issuer], "padding": "x".repeat(300 * 1024)}),
+    );
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(&error, AuthorizationError::Discovery(DiscoveryError::TooLarge { limit, .. })
+            if *limit == belay_worker::oauth_discovery::MAX_METADATA_BYTES),
+        "{error:?}"
+    );
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": url, "authorization_servers": [issuer]}),
+    );
 
     // The worker's address policy: without loopback allowlisted, metadata
     // on loopback is refused before anything is sent, by IP literal and
