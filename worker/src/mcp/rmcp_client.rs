@@ -612,6 +612,16 @@ enum Grant {
     Discovered(Arc<Discovered>),
 }
 
+impl Grant {
+    /// The token endpoint.
+    fn token_url(&self) -> &reqwest::Url {
+        match self {
+            Self::Configured(url) => url,
+            Self::Discovered(found) => &found.token_url,
+        }
+    }
+}
+
 /// How long a token request may take, in ms.
 const OAUTH_TOKEN_TIMEOUT_MS: u64 = 10_000;
 
@@ -823,7 +833,7 @@ impl OAuth {
             return result;
         }
         tracing::info!(
-            token_url = self.creds(&grant).token_url.as_str(),
+            token_url = grant.token_url().as_str(),
             "MCP server answered 401: fetching a new access token"
         );
         let token = self
