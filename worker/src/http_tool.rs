@@ -419,7 +419,7 @@ pub struct HttpToolClient {
 /// The builder of every tool client: connect timeout, user agent, the
 /// policy's address check on every resolved address, no redirects, no
 /// proxy.
-fn tool_client_builder(policy: &Arc<NetworkPolicy>) -> reqwest::ClientBuilder {
+pub(crate) fn tool_client_builder(policy: &Arc<NetworkPolicy>) -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
         .user_agent(concat!("belay-worker/", env!("CARGO_PKG_VERSION")))
@@ -1019,6 +1019,8 @@ fn apply_auth(
                 client_id: resolve_config(client_id, values, None)?,
                 client_secret: resolve_config(client_secret, values, None)?,
                 scopes: scopes.clone(),
+                resource: None,
+                auth: crate::oauth2::ClientAuth::Basic,
             }));
         }
     }

@@ -14,7 +14,10 @@
 //! - [`placeholders`]: `{{config.NAME}}` values ([`placeholders::ConfigValues`])
 //!   and their one resolver, for HTTP tools and MCP servers.
 //! - [`oauth2`]: OAuth 2.0 client-credentials tokens for `auth:
-//!   oauth2_client` HTTP tools, cached per worker.
+//!   oauth2_client` HTTP tools and `oauth` MCP servers, cached per worker.
+//! - [`oauth_discovery`]: where an MCP server's token endpoint is, found
+//!   from its protected-resource metadata (RFC 9728) and its authorization
+//!   server's metadata (RFC 8414), through the [`ssrf`] policy.
 //! - [`mcp`]: the MCP client ([`mcp::McpClient`]): servers by logical name,
 //!   tool discovery pinned by hash, calls with typed outcomes.
 //! - [`mcp_tool`]: `tool_call` tasks with an MCP binding ([`mcp_tool::McpTools`]):
@@ -40,6 +43,7 @@ pub mod mcp;
 pub mod mcp_tool;
 pub mod model;
 pub mod oauth2;
+pub mod oauth_discovery;
 pub mod placeholders;
 pub mod runner;
 pub mod sandbox_tool;

@@ -102,10 +102,15 @@ struct Args {
 
 /// `--list-mcp-resources SERVER`: connects to that server only and prints
 /// its listing.
-async fn list_mcp_resources(mcp: &McpConfig, server: &str) -> anyhow::Result<()> {
+async fn list_mcp_resources(
+    mcp: &McpConfig,
+    server: &str,
+    network_policy: belay_worker::NetworkPolicy,
+) -> anyhow::Result<()> {
     let resolved = mcp
         .resolve(server)
-        .map_err(|e| anyhow::anyhow!("--list-mcp-resources: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("--list-mcp-resources: {e}"))?
+        .with_network_policy(network_policy);
     let client = belay_worker::mcp::connect(resolved)
         .await
         .map_err(|e| anyhow::anyhow!("--list-mcp-resources: {e}"))?;
@@ -170,7 +175,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let mcp = load_mcp_config(args.mcp_config.as_deref())?;
     if let Some(server) = &args.list_mcp_resources {
-        return list_mcp_resources(&mcp, server).await;
+        return list_mcp_resources(&mcp, server, args.allow_private_networks.policy()?).await;
     }
     let tls_profiles =
         belay_worker::http_tool::TlsProfilesConfig::load(args.tls_profiles.as_deref())

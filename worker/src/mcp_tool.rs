@@ -144,18 +144,25 @@ impl McpTools {
     /// listed and reported to `engine` before this returns (waiting at most
     /// 10 s for the engine; the report then goes on in the background), so
     /// the engine knows the definitions before the worker's first call.
+    /// OAuth discovery of servers with `oauth` reaches what
+    /// `network_policy` allows (the worker's tool policy).
     ///
     /// # Errors
     /// The first configuration error ([`mcp::ConfigError`]); nothing is
     /// started then.
     pub async fn start(
         config: &McpConfig,
+        network_policy: &crate::ssrf::NetworkPolicy,
         engine: EngineClient,
     ) -> Result<Arc<Self>, mcp::ConfigError> {
         config.validate()?;
         let mut resolved = Vec::new();
         for name in config.servers.keys() {
-            resolved.push(config.resolve(name)?);
+            resolved.push(
+                config
+                    .resolve(name)?
+                    .with_network_policy(network_policy.clone()),
+            );
         }
         let tools = Arc::new(Self {
             engine,

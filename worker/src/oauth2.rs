@@ -3,18 +3,22 @@
 //!
 //! The token request is a POST to the token endpoint with
 //! `grant_type=client_credentials` (and `scope` when the tool names
-//! scopes), form-encoded, the client authenticated with HTTP Basic (RFC
-//! 6749 §2.3.1: id and secret form-encoded, then `id:secret` in base64).
+//! scopes, `resource` when the token is for one resource: RFC 8707, as MCP
+//! servers ask), form-encoded, the client authenticated with HTTP Basic
+//! (RFC 6749 §2.3.1: id and secret form-encoded, then `id:secret` in
+//! base64) or, when the authorization server's metadata offers only that,
+//! with `client_id` and `client_secret` in the body ([`ClientAuth`]).
 //! The answer's `access_token`, `token_type` (must be `bearer`, any case)
 //! and `expires_in` (seconds; [`DEFAULT_LIFETIME_SECS`] when absent) are
 //! read; anything else is ignored.
 //!
-//! [`TokenCache`] keeps one token per (token URL, client id, scopes) per
-//! worker, in memory only: it is used until [`refresh_margin`] before it
-//! expires, then fetched again; a tool that answers 401 makes the caller
-//! fetch a new one once ([`TokenCache::refresh_after_rejection`]). Calls that
-//! need the same token while it is being fetched wait for that one fetch.
-//! Time comes from a [`Clock`], so expiry is testable without sleeping.
+//! [`TokenCache`] keeps one token per (token URL, client id, scopes,
+//! resource) per worker, in memory only: it is used until
+//! [`refresh_margin`] before it expires, then fetched again; a tool that
+//! answers 401 makes the caller fetch a new one once
+//! ([`TokenCache::refresh_after_rejection`]). Calls that need the same
+//! token while it is being fetched wait for that one fetch. Time comes
+//! from a [`Clock`], so expiry is testable without sleeping.
 //!
 //! Errors ([`TokenError`]) name the token endpoint and its status or the
 //! RFC 6749 §5.2 `error` code, never the secret or a token.
@@ -103,6 +107,24 @@ pub struct ClientCredentials {
     pub client_secret: String,
     /// Space-separated scopes; empty: no `scope` parameter.
     pub scopes: String,
+    /// The resource the token is for (RFC 8707 `resource` parameter, an
+    /// absolute URI); `None`: no `resource` parameter.
+    pub resource: Option<String>,
+    /// How the client authenticates to the token endpoint.
+    pub auth: ClientAuth,
+}
+
+/// How a client authenticates to the token endpoint with its secret (RFC
+/// 6749 §2.3.1; the names are RFC 8414's `token_endpoint_auth_methods_supported`
+/// values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ClientAuth {
+    /// `client_secret_basic`: HTTP Basic, id and secret form-encoded first.
+    /// What every authorization server must accept (RFC 6749 §2.3.1).
+    #[default]
+    Basic,
+    /// `client_secret_post`: `client_id` and `client_secret` in the form body.
+    Post,
 }
 
 impl fmt::Debug for ClientCredentials {
@@ -111,6 +133,8 @@ impl fmt::Debug for ClientCredentials {
             .field("token_url", &self.token_url.as_str())
             .field("client_id", &self.client_id)
             .field("scopes", &self.scopes)
+            .field("resource", &self.resource)
+            .field("auth", &self.auth)
             .finish_non_exhaustive()
     }
 }
@@ -135,15 +159,19 @@ struct Token {
     fresh_until: Instant,
 }
 
-/// The token of one (token URL, client id, scopes): `None` until fetched.
+/// The token of one (token URL, client id, scopes, resource): `None` until
+/// fetched.
 type Slot = Arc<tokio::sync::Mutex<Option<Token>>>;
 
-/// Access tokens by (token URL, client id, scopes), shared by every call of
-/// a worker. See the module docs.
+/// What a cached token is for: (token URL, client id, scopes, resource).
+type SlotKey = (String, String, String, Option<String>);
+
+/// Access tokens by (token URL, client id, scopes, resource), shared by
+/// every call of a worker. See the module docs.
 #[derive(Default)]
 pub struct TokenCache {
     clock: Clock,
-    slots: Mutex<HashMap<(String, String, String), Slot>>,
+    slots: Mutex<HashMap<SlotKey, Slot>>,
 }
 
 impl fmt::Debug for TokenCache {
@@ -175,6 +203,7 @@ impl TokenCache {
             creds.token_url.as_str().to_owned(),
             creds.client_id.clone(),
             creds.scopes.clone(),
+            creds.resource.clone(),
         );
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(slots.entry(key).or_default())
@@ -251,13 +280,27 @@ impl TokenCache {
             body.push_str("&scope=");
             body.push_str(&form_encode(creds.scopes.trim()));
         }
+        if let Some(resource) = &creds.resource {
+            body.push_str("&resource=");
+            body.push_str(&form_encode(resource));
+        }
+        let mut request = http.post(creds.token_url.clone());
+        match creds.auth {
+            ClientAuth::Basic => {
+                request = request.basic_auth(
+                    form_encode(&creds.client_id),
+                    Some(form_encode(&creds.client_secret)),
+                );
+            }
+            ClientAuth::Post => {
+                body.push_str("&client_id=");
+                body.push_str(&form_encode(&creds.client_id));
+                body.push_str("&client_secret=");
+                body.push_str(&form_encode(&creds.client_secret));
+            }
+        }
         let sent_at = self.clock.now();
-        let response = http
-            .post(creds.token_url.clone())
-            .basic_auth(
-                form_encode(&creds.client_id),
-                Some(form_encode(&creds.client_secret)),
-            )
+        let response = request
             .header(
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/x-www-form-urlencoded"),
@@ -345,6 +388,8 @@ mod tests {
             client_id: "id".into(),
             client_secret: "s3cret".into(),
             scopes: String::new(),
+            resource: None,
+            auth: ClientAuth::Post,
         };
         assert!(!format!("{creds:?}").contains("s3cret"));
     }

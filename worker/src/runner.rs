@@ -105,7 +105,7 @@ pub async fn run_with_engine(
         None
     } else {
         Some(
-            McpTools::start(&config.mcp, engine.clone())
+            McpTools::start(&config.mcp, &config.tool_network_policy, engine.clone())
                 .await
                 .context("invalid MCP configuration")?,
         )

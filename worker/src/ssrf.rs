@@ -16,10 +16,12 @@
 //! connect), and an IP-literal URL, which no resolver sees, is checked by
 //! [`NetworkPolicy::check_url`] before anything is sent.
 //!
-//! The policy covers tool requests only (`type: http`, `type:
-//! async_webhook`, reconcile probes). Model provider URLs and MCP server URLs
-//! come from the operator's configuration, not from definitions or the
-//! model, and are not checked.
+//! The policy covers tool requests (`type: http`, `type: async_webhook`,
+//! reconcile probes) and the URLs an MCP server names for OAuth discovery
+//! (its metadata, its authorization server's, the token endpoint found
+//! there: [`crate::oauth_discovery`]). Model provider URLs, MCP server URLs
+//! and a configured `token_url` come from the operator's configuration, not
+//! from definitions, the model or a server, and are not checked.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -15,11 +15,13 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use belay_proto::v1::FailureClass;
+use belay_worker::NetworkPolicy;
 use belay_worker::mcp::{
     self, CallOutcome, CallRefusal, CallRequest, ConfigError, ElicitationAction, ElicitationAnswer,
     InputAnswers, InputVia, McpClient, McpConfig, McpError, McpEvent, McpServerConfig,
     ResolvedServer,
 };
+use belay_worker::oauth_discovery::{AuthorizationError, DiscoveryError};
 use common::GUARD;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
@@ -1116,9 +1118,13 @@ async fn mcp_tools(
             .collect(),
         config: BTreeMap::new(),
     };
-    let tools = belay_worker::mcp_tool::McpTools::start(&config, client)
-        .await
-        .unwrap();
+    let tools = belay_worker::mcp_tool::McpTools::start(
+        &config,
+        &belay_worker::NetworkPolicy::default(),
+        client,
+    )
+    .await
+    .unwrap();
     (engine, tools)
 }
 
@@ -1387,56 +1393,108 @@ async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_o
     tools.shutdown().await;
 }
 
-/// A local OAuth token endpoint (client-credentials grant) and what it
-/// issued; the bearer tokens an MCP server in front of it accepts.
+/// A local OAuth authorization server (client-credentials grant) and what
+/// it issued; the bearer tokens an MCP server in front of it accepts.
 #[derive(Clone, Default)]
 struct Authority {
     /// Token requests: (Authorization header, form body).
     requests: Arc<Mutex<Vec<(String, String)>>>,
     /// Tokens the resource server accepts now.
     valid: Arc<Mutex<BTreeSet<String>>>,
+    /// Issue tokens the resource server does not accept.
+    withhold: Arc<Mutex<bool>>,
+    /// Metadata documents by path (404 elsewhere).
+    metadata: Arc<Mutex<BTreeMap<String, Value>>>,
+    /// Paths of the metadata requests, in order.
+    asked: Arc<Mutex<Vec<String>>>,
 }
 
-/// `POST /token`: `tok-<n>` for client `crm-client` / `s3cret`
-/// (HTTP Basic), `invalid_client` (401) otherwise.
-async fn token_endpoint(authority: Authority) -> String {
-    let router = axum::Router::new().route(
-        "/token",
-        axum::routing::post(
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                let authority = authority.clone();
-                async move {
-                    let auth = headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
-                    let body = String::from_utf8_lossy(&body).into_owned();
-                    let n = {
-                        let mut requests = authority.requests.lock().unwrap();
-                        requests.push((auth.clone(), body));
-                        requests.len()
-                    };
-                    // base64("crm-client:s3cret")
-                    if auth != "Basic Y3JtLWNsaWVudDpzM2NyZXQ=" {
-                        return (
-                            axum::http::StatusCode::UNAUTHORIZED,
-                            axum::Json(json!({"error": "invalid_client"})),
-                        );
+/// `GET` of any path: the document `documents` holds for it (404 without
+/// one); every path is recorded in `asked`.
+async fn metadata_answer(
+    uri: axum::http::Uri,
+    documents: &Mutex<BTreeMap<String, Value>>,
+    asked: &Mutex<Vec<String>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let path = uri.path().to_owned();
+    asked.lock().unwrap().push(path.clone());
+    let document = documents.lock().unwrap().get(&path).cloned();
+    match document {
+        Some(document) => axum::Json(document).into_response(),
+        None => axum::http::StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `POST /token`: `tok-<n>` for client `crm-client` / `s3cret` (HTTP
+/// Basic, or `client_id` and `client_secret` in the body),
+/// `invalid_client` (401) otherwise; any other `GET`: `metadata`. Returns
+/// the server's base URL, `http://127.0.0.1:PORT`.
+async fn authorization_server(authority: Authority) -> String {
+    let metadata = authority.clone();
+    let router = axum::Router::new()
+        .route(
+            "/token",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let authority = authority.clone();
+                    async move {
+                        let auth = headers
+                            .get("authorization")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned();
+                        let body = String::from_utf8_lossy(&body).into_owned();
+                        let n = {
+                            let mut requests = authority.requests.lock().unwrap();
+                            requests.push((auth.clone(), body.clone()));
+                            requests.len()
+                        };
+                        // base64("crm-client:s3cret")
+                        let basic = auth == "Basic Y3JtLWNsaWVudDpzM2NyZXQ=";
+                        let post = auth.is_empty()
+                            && body.contains("&client_id=crm-client&client_secret=s3cret");
+                        if !basic && !post {
+                            return (
+                                axum::http::StatusCode::UNAUTHORIZED,
+                                axum::Json(json!({"error": "invalid_client"})),
+                            );
+                        }
+                        let token = format!("tok-{n}");
+                        if !*authority.withhold.lock().unwrap() {
+                            authority.valid.lock().unwrap().insert(token.clone());
+                        }
+                        (
+                            axum::http::StatusCode::OK,
+                            axum::Json(
+                                json!({"access_token": token, "token_type": "Bearer", "expires_in": 3600}),
+                            ),
+                        )
                     }
-                    let token = format!("tok-{n}");
-                    authority.valid.lock().unwrap().insert(token.clone());
-                    (
-                        axum::http::StatusCode::OK,
-                        axum::Json(
-                            json!({"access_token": token, "token_type": "Bearer", "expires_in": 3600}),
-                        ),
-                    )
-                }
-            },
-        ),
-    );
-    format!("http://{}/token", common::serve(router).await)
+                },
+            ),
+        )
+        .fallback(axum::routing::get(move |uri: axum::http::Uri| {
+            let metadata = metadata.clone();
+            async move { metadata_answer(uri, &metadata.metadata, &metadata.asked).await }
+        }));
+    format!("http://{}", common::serve(router).await)
+}
+
+/// [`authorization_server`]'s token endpoint.
+async fn token_endpoint(authority: Authority) -> String {
+    format!("{}/token", authorization_server(authority).await)
+}
+
+/// What a [`guarded_proxy_with`] answers besides its MCP endpoint.
+#[derive(Clone, Default)]
+struct Resource {
+    /// The `WWW-Authenticate` value of its 401 answers (empty: none).
+    challenge: Arc<Mutex<String>>,
+    /// Metadata documents by path (404 elsewhere).
+    metadata: Arc<Mutex<BTreeMap<String, Value>>>,
+    /// Paths of the metadata requests, in order.
+    asked: Arc<Mutex<Vec<String>>>,
 }
 
 /// An MCP endpoint that demands a valid bearer token (401 with a
@@ -1446,58 +1504,80 @@ async fn guarded_proxy(
     upstream: String,
     authority: Authority,
 ) -> (String, Arc<Mutex<Vec<String>>>) {
+    let resource = Resource::default();
+    *resource.challenge.lock().unwrap() = r#"Bearer error="invalid_token", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource""#.to_owned();
+    guarded_proxy_with(upstream, authority, resource).await
+}
+
+/// [`guarded_proxy`] answering with `resource`'s challenge, and with its
+/// metadata on any other path.
+async fn guarded_proxy_with(
+    upstream: String,
+    authority: Authority,
+    resource: Resource,
+) -> (String, Arc<Mutex<Vec<String>>>) {
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let (client, log) = (reqwest::Client::new(), seen.clone());
-    let router = axum::Router::new().route(
-        "/mcp",
-        axum::routing::any(
-            move |method: axum::http::Method,
-                  headers: axum::http::HeaderMap,
-                  body: axum::body::Bytes| {
-                let (client, upstream, log, authority) =
-                    (client.clone(), upstream.clone(), log.clone(), authority.clone());
-                async move {
-                    let bearer = headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.strip_prefix("Bearer "))
-                        .unwrap_or_default()
-                        .to_owned();
-                    log.lock().unwrap().push(bearer.clone());
-                    if !authority.valid.lock().unwrap().contains(&bearer) {
-                        return axum::http::Response::builder()
-                            .status(401)
-                            .header(
-                                "www-authenticate",
-                                r#"Bearer error="invalid_token", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource""#,
-                            )
-                            .body(axum::body::Body::empty())
-                            .unwrap();
-                    }
-                    let mut request = client.request(method, &upstream).body(body);
-                    for (name, value) in &headers {
-                        if name != "host" && name != "content-length" && name != "authorization" {
-                            request = request.header(name, value);
+    let documents = resource.clone();
+    let router = axum::Router::new()
+        .route(
+            "/mcp",
+            axum::routing::any(
+                move |method: axum::http::Method,
+                      headers: axum::http::HeaderMap,
+                      body: axum::body::Bytes| {
+                    let (client, upstream, log, authority, resource) = (
+                        client.clone(),
+                        upstream.clone(),
+                        log.clone(),
+                        authority.clone(),
+                        resource.clone(),
+                    );
+                    async move {
+                        let bearer = headers
+                            .get("authorization")
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.strip_prefix("Bearer "))
+                            .unwrap_or_default()
+                            .to_owned();
+                        log.lock().unwrap().push(bearer.clone());
+                        if !authority.valid.lock().unwrap().contains(&bearer) {
+                            let challenge = resource.challenge.lock().unwrap().clone();
+                            let mut refused = axum::http::Response::builder().status(401);
+                            if !challenge.is_empty() {
+                                refused = refused.header("www-authenticate", challenge);
+                            }
+                            return refused.body(axum::body::Body::empty()).unwrap();
                         }
-                    }
-                    let response = request.send().await.unwrap();
-                    let mut builder = axum::http::Response::builder().status(response.status());
-                    for (name, value) in response.headers() {
-                        if name != "content-length" && name != "transfer-encoding" {
-                            builder = builder.header(name, value);
+                        let mut request = client.request(method, &upstream).body(body);
+                        for (name, value) in &headers {
+                            if name != "host" && name != "content-length" && name != "authorization"
+                            {
+                                request = request.header(name, value);
+                            }
                         }
-                    }
-                    let chunks = futures_util::stream::unfold(response, |mut r| async move {
-                        match r.chunk().await {
-                            Ok(Some(chunk)) => Some((Ok::<_, std::io::Error>(chunk), r)),
-                            _ => None,
+                        let response = request.send().await.unwrap();
+                        let mut builder = axum::http::Response::builder().status(response.status());
+                        for (name, value) in response.headers() {
+                            if name != "content-length" && name != "transfer-encoding" {
+                                builder = builder.header(name, value);
+                            }
                         }
-                    });
-                    builder.body(axum::body::Body::from_stream(chunks)).unwrap()
-                }
-            },
-        ),
-    );
+                        let chunks = futures_util::stream::unfold(response, |mut r| async move {
+                            match r.chunk().await {
+                                Ok(Some(chunk)) => Some((Ok::<_, std::io::Error>(chunk), r)),
+                                _ => None,
+                            }
+                        });
+                        builder.body(axum::body::Body::from_stream(chunks)).unwrap()
+                    }
+                },
+            ),
+        )
+        .fallback(axum::routing::get(move |uri: axum::http::Uri| {
+            let documents = documents.clone();
+            async move { metadata_answer(uri, &documents.metadata, &documents.asked).await }
+        }));
     let addr = common::serve(router).await;
     (format!("http://{addr}/mcp"), seen)
 }
@@ -1505,7 +1585,7 @@ async fn guarded_proxy(
 fn oauth_server(url: String, token_url: &str, secret_name: &str) -> McpServerConfig {
     McpServerConfig::Http(mcp::HttpServerConfig {
         oauth: Some(mcp::OAuthClientConfig {
-            token_url: token_url.to_owned(),
+            token_url: Some(token_url.to_owned()),
             client_id: "{{config.CRM_ID}}".into(),
             client_secret: format!("{{{{config.{secret_name}}}}}"),
             scopes: vec!["mcp:tools".into(), "crm.read".into()],
@@ -1555,9 +1635,13 @@ async fn an_oauth_server_gets_a_client_credentials_token_cached_and_refreshed_on
     {
         let requests = authority.requests.lock().unwrap();
         assert_eq!(requests.len(), 1, "{requests:?}");
+        // The server's canonical URI as RFC 8707 `resource`.
         assert_eq!(
             requests[0].1,
-            "grant_type=client_credentials&scope=mcp%3Atools%20crm.read"
+            format!(
+                "grant_type=client_credentials&scope=mcp%3Atools%20crm.read&resource={}",
+                form_encoded(&url)
+            )
         );
     }
     let before = seen.lock().unwrap().clone();
@@ -1598,14 +1682,446 @@ async fn an_oauth_server_gets_a_client_credentials_token_cached_and_refreshed_on
     .await
     .err()
     .unwrap();
-    let McpError::Connect { message, .. } = &err else {
+    let McpError::Authorization { error, .. } = &err else {
         panic!("{err:?}");
     };
+    assert!(matches!(**error, AuthorizationError::Token(_)), "{error:?}");
+    let message = err.to_string();
     assert!(message.contains(&token_url), "{message}");
     assert!(message.contains("invalid_client"), "{message}");
     assert!(!message.contains("nope"), "{message}");
     assert_eq!(seen.lock().unwrap().len(), seen_before);
     everything.kill().await;
+}
+
+/// `text` as `application/x-www-form-urlencoded` writes a URL.
+fn form_encoded(text: &str) -> String {
+    text.replace(':', "%3A").replace('/', "%2F")
+}
+
+/// An HTTP server with `oauth` and neither `token_url` nor scopes: both
+/// are discovered.
+fn discovering_server(url: String, secret_name: &str) -> McpServerConfig {
+    McpServerConfig::Http(mcp::HttpServerConfig {
+        oauth: Some(mcp::OAuthClientConfig {
+            token_url: None,
+            client_id: "{{config.CRM_ID}}".into(),
+            client_secret: format!("{{{{config.{secret_name}}}}}"),
+            scopes: Vec::new(),
+        }),
+        ..match McpServerConfig::http(url) {
+            McpServerConfig::Http(h) => h,
+            McpServerConfig::Stdio(_) => unreachable!(),
+        }
+    })
+}
+
+const OAUTH_VARS: [(&str, &str); 3] = [
+    ("CRM_ID", "crm-client"),
+    ("CRM_SECRET", "s3cret"),
+    ("WRONG_SECRET", "nope"),
+];
+
+/// `server` resolved, its OAuth discovery reaching loopback (where the
+/// test's servers are).
+fn on_loopback(server: McpServerConfig) -> ResolvedServer {
+    resolve("crm", server, &OAUTH_VARS).with_network_policy(NetworkPolicy::allowing_loopback())
+}
+
+/// The authorization server metadata (RFC 8414) of `issuer`, with its
+/// token endpoint at `base`.
+fn as_metadata(issuer: &str, base: &str) -> Value {
+    json!({
+        "issuer": issuer,
+        "token_endpoint": format!("{base}/token"),
+        "grant_types_supported": ["client_credentials", "authorization_code"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "private_key_jwt"],
+        "response_types_supported": ["code"],
+    })
+}
+
+#[tokio::test]
+async fn oauth_discovery_from_the_challenge_finds_the_token_endpoint_and_caches_one_token() {
+    let everything = everything_http().await;
+    let authority = Authority::default();
+    let issuer = authorization_server(authority.clone()).await;
+    authority.metadata.lock().unwrap().insert(
+        "/.well-known/oauth-authorization-server".into(),
+        as_metadata(&issuer, &issuer),
+    );
+    let resource = Resource::default();
+    let (url, seen) =
+        guarded_proxy_with(everything.url.clone(), authority.clone(), resource.clone()).await;
+    let origin = url.trim_end_matches("/mcp").to_owned();
+    *resource.challenge.lock().unwrap() = format!(
+        r#"Bearer error="invalid_token", resource_metadata="{origin}/prm", scope="mcp:tools crm.read""#
+    );
+    resource.metadata.lock().unwrap().insert(
+        "/prm".into(),
+        json!({"resource": url, "authorization_servers": [issuer],
+               "scopes_supported": ["not-these"], "bearer_methods_supported": ["header"]}),
+    );
+
+    let client = mcp::connect(on_loopback(discovering_server(url.clone(), "CRM_SECRET")))
+        .await
+        .unwrap();
+    let mut events = client.events();
+    let discovery = client.list_tools().await.unwrap();
+    assert!(discovery.tools.iter().any(|t| t.name == "echo"));
+    for message in ["one", "two", "three"] {
+        let outcome = client
+            .call_tool(CallRequest::new("echo", args(json!({"message": message}))))
+            .await;
+        assert!(text_of(&outcome).contains(message), "{outcome:?}");
+    }
+    // One discovery from the advertised URL (no well-known guess), one
+    // token for every request, with the challenge's scopes and the
+    // server's URI as `resource`, the client authenticated with Basic.
+    assert_eq!(*resource.asked.lock().unwrap(), ["/prm"]);
+    assert_eq!(
+        *authority.asked.lock().unwrap(),
+        ["/.well-known/oauth-authorization-server"]
+    );
+    {
+        let requests = authority.requests.lock().unwrap();
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(requests[0].0, "Basic Y3JtLWNsaWVudDpzM2NyZXQ=");
+        assert_eq!(
+            requests[0].1,
+            format!(
+                "grant_type=client_credentials&scope=mcp%3Atools%20crm.read&resource={}",
+                form_encoded(&url)
+            )
+        );
+    }
+    let before = seen.lock().unwrap().clone();
+    assert_eq!(before[0], "", "the first request goes without a token");
+    assert!(before.len() >= 5, "{before:?}");
+    assert!(before[1..].iter().all(|t| t == "tok-1"), "{before:?}");
+
+    // Revoked: one new token from the endpoint already known.
+    authority.valid.lock().unwrap().clear();
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "four"}))))
+        .await;
+    assert!(text_of(&outcome).contains("four"), "{outcome:?}");
+    assert_eq!(authority.requests.lock().unwrap().len(), 2);
+    assert_eq!(resource.asked.lock().unwrap().len(), 1);
+
+    // Fresh tokens refused too: the endpoint is discovered again once,
+    // and the call is refused without reaching the tool.
+    authority.valid.lock().unwrap().clear();
+    *authority.withhold.lock().unwrap() = true;
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "five"}))))
+        .await;
+    assert_eq!(
+        outcome.failure_class(),
+        Some(FailureClass::NotSent),
+        "{outcome:?}"
+    );
+    assert_eq!(*resource.asked.lock().unwrap(), ["/prm", "/prm"]);
+    assert_eq!(authority.requests.lock().unwrap().len(), 4);
+
+    // Tokens never appear in what the client reports.
+    while let Ok(event) = events.try_recv() {
+        let text = format!("{event:?}");
+        assert!(!text.contains("tok-"), "{text}");
+    }
+    assert!(!format!("{:?}", client.status()).contains("tok-"));
+    client.shutdown().await;
+    everything.kill().await;
+}
+
+#[tokio::test]
+async fn oauth_discovery_falls_back_to_the_well_known_uris() {
+    let everything = everything_http().await;
+    let authority = Authority::default();
+    let base = authorization_server(authority.clone()).await;
+    // An issuer with a path, publishing OpenID Connect metadata only, and
+    // taking the client's secret in the body only.
+    let issuer = format!("{base}/tenant");
+    let mut metadata = as_metadata(&issuer, &base);
+    metadata["token_endpoint_auth_methods_supported"] = json!(["client_secret_post"]);
+    authority
+        .metadata
+        .lock()
+        .unwrap()
+        .insert("/.well-known/openid-configuration/tenant".into(), metadata);
+    // A 401 without a challenge (so without `resource_metadata`);
+    // metadata at the root only.
+    let resource = Resource::default();
+    let (url, seen) =
+        guarded_proxy_with(everything.url.clone(), authority.clone(), resource.clone()).await;
+    resource.metadata.lock().unwrap().insert(
+        "/.well-known/oauth-protected-resource".into(),
+        json!({"resource": url, "authorization_servers": [issuer], "scopes_supported": ["mcp:tools"]}),
+    );
+
+    let client = mcp::connect(on_loopback(discovering_server(url.clone(), "CRM_SECRET")))
+        .await
+        .unwrap();
+    for message in ["one", "two"] {
+        let outcome = client
+            .call_tool(CallRequest::new("echo", args(json!({"message": message}))))
+            .await;
+        assert!(text_of(&outcome).contains(message), "{outcome:?}");
+    }
+    assert_eq!(
+        *resource.asked.lock().unwrap(),
+        [
+            "/.well-known/oauth-protected-resource/mcp",
+            "/.well-known/oauth-protected-resource"
+        ]
+    );
+    assert_eq!(
+        *authority.asked.lock().unwrap(),
+        [
+            "/.well-known/oauth-authorization-server/tenant",
+            "/.well-known/openid-configuration/tenant"
+        ]
+    );
+    {
+        let requests = authority.requests.lock().unwrap();
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(requests[0].0, "", "no Basic: client_secret_post");
+        assert_eq!(
+            requests[0].1,
+            format!(
+                "grant_type=client_credentials&scope=mcp%3Atools&resource={}\
+                 &client_id=crm-client&client_secret=s3cret",
+                form_encoded(&url)
+            )
+        );
+    }
+    assert!(seen.lock().unwrap()[1..].iter().all(|t| t == "tok-1"));
+    client.shutdown().await;
+    everything.kill().await;
+}
+
+/// A refused discovery: the typed error, and nothing but unauthenticated
+/// requests reached the MCP endpoint (which has no upstream: no tool ran).
+async fn refused_discovery(
+    resolved: ResolvedServer,
+    seen: &Mutex<Vec<String>>,
+) -> AuthorizationError {
+    let err = mcp::connect(resolved).await.err().unwrap();
+    let McpError::Authorization { error, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        seen.lock().unwrap().iter().all(String::is_empty),
+        "{seen:?}"
+    );
+    *error
+}
+
+#[tokio::test]
+async fn oauth_discovery_refuses_mismatched_metadata_and_addresses_the_policy_refuses() {
+    let authority = Authority::default();
+    let issuer = authorization_server(authority.clone()).await;
+    let as_path = "/.well-known/oauth-authorization-server";
+    let resource = Resource::default();
+    let (url, seen) = guarded_proxy_with(
+        format!("http://{}/mcp", common::closed_port()),
+        authority.clone(),
+        resource.clone(),
+    )
+    .await;
+    let origin = url.trim_end_matches("/mcp").to_owned();
+    let port = origin.rsplit(':').next().unwrap().to_owned();
+    let challenge = |metadata: &str| {
+        *resource.challenge.lock().unwrap() = format!(r#"Bearer resource_metadata="{metadata}""#);
+    };
+    let set = |documents: &Mutex<BTreeMap<String, Value>>, path: &str, document: Value| {
+        documents.lock().unwrap().insert(path.to_owned(), document);
+    };
+    let server = || on_loopback(discovering_server(url.clone(), "CRM_SECRET"));
+    challenge(&format!("{origin}/prm"));
+
+    // Protected-resource metadata for another resource (RFC 9728 §3.3).
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": "https://elsewhere.example/mcp", "authorization_servers": [issuer]}),
+    );
+    let error = refused_discovery(server(), &seen).await;
+    let AuthorizationError::Discovery(DiscoveryError::ResourceMismatch {
+        url: at,
+        resource: named,
+        expected,
+    }) = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!(at, &format!("{origin}/prm"));
+    assert_eq!(named, "https://elsewhere.example/mcp");
+    assert_eq!(expected, &url);
+    assert!(
+        authority.asked.lock().unwrap().is_empty(),
+        "none of it is used"
+    );
+
+    // Authorization server metadata for another issuer (RFC 8414 §3.3).
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": url, "authorization_servers": [issuer]}),
+    );
+    set(
+        &authority.metadata,
+        as_path,
+        as_metadata("https://other-issuer.example", &issuer),
+    );
+    let error = refused_discovery(server(), &seen).await;
+    let AuthorizationError::Discovery(DiscoveryError::IssuerMismatch {
+        url: at,
+        issuer: named,
+        expected,
+    }) = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!(at, &format!("{issuer}{as_path}"));
+    assert_eq!(named, "https://other-issuer.example");
+    assert_eq!(expected, &issuer);
+
+    // No client-credentials grant.
+    let mut metadata = as_metadata(&issuer, &issuer);
+    metadata["grant_types_supported"] = json!(["authorization_code"]);
+    set(&authority.metadata, as_path, metadata);
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(
+            &error,
+            AuthorizationError::Discovery(DiscoveryError::GrantNotSupported { .. })
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("client_credentials"), "{error}");
+    assert!(authority.requests.lock().unwrap().is_empty());
+
+    // A token endpoint that refuses the client: its `error` (the endpoint
+    // was just discovered: not again); the secret is not in the message.
+    set(&authority.metadata, as_path, as_metadata(&issuer, &issuer));
+    resource.asked.lock().unwrap().clear();
+    let error = refused_discovery(
+        on_loopback(discovering_server(url.clone(), "WRONG_SECRET")),
+        &seen,
+    )
+    .await;
+    let AuthorizationError::Token(token_error) = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(token_error.token_url, format!("{issuer}/token"));
+    assert!(error.to_string().contains("invalid_client"), "{error}");
+    assert!(!error.to_string().contains("nope"), "{error}");
+    assert_eq!(*resource.asked.lock().unwrap(), ["/prm"]);
+    assert_eq!(authority.requests.lock().unwrap().len(), 1);
+    assert!(authority.valid.lock().unwrap().is_empty());
+
+    // A token endpoint the metadata puts on a private network: refused by
+    // the address policy, nothing sent.
+    let mut metadata = as_metadata(&issuer, &issuer);
+    metadata["token_endpoint"] = json!("http://10.0.0.7/token");
+    set(&authority.metadata, as_path, metadata);
+    let error = refused_discovery(server(), &seen).await;
+    let AuthorizationError::Token(token_error) = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(token_error.token_url, "http://10.0.0.7/token");
+    assert_eq!(
+        token_error.refused.as_ref().map(|r| r.range.kind),
+        Some(belay_worker::ssrf::RangeKind::Private)
+    );
+    assert_eq!(authority.requests.lock().unwrap().len(), 1);
+    set(&authority.metadata, as_path, as_metadata(&issuer, &issuer));
+
+    // Metadata that is not there, not an object, or too large.
+    challenge(&format!("{origin}/missing"));
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(&error, AuthorizationError::Discovery(DiscoveryError::NoMetadata { tried, .. })
+            if tried == &[(format!("{origin}/missing"), 404)]),
+        "{error:?}"
+    );
+    challenge(&format!("{origin}/prm"));
+    set(&resource.metadata, "/prm", json!(["not", "an", "object"]));
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(&error, AuthorizationError::Discovery(DiscoveryError::BadJson { url: at, .. })
+            if at == &format!("{origin}/prm")),
+        "{error:?}"
+    );
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": url, "authorization_servers": [issuer], "padding": "x".repeat(300 * 1024)}),
+    );
+    let error = refused_discovery(server(), &seen).await;
+    assert!(
+        matches!(&error, AuthorizationError::Discovery(DiscoveryError::TooLarge { limit, .. })
+            if *limit == belay_worker::oauth_discovery::MAX_METADATA_BYTES),
+        "{error:?}"
+    );
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": url, "authorization_servers": [issuer]}),
+    );
+
+    // The worker's address policy: without loopback allowlisted, metadata
+    // on loopback is refused before anything is sent, by IP literal and
+    // by a name that resolves there.
+    resource.asked.lock().unwrap().clear();
+    for (metadata_url, resolved) in [
+        (format!("{origin}/prm"), false),
+        (format!("http://localhost:{port}/prm"), true),
+    ] {
+        challenge(&metadata_url);
+        let error = refused_discovery(
+            resolve(
+                "crm",
+                discovering_server(url.clone(), "CRM_SECRET"),
+                &OAUTH_VARS,
+            ),
+            &seen,
+        )
+        .await;
+        let AuthorizationError::Discovery(DiscoveryError::Refused { url: at, refused }) = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(at, &metadata_url);
+        assert_eq!(refused.range.kind, belay_worker::ssrf::RangeKind::Loopback);
+        assert_eq!(refused.resolved, resolved);
+        assert!(
+            error.to_string().contains("--allow-private-network"),
+            "{error}"
+        );
+    }
+    assert!(
+        resource.asked.lock().unwrap().is_empty(),
+        "nothing was fetched"
+    );
+
+    // Allowlisting loopback lets loopback through, not the cloud metadata
+    // service an `authorization_servers` entry points at.
+    challenge(&format!("{origin}/prm"));
+    set(
+        &resource.metadata,
+        "/prm",
+        json!({"resource": url, "authorization_servers": ["http://169.254.169.254/latest"]}),
+    );
+    let error = refused_discovery(server(), &seen).await;
+    let AuthorizationError::Discovery(DiscoveryError::Refused { url: at, refused }) = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(
+        at,
+        "http://169.254.169.254/.well-known/oauth-authorization-server/latest"
+    );
+    assert_eq!(refused.range.kind, belay_worker::ssrf::RangeKind::LinkLocal);
 }
 
 #[tokio::test]

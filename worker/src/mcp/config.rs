@@ -14,7 +14,9 @@
 //!     "crm": {"transport": "http", "url": "https://crm.example.com/mcp",
 //!             "oauth": {"token_url": "https://auth.example.com/token",
 //!                       "client_id": "{{config.CRM_ID}}", "client_secret": "{{config.CRM_SECRET}}",
-//!                       "scopes": ["mcp:tools"]}}
+//!                       "scopes": ["mcp:tools"]}},
+//!     "erp": {"transport": "http", "url": "https://erp.example.com/mcp",
+//!             "oauth": {"client_id": "{{config.ERP_ID}}", "client_secret": "{{config.ERP_SECRET}}"}}
 //!   },
 //!   "config": {"EVERYTHING_KEY": "…", "SEARCH_TOKEN": "…", "CRM_ID": "…", "CRM_SECRET": "…"}
 //! }
@@ -22,10 +24,13 @@
 //!
 //! `oauth` (HTTP servers): MCP's authorization for Streamable HTTP is OAuth
 //! 2.1; a worker has no browser, so it uses the client-credentials grant
-//! ([`crate::oauth2`]): the access token is fetched before the first
-//! request, cached until shortly before it expires, fetched again when the
-//! server answers 401, and sent as `Authorization: Bearer …`. It is never
-//! logged nor put in an event.
+//! ([`crate::oauth2`]), with the server's canonical URI as the RFC 8707
+//! `resource`. Without `token_url`, the token endpoint is discovered from
+//! the server's 401 answer ([`crate::oauth_discovery`]: RFC 9728, RFC
+//! 8414) through the worker's address policy, and kept for the worker's
+//! life. The access token is cached until shortly before it expires,
+//! fetched again when the server answers 401, and sent as `Authorization:
+//! Bearer …`. It is never logged nor put in an event.
 //!
 //! `{{config.NAME}}` placeholders (in stdio `env` values, HTTP `headers` values
 //! and per-call headers) are replaced by `config.NAME`; a missing name or any
@@ -39,6 +44,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::placeholders::{self, PlaceholderError};
+use crate::ssrf::NetworkPolicy;
 
 /// Default time to wait for a server connection (spawn + handshake, or a
 /// restart in progress) before a call is reported as not sent, in ms.
@@ -183,28 +189,61 @@ pub struct HttpServerConfig {
     #[serde(default = "default_restart_max_delay_ms")]
     pub restart_max_delay_ms: u64,
     /// OAuth 2.1 client credentials: every request carries a bearer token
-    /// from this token endpoint (see the module docs). Excludes an
-    /// `Authorization` header in `headers`.
+    /// from the configured or discovered token endpoint (see the module
+    /// docs). Excludes an `Authorization` header in `headers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oauth: Option<OAuthClientConfig>,
 }
 
 /// `"oauth"` of an HTTP server: the client-credentials grant (RFC 6749
-/// §4.4) at `token_url`. `Debug` leaves the secret out.
+/// §4.4) at `token_url`, or at the token endpoint discovered from the
+/// server when there is none. `Debug` leaves the secret out.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OAuthClientConfig {
-    /// The authorization server's token endpoint, `http(s)://…`.
-    pub token_url: String,
+    /// The authorization server's token endpoint, `http(s)://…`; `None`:
+    /// discovered from the server's protected-resource metadata (RFC 9728)
+    /// and its authorization server's metadata (RFC 8414).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_url: Option<String>,
     /// The client identifier; may hold `{{config.X}}`.
     pub client_id: String,
     /// The client secret; may hold `{{config.X}}` (a secret belongs in
     /// `config`, not in the server entry).
     pub client_secret: String,
-    /// Scopes to ask for (sent space-separated as `scope`); none: no
-    /// `scope` parameter.
+    /// Scopes to ask for (sent space-separated as `scope`). None: with a
+    /// configured `token_url`, no `scope` parameter; with discovery, the
+    /// `scope` of the server's challenge, else the `scopes_supported` of
+    /// its protected-resource metadata, else none.
     #[serde(default)]
     pub scopes: Vec<String>,
+}
+
+/// `oauth` of an HTTP server with its placeholders resolved. `Debug`
+/// leaves the secret out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResolvedOAuth {
+    /// The configured token endpoint; `None`: discovered.
+    pub token_url: Option<reqwest::Url>,
+    /// The client identifier.
+    pub client_id: String,
+    /// The client secret.
+    pub client_secret: String,
+    /// Configured scopes, space-separated; empty: none configured.
+    pub scopes: String,
+}
+
+impl fmt::Debug for ResolvedOAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResolvedOAuth")
+            .field(
+                "token_url",
+                &self.token_url.as_ref().map(reqwest::Url::as_str),
+            )
+            .field("client_id", &self.client_id)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for OAuthClientConfig {
@@ -394,6 +433,7 @@ impl McpServerConfig {
             transport,
             common,
             config_values: vars.clone(),
+            network_policy: NetworkPolicy::default(),
         })
     }
 }
@@ -410,6 +450,20 @@ pub struct ResolvedServer {
     pub common: ServerCommon,
     /// Values of `{{config.X}}`, for per-call headers. Secrets.
     pub config_values: BTreeMap<String, String>,
+    /// Which addresses OAuth discovery (and a discovered token endpoint)
+    /// may reach: the worker's tool policy (`--allow-private-network`).
+    /// [`McpConfig::resolve`] sets the default, which allows no
+    /// non-public address; [`ResolvedServer::with_network_policy`] sets
+    /// the worker's.
+    pub network_policy: NetworkPolicy,
+}
+
+impl ResolvedServer {
+    /// This server, its OAuth discovery reaching what `policy` allows.
+    pub fn with_network_policy(mut self, policy: NetworkPolicy) -> Self {
+        self.network_policy = policy;
+        self
+    }
 }
 
 impl fmt::Debug for ResolvedServer {
@@ -422,6 +476,7 @@ impl fmt::Debug for ResolvedServer {
                 "config_values",
                 &self.config_values.keys().collect::<Vec<_>>(),
             )
+            .field("network_policy", &self.network_policy)
             .finish()
     }
 }
@@ -481,7 +536,7 @@ pub enum ResolvedTransport {
         /// Headers for every request, placeholders resolved.
         headers: BTreeMap<String, String>,
         /// Client credentials for bearer tokens, placeholders resolved.
-        oauth: Option<crate::oauth2::ClientCredentials>,
+        oauth: Option<ResolvedOAuth>,
     },
 }
 
@@ -650,7 +705,7 @@ fn resolve_oauth(
     oauth: &OAuthClientConfig,
     headers: &BTreeMap<String, String>,
     vars: &BTreeMap<String, String>,
-) -> Result<crate::oauth2::ClientCredentials, ConfigError> {
+) -> Result<ResolvedOAuth, ConfigError> {
     let invalid = |message: String| ConfigError::InvalidSetting {
         server: server.to_owned(),
         message,
@@ -665,12 +720,19 @@ fn resolve_oauth(
             reason: "`oauth` sets the Authorization header itself".into(),
         });
     }
-    check_url(server, &oauth.token_url)?;
-    let token_url = reqwest::Url::parse(&oauth.token_url).map_err(|e| ConfigError::InvalidUrl {
-        server: server.to_owned(),
-        url: oauth.token_url.clone(),
-        reason: e.to_string(),
-    })?;
+    let token_url = match &oauth.token_url {
+        None => None,
+        Some(url) => {
+            check_url(server, url)?;
+            Some(
+                reqwest::Url::parse(url).map_err(|e| ConfigError::InvalidUrl {
+                    server: server.to_owned(),
+                    url: url.clone(),
+                    reason: e.to_string(),
+                })?,
+            )
+        }
+    };
     let client_id = resolve_placeholders(server, &oauth.client_id, vars)?;
     if client_id.trim().is_empty() {
         return Err(invalid("oauth.client_id is empty".into()));
@@ -683,7 +745,7 @@ fn resolve_oauth(
             )));
         }
     }
-    Ok(crate::oauth2::ClientCredentials {
+    Ok(ResolvedOAuth {
         token_url,
         client_id,
         client_secret,
@@ -796,9 +858,30 @@ mod tests {
         assert_eq!(creds.client_id, "crm-client");
         assert_eq!(creds.client_secret, "s3cret");
         assert_eq!(creds.scopes, "mcp:tools crm.read");
-        assert_eq!(creds.token_url.as_str(), "http://127.0.0.1:2/token");
+        assert_eq!(
+            creds.token_url.as_ref().map(reqwest::Url::as_str),
+            Some("http://127.0.0.1:2/token")
+        );
         assert!(!format!("{resolved:?}").contains("s3cret"));
         assert!(!format!("{config:?}").contains("s3cret"));
+
+        // Without `token_url` (nor scopes): discovered from the server.
+        let discovered = parse(
+            r#"{"client_id": "{{config.ID}}", "client_secret": "{{config.SECRET}}"}"#,
+            "{}",
+        );
+        discovered.validate().unwrap();
+        let resolved = discovered.resolve("crm").unwrap();
+        let ResolvedTransport::Http {
+            oauth: Some(creds), ..
+        } = &resolved.transport
+        else {
+            panic!("{resolved:?}");
+        };
+        assert_eq!(creds.token_url, None);
+        assert_eq!(creds.scopes, "");
+        assert_eq!(creds.client_secret, "s3cret");
+        assert!(!format!("{resolved:?}").contains("s3cret"));
 
         let err = |oauth: &str, headers: &str| parse(oauth, headers).validate().unwrap_err();
         assert!(matches!(

@@ -32,8 +32,8 @@ mod rmcp_client;
 pub mod schema;
 
 pub use config::{
-    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, OAuthClientConfig, ResolvedServer,
-    ResolvedTransport, StdioServerConfig,
+    ConfigError, HttpServerConfig, McpConfig, McpServerConfig, OAuthClientConfig, ResolvedOAuth,
+    ResolvedServer, ResolvedTransport, StdioServerConfig,
 };
 pub use result::Truncation;
 pub use schema::{RawTool, SchemaRefusal, SchemaSide};
@@ -280,6 +280,16 @@ pub enum McpError {
         server: String,
         /// What happened.
         message: String,
+    },
+    /// No access token could be had for a server with `oauth`: the
+    /// discovery of its token endpoint or the token request failed. No
+    /// request reached the server's tools.
+    #[error("MCP server `{server}`: authorization failed: {error}")]
+    Authorization {
+        /// Server name.
+        server: String,
+        /// What failed, naming the URL (boxed: it is large and rare).
+        error: Box<crate::oauth_discovery::AuthorizationError>,
     },
     /// No live connection within the connect timeout.
     #[error("MCP server `{server}` is not connected: {reason}")]

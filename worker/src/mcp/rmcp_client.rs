@@ -60,13 +60,16 @@ use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, BufReader, R
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::config::{ResolvedServer, ResolvedTransport, check_header, resolve_call_header};
+use super::config::{
+    ResolvedOAuth, ResolvedServer, ResolvedTransport, check_header, resolve_call_header,
+};
 use super::schema::{self, CompiledTool, RawTool};
 use super::{
     BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
     ElicitationAnswer, IDEMPOTENCY_META_KEY, InputNeeded, InputVia, McpClient, McpError, McpEvent,
     ReadRequest, RefusedTool, ResourceListing, ServerStatus, result,
 };
+use crate::oauth_discovery::{AuthorizationError, Challenge, Discovered};
 
 /// `_meta` key of the call marker (stripped before sending).
 const MARKER_KEY: &str = "io.belay/call-marker";
@@ -564,33 +567,86 @@ struct HeaderClient {
     oauth: Option<Arc<OAuth>>,
 }
 
-/// Client-credentials tokens of one server: cached across its connections
-/// (in [`Shared`]), fetched again when the server answers 401.
+/// Bearer tokens of one server configured with `oauth` (client-credentials
+/// grant, RFC 6749 §4.4, with the server's canonical URI as RFC 8707
+/// `resource`): from its configured token endpoint, or from the one
+/// discovered from its 401 answer ([`crate::oauth_discovery`]). Tokens and
+/// the discovered endpoint outlive a connection (they are in [`Shared`]).
 struct OAuth {
-    creds: crate::oauth2::ClientCredentials,
+    config: ResolvedOAuth,
+    /// The MCP endpoint: the protected resource.
+    resource: reqwest::Url,
     tokens: Arc<crate::oauth2::TokenCache>,
-    /// For the token endpoint only.
+    /// For a configured token endpoint (the operator's choice, as the
+    /// server's URL is: not subject to the address policy).
     http: reqwest::Client,
+    /// Through the worker's address policy: every discovery fetch and a
+    /// discovered token endpoint (both chosen by the server).
+    discovery: crate::oauth_discovery::Discovery,
+    state: Arc<OAuthState>,
+}
+
+/// What one server's [`OAuth`] keeps across connections.
+#[derive(Default)]
+struct OAuthState {
+    /// The discovered token endpoint and the challenge it came from; one
+    /// discovery at a time.
+    found: tokio::sync::Mutex<Found>,
+    /// Why the latest token could not be had: a handshake that failed for
+    /// it reports this rather than rmcp's bare "auth required".
+    failure: Mutex<Option<AuthorizationError>>,
+}
+
+#[derive(Default)]
+struct Found {
+    endpoint: Option<Arc<Discovered>>,
+    challenge: Option<Challenge>,
+}
+
+/// Where tokens come from.
+#[derive(Clone)]
+enum Grant {
+    /// `oauth.token_url`.
+    Configured(reqwest::Url),
+    /// Found by discovery.
+    Discovered(Arc<Discovered>),
+}
+
+impl Grant {
+    /// The token endpoint.
+    fn token_url(&self) -> &reqwest::Url {
+        match self {
+            Self::Configured(url) => url,
+            Self::Discovered(found) => &found.token_url,
+        }
+    }
 }
 
 /// How long a token request may take, in ms.
 const OAUTH_TOKEN_TIMEOUT_MS: u64 = 10_000;
 
-/// Whether an HTTP answer says the bearer token was not accepted: 401 with
-/// a challenge (`AuthRequired`) or without one (rmcp then reports the
-/// status in an unexpected-response error).
-fn unauthorized<T>(result: &Result<T, StreamableHttpError<reqwest::Error>>) -> bool {
+/// When the server refused a request's credentials (401): its `Bearer`
+/// challenge, if it sent one. `None`: not a 401.
+fn refusal<T>(
+    result: &Result<T, StreamableHttpError<reqwest::Error>>,
+) -> Option<Option<Challenge>> {
     match result {
-        Err(StreamableHttpError::AuthRequired(_)) => true,
-        Err(StreamableHttpError::UnexpectedServerResponse(message)) => {
-            message.starts_with("HTTP 401")
+        // rmcp reports a 401 with a `WWW-Authenticate` header as
+        // `AuthRequired`, and one without in an unexpected-response error.
+        Err(StreamableHttpError::AuthRequired(e)) => {
+            Some(Challenge::parse(&e.www_authenticate_header))
         }
-        _ => false,
+        Err(StreamableHttpError::UnexpectedServerResponse(message))
+            if message.starts_with("HTTP 401") =>
+        {
+            Some(None)
+        }
+        _ => None,
     }
 }
 
 /// A token that could not be had, as a transport error: nothing was sent.
-fn no_token(error: &crate::oauth2::TokenError) -> StreamableHttpError<reqwest::Error> {
+fn no_token(error: &AuthorizationError) -> StreamableHttpError<reqwest::Error> {
     StreamableHttpError::AuthRequired(
         rmcp::transport::streamable_http_client::AuthRequiredError::new(format!(
             "no OAuth access token: {error}"
@@ -598,10 +654,227 @@ fn no_token(error: &crate::oauth2::TokenError) -> StreamableHttpError<reqwest::E
     )
 }
 
+impl OAuth {
+    /// The credentials of a token request from `grant`.
+    fn creds(&self, grant: &Grant) -> crate::oauth2::ClientCredentials {
+        let (token_url, scopes, resource, auth) = match grant {
+            Grant::Configured(url) => (
+                url.clone(),
+                self.config.scopes.clone(),
+                crate::oauth_discovery::canonical_resource(&self.resource),
+                crate::oauth2::ClientAuth::Basic,
+            ),
+            Grant::Discovered(found) => (
+                found.token_url.clone(),
+                found.scopes.clone(),
+                found.resource.clone(),
+                found.auth,
+            ),
+        };
+        crate::oauth2::ClientCredentials {
+            token_url,
+            client_id: self.config.client_id.clone(),
+            client_secret: self.config.client_secret.clone(),
+            scopes,
+            resource: Some(resource),
+            auth,
+        }
+    }
+
+    /// The grant known now: the configured endpoint, or one discovered
+    /// earlier. `None`: to be discovered.
+    async fn known(&self) -> Option<Grant> {
+        match &self.config.token_url {
+            Some(url) => Some(Grant::Configured(url.clone())),
+            None => self
+                .state
+                .found
+                .lock()
+                .await
+                .endpoint
+                .clone()
+                .map(Grant::Discovered),
+        }
+    }
+
+    /// Discovers the token endpoint, with `challenge` (else the last one
+    /// seen), unless another request already did (or already replaced
+    /// `stale`): then that one.
+    async fn discover(
+        &self,
+        challenge: Option<Challenge>,
+        stale: Option<&Arc<Discovered>>,
+    ) -> Result<Grant, AuthorizationError> {
+        let mut found = self.state.found.lock().await;
+        if let Some(current) = &found.endpoint
+            && stale.is_none_or(|stale| !Arc::ptr_eq(stale, current))
+        {
+            return Ok(Grant::Discovered(current.clone()));
+        }
+        if challenge.is_some() {
+            found.challenge = challenge;
+        }
+        let discovered = self
+            .discovery
+            .discover(
+                &self.resource,
+                found.challenge.as_ref(),
+                &self.config.scopes,
+            )
+            .await?;
+        tracing::info!(
+            resource = discovered.resource,
+            resource_metadata = %discovered.resource_metadata_url,
+            issuer = discovered.issuer,
+            token_endpoint = %discovered.token_url,
+            scopes = discovered.scopes,
+            "MCP server's OAuth token endpoint discovered"
+        );
+        let discovered = Arc::new(discovered);
+        found.endpoint = Some(discovered.clone());
+        Ok(Grant::Discovered(discovered))
+    }
+
+    /// A token from `grant` (a new one if the cached one is `rejected`).
+    async fn token(
+        &self,
+        grant: &Grant,
+        rejected: Option<&str>,
+    ) -> Result<String, AuthorizationError> {
+        let creds = self.creds(grant);
+        let http = match grant {
+            Grant::Configured(_) => &self.http,
+            Grant::Discovered(_) => {
+                self.discovery.check(&creds.token_url).map_err(|refused| {
+                    crate::oauth2::TokenError {
+                        token_url: creds.token_url.to_string(),
+                        message: refused.to_string(),
+                        refused: Some(refused),
+                    }
+                })?;
+                self.discovery.http()
+            }
+        };
+        let timeout = Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS);
+        let token = match rejected {
+            None => self.tokens.token(http, &creds, timeout).await,
+            Some(rejected) => {
+                self.tokens
+                    .refresh_after_rejection(http, &creds, rejected, timeout)
+                    .await
+            }
+        };
+        Ok(token?)
+    }
+
+    /// [`OAuth::token`]; when a discovered endpoint fails, it is discovered
+    /// again once (`rediscovered` says whether that chance is used up).
+    async fn token_or_rediscover(
+        &self,
+        grant: &mut Grant,
+        rejected: Option<&str>,
+        rediscovered: &mut bool,
+    ) -> Result<String, AuthorizationError> {
+        match self.token(grant, rejected).await {
+            Ok(token) => Ok(token),
+            Err(error) => {
+                let Grant::Discovered(stale) = grant.clone() else {
+                    return Err(error);
+                };
+                if *rediscovered {
+                    return Err(error);
+                }
+                tracing::info!(
+                    %error,
+                    "the discovered token endpoint failed: discovering it again"
+                );
+                *rediscovered = true;
+                *grant = self.discover(None, Some(&stale)).await?;
+                self.token(grant, rejected).await
+            }
+        }
+    }
+
+    /// Records why no token could be had, as the transport error.
+    fn failed(&self, error: AuthorizationError) -> StreamableHttpError<reqwest::Error> {
+        let refused = no_token(&error);
+        *lock(&self.state.failure) = Some(error);
+        refused
+    }
+
+    /// Runs `send` with a bearer token (see [`HeaderClient::authorized`]).
+    async fn authorized<T, F, Fut>(&self, send: F) -> Result<T, StreamableHttpError<reqwest::Error>>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = Result<T, StreamableHttpError<reqwest::Error>>>,
+    {
+        let mut rediscovered = false;
+        let mut grant = match self.known().await {
+            Some(grant) => grant,
+            None => {
+                // Nothing known yet: the server's 401 says where to look
+                // (MCP authorization, "Authorization Server Discovery").
+                let result = send(None).await;
+                let Some(challenge) = refusal(&result) else {
+                    return result;
+                };
+                rediscovered = true;
+                self.discover(challenge, None)
+                    .await
+                    .map_err(|e| self.failed(e))?
+            }
+        };
+        let token = self
+            .token_or_rediscover(&mut grant, None, &mut rediscovered)
+            .await
+            .map_err(|e| self.failed(e))?;
+        let result = send(Some(token.clone())).await;
+        if refusal(&result).is_none() {
+            return result;
+        }
+        tracing::info!(
+            token_url = grant.token_url().as_str(),
+            "MCP server answered 401: fetching a new access token"
+        );
+        let token = self
+            .token_or_rediscover(&mut grant, Some(&token), &mut rediscovered)
+            .await
+            .map_err(|e| self.failed(e))?;
+        let result = send(Some(token.clone())).await;
+        let Some(challenge) = refusal(&result) else {
+            return result;
+        };
+        let Grant::Discovered(stale) = &grant else {
+            return result;
+        };
+        if rediscovered {
+            return result;
+        }
+        // A fresh token refused too: the server may have moved to another
+        // authorization server.
+        tracing::info!(
+            "MCP server refused a fresh access token: discovering the token endpoint again"
+        );
+        let stale = stale.clone();
+        grant = self
+            .discover(challenge, Some(&stale))
+            .await
+            .map_err(|e| self.failed(e))?;
+        let token = self
+            .token(&grant, Some(&token))
+            .await
+            .map_err(|e| self.failed(e))?;
+        send(Some(token)).await
+    }
+}
+
 impl HeaderClient {
     /// Runs `send` with the bearer token of a server configured with
     /// `oauth` (else with `auth_header` as rmcp gave it): the cached token,
-    /// and once more with a new one when the server answers 401. A 401 is
+    /// and once more with a new one when the server answers 401. Without a
+    /// token endpoint yet, the request goes without a token first, and a
+    /// 401 starts discovery; a discovered endpoint that fails, or whose
+    /// fresh token is refused again, is discovered again once. A 401 is
     /// the server refusing before handling the request, so sending it again
     /// cannot repeat an effect.
     async fn authorized<T, F, Fut>(
@@ -613,29 +886,10 @@ impl HeaderClient {
         F: Fn(Option<String>) -> Fut,
         Fut: Future<Output = Result<T, StreamableHttpError<reqwest::Error>>>,
     {
-        let Some(oauth) = &self.oauth else {
-            return send(auth_header).await;
-        };
-        let timeout = Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS);
-        let token = oauth
-            .tokens
-            .token(&oauth.http, &oauth.creds, timeout)
-            .await
-            .map_err(|e| no_token(&e))?;
-        let result = send(Some(token.clone())).await;
-        if !unauthorized(&result) {
-            return result;
+        match &self.oauth {
+            None => send(auth_header).await,
+            Some(oauth) => oauth.authorized(send).await,
         }
-        tracing::info!(
-            token_url = oauth.creds.token_url.as_str(),
-            "MCP server answered 401: fetching a new access token"
-        );
-        let token = oauth
-            .tokens
-            .refresh_after_rejection(&oauth.http, &oauth.creds, &token, timeout)
-            .await
-            .map_err(|e| no_token(&e))?;
-        send(Some(token)).await
     }
 }
 
@@ -1054,6 +1308,9 @@ struct Shared {
     generation: AtomicU64,
     /// OAuth access tokens (servers with `oauth`), kept across reconnections.
     tokens: Arc<crate::oauth2::TokenCache>,
+    /// The discovered OAuth token endpoint (servers with `oauth` and no
+    /// `token_url`), kept for the client's life.
+    oauth: Arc<OAuthState>,
 }
 
 /// The rmcp-backed [`McpClient`].
@@ -1090,6 +1347,7 @@ impl RmcpClient {
             last_error: Mutex::new(None),
             generation: AtomicU64::new(0),
             tokens: Arc::default(),
+            oauth: Arc::default(),
         });
         let (live, running) = connect_once(&shared, 1).await?;
         publish_up(&shared, &live);
@@ -1214,29 +1472,39 @@ async fn connect_once(
                 .map_err(|e| connect_failed(error_chain(&e)))?;
             let oauth = match oauth {
                 None => None,
-                Some(creds) => Some(Arc::new(OAuth {
-                    creds: creds.clone(),
+                Some(config) => Some(Arc::new(OAuth {
+                    config: config.clone(),
+                    resource: reqwest::Url::parse(url)
+                        .map_err(|e| connect_failed(format!("URL `{url}`: {e}")))?,
                     tokens: shared.tokens.clone(),
                     http: reqwest::Client::builder()
                         .connect_timeout(Duration::from_millis(HTTP_CONNECT_TIMEOUT_MS))
                         .build()
                         .map_err(|e| connect_failed(error_chain(&e)))?,
+                    discovery: crate::oauth_discovery::Discovery::new(Arc::new(
+                        shared.server.network_policy.clone(),
+                    ))
+                    .map_err(|e| connect_failed(error_chain(&e)))?,
+                    state: shared.oauth.clone(),
                 })),
             };
-            // The first token is fetched here, so that a token endpoint
-            // that refuses the client is reported as what it is (rmcp
-            // reports a failed send without its cause).
+            // With a known token endpoint the first token is fetched here,
+            // so that an endpoint that refuses the client is reported as
+            // what it is (rmcp reports a failed send without its cause).
+            // An unknown one is discovered from the server's first 401.
             if let Some(oauth) = &oauth {
-                oauth
-                    .tokens
-                    .token(
-                        &oauth.http,
-                        &oauth.creds,
-                        Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS),
-                    )
-                    .await
-                    .map_err(|e| connect_failed(e.to_string()))?;
+                *lock(&oauth.state.failure) = None;
+                if let Some(mut grant) = oauth.known().await {
+                    oauth
+                        .token_or_rediscover(&mut grant, None, &mut false)
+                        .await
+                        .map_err(|error| McpError::Authorization {
+                            server: name.clone(),
+                            error: Box::new(error),
+                        })?;
+                }
             }
+            let oauth_state = oauth.as_ref().map(|o| o.state.clone());
             let client = HeaderClient {
                 inner: http,
                 calls: shared.calls.clone(),
@@ -1269,7 +1537,17 @@ async fn connect_once(
             )
             .await
             .map_err(|_| connect_failed(format!("no handshake within {} ms", timeout.as_millis())))?
-            .map_err(|e| connect_failed(error_chain(&e)))?;
+            .map_err(|e| {
+                // Authorization failed before the server handled anything:
+                // say why, not rmcp's bare "auth required".
+                match oauth_state.as_ref().and_then(|o| lock(&o.failure).take()) {
+                    Some(error) => McpError::Authorization {
+                        server: name.clone(),
+                        error: Box::new(error),
+                    },
+                    None => connect_failed(error_chain(&e)),
+                }
+            })?;
             (running, None)
         }
     };
