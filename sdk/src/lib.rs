@@ -787,6 +787,19 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("result")
         ),
         "final_answer_refused" => format!("{} errors={}", s("node"), s("errors")),
+        // The tokens only: the values are the run's data.
+        "pii_tokens_issued" => format!(
+            "{} tokens={}",
+            s("node"),
+            p["entries"]
+                .as_array()
+                .map(|es| es
+                    .iter()
+                    .filter_map(|e| e["token"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(","))
+                .unwrap_or_default()
+        ),
         "tool_vars_set" => match p.get("errors") {
             Some(e) if !e.is_null() => format!(
                 "{} {} {} values={} errors={}",

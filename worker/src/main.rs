@@ -327,28 +327,27 @@ mod tests {
             "{text}"
         );
     }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
 
     #[test]
     fn an_empty_health_address_serves_nothing_and_a_bad_one_is_named() {
-        let args = Args::try_parse_from(["belay-worker", "--health-listen", ""]).unwrap();
+        let args = Args::try_parse_from(["belay-worker", "--health-listen", ""]).expect("parses");
         assert!(matches!(args.health_listen, Some(OptionalAddr(None))));
-        let args = Args::try_parse_from(["belay-worker", "--health-listen", "127.0.0.1:0"]).unwrap();
+        let args = Args::try_parse_from(["belay-worker", "--health-listen", "127.0.0.1:0"])
+            .expect("parses");
         assert!(matches!(args.health_listen, Some(OptionalAddr(Some(_)))));
         let err = Args::try_parse_from(["belay-worker", "--health-listen", "localhost"])
-            .unwrap_err()
+            .expect_err("refused")
             .to_string();
-        assert!(err.contains("`localhost` is not an address like 0.0.0.0:8081"), "{err}");
+        assert!(
+            err.contains("`localhost` is not an address like 0.0.0.0:8081"),
+            "{err}"
+        );
     }
 
     #[test]
     fn sandbox_binds_must_be_absolute_paths_that_exist() {
-        let ok = Args::try_parse_from(["belay-worker", "--sandbox-ro-bind", "/usr,/tmp"]).unwrap();
+        let ok = Args::try_parse_from(["belay-worker", "--sandbox-ro-bind", "/usr,/tmp"])
+            .expect("parses");
         assert_eq!(ok.sandbox.sandbox_ro_binds.len(), 2);
         for (bad, says) in [
             ("relative/lib", "`relative/lib` is not an absolute path"),
@@ -356,7 +355,7 @@ mod tests {
             ("", "an empty path"),
         ] {
             let err = Args::try_parse_from(["belay-worker", "--sandbox-ro-bind", bad])
-                .unwrap_err()
+                .expect_err("refused")
                 .to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }

@@ -173,7 +173,10 @@ pub struct SandboxArgs {
 /// A message naming the path: empty, relative, or not found.
 pub fn existing_absolute_path(s: &str) -> Result<PathBuf, String> {
     if s.is_empty() {
-        return Err("an empty path (leave the flag or BELAY_SANDBOX_RO_BINDS out to bind nothing more)".into());
+        return Err(
+            "an empty path (leave the flag or BELAY_SANDBOX_RO_BINDS out to bind nothing more)"
+                .into(),
+        );
     }
     let path = PathBuf::from(s);
     if !path.is_absolute() {

@@ -1137,18 +1137,16 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
                 return;
             };
             if let Some((template, line_no, col)) = props.resource {
-                let Some(binding) =
-                    mcp_resource::binding(
-                        server,
-                        template,
-                        timeout_ms,
-                        &sig,
-                        &props.present,
-                        props.repeat_safety,
-                    )
-                        .map_err(|m| cx.error(line_no, col, m))
-                        .ok()
-                else {
+                let Some(binding) = mcp_resource::binding(
+                    server,
+                    template,
+                    timeout_ms,
+                    &sig,
+                    &props.present,
+                    props.repeat_safety,
+                )
+                .map_err(|m| cx.error(line_no, col, m))
+                .ok() else {
                     return;
                 };
                 binding

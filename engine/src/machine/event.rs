@@ -752,6 +752,17 @@ pub enum Event {
         /// The text the model reads.
         message: String,
     },
+    /// An agent with `pii_redaction:` found new personal data (or a new
+    /// origin of known data) in its transcript while building a model
+    /// call: the entries added to, or changed in, the node's table of
+    /// tokens (`machine/pii.rs`), recorded before the model call so a
+    /// token means one value for the whole visit. Added after v0.1.
+    PiiTokensIssued {
+        /// Node id.
+        node: String,
+        /// The entries, each in full (token, value, origins).
+        entries: Vec<crate::machine::pii::PiiEntry>,
+    },
 }
 
 impl Event {
@@ -802,6 +813,7 @@ impl Event {
             Event::RunFailed { .. } => "run_failed",
             Event::RunCancelled { .. } => "run_cancelled",
             Event::FinalAnswerRefused { .. } => "final_answer_refused",
+            Event::PiiTokensIssued { .. } => "pii_tokens_issued",
         }
     }
 }

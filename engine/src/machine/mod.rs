@@ -1686,14 +1686,9 @@ impl Step {
         // tool's `pii_access` allows (`pii.rs`), before anything is checked.
         let restored = match self.state.node.as_ref() {
             Some(node) if !agent.def.pii_redaction.is_empty() => {
-                let to_model =
-                    |tool: &str| plan.tools.get(tool).is_some_and(|t| t.def.pii_access.llm);
-                match pii::Redactor::from_transcript(
-                    &node.transcript,
-                    &agent.def.pii_redaction,
-                    to_model,
-                )
-                .restore_arguments(&tool_use.arguments, tool.def.pii_access)
+                // The table as the model's request was built (`pii.rs`).
+                match pii::Redactor::new(&node.pii, &agent.def.pii_redaction)
+                    .restore_arguments(&tool_use.arguments, tool.def.pii_access)
                 {
                     Ok(arguments) => Some(arguments),
                     Err(refusal) => {
@@ -3845,17 +3840,11 @@ impl Step {
                     // with an `output_schema:`, JSON that satisfies it, or
                     // the model is asked again.
                     let mut text = content.clone().unwrap_or_default();
+                    // The answer is the node's output: every token gets
+                    // its data back (`pii.rs`).
+                    let redactor = pii::Redactor::new(&node.pii, &agent.pii_redaction);
                     if !agent.pii_redaction.is_empty() {
-                        // The answer goes to the run's own caller: every
-                        // token gets its data back.
-                        let to_model =
-                            |tool: &str| plan.tools.get(tool).is_some_and(|t| t.def.pii_access.llm);
-                        text = pii::Redactor::from_transcript(
-                            &node.transcript,
-                            &agent.pii_redaction,
-                            to_model,
-                        )
-                        .restore_all(&text);
+                        text = redactor.restore_all(&text);
                     }
                     let output = match &agent.output_schema {
                         None => serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
@@ -3867,6 +3856,13 @@ impl Step {
                                      Answer again with only a JSON value that matches this JSON Schema: {schema}",
                                     errors.join("; ")
                                 );
+                                // The errors quote the answer with its data
+                                // back: the model reads tokens again.
+                                let message = if agent.pii_redaction.is_empty() {
+                                    message
+                                } else {
+                                    redactor.redact_text(&message)
+                                };
                                 self.emit(Event::FinalAnswerRefused {
                                     node: node.id.clone(),
                                     errors,
@@ -3912,17 +3908,19 @@ impl Step {
                         .collect();
                     // An agent that redacts PII sends tokens in its
                     // place (`pii.rs`).
-                    let messages = if agent.pii_redaction.is_empty() {
-                        node.transcript.clone()
+                    // New values (or origins) are recorded first, so a
+                    // token keeps its value for the whole visit.
+                    let (messages, issued) = if agent.pii_redaction.is_empty() {
+                        (node.transcript.clone(), Vec::new())
                     } else {
                         let to_model =
                             |tool: &str| plan.tools.get(tool).is_some_and(|t| t.def.pii_access.llm);
-                        pii::Redactor::from_transcript(
-                            &node.transcript,
-                            &agent.pii_redaction,
-                            to_model,
+                        let mut redactor = pii::Redactor::new(&node.pii, &agent.pii_redaction);
+                        redactor.learn(&node.transcript, to_model);
+                        (
+                            redactor.redact_messages(&node.transcript, to_model),
+                            redactor.changed(),
                         )
-                        .redact_messages(&node.transcript, to_model)
                     };
                     let spec = ModelCallSpec {
                         model: agent.model.clone(),
@@ -3933,6 +3931,12 @@ impl Step {
                     let spec = serde_json::to_value(&spec)
                         .map_err(|e| MachineError::InvalidPlan(format!("model spec: {e}")))?;
                     let key = idempotency_key(&self.state.run_id, &call_id);
+                    if !issued.is_empty() {
+                        self.emit(Event::PiiTokensIssued {
+                            node: node.id.clone(),
+                            entries: issued,
+                        });
+                    }
                     self.emit(Event::ModelCallScheduled {
                         node: node.id.clone(),
                         call_id: call_id.clone(),

@@ -10,67 +10,81 @@
 //! back to the value at check 2, before the arguments are checked, only if
 //! the tool's `pii_access` covers where the value came from:
 //!
-//! - a value of the agent's instructions or input (its `system` and `user`
-//!   messages) needs `user` (or `original`);
+//! - a value of the agent's instructions or input (its `system` and first
+//!   `user` messages) needs `user` (or `original`);
 //! - a value of another tool's result needs `tools` (or `original`);
 //! - a value found in both places needs either.
 //!
-//! A call holding a token its tool may not receive, or a token the
-//! conversation never issued, is refused (check `pii_access`), naming the
-//! token and the level the tool lacks: a tool never acts on a token as if
-//! it were the data. A tool with `llm` has its results sent to the model
-//! as they are (its values get no token). The final answer has every token
-//! put back: it goes to the run's own caller.
+//! A call holding a token its tool may not receive, a token the
+//! conversation never issued, or anything that looks like a token and is
+//! not one exactly (`[PII:EMAIL:1]`, `PII:email:1`), is refused (check
+//! `pii_access`), naming it: a tool never acts on a token as if it were
+//! the data. A token that stood for a JSON number and fills a whole string
+//! argument becomes that number again. A tool with `llm` has its results
+//! sent to the model as they are (its values get no token). The final
+//! answer has every token put back: it is the node's output, which goes to
+//! the run's caller or the next node (an agent there sees the data unless
+//! it redacts too). A refused final answer's message quotes the answer as
+//! the engine read it, so its values are replaced by their tokens before it
+//! enters the transcript.
 //!
-//! What is recorded: the run's events keep the data as it came in (the run
-//! input, results) and as the tool was called (restored arguments), as
-//! they always do; the model's turns are recorded as the model wrote them,
-//! with tokens. Only the model call's spec, which is what leaves for the
-//! provider, is redacted.
+//! The table of tokens is durable: each model call that finds a new value,
+//! or a new origin of a known one, first records `pii_tokens_issued` (the
+//! entries that changed, values included, like every event that carries
+//! the run's data), and the fold keeps the table in the node's state
+//! (`NodeState::pii`). So a token means the same value for the whole node
+//! visit, whatever the detector of a later engine version finds, and a
+//! replay computes nothing. Check 2 and the final answer read the table
+//! only. Values are numbered per kind in the order they are first found;
+//! each model call rescans the transcript (linear in its length) with the
+//! table as its start, and also replaces every recorded value wherever it
+//! appears as a whole word.
 //!
-//! Tokens are numbered per kind in the order the values first appear in
-//! the conversation, which only grows, so a value keeps its token for the
-//! whole node, and the numbering is computed again from the transcript
-//! whenever it is needed: nothing of it is stored, and replay computes the
-//! same. A refusal or failure message (`error: …`) echoing a value already
-//! known does not widen where that value came from.
-//!
-//! Detection (pattern, then a check digit where the format has one): e-mail
-//! addresses; phone numbers in international form (`+`, 8 to 15 digits,
-//! ITU-T E.164; national forms without `+` are not found); payment card
-//! numbers (13 to 19 digits passing the Luhn check of ISO/IEC 7812, crate
-//! `luhn`); IBANs (ISO 13616, checked per country and by mod 97, crate
+//! Detection (pattern, then a check digit where the format has one):
+//! e-mail addresses (Latin letters allowed in the local part and domain);
+//! phone numbers in international form (`+`, country code, 8 to 15 digits
+//! in all, ITU-T E.164, with spaces, `-`, `.`, `/` or parentheses between
+//! digits, at least 10 digits when written without separators; national
+//! forms without `+` are not found); payment card numbers (13 to 19 digits
+//! starting with 2 to 6, the major networks' first digits, passing the
+//! Luhn check of ISO/IEC 7812, crate `luhn`, written as one number or in
+//! the usual groups: fours, 4-6-5, 4-6-4; not all one digit); IBANs (ISO
+//! 13616, either case, checked per country and by mod 97, crate
 //! `iban_validate`); US Social Security numbers (`AAA-GG-SSSS` without the
 //! never-issued area 000, 666, 900-999, group 00 or serial 0000). A value
 //! of no recognisable shape (a name, a street address) is not found: this
 //! narrows what the provider sees, it does not guarantee nothing personal
 //! passes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::OnceLock;
 
 use belay_proto::wire::{ChatMessage, ToolUse};
 use regex::Regex;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::definitions::model::{PiiAccess, PiiKind};
 
-/// Where a value was seen in the conversation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Origins {
-    /// In the agent's instructions or input (`system`, `user` messages).
-    user: bool,
-    /// In a tool's result.
-    tools: bool,
-}
-
-/// One value found, with its token.
-#[derive(Debug, Clone)]
-struct Entry {
-    value: String,
-    token: String,
-    origins: Origins,
+/// One value of an agent node's conversation and its token: an entry of
+/// the table `pii_tokens_issued` records and `NodeState::pii` keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PiiEntry {
+    /// `[PII:<kind>:<n>]`.
+    pub token: String,
+    /// The value as it was written.
+    pub value: String,
+    /// Seen in the agent's instructions or input.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub user: bool,
+    /// Seen in a tool's result.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tools: bool,
+    /// First seen as a JSON number (a token filling a whole string
+    /// argument becomes the number again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub numeric: bool,
 }
 
 /// Why a proposed call's arguments cannot be given back their data.
@@ -85,9 +99,9 @@ pub enum Refusal {
         /// `tools`).
         needs: &'static str,
     },
-    /// The conversation never issued this token.
+    /// Text that is, or looks like, a token the conversation never issued.
     Unknown {
-        /// The token as written.
+        /// The text as written.
         token: String,
     },
 }
@@ -101,60 +115,76 @@ impl Refusal {
                 "the arguments hold {token}, personal data that tool `{tool}` may not receive (its `pii_access` lacks `{needs}`); nothing was sent. Call it without that value, or use a tool allowed to receive it"
             ),
             Refusal::Unknown { token } => format!(
-                "the arguments hold {token}, which stands for no value of this conversation; nothing was sent. Use only the tokens you were given"
+                "the arguments hold `{token}`, which is not a token this conversation issued; nothing was sent. Copy tokens exactly as you were given them (`[PII:<kind>:<n>]`)"
             ),
         }
     }
 }
 
-/// The values of one agent node's conversation and their tokens.
+/// The table of one agent node's values and tokens, with what learning
+/// from the transcript changed.
 #[derive(Debug, Default)]
 pub struct Redactor {
     kinds: Vec<PiiKind>,
-    entries: Vec<Entry>,
+    entries: Vec<PiiEntry>,
     by_value: HashMap<String, usize>,
     by_token: HashMap<String, usize>,
     counts: BTreeMap<PiiKind, u32>,
+    /// Entries added or given a new origin by [`Redactor::learn`].
+    changed: BTreeSet<usize>,
 }
 
-/// How a message's values are learned.
+/// Where a message's values come from, and whether known values gain it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Learn {
-    /// New values get the origin, known ones gain it.
-    From(Origins),
-    /// New values get the origin, known ones keep theirs (a refusal or
-    /// failure message, which may echo an argument).
-    NewOnly(Origins),
+    /// The instructions or input: new values get `user`, known ones too.
+    User,
+    /// A tool's result: new values get `tools`, known ones too.
+    Tools,
+    /// A tool's refusal or failure (`error: …`), which may echo an
+    /// argument: new values get `tools`, known ones keep their origins.
+    ToolsNewOnly,
 }
 
 impl Redactor {
-    /// Reads `transcript` (an agent node's messages, in order) and numbers
-    /// the values of `kinds` found in its `system` and `user` messages and
-    /// in the results of tools for which `results_to_model(tool)` is false
-    /// (tools with `pii_access: llm` answer true). The model's own turns
-    /// add no value.
-    pub fn from_transcript(
-        transcript: &[ChatMessage],
-        kinds: &[PiiKind],
-        results_to_model: impl Fn(&str) -> bool,
-    ) -> Redactor {
+    /// The redactor of `table` (the node's recorded entries) for `kinds`.
+    pub fn new(table: &[PiiEntry], kinds: &[PiiKind]) -> Redactor {
         let mut r = Redactor {
             kinds: kinds.to_vec(),
             ..Redactor::default()
         };
-        let user = Origins {
-            user: true,
-            tools: false,
-        };
-        let tools = Origins {
-            user: false,
-            tools: true,
-        };
-        let names = tool_names(transcript);
+        for entry in table {
+            if let Some((kind, n)) = parse_token(&entry.token) {
+                let count = r.counts.entry(kind).or_insert(0);
+                *count = (*count).max(n);
+            }
+            let i = r.entries.len();
+            r.by_value.insert(entry.value.clone(), i);
+            r.by_token.insert(entry.token.clone(), i);
+            r.entries.push(entry.clone());
+        }
+        r
+    }
+
+    /// Learns the values of `transcript` (an agent node's messages, in
+    /// order): its `system` and `user` messages, and the results of tools
+    /// for which `results_to_model(tool)` is false (tools with `pii_access:
+    /// llm` answer true). The model's own turns add no value. A message
+    /// holding only tokens adds nothing.
+    pub fn learn(&mut self, transcript: &[ChatMessage], results_to_model: impl Fn(&str) -> bool) {
+        let mut names: HashMap<&str, &str> = HashMap::new();
         for message in transcript {
             match message {
                 ChatMessage::System { content } | ChatMessage::User { content } => {
-                    r.learn_text(content, Learn::From(user));
+                    self.learn_text(content, Learn::User);
+                }
+                ChatMessage::Assistant { tool_calls, .. } => {
+                    // A tool result answers the turn just before it: ids
+                    // are unique within a turn only.
+                    names = tool_calls
+                        .iter()
+                        .map(|t| (t.id.as_str(), t.name.as_str()))
+                        .collect();
                 }
                 ChatMessage::Tool {
                     tool_call_id,
@@ -165,19 +195,26 @@ impl Redactor {
                         continue;
                     }
                     let learn = if content.starts_with("error:") {
-                        Learn::NewOnly(tools)
+                        Learn::ToolsNewOnly
                     } else {
-                        Learn::From(tools)
+                        Learn::Tools
                     };
-                    r.learn_text(content, learn);
+                    self.learn_text(content, learn);
                 }
-                ChatMessage::Assistant { .. } => {}
             }
         }
-        r
     }
 
-    /// Whether no value was found.
+    /// The entries [`Redactor::learn`] added or gave a new origin, for
+    /// `pii_tokens_issued`.
+    pub fn changed(&self) -> Vec<PiiEntry> {
+        self.changed
+            .iter()
+            .filter_map(|&i| self.entries.get(i).cloned())
+            .collect()
+    }
+
+    /// Whether the table is empty.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -192,10 +229,10 @@ impl Redactor {
         if self.is_empty() {
             return transcript.to_vec();
         }
-        let names = tool_names(transcript);
-        transcript
-            .iter()
-            .map(|m| match m {
+        let mut names: HashMap<&str, &str> = HashMap::new();
+        let mut out = Vec::with_capacity(transcript.len());
+        for m in transcript {
+            out.push(match m {
                 ChatMessage::System { content } => ChatMessage::System {
                     content: self.redact_text(content),
                 },
@@ -205,17 +242,23 @@ impl Redactor {
                 ChatMessage::Assistant {
                     content,
                     tool_calls,
-                } => ChatMessage::Assistant {
-                    content: content.as_deref().map(|c| self.redact_text(c)),
-                    tool_calls: tool_calls
+                } => {
+                    names = tool_calls
                         .iter()
-                        .map(|t| ToolUse {
-                            id: t.id.clone(),
-                            name: t.name.clone(),
-                            arguments: self.redact_text(&t.arguments),
-                        })
-                        .collect(),
-                },
+                        .map(|t| (t.id.as_str(), t.name.as_str()))
+                        .collect();
+                    ChatMessage::Assistant {
+                        content: content.as_deref().map(|c| self.redact_text(c)),
+                        tool_calls: tool_calls
+                            .iter()
+                            .map(|t| ToolUse {
+                                id: t.id.clone(),
+                                name: t.name.clone(),
+                                arguments: self.redact_text(&t.arguments),
+                            })
+                            .collect(),
+                    }
+                }
                 ChatMessage::Tool {
                     tool_call_id,
                     content,
@@ -230,51 +273,123 @@ impl Redactor {
                         },
                     }
                 }
-            })
-            .collect()
+            });
+        }
+        out
+    }
+
+    /// `text` with known values replaced by their tokens. JSON (an object,
+    /// array or string) is changed string by string and number by number,
+    /// the rest of its text kept byte for byte.
+    pub fn redact_text(&self, text: &str) -> String {
+        if self.is_empty() {
+            return text.to_owned();
+        }
+        if is_structured(text) {
+            return map_json(text, |span, is_number| {
+                if is_number {
+                    let redacted = self.redact_str(span);
+                    (redacted != span).then(|| quoted(&redacted))
+                } else {
+                    let inner: String = serde_json::from_str(span).ok()?;
+                    let redacted = self.redact_str(&inner);
+                    (redacted != inner).then(|| quoted(&redacted))
+                }
+            });
+        }
+        self.redact_str(text)
     }
 
     /// `arguments` (a tool call's JSON text) with each token put back, when
     /// `access` covers where its value came from; the first token it does
-    /// not cover, or that was never issued, refuses the call.
+    /// not cover, or that was never issued, or text that looks like a token
+    /// and is not one exactly, refuses the call. Text that is not JSON is
+    /// returned as it is (check 2 refuses it).
     pub fn restore_arguments(&self, arguments: &str, access: PiiAccess) -> Result<String, Refusal> {
-        let mut out = String::with_capacity(arguments.len());
-        let mut last = 0;
-        let Some(re) = token_regex() else {
+        let Ok(mut value) = serde_json::from_str::<Value>(arguments) else {
             return Ok(arguments.to_owned());
         };
-        for m in re.find_iter(arguments) {
-            let token = m.as_str();
-            let Some(entry) = self.by_token.get(token).map(|&i| &self.entries[i]) else {
-                return Err(Refusal::Unknown {
-                    token: token.to_owned(),
-                });
-            };
-            let allowed =
-                (entry.origins.user && access.user) || (entry.origins.tools && access.tools);
-            if !allowed {
-                let needs = match (entry.origins.user, entry.origins.tools) {
-                    (true, true) => "user` or `tools",
-                    (true, false) => "user",
-                    _ => "tools",
-                };
-                return Err(Refusal::NotAllowed {
-                    token: token.to_owned(),
-                    needs,
-                });
-            }
-            out.push_str(&arguments[last..m.start()]);
-            out.push_str(&json_escaped(&entry.value));
-            last = m.end();
+        let mut changed = false;
+        self.restore_value(&mut value, access, &mut changed)?;
+        if !changed {
+            return Ok(arguments.to_owned());
         }
-        out.push_str(&arguments[last..]);
-        Ok(out)
+        Ok(serde_json::to_string(&value).unwrap_or_else(|_| arguments.to_owned()))
     }
 
-    /// `text` (a final answer) with every token this conversation issued
-    /// put back; other text, unknown tokens included, is left as it is.
+    fn restore_value(
+        &self,
+        value: &mut Value,
+        access: PiiAccess,
+        changed: &mut bool,
+    ) -> Result<(), Refusal> {
+        match value {
+            Value::String(s) => {
+                let Some(re) = loose_token_regex() else {
+                    return Ok(());
+                };
+                if !re.is_match(s) {
+                    return Ok(());
+                }
+                // A whole string that is one token of a number: the number.
+                if let Some(entry) = self.by_token.get(s.as_str()).map(|&i| &self.entries[i])
+                    && entry.numeric
+                    && self.allowed(entry, access)?
+                    && let Ok(n) = entry.value.parse::<serde_json::Number>()
+                {
+                    *value = Value::Number(n);
+                    *changed = true;
+                    return Ok(());
+                }
+                let mut out = String::with_capacity(s.len());
+                let mut last = 0;
+                for m in re.find_iter(s) {
+                    let Some(entry) = self.by_token.get(m.as_str()).map(|&i| &self.entries[i])
+                    else {
+                        return Err(Refusal::Unknown {
+                            token: m.as_str().to_owned(),
+                        });
+                    };
+                    self.allowed(entry, access)?;
+                    out.push_str(&s[last..m.start()]);
+                    out.push_str(&entry.value);
+                    last = m.end();
+                }
+                out.push_str(&s[last..]);
+                *s = out;
+                *changed = true;
+                Ok(())
+            }
+            Value::Array(items) => items
+                .iter_mut()
+                .try_for_each(|v| self.restore_value(v, access, changed)),
+            Value::Object(map) => map
+                .values_mut()
+                .try_for_each(|v| self.restore_value(v, access, changed)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => Ok(()),
+        }
+    }
+
+    /// `Ok(true)` when `access` covers where `entry` came from.
+    fn allowed(&self, entry: &PiiEntry, access: PiiAccess) -> Result<bool, Refusal> {
+        if (entry.user && access.user) || (entry.tools && access.tools) {
+            return Ok(true);
+        }
+        let needs = match (entry.user, entry.tools) {
+            (true, true) => "user` or `tools",
+            (true, false) => "user",
+            _ => "tools",
+        };
+        Err(Refusal::NotAllowed {
+            token: entry.token.clone(),
+            needs,
+        })
+    }
+
+    /// `text` (a final answer) with every token of the table put back;
+    /// other text, unknown tokens included, is left as it is.
     pub fn restore_all(&self, text: &str) -> String {
-        let Some(re) = token_regex() else {
+        let Some(re) = loose_token_regex() else {
             return text.to_owned();
         };
         re.replace_all(text, |c: &regex::Captures<'_>| {
@@ -287,109 +402,67 @@ impl Redactor {
         .into_owned()
     }
 
-    /// Learns the values of one message's text: JSON is searched string by
-    /// string (so an escape such as `\n` is never read as part of a value),
-    /// other text as it is.
+    /// Learns the values of one message's text (JSON string by string and
+    /// number by number, so an escape such as `\n` is never read as part
+    /// of a value).
     fn learn_text(&mut self, text: &str, learn: Learn) {
-        match structured(text) {
-            Some(value) => self.learn_value(&value, learn),
-            None => self.learn_str(text, learn),
+        if is_structured(text) {
+            let mut spans: Vec<(String, bool)> = Vec::new();
+            map_json(text, |span, is_number| {
+                if is_number {
+                    spans.push((span.to_owned(), true));
+                } else if let Ok(inner) = serde_json::from_str::<String>(span) {
+                    spans.push((inner, false));
+                }
+                None
+            });
+            for (s, numeric) in spans {
+                self.learn_str(&s, learn, numeric);
+            }
+        } else {
+            self.learn_str(text, learn, false);
         }
     }
 
-    fn learn_value(&mut self, value: &Value, learn: Learn) {
-        match value {
-            Value::String(s) => self.learn_str(s, learn),
-            Value::Number(n) => self.learn_str(&n.to_string(), learn),
-            Value::Array(items) => {
-                for v in items {
-                    self.learn_value(v, learn);
-                }
-            }
-            Value::Object(map) => {
-                for v in map.values() {
-                    self.learn_value(v, learn);
-                }
-            }
-            Value::Null | Value::Bool(_) => {}
-        }
-    }
-
-    fn learn_str(&mut self, text: &str, learn: Learn) {
+    fn learn_str(&mut self, text: &str, learn: Learn, numeric: bool) {
         for (range, kind) in find(text, &self.kinds) {
-            let value = &text[range];
-            match (self.by_value.get(value), learn) {
-                (Some(&i), Learn::From(o)) => {
+            let value = &text[range.clone()];
+            // A number counts as a number only when the value is all of it.
+            let numeric = numeric && range.len() == text.len();
+            match (self.by_value.get(value).copied(), learn) {
+                (Some(_), Learn::ToolsNewOnly) => {}
+                (Some(i), Learn::User | Learn::Tools) => {
                     let e = &mut self.entries[i];
-                    e.origins.user |= o.user;
-                    e.origins.tools |= o.tools;
+                    let before = (e.user, e.tools);
+                    e.user |= learn == Learn::User;
+                    e.tools |= learn == Learn::Tools;
+                    if before != (e.user, e.tools) {
+                        self.changed.insert(i);
+                    }
                 }
-                (Some(_), Learn::NewOnly(_)) => {}
-                (None, Learn::From(o) | Learn::NewOnly(o)) => {
+                (None, _) => {
                     let n = self.counts.entry(kind).or_insert(0);
                     *n += 1;
                     let token = format!("[PII:{}:{n}]", kind.name());
                     let i = self.entries.len();
                     self.by_value.insert(value.to_owned(), i);
                     self.by_token.insert(token.clone(), i);
-                    self.entries.push(Entry {
-                        value: value.to_owned(),
+                    self.entries.push(PiiEntry {
                         token,
-                        origins: o,
+                        value: value.to_owned(),
+                        user: learn == Learn::User,
+                        tools: learn != Learn::User,
+                        numeric,
                     });
+                    self.changed.insert(i);
                 }
             }
         }
     }
 
-    /// `text` with known values replaced by their tokens (JSON string by
-    /// string, re-serialized only when something changed).
-    fn redact_text(&self, text: &str) -> String {
-        if let Some(mut value) = structured(text) {
-            if self.redact_value(&mut value) {
-                return serde_json::to_string(&value).unwrap_or_else(|_| self.redact_str(text));
-            }
-            return text.to_owned();
-        }
-        self.redact_str(text)
-    }
-
-    fn redact_value(&self, value: &mut Value) -> bool {
-        match value {
-            Value::String(s) => {
-                let redacted = self.redact_str(s);
-                let changed = redacted != *s;
-                *s = redacted;
-                changed
-            }
-            Value::Number(n) => {
-                let text = n.to_string();
-                let redacted = self.redact_str(&text);
-                if redacted == text {
-                    return false;
-                }
-                *value = Value::String(redacted);
-                true
-            }
-            Value::Array(items) => {
-                // Every item, not only up to the first that changed.
-                let mut changed = false;
-                for v in items {
-                    changed |= self.redact_value(v);
-                }
-                changed
-            }
-            Value::Object(map) => {
-                let mut changed = false;
-                for v in map.values_mut() {
-                    changed |= self.redact_value(v);
-                }
-                changed
-            }
-            Value::Null | Value::Bool(_) => false,
-        }
-    }
-
+    /// `text` with known values replaced by their tokens: each value the
+    /// detector finds, then each recorded value still present as a whole
+    /// word (one a later detector would not find keeps its token).
     fn redact_str(&self, text: &str) -> String {
         let mut out = String::with_capacity(text.len());
         let mut last = 0;
@@ -402,7 +475,28 @@ impl Redactor {
             last = range.end;
         }
         out.push_str(&text[last..]);
+        let mut by_length: Vec<&PiiEntry> = self
+            .entries
+            .iter()
+            .filter(|e| !e.value.is_empty() && out.contains(e.value.as_str()))
+            .collect();
+        by_length.sort_by(|a, b| b.value.len().cmp(&a.value.len()));
+        for entry in by_length {
+            out = replace_whole(&out, &entry.value, &entry.token);
+        }
         out
+    }
+
+    /// A redactor that learned `transcript` from an empty table (tests).
+    #[cfg(test)]
+    fn from_transcript(
+        transcript: &[ChatMessage],
+        kinds: &[PiiKind],
+        results_to_model: impl Fn(&str) -> bool,
+    ) -> Redactor {
+        let mut r = Redactor::new(&[], kinds);
+        r.learn(transcript, results_to_model);
+        r
     }
 
     /// The tokens issued, with their values (tests).
@@ -415,45 +509,104 @@ impl Redactor {
     }
 }
 
-/// A JSON object, array or string held in `text`, if it is one (a bare
-/// number or literal is read as text: `4111111111111111` is a card number,
-/// not the JSON number it also is).
-fn structured(text: &str) -> Option<Value> {
-    let t = text.trim_start();
-    if !(t.starts_with('{') || t.starts_with('[') || t.starts_with('"')) {
-        return None;
+/// `text` with each occurrence of `value` that is a whole word (no ASCII
+/// letter, digit or `_` right before or after) replaced by `token`.
+fn replace_whole(text: &str, value: &str, token: &str) -> String {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    let mut from = 0;
+    while let Some(at) = text[from..].find(value).map(|i| from + i) {
+        let end = at + value.len();
+        if edge(text[..at].chars().next_back()) || edge(text[end..].chars().next()) {
+            from = at + text[at..].chars().next().map_or(1, char::len_utf8);
+            continue;
+        }
+        out.push_str(&text[last..at]);
+        out.push_str(token);
+        last = end;
+        from = end;
     }
-    serde_json::from_str(text).ok()
+    out.push_str(&text[last..]);
+    out
 }
 
-/// Tool-use id → tool name, from the model's turns.
-fn tool_names(transcript: &[ChatMessage]) -> HashMap<&str, &str> {
-    transcript
-        .iter()
-        .flat_map(|m| match m {
-            ChatMessage::Assistant { tool_calls, .. } => tool_calls.as_slice(),
-            _ => &[],
-        })
-        .map(|t| (t.id.as_str(), t.name.as_str()))
-        .collect()
+/// `[PII:<kind>:<n>]` read back.
+fn parse_token(token: &str) -> Option<(PiiKind, u32)> {
+    let inner = token.strip_prefix("[PII:")?.strip_suffix(']')?;
+    let (kind, n) = inner.split_once(':')?;
+    Some((PiiKind::from_name(kind)?, n.parse().ok()?))
 }
 
-/// `value` as it goes inside a JSON string.
-fn json_escaped(value: &str) -> String {
-    let quoted = serde_json::to_string(value).unwrap_or_default();
-    quoted
-        .strip_prefix('"')
-        .and_then(|q| q.strip_suffix('"'))
-        .unwrap_or(&quoted)
-        .to_owned()
+/// `s` as a JSON string literal.
+fn quoted(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
 }
 
-/// The pattern of a token; `None` only if the constant failed to compile
-/// (no token is then found).
-fn token_regex() -> Option<&'static Regex> {
+/// Whether `text` is a JSON object, array or string (a bare number or
+/// literal is read as text: `4111111111111111` is a card number, not the
+/// JSON number it also is).
+fn is_structured(text: &str) -> bool {
+    let t = text.trim_start();
+    (t.starts_with('{') || t.starts_with('[') || t.starts_with('"'))
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+/// Walks the string literals (quotes included) and numbers of `text`,
+/// valid JSON, calling `f(span, is_number)`; each `Some(replacement)`
+/// takes the span's place, every other byte is kept.
+fn map_json(text: &str, mut f: impl FnMut(&str, bool) -> Option<String>) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let (end, is_number) = match bytes[i] {
+            b'"' => {
+                // `"` and `\` never occur inside a UTF-8 sequence.
+                let mut j = i + 1;
+                while j < bytes.len() && bytes[j] != b'"' {
+                    j += if bytes[j] == b'\\' { 2 } else { 1 };
+                }
+                (j.min(bytes.len() - 1) + 1, false)
+            }
+            b'-' | b'0'..=b'9' => {
+                let mut j = i;
+                while j < bytes.len()
+                    && matches!(bytes[j], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    j += 1;
+                }
+                (j, true)
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        if let Some(span) = text.get(i..end)
+            && let Some(replacement) = f(span, is_number)
+        {
+            out.push_str(&text[last..i]);
+            out.push_str(&replacement);
+            last = end;
+        }
+        i = end;
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+/// Text that is, or looks like, a token: `[PII:email:1]`, and what a model
+/// may make of one (`[PII:EMAIL:1]`, `[ PII: email :1 ]`, `PII:email:1`).
+/// Only an exact issued token is restored; the rest refuses a call.
+/// `None` only if the constant failed to compile (nothing is then found).
+fn loose_token_regex() -> Option<&'static Regex> {
     static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(r"\[PII:(?:email|phone|card|iban|ssn):[0-9]{1,9}\]").ok())
-        .as_ref()
+    RE.get_or_init(|| {
+        Regex::new(r"(?i)\[?[ \t]*\bpii[ \t]*:[ \t]*[a-z_]+[ \t]*:[ \t]*[0-9]+[ \t]*\]?").ok()
+    })
+    .as_ref()
 }
 
 /// The pattern of each kind (the checks that follow are in [`find`]).
@@ -461,14 +614,17 @@ fn pattern(kind: PiiKind) -> Option<&'static Regex> {
     static RES: OnceLock<[Option<Regex>; 5]> = OnceLock::new();
     let res = RES.get_or_init(|| {
         [
-            // The characters of RFC 5322's dot-atom local part (dots
-            // anywhere: `a..b@` is not valid, but is still someone's
-            // address as written) and a domain of labels ending in a
-            // label of letters.
-            r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}",
-            r"\+[1-9](?:[ -]?[0-9]){7,14}",
-            r"[0-9](?:[ -]?[0-9])*",
-            r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){10,30}",
+            // The characters of RFC 5322's dot-atom local part, and Latin
+            // letters (RFC 6531) (dots anywhere: `a..b@` is not valid, but
+            // is still someone's address as written), and a domain of
+            // labels, Latin letters allowed (IDN), ending in a label of
+            // ASCII letters.
+            r"[A-Za-z0-9\x{00C0}-\x{024F}!#$%&'*+/=?^_`{|}~.-]+@(?:[A-Za-z0-9\x{00C0}-\x{024F}](?:[A-Za-z0-9\x{00C0}-\x{024F}-]{0,61}[A-Za-z0-9\x{00C0}-\x{024F}])?\.)+[A-Za-z]{2,63}",
+            // Up to three separators between digits: `+1 (415) 555-2671`,
+            // `+44 (0)20 7946 0958`, `+33.1.23.45.67.89`.
+            r"\+[1-9](?:[ \-./()\x{00A0}]{0,3}[0-9]){7,14}",
+            r"[0-9](?:[ \-./_\x{00A0}]{0,2}[0-9])*",
+            r"[A-Za-z]{2}[0-9]{2}(?:[ \-]?[A-Za-z0-9]){10,30}",
             r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
         ]
         .map(|p| Regex::new(p).ok())
@@ -532,7 +688,9 @@ pub fn find(text: &str, kinds: &[PiiKind]) -> Vec<(Range<usize>, PiiKind)> {
 /// of which at most one is taken.
 fn candidates(text: &str, range: Range<usize>, kind: PiiKind) -> Vec<Vec<Range<usize>>> {
     let before = text[..range.start].chars().next_back();
-    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    // ASCII only: text in scripts without spaces between words (`連絡先は
+    // ada@example.comです`) puts letters right against a value.
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
     let digit = |c: Option<char>| c.is_some_and(|c| c.is_ascii_digit());
     let value = &text[range.clone()];
     let after = text[range.end..].chars().next();
@@ -553,11 +711,12 @@ fn candidates(text: &str, range: Range<usize>, kind: PiiKind) -> Vec<Vec<Range<u
                 .into_iter()
                 .rev()
                 .filter(|&end| {
-                    let digits = text[range.start..end]
-                        .chars()
-                        .filter(char::is_ascii_digit)
-                        .count();
-                    (8..=15).contains(&digits)
+                    let form = &text[range.start + 1..end];
+                    let digits = form.chars().filter(char::is_ascii_digit).count();
+                    // `+12500000` in `balance +12500000` is an amount: a
+                    // number written without separators needs 10 digits.
+                    let grouped = digits < form.chars().count();
+                    (8..=15).contains(&digits) && (grouped || digits >= 10)
                 })
                 .map(|end| range.start..end)
                 .collect::<Vec<_>>();
@@ -584,13 +743,16 @@ fn candidates(text: &str, range: Range<usize>, kind: PiiKind) -> Vec<Vec<Range<u
                 if i == 0 && (word(lead) || lead == Some('+')) {
                     continue;
                 }
-                for &end in ends.iter().filter(|&&e| e > start) {
+                // Ends are in order: from the first after `start`, until
+                // past 19 digits (linear in the run's length).
+                let first = ends.partition_point(|&e| e <= start);
+                for &end in &ends[first..] {
                     let v = &text[start..end];
                     let n = v.chars().filter(char::is_ascii_digit).count();
                     if n > 19 {
                         break;
                     }
-                    if n >= 13 && luhn::valid(v) {
+                    if n >= 13 && card_shaped(v) && luhn::valid(v) {
                         spans.push((n, start..end));
                     }
                 }
@@ -620,13 +782,14 @@ fn candidates(text: &str, range: Range<usize>, kind: PiiKind) -> Vec<Vec<Range<u
                 let next = text[end..].chars().next();
                 if !word(next)
                     && candidate
+                        .to_ascii_uppercase()
+                        .replace([' ', '-'], "")
                         .parse::<iban::Iban>()
-                        .or_else(|_| candidate.replace(' ', "").parse::<iban::Iban>())
                         .is_ok()
                 {
                     forms.push(range.start..end);
                 }
-                match candidate.rfind(' ') {
+                match candidate.rfind([' ', '-']) {
                     Some(space) => end = range.start + space,
                     None => break,
                 }
@@ -659,6 +822,30 @@ fn candidates(text: &str, range: Range<usize>, kind: PiiKind) -> Vec<Vec<Range<u
             }
         }
     }
+}
+
+/// Whether `v` (digits and separators, 13 to 19 digits) is written like a
+/// card number: one number, or groups of four (the last 1 to 4 digits),
+/// or 4-6-5 / 4-6-4; starting with 2 to 6 (the major networks' first
+/// digits, so millisecond timestamps, `1…`, are not cards), and not all
+/// one digit.
+fn card_shaped(v: &str) -> bool {
+    let groups: Vec<usize> = v
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|g| !g.is_empty())
+        .map(str::len)
+        .collect();
+    let grouping = match groups.as_slice() {
+        [_] => true,
+        [4, 6, 5] | [4, 6, 4] => true,
+        [init @ .., last] => {
+            init.len() >= 3 && init.iter().all(|&g| g == 4) && (1..=4).contains(last)
+        }
+        [] => false,
+    };
+    let mut digits = v.chars().filter(char::is_ascii_digit);
+    let first = digits.next();
+    grouping && first.is_some_and(|d| ('2'..='6').contains(&d)) && !digits.all(|d| Some(d) == first)
 }
 
 /// Where each group of digits of `range` starts (after `+` or a
@@ -757,6 +944,179 @@ mod tests {
     }
 
     #[test]
+    fn values_against_other_scripts_and_with_latin_letters_are_found() {
+        // No spaces between words in Japanese: the values still count.
+        assert_eq!(
+            kinds_of("連絡先はada@example.comです、電話+81 3 1234 5678まで"),
+            [
+                ("ada@example.com", PiiKind::Email),
+                ("+81 3 1234 5678", PiiKind::Phone)
+            ]
+        );
+        assert_eq!(
+            kinds_of("カード番号は4111111111111111です、口座DE89370400440532013000へ"),
+            [
+                ("4111111111111111", PiiKind::Card),
+                ("DE89370400440532013000", PiiKind::Iban)
+            ]
+        );
+        assert_eq!(
+            kinds_of("Zoë.smith@example.com, josé@exämple.com"),
+            [
+                ("Zoë.smith@example.com", PiiKind::Email),
+                ("josé@exämple.com", PiiKind::Email)
+            ]
+        );
+    }
+
+    #[test]
+    fn common_ways_of_writing_phones_cards_and_ibans_are_found() {
+        for phone in [
+            "+1 (415) 555-2671",
+            "+44 (0)20 7946 0958",
+            "+33.1.23.45.67.89",
+            "+1.415.555.2671",
+            "+49/30/1234567",
+            "+1\u{a0}415\u{a0}555\u{a0}2671",
+            "+14155552671",
+        ] {
+            assert_eq!(kinds_of(phone), [(phone, PiiKind::Phone)], "{phone}");
+        }
+        for card in [
+            "4111.1111.1111.1111",
+            "4111/1111/1111/1111",
+            "4111  1111  1111  1111",
+            "3782 822463 10005",
+        ] {
+            assert_eq!(kinds_of(card), [(card, PiiKind::Card)], "{card}");
+        }
+        for iban in [
+            "de89370400440532013000",
+            "de89 3704 0044 0532 0130 00",
+            "DE89-3704-0044-0532-0130-00",
+        ] {
+            assert_eq!(kinds_of(iban), [(iban, PiiKind::Iban)], "{iban}");
+        }
+    }
+
+    #[test]
+    fn ordinary_numbers_are_not_taken_for_personal_data() {
+        for text in [
+            "0 0 0 0 0 0 0 0 0 0 0 0 0",
+            "0000 0000 0000 0000",
+            "4444 4444 4444 4444",
+            "at 1764518400000 ms",
+            "2026-04-20 2026-12-03",
+            "balance change +12500000",
+            "delta +100000000 bytes",
+            "550e8400-e29b-41d4-a716-446655440000",
+            "version 10.4.12, 192.168.10.200",
+        ] {
+            assert!(kinds_of(text).is_empty(), "{text}: {:?}", kinds_of(text));
+        }
+    }
+
+    #[test]
+    fn a_long_run_of_digits_is_searched_in_linear_time() {
+        // 200 000 one-digit groups: quadratic would take minutes.
+        let text = "7 ".repeat(200_000);
+        assert!(kinds_of(&text).is_empty());
+    }
+
+    #[test]
+    fn json_is_redacted_in_place_and_numbers_keep_their_precision() {
+        let transcript = vec![user(
+            r#"{"order": 123456789012345678901234567890, "email": "ada@example.com", "pan": 4111111111111111}"#,
+        )];
+        let r = Redactor::from_transcript(&transcript, &PiiKind::ALL, |_| false);
+        assert_eq!(
+            r.redact_messages(&transcript, |_| false)[0],
+            user(
+                r#"{"order": 123456789012345678901234567890, "email": "[PII:email:1]", "pan": "[PII:card:1]"}"#
+            )
+        );
+        // A token of a number that fills a string argument is the number.
+        let all = PiiAccess {
+            user: true,
+            tools: true,
+            llm: false,
+        };
+        assert_eq!(
+            serde_json::from_str::<Value>(
+                &r.restore_arguments(r#"{"pan":"[PII:card:1]","note":"card [PII:card:1]"}"#, all)
+                    .unwrap()
+            )
+            .unwrap(),
+            serde_json::json!({"pan": 4111111111111111u64, "note": "card 4111111111111111"})
+        );
+    }
+
+    #[test]
+    fn anything_like_a_token_that_is_not_one_is_refused() {
+        let transcript = vec![user("ada@example.com")];
+        let r = Redactor::from_transcript(&transcript, &PiiKind::ALL, |_| false);
+        let all = PiiAccess {
+            user: true,
+            tools: true,
+            llm: false,
+        };
+        for altered in [
+            r#""[PII:EMAIL:1]""#,
+            r#""[PII:Email:1]""#,
+            r#""[PII: email:1]""#,
+            r#""PII:email:1""#,
+            r#""[PII:email:99999999999]""#,
+            r#""[PII:email:01]""#,
+        ] {
+            assert!(
+                matches!(
+                    r.restore_arguments(altered, all),
+                    Err(Refusal::Unknown { .. })
+                ),
+                "{altered}"
+            );
+        }
+        // A JSON escape is read as the text it stands for.
+        assert_eq!(
+            r.restore_arguments(r#""\u005bPII:email:1]""#, all).unwrap(),
+            r#""ada@example.com""#
+        );
+    }
+
+    #[test]
+    fn a_recorded_value_keeps_its_token_whatever_the_detector_finds() {
+        // A table from an earlier engine, holding a value today's detector
+        // does not find (a national phone number).
+        let table = vec![PiiEntry {
+            token: "[PII:phone:1]".into(),
+            value: "020 7946 0958".into(),
+            user: true,
+            tools: false,
+            numeric: false,
+        }];
+        let mut r = Redactor::new(&table, &PiiKind::ALL);
+        let transcript = vec![user("call 020 7946 0958 or +1 415 555 2671")];
+        r.learn(&transcript, |_| false);
+        // The new value continues the numbering; the recorded one is
+        // still replaced wherever it stands as a whole.
+        assert_eq!(
+            r.changed()
+                .iter()
+                .map(|e| e.token.as_str())
+                .collect::<Vec<_>>(),
+            ["[PII:phone:2]"]
+        );
+        assert_eq!(
+            r.redact_messages(&transcript, |_| false)[0],
+            user("call [PII:phone:1] or [PII:phone:2]")
+        );
+        // Learning again changes nothing.
+        let mut again = Redactor::new(&[table[0].clone(), r.changed()[0].clone()], &PiiKind::ALL);
+        again.learn(&transcript, |_| false);
+        assert!(again.changed().is_empty());
+    }
+
+    #[test]
     fn only_the_kinds_asked_for_are_found() {
         let text = "ada@example.com 4111111111111111";
         assert_eq!(find(text, &[PiiKind::Card]).len(), 1);
@@ -849,8 +1209,8 @@ mod tests {
             llm: false,
         };
         assert_eq!(
-            r.restore_arguments(args, all).unwrap(),
-            r#"{"to":"ada@example.com","card":"4111 1111 1111 1111"}"#
+            serde_json::from_str::<Value>(&r.restore_arguments(args, all).unwrap()).unwrap(),
+            serde_json::json!({"to": "ada@example.com", "card": "4111 1111 1111 1111"})
         );
         let user_only = PiiAccess {
             user: true,
@@ -864,7 +1224,7 @@ mod tests {
             })
         );
         assert_eq!(
-            r.restore_arguments(args, PiiAccess::default()),
+            r.restore_arguments(r#"{"to":"[PII:email:1]"}"#, PiiAccess::default()),
             Err(Refusal::NotAllowed {
                 token: "[PII:email:1]".into(),
                 needs: "user"

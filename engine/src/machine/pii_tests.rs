@@ -193,7 +193,110 @@ fn an_unknown_token_is_refused() {
     assert!(
         refused.len() == 1
             && refused[0].0 == "lookup:pii_access"
-            && refused[0].1.contains("stands for no value"),
+            && refused[0]
+                .1
+                .contains("not a token this conversation issued"),
         "{refused:?}"
     );
+}
+
+/// `redacting` with an `output_schema` whose `n` is an integer.
+fn redacting_with_schema(p: &mut RunPlan) {
+    redacting(p);
+    if let Some(a) = p.agents.get_mut("onboarder") {
+        a.def.output_schema = Some(json!({
+            "type": "object",
+            "required": ["n"],
+            "properties": {"n": {"type": "integer"}}
+        }));
+    }
+}
+
+#[test]
+fn a_refused_final_answer_quotes_tokens_and_gives_no_value_a_new_origin() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(redacting_with_schema),
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("create", r#"{"email":"x"}"#)], None);
+    complete(
+        &mut run,
+        "intake.t1",
+        json!({"account_id": "A1", "card": "4111 1111 1111 1111"}),
+    );
+    // The answer quotes the card (a tool's data): the refusal the model
+    // reads quotes the token, not the number.
+    let d = run.model("intake.m2", &[], Some(r#"{"n":"[PII:card:1]"}"#));
+    let message = d
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::FinalAnswerRefused { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    assert!(
+        message.contains("[PII:card:1]") && !message.contains("4111"),
+        "{message}"
+    );
+    let sent = serde_json::to_string(&model_messages(&d)).unwrap_or_default();
+    assert!(!sent.contains("4111 1111"), "{sent}");
+    // Still a tool's data only: `lookup` (`user`) may not have it.
+    let d = run.model(
+        "intake.m3",
+        &[("lookup", r#"{"email":"[PII:card:1]"}"#)],
+        None,
+    );
+    let refused = refusals(&d);
+    assert!(
+        refused.len() == 1 && refused[0].1.contains("lacks `tools`"),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn a_tool_use_id_used_again_in_a_later_turn_keeps_each_result_with_its_tool() {
+    let (mut run, _) = Run::start(Opts {
+        edit: Some(redacting),
+        ..Opts::default()
+    });
+    // Turn 1: `create` as tu0; its result holds a card.
+    run.model("intake.m1", &[("create", r#"{"email":"x"}"#)], None);
+    complete(
+        &mut run,
+        "intake.t1",
+        json!({"account_id": "A1", "card": "4111 1111 1111 1111"}),
+    );
+    // Turn 2: `wipe` (`llm`) as tu0 again: only its own result passes.
+    run.model("intake.m2", &[("wipe", r#"{"email":"y"}"#)], None);
+    let d = complete(
+        &mut run,
+        "intake.t2",
+        json!({"wiped": true, "by": "ops@example.com"}),
+    );
+    let sent = serde_json::to_string(&model_messages(&d)).unwrap_or_default();
+    assert!(!sent.contains("4111 1111"), "{sent}");
+    assert!(sent.contains("ops@example.com"), "{sent}");
+}
+
+#[test]
+fn the_table_is_recorded_before_the_model_call_and_folded_into_the_node() {
+    let (run, d) = Run::start(Opts {
+        edit: Some(redacting),
+        ..Opts::default()
+    });
+    let kinds: Vec<&str> = d.events.iter().map(Event::kind).collect();
+    let issued = kinds.iter().position(|k| *k == "pii_tokens_issued");
+    let scheduled = kinds.iter().position(|k| *k == "model_call_scheduled");
+    assert!(issued.is_some() && issued < scheduled, "{kinds:?}");
+    let table = run
+        .state
+        .node
+        .as_ref()
+        .map(|n| n.pii.clone())
+        .unwrap_or_default();
+    assert_eq!(table.len(), 1);
+    assert_eq!(table[0].token, "[PII:email:1]");
+    assert_eq!(table[0].value, "a@example.com");
+    assert!(table[0].user && !table[0].tools);
 }

@@ -319,6 +319,9 @@ pub struct NodeState {
     pub pending: Vec<PendingToolUse>,
     /// The wall-time timer of this visit (the agent's `max_wall_time`).
     pub deadline: Option<TimerSpec>,
+    /// With `pii_redaction:`, the table of personal data found and its
+    /// tokens, folded from `pii_tokens_issued` (`machine/pii.rs`).
+    pub pii: Vec<crate::machine::pii::PiiEntry>,
 }
 
 /// A non-agent node being executed.
@@ -638,6 +641,7 @@ impl RunState {
                     model_call: None,
                     pending: Vec::new(),
                     deadline: deadline.clone(),
+                    pii: Vec::new(),
                 });
             }
             Event::ModelCallScheduled { call_id, .. } => {
@@ -1215,6 +1219,18 @@ impl RunState {
                 for id in open {
                     if let Some(call) = self.tool_calls.get_mut(&id) {
                         call.status = CallStatus::Cancelled;
+                    }
+                }
+            }
+            Event::PiiTokensIssued { node, entries } => {
+                if let Some(state) = self.node.as_mut()
+                    && &state.id == node
+                {
+                    for entry in entries {
+                        match state.pii.iter_mut().find(|e| e.token == entry.token) {
+                            Some(known) => *known = entry.clone(),
+                            None => state.pii.push(entry.clone()),
+                        }
                     }
                 }
             }
