@@ -24,6 +24,9 @@
 //!   ([`sandbox_tool::SandboxTools`]): inline JavaScript or Python run by
 //!   Node.js or CPython under bubblewrap, with no network, no host files,
 //!   a cleared environment and memory and time limits.
+//! - [`sampling`]: an MCP server's `sampling/createMessage` during a
+//!   granted call, made with the worker's model client
+//!   ([`sampling::ModelSampler`]).
 //!
 //! Every failure is reported with a [`belay_proto::v1::FailureClass`] saying
 //! whether the effect may have happened: `NOT_SENT` (provably nothing was
@@ -42,6 +45,7 @@ pub mod model;
 pub mod oauth2;
 pub mod placeholders;
 pub mod runner;
+pub mod sampling;
 pub mod sandbox_tool;
 pub mod ssrf;
 pub mod untraced;
