@@ -2262,6 +2262,99 @@ impl McpClient for RmcpClient {
 mod tests {
     use super::*;
 
+    /// A server's `sampling/createMessage` params, as it sends them.
+    #[allow(deprecated)]
+    fn asked(params: Value) -> CreateMessageRequestParams {
+        serde_json::from_value(params).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_sampling_request_becomes_text_capped_by_the_grant_or_a_reason() {
+        let grant = crate::mcp::SamplingGrant {
+            model: "m".into(),
+            max_requests: 1,
+            max_tokens: 40,
+        };
+        let text = |t: &str| serde_json::json!({"type": "text", "text": t});
+        let request = sampling_request(
+            &grant,
+            asked(serde_json::json!({
+                "messages": [
+                    {"role": "user", "content": [text("a"), text("b")]},
+                    {"role": "assistant", "content": text("c")},
+                ],
+                "systemPrompt": "s",
+                "maxTokens": 100,
+                "temperature": 0.5,
+                "includeContext": "thisServer",
+            })),
+        );
+        assert_eq!(
+            request,
+            Ok(crate::mcp::SamplingRequest {
+                model: "m".into(),
+                system_prompt: Some("s".into()),
+                messages: vec![
+                    crate::mcp::SamplingText {
+                        assistant: false,
+                        text: "a\n\nb".into(),
+                    },
+                    crate::mcp::SamplingText {
+                        assistant: true,
+                        text: "c".into(),
+                    },
+                ],
+                max_tokens: 40,
+            })
+        );
+        // Below the grant, the server's own bound stands.
+        let small = sampling_request(
+            &grant,
+            asked(
+                serde_json::json!({"messages": [{"role": "user", "content": text("a")}], "maxTokens": 7}),
+            ),
+        );
+        assert_eq!(small.map(|r| r.max_tokens), Ok(7));
+
+        let refused = |params: Value| match sampling_request(&grant, asked(params)) {
+            Err(reason) => reason,
+            Ok(request) => panic!("not refused: {request:?}"),
+        };
+        let image = serde_json::json!({"type": "image", "data": "AAAA", "mimeType": "image/png"});
+        assert_eq!(
+            refused(serde_json::json!({"messages": [
+                {"role": "user", "content": text("look")},
+                {"role": "user", "content": [text("at"), image]},
+            ], "maxTokens": 5})),
+            "sampling/createMessage: message 1 holds an image; Belay's sampling takes text only"
+        );
+        let audio = serde_json::json!({"type": "audio", "data": "AAAA", "mimeType": "audio/wav"});
+        assert!(
+            refused(serde_json::json!({"messages": [{"role": "user", "content": audio}], "maxTokens": 5}))
+                .contains("message 0 holds audio")
+        );
+        assert!(
+            refused(serde_json::json!({
+                "messages": [{"role": "user", "content": text("x")}],
+                "maxTokens": 5,
+                "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+            }))
+            .contains("`tools` is not offered")
+        );
+        assert!(
+            refused(serde_json::json!({"messages": [], "maxTokens": 5})).contains("no messages")
+        );
+        assert!(
+            refused(serde_json::json!({"messages": [{"role": "user", "content": text("x")}], "maxTokens": 0}))
+                .contains("at least 1")
+        );
+        let huge = "x".repeat(MAX_SAMPLING_PROMPT_BYTES + 1);
+        assert!(
+            refused(serde_json::json!({"messages": [{"role": "user", "content": text(&huge)}], "maxTokens": 5}))
+                .contains("more than Belay sends to a model")
+        );
+    }
+
     #[test]
     fn the_id_of_an_oversized_line_is_read_from_its_start() {
         let id = |head: &str| id_in_head(head.as_bytes());
