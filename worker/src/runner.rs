@@ -642,7 +642,15 @@ async fn perform_mcp_call(
             redact.secrets = secrets.values();
         })
         .await;
-    let used = sampling.map(|s| s.usage()).filter(|u| !u.is_empty());
+    // A completion the server started before the call ended (it timed
+    // out, say) is spent all the same: wait for it, then report.
+    let used = match sampling {
+        Some(session) => {
+            session.finish().await;
+            Some(session.usage()).filter(|u| !u.is_empty())
+        }
+        None => None,
+    };
     report_mcp(ctx, task, spec, report, redact, used).await;
 }
 

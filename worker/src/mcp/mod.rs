@@ -481,10 +481,23 @@ impl CallRequest {
 /// What one call may ask of the run's model (`ToolCallSpec.sampling`),
 /// how, and what it has used so far. Shared between the call and the
 /// client's handler of the server's `sampling/createMessage` requests.
+///
+/// After the call, [`SamplingSession::finish`] ends it and waits for the
+/// completions still running (a call that timed out may leave one), so the
+/// usage read then is every completion the server got.
 pub struct SamplingSession {
     grant: SamplingGrant,
     sampler: Arc<dyn Sampler>,
-    used: std::sync::Mutex<SamplingUsage>,
+    state: std::sync::Mutex<SessionState>,
+    /// Completions running now.
+    running: watch::Sender<u32>,
+}
+
+#[derive(Default)]
+struct SessionState {
+    used: SamplingUsage,
+    /// [`SamplingSession::finish`] was called: no completion starts.
+    finished: bool,
 }
 
 impl std::fmt::Debug for SamplingSession {
@@ -503,7 +516,8 @@ impl SamplingSession {
         Self {
             grant,
             sampler,
-            used: std::sync::Mutex::new(SamplingUsage::default()),
+            state: std::sync::Mutex::new(SessionState::default()),
+            running: watch::Sender::new(0),
         }
     }
 
@@ -512,44 +526,74 @@ impl SamplingSession {
         &self.grant
     }
 
-    /// What the completions made so far used: every completion asked of
-    /// the model (failed ones too), and the tokens the provider reported.
-    pub fn usage(&self) -> SamplingUsage {
-        *self
-            .used
+    fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Takes one of the grant's completions, or says why none is left.
-    pub(crate) fn reserve(&self) -> Result<(), String> {
-        let mut used = self
-            .used
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if used.requests >= self.grant.max_requests {
+    /// What the completions made so far used: every completion asked of
+    /// the model (failed ones too), and the tokens the provider reported.
+    pub fn usage(&self) -> SamplingUsage {
+        self.state().used
+    }
+
+    /// Ends the session (a completion asked for later is refused) and
+    /// waits until no completion is running, so [`SamplingSession::usage`]
+    /// then holds every one. A running completion ends within the model
+    /// client's timeout.
+    pub async fn finish(&self) {
+        self.state().finished = true;
+        let mut running = self.running.subscribe();
+        // The sender lives in `self`, so the wait ends only at zero.
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+
+    /// Takes one of the grant's completions, or says why none is left. The
+    /// completion counts as running until the returned guard is dropped.
+    pub(crate) fn reserve(&self) -> Result<Completion<'_>, String> {
+        let mut state = self.state();
+        if state.finished {
+            return Err(
+                "sampling/createMessage refused: the tool call it belongs to has ended".into(),
+            );
+        }
+        if state.used.requests >= self.grant.max_requests {
             return Err(format!(
                 "sampling/createMessage refused: this tool call may ask for {} completion(s) (the tool's `sampling.max_requests`), and has used them",
                 self.grant.max_requests
             ));
         }
-        used.requests += 1;
-        Ok(())
-    }
-
-    /// Adds a completion's tokens.
-    pub(crate) fn record(&self, input_tokens: u64, output_tokens: u64) {
-        let mut used = self
-            .used
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        used.input_tokens = used.input_tokens.saturating_add(input_tokens);
-        used.output_tokens = used.output_tokens.saturating_add(output_tokens);
+        state.used.requests += 1;
+        self.running.send_modify(|n| *n += 1);
+        Ok(Completion { session: self })
     }
 
     /// The sampler.
     pub(crate) fn sampler(&self) -> &Arc<dyn Sampler> {
         &self.sampler
+    }
+}
+
+/// One completion of a [`SamplingSession`] while it runs.
+pub(crate) struct Completion<'a> {
+    session: &'a SamplingSession,
+}
+
+impl Completion<'_> {
+    /// Adds the completion's tokens (and ends it).
+    pub(crate) fn record(self, input_tokens: u64, output_tokens: u64) {
+        let mut state = self.session.state();
+        state.used.input_tokens = state.used.input_tokens.saturating_add(input_tokens);
+        state.used.output_tokens = state.used.output_tokens.saturating_add(output_tokens);
+    }
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        self.session
+            .running
+            .send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -1037,6 +1081,62 @@ mod tests {
         assert!(expand_uri_template("d://{id}", &Map::new()).is_err());
         assert!(expand_uri_template("d://{id", &args(json!({"id": "x"}))).is_err());
         assert!(expand_uri_template("d://{id}", &args(json!({"id": [1]}))).is_err());
+    }
+
+    struct NoModel;
+
+    impl Sampler for NoModel {
+        fn complete(
+            &self,
+            _request: SamplingRequest,
+        ) -> BoxFuture<'_, Result<SamplingAnswer, String>> {
+            Box::pin(async { Err("no model here".to_owned()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_counts_its_completions_and_finishes_after_the_running_one() {
+        use futures_util::FutureExt as _;
+        let grant = SamplingGrant {
+            model: "m".into(),
+            max_requests: 2,
+            max_tokens: 10,
+        };
+        let session = SamplingSession::new(grant, Arc::new(NoModel));
+        let first = session.reserve().unwrap();
+        first.record(3, 4);
+        let running = session.reserve().unwrap();
+        // The grant's two completions are taken.
+        assert!(
+            session
+                .reserve()
+                .is_err_and(|e| e.contains("has used them"))
+        );
+        // A completion still runs: finishing waits for it.
+        let mut finish = Box::pin(session.finish());
+        assert!(finish.as_mut().now_or_never().is_none());
+        running.record(5, 6);
+        finish.await;
+        assert_eq!(
+            session.usage(),
+            SamplingUsage {
+                requests: 2,
+                input_tokens: 8,
+                output_tokens: 10
+            }
+        );
+        // Nothing starts once the call has ended.
+        let ended = SamplingSession::new(
+            SamplingGrant {
+                model: "m".into(),
+                max_requests: 5,
+                max_tokens: 10,
+            },
+            Arc::new(NoModel),
+        );
+        ended.finish().await;
+        assert!(ended.reserve().is_err_and(|e| e.contains("has ended")));
+        assert_eq!(ended.usage(), SamplingUsage::default());
     }
 
     #[test]

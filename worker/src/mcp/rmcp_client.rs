@@ -1904,14 +1904,14 @@ async fn sample(
     params: CreateMessageRequestParams,
 ) -> Result<CreateMessageResult, (i32, String)> {
     let request = sampling_request(session.grant(), params).map_err(|m| (SAMPLING_INVALID, m))?;
-    session.reserve().map_err(|m| (SAMPLING_REFUSED, m))?;
+    let completion = session.reserve().map_err(|m| (SAMPLING_REFUSED, m))?;
     let answer = session.sampler().complete(request).await.map_err(|m| {
         (
             SAMPLING_FAILED,
             format!("sampling/createMessage failed: {m}"),
         )
     })?;
-    session.record(answer.input_tokens, answer.output_tokens);
+    completion.record(answer.input_tokens, answer.output_tokens);
     let mut result =
         CreateMessageResult::new(SamplingMessage::assistant_text(answer.text), answer.model);
     if let Some(reason) = answer.stop_reason {
