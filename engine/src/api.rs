@@ -673,6 +673,7 @@ impl WorkerService for Api {
                 &r.requests_json,
                 &r.request_state,
                 r.may_have_acted,
+                r.sampling_usage.map(sampling_usage),
             )
             .await?;
         Ok(Response::new(v1::RequestToolInputResponse {}))

@@ -292,7 +292,8 @@ pub(crate) fn require(field: &str, value: &str) -> Result<(), CoordinatorError> 
 /// valid JSON, NUL characters stripped (PostgreSQL `jsonb` refuses them).
 ///
 /// Errors: `InvalidArgument` naming the field, its size or the parse error.
-/// `report` (a tool call's result or failure) with the sampling usage the
+/// `report` (a tool call's result, failure or question for a person) with
+/// the sampling usage the
 /// worker reported beside it, when it made any completion
 /// ([`Input::ToolCallSampled`]).
 fn with_sampling(report: Input, usage: Option<SamplingUsage>) -> Input {
@@ -1860,6 +1861,10 @@ impl Coordinator {
     /// wait for `ProvideToolInput`, or fail / record an uncertain outcome
     /// when repeating the call is unsafe.
     ///
+    /// `sampling`: the model completions the tool's MCP server asked for
+    /// before it asked the person, charged as with a result
+    /// ([`Coordinator::complete_sampled`]).
+    ///
     /// Errors: `InvalidArgument` for a bad id, `via` or JSON over
     /// `MAX_JSON_BYTES`; `FailedPrecondition` for a task this attempt no
     /// longer holds.
@@ -1873,6 +1878,7 @@ impl Coordinator {
         requests_json: &str,
         request_state: &str,
         may_have_acted: bool,
+        sampling: Option<SamplingUsage>,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         require("via", via)?;
@@ -1883,19 +1889,16 @@ impl Coordinator {
         self.store
             .transition_task(task, |state, row| {
                 let row = leased_tool_call(row, attempt, worker_id)?;
-                machine::decide(
-                    state,
-                    Input::ToolInputRequested {
-                        call_id: row.call_id.clone(),
-                        attempt,
-                        via: via.to_owned(),
-                        requests,
-                        request_state: (!request_state.is_empty())
-                            .then(|| request_state.to_owned()),
-                        may_have_acted,
-                    },
-                )
-                .map_err(CoordinatorError::from)
+                let asked = Input::ToolInputRequested {
+                    call_id: row.call_id.clone(),
+                    attempt,
+                    via: via.to_owned(),
+                    requests,
+                    request_state: (!request_state.is_empty()).then(|| request_state.to_owned()),
+                    may_have_acted,
+                };
+                machine::decide(state, with_sampling(asked, sampling))
+                    .map_err(CoordinatorError::from)
             })
             .await?;
         tracing::info!(%task, attempt, worker_id, via, "tool asked for input");

@@ -363,11 +363,14 @@ impl EngineClient {
 
     /// `RequestToolInput`: the tool asked a person for input mid-call
     /// (`needed`, from the MCP client), retried while transient.
+    /// `sampling`: the model completions the server asked for before it
+    /// asked the person, charged all the same.
     pub async fn report_needs_input(
         &self,
         task_id: &str,
         attempt: u32,
         needed: &crate::mcp::InputNeeded,
+        sampling: Option<belay_proto::wire::SamplingUsage>,
     ) -> Result<(), Status> {
         let via = serde_json::to_value(needed.via)
             .ok()
@@ -381,6 +384,7 @@ impl EngineClient {
             requests_json: needed.requests.to_string(),
             request_state: needed.request_state.clone().unwrap_or_default(),
             may_have_acted: needed.may_have_acted,
+            sampling_usage: sampling.map(sampling_usage),
         };
         self.retrying("RequestToolInput", task_id, attempt, |mut client| {
             let request = request.clone();

@@ -723,14 +723,12 @@ async fn report_mcp(
             );
             report_failure_sampled(ctx, task, class, error, None, sampling).await;
         }
-        // Not charged: the attempt ends without a result or failure (the
-        // call waits for a person); see docs/tools.md, sampling.
         McpCallReport::NeedsInput(needed) => {
             let task_id = &task.task_id;
             let attempt = task.attempt;
             match ctx
                 .engine
-                .report_needs_input(task_id, attempt, &needed)
+                .report_needs_input(task_id, attempt, &needed, sampling)
                 .await
             {
                 Ok(()) => tracing::info!(

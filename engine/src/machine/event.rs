@@ -407,9 +407,10 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_delay_ms: Option<u64>,
     },
-    /// Right before the event that records an attempt's result or failure
-    /// (`tool_call_completed`, `tool_call_attempt_failed`,
-    /// `tool_call_failed`, `uncertain_outcome_recorded`), in the same
+    /// Right before the event that records an attempt's result, failure or
+    /// question for a person (`tool_call_completed`,
+    /// `tool_call_attempt_failed`, `tool_call_failed`,
+    /// `uncertain_outcome_recorded`, `tool_call_input_requested`), in the same
     /// transition: the model completions the worker made for the tool's MCP
     /// server during that attempt (`sampling/createMessage`, within the
     /// spec's `SamplingGrant`). The fold charges the tokens to the run's

@@ -395,8 +395,9 @@ pub enum Input {
         /// result holds `[VAULTED:<key>]` in their place.
         secrets: Vec<SealedSecret>,
     },
-    /// A tool call's result or failure (`report`: an
-    /// [`Input::ToolCallCompleted`] or [`Input::TaskFailed`]) reported with
+    /// A tool call's result, failure or question for a person (`report`: an
+    /// [`Input::ToolCallCompleted`], [`Input::TaskFailed`] or
+    /// [`Input::ToolInputRequested`]) reported with
     /// the model completions its MCP server asked for during the attempt
     /// (see `sampling.rs`): recorded as `tool_call_sampled`, then `report`
     /// is decided in the same transition. Added for MCP sampling.

@@ -13,7 +13,8 @@
 //!   person's answer, an operator's retry with a new key), so a replay
 //!   builds the same spec.
 //! - The worker reports what the completions used beside the attempt's
-//!   result or failure; the coordinator wraps that report in
+//!   result, failure or question for a person (an MCP elicitation); the
+//!   coordinator wraps that report in
 //!   [`Input::ToolCallSampled`], recorded as [`Event::ToolCallSampled`]
 //!   before the report is decided ([`decide_sampled`]), and the fold charges
 //!   it like a model call's tokens (`RunState::charge_sampling`), so the
@@ -110,9 +111,10 @@ impl Step {
 }
 
 /// [`Input::ToolCallSampled`]: records `usage` for the attempt `report`
-/// (a [`Input::ToolCallCompleted`] or [`Input::TaskFailed`] of an open tool
-/// call) as [`Event::ToolCallSampled`], then decides `report` on the state
-/// that includes it, in the same decision.
+/// (a [`Input::ToolCallCompleted`], [`Input::TaskFailed`] or
+/// [`Input::ToolInputRequested`] of an open tool call) as
+/// [`Event::ToolCallSampled`], then decides `report` on the state that
+/// includes it, in the same decision.
 ///
 /// # Errors
 /// [`MachineError::CallNotOpen`] when `report` is not a result or failure
@@ -128,10 +130,13 @@ pub(super) fn decide_sampled(
         }
         | Input::TaskFailed {
             call_id, attempt, ..
+        }
+        | Input::ToolInputRequested {
+            call_id, attempt, ..
         } => (call_id.clone(), *attempt),
         _ => {
             return Err(MachineError::InvalidPlan(
-                "sampling usage comes only with a tool call's result or failure".into(),
+                "sampling usage comes only with a tool call's result, failure or question for a person".into(),
             ));
         }
     };

@@ -295,3 +295,29 @@ fn sampling_for_a_call_that_is_not_open_is_refused_and_records_nothing() {
     );
     assert_eq!(run.history.len(), before);
 }
+
+#[test]
+fn sampling_reported_with_a_question_for_a_person_is_charged_too() {
+    let mut run = at_the_call();
+    let d = run.step(Input::ToolCallSampled {
+        usage: usage(1, 30, 2),
+        report: Box::new(Input::ToolInputRequested {
+            call_id: "n.t1".into(),
+            attempt: 1,
+            via: "elicitation".into(),
+            requests: json!({"message": "which one?"}),
+            request_state: None,
+            may_have_acted: true,
+        }),
+    });
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["tool_call_sampled", "tool_call_input_requested"]
+    );
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let node = run.state.node.as_ref().unwrap();
+    assert_eq!(
+        (node.input_tokens, node.output_tokens, node.tokens),
+        (40, 7, 47)
+    );
+}
