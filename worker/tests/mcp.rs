@@ -1524,6 +1524,53 @@ async fn a_granted_call_samples_through_the_runs_model_within_its_grant() {
 }
 
 #[tokio::test]
+async fn over_http_two_calls_at_once_each_sample_under_their_own_grant() {
+    // Over Streamable HTTP a server's request comes on the stream of the
+    // call that asked, so two calls in flight at once are told apart (over
+    // stdio they would be refused: the asker is unknown).
+    let (model, recorded) = scripted_model("each").await;
+    let server = everything_http().await;
+    let client = mcp::connect(resolve(
+        "everything-http",
+        McpServerConfig::http(server.url.clone()),
+        &[],
+    ))
+    .await
+    .unwrap();
+    let first = sampling_session(&model, grant(1, 30));
+    let second = sampling_session(&model, grant(1, 60));
+    let (one, two) = tokio::join!(
+        client.call_tool(sampling_call("first", Some(&first))),
+        client.call_tool(sampling_call("second", Some(&second))),
+    );
+    for outcome in [&one, &two] {
+        assert!(text_of(outcome).contains("each"), "{outcome:?}");
+    }
+    assert_eq!(first.usage().requests, 1);
+    assert_eq!(second.usage().requests, 1);
+    // Each model request went out under the grant of the call that asked.
+    let requests: Vec<Value> = recorded
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.2.clone())
+        .collect();
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    for request in &requests {
+        let prompt = request["messages"][1]["content"]
+            .as_str()
+            .unwrap_or_default();
+        let cap = if prompt.ends_with("first") { 30 } else { 60 };
+        assert!(
+            prompt.ends_with("first") || prompt.ends_with("second"),
+            "{prompt}"
+        );
+        assert_eq!(request["max_tokens"], cap, "{request}");
+    }
+    client.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
     let (model, recorded) = scripted_model("sampled text").await;
     let mut engine = common::FakeEngine::start(common::Log::default()).await;
