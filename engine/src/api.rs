@@ -626,7 +626,14 @@ impl WorkerService for Api {
             .map(|s| (s.key, crate::vault::SecretText::new(s.value)))
             .collect();
         self.coord
-            .complete_with_secrets(&r.worker_id, &r.task_id, r.attempt, &r.result_json, secrets)
+            .complete_sampled(
+                &r.worker_id,
+                &r.task_id,
+                r.attempt,
+                &r.result_json,
+                secrets,
+                r.sampling_usage.map(sampling_usage),
+            )
             .await?;
         Ok(Response::new(v1::CompleteTaskResponse {}))
     }
@@ -639,13 +646,14 @@ impl WorkerService for Api {
         let class = failure_class(r.class)?;
         let status_code = u16::try_from(r.status_code).ok().filter(|c| *c > 0);
         self.coord
-            .fail(
+            .fail_sampled(
                 &r.worker_id,
                 &r.task_id,
                 r.attempt,
                 &r.error,
                 class,
                 status_code,
+                r.sampling_usage.map(sampling_usage),
             )
             .await?;
         Ok(Response::new(v1::FailTaskResponse {}))
@@ -665,9 +673,19 @@ impl WorkerService for Api {
                 &r.requests_json,
                 &r.request_state,
                 r.may_have_acted,
+                r.sampling_usage.map(sampling_usage),
             )
             .await?;
         Ok(Response::new(v1::RequestToolInputResponse {}))
+    }
+}
+
+/// The wire form of a worker's `SamplingUsage` report.
+fn sampling_usage(u: v1::SamplingUsage) -> belay_proto::wire::SamplingUsage {
+    belay_proto::wire::SamplingUsage {
+        requests: u.requests,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
     }
 }
 

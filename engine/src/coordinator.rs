@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use belay_proto::wire::ModelCallResult;
+use belay_proto::wire::{ModelCallResult, SamplingUsage};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, broadcast};
@@ -292,6 +292,20 @@ pub(crate) fn require(field: &str, value: &str) -> Result<(), CoordinatorError> 
 /// valid JSON, NUL characters stripped (PostgreSQL `jsonb` refuses them).
 ///
 /// Errors: `InvalidArgument` naming the field, its size or the parse error.
+/// `report` (a tool call's result, failure or question for a person) with
+/// the sampling usage the
+/// worker reported beside it, when it made any completion
+/// ([`Input::ToolCallSampled`]).
+fn with_sampling(report: Input, usage: Option<SamplingUsage>) -> Input {
+    match usage.filter(|u| !u.is_empty()) {
+        Some(usage) => Input::ToolCallSampled {
+            usage,
+            report: Box::new(report),
+        },
+        None => report,
+    }
+}
+
 fn json_arg(field: &str, text: &str) -> Result<Value, CoordinatorError> {
     if text.len() > MAX_JSON_BYTES {
         return Err(CoordinatorError::InvalidArgument(format!(
@@ -1634,6 +1648,25 @@ impl Coordinator {
         result_json: &str,
         secrets: Vec<(String, SecretText)>,
     ) -> Result<(), CoordinatorError> {
+        self.complete_sampled(worker_id, task_id, attempt, result_json, secrets, None)
+            .await
+    }
+
+    /// [`Coordinator::complete_with_secrets`] with the model completions
+    /// the tool's MCP server asked for during the attempt (`sampling`,
+    /// `CompleteTaskRequest.sampling_usage`): recorded as
+    /// `tool_call_sampled` in the transition that records the result, and
+    /// charged to the budgets (`machine/sampling.rs`). Usage reported with
+    /// a late result, or for a model call, is not charged (logged).
+    pub async fn complete_sampled(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+        result_json: &str,
+        secrets: Vec<(String, SecretText)>,
+        sampling: Option<SamplingUsage>,
+    ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         let mut value = json_arg("result_json", result_json)?;
         let task = parse_uuid("task_id", task_id)?;
@@ -1650,6 +1683,12 @@ impl Coordinator {
                     Vec::new()
                 };
                 if is_tool && !current && attempt >= 1 && attempt <= row.attempt as u32 {
+                    if let Some(usage) = sampling.filter(|u| !u.is_empty()) {
+                        tracing::warn!(
+                            %task, attempt, ?usage,
+                            "sampling usage reported with a late result is not charged"
+                        );
+                    }
                     // A result from an attempt that no longer holds the task:
                     // the machine decides (resolve, first wins, or history).
                     return machine::decide(
@@ -1744,6 +1783,11 @@ impl Coordinator {
                         status_code: None,
                     }
                 };
+                let input = if is_tool {
+                    with_sampling(input, sampling)
+                } else {
+                    input
+                };
                 machine::decide(state, input).map_err(CoordinatorError::from)
             })
             .await?;
@@ -1761,6 +1805,25 @@ impl Coordinator {
         class: FailureClass,
         status_code: Option<u16>,
     ) -> Result<(), CoordinatorError> {
+        self.fail_sampled(worker_id, task_id, attempt, error, class, status_code, None)
+            .await
+    }
+
+    /// [`Coordinator::fail`] with the model completions the tool's MCP
+    /// server asked for before the attempt failed (`sampling`,
+    /// `FailTaskRequest.sampling_usage`), charged as with a result
+    /// ([`Coordinator::complete_sampled`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn fail_sampled(
+        &self,
+        worker_id: &str,
+        task_id: &str,
+        attempt: u32,
+        error: &str,
+        class: FailureClass,
+        status_code: Option<u16>,
+        sampling: Option<SamplingUsage>,
+    ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         let task = parse_uuid("task_id", task_id)?;
         let error = machine::normalize::truncate_str(error, 16 * 1024).to_owned();
@@ -1773,18 +1836,20 @@ impl Coordinator {
                         row.status
                     )));
                 }
-                machine::decide(
-                    state,
-                    Input::TaskFailed {
-                        call_id: row.call_id.clone(),
-                        attempt,
-                        error,
-                        class,
-                        dispatched: row.dispatched,
-                        status_code,
-                    },
-                )
-                .map_err(CoordinatorError::from)
+                let failed = Input::TaskFailed {
+                    call_id: row.call_id.clone(),
+                    attempt,
+                    error,
+                    class,
+                    dispatched: row.dispatched,
+                    status_code,
+                };
+                let input = if row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL {
+                    with_sampling(failed, sampling)
+                } else {
+                    failed
+                };
+                machine::decide(state, input).map_err(CoordinatorError::from)
             })
             .await?;
         tracing::info!(%task, attempt, worker_id, ?class, "task failed");
@@ -1795,6 +1860,10 @@ impl Coordinator {
     /// person (`WorkerService.RequestToolInput`). The machine decides:
     /// wait for `ProvideToolInput`, or fail / record an uncertain outcome
     /// when repeating the call is unsafe.
+    ///
+    /// `sampling`: the model completions the tool's MCP server asked for
+    /// before it asked the person, charged as with a result
+    /// ([`Coordinator::complete_sampled`]).
     ///
     /// Errors: `InvalidArgument` for a bad id, `via` or JSON over
     /// `MAX_JSON_BYTES`; `FailedPrecondition` for a task this attempt no
@@ -1809,6 +1878,7 @@ impl Coordinator {
         requests_json: &str,
         request_state: &str,
         may_have_acted: bool,
+        sampling: Option<SamplingUsage>,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         require("via", via)?;
@@ -1819,19 +1889,16 @@ impl Coordinator {
         self.store
             .transition_task(task, |state, row| {
                 let row = leased_tool_call(row, attempt, worker_id)?;
-                machine::decide(
-                    state,
-                    Input::ToolInputRequested {
-                        call_id: row.call_id.clone(),
-                        attempt,
-                        via: via.to_owned(),
-                        requests,
-                        request_state: (!request_state.is_empty())
-                            .then(|| request_state.to_owned()),
-                        may_have_acted,
-                    },
-                )
-                .map_err(CoordinatorError::from)
+                let asked = Input::ToolInputRequested {
+                    call_id: row.call_id.clone(),
+                    attempt,
+                    via: via.to_owned(),
+                    requests,
+                    request_state: (!request_state.is_empty()).then(|| request_state.to_owned()),
+                    may_have_acted,
+                };
+                machine::decide(state, with_sampling(asked, sampling))
+                    .map_err(CoordinatorError::from)
             })
             .await?;
         tracing::info!(%task, attempt, worker_id, via, "tool asked for input");

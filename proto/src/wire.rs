@@ -581,6 +581,54 @@ pub struct ToolCallSpec {
     /// the worker sends the binding as it is. Added for issue 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    /// For a `type: mcp` tool that declares `sampling:`, called by an agent
+    /// node with budget left: the completions its server may ask for
+    /// (`sampling/createMessage`) during the call, through the agent's own
+    /// model. `None`: the worker refuses every such request of this call.
+    /// Added for MCP sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingGrant>,
+}
+
+/// What an MCP server may ask of the run's model during one tool call
+/// ([`ToolCallSpec::sampling`]). The engine computes it when it builds the
+/// spec; the worker enforces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplingGrant {
+    /// The agent's model name (`model:`), as in [`ModelCallSpec::model`]:
+    /// the worker calls it with the provider configuration it uses for
+    /// `model_call` tasks.
+    pub model: String,
+    /// Most completions per attempt (the tool's `sampling.max_requests`).
+    pub max_requests: u32,
+    /// Most output tokens per completion: the tool's `sampling.max_tokens`,
+    /// lowered to what is left of the node's and the run's token budgets
+    /// when the spec was built. A server's `maxTokens` is capped to it.
+    pub max_tokens: u32,
+}
+
+/// Model completions made for an MCP server during one tool-call attempt,
+/// reported beside the call's result or failure
+/// (`CompleteTaskRequest.sampling_usage`, `FailTaskRequest.sampling_usage`)
+/// and charged like a model call's tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplingUsage {
+    /// Completions asked of the model (failed ones included).
+    #[serde(default)]
+    pub requests: u32,
+    /// Input (prompt) tokens, as the provider reported them.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output (completion) tokens, as the provider reported them.
+    #[serde(default)]
+    pub output_tokens: u64,
+}
+
+impl SamplingUsage {
+    /// Whether nothing was used (no request made).
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0 && self.input_tokens == 0 && self.output_tokens == 0
+    }
 }
 
 #[cfg(test)]

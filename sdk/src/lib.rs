@@ -754,6 +754,14 @@ pub fn timeline_line(event: &RunEvent) -> String {
                 .map(|ms| format!("{} s", ms / 1000))
                 .unwrap_or_default()
         ),
+        "tool_call_sampled" => format!(
+            "{} attempt={} requests={} input_tokens={} output_tokens={}",
+            s("call_id"),
+            s("attempt"),
+            p["usage"]["requests"],
+            p["usage"]["input_tokens"],
+            p["usage"]["output_tokens"]
+        ),
         "tool_call_completed" => format!(
             "{} attempt={} result={}",
             s("call_id"),

@@ -962,10 +962,85 @@ async fn a_resource_read_at_the_start_reaches_the_model_and_is_recorded(
     env.stop().await
 }
 
+/// MCP sampling end to end: the server's `sampling/createMessage` during
+/// an agent's call is answered by the agent's model (the scripted model
+/// server, through the worker's model client), its tokens are recorded in
+/// `tool_call_sampled` and charged to the agent's budget, which stops the
+/// run before its next model call.
+async fn an_mcp_servers_sampling_goes_through_the_agents_model_and_budget(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(backend, EngineOpts::default()).await?;
+    setup(&env).await?;
+    let everything = mcp_server("BELAY_MCP_EVERYTHING")?;
+    env.start_worker_with_mcp(
+        0,
+        &json!({"servers": {"everything": {"transport": "stdio", "command": everything, "args": ["stdio"]}}}),
+    )
+    .await?;
+    let run = start(&env, "mcp_sampling", "mcp-sampling-1").await?;
+    env.wait_for(0, &run, "run_failed", T).await?;
+    let events = env.events(&run).await?;
+    // The call's spec carried the grant: the agent's model, and what was
+    // left of its 200 tokens after the first model call's 120.
+    let scheduled = of_kind(&events, "tool_call_scheduled");
+    ensure!(scheduled.len() == 1, "{scheduled:?}");
+    let call = scheduled[0]["call_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let spec = env.db.task_spec(&run, &call).await?;
+    ensure!(
+        spec["sampling"]
+            == json!({"model": "scripted-mcp-sampling", "max_requests": 1, "max_tokens": 80}),
+        "{spec}"
+    );
+    // The server got the model's completion and put it in its result.
+    let results = of_kind(&events, "tool_call_completed");
+    ensure!(
+        results.len() == 1 && results[0]["result"].to_string().contains("forty-two"),
+        "{results:?}"
+    );
+    // Its usage was recorded before the result, and charged: 120 + 120 is
+    // past the agent's 200, so the run stopped before a second model call.
+    let kinds: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["kind"].as_str().or_else(|| e["type"].as_str()))
+        .collect();
+    let sampled_at = kinds.iter().position(|k| *k == "tool_call_sampled");
+    let completed_at = kinds.iter().position(|k| *k == "tool_call_completed");
+    ensure!(
+        sampled_at.is_some() && sampled_at < completed_at,
+        "{kinds:?}"
+    );
+    let sampled = of_kind(&events, "tool_call_sampled");
+    ensure!(
+        sampled.len() == 1
+            && sampled[0]["usage"]
+                == json!({"requests": 1, "input_tokens": 100, "output_tokens": 20}),
+        "{sampled:?}"
+    );
+    let failed = of_kind(&events, "run_failed");
+    ensure!(
+        failed.len() == 1
+            && failed[0]["stop"]["kind"] == "budget"
+            && failed[0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("`tokens` budget (240 of 200)")),
+        "{failed:?}"
+    );
+    ensure!(
+        of_kind(&events, "model_call_scheduled").len() == 1,
+        "{kinds:?}"
+    );
+    env.stop().await
+}
+
 belay_tests::on_both_backends!(
     an_agent_run_calls_mcp_tools_over_stdio_and_completes,
     a_tool_asking_for_input_waits_durably_for_the_answer,
-    a_resource_read_at_the_start_reaches_the_model_and_is_recorded
+    a_resource_read_at_the_start_reaches_the_model_and_is_recorded,
+    an_mcp_servers_sampling_goes_through_the_agents_model_and_budget
 );
 
 mod postgres_only {

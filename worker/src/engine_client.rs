@@ -286,6 +286,21 @@ impl EngineClient {
         result_json: String,
         vaulted: Vec<(String, String)>,
     ) -> Result<(), Status> {
+        self.report_complete_sampled(task_id, attempt, result_json, vaulted, None)
+            .await
+    }
+
+    /// [`EngineClient::report_complete_vaulted`] with the model completions
+    /// an MCP server asked for during the call (`sampling`), which the
+    /// engine charges to the run's budgets.
+    pub async fn report_complete_sampled(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        result_json: String,
+        vaulted: Vec<(String, String)>,
+        sampling: Option<belay_proto::wire::SamplingUsage>,
+    ) -> Result<(), Status> {
         let request = CompleteTaskRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
@@ -295,6 +310,7 @@ impl EngineClient {
                 .into_iter()
                 .map(|(key, value)| SecretValue { key, value })
                 .collect(),
+            sampling_usage: sampling.map(sampling_usage),
         };
         self.retrying("CompleteTask", task_id, attempt, |mut client| {
             let request = request.clone();
@@ -313,6 +329,22 @@ impl EngineClient {
         class: FailureClass,
         status_code: Option<u16>,
     ) -> Result<(), Status> {
+        self.report_failure_sampled(task_id, attempt, error, class, status_code, None)
+            .await
+    }
+
+    /// [`EngineClient::report_failure`] with the model completions an MCP
+    /// server asked for before the call failed (`sampling`), charged all
+    /// the same.
+    pub async fn report_failure_sampled(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        error: String,
+        class: FailureClass,
+        status_code: Option<u16>,
+        sampling: Option<belay_proto::wire::SamplingUsage>,
+    ) -> Result<(), Status> {
         let request = FailTaskRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
@@ -320,6 +352,7 @@ impl EngineClient {
             error,
             class: class as i32,
             status_code: status_code.map(u32::from).unwrap_or(0),
+            sampling_usage: sampling.map(sampling_usage),
         };
         self.retrying("FailTask", task_id, attempt, |mut client| {
             let request = request.clone();
@@ -330,11 +363,14 @@ impl EngineClient {
 
     /// `RequestToolInput`: the tool asked a person for input mid-call
     /// (`needed`, from the MCP client), retried while transient.
+    /// `sampling`: the model completions the server asked for before it
+    /// asked the person, charged all the same.
     pub async fn report_needs_input(
         &self,
         task_id: &str,
         attempt: u32,
         needed: &crate::mcp::InputNeeded,
+        sampling: Option<belay_proto::wire::SamplingUsage>,
     ) -> Result<(), Status> {
         let via = serde_json::to_value(needed.via)
             .ok()
@@ -348,6 +384,7 @@ impl EngineClient {
             requests_json: needed.requests.to_string(),
             request_state: needed.request_state.clone().unwrap_or_default(),
             may_have_acted: needed.may_have_acted,
+            sampling_usage: sampling.map(sampling_usage),
         };
         self.retrying("RequestToolInput", task_id, attempt, |mut client| {
             let request = request.clone();
@@ -400,4 +437,13 @@ fn with_deadline<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(Duration::from_millis(CALL_TIMEOUT_MS));
     request
+}
+
+/// The proto form of a [`belay_proto::wire::SamplingUsage`].
+fn sampling_usage(u: belay_proto::wire::SamplingUsage) -> belay_proto::v1::SamplingUsage {
+    belay_proto::v1::SamplingUsage {
+        requests: u.requests,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+    }
 }

@@ -27,6 +27,9 @@
 //!   ([`sandbox_tool::SandboxTools`]): inline JavaScript or Python run by
 //!   Node.js or CPython under bubblewrap, with no network, no host files,
 //!   a cleared environment and memory and time limits.
+//! - [`sampling`]: an MCP server's `sampling/createMessage` during a
+//!   granted call, made with the worker's model client
+//!   ([`sampling::ModelSampler`]).
 //!
 //! Every failure is reported with a [`belay_proto::v1::FailureClass`] saying
 //! whether the effect may have happened: `NOT_SENT` (provably nothing was
@@ -46,6 +49,7 @@ pub mod oauth2;
 pub mod oauth_discovery;
 pub mod placeholders;
 pub mod runner;
+pub mod sampling;
 pub mod sandbox_tool;
 pub mod ssrf;
 pub mod untraced;

@@ -374,11 +374,15 @@ impl McpTools {
     /// with the vault values the dispatch handed out (for the call's
     /// `{{_secret.KEY}}` headers; the caller keeps them out of what it
     /// reports).
+    ///
+    /// `sampling`: the call's grant (`spec.sampling`) with the sampler that
+    /// makes its completions; read its usage after the call.
     pub async fn call(
         &self,
         task: &Task,
         spec: &ToolCallSpec,
         binding: &McpBinding,
+        sampling: Option<Arc<mcp::SamplingSession>>,
         on_dispatched: impl FnOnce(&crate::placeholders::SecretValues),
     ) -> McpCallReport {
         let server = binding.server.as_str();
@@ -506,6 +510,7 @@ impl McpTools {
             idempotency_key: Some(spec.idempotency_key.clone()),
             input,
             cancel: None,
+            sampling,
         };
         let outcome = client.call_tool(request).await;
         if let CallOutcome::Refused(CallRefusal::DefinitionChanged { .. }) = &outcome {
@@ -716,7 +721,7 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
         CallOutcome::SamplingRefused { detail, .. } => fail(
             FailureClass::Rejected,
             format!(
-                "{named} asked for a model completion (MCP sampling), which Belay does not offer{}",
+                "{named} asked for a model completion (MCP sampling) that Belay did not give{}",
                 detail
                     .map(|d| format!("; the server then said: {}", cut(&d, MAX_ERROR_TEXT_BYTES)))
                     .unwrap_or_default()

@@ -629,13 +629,29 @@ async fn perform_mcp_call(
         );
         return report_failure(ctx, task, FailureClass::Rejected, error).await;
     };
+    // A granted call's server may ask the agent's model for completions,
+    // through this worker's model client; what they used is reported with
+    // the outcome.
+    let sampling = spec.sampling.clone().map(|grant| {
+        let sampler = crate::sampling::ModelSampler::new(ctx.model.clone());
+        Arc::new(crate::mcp::SamplingSession::new(grant, Arc::new(sampler)))
+    });
     let report = mcp
-        .call(task, spec, binding, |secrets| {
+        .call(task, spec, binding, sampling.clone(), |secrets| {
             dispatched.store(true, Ordering::SeqCst);
             redact.secrets = secrets.values();
         })
         .await;
-    report_mcp(ctx, task, spec, report, redact).await;
+    // A completion the server started before the call ended (it timed
+    // out, say) is spent all the same: wait for it, then report.
+    let used = match sampling {
+        Some(session) => {
+            session.finish().await;
+            Some(session.usage()).filter(|u| !u.is_empty())
+        }
+        None => None,
+    };
+    report_mcp(ctx, task, spec, report, redact, used).await;
 }
 
 /// Performs a `type: mcp` tool with `resource:`: reads the resource through
@@ -661,25 +677,42 @@ async fn perform_mcp_read(
             redact.secrets = secrets.values();
         })
         .await;
-    report_mcp(ctx, task, spec, report, redact).await;
+    report_mcp(ctx, task, spec, report, redact, None).await;
 }
 
-/// Reports what an MCP call or read came to.
+/// Reports what an MCP call or read came to, with the model completions
+/// its server asked for (`sampling`), if any.
 async fn report_mcp(
     ctx: &Ctx,
     task: &Task,
     spec: &ToolCallSpec,
     report: McpCallReport,
     redact: &mut Redactions,
+    sampling: Option<belay_proto::wire::SamplingUsage>,
 ) {
+    if let Some(used) = &sampling {
+        tracing::info!(
+            task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
+            requests = used.requests, input_tokens = used.input_tokens,
+            output_tokens = used.output_tokens, "MCP server's sampling used the model"
+        );
+    }
     match report {
         McpCallReport::Complete(json) => match serde_json::from_str::<serde_json::Value>(&json) {
-            Ok(value) => report_result(ctx, task, spec, value, redact).await,
+            Ok(value) => report_result_sampled(ctx, task, spec, value, redact, sampling).await,
             // Never happens (the text is a value's); fail rather than risk
             // reporting a value meant for the vault.
             Err(e) => {
                 let error = format!("the MCP result is not JSON: {e}");
-                report_failure(ctx, task, FailureClass::MayHaveActed, error).await;
+                report_failure_sampled(
+                    ctx,
+                    task,
+                    FailureClass::MayHaveActed,
+                    error,
+                    None,
+                    sampling,
+                )
+                .await;
             }
         },
         McpCallReport::Fail { class, error } => {
@@ -688,14 +721,14 @@ async fn report_mcp(
                 task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
                 class = class.as_str_name(), %error, "MCP tool call failed"
             );
-            report_failure(ctx, task, class, error).await;
+            report_failure_sampled(ctx, task, class, error, None, sampling).await;
         }
         McpCallReport::NeedsInput(needed) => {
             let task_id = &task.task_id;
             let attempt = task.attempt;
             match ctx
                 .engine
-                .report_needs_input(task_id, attempt, &needed)
+                .report_needs_input(task_id, attempt, &needed, sampling)
                 .await
             {
                 Ok(()) => tracing::info!(
@@ -793,8 +826,20 @@ async fn report_result(
     ctx: &Ctx,
     task: &Task,
     spec: &ToolCallSpec,
+    value: serde_json::Value,
+    redact: &Redactions,
+) {
+    report_result_sampled(ctx, task, spec, value, redact, None).await
+}
+
+/// [`report_result`] with an MCP server's sampling usage.
+async fn report_result_sampled(
+    ctx: &Ctx,
+    task: &Task,
+    spec: &ToolCallSpec,
     mut value: serde_json::Value,
     redact: &Redactions,
+    sampling: Option<belay_proto::wire::SamplingUsage>,
 ) {
     let vaulted: Vec<(String, String)> = spec
         .result_secrets
@@ -814,11 +859,11 @@ async fn report_result(
             "result fields taken out for the run's secret vault"
         );
     }
-    report_complete_vaulted(ctx, task, text, vaulted).await
+    report_complete_vaulted(ctx, task, text, vaulted, sampling).await
 }
 
 async fn report_complete(ctx: &Ctx, task: &Task, result_json: String) {
-    report_complete_vaulted(ctx, task, result_json, Vec::new()).await
+    report_complete_vaulted(ctx, task, result_json, Vec::new(), None).await
 }
 
 async fn report_complete_vaulted(
@@ -826,12 +871,13 @@ async fn report_complete_vaulted(
     task: &Task,
     result_json: String,
     vaulted: Vec<(String, String)>,
+    sampling: Option<belay_proto::wire::SamplingUsage>,
 ) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
         .engine
-        .report_complete_vaulted(task_id, attempt, result_json, vaulted)
+        .report_complete_sampled(task_id, attempt, result_json, vaulted, sampling)
         .await
     {
         Ok(()) => tracing::info!(%task_id, attempt, "task completed"),
@@ -861,11 +907,22 @@ async fn report_failure_with_status(
     error: String,
     status_code: Option<u16>,
 ) {
+    report_failure_sampled(ctx, task, class, error, status_code, None).await
+}
+
+async fn report_failure_sampled(
+    ctx: &Ctx,
+    task: &Task,
+    class: FailureClass,
+    error: String,
+    status_code: Option<u16>,
+    sampling: Option<belay_proto::wire::SamplingUsage>,
+) {
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
         .engine
-        .report_failure(task_id, attempt, error, class, status_code)
+        .report_failure_sampled(task_id, attempt, error, class, status_code, sampling)
         .await
     {
         Ok(()) => {

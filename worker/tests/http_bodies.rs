@@ -115,6 +115,7 @@ fn spec(
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     }
 }
 

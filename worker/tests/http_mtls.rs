@@ -198,6 +198,7 @@ fn spec(endpoint: &str, profile: Option<&str>) -> ToolCallSpec {
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     }
 }
 

@@ -90,6 +90,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     }
 }
 
@@ -348,6 +349,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     }
 }
 

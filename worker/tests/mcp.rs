@@ -19,9 +19,10 @@ use belay_worker::NetworkPolicy;
 use belay_worker::mcp::{
     self, CallOutcome, CallRefusal, CallRequest, ConfigError, ElicitationAction, ElicitationAnswer,
     InputAnswers, InputVia, McpClient, McpConfig, McpError, McpEvent, McpServerConfig,
-    ResolvedServer,
+    ResolvedServer, SamplingGrant, SamplingSession, SamplingUsage,
 };
 use belay_worker::oauth_discovery::{AuthorizationError, DiscoveryError};
+use belay_worker::sampling::ModelSampler;
 use common::GUARD;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
@@ -135,8 +136,9 @@ fn text_of(outcome: &CallOutcome) -> String {
 }
 
 /// Tools server-everything lists to a client that declares elicitation (form
-/// and URL) and nothing else: its always-on tools plus those it registers
-/// for that capability.
+/// and URL) and sampling, as Belay does: its always-on tools plus those it
+/// registers for those capabilities (its async sampling tool also needs the
+/// tasks capability, which Belay does not declare).
 const EVERYTHING_TOOLS: &[&str] = &[
     "echo",
     "get-annotated-message",
@@ -152,6 +154,7 @@ const EVERYTHING_TOOLS: &[&str] = &[
     "trigger-long-running-operation",
     "trigger-elicitation-request",
     "trigger-url-elicitation",
+    "trigger-sampling-request",
     "simulate-research-query",
 ];
 
@@ -1160,10 +1163,11 @@ async fn call_through(
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     };
     let mut dispatched = false;
     let report = tools
-        .call(&task, &spec, &binding, |_| dispatched = true)
+        .call(&task, &spec, &binding, None, |_| dispatched = true)
         .await;
     (report, dispatched)
 }
@@ -1219,8 +1223,8 @@ async fn arguments_the_input_schema_refuses_are_rejected_before_dispatch() {
     tools.shutdown().await;
 }
 
-/// A server that asks the client for a completion although Belay declares
-/// no sampling capability.
+/// A server that asks the client for a completion whatever the client
+/// declares, and whatever grant the call has.
 ///
 /// `legacy`: a plain JSON-RPC server over stdio written here (Python, no
 /// SDK: the SDK's own server refuses to ask a client that did not declare
@@ -1294,21 +1298,9 @@ server.run()
 }
 
 #[tokio::test]
-async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_outcome() {
-    // server-everything registers its sampling tools only for a client
-    // that declares the capability; Belay declares none.
-    let everything = everything_stdio().await;
-    let discovery = everything.list_tools().await.unwrap();
-    assert!(
-        !discovery
-            .tools
-            .iter()
-            .any(|t| t.name.starts_with("trigger-sampling")),
-        "{discovery:#?}"
-    );
-    everything.shutdown().await;
-
-    // A server that asks anyway gets JSON-RPC error -32601 with a reason.
+async fn a_server_asking_for_sampling_without_a_grant_is_refused_with_an_mcp_error_and_a_typed_outcome()
+ {
+    // A call without a grant: JSON-RPC error -1 with the reason.
     let client = mcp::connect(resolve("sampler", sampling_server(true), &[]))
         .await
         .unwrap();
@@ -1324,8 +1316,8 @@ async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_o
         .await;
     let text = text_of(&outcome);
     assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
-    assert!(text.contains("code=-32601"), "{text}");
-    assert!(text.contains("declares no sampling capability"), "{text}");
+    assert!(text.contains("code=-1 "), "{text}");
+    assert!(text.contains("has no sampling grant"), "{text}");
 
     // A tool that fails for it ends typed: a definite refusal.
     let outcome = client
@@ -1342,7 +1334,7 @@ async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_o
     assert!(
         detail
             .as_deref()
-            .is_some_and(|d| d.contains("declares no sampling capability")),
+            .is_some_and(|d| d.contains("has no sampling grant")),
         "{detail:?}"
     );
     assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
@@ -1387,10 +1379,297 @@ async fn a_server_asking_for_sampling_is_refused_with_an_mcp_error_and_a_typed_o
     assert!(dispatched);
     assert_eq!(class, FailureClass::Rejected);
     assert!(
-        error.contains("asked for a model completion (MCP sampling), which Belay does not offer"),
+        error.contains("asked for a model completion (MCP sampling) that Belay did not give"),
         "{error}"
     );
     tools.shutdown().await;
+}
+
+/// A scripted OpenAI-compatible model over real HTTP: every completion is
+/// `text` with usage 11 input and 3 output tokens; the requests it got are
+/// recorded.
+async fn scripted_model(text: &str) -> (belay_worker::ModelProviderConfig, common::Recorded) {
+    let answer = json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "gpt-sampler",
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop"
+        }],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+    });
+    let (addr, recorded) = common::recording_server("/v1/chat/completions", answer).await;
+    let config = belay_worker::ModelProviderConfig {
+        provider: belay_worker::ModelProvider::OpenAi,
+        base_url: format!("http://{addr}/v1"),
+        api_key: None,
+        timeout_ms: 10_000,
+    };
+    (config, recorded)
+}
+
+fn grant(max_requests: u32, max_tokens: u32) -> SamplingGrant {
+    SamplingGrant {
+        model: "gpt-sampler".into(),
+        max_requests,
+        max_tokens,
+    }
+}
+
+fn sampling_session(
+    model: &belay_worker::ModelProviderConfig,
+    grant: SamplingGrant,
+) -> Arc<SamplingSession> {
+    let client = belay_worker::ModelClient::new(model).unwrap();
+    Arc::new(SamplingSession::new(
+        grant,
+        Arc::new(ModelSampler::new(client)),
+    ))
+}
+
+fn sampling_call(prompt: &str, session: Option<&Arc<SamplingSession>>) -> CallRequest {
+    let mut request = CallRequest::new(
+        "trigger-sampling-request",
+        args(json!({"prompt": prompt, "maxTokens": 100})),
+    );
+    request.sampling = session.cloned();
+    request
+}
+
+#[tokio::test]
+async fn a_granted_call_samples_through_the_runs_model_within_its_grant() {
+    let (model, recorded) = scripted_model("forty-two").await;
+    let session = sampling_session(&model, grant(1, 40));
+    let everything = everything_stdio().await;
+    // Belay declares the capability, so server-everything lists its tool.
+    let discovery = everything.list_tools().await.unwrap();
+    assert!(
+        discovery
+            .tools
+            .iter()
+            .any(|t| t.name == "trigger-sampling-request"),
+        "{discovery:#?}"
+    );
+
+    let outcome = everything
+        .call_tool(sampling_call("what is the answer?", Some(&session)))
+        .await;
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    // The server got the model's text, the grant's model and MCP's stop
+    // reason, and shows them in its result.
+    let text = text_of(&outcome);
+    assert!(text.contains("forty-two"), "{text}");
+    assert!(text.contains("gpt-sampler"), "{text}");
+    assert!(text.contains("endTurn"), "{text}");
+    // One model request: the grant's model, the server's 100 tokens capped
+    // to the grant's 40, its system prompt and text, no tools.
+    let requests: Vec<Value> = recorded
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.2.clone())
+        .collect();
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(requests[0]["model"], "gpt-sampler");
+    assert_eq!(requests[0]["max_tokens"], 40);
+    assert_eq!(
+        requests[0]["messages"],
+        json!([
+            {"role": "system", "content": "You are a helpful test server."},
+            {"role": "user", "content": "Resource trigger-sampling-request context: what is the answer?"}
+        ])
+    );
+    assert!(requests[0].get("tools").is_none(), "{}", requests[0]);
+    assert_eq!(
+        session.usage(),
+        SamplingUsage {
+            requests: 1,
+            input_tokens: 11,
+            output_tokens: 3
+        }
+    );
+
+    // Past `max_requests`: refused, the model is not called, nothing more
+    // is used, and the call's failure is typed.
+    let outcome = everything
+        .call_tool(sampling_call("again?", Some(&session)))
+        .await;
+    let CallOutcome::SamplingRefused {
+        may_have_acted,
+        detail,
+    } = &outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert!(*may_have_acted);
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("may ask for 1 completion(s)")),
+        "{detail:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    assert_eq!(recorded.lock().unwrap().len(), 1);
+    assert_eq!(session.usage().requests, 1);
+
+    // Without a grant: refused as before, on the same connection.
+    let outcome = everything.call_tool(sampling_call("no grant?", None)).await;
+    let CallOutcome::SamplingRefused { detail, .. } = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("has no sampling grant")),
+        "{detail:?}"
+    );
+    assert_eq!(recorded.lock().unwrap().len(), 1);
+    everything.shutdown().await;
+}
+
+#[tokio::test]
+async fn over_http_two_calls_at_once_each_sample_under_their_own_grant() {
+    // Over Streamable HTTP a server's request comes on the stream of the
+    // call that asked, so two calls in flight at once are told apart (over
+    // stdio they would be refused: the asker is unknown).
+    let (model, recorded) = scripted_model("each").await;
+    let server = everything_http().await;
+    let client = mcp::connect(resolve(
+        "everything-http",
+        McpServerConfig::http(server.url.clone()),
+        &[],
+    ))
+    .await
+    .unwrap();
+    let first = sampling_session(&model, grant(1, 30));
+    let second = sampling_session(&model, grant(1, 60));
+    let (one, two) = tokio::join!(
+        client.call_tool(sampling_call("first", Some(&first))),
+        client.call_tool(sampling_call("second", Some(&second))),
+    );
+    for outcome in [&one, &two] {
+        assert!(text_of(outcome).contains("each"), "{outcome:?}");
+    }
+    assert_eq!(first.usage().requests, 1);
+    assert_eq!(second.usage().requests, 1);
+    // Each model request went out under the grant of the call that asked.
+    let requests: Vec<Value> = recorded
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.2.clone())
+        .collect();
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    for request in &requests {
+        let prompt = request["messages"][1]["content"]
+            .as_str()
+            .unwrap_or_default();
+        let cap = if prompt.ends_with("first") { 30 } else { 60 };
+        assert!(
+            prompt.ends_with("first") || prompt.ends_with("second"),
+            "{prompt}"
+        );
+        assert_eq!(request["max_tokens"], cap, "{request}");
+    }
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
+    let (model, recorded) = scripted_model("sampled text").await;
+    let mut engine = common::FakeEngine::start(common::Log::default()).await;
+    let task = |id: &str, sampling: Option<SamplingGrant>| {
+        let spec = belay_proto::wire::ToolCallSpec {
+            tool: "ask".into(),
+            tool_version: 1,
+            arguments: json!({"prompt": "summarise"}),
+            binding: belay_proto::wire::ToolBinding::Mcp(belay_proto::wire::McpBinding {
+                server: "everything".into(),
+                server_tool: "trigger-sampling-request".into(),
+                headers: BTreeMap::new(),
+                timeout_ms: 30_000,
+            }),
+            idempotency_key: format!("run-1/{id}"),
+            input: None,
+            config_params: Vec::new(),
+            result_secrets: Vec::new(),
+            variant: None,
+            sampling,
+        };
+        belay_proto::v1::Task {
+            task_id: id.into(),
+            run_id: "run-1".into(),
+            tenant: "acme".into(),
+            kind: "tool_call".into(),
+            attempt: 1,
+            lease_ms: 30_000,
+            spec_json: serde_json::to_string(&spec).unwrap(),
+            idempotency_key: format!("run-1/{id}"),
+        }
+    };
+    let mut config = belay_worker::WorkerConfig::new(engine.url(), "w-sampling");
+    config.claim_wait_ms = 500;
+    config.model = model;
+    config.mcp = McpConfig {
+        servers: BTreeMap::from([("everything".to_owned(), everything_stdio_config())]),
+        config: BTreeMap::new(),
+    };
+    let client = belay_worker::EngineClient::connect_lazy(&engine.url(), "w-sampling").unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(belay_worker::run_with_engine(config, client, async move {
+        let _ = stopped.await;
+    }));
+
+    // Granted: the result, and beside it what the completion used.
+    engine.push(task("t1", Some(grant(2, 50))));
+    let report = tokio::time::timeout(GUARD, engine.next_report())
+        .await
+        .unwrap();
+    let common::Report::Complete(done) = report else {
+        panic!("{report:?}");
+    };
+    assert!(
+        done.result_json.contains("sampled text"),
+        "{}",
+        done.result_json
+    );
+    assert_eq!(
+        done.sampling_usage,
+        Some(belay_proto::v1::SamplingUsage {
+            requests: 1,
+            input_tokens: 11,
+            output_tokens: 3
+        })
+    );
+    assert_eq!(recorded.lock().unwrap()[0].2["max_tokens"], 50);
+
+    // No grant: a typed refusal, and no usage.
+    engine.push(task("t2", None));
+    let report = tokio::time::timeout(GUARD, engine.next_report())
+        .await
+        .unwrap();
+    let common::Report::Fail(failed) = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(failed.class, FailureClass::Rejected as i32);
+    assert!(
+        failed
+            .error
+            .contains("MCP sampling) that Belay did not give"),
+        "{}",
+        failed.error
+    );
+    assert_eq!(failed.sampling_usage, None);
+    assert_eq!(recorded.lock().unwrap().len(), 1);
+
+    let _ = stop.send(());
+    tokio::time::timeout(GUARD, worker)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 /// A local OAuth authorization server (client-credentials grant) and what
@@ -2229,6 +2508,7 @@ async fn read_through(
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     };
     let mut dispatched = false;
     let report = tools

@@ -87,6 +87,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         config_params: Vec::new(),
         result_secrets: Vec::new(),
         variant: None,
+        sampling: None,
     };
     Task {
         task_id: task_id.into(),

@@ -45,6 +45,7 @@ mod mcp_resource;
 mod pii;
 mod process;
 mod retry;
+mod sampling;
 mod sandbox;
 mod secrets;
 mod types;
@@ -749,6 +750,9 @@ struct Props<'b> {
     /// `runtime:`, `code:` and `memory_mb:` of a `type: sandbox` tool
     /// (`sandbox.rs`).
     sandbox: sandbox::SandboxProps,
+    /// `sampling:` of a `type: mcp` tool (`abl/sampling.rs`), with the line
+    /// and column of its key.
+    sampling: Option<(crate::definitions::model::SamplingDef, u32, u32)>,
 }
 
 fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
@@ -1237,6 +1241,7 @@ fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>) {
         request_variants,
         strict_schema: None,
         untraced: Vec::new(),
+        sampling: props.sampling.map(|(def, _, _)| def),
         source_file: cx.file.to_string(),
         source_line: line.no,
     };
@@ -2087,7 +2092,7 @@ fn merge_headers(
 /// itself; `server:` and `server_tool:` belong to `type: mcp` tools only.
 fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) {
     if props.binding_type != Some(BindingType::Mcp) {
-        for key in ["server", "server_tool", "resource"] {
+        for key in ["server", "server_tool", "resource", "sampling"] {
             if props.present.contains(key) {
                 cx.error(
                     line.no,
@@ -2097,6 +2102,13 @@ fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) 
             }
         }
         return;
+    }
+    if let (Some(_), Some((_, l, c))) = (&props.resource, props.sampling) {
+        cx.error(
+            l,
+            c,
+            "`sampling:` applies to calls of a server's tools, not to a `resource:` read (a read cannot ask for a completion)",
+        );
     }
     for key in ["endpoint", "method"] {
         if props.present.contains(key) {
@@ -2671,6 +2683,10 @@ fn read_props<'b>(children: impl Iterator<Item = &'b Block>, cx: &mut Cx<'_>) ->
             }
             "runtime" | "code" | "memory_mb" => {
                 sandbox::read_prop(child, &kv, &mut props.sandbox, cx);
+            }
+            "sampling" => {
+                props.sampling =
+                    sampling::read(child, &kv, cx).map(|def| (def, line.no, kv.key_col));
             }
             "param_mapping" => {
                 if block_only(child, &kv, cx) {

@@ -616,10 +616,38 @@ pub struct ToolDef {
     /// (visibility).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub untraced: Vec<String>,
+    /// `sampling:` of a `type: mcp` tool (a Belay extension): the server
+    /// may ask the calling agent's model for completions during a call
+    /// (`sampling/createMessage`), within these bounds and the budgets.
+    /// `None`: every such request is refused. Added for MCP sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingDef>,
     /// File the tool was declared in (bundle-relative path).
     pub source_file: String,
     /// 1-based line of the signature.
     pub source_line: u32,
+}
+
+/// `sampling:` of a `type: mcp` tool: how many completions one call may
+/// ask of the calling agent's model, and how long each may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplingDef {
+    /// `max_requests`: completions per call (per attempt), 1 to
+    /// [`SamplingDef::MAX_REQUESTS`]; default 1.
+    pub max_requests: u32,
+    /// `max_tokens`: output tokens per completion, 1 to
+    /// [`SamplingDef::MAX_TOKENS`]; default [`SamplingDef::DEFAULT_TOKENS`].
+    /// The engine lowers it to what is left of the budgets.
+    pub max_tokens: u32,
+}
+
+impl SamplingDef {
+    /// Most `max_requests` a tool may declare.
+    pub const MAX_REQUESTS: u32 = 16;
+    /// Most `max_tokens` a tool may declare.
+    pub const MAX_TOKENS: u32 = 65_536;
+    /// `max_tokens` when the tool does not say.
+    pub const DEFAULT_TOKENS: u32 = 1024;
 }
 
 /// One `RESULT_SECRETS:` entry: `<path> -> <key> (consumers: [a, b],

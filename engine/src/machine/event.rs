@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use belay_proto::wire::{ToolUse, Usage};
+use belay_proto::wire::{SamplingUsage, ToolUse, Usage};
 use serde::{Deserialize, Serialize};
 
 use crate::definitions::model::ChildMode;
@@ -407,6 +407,24 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_delay_ms: Option<u64>,
     },
+    /// Right before the event that records an attempt's result, failure or
+    /// question for a person (`tool_call_completed`,
+    /// `tool_call_attempt_failed`, `tool_call_failed`,
+    /// `uncertain_outcome_recorded`, `tool_call_input_requested`), in the same
+    /// transition: the model completions the worker made for the tool's MCP
+    /// server during that attempt (`sampling/createMessage`, within the
+    /// spec's `SamplingGrant`). The fold charges the tokens to the run's
+    /// totals and, when the call is the running agent node's, to the node
+    /// (with the agent's `pricing:`), like a model call's, so `budget:`
+    /// limits count them. Added for MCP sampling.
+    ToolCallSampled {
+        /// Call id.
+        call_id: String,
+        /// The attempt that made the completions.
+        attempt: u32,
+        /// Completions and tokens, as the worker reported them.
+        usage: SamplingUsage,
+    },
     /// The tool call succeeded.
     ToolCallCompleted {
         /// Call id.
@@ -786,6 +804,7 @@ impl Event {
             Event::ToolCallAccepted { .. } => "tool_call_accepted",
             Event::CallbackReceived { .. } => "callback_received",
             Event::ToolCallAttemptFailed { .. } => "tool_call_attempt_failed",
+            Event::ToolCallSampled { .. } => "tool_call_sampled",
             Event::ToolCallCompleted { .. } => "tool_call_completed",
             Event::ToolCallFailed { .. } => "tool_call_failed",
             Event::ToolVarsSet { .. } => "tool_vars_set",

@@ -396,6 +396,18 @@ pub enum Input {
         /// result holds `[VAULTED:<key>]` in their place.
         secrets: Vec<SealedSecret>,
     },
+    /// A tool call's result, failure or question for a person (`report`: an
+    /// [`Input::ToolCallCompleted`], [`Input::TaskFailed`] or
+    /// [`Input::ToolInputRequested`]) reported with
+    /// the model completions its MCP server asked for during the attempt
+    /// (see `sampling.rs`): recorded as `tool_call_sampled`, then `report`
+    /// is decided in the same transition. Added for MCP sampling.
+    ToolCallSampled {
+        /// Completions and tokens, as the worker reported them.
+        usage: belay_proto::wire::SamplingUsage,
+        /// The attempt's result or failure.
+        report: Box<Input>,
+    },
     /// A worker reported a failure (model or tool call).
     TaskFailed {
         /// Call id.
@@ -963,6 +975,9 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         } => {
             m.require_active("input")?;
             m.on_input_provided(call_id, answer, by)?;
+        }
+        Input::ToolCallSampled { usage, report } => {
+            return sampling::decide_sampled(state, usage, *report);
         }
         Input::TaskFailed {
             call_id,
@@ -1882,7 +1897,11 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(tool_spec(tool, &arguments, &key, variant.as_deref())?),
+            None => Some(self.with_sampling(
+                tool_spec(tool, &arguments, &key, variant.as_deref())?,
+                &node_id,
+                &tool.def,
+            )),
             Some(_) => None,
         };
         let repeat_safety = tool.def.repeat_safety;
@@ -2139,7 +2158,11 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(tool_spec(tool, &arguments, &key, variant.as_deref())?),
+            None => Some(self.with_sampling(
+                tool_spec(tool, &arguments, &key, variant.as_deref())?,
+                &call.node,
+                &tool.def,
+            )),
             Some(_) => None,
         };
         self.launch_call(&call.node, &call_id, key, call.repeat_safety, spec, child);
@@ -2842,12 +2865,13 @@ impl Step {
             self.plan()?.tools.get(&call.tool).cloned().ok_or_else(|| {
                 MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
             })?;
-        let mut spec = tool_spec(
+        let spec = tool_spec(
             &tool,
             &call.arguments,
             &call.idempotency_key,
             call.variant.as_deref(),
         )?;
+        let mut spec = self.with_sampling(spec, &call.node, &tool.def);
         if let Value::Object(map) = &mut spec {
             map.insert("input".into(), input.clone());
         }
@@ -3249,6 +3273,7 @@ impl Step {
             ResolutionKind::Retry => {
                 if let Some(key) = key.filter(|k| k != &call.idempotency_key) {
                     let spec = tool_spec(&tool, &call.arguments, &key, call.variant.as_deref())?;
+                    let spec = self.with_sampling(spec, &call.node, &tool.def);
                     self.command(Command::RekeyTask {
                         call_id: call_id.to_owned(),
                         idempotency_key: key,
@@ -5560,6 +5585,7 @@ fn tool_spec(
             })
             .collect(),
         variant: variant.map(str::to_owned),
+        sampling: None,
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }
@@ -5647,6 +5673,7 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
 
 mod inject;
 mod process;
+mod sampling;
 pub mod untraced;
 mod variants;
 
@@ -5656,6 +5683,8 @@ mod cache_tests;
 mod pii_tests;
 #[cfg(test)]
 mod retry_tests;
+#[cfg(test)]
+mod sampling_tests;
 #[cfg(test)]
 mod strict_tests;
 #[cfg(test)]

@@ -554,6 +554,44 @@ impl RunState {
             .map(|pinned| &pinned.def)
     }
 
+    /// Charges the completions a call's MCP server had the model make
+    /// ([`Event::ToolCallSampled`]) like a model call's tokens: to the run's
+    /// totals, and to the running agent node when the call is its own
+    /// (this visit's), with the agent's `pricing:`. Not a model step.
+    /// Saturating, like model usage: absurd numbers exhaust a budget.
+    fn charge_sampling(&mut self, call_id: &str, usage: &belay_proto::wire::SamplingUsage) {
+        let (input, output) = (usage.input_tokens, usage.output_tokens);
+        let call_node = self.tool_calls.get(call_id).map(|c| c.node.clone());
+        let node = self.node.as_mut().filter(|n| {
+            call_node.as_deref() == Some(n.id.as_str())
+                && call_id
+                    .strip_prefix(n.prefix.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+        });
+        let cost = node
+            .as_ref()
+            .and_then(|n| {
+                self.plan
+                    .as_ref()?
+                    .agents
+                    .get(&n.agent)?
+                    .def
+                    .pricing
+                    .clone()
+            })
+            .map(|p| p.cost_usd(input, output))
+            .unwrap_or(0.0);
+        self.totals.input_tokens = self.totals.input_tokens.saturating_add(input);
+        self.totals.output_tokens = self.totals.output_tokens.saturating_add(output);
+        self.totals.cost_usd += cost;
+        if let Some(node) = node {
+            node.tokens = node.tokens.saturating_add(input).saturating_add(output);
+            node.input_tokens = node.input_tokens.saturating_add(input);
+            node.output_tokens = node.output_tokens.saturating_add(output);
+            node.cost_usd += cost;
+        }
+    }
+
     /// Apply one event. Unknown references are ignored rather than panicking:
     /// the machine never emits them, and a fold must not crash on history.
     pub fn apply(&mut self, event: &Event) {
@@ -863,6 +901,7 @@ impl RunState {
                     token.1 = true;
                 }
             }
+            Event::ToolCallSampled { call_id, usage, .. } => self.charge_sampling(call_id, usage),
             Event::ToolCallAttemptFailed {
                 call_id,
                 class,

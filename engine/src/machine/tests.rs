@@ -68,6 +68,7 @@ fn tool(
             request_variants: Vec::new(),
             strict_schema: None,
             untraced: Vec::new(),
+            sampling: None,
             source_file: "t.tools.abl".into(),
             source_line: 1,
         },

@@ -46,10 +46,11 @@ pub const REFUSALS_MODEL: &str = "scripted-refusals";
 
 /// Model names of the scripts of the MCP end-to-end tests
 /// (`tests/tests/mcp.rs`, `tests/mcp-fixtures/`), in name order.
-pub const MCP_TEST_MODELS: [&str; 5] = [
+pub const MCP_TEST_MODELS: [&str; 6] = [
     "scripted-mcp-brief",
     "scripted-mcp-clock",
     "scripted-mcp-echo-http",
     "scripted-mcp-everything",
+    "scripted-mcp-sampling",
     "scripted-mcp-slow",
 ];

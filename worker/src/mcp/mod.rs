@@ -22,6 +22,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use belay_proto::v1::FailureClass;
+pub use belay_proto::wire::{SamplingGrant, SamplingUsage};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
@@ -460,6 +461,11 @@ pub struct CallRequest {
     /// Cancels the call: the outcome becomes [`CallOutcome::Cancelled`] and
     /// the server is sent `notifications/cancelled`.
     pub cancel: Option<CancellationToken>,
+    /// The completions the server may ask for during this call
+    /// (`sampling/createMessage`, see [`SamplingSession`]); `None`: every
+    /// such request is refused. Read [`SamplingSession::usage`] after the
+    /// call for what was used.
+    pub sampling: Option<Arc<SamplingSession>>,
 }
 
 impl CallRequest {
@@ -477,8 +483,177 @@ impl CallRequest {
             idempotency_key: None,
             input: None,
             cancel: None,
+            sampling: None,
         }
     }
+}
+
+/// What one call may ask of the run's model (`ToolCallSpec.sampling`),
+/// how, and what it has used so far. Shared between the call and the
+/// client's handler of the server's `sampling/createMessage` requests.
+///
+/// After the call, [`SamplingSession::finish`] ends it and waits for the
+/// completions still running (a call that timed out may leave one), so the
+/// usage read then is every completion the server got.
+pub struct SamplingSession {
+    grant: SamplingGrant,
+    sampler: Arc<dyn Sampler>,
+    state: std::sync::Mutex<SessionState>,
+    /// Completions running now.
+    running: watch::Sender<u32>,
+}
+
+#[derive(Default)]
+struct SessionState {
+    used: SamplingUsage,
+    /// [`SamplingSession::finish`] was called: no completion starts.
+    finished: bool,
+}
+
+impl std::fmt::Debug for SamplingSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplingSession")
+            .field("grant", &self.grant)
+            .field("used", &self.usage())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SamplingSession {
+    /// A session for one call under `grant`, whose completions `sampler`
+    /// makes.
+    pub fn new(grant: SamplingGrant, sampler: Arc<dyn Sampler>) -> Self {
+        Self {
+            grant,
+            sampler,
+            state: std::sync::Mutex::new(SessionState::default()),
+            running: watch::Sender::new(0),
+        }
+    }
+
+    /// The grant.
+    pub fn grant(&self) -> &SamplingGrant {
+        &self.grant
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the completions made so far used: every completion asked of
+    /// the model (failed ones too), and the tokens the provider reported.
+    pub fn usage(&self) -> SamplingUsage {
+        self.state().used
+    }
+
+    /// Ends the session (a completion asked for later is refused) and
+    /// waits until no completion is running, so [`SamplingSession::usage`]
+    /// then holds every one. A running completion ends within the model
+    /// client's timeout.
+    pub async fn finish(&self) {
+        self.state().finished = true;
+        let mut running = self.running.subscribe();
+        // The sender lives in `self`, so the wait ends only at zero.
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+
+    /// Takes one of the grant's completions, or says why none is left. The
+    /// completion counts as running until the returned guard is dropped.
+    pub(crate) fn reserve(&self) -> Result<Completion<'_>, String> {
+        let mut state = self.state();
+        if state.finished {
+            return Err(
+                "sampling/createMessage refused: the tool call it belongs to has ended".into(),
+            );
+        }
+        if state.used.requests >= self.grant.max_requests {
+            return Err(format!(
+                "sampling/createMessage refused: this tool call may ask for {} completion(s) (the tool's `sampling.max_requests`), and has used them",
+                self.grant.max_requests
+            ));
+        }
+        state.used.requests += 1;
+        self.running.send_modify(|n| *n += 1);
+        Ok(Completion { session: self })
+    }
+
+    /// The sampler.
+    pub(crate) fn sampler(&self) -> &Arc<dyn Sampler> {
+        &self.sampler
+    }
+}
+
+/// One completion of a [`SamplingSession`] while it runs.
+pub(crate) struct Completion<'a> {
+    session: &'a SamplingSession,
+}
+
+impl Completion<'_> {
+    /// Adds the completion's tokens (and ends it).
+    pub(crate) fn record(self, input_tokens: u64, output_tokens: u64) {
+        let mut state = self.session.state();
+        state.used.input_tokens = state.used.input_tokens.saturating_add(input_tokens);
+        state.used.output_tokens = state.used.output_tokens.saturating_add(output_tokens);
+    }
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        self.session
+            .running
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Makes the completions of [`SamplingSession`]s: the worker's model
+/// adapters (`crate::sampling::ModelSampler`), or a test double.
+pub trait Sampler: Send + Sync {
+    /// One completion, exactly one model request (no retry).
+    ///
+    /// # Errors
+    /// Why the model call failed, as text for the server.
+    fn complete(&self, request: SamplingRequest) -> BoxFuture<'_, Result<SamplingAnswer, String>>;
+}
+
+/// A server's `sampling/createMessage`, as the client checked it: text
+/// only, `max_tokens` already capped by the grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingRequest {
+    /// The grant's model name.
+    pub model: String,
+    /// `systemPrompt`, if any (untrusted server text).
+    pub system_prompt: Option<String>,
+    /// The conversation, in order (untrusted server text).
+    pub messages: Vec<SamplingText>,
+    /// Most output tokens: the server's `maxTokens`, at most the grant's.
+    pub max_tokens: u32,
+}
+
+/// One text message of a [`SamplingRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingText {
+    /// `true`: the assistant's; `false`: the user's.
+    pub assistant: bool,
+    /// The message's text blocks, joined by blank lines.
+    pub text: String,
+}
+
+/// A completion, for the server's `CreateMessageResult`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingAnswer {
+    /// The answer's text.
+    pub text: String,
+    /// The model that answered.
+    pub model: String,
+    /// MCP's `stopReason` (`endTurn`, `maxTokens`, `toolUse`, or the
+    /// provider's own), if known.
+    pub stop_reason: Option<String>,
+    /// Input (prompt) tokens, as the provider reported them.
+    pub input_tokens: u64,
+    /// Output tokens, as the provider reported them.
+    pub output_tokens: u64,
 }
 
 /// The user's answers to a [`CallOutcome::NeedsInput`], collected durably by
@@ -617,14 +792,17 @@ pub enum CallOutcome {
         /// Whether the request had been handed to the transport.
         sent: bool,
     },
-    /// The server asked for a completion (`sampling/createMessage`), which
-    /// Belay does not offer (it declares no sampling capability), and the
-    /// call failed for it: the server's request was answered with JSON-RPC
-    /// error -32601 and the tool then reported an error or refused the
+    /// The server asked for a completion (`sampling/createMessage`) that
+    /// Belay did not give, and the call failed for it: the server's request
+    /// was answered with a JSON-RPC error saying why (the call has no
+    /// [`CallRequest::sampling`] grant, it used the grant's completions,
+    /// several calls were in flight on a stdio connection so the asker is
+    /// unknown, the request holds something other than text, or the model
+    /// call failed) and the tool then reported an error or refused the
     /// call; or (protocol 2026-07-28) the call returned `input_required`
-    /// with a sampling request in it. A definite answer: repeating it
-    /// changes nothing. A tool that recovers from the refusal and succeeds
-    /// ends [`CallOutcome::Ok`].
+    /// with a sampling request in it, which Belay does not answer. A
+    /// definite answer: repeating it changes nothing. A tool that recovers
+    /// from the refusal and succeeds ends [`CallOutcome::Ok`].
     SamplingRefused {
         /// Whether the tool had been running when it asked (older
         /// protocols), so it may have acted; `false` for `input_required`.
@@ -913,6 +1091,62 @@ mod tests {
         assert!(expand_uri_template("d://{id}", &Map::new()).is_err());
         assert!(expand_uri_template("d://{id", &args(json!({"id": "x"}))).is_err());
         assert!(expand_uri_template("d://{id}", &args(json!({"id": [1]}))).is_err());
+    }
+
+    struct NoModel;
+
+    impl Sampler for NoModel {
+        fn complete(
+            &self,
+            _request: SamplingRequest,
+        ) -> BoxFuture<'_, Result<SamplingAnswer, String>> {
+            Box::pin(async { Err("no model here".to_owned()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_counts_its_completions_and_finishes_after_the_running_one() {
+        use futures_util::FutureExt as _;
+        let grant = SamplingGrant {
+            model: "m".into(),
+            max_requests: 2,
+            max_tokens: 10,
+        };
+        let session = SamplingSession::new(grant, Arc::new(NoModel));
+        let first = session.reserve().unwrap();
+        first.record(3, 4);
+        let running = session.reserve().unwrap();
+        // The grant's two completions are taken.
+        assert!(
+            session
+                .reserve()
+                .is_err_and(|e| e.contains("has used them"))
+        );
+        // A completion still runs: finishing waits for it.
+        let mut finish = Box::pin(session.finish());
+        assert!(finish.as_mut().now_or_never().is_none());
+        running.record(5, 6);
+        finish.await;
+        assert_eq!(
+            session.usage(),
+            SamplingUsage {
+                requests: 2,
+                input_tokens: 8,
+                output_tokens: 10
+            }
+        );
+        // Nothing starts once the call has ended.
+        let ended = SamplingSession::new(
+            SamplingGrant {
+                model: "m".into(),
+                max_requests: 5,
+                max_tokens: 10,
+            },
+            Arc::new(NoModel),
+        );
+        ended.finish().await;
+        assert!(ended.reserve().is_err_and(|e| e.contains("has ended")));
+        assert_eq!(ended.usage(), SamplingUsage::default());
     }
 
     #[test]

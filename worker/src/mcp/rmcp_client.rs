@@ -13,8 +13,11 @@
 //!   `tools/list_changed` (bumps the change counter), progress, logging, and
 //!   `elicitation/create`, which is answered from the call's durable answers
 //!   or with `cancel` (the call then ends as `NeedsInput`); and
-//!   `sampling/createMessage`, refused with -32601 (no sampling capability is
-//!   declared; the call then ends as `SamplingRefused`).
+//!   `sampling/createMessage` (the `sampling` capability is declared on
+//!   every connection): a request of a call whose [`CallRequest::sampling`]
+//!   grant has a completion left becomes one model call through the
+//!   grant's [`super::Sampler`]; any other is refused with a JSON-RPC error
+//!   saying why (the call then ends as `SamplingRefused` if it fails).
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
 
@@ -41,9 +44,12 @@ use rmcp::model::{ReadResourceRequestParams, ReadResourceResponse};
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 // Sampling is deprecated by the 2026-07-28 revision (SEP-2577); servers on
-// older revisions may still ask for it, and are refused.
+// older revisions still ask for it.
 #[allow(deprecated)]
-use rmcp::model::{CreateMessageRequestParams, CreateMessageResult};
+use rmcp::model::{
+    CreateMessageRequestParams, CreateMessageResult, Role, SamplingCapability, SamplingMessage,
+    SamplingMessageContentBlock,
+};
 use rmcp::service::{
     ClientCacheConfig, ClientLifecycleMode, ClientServiceExt as _, InboundStreamOrigin,
     NotificationContext, RequestContext, RoleClient, RunningService,
@@ -75,13 +81,23 @@ use crate::oauth_discovery::{AuthorizationError, Challenge, Discovered};
 const MARKER_KEY: &str = "io.belay/call-marker";
 /// JSON-RPC error code of "URL elicitation required".
 const URL_ELICITATION_REQUIRED: i32 = -32042;
-/// The JSON-RPC error a server's `sampling/createMessage` is answered
-/// with: "method not found" (-32601), as for any method a client does not
-/// offer; Belay declares no sampling capability.
-const SAMPLING_REFUSED: i32 = -32601;
-/// The message of [`SAMPLING_REFUSED`].
-const SAMPLING_REFUSED_MESSAGE: &str = "sampling/createMessage is not offered: this client (Belay) declares no sampling capability; \
-     a completion must go through the run's own model, budget and events";
+/// The JSON-RPC error code of a `sampling/createMessage` Belay does not
+/// give (no grant, grant used up, the asking call unknown): -1, the code of
+/// MCP's own example of a rejected sampling request (specification,
+/// "Sampling", error handling).
+const SAMPLING_REFUSED: i32 = -1;
+/// JSON-RPC "invalid params": a sampling request Belay cannot turn into a
+/// model call (not text, tools, no messages, too large).
+const SAMPLING_INVALID: i32 = -32602;
+/// JSON-RPC "internal error": the model call of a granted request failed.
+const SAMPLING_FAILED: i32 = -32603;
+/// Why a request of a call without a grant is refused.
+const SAMPLING_NO_GRANT: &str = "sampling/createMessage refused: this tool call has no sampling grant \
+     (its tool declares no `sampling:`, it was not proposed by an agent, or the run's budget has no room left); \
+     a completion goes only through the run's own model, budget and events";
+/// Largest sampling request Belay sends to the model: the bytes of the
+/// system prompt and every message's text.
+const MAX_SAMPLING_PROMPT_BYTES: usize = 1024 * 1024;
 /// Longest stderr line logged at once, in bytes; longer lines are split.
 const MAX_STDERR_LINE: u64 = 8 * 1024;
 /// Longest message a stdio server may send, in bytes (one JSON-RPC line).
@@ -145,8 +161,10 @@ struct CallSlot {
     /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
     too_large: bool,
     /// The server sent `sampling/createMessage` during this call and was
-    /// answered with [`SAMPLING_REFUSED`] (Belay declares no sampling).
+    /// answered with an error (refused, invalid, or the model failed).
     sampling_refused: bool,
+    /// The call's sampling grant and usage ([`CallRequest::sampling`]).
+    sampling: Option<Arc<super::SamplingSession>>,
 }
 
 #[derive(Default)]
@@ -1102,6 +1120,12 @@ impl Handler {
         elicitation.form = Some(FormElicitationCapability::default());
         elicitation.url = Some(UrlElicitationCapability::default());
         capabilities.elicitation = Some(elicitation);
+        // Declared on every connection (connections are shared by calls);
+        // each request is judged by the grant of the call that asked.
+        #[allow(deprecated)]
+        {
+            capabilities.sampling = Some(SamplingCapability::default());
+        }
         ClientConfig::new(
             capabilities,
             Implementation::new("belay-worker", env!("CARGO_PKG_VERSION")),
@@ -1190,40 +1214,65 @@ impl ClientHandler for Handler {
         Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel))
     }
 
-    /// Belay does not declare `sampling`: a completion a server asks for
-    /// would bypass the run's model, budget and events. A server that asks
-    /// anyway gets a JSON-RPC error, and the call that asked is marked so
-    /// that a failure that follows ends as [`CallOutcome::SamplingRefused`].
+    /// A completion the server asks for during a call: made through the
+    /// call's grant ([`CallRequest::sampling`]), at most its
+    /// `max_requests`, each capped at its `max_tokens`, text only; anything
+    /// else is refused with a JSON-RPC error saying why, and the call is
+    /// marked so that a failure that follows ends as
+    /// [`CallOutcome::SamplingRefused`].
     #[allow(deprecated)]
     async fn create_message(
         &self,
-        _params: CreateMessageRequestParams,
+        params: CreateMessageRequestParams,
         context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
         let server = &self.shared.server.name;
-        let call = self.call_of(&context);
-        let mut slots = lock(&self.shared.calls.slots);
-        match call.and_then(|marker| slots.get_mut(&marker)) {
-            Some(slot) => {
+        let Some(marker) = self.call_of(&context) else {
+            // Every call that might have asked is told, so none reports an
+            // answer shaped by the refusal as a success it is not.
+            let mut slots = lock(&self.shared.calls.slots);
+            for slot in slots.values_mut().filter(|s| {
+                s.generation == self.generation
+                    && matches!(s.state, SendState::Handed | SendState::Written)
+            }) {
                 slot.sampling_refused = true;
-                tracing::warn!(
-                    server,
-                    call = slot.label,
-                    "sampling/createMessage refused: Belay offers no sampling"
-                );
             }
-            None => {
-                tracing::warn!(
+            tracing::warn!(
+                server,
+                "sampling/createMessage outside a call Belay can attribute it to: refused"
+            );
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode(SAMPLING_REFUSED),
+                "sampling/createMessage refused: it came outside any tool call Belay can attribute it to \
+                 (none, or several, are in flight on this connection), so no grant applies",
+                None,
+            ));
+        };
+        let (label, session) = lock(&self.shared.calls.slots)
+            .get(&marker)
+            .map(|s| (s.label.clone(), s.sampling.clone()))
+            .unwrap_or_default();
+        let answer = match session {
+            None => Err((SAMPLING_REFUSED, SAMPLING_NO_GRANT.to_owned())),
+            Some(session) => sample(&session, params).await,
+        };
+        match answer {
+            Ok(result) => {
+                tracing::info!(
                     server,
-                    "sampling/createMessage outside a known call refused: Belay offers no sampling"
+                    call = label,
+                    "sampling/createMessage answered by the run's model"
                 );
+                Ok(result)
+            }
+            Err((code, message)) => {
+                if let Some(slot) = lock(&self.shared.calls.slots).get_mut(&marker) {
+                    slot.sampling_refused = true;
+                }
+                tracing::warn!(server, call = label, code, "{message}");
+                Err(ErrorData::new(rmcp::model::ErrorCode(code), message, None))
             }
         }
-        Err(ErrorData::new(
-            rmcp::model::ErrorCode(SAMPLING_REFUSED),
-            SAMPLING_REFUSED_MESSAGE,
-            None,
-        ))
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -1892,6 +1941,7 @@ impl Shared {
                 unattributed_elicitation: false,
                 too_large: false,
                 sampling_refused: false,
+                sampling: request.sampling.clone(),
             },
         );
         // Removes the slot however this future ends (a caller may drop it).
@@ -2121,6 +2171,93 @@ impl Shared {
             other => other,
         }
     }
+}
+
+/// One granted completion: the request checked and capped, a completion
+/// of the grant taken, the model called once, its tokens recorded. The
+/// error is a JSON-RPC code and a message for the server.
+#[allow(deprecated)]
+async fn sample(
+    session: &super::SamplingSession,
+    params: CreateMessageRequestParams,
+) -> Result<CreateMessageResult, (i32, String)> {
+    let request = sampling_request(session.grant(), params).map_err(|m| (SAMPLING_INVALID, m))?;
+    let completion = session.reserve().map_err(|m| (SAMPLING_REFUSED, m))?;
+    let answer = session.sampler().complete(request).await.map_err(|m| {
+        (
+            SAMPLING_FAILED,
+            format!("sampling/createMessage failed: {m}"),
+        )
+    })?;
+    completion.record(answer.input_tokens, answer.output_tokens);
+    let mut result =
+        CreateMessageResult::new(SamplingMessage::assistant_text(answer.text), answer.model);
+    if let Some(reason) = answer.stop_reason {
+        result = result.with_stop_reason(reason);
+    }
+    Ok(result)
+}
+
+/// A server's `sampling/createMessage` as a [`super::SamplingRequest`]:
+/// text messages only (an image, audio, a tool use or result is refused),
+/// no tools (Belay declares no `sampling.tools`), `maxTokens` capped by the
+/// grant; `includeContext`, `temperature`, `stopSequences`, `metadata` and
+/// `modelPreferences` are not used (the grant's model answers).
+#[allow(deprecated)]
+fn sampling_request(
+    grant: &super::SamplingGrant,
+    params: CreateMessageRequestParams,
+) -> Result<super::SamplingRequest, String> {
+    if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(
+            "sampling/createMessage with `tools` is not offered: Belay declares no `sampling.tools` capability"
+                .into(),
+        );
+    }
+    if params.messages.is_empty() {
+        return Err("sampling/createMessage has no messages".into());
+    }
+    if params.max_tokens == 0 {
+        return Err("sampling/createMessage: `maxTokens` must be at least 1".into());
+    }
+    let mut bytes = params.system_prompt.as_ref().map_or(0, String::len);
+    let mut messages = Vec::with_capacity(params.messages.len());
+    for (i, message) in params.messages.into_iter().enumerate() {
+        let mut texts = Vec::new();
+        for block in message.content.into_vec() {
+            let kind = match block {
+                SamplingMessageContentBlock::Text(text) => {
+                    texts.push(text.text);
+                    continue;
+                }
+                SamplingMessageContentBlock::Image(_) => "an image",
+                SamplingMessageContentBlock::Audio(_) => "audio",
+                SamplingMessageContentBlock::ToolUse(_) => "a tool use",
+                SamplingMessageContentBlock::ToolResult(_) => "a tool result",
+                _ => "content of an unknown type",
+            };
+            return Err(format!(
+                "sampling/createMessage: message {i} holds {kind}; Belay's sampling takes text only"
+            ));
+        }
+        let text = texts.join("\n\n");
+        bytes = bytes.saturating_add(text.len());
+        messages.push(super::SamplingText {
+            assistant: message.role == Role::Assistant,
+            text,
+        });
+    }
+    if bytes > MAX_SAMPLING_PROMPT_BYTES {
+        return Err(format!(
+            "sampling/createMessage: the prompt is {bytes} bytes, more than Belay sends to a model ({MAX_SAMPLING_PROMPT_BYTES})"
+        ));
+    }
+    Ok(super::SamplingRequest {
+        model: grant.model.clone(),
+        system_prompt: params.system_prompt,
+        messages,
+        max_tokens: params.max_tokens.min(grant.max_tokens),
+    })
 }
 
 fn handed(state: &SendState) -> bool {
@@ -2402,6 +2539,99 @@ impl McpClient for RmcpClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's `sampling/createMessage` params, as it sends them.
+    #[allow(deprecated)]
+    fn asked(params: Value) -> CreateMessageRequestParams {
+        serde_json::from_value(params).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_sampling_request_becomes_text_capped_by_the_grant_or_a_reason() {
+        let grant = crate::mcp::SamplingGrant {
+            model: "m".into(),
+            max_requests: 1,
+            max_tokens: 40,
+        };
+        let text = |t: &str| serde_json::json!({"type": "text", "text": t});
+        let request = sampling_request(
+            &grant,
+            asked(serde_json::json!({
+                "messages": [
+                    {"role": "user", "content": [text("a"), text("b")]},
+                    {"role": "assistant", "content": text("c")},
+                ],
+                "systemPrompt": "s",
+                "maxTokens": 100,
+                "temperature": 0.5,
+                "includeContext": "thisServer",
+            })),
+        );
+        assert_eq!(
+            request,
+            Ok(crate::mcp::SamplingRequest {
+                model: "m".into(),
+                system_prompt: Some("s".into()),
+                messages: vec![
+                    crate::mcp::SamplingText {
+                        assistant: false,
+                        text: "a\n\nb".into(),
+                    },
+                    crate::mcp::SamplingText {
+                        assistant: true,
+                        text: "c".into(),
+                    },
+                ],
+                max_tokens: 40,
+            })
+        );
+        // Below the grant, the server's own bound stands.
+        let small = sampling_request(
+            &grant,
+            asked(
+                serde_json::json!({"messages": [{"role": "user", "content": text("a")}], "maxTokens": 7}),
+            ),
+        );
+        assert_eq!(small.map(|r| r.max_tokens), Ok(7));
+
+        let refused = |params: Value| match sampling_request(&grant, asked(params)) {
+            Err(reason) => reason,
+            Ok(request) => panic!("not refused: {request:?}"),
+        };
+        let image = serde_json::json!({"type": "image", "data": "AAAA", "mimeType": "image/png"});
+        assert_eq!(
+            refused(serde_json::json!({"messages": [
+                {"role": "user", "content": text("look")},
+                {"role": "user", "content": [text("at"), image]},
+            ], "maxTokens": 5})),
+            "sampling/createMessage: message 1 holds an image; Belay's sampling takes text only"
+        );
+        let audio = serde_json::json!({"type": "audio", "data": "AAAA", "mimeType": "audio/wav"});
+        assert!(
+            refused(serde_json::json!({"messages": [{"role": "user", "content": audio}], "maxTokens": 5}))
+                .contains("message 0 holds audio")
+        );
+        assert!(
+            refused(serde_json::json!({
+                "messages": [{"role": "user", "content": text("x")}],
+                "maxTokens": 5,
+                "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+            }))
+            .contains("`tools` is not offered")
+        );
+        assert!(
+            refused(serde_json::json!({"messages": [], "maxTokens": 5})).contains("no messages")
+        );
+        assert!(
+            refused(serde_json::json!({"messages": [{"role": "user", "content": text("x")}], "maxTokens": 0}))
+                .contains("at least 1")
+        );
+        let huge = "x".repeat(MAX_SAMPLING_PROMPT_BYTES + 1);
+        assert!(
+            refused(serde_json::json!({"messages": [{"role": "user", "content": text(&huge)}], "maxTokens": 5}))
+                .contains("more than Belay sends to a model")
+        );
+    }
 
     #[test]
     fn the_id_of_an_oversized_line_is_read_from_its_start() {
