@@ -90,7 +90,7 @@ use reqwest::header::{
 use reqwest::{Method, Url};
 use serde_json::{Map, Value};
 
-use crate::http_util::{SendFailure, classify_send_error, error_chain, truncate_text};
+use crate::http_util::{CappedRead, SendFailure, classify_send_error, error_chain, truncate_text};
 use crate::oauth2::{ClientCredentials, Clock, TokenCache, TokenError, form_encode};
 use crate::placeholders::{self, ConfigValues, PlaceholderError, SecretValues};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
@@ -737,40 +737,27 @@ pub(crate) fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
     None
 }
 
-/// The body of a 2xx `response`, at most `limit` bytes: a longer one
-/// (announced by `Content-Length`, or read) is
-/// [`HttpToolError::ResponseTooLarge`] (`Ok` of the outer error); a read
-/// failure is the transport's error (`Err`).
+/// The body of a 2xx `response`, at most `limit` bytes
+/// ([`crate::http_util::read_capped`]): a longer one (announced by
+/// `Content-Length`, or read) is [`HttpToolError::ResponseTooLarge`] (`Ok`
+/// of the outer error); a read failure is the transport's error (`Err`).
 async fn read_capped(
     mut response: reqwest::Response,
     method: &str,
     limit: usize,
 ) -> Result<Vec<u8>, Result<HttpToolError, reqwest::Error>> {
     let status = response.status().as_u16();
-    let too_large = |seen: String| {
-        Ok(HttpToolError::ResponseTooLarge {
-            method: method.to_owned(),
-            status,
-            limit,
-            seen,
+    crate::http_util::read_capped(&mut response, limit)
+        .await
+        .map_err(|e| match e {
+            CappedRead::TooLarge(seen) => Ok(HttpToolError::ResponseTooLarge {
+                method: method.to_owned(),
+                status,
+                limit,
+                seen,
+            }),
+            CappedRead::Failed(e) => Err(e),
         })
-    };
-    if let Some(length) = response.content_length()
-        && length > limit as u64
-    {
-        return Err(too_large(format!("Content-Length: {length}")));
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(Err)? {
-        if body.len() + chunk.len() > limit {
-            return Err(too_large(format!(
-                "read {} bytes",
-                body.len() + chunk.len()
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// A 2xx body as the tool's result: JSON if it parses, else a JSON string of

@@ -1,6 +1,8 @@
-//! Helpers shared by the model adapter and the HTTP tool executor: how a
-//! `reqwest` send error maps to "was anything sent?", and how text from a
-//! remote party is cut down before it goes into an error message.
+//! Helpers shared by the model adapter, the HTTP tool executor and the
+//! OAuth clients: how a `reqwest` send error maps to "was anything sent?",
+//! how a remote party's answer is read up to a limit ([`read_capped`]), and
+//! how text from a remote party is cut down before it goes into an error
+//! message.
 
 use std::error::Error as StdError;
 use std::fmt::Write as _;
@@ -49,6 +51,42 @@ pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
         source = inner.source();
     }
     out
+}
+
+/// Why [`read_capped`] read no body.
+#[derive(Debug)]
+pub(crate) enum CappedRead {
+    /// The body is longer than the limit; what was known when reading
+    /// stopped: `Content-Length: N` (nothing read) or `read N bytes`.
+    TooLarge(String),
+    /// Reading failed (connection, timeout).
+    Failed(reqwest::Error),
+}
+
+/// The body of `response`, at most `limit` bytes, read chunk by chunk: a
+/// longer one is refused as soon as it is known to be (from its
+/// `Content-Length`, or once more than `limit` bytes have arrived), so no
+/// more than `limit` bytes plus one chunk are ever held.
+pub(crate) async fn read_capped(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, CappedRead> {
+    if let Some(length) = response.content_length()
+        && length > limit as u64
+    {
+        return Err(CappedRead::TooLarge(format!("Content-Length: {length}")));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(CappedRead::Failed)? {
+        if body.len() + chunk.len() > limit {
+            return Err(CappedRead::TooLarge(format!(
+                "read {} bytes",
+                body.len() + chunk.len()
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// `text` cut to at most [`MAX_ERROR_BODY_BYTES`] on a char boundary, with a

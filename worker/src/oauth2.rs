@@ -8,9 +8,15 @@
 //! (RFC 6749 §2.3.1: id and secret form-encoded, then `id:secret` in
 //! base64) or, when the authorization server's metadata offers only that,
 //! with `client_id` and `client_secret` in the body ([`ClientAuth`]).
-//! The answer's `access_token`, `token_type` (must be `bearer`, any case)
-//! and `expires_in` (seconds; [`DEFAULT_LIFETIME_SECS`] when absent) are
-//! read; anything else is ignored.
+//! The answer is read up to [`MAX_TOKEN_ANSWER_BYTES`] (the endpoint may
+//! be one an MCP server chose through discovery): a longer one is refused
+//! once that many bytes have arrived. Its `access_token` (a string),
+//! `token_type` (a string, `bearer` in any case) and `expires_in` are
+//! read; anything else is ignored. `expires_in` is seconds, as a JSON
+//! number or, as some servers send it, a string holding one (`"3599"`);
+//! when absent, or anything else (`"soon"`, `null`, `true`), or not
+//! positive, the token lives [`DEFAULT_LIFETIME_SECS`] (a warning is
+//! logged for a value that is there but unusable).
 //!
 //! [`TokenCache`] keeps one token per (token URL, client id, scopes,
 //! resource) per worker, in memory only: it is used until
@@ -31,14 +37,18 @@ use std::time::{Duration, Instant};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Url;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
-use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use crate::http_util::error_chain;
+use crate::http_util::{CappedRead, error_chain, read_capped};
 
 /// Lifetime of a token whose answer has no `expires_in`, in seconds (RFC
 /// 6749 §5.1 leaves the default to the server; five minutes keeps a stale
 /// token short-lived, and a 401 still refreshes it).
 pub const DEFAULT_LIFETIME_SECS: u64 = 300;
+
+/// Largest token endpoint answer read, in bytes (64 KiB; a real one is a
+/// few hundred bytes, a JWT access token a few KiB).
+pub const MAX_TOKEN_ANSWER_BYTES: usize = 64 * 1024;
 
 /// Longest time before expiry at which a token is refreshed, in seconds.
 pub const MAX_REFRESH_MARGIN_SECS: u64 = 30;
@@ -151,6 +161,9 @@ pub struct TokenError {
     /// Whether the address was refused by the worker's network policy
     /// (see [`crate::ssrf`]) rather than the request failing.
     pub refused: Option<crate::ssrf::AddressRefused>,
+    /// `Some(limit)` when the answer was longer than `limit` bytes
+    /// ([`MAX_TOKEN_ANSWER_BYTES`]) and was not read further.
+    pub too_large: Option<usize>,
 }
 
 /// One cached token.
@@ -180,13 +193,49 @@ impl fmt::Debug for TokenCache {
     }
 }
 
-/// The token endpoint's answer (RFC 6749 §5.1, §5.2).
-#[derive(Deserialize)]
+/// The token endpoint's successful answer (RFC 6749 §5.1), the fields
+/// used.
 struct TokenAnswer {
     access_token: Option<String>,
     token_type: Option<String>,
+    /// Seconds; `None` when absent or unusable (see the module docs).
     expires_in: Option<f64>,
-    error: Option<String>,
+    /// `expires_in` was there but not a number nor a numeric string.
+    expires_in_unusable: bool,
+}
+
+impl TokenAnswer {
+    /// The answer in `body`, or what is wrong with it (`access_token` and
+    /// `token_type` must be strings when present).
+    fn parse(body: &[u8]) -> Result<Self, String> {
+        let Ok(Value::Object(answer)) = serde_json::from_slice::<Value>(body) else {
+            return Err("the answer is not a JSON object".into());
+        };
+        let (expires_in, expires_in_unusable) = match answer.get("expires_in") {
+            None | Some(Value::Null) => (None, false),
+            Some(Value::Number(n)) => (n.as_f64(), false),
+            Some(Value::String(text)) => match text.trim().parse::<f64>() {
+                Ok(secs) => (Some(secs), false),
+                Err(_) => (None, true),
+            },
+            Some(_) => (None, true),
+        };
+        Ok(Self {
+            access_token: string_field(&answer, "access_token")?,
+            token_type: string_field(&answer, "token_type")?,
+            expires_in,
+            expires_in_unusable,
+        })
+    }
+}
+
+/// The string `field` of `answer`; `None` when absent or `null`.
+fn string_field(answer: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+    match answer.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(format!("`{field}` in the answer is not a string")),
+    }
 }
 
 impl TokenCache {
@@ -274,6 +323,7 @@ impl TokenCache {
             token_url: creds.token_url.to_string(),
             message,
             refused: None,
+            too_large: None,
         };
         let mut body = String::from("grant_type=client_credentials");
         if !creds.scopes.trim().is_empty() {
@@ -300,7 +350,7 @@ impl TokenCache {
             }
         }
         let sent_at = self.clock.now();
-        let response = request
+        let mut response = request
             .header(
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/x-www-form-urlencoded"),
@@ -315,18 +365,30 @@ impl TokenCache {
                 ..fail(error_chain(&e))
             })?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| fail(error_chain(&e)))?;
-        let answer: Option<TokenAnswer> = serde_json::from_slice(&bytes).ok();
+        let bytes = read_capped(&mut response, MAX_TOKEN_ANSWER_BYTES)
+            .await
+            .map_err(|e| match e {
+                CappedRead::TooLarge(seen) => TokenError {
+                    too_large: Some(MAX_TOKEN_ANSWER_BYTES),
+                    ..fail(format!(
+                        "HTTP {} with an answer of more than {MAX_TOKEN_ANSWER_BYTES} bytes \
+                         ({seen}); the worker reads at most {MAX_TOKEN_ANSWER_BYTES} bytes of \
+                         a token answer",
+                        status.as_u16()
+                    ))
+                },
+                CappedRead::Failed(e) => fail(error_chain(&e)),
+            })?;
         if !status.is_success() {
-            let code = answer
-                .and_then(|a| a.error)
+            // RFC 6749 §5.2: the `error` code, whatever else is there.
+            let code = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|answer| answer.get("error")?.as_str().map(str::to_owned))
                 .map(|e| format!(" (error `{}`)", e.chars().take(64).collect::<String>()))
                 .unwrap_or_default();
             return Err(fail(format!("HTTP {}{code}", status.as_u16())));
         }
-        let Some(answer) = answer else {
-            return Err(fail("the answer is not a JSON object".into()));
-        };
+        let answer = TokenAnswer::parse(&bytes).map_err(fail)?;
         let Some(access_token) = answer.access_token.filter(|t| !t.is_empty()) else {
             return Err(fail("the answer has no `access_token`".into()));
         };
@@ -342,6 +404,13 @@ impl TokenCache {
         }
         if HeaderValue::from_str(&access_token).is_err() {
             return Err(fail("the access token is not valid in a header".into()));
+        }
+        if answer.expires_in_unusable {
+            tracing::warn!(
+                token_url = %creds.token_url,
+                default_secs = DEFAULT_LIFETIME_SECS,
+                "the token answer's `expires_in` is not a number of seconds: using the default lifetime"
+            );
         }
         let lifetime = match answer.expires_in {
             Some(secs) if secs.is_finite() && secs > 0.0 => {

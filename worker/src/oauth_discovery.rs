@@ -15,7 +15,10 @@
 //! 2. The document's `resource` must be the server's URL (RFC 9728 §3.3;
 //!    for the root URI, the origin it was made from also does), compared in
 //!    canonical form ([`canonical_resource`]); otherwise nothing in it is
-//!    used. Its `authorization_servers` are tried in order.
+//!    used. Its `authorization_servers` are tried in order, the first
+//!    [`MAX_AUTHORIZATION_SERVERS`] only; when none of several is usable,
+//!    the error lists each one tried and why
+//!    ([`DiscoveryError::NoUsableAuthorizationServer`]).
 //! 3. For an issuer, the metadata URLs of RFC 8414 §3.1 and OpenID Connect
 //!    Discovery, in the MCP specification's order
 //!    ([`authorization_server_metadata_urls`]); the first 2xx answer is
@@ -53,13 +56,24 @@ use reqwest::header::{ACCEPT, HeaderValue};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::http_util::error_chain;
+use crate::http_util::{CappedRead, error_chain, read_capped};
 use crate::oauth2::ClientAuth;
 use crate::ssrf::{AddressRefused, NetworkPolicy};
 
 /// Largest metadata document read, in bytes (256 KiB; real ones are a few
 /// KiB).
 pub const MAX_METADATA_BYTES: usize = 256 * 1024;
+
+/// Most authorization servers tried from one protected-resource metadata
+/// document, in its order; the rest are ignored. Each costs up to three
+/// metadata fetches ([`authorization_server_metadata_urls`]), made while
+/// other requests to the same MCP server wait for discovery, and real
+/// documents list one or two.
+pub const MAX_AUTHORIZATION_SERVERS: usize = 4;
+
+/// Longest text kept of one authorization server's failure in
+/// [`DiscoveryError::NoUsableAuthorizationServer`]'s message, in chars.
+const MAX_FAILURE_CHARS: usize = 300;
 
 /// How long one metadata fetch may take, connection included, in ms.
 pub const METADATA_TIMEOUT_MS: u64 = 10_000;
@@ -349,6 +363,25 @@ pub enum DiscoveryError {
         /// The metadata URL.
         url: String,
     },
+    /// Several authorization servers are listed and none of those tried
+    /// (the first [`MAX_AUTHORIZATION_SERVERS`]) is usable. When only one
+    /// is listed, its own error is returned instead.
+    #[error(
+        "OAuth discovery: none of the {} authorization servers tried (of {listed} listed in the \
+         protected-resource metadata at {url}; at most {MAX_AUTHORIZATION_SERVERS} are tried) \
+         is usable: {}",
+        failures.len(),
+        list_failures(.failures)
+    )]
+    NoUsableAuthorizationServer {
+        /// The protected-resource metadata URL.
+        url: String,
+        /// How many authorization servers it lists.
+        listed: usize,
+        /// Each server tried (its issuer identifier as listed) and why it
+        /// is not usable, in the order tried.
+        failures: Vec<(String, DiscoveryError)>,
+    },
     /// The authorization server metadata is for another issuer (RFC 8414
     /// §3.3): none of it is used.
     #[error(
@@ -395,7 +428,7 @@ pub enum DiscoveryError {
     },
 }
 
-/// Why a server with `oauth` got no access token.
+/// Why a server with `oauth` got no access token, or none it accepts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthorizationError {
     /// The token endpoint could not be discovered.
@@ -404,6 +437,32 @@ pub enum AuthorizationError {
     /// The token endpoint refused or could not be reached.
     #[error(transparent)]
     Token(#[from] crate::oauth2::TokenError),
+    /// The MCP server answered 401 to a request that carried an access
+    /// token fetched for it just before (after one refresh, and one new
+    /// discovery when the endpoint was discovered): the tokens of that
+    /// endpoint are not accepted there. The server handled nothing.
+    #[error(
+        "the MCP server at {resource} refused a fresh access token from {token_url} \
+         (HTTP 401{}): it does not accept that endpoint's tokens for this client, \
+         scopes or resource",
+        challenge_note(.challenge_error.as_deref())
+    )]
+    TokenRefused {
+        /// The MCP endpoint's URL.
+        resource: String,
+        /// The token endpoint the refused token came from.
+        token_url: String,
+        /// The `error` of the server's `WWW-Authenticate: Bearer` challenge
+        /// (e.g. `invalid_token`), cut to 64 characters; `None` without one.
+        challenge_error: Option<String>,
+    },
+}
+
+/// `, challenge error `code``, or nothing.
+fn challenge_note(error: Option<&str>) -> String {
+    error
+        .map(|e| format!(", challenge error `{e}`"))
+        .unwrap_or_default()
 }
 
 /// RFC 9728 §2 fields used here.
@@ -533,8 +592,21 @@ impl Discovery {
                 url: metadata_url.to_string(),
             });
         }
-        let mut first_error = None;
-        for issuer in &metadata.authorization_servers {
+        let listed = metadata.authorization_servers.len();
+        if listed > MAX_AUTHORIZATION_SERVERS {
+            tracing::warn!(
+                resource_metadata = %metadata_url,
+                listed,
+                tried = MAX_AUTHORIZATION_SERVERS,
+                "the protected-resource metadata lists more authorization servers than are tried"
+            );
+        }
+        let mut failures = Vec::new();
+        for issuer in metadata
+            .authorization_servers
+            .iter()
+            .take(MAX_AUTHORIZATION_SERVERS)
+        {
             match self.authorization_server(issuer, https).await {
                 Ok((token_url, auth)) => {
                     let scopes = [
@@ -560,15 +632,21 @@ impl Discovery {
                 }
                 Err(e) => {
                     tracing::warn!(issuer, error = %e, "authorization server not usable");
-                    first_error.get_or_insert(e);
+                    failures.push((issuer.clone(), e));
                 }
             }
         }
-        Err(
-            first_error.unwrap_or(DiscoveryError::NoAuthorizationServers {
-                url: metadata_url.to_string(),
-            }),
-        )
+        // One server: its own error says everything, typed as it is.
+        if listed == 1
+            && let Some((_, error)) = failures.pop()
+        {
+            return Err(error);
+        }
+        Err(DiscoveryError::NoUsableAuthorizationServer {
+            url: metadata_url.to_string(),
+            listed,
+            failures,
+        })
     }
 
     /// The token endpoint of the authorization server `issuer` and how to
@@ -697,23 +775,15 @@ impl Discovery {
         if !status.is_success() {
             return Ok(Fetched::Status(status.as_u16()));
         }
-        let too_large = || DiscoveryError::TooLarge {
-            url: at(),
-            limit: MAX_METADATA_BYTES,
-        };
-        if response
-            .content_length()
-            .is_some_and(|n| n > MAX_METADATA_BYTES as u64)
-        {
-            return Err(too_large());
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(failed)? {
-            if body.len() + chunk.len() > MAX_METADATA_BYTES {
-                return Err(too_large());
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = read_capped(&mut response, MAX_METADATA_BYTES)
+            .await
+            .map_err(|e| match e {
+                CappedRead::TooLarge(_) => DiscoveryError::TooLarge {
+                    url: at(),
+                    limit: MAX_METADATA_BYTES,
+                },
+                CappedRead::Failed(e) => failed(e),
+            })?;
         serde_json::from_slice(&body)
             .map(Fetched::Document)
             .map_err(|e| DiscoveryError::BadJson {
@@ -730,6 +800,25 @@ fn list_tried(tried: &[(String, u16)]) -> String {
         .map(|(url, status)| format!("{url} answered HTTP {status}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `` `issuer`: why; … `` with each reason without the `OAuth discovery: `
+/// prefix, and cut to [`MAX_FAILURE_CHARS`] (issuers and URLs come from the
+/// server).
+fn list_failures(failures: &[(String, DiscoveryError)]) -> String {
+    failures
+        .iter()
+        .map(|(issuer, error)| {
+            let error = error.to_string();
+            let reason = error.strip_prefix("OAuth discovery: ").unwrap_or(&error);
+            let text = format!("`{issuer}`: {reason}");
+            match text.char_indices().nth(MAX_FAILURE_CHARS) {
+                Some((end, _)) => format!("{}…", &text[..end]),
+                None => text,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn is_http(url: &Url) -> bool {

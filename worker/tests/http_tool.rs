@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -844,22 +844,31 @@ struct OAuthServers {
 }
 
 async fn oauth_servers(expires_in: u64, revoked: &'static [&'static str]) -> OAuthServers {
+    oauth_servers_with(json!(expires_in), revoked).await
+}
+
+/// [`oauth_servers`] whose token answers carry `expires_in` as given (any
+/// JSON value).
+async fn oauth_servers_with(expires_in: Value, revoked: &'static [&'static str]) -> OAuthServers {
     let token_requests: Arc<Mutex<Vec<(HeaderMap, Bytes)>>> = Arc::default();
     let token_router = Router::new().fallback(any({
         let log = Arc::clone(&token_requests);
-        move |headers: HeaderMap, body: Bytes| async move {
-            let n = {
-                let mut log = log.lock().unwrap();
-                log.push((headers, body));
-                log.len()
-            };
-            // Slow enough that concurrent callers overlap with the fetch.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            axum::Json(json!({
-                "access_token": format!("tok-{n}"),
-                "token_type": "Bearer",
-                "expires_in": expires_in
-            }))
+        move |headers: HeaderMap, body: Bytes| {
+            let expires_in = expires_in.clone();
+            async move {
+                let n = {
+                    let mut log = log.lock().unwrap();
+                    log.push((headers, body));
+                    log.len()
+                };
+                // Slow enough that concurrent callers overlap with the fetch.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                axum::Json(json!({
+                    "access_token": format!("tok-{n}"),
+                    "token_type": "Bearer",
+                    "expires_in": expires_in
+                }))
+            }
         }
     }));
     let tool_tokens: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -1099,4 +1108,189 @@ async fn an_answer_longer_than_the_cap_is_refused_with_or_without_a_length() {
             assert!(err.to_string().contains("more than 4194304 bytes"), "{err}");
         }
     }
+}
+
+/// An `oauth2_client` spec calling `tool_url` with tokens from `token_url`.
+fn token_spec(tool_url: &str, token_url: &str) -> ToolCallSpec {
+    spec_with(
+        tool_url,
+        "POST",
+        json!({}),
+        auth(HttpAuth::Oauth2Client {
+            token_url: token_url.to_owned(),
+            client_id: "id".into(),
+            client_secret: "{{config.CLIENT_SECRET}}".into(),
+            scopes: String::new(),
+        }),
+    )
+}
+
+/// A token endpoint answering 200 with `padding` spaces, then a valid
+/// token object: with a `Content-Length` (`announced`), or as a stream of
+/// 1 MiB pieces made one at a time as the connection takes them, with no
+/// length. Returns its URL and how many pieces it has made.
+async fn padded_token_endpoint(padding: usize, announced: bool) -> (String, Arc<AtomicUsize>) {
+    const PIECE: usize = 1 << 20;
+    let made = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&made);
+    let router = Router::new().fallback(any(move || {
+        let made = Arc::clone(&counter);
+        async move {
+            let tail: &[u8] = br#"{"access_token":"t","token_type":"bearer"}"#;
+            if announced {
+                let mut body = vec![b' '; padding];
+                body.extend_from_slice(tail);
+                return axum::body::Body::from(body);
+            }
+            let pieces = futures_util::stream::unfold(0usize, move |sent| {
+                let made = Arc::clone(&made);
+                async move {
+                    if sent > padding {
+                        return None;
+                    }
+                    made.fetch_add(1, Ordering::SeqCst);
+                    let piece = if sent == padding {
+                        Bytes::from_static(tail)
+                    } else {
+                        Bytes::from(vec![b' '; PIECE.min(padding - sent)])
+                    };
+                    let next = if sent == padding {
+                        padding + 1
+                    } else {
+                        sent + piece.len()
+                    };
+                    Some((Ok::<_, std::io::Error>(piece), next))
+                }
+            });
+            axum::body::Body::from_stream(pieces)
+        }
+    }));
+    let addr = common::serve(router).await;
+    (format!("http://{addr}/token"), made)
+}
+
+#[tokio::test]
+async fn a_token_answer_longer_than_the_cap_is_refused_without_reading_it_whole() {
+    use belay_worker::oauth2::MAX_TOKEN_ANSWER_BYTES;
+    const TAIL: usize = r#"{"access_token":"t","token_type":"bearer"}"#.len();
+    let (tool, seen) = tool_server(200, "{}").await;
+    let tool_url = format!("{tool}/x");
+    let client = configured_client(None);
+
+    // Exactly at the cap, streamed: read whole and used.
+    let (token_url, _) = padded_token_endpoint(MAX_TOKEN_ANSWER_BYTES - TAIL, false).await;
+    assert_eq!(
+        client
+            .call(&token_spec(&tool_url, &token_url))
+            .await
+            .unwrap(),
+        json!({})
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    // 200 MiB streamed without a length: refused once past the cap, and
+    // the connection dropped long before the end (what the endpoint made
+    // is bounded by the sockets' buffers, a few MiB).
+    let (token_url, made) = padded_token_endpoint(200 << 20, false).await;
+    let err = client
+        .call(&token_spec(&tool_url, &token_url))
+        .await
+        .unwrap_err();
+    let HttpToolError::Auth(token_error) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(token_error.token_url, token_url);
+    assert_eq!(token_error.too_large, Some(MAX_TOKEN_ANSWER_BYTES));
+    assert_eq!(err.class(), FailureClass::NotSent);
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "OAuth 2.0 token request to {token_url} failed: HTTP 200 with an answer of more than \
+             65536 bytes (read "
+        )),
+        "{message}"
+    );
+    let made = made.load(Ordering::SeqCst);
+    println!("the 200 MiB token endpoint made {made} MiB pieces");
+    assert!(
+        made < 50,
+        "{made} of 201 pieces made: the answer was read on"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1, "the tool saw nothing");
+
+    // One byte over, announced: refused before reading.
+    let (token_url, _) = padded_token_endpoint(MAX_TOKEN_ANSWER_BYTES - TAIL + 1, true).await;
+    let err = client
+        .call(&token_spec(&tool_url, &token_url))
+        .await
+        .unwrap_err();
+    let HttpToolError::Auth(token_error) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(token_error.too_large, Some(MAX_TOKEN_ANSWER_BYTES));
+    assert!(err.to_string().contains("(Content-Length: 65537)"), "{err}");
+    assert_eq!(seen.lock().unwrap().len(), 1, "the tool saw nothing");
+}
+
+#[tokio::test]
+async fn expires_in_may_be_a_numeric_string_and_anything_else_gets_the_default_lifetime() {
+    use belay_worker::oauth2::DEFAULT_LIFETIME_SECS;
+    for (expires_in, lifetime) in [
+        (json!("3599"), 3599),
+        (json!(" 120 "), 120),
+        (json!(3599.5), 3599),
+        (json!("soon"), DEFAULT_LIFETIME_SECS),
+        (json!(true), DEFAULT_LIFETIME_SECS),
+        (json!(null), DEFAULT_LIFETIME_SECS),
+        (json!("-5"), DEFAULT_LIFETIME_SECS),
+    ] {
+        let servers = oauth_servers_with(expires_in.clone(), &[]).await;
+        let (clock, offset) = manual_clock();
+        let client = configured_client(None).with_clock(clock);
+        let spec = oauth_spec(&servers);
+        assert_eq!(
+            client.call(&spec).await.unwrap(),
+            json!({"token": "tok-1"}),
+            "expires_in {expires_in}"
+        );
+        // Refreshed 30 s before it expires (the margin at these lifetimes).
+        offset.store(lifetime - 31, Ordering::SeqCst);
+        assert_eq!(
+            client.call(&spec).await.unwrap(),
+            json!({"token": "tok-1"}),
+            "expires_in {expires_in}"
+        );
+        offset.store(lifetime - 29, Ordering::SeqCst);
+        assert_eq!(
+            client.call(&spec).await.unwrap(),
+            json!({"token": "tok-2"}),
+            "expires_in {expires_in}"
+        );
+        assert_eq!(servers.token_requests.lock().unwrap().len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_token_answer_field_of_the_wrong_type_is_named() {
+    let (tool, seen) = tool_server(200, "{}").await;
+    for (answer, named) in [
+        (
+            r#"{"access_token": 5, "token_type": "bearer"}"#,
+            "`access_token` in the answer is not a string",
+        ),
+        (
+            r#"{"access_token": "t", "token_type": ["bearer"]}"#,
+            "`token_type` in the answer is not a string",
+        ),
+        (r#"["t"]"#, "the answer is not a JSON object"),
+    ] {
+        let (token, _) = tool_server(200, answer).await;
+        let err = configured_client(None)
+            .call(&token_spec(&format!("{tool}/x"), &format!("{token}/token")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HttpToolError::Auth(_)), "{err:?}");
+        assert!(err.to_string().contains(named), "{err}");
+    }
+    assert!(seen.lock().unwrap().is_empty());
 }

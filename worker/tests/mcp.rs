@@ -2404,6 +2404,208 @@ async fn oauth_discovery_refuses_mismatched_metadata_and_addresses_the_policy_re
 }
 
 #[tokio::test]
+async fn oauth_discovery_tries_at_most_four_authorization_servers_and_names_each_failure() {
+    use belay_worker::oauth_discovery::MAX_AUTHORIZATION_SERVERS;
+    let everything = everything_http().await;
+    let authority = Authority::default();
+    let base = authorization_server(authority.clone()).await;
+    // `{base}/good` publishes metadata; `{base}/asN` publish none (404).
+    authority.metadata.lock().unwrap().insert(
+        "/.well-known/oauth-authorization-server/good".into(),
+        as_metadata(&format!("{base}/good"), &base),
+    );
+    let resource = Resource::default();
+    let (url, _seen) =
+        guarded_proxy_with(everything.url.clone(), authority.clone(), resource.clone()).await;
+    let origin = url.trim_end_matches("/mcp").to_owned();
+    *resource.challenge.lock().unwrap() =
+        format!(r#"Bearer error="invalid_token", resource_metadata="{origin}/prm""#);
+    let list = |unusable: usize, then_good: bool| {
+        let mut servers: Vec<String> = (0..unusable).map(|i| format!("{base}/as{i}")).collect();
+        if then_good {
+            servers.push(format!("{base}/good"));
+        }
+        resource.metadata.lock().unwrap().insert(
+            "/prm".into(),
+            json!({"resource": url, "authorization_servers": servers}),
+        );
+        authority.asked.lock().unwrap().clear();
+    };
+    let server = || on_loopback(discovering_server(url.clone(), "CRM_SECRET"));
+    assert_eq!(MAX_AUTHORIZATION_SERVERS, 4);
+
+    // 300 listed, none usable: four tried (three metadata URLs each, an
+    // issuer with a path), and the error names the count and each one.
+    list(300, false);
+    let err = mcp::connect(server()).await.err().unwrap();
+    let message = err.to_string();
+    let McpError::Authorization { error, .. } = err else {
+        panic!("{err:?}");
+    };
+    let AuthorizationError::Discovery(DiscoveryError::NoUsableAuthorizationServer {
+        url: at,
+        listed,
+        failures,
+    }) = *error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!(at, format!("{origin}/prm"));
+    assert_eq!(listed, 300);
+    let tried: Vec<&str> = failures.iter().map(|(issuer, _)| issuer.as_str()).collect();
+    let expected: Vec<String> = (0..4).map(|i| format!("{base}/as{i}")).collect();
+    assert_eq!(tried, expected);
+    for (issuer, failure) in &failures {
+        let DiscoveryError::NoMetadata { tried, .. } = failure else {
+            panic!("{issuer}: {failure:?}");
+        };
+        assert_eq!(tried.len(), 3, "{tried:?}");
+        assert!(tried.iter().all(|(_, status)| *status == 404), "{tried:?}");
+    }
+    assert_eq!(authority.asked.lock().unwrap().len(), 4 * 3);
+    assert!(
+        message.contains(&format!(
+            "none of the 4 authorization servers tried (of 300 listed in the protected-resource \
+             metadata at {origin}/prm; at most 4 are tried)"
+        )),
+        "{message}"
+    );
+    for issuer in &expected {
+        assert!(
+            message.contains(&format!("`{issuer}`: no authorization server metadata: ")),
+            "{message}"
+        );
+    }
+    assert!(!message.contains(&format!("{base}/as4")), "{message}");
+
+    // A usable fifth is not reached; a usable fourth is.
+    list(4, true);
+    let err = mcp::connect(server()).await.err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("none of the 4 authorization servers tried (of 5 listed"),
+        "{err}"
+    );
+    assert!(authority.requests.lock().unwrap().is_empty());
+    list(3, true);
+    let client = mcp::connect(server()).await.unwrap();
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "fourth"}))))
+        .await;
+    assert!(text_of(&outcome).contains("fourth"), "{outcome:?}");
+    assert_eq!(authority.asked.lock().unwrap().len(), 3 * 3 + 1);
+    client.shutdown().await;
+    everything.kill().await;
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_fresh_tokens_is_an_authorization_error_naming_the_token_endpoint() {
+    let everything = everything_http().await;
+    let authority = Authority::default();
+    let issuer = authorization_server(authority.clone()).await;
+    let token_url = format!("{issuer}/token");
+    authority.metadata.lock().unwrap().insert(
+        "/.well-known/oauth-authorization-server".into(),
+        as_metadata(&issuer, &issuer),
+    );
+    let resource = Resource::default();
+    let (url, seen) =
+        guarded_proxy_with(everything.url.clone(), authority.clone(), resource.clone()).await;
+    let origin = url.trim_end_matches("/mcp").to_owned();
+    *resource.challenge.lock().unwrap() =
+        format!(r#"Bearer error="invalid_token", resource_metadata="{origin}/prm""#);
+    resource.metadata.lock().unwrap().insert(
+        "/prm".into(),
+        json!({"resource": url, "authorization_servers": [issuer]}),
+    );
+    // The authorization server issues tokens the MCP server never accepts.
+    *authority.withhold.lock().unwrap() = true;
+
+    let refused = |err: McpError| {
+        let message = err.to_string();
+        let McpError::Authorization { server, error } = err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(server, "crm");
+        assert_eq!(
+            *error,
+            AuthorizationError::TokenRefused {
+                resource: url.clone(),
+                token_url: token_url.clone(),
+                challenge_error: Some("invalid_token".into()),
+            }
+        );
+        assert!(
+            message.starts_with(&format!(
+                "MCP server `crm`: authorization failed: the MCP server at {url} refused a fresh \
+                 access token from {token_url} (HTTP 401, challenge error `invalid_token`)"
+            )),
+            "{message}"
+        );
+        assert!(!message.contains("tok-"), "{message}");
+        assert!(!message.contains("Transport"), "{message}");
+    };
+
+    // A configured token endpoint: the token, one refresh, then the error.
+    let err = mcp::connect(resolve(
+        "crm",
+        oauth_server(url.clone(), &token_url, "CRM_SECRET"),
+        &OAUTH_VARS,
+    ))
+    .await
+    .err()
+    .unwrap();
+    refused(err);
+    assert_eq!(authority.requests.lock().unwrap().len(), 2);
+    assert_eq!(*seen.lock().unwrap(), ["tok-1", "tok-2"]);
+
+    // A discovered one: the first request without a token, discovery, the
+    // token, one refresh, then the error (discovered once: not again).
+    seen.lock().unwrap().clear();
+    let err = mcp::connect(on_loopback(discovering_server(url.clone(), "CRM_SECRET")))
+        .await
+        .err()
+        .unwrap();
+    refused(err);
+    assert_eq!(*resource.asked.lock().unwrap(), ["/prm"]);
+    assert_eq!(authority.requests.lock().unwrap().len(), 4);
+    assert_eq!(*seen.lock().unwrap(), ["", "tok-3", "tok-4"]);
+
+    // Connected, then every fresh token refused: the call is not sent,
+    // and says why.
+    *authority.withhold.lock().unwrap() = false;
+    let client = mcp::connect(resolve(
+        "crm",
+        oauth_server(url.clone(), &token_url, "CRM_SECRET"),
+        &OAUTH_VARS,
+    ))
+    .await
+    .unwrap();
+    authority.valid.lock().unwrap().clear();
+    *authority.withhold.lock().unwrap() = true;
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "x"}))))
+        .await;
+    assert_eq!(
+        outcome.failure_class(),
+        Some(FailureClass::NotSent),
+        "{outcome:?}"
+    );
+    let CallOutcome::Disconnected { reason } = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        reason.contains(&format!(
+            "the MCP server at {url} refused a fresh access token from {token_url}"
+        )),
+        "{reason}"
+    );
+    assert!(!reason.contains("tok-"), "{reason}");
+    client.shutdown().await;
+    everything.kill().await;
+}
+
+#[tokio::test]
 async fn resources_are_listed_and_read_with_limits_and_typed_errors() {
     let client = everything_stdio().await;
     let listing = client.list_resources().await.unwrap();

@@ -282,8 +282,9 @@ pub enum McpError {
         /// What happened.
         message: String,
     },
-    /// No access token could be had for a server with `oauth`: the
-    /// discovery of its token endpoint or the token request failed. No
+    /// No access token the server accepts could be had for a server with
+    /// `oauth`: the discovery of its token endpoint or the token request
+    /// failed, or the server refused a fresh token from it with 401. No
     /// request reached the server's tools.
     #[error("MCP server `{server}`: authorization failed: {error}")]
     Authorization {

@@ -663,12 +663,15 @@ fn refusal<T>(
     }
 }
 
-/// A token that could not be had, as a transport error: nothing was sent.
+/// A token that could not be had, or a fresh one the server refused, as a
+/// transport error (a 401: the server handled nothing).
 fn no_token(error: &AuthorizationError) -> StreamableHttpError<reqwest::Error> {
+    let message = match error {
+        AuthorizationError::TokenRefused { .. } => error.to_string(),
+        _ => format!("no OAuth access token: {error}"),
+    };
     StreamableHttpError::AuthRequired(
-        rmcp::transport::streamable_http_client::AuthRequiredError::new(format!(
-            "no OAuth access token: {error}"
-        )),
+        rmcp::transport::streamable_http_client::AuthRequiredError::new(message),
     )
 }
 
@@ -768,6 +771,7 @@ impl OAuth {
                         token_url: creds.token_url.to_string(),
                         message: refused.to_string(),
                         refused: Some(refused),
+                        too_large: None,
                     }
                 })?;
                 self.discovery.http()
@@ -820,6 +824,28 @@ impl OAuth {
         refused
     }
 
+    /// `result`, unless it is a 401 to the fresh token from `grant`: then
+    /// [`AuthorizationError::TokenRefused`], recorded as [`OAuth::failed`]
+    /// does, so that a handshake refused for it says so.
+    fn unless_refused<T>(
+        &self,
+        grant: &Grant,
+        result: Result<T, StreamableHttpError<reqwest::Error>>,
+    ) -> Result<T, StreamableHttpError<reqwest::Error>> {
+        let Some(challenge) = refusal(&result) else {
+            return result;
+        };
+        let error = AuthorizationError::TokenRefused {
+            resource: self.resource.to_string(),
+            token_url: grant.token_url().to_string(),
+            challenge_error: challenge
+                .and_then(|c| c.error)
+                .map(|e| e.chars().take(64).collect()),
+        };
+        tracing::warn!(%error, "MCP server refused a fresh access token");
+        Err(self.failed(error))
+    }
+
     /// Runs `send` with a bearer token (see [`HeaderClient::authorized`]).
     async fn authorized<T, F, Fut>(&self, send: F) -> Result<T, StreamableHttpError<reqwest::Error>>
     where
@@ -863,10 +889,10 @@ impl OAuth {
             return result;
         };
         let Grant::Discovered(stale) = &grant else {
-            return result;
+            return self.unless_refused(&grant, result);
         };
         if rediscovered {
-            return result;
+            return self.unless_refused(&grant, result);
         }
         // A fresh token refused too: the server may have moved to another
         // authorization server.
@@ -882,7 +908,8 @@ impl OAuth {
             .token(&grant, Some(&token))
             .await
             .map_err(|e| self.failed(e))?;
-        send(Some(token)).await
+        let result = send(Some(token)).await;
+        self.unless_refused(&grant, result)
     }
 }
 
