@@ -90,7 +90,9 @@ use reqwest::header::{
 use reqwest::{Method, Url};
 use serde_json::{Map, Value};
 
-use crate::http_util::{CappedRead, SendFailure, classify_send_error, error_chain, truncate_text};
+use crate::http_util::{
+    CappedRead, MAX_ERROR_BODY_BYTES, SendFailure, classify_send_error, error_chain, truncate_text,
+};
 use crate::oauth2::{ClientCredentials, Clock, TokenCache, TokenError, form_encode};
 use crate::placeholders::{self, ConfigValues, PlaceholderError, SecretValues};
 use crate::ssrf::{AddressRefused, CheckedResolver, NetworkPolicy};
@@ -698,8 +700,15 @@ impl HttpToolClient {
                 location,
             });
         }
-        let body = match response.text().await {
-            Ok(text) => truncate_text(&text),
+        // Only what the error quotes is read: a failing endpoint's answer
+        // is never held whole.
+        let mut response = response;
+        let body = match crate::http_util::read_prefix(&mut response, MAX_ERROR_BODY_BYTES).await {
+            Ok((bytes, false)) => truncate_text(&String::from_utf8_lossy(&bytes)),
+            Ok((bytes, true)) => format!(
+                "{}… (the rest was not read)",
+                truncate_text(&String::from_utf8_lossy(&bytes))
+            ),
             Err(e) => format!("<body unreadable: {}>", error_chain(&e)),
         };
         Err(HttpToolError::Status {

@@ -89,6 +89,24 @@ pub(crate) async fn read_capped(
     Ok(body)
 }
 
+/// The first `limit` bytes of `response`'s body, and whether more
+/// followed (not read): an error answer is quoted, never held whole.
+pub(crate) async fn read_prefix(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
 /// `text` cut to at most [`MAX_ERROR_BODY_BYTES`] on a char boundary, with a
 /// marker saying how much was dropped.
 pub(crate) fn truncate_text(text: &str) -> String {

@@ -1294,3 +1294,48 @@ async fn a_token_answer_field_of_the_wrong_type_is_named() {
     }
     assert!(seen.lock().unwrap().is_empty());
 }
+
+/// A failing endpoint that streams an endless answer: the error quotes
+/// its first 4 KiB and the rest is never read (nor held).
+#[tokio::test]
+async fn an_error_answer_is_quoted_from_its_start_and_never_read_whole() {
+    let served = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&served);
+    let router = Router::new().fallback(any(move || {
+        let counter = Arc::clone(&counter);
+        async move {
+            // 1 GiB in 64 KiB pieces, produced only as they are read.
+            let pieces =
+                futures_util::StreamExt::map(futures_util::stream::iter(0..16 * 1024), move |_| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(Bytes::from(vec![b'e'; 64 * 1024]))
+                });
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::body::Body::from_stream(pieces),
+            )
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let err = local_client(None)
+        .call(&spec(&format!("http://{addr}/fail"), "GET", json!({})))
+        .await
+        .unwrap_err();
+    let HttpToolError::Status { status, body, .. } = &err else {
+        panic!("expected Status, got {err:?}");
+    };
+    assert_eq!(*status, 500);
+    assert!(
+        body.starts_with("eeee") && body.ends_with("(the rest was not read)"),
+        "{}",
+        &body[body.len() - 60..]
+    );
+    assert!(body.len() < 4200, "{}", body.len());
+    // Far fewer pieces than the 16 384 the server would send.
+    let pieces = served.load(Ordering::SeqCst);
+    assert!(pieces < 200, "{pieces} pieces were produced");
+}
