@@ -865,6 +865,28 @@ impl Env {
             .collect()
     }
 
+    /// The requests the scripted model server received for `model`, in
+    /// order: each one's JSON body (the provider request: messages, tools).
+    pub async fn model_requests(&self, model: &str) -> Result<Vec<Value>> {
+        let all: Value = self
+            .http
+            .get(format!("{}/_requests", self.model.url))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(all
+            .as_array()
+            .map(|rs| {
+                rs.iter()
+                    .filter(|r| r["model"] == model)
+                    .map(|r| r["body"].clone())
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// Requests the CRM received for `path`.
     pub async fn crm_requests(&self, path: &str) -> Result<Vec<Value>> {
         let v: Value = self

@@ -64,20 +64,9 @@ async fn injected_parameters_reach_the_tool_but_never_the_model_and_config_is_ne
     );
 
     // The model was offered the email only, and never saw a filled-in value.
-    let model_requests: Vec<Value> = env
-        .http
-        .get(format!("{}/_requests", env.model.url))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let ours: Vec<&Value> = model_requests
-        .iter()
-        .filter(|r| r["model"] == "scripted-enrich")
-        .collect();
-    ensure!(ours.len() == 2, "{model_requests:?}");
-    let tools = &ours[0]["body"]["tools"];
+    let ours = env.model_requests("scripted-enrich").await?;
+    ensure!(ours.len() == 2, "{ours:?}");
+    let tools = &ours[0]["tools"];
     ensure!(
         tools[0]["function"]["parameters"]["properties"]
             .as_object()
@@ -85,7 +74,7 @@ async fn injected_parameters_reach_the_tool_but_never_the_model_and_config_is_ne
         "{tools}"
     );
     for request in &ours {
-        let text = request["body"].to_string();
+        let text = request.to_string();
         for hidden in [
             CUSTOMER_REF,
             PARTNER_KEY,

@@ -166,20 +166,13 @@ async fn the_model_sees_tokens_and_only_allowed_tools_see_the_data(
     );
 
     // Every request to the model holds tokens, never the data.
-    let model_requests: Vec<Value> = env
-        .http
-        .get(format!("{}/_requests", env.model.url))
-        .send()
+    let ours: Vec<String> = env
+        .model_requests("scripted-pii")
         .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let ours: Vec<String> = model_requests
         .iter()
-        .filter(|r| r["model"] == "scripted-pii")
-        .map(|r| r["body"].to_string())
+        .map(Value::to_string)
         .collect();
-    ensure!(ours.len() == 3, "{model_requests:?}");
+    ensure!(ours.len() == 3, "{ours:?}");
     for body in &ours {
         for value in [EMAIL, PHONE, CARD] {
             ensure!(!body.contains(value), "{value} sent to the model: {body}");

@@ -71,20 +71,9 @@ async fn process_before_computes_what_the_server_gets_and_after_remaps_what_the_
     );
 
     // The model read the remapped result, never the raw one.
-    let model_requests: Vec<Value> = env
-        .http
-        .get(format!("{}/_requests", env.model.url))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let ours: Vec<&Value> = model_requests
-        .iter()
-        .filter(|r| r["model"] == "scripted-process")
-        .collect();
-    ensure!(ours.len() == 2, "{model_requests:?}");
-    let tool_message = ours[1]["body"]["messages"]
+    let ours = env.model_requests("scripted-process").await?;
+    ensure!(ours.len() == 2, "{ours:?}");
+    let tool_message = ours[1]["messages"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
         .context("no tool message")?;

@@ -158,20 +158,13 @@ async fn an_untraced_card_number_reaches_the_tool_and_no_record(backend: DbBacke
 
     // The model's second request carries its own call with the
     // placeholder: the transcript does not hold the number either.
-    let model_requests: Vec<Value> = env
-        .http
-        .get(format!("{}/_requests", env.model.url))
-        .send()
+    let ours: Vec<String> = env
+        .model_requests("scripted-untraced")
         .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let ours: Vec<String> = model_requests
         .iter()
-        .filter(|r| r["model"] == "scripted-untraced")
-        .map(|r| r["body"].to_string())
+        .map(Value::to_string)
         .collect();
-    ensure!(ours.len() == 2, "{model_requests:?}");
+    ensure!(ours.len() == 2, "{ours:?}");
     ensure!(ours.iter().all(|b| !b.contains(CARD)), "{ours:?}");
     ensure!(ours[1].contains("_arg_"), "{}", ours[1]);
 

@@ -241,20 +241,13 @@ async fn a_vaulted_code_reaches_only_the_consumers_header_and_only_once(
     );
 
     // The model never saw it, only the marker.
-    let model_requests: Vec<Value> = env
-        .http
-        .get(format!("{}/_requests", env.model.url))
-        .send()
+    let ours: Vec<String> = env
+        .model_requests("scripted-vault")
         .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let ours: Vec<String> = model_requests
         .iter()
-        .filter(|r| r["model"] == "scripted-vault")
-        .map(|r| r["body"].to_string())
+        .map(Value::to_string)
         .collect();
-    ensure!(ours.len() == 4, "{model_requests:?}");
+    ensure!(ours.len() == 4, "{ours:?}");
     ensure!(ours.iter().all(|body| !body.contains(OTP)), "{ours:?}");
     ensure!(ours[1].contains("[VAULTED:txn_otp]"), "{}", ours[1]);
 
