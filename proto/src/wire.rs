@@ -602,9 +602,25 @@ pub struct SamplingGrant {
     /// Most completions per attempt (the tool's `sampling.max_requests`).
     pub max_requests: u32,
     /// Most output tokens per completion: the tool's `sampling.max_tokens`,
-    /// lowered to what is left of the node's and the run's token budgets
-    /// when the spec was built. A server's `maxTokens` is capped to it.
+    /// lowered to the agent's `max_output_tokens` and to
+    /// [`SamplingGrant::max_total_tokens`]. A server's `maxTokens` is
+    /// capped to it.
     pub max_tokens: u32,
+    /// Most output tokens of all the attempt's completions together: what
+    /// is left of the node's and the run's token and cost budgets when the
+    /// spec was built, shared among the sampling calls of the model's turn
+    /// (`None`: no budget bounds it; `max_requests` × `max_tokens` does).
+    /// Each completion's `maxTokens` is capped to what is left of it, and a
+    /// request once it is used up is refused. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_tokens: Option<u32>,
+    /// Most input (prompt) tokens of all the attempt's completions
+    /// together, likewise (`None`: no input, total-token or cost budget
+    /// bounds it). A request whose prompt is estimated (4 bytes a token,
+    /// rounded up) past what is left is refused before the model is
+    /// called. Added after v0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u32>,
 }
 
 /// Model completions made for an MCP server during one tool-call attempt,

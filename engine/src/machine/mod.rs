@@ -807,6 +807,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         out: Decision::default(),
         late_attempt: None,
         arg_secrets: Vec::new(),
+        sampling_share: 1,
     };
     match input {
         Input::Start {
@@ -1248,6 +1249,9 @@ struct Step {
     /// The sealed `visibility.trace: false` arguments of the model answer
     /// being applied (`untraced.rs`).
     arg_secrets: Vec<SealedSecret>,
+    /// How many calls of the model answer being applied may sample: they
+    /// split what is left of the budgets (`sampling.rs`); 1 otherwise.
+    sampling_share: u32,
 }
 
 impl Step {
@@ -1552,6 +1556,19 @@ impl Step {
         let one_call = self
             .current_agent_def()
             .is_some_and(|a| a.loop_policy == LoopPolicy::ExactlyOneCall);
+        // The calls of this turn whose tools may sample split what is left
+        // of the budgets.
+        self.sampling_share = self.state.plan.as_deref().map_or(1, |plan| {
+            let n = tool_calls
+                .iter()
+                .filter(|t| {
+                    plan.tools
+                        .get(&t.name)
+                        .is_some_and(|t| t.def.sampling.is_some())
+                })
+                .count();
+            u32::try_from(n).unwrap_or(u32::MAX).max(1)
+        });
         let mut stop = None;
         for tool_use in tool_calls {
             if cut_off {
@@ -3559,7 +3576,10 @@ impl Step {
             });
         }
         match next {
-            Next::Retry => self.command(Command::RetryTask { call_id, delay_ms }),
+            Next::Retry => {
+                self.refresh_sampling_grant(&call_id)?;
+                self.command(Command::RetryTask { call_id, delay_ms })
+            }
             Next::Fail(message) => {
                 self.emit(Event::ToolCallFailed {
                     call_id: call_id.clone(),

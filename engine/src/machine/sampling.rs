@@ -20,10 +20,16 @@
 //!   it like a model call's tokens (`RunState::charge_sampling`), so the
 //!   next model call's budget check sees it.
 //!
-//! The grant bounds each completion, not their sum: a call may use up to
-//! `max_requests` × `max_tokens` output tokens, past what was left; the
-//! next model call of the node is then refused by its budget check, as for
-//! a model call that goes past a budget.
+//! The grant bounds the sum of an attempt's completions, not only each
+//! one: `max_total_tokens` output and `max_input_tokens` input tokens, from
+//! what is left of the token and cost budgets (cost in tokens at the
+//! agent's prices), split among the sampling calls of one model turn; each
+//! completion is further bounded by the tool's `max_tokens` and the
+//! agent's `max_output_tokens`. A retry gets a new grant from what is left
+//! then ([`Step::refresh_sampling_grant`]). The worker estimates a prompt
+//! before sending it, so a completion may still pass what was left by
+//! the estimate's error; the next model call's budget check then stops
+//! the run, as for a model call that goes past a budget.
 
 use belay_proto::wire::{SamplingGrant, SamplingUsage};
 use serde_json::Value;
@@ -33,14 +39,17 @@ use super::{Decision, Event, Input, MachineError, Step, decide};
 use crate::definitions::model::{AgentDef, Budget, ToolDef};
 
 /// What a call of `tool` proposed by `agent` in `node` may ask of the
-/// model, or `None` (the tool declares no `sampling:`, or a budget of the
-/// node or of the run, `run`, has no room left).
+/// model, or `None` (the tool declares no `sampling:`, an agent that
+/// redacts PII and a tool without `pii_access: llm`, or a budget of the
+/// node or of the run, `run`, with no room left). `share`: the sampling
+/// calls of the same model turn, which split what is left (at least 1).
 pub(super) fn grant(
     tool: &ToolDef,
     agent: &AgentDef,
     node: &NodeState,
     run: &Budget,
     totals: &RunTotals,
+    share: u32,
 ) -> Option<SamplingGrant> {
     let declared = tool.sampling?;
     // An agent that redacts PII: the server's prompt, like the tool's
@@ -50,36 +59,65 @@ pub(super) fn grant(
         return None;
     }
     let left = |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used));
+    let min = |xs: &[Option<u64>]| xs.iter().flatten().copied().min();
     let run_tokens = totals.input_tokens.saturating_add(totals.output_tokens);
-    let output_room = [
+    let any_tokens = min(&[
         left(agent.budget.max_tokens, node.tokens),
-        left(agent.budget.max_output_tokens, node.output_tokens),
         left(run.max_tokens, run_tokens),
-        left(run.max_output_tokens, totals.output_tokens),
+    ]);
+    // A cost budget, in tokens of each kind at the agent's prices (a cost
+    // budget needs `pricing:`).
+    let cost_left = [
+        agent.budget.max_cost_usd.map(|l| l - node.cost_usd),
+        run.max_cost_usd.map(|l| l - totals.cost_usd),
     ]
     .into_iter()
     .flatten()
-    .fold(u64::from(declared.max_tokens), u64::min);
-    // A completion needs a prompt: no input tokens left is no room either.
-    let no_input = [
+    .reduce(f64::min);
+    let in_tokens_of = |usd: f64, per_million: f64| -> Option<u64> {
+        (per_million > 0.0).then(|| (usd.max(0.0) / per_million * 1_000_000.0).floor() as u64)
+    };
+    let (cost_output, cost_input) = match (cost_left, &agent.pricing) {
+        (Some(usd), Some(p)) => (
+            in_tokens_of(usd, p.output_per_million_usd),
+            in_tokens_of(usd, p.input_per_million_usd),
+        ),
+        (Some(usd), None) if usd <= 0.0 => (Some(0), Some(0)),
+        _ => (None, None),
+    };
+    let share = u64::from(share.max(1));
+    let output_room = min(&[
+        any_tokens,
+        left(agent.budget.max_output_tokens, node.output_tokens),
+        left(run.max_output_tokens, totals.output_tokens),
+        cost_output,
+    ])
+    .map(|room| room / share);
+    let input_room = min(&[
+        any_tokens,
         left(agent.budget.max_input_tokens, node.input_tokens),
         left(run.max_input_tokens, totals.input_tokens),
+        cost_input,
+    ])
+    .map(|room| room / share);
+    if output_room == Some(0) || input_room == Some(0) {
+        return None;
+    }
+    let per_completion = [
+        Some(u64::from(declared.max_tokens)),
+        agent.max_output_tokens.map(u64::from),
+        output_room,
     ]
     .into_iter()
     .flatten()
-    .any(|room| room == 0);
-    let no_money = agent
-        .budget
-        .max_cost_usd
-        .is_some_and(|l| node.cost_usd >= l)
-        || run.max_cost_usd.is_some_and(|l| totals.cost_usd >= l);
-    if output_room == 0 || no_input || no_money {
-        return None;
-    }
+    .fold(u64::MAX, u64::min);
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     Some(SamplingGrant {
         model: agent.model.clone(),
         max_requests: declared.max_requests,
-        max_tokens: u32::try_from(output_room).unwrap_or(u32::MAX),
+        max_tokens: clamp(per_completion),
+        max_total_tokens: output_room.map(clamp),
+        max_input_tokens: input_room.map(clamp),
     })
 }
 
@@ -106,6 +144,7 @@ impl Step {
             node,
             &plan.workflow.def.budget,
             &self.state.totals,
+            self.sampling_share,
         );
         if let (Some(granted), Value::Object(map)) = (granted, &mut spec)
             && let Ok(value) = serde_json::to_value(granted)
@@ -113,6 +152,48 @@ impl Step {
             map.insert("sampling".into(), value);
         }
         spec
+    }
+}
+
+impl Step {
+    /// Before call `call_id` is tried again: a tool that samples gets its
+    /// spec again with a grant from what is left now (its earlier
+    /// attempts' completions are charged by then), never the grant of the
+    /// first attempt; no room left, no grant (the server is refused).
+    pub(super) fn refresh_sampling_grant(&mut self, call_id: &str) -> Result<(), MachineError> {
+        let Some(call) = self.state.tool_calls.get(call_id).cloned() else {
+            return Ok(());
+        };
+        let Some(tool) = self
+            .state
+            .plan
+            .as_deref()
+            .and_then(|p| p.tools.get(&call.tool))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        if tool.def.sampling.is_none() {
+            return Ok(());
+        }
+        let spec = super::tool_spec(
+            &tool,
+            &call.arguments,
+            &call.idempotency_key,
+            call.variant.as_deref(),
+        )?;
+        let mut spec = self.with_sampling(spec, &call.node, &tool.def);
+        if let Value::Object(map) = &mut spec
+            && !call.input.is_null()
+        {
+            map.insert("input".into(), call.input.clone());
+        }
+        self.command(super::Command::RekeyTask {
+            call_id: call_id.to_owned(),
+            idempotency_key: call.idempotency_key.clone(),
+            spec,
+        });
+        Ok(())
     }
 }
 

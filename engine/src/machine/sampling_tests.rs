@@ -126,6 +126,8 @@ fn an_agents_call_carries_its_model_and_what_is_left_of_the_budgets() {
             model: "gpt-sampler".into(),
             max_requests: 2,
             max_tokens: 500,
+            max_total_tokens: None,
+            max_input_tokens: None,
         })
     );
     // A tool without `sampling:` gets no grant, and its spec is unchanged.
@@ -151,6 +153,102 @@ fn an_agents_call_carries_its_model_and_what_is_left_of_the_budgets() {
     assert_eq!(
         tool_specs(&d)[0].1.sampling.as_ref().unwrap().max_tokens,
         100
+    );
+}
+
+#[test]
+fn the_grant_bounds_the_sum_by_every_budget_and_parallel_calls_split_it() {
+    let grant_of = |agent_extra: &str, run_budget: &str, calls: &[(&str, Value)]| {
+        let plan = plan_files(TOOLS, &agent(agent_extra), &workflow(run_budget));
+        let (mut run, _) = Run::start_plan(plan, json!({}));
+        let d = model(&mut run, "n.m1", calls);
+        tool_specs(&d)
+            .into_iter()
+            .filter_map(|(_, spec)| spec.sampling)
+            .collect::<Vec<_>>()
+    };
+    let one = [("ask", json!({"q": "a"}))];
+    // 300 tokens, 15 used: 285 in all, for output and input together.
+    let g = grant_of("  max_tokens: 300\n", "", &one);
+    assert_eq!(
+        (
+            g[0].max_tokens,
+            g[0].max_total_tokens,
+            g[0].max_input_tokens
+        ),
+        (285, Some(285), Some(285))
+    );
+    // An input budget with one token left bounds the prompts.
+    let g = grant_of("  max_input_tokens: 11\n", "", &one);
+    assert_eq!(
+        (
+            g[0].max_tokens,
+            g[0].max_total_tokens,
+            g[0].max_input_tokens
+        ),
+        (500, None, Some(1))
+    );
+    // A cost budget, at the agent's prices: $0.001 left at $10 per million
+    // output tokens is 100 output tokens (the model call cost 10 in at $1
+    // and 5 out at $10 per million: $0.00006).
+    let g = grant_of(
+        "  max_cost_usd: 0.00106\npricing:\n  input_per_million_usd: 1\n  output_per_million_usd: 10\n",
+        "",
+        &one,
+    );
+    assert_eq!(g[0].max_total_tokens, Some(100));
+    assert_eq!(g[0].max_input_tokens, Some(1000));
+    assert_eq!(g[0].max_tokens, 100);
+    // The agent's `max_output_tokens` bounds each completion.
+    let g = grant_of("  max_tokens: 300\nmax_output_tokens: 64\n", "", &one);
+    assert_eq!((g[0].max_tokens, g[0].max_total_tokens), (64, Some(285)));
+    // Three sampling calls in one turn split what is left.
+    let three = [
+        ("ask", json!({"q": "a"})),
+        ("ask", json!({"q": "b"})),
+        ("ask", json!({"q": "c"})),
+        ("plain", json!({"q": "d"})),
+    ];
+    let g = grant_of("  max_tokens: 300\n", "", &three);
+    assert_eq!(g.len(), 3);
+    assert!(g.iter().all(|g| g.max_total_tokens == Some(95)), "{g:?}");
+}
+
+#[test]
+fn a_retry_gets_a_grant_from_what_is_left_after_the_first_attempt() {
+    let mut run = at_the_call();
+    // Attempt 1 sampled 60 tokens, then failed in a way that is retried.
+    let d = run.step(Input::ToolCallSampled {
+        usage: SamplingUsage {
+            requests: 1,
+            input_tokens: 40,
+            output_tokens: 20,
+        },
+        report: Box::new(Input::TaskFailed {
+            call_id: "n.t1".into(),
+            attempt: 1,
+            error: "server hiccup".into(),
+            class: FailureClass::NotSent,
+            dispatched: true,
+            status_code: None,
+        }),
+    });
+    let regranted = d.commands.iter().find_map(|c| match c {
+        Command::RekeyTask { spec, .. } => {
+            serde_json::from_value::<ToolCallSpec>(spec.clone())
+                .ok()?
+                .sampling
+        }
+        _ => None,
+    });
+    // 100 - 15 (model) - 60 (sampling) = 25 left.
+    assert_eq!(regranted.map(|g| g.max_total_tokens), Some(Some(25)));
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::RetryTask { .. })),
+        "{:?}",
+        d.commands
     );
 }
 
