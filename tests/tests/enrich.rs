@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use belay_sdk::StartOptions;
 use belay_tests::{DbBackend, EngineOpts, Env, of_kind};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const T: Duration = Duration::from_secs(60);
 const PARTNER_KEY: &str = "e2e-partner-k3y";

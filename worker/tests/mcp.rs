@@ -1415,6 +1415,8 @@ fn grant(max_requests: u32, max_tokens: u32) -> SamplingGrant {
         model: "gpt-sampler".into(),
         max_requests,
         max_tokens,
+        max_total_tokens: None,
+        max_input_tokens: None,
     }
 }
 

@@ -1112,6 +1112,8 @@ mod tests {
             model: "m".into(),
             max_requests: 2,
             max_tokens: 10,
+            max_total_tokens: None,
+            max_input_tokens: None,
         };
         let session = SamplingSession::new(grant, Arc::new(NoModel));
         let first = session.reserve().unwrap();
@@ -1142,6 +1144,8 @@ mod tests {
                 model: "m".into(),
                 max_requests: 5,
                 max_tokens: 10,
+                max_total_tokens: None,
+                max_input_tokens: None,
             },
             Arc::new(NoModel),
         );

@@ -2579,6 +2579,8 @@ mod tests {
             model: "m".into(),
             max_requests: 1,
             max_tokens: 40,
+            max_total_tokens: None,
+            max_input_tokens: None,
         };
         let text = |t: &str| serde_json::json!({"type": "text", "text": t});
         let request = sampling_request(
