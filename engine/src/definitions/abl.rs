@@ -2094,11 +2094,13 @@ fn check_mcp_props(props: &Props<'_>, name: &str, line: &Line, cx: &mut Cx<'_>) 
     if props.binding_type != Some(BindingType::Mcp) {
         for key in ["server", "server_tool", "resource", "sampling"] {
             if props.present.contains(key) {
-                cx.error(
-                    line.no,
-                    line.col(),
-                    format!("`{key}:` applies to `type: mcp` tools only"),
-                );
+                // At the property when its place is known, else the tool.
+                let (l, c) = match (key, props.sampling, &props.resource) {
+                    ("sampling", Some((_, l, c)), _) => (l, c),
+                    ("resource", _, Some((_, l, c))) => (*l, *c),
+                    _ => (line.no, line.col()),
+                };
+                cx.error(l, c, format!("`{key}:` applies to `type: mcp` tools only"));
             }
         }
         return;

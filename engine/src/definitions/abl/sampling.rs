@@ -202,7 +202,8 @@ mod tests {
         let errors = parse("    sampling:\n      max_tokens: 5\n", "http").unwrap_err();
         assert_eq!(
             errors,
-            ["2:3: `sampling:` applies to `type: mcp` tools only"]
+            // At the `sampling:` line, not the tool's.
+            ["9:5: `sampling:` applies to `type: mcp` tools only"]
         );
         let errors = parse("    sampling:\n      max_tokens: 5\n", "mcp_resource").unwrap_err();
         assert_eq!(
