@@ -15,9 +15,15 @@
 //!   or with `cancel` (the call then ends as `NeedsInput`); and
 //!   `sampling/createMessage` (the `sampling` capability is declared on
 //!   every connection): a request of a call whose [`CallRequest::sampling`]
-//!   grant has a completion left becomes one model call through the
-//!   grant's [`super::Sampler`]; any other is refused with a JSON-RPC error
-//!   saying why (the call then ends as `SamplingRefused` if it fails).
+//!   grant has a completion and tokens left becomes one model call through
+//!   the grant's [`super::Sampler`]; any other is refused with a JSON-RPC
+//!   error saying why (the call then ends as `SamplingRefused` if it
+//!   fails). A request is tied to the call on whose HTTP stream it came,
+//!   else (stdio) to the only call in flight if it has been the only call
+//!   on the client since it started ([`CallSlot::shared`]); one that
+//!   cannot be tied for sure is refused and charged to, and marks, no
+//!   call. A model that fails a granted completion is answered -32603
+//!   without marking the call: the tool's own outcome stands.
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
 
@@ -1308,10 +1314,14 @@ impl ClientHandler for Handler {
 
     /// A completion the server asks for during a call: made through the
     /// call's grant ([`CallRequest::sampling`]), at most its
-    /// `max_requests`, each capped at its `max_tokens`, text only; anything
-    /// else is refused with a JSON-RPC error saying why, and the call is
-    /// marked so that a failure that follows ends as
-    /// [`CallOutcome::SamplingRefused`].
+    /// `max_requests`, each capped at its `max_tokens` and what is left of
+    /// its `max_total_tokens`, a prompt within what is left of its
+    /// `max_input_tokens`, text only; anything else is refused with a
+    /// JSON-RPC error saying why, and the call is marked so that a failure
+    /// that follows ends as [`CallOutcome::SamplingRefused`]. A request no
+    /// call can be tied to for sure marks none, and a model that failed
+    /// (-32603) does not mark the call. The first error answer of a call
+    /// is logged at warn, the rest at debug.
     #[allow(deprecated)]
     async fn create_message(
         &self,
