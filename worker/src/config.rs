@@ -8,6 +8,14 @@ use crate::mcp::McpConfig;
 use crate::placeholders::ConfigValues;
 use crate::ssrf::NetworkPolicy;
 
+/// The worker's log filter when `RUST_LOG` is not set (`tracing-subscriber`
+/// `EnvFilter` directives): `info`, but `rmcp::service` at `error`, since
+/// rmcp logs every error answer to a server's request at `warn` (a server
+/// looping on `sampling/createMessage` would flood the log); the MCP
+/// client logs the first refusal of a call at `warn` itself, the rest at
+/// `debug`, and their number when the call ends.
+pub const DEFAULT_LOG_FILTER: &str = "info,rmcp::service=error";
+
 /// Default engine gRPC URL.
 pub const DEFAULT_ENGINE_URL: &str = "http://127.0.0.1:50051";
 /// Default OpenAI-compatible base URL (the part before `/chat/completions`).

@@ -1,10 +1,12 @@
 //! `belay-worker`: runs one worker process until SIGTERM or Ctrl-C.
 //!
-//! Logs go to stderr; `RUST_LOG` filters them (default `info`).
+//! Logs go to stderr; `RUST_LOG` filters them (default
+//! [`belay_worker::config::DEFAULT_LOG_FILTER`]: `info`, rmcp's per-message
+//! service logs at `error`).
 
 use belay_worker::config::{
-    DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_MODEL_TIMEOUT_MS,
-    DEFAULT_SHUTDOWN_GRACE_MS, ModelProvider,
+    DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_LOG_FILTER,
+    DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS, ModelProvider,
 };
 use belay_worker::mcp::McpConfig;
 use belay_worker::placeholders::ConfigValues;
@@ -152,7 +154,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())

@@ -890,7 +890,10 @@ async fn report_complete_vaulted(
                 "engine refused the result; reporting a failure instead"
             );
             let error = format!("the engine refused the result: {}", status.message());
-            report_failure(ctx, task, FailureClass::MayHaveActed, error).await;
+            // The completions an MCP server got are charged with the
+            // failure, as they would have been with the result.
+            report_failure_sampled(ctx, task, FailureClass::MayHaveActed, error, None, sampling)
+                .await;
         }
         Err(status) => log_report_refused("CompleteTask", task, &status),
     }

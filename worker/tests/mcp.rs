@@ -1579,6 +1579,336 @@ async fn over_http_two_calls_at_once_each_sample_under_their_own_grant() {
 }
 
 #[tokio::test]
+async fn a_grant_bounds_the_sum_of_a_calls_completions() {
+    let (model, recorded) = scripted_model("bounded").await;
+    let everything = everything_stdio().await;
+    // Five output tokens in all: the server's 100 are capped to 5, then
+    // to the 2 left after the first completion's 3; then none are left.
+    let session = sampling_session(
+        &model,
+        SamplingGrant {
+            max_total_tokens: Some(5),
+            ..grant(3, 40)
+        },
+    );
+    for _ in 0..2 {
+        let outcome = everything
+            .call_tool(sampling_call("short?", Some(&session)))
+            .await;
+        assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    }
+    let caps: Vec<Value> = recorded
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.2["max_tokens"].clone())
+        .collect();
+    assert_eq!(caps, [json!(5), json!(2)]);
+    let outcome = everything
+        .call_tool(sampling_call("more?", Some(&session)))
+        .await;
+    let CallOutcome::SamplingRefused { detail, .. } = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("may use 5 output token(s) in all")),
+        "{detail:?}"
+    );
+    assert_eq!(recorded.lock().unwrap().len(), 2);
+    assert_eq!(
+        session.usage(),
+        SamplingUsage {
+            requests: 2,
+            input_tokens: 22,
+            output_tokens: 6
+        }
+    );
+
+    // Input tokens: server-everything's prompt is its system prompt (30
+    // bytes) and "Resource trigger-sampling-request context: " (43) with
+    // the question: more than 10 tokens at 4 bytes a token, so it is
+    // refused before the model is called.
+    let session = sampling_session(
+        &model,
+        SamplingGrant {
+            max_input_tokens: Some(10),
+            ..grant(3, 40)
+        },
+    );
+    let outcome = everything
+        .call_tool(sampling_call("a long question?", Some(&session)))
+        .await;
+    let CallOutcome::SamplingRefused { detail, .. } = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        detail
+            .as_deref()
+            .is_some_and(|d| d.contains("input token(s)") && d.contains("the 10 left of the 10")),
+        "{detail:?}"
+    );
+    assert_eq!(session.usage(), SamplingUsage::default());
+    assert_eq!(recorded.lock().unwrap().len(), 2);
+    // Room for one prompt (about 19 tokens): the provider's 11 input
+    // tokens are subtracted, and the next prompt no longer fits.
+    let session = sampling_session(
+        &model,
+        SamplingGrant {
+            max_input_tokens: Some(25),
+            ..grant(3, 40)
+        },
+    );
+    let outcome = everything
+        .call_tool(sampling_call("q?", Some(&session)))
+        .await;
+    assert!(matches!(outcome, CallOutcome::Ok(_)), "{outcome:?}");
+    let outcome = everything
+        .call_tool(sampling_call("q?", Some(&session)))
+        .await;
+    let CallOutcome::SamplingRefused { detail, .. } = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        detail.as_deref().is_some_and(
+            |d| d.contains("about 19 input token(s)") && d.contains("the 14 left of the 25")
+        ),
+        "{detail:?}"
+    );
+    assert_eq!(recorded.lock().unwrap().len(), 3);
+    everything.shutdown().await;
+}
+
+/// A raw stdio server: `early` answers at once and then asks for a
+/// completion on its own account; `slow` waits until that request has
+/// been answered and returns the answer as an error result (it asks for
+/// nothing itself).
+fn late_sampler() -> McpServerConfig {
+    let script = std::env::temp_dir().join(format!("belay-mcp-late-{}.py", uuid::Uuid::new_v4()));
+    let source = r#"import json, sys, threading, time
+lock = threading.Lock()
+late = {"answer": None}
+answered = threading.Event()
+def send(m):
+    with lock:
+        sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+schema = {"type": "object", "properties": {}}
+tools = [{"name": n, "description": n, "inputSchema": schema} for n in ("early", "slow")]
+def ask_late():
+    # Likely after `early` has ended on the client; the outcome is the same
+    # if it has not (two calls in flight).
+    time.sleep(0.2)
+    send({"jsonrpc": "2.0", "id": "late-1", "method": "sampling/createMessage", "params": {
+          "messages": [{"role": "user", "content": {"type": "text", "text": "asked by early, after it ended"}}],
+          "maxTokens": 50}})
+def answer_slow(mid):
+    answered.wait(20)
+    send({"jsonrpc": "2.0", "id": mid, "result": {"isError": True,
+          "content": [{"type": "text", "text": "slow failed on its own; late answer: " + json.dumps(late["answer"])}]}})
+for line in sys.stdin:
+    m = json.loads(line)
+    method, mid = m.get("method"), m.get("id")
+    if mid == "late-1":
+        late["answer"] = m.get("result") or m.get("error")
+        answered.set()
+        continue
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "late", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": tools}})
+    elif method == "tools/call" and m["params"]["name"] == "early":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "done"}]}})
+        threading.Thread(target=ask_late).start()
+    elif method == "tools/call":
+        threading.Thread(target=answer_slow, args=(mid,)).start()
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "unknown"}})
+"#;
+    std::fs::write(&script, source).unwrap();
+    McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    )
+}
+
+#[tokio::test]
+async fn over_stdio_a_request_no_call_can_be_tied_to_is_refused_and_charged_to_none() {
+    let (model, recorded) = scripted_model("late text").await;
+    let client = mcp::connect(resolve("late", late_sampler(), &[]))
+        .await
+        .unwrap();
+    // `slow` has a grant and asks nothing; `early` (no grant) starts while
+    // it is in flight, ends, and its server then asks for a completion
+    // while `slow` is the only call left in flight.
+    let session = sampling_session(&model, grant(1, 30));
+    let mut slow = CallRequest::new("slow", Map::new());
+    slow.sampling = Some(Arc::clone(&session));
+    let (slow, early) = tokio::join!(
+        client.call_tool(slow),
+        client.call_tool(CallRequest::new("early", Map::new())),
+    );
+    assert!(matches!(early, CallOutcome::Ok(_)), "{early:?}");
+    // The request was refused, `slow`'s grant untouched, the model not
+    // called; and `slow`'s own error is not reworded as a refusal.
+    let CallOutcome::ToolError(result) = &slow else {
+        panic!("{slow:?}");
+    };
+    let text = serde_json::to_string(&result.content).unwrap();
+    assert!(text.contains("slow failed on its own"), "{text}");
+    assert!(
+        text.contains("cannot tell for sure which tool call asked"),
+        "{text}"
+    );
+    assert_eq!(session.usage(), SamplingUsage::default());
+    assert!(recorded.lock().unwrap().is_empty());
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_model_that_fails_a_granted_completion_leaves_the_tools_own_outcome() {
+    let router = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                axum::Json(json!({"error": {"message": "rate limited", "type": "rate_limit"}})),
+            )
+        }),
+    );
+    let addr = common::serve(router).await;
+    let model = belay_worker::ModelProviderConfig {
+        provider: belay_worker::ModelProvider::OpenAi,
+        base_url: format!("http://{addr}/v1"),
+        api_key: None,
+        timeout_ms: 5_000,
+    };
+    let session = sampling_session(&model, grant(1, 30));
+    let everything = everything_stdio().await;
+    let outcome = everything
+        .call_tool(sampling_call("rate?", Some(&session)))
+        .await;
+    // The server got -32603 with the provider's error; the call is not a
+    // refusal Belay made ("did not give"), but what the tool did with it.
+    assert!(
+        !matches!(
+            outcome,
+            CallOutcome::SamplingRefused { .. } | CallOutcome::Ok(_)
+        ),
+        "{outcome:?}"
+    );
+    let said = format!("{outcome:?}");
+    assert!(said.contains("sampling/createMessage failed"), "{said}");
+    assert!(said.contains("429"), "{said}");
+    // The completion asked of the model counts; the provider reported no
+    // tokens.
+    assert_eq!(session.usage().requests, 1);
+    everything.shutdown().await;
+}
+
+/// A raw stdio server whose `loop` asks for a completion 40 times in a row
+/// (each after the previous answer) and returns how many were answered and
+/// refused.
+fn looping_sampler() -> McpServerConfig {
+    let script = std::env::temp_dir().join(format!("belay-mcp-loop-{}.py", uuid::Uuid::new_v4()));
+    let source = r#"import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def read():
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    return json.loads(line)
+tools = [{"name": "loop", "description": "loop", "inputSchema": {"type": "object", "properties": {}}}]
+while True:
+    m = read()
+    method, mid = m.get("method"), m.get("id")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "loop", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": tools}})
+    elif method == "tools/call":
+        refused = answered = 0
+        for i in range(40):
+            send({"jsonrpc": "2.0", "id": f"s-{i}", "method": "sampling/createMessage", "params": {
+                  "messages": [{"role": "user", "content": {"type": "text", "text": "again"}}], "maxTokens": 5}})
+            a = read()
+            while a.get("id") != f"s-{i}":
+                a = read()
+            if "error" in a: refused += 1
+            else: answered += 1
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text",
+              "text": f"answered={answered} refused={refused}"}]}})
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "unknown"}})
+"#;
+    std::fs::write(&script, source).unwrap();
+    McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    )
+}
+
+/// Log lines written while a test runs.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_server_looping_on_sampling_is_refused_past_its_grant_and_logged_once_at_warn() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    // The worker's own default filter.
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            belay_worker::config::DEFAULT_LOG_FILTER,
+        ))
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // The test's runtime has one thread, where the client's tasks run too.
+    let _log = tracing::subscriber::set_default(subscriber);
+    let (model, recorded) = scripted_model("x").await;
+    let client = mcp::connect(resolve("loop", looping_sampler(), &[]))
+        .await
+        .unwrap();
+    let session = sampling_session(&model, grant(2, 30));
+    let mut request = CallRequest::new("loop", Map::new());
+    request.sampling = Some(Arc::clone(&session));
+    let outcome = client.call_tool(request).await;
+    // The grant holds; the server's result stands.
+    let text = text_of(&outcome);
+    assert!(text.contains("answered=2 refused=38"), "{text}");
+    assert_eq!(recorded.lock().unwrap().len(), 2);
+    client.shutdown().await;
+    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    // One line at warn for the 38 refusals, and their number at the end.
+    let warned: Vec<&str> = logged.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert_eq!(warned.len(), 2, "{logged}");
+    assert!(warned[0].contains("has used them"), "{logged}");
+    assert!(
+        warned[1].contains("answered with an error during the call")
+            && warned[1].contains("errors=38"),
+        "{logged}"
+    );
+}
+
+#[tokio::test]
 async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
     let (model, recorded) = scripted_model("sampled text").await;
     let mut engine = common::FakeEngine::start(common::Log::default()).await;
@@ -1665,6 +1995,37 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
     );
     assert_eq!(failed.sampling_usage, None);
     assert_eq!(recorded.lock().unwrap().len(), 1);
+
+    // A result the engine refuses: the failure reported instead carries
+    // what the completion used, so it is charged all the same.
+    engine
+        .state
+        .lock()
+        .unwrap()
+        .refuse_completes
+        .insert("t3".into());
+    engine.push(task("t3", Some(grant(1, 50))));
+    let report = tokio::time::timeout(GUARD, engine.next_report())
+        .await
+        .unwrap();
+    let common::Report::Fail(failed) = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(failed.class, FailureClass::MayHaveActed as i32);
+    assert!(
+        failed.error.contains("the engine refused the result"),
+        "{}",
+        failed.error
+    );
+    assert_eq!(
+        failed.sampling_usage,
+        Some(belay_proto::v1::SamplingUsage {
+            requests: 1,
+            input_tokens: 11,
+            output_tokens: 3
+        })
+    );
+    assert_eq!(recorded.lock().unwrap().len(), 2);
 
     let _ = stop.send(());
     tokio::time::timeout(GUARD, worker)

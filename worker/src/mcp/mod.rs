@@ -507,8 +507,26 @@ pub struct SamplingSession {
 #[derive(Default)]
 struct SessionState {
     used: SamplingUsage,
+    /// Output tokens the running completions may still use (their capped
+    /// `maxTokens`), held against [`SamplingGrant::max_total_tokens`].
+    held_output: u64,
+    /// Input tokens the running completions' prompts were estimated at,
+    /// held against [`SamplingGrant::max_input_tokens`].
+    held_input: u64,
     /// [`SamplingSession::finish`] was called: no completion starts.
     finished: bool,
+}
+
+/// Bytes of prompt text counted as one input token when a request is
+/// checked against [`SamplingGrant::max_input_tokens`] before the model is
+/// called (a rough, generous estimate; the provider's count is what is
+/// charged afterwards).
+pub const SAMPLING_BYTES_PER_TOKEN: usize = 4;
+
+/// The estimated input tokens of a prompt of `bytes` bytes:
+/// [`SAMPLING_BYTES_PER_TOKEN`] bytes a token, rounded up.
+pub fn estimated_prompt_tokens(bytes: usize) -> u64 {
+    u64::try_from(bytes.div_ceil(SAMPLING_BYTES_PER_TOKEN)).unwrap_or(u64::MAX)
 }
 
 impl std::fmt::Debug for SamplingSession {
@@ -560,9 +578,25 @@ impl SamplingSession {
         let _ = running.wait_for(|n| *n == 0).await;
     }
 
-    /// Takes one of the grant's completions, or says why none is left. The
-    /// completion counts as running until the returned guard is dropped.
-    pub(crate) fn reserve(&self) -> Result<Completion<'_>, String> {
+    /// Takes one of the grant's completions for a request asking for at
+    /// most `max_tokens` output tokens with a prompt of `prompt_bytes`
+    /// bytes (system prompt and messages' text), or says why none is
+    /// given: the call has ended, `max_requests` are used, the grant's
+    /// output tokens ([`SamplingGrant::max_total_tokens`]) are used up, or
+    /// the prompt, estimated with [`estimated_prompt_tokens`], is more
+    /// than what is left of [`SamplingGrant::max_input_tokens`].
+    ///
+    /// The completion's [`Completion::max_tokens`] is `max_tokens` capped
+    /// to the grant's `max_tokens` and to what is left of
+    /// `max_total_tokens`; that many output tokens and the prompt's
+    /// estimate are held (so completions running at once share what is
+    /// left) until the returned guard is dropped, and it counts as running
+    /// until then.
+    pub(crate) fn reserve(
+        &self,
+        max_tokens: u32,
+        prompt_bytes: usize,
+    ) -> Result<Completion<'_>, String> {
         let mut state = self.state();
         if state.finished {
             return Err(
@@ -575,9 +609,41 @@ impl SamplingSession {
                 self.grant.max_requests
             ));
         }
+        let mut cap = max_tokens.min(self.grant.max_tokens);
+        if let Some(total) = self.grant.max_total_tokens {
+            let left = u64::from(total)
+                .saturating_sub(state.used.output_tokens)
+                .saturating_sub(state.held_output);
+            if left == 0 {
+                return Err(format!(
+                    "sampling/createMessage refused: this tool call's completions may use {total} output token(s) in all \
+                     (what the run's token and cost budgets leave), and have used them"
+                ));
+            }
+            cap = cap.min(u32::try_from(left).unwrap_or(u32::MAX));
+        }
+        let estimate = estimated_prompt_tokens(prompt_bytes);
+        if let Some(total) = self.grant.max_input_tokens {
+            let left = u64::from(total)
+                .saturating_sub(state.used.input_tokens)
+                .saturating_sub(state.held_input);
+            if estimate > left {
+                return Err(format!(
+                    "sampling/createMessage refused: the prompt is about {estimate} input token(s) \
+                     ({SAMPLING_BYTES_PER_TOKEN} bytes a token), more than the {left} left of the {total} \
+                     this tool call's completions may use in all (what the run's budgets leave)"
+                ));
+            }
+        }
         state.used.requests += 1;
+        state.held_output = state.held_output.saturating_add(u64::from(cap));
+        state.held_input = state.held_input.saturating_add(estimate);
         self.running.send_modify(|n| *n += 1);
-        Ok(Completion { session: self })
+        Ok(Completion {
+            session: self,
+            max_tokens: cap,
+            held_input: estimate,
+        })
     }
 
     /// The sampler.
@@ -589,10 +655,21 @@ impl SamplingSession {
 /// One completion of a [`SamplingSession`] while it runs.
 pub(crate) struct Completion<'a> {
     session: &'a SamplingSession,
+    /// Most output tokens it may use (held in the session).
+    max_tokens: u32,
+    /// Its prompt's estimated input tokens (held in the session).
+    held_input: u64,
 }
 
 impl Completion<'_> {
-    /// Adds the completion's tokens (and ends it).
+    /// Most output tokens this completion may use: the request's
+    /// `maxTokens` capped by the grant and what is left of it.
+    pub(crate) fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// Adds the completion's tokens as the provider reported them (and
+    /// ends it, releasing what it held).
     pub(crate) fn record(self, input_tokens: u64, output_tokens: u64) {
         let mut state = self.session.state();
         state.used.input_tokens = state.used.input_tokens.saturating_add(input_tokens);
@@ -602,6 +679,11 @@ impl Completion<'_> {
 
 impl Drop for Completion<'_> {
     fn drop(&mut self) {
+        {
+            let mut state = self.session.state();
+            state.held_output = state.held_output.saturating_sub(u64::from(self.max_tokens));
+            state.held_input = state.held_input.saturating_sub(self.held_input);
+        }
         self.session
             .running
             .send_modify(|n| *n = n.saturating_sub(1));
@@ -1116,13 +1198,15 @@ mod tests {
             max_input_tokens: None,
         };
         let session = SamplingSession::new(grant, Arc::new(NoModel));
-        let first = session.reserve().unwrap();
+        let first = session.reserve(100, 8).unwrap();
+        assert_eq!(first.max_tokens(), 10);
         first.record(3, 4);
-        let running = session.reserve().unwrap();
+        let running = session.reserve(5, 8).unwrap();
+        assert_eq!(running.max_tokens(), 5);
         // The grant's two completions are taken.
         assert!(
             session
-                .reserve()
+                .reserve(5, 8)
                 .is_err_and(|e| e.contains("has used them"))
         );
         // A completion still runs: finishing waits for it.
@@ -1150,8 +1234,104 @@ mod tests {
             Arc::new(NoModel),
         );
         ended.finish().await;
-        assert!(ended.reserve().is_err_and(|e| e.contains("has ended")));
+        assert!(ended.reserve(1, 1).is_err_and(|e| e.contains("has ended")));
         assert_eq!(ended.usage(), SamplingUsage::default());
+    }
+
+    fn bounded(max_total_tokens: Option<u32>, max_input_tokens: Option<u32>) -> SamplingSession {
+        SamplingSession::new(
+            SamplingGrant {
+                model: "m".into(),
+                max_requests: 10,
+                max_tokens: 40,
+                max_total_tokens,
+                max_input_tokens,
+            },
+            Arc::new(NoModel),
+        )
+    }
+
+    #[test]
+    fn a_session_caps_each_completion_to_what_is_left_of_its_output_tokens() {
+        let session = bounded(Some(100), None);
+        // Capped by the grant's `max_tokens` first.
+        let first = session.reserve(500, 10).unwrap();
+        assert_eq!(first.max_tokens(), 40);
+        first.record(5, 30);
+        // 70 left: a completion may still take 40.
+        let second = session.reserve(500, 10).unwrap();
+        assert_eq!(second.max_tokens(), 40);
+        // While it runs, its 40 are held: 30 left for one at the same time.
+        let third = session.reserve(500, 10).unwrap();
+        assert_eq!(third.max_tokens(), 30);
+        assert!(
+            session
+                .reserve(1, 10)
+                .is_err_and(|e| e.contains("100 output token(s) in all")),
+        );
+        // The provider reports fewer than were held: the rest comes back.
+        second.record(5, 10);
+        third.record(5, 25);
+        // 100 - 30 - 10 - 25 = 35 left.
+        let fourth = session.reserve(500, 10).unwrap();
+        assert_eq!(fourth.max_tokens(), 35);
+        fourth.record(5, 35);
+        assert!(
+            session
+                .reserve(1, 10)
+                .is_err_and(|e| e.contains("have used them"))
+        );
+        assert_eq!(
+            session.usage(),
+            SamplingUsage {
+                requests: 4,
+                input_tokens: 20,
+                output_tokens: 100
+            }
+        );
+        // A failed completion (dropped unrecorded) gives back what it held.
+        let session = bounded(Some(50), None);
+        drop(session.reserve(50, 10).unwrap());
+        assert_eq!(session.reserve(50, 10).unwrap().max_tokens(), 40);
+        assert_eq!(session.usage().requests, 2);
+        assert_eq!(session.usage().output_tokens, 0);
+    }
+
+    #[test]
+    fn a_session_refuses_a_prompt_estimated_past_what_is_left_of_its_input_tokens() {
+        assert_eq!(estimated_prompt_tokens(0), 0);
+        assert_eq!(estimated_prompt_tokens(1), 1);
+        assert_eq!(estimated_prompt_tokens(8), 2);
+        assert_eq!(estimated_prompt_tokens(9), 3);
+        let session = bounded(None, Some(50));
+        // 200 bytes: 50 tokens, exactly what is left.
+        let first = session.reserve(10, 200).unwrap();
+        // While it runs its estimate is held: nothing left for another.
+        assert!(session.reserve(10, 1).is_err_and(
+            |e| e.contains("about 1 input token(s)") && e.contains("the 0 left of the 50")
+        ),);
+        // The provider counted 30: 20 are left.
+        first.record(30, 5);
+        assert!(
+            session
+                .reserve(10, 81)
+                .is_err_and(|e| e.contains("about 21 input token(s)") && e.contains("the 20 left")),
+        );
+        // A refused request is not counted.
+        assert_eq!(session.usage().requests, 1);
+        session.reserve(10, 80).unwrap().record(20, 5);
+        assert!(session.reserve(10, 1).is_err());
+        assert_eq!(
+            session.usage(),
+            SamplingUsage {
+                requests: 2,
+                input_tokens: 50,
+                output_tokens: 10
+            }
+        );
+        // Without bounds, neither is limited but by `max_tokens`.
+        let free = bounded(None, None);
+        assert_eq!(free.reserve(u32::MAX, usize::MAX).unwrap().max_tokens(), 40);
     }
 
     #[test]

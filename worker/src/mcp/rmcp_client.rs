@@ -15,9 +15,15 @@
 //!   or with `cancel` (the call then ends as `NeedsInput`); and
 //!   `sampling/createMessage` (the `sampling` capability is declared on
 //!   every connection): a request of a call whose [`CallRequest::sampling`]
-//!   grant has a completion left becomes one model call through the
-//!   grant's [`super::Sampler`]; any other is refused with a JSON-RPC error
-//!   saying why (the call then ends as `SamplingRefused` if it fails).
+//!   grant has a completion and tokens left becomes one model call through
+//!   the grant's [`super::Sampler`]; any other is refused with a JSON-RPC
+//!   error saying why (the call then ends as `SamplingRefused` if it
+//!   fails). A request is tied to the call on whose HTTP stream it came,
+//!   else (stdio) to the only call in flight if it has been the only call
+//!   on the client since it started ([`CallSlot::shared`]); one that
+//!   cannot be tied for sure is refused and charged to, and marks, no
+//!   call. A model that fails a granted completion is answered -32603
+//!   without marking the call: the tool's own outcome stands.
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
 
@@ -161,8 +167,19 @@ struct CallSlot {
     /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
     too_large: bool,
     /// The server sent `sampling/createMessage` during this call and was
-    /// answered with an error (refused, invalid, or the model failed).
+    /// refused (no grant, grant used up, invalid request); a model that
+    /// failed a granted completion does not count: the tool's own outcome
+    /// stands then.
     sampling_refused: bool,
+    /// `sampling/createMessage` requests of this call answered with an
+    /// error (for the log: the first at warn, the rest at debug, their
+    /// number when the call ends).
+    sampling_errors: u32,
+    /// Another call was in flight on this client when this one started, or
+    /// started before it ended: a server request whose origin is not known
+    /// (stdio) cannot be this call's for sure even when it is the only
+    /// call left in flight.
+    shared: bool,
     /// The call's sampling grant and usage ([`CallRequest::sampling`]).
     sampling: Option<Arc<super::SamplingSession>>,
 }
@@ -170,6 +187,10 @@ struct CallSlot {
 #[derive(Default)]
 struct Calls {
     slots: Mutex<HashMap<u64, CallSlot>>,
+    /// `sampling/createMessage` requests refused because no call could be
+    /// told for sure to have asked (the first is logged at warn, the rest
+    /// at debug).
+    unattributed_sampling: AtomicU64,
 }
 
 impl Calls {
@@ -210,6 +231,31 @@ impl Calls {
             .map(|s| s.label.clone())
     }
 
+    /// Starts tracking a call: it and every call in flight now are marked
+    /// [`CallSlot::shared`] when they overlap.
+    fn start(&self, marker: u64, mut slot: CallSlot) {
+        let mut slots = lock(&self.slots);
+        if !slots.is_empty() {
+            slot.shared = true;
+            for other in slots.values_mut() {
+                other.shared = true;
+            }
+        }
+        slots.insert(marker, slot);
+    }
+
+    /// The only call in flight on `generation`, if exactly one is and it
+    /// has been the only call on this client since it started (see
+    /// [`CallSlot::shared`]): the one call a server request of unknown
+    /// origin can be tied to for sure.
+    fn sole_in_flight(&self, generation: u64) -> Option<u64> {
+        let marker = self.single_in_flight(generation)?;
+        lock(&self.slots)
+            .get(&marker)
+            .is_some_and(|s| !s.shared)
+            .then_some(marker)
+    }
+
     /// The only call in flight on `generation`, if exactly one is.
     fn single_in_flight(&self, generation: u64) -> Option<u64> {
         let slots = lock(&self.slots);
@@ -231,7 +277,16 @@ struct SlotGuard<'a> {
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.calls.slots).remove(&self.marker);
+        let slot = lock(&self.calls.slots).remove(&self.marker);
+        if let Some(slot) = slot
+            && slot.sampling_errors > 1
+        {
+            tracing::warn!(
+                call = slot.label,
+                errors = slot.sampling_errors,
+                "sampling/createMessage requests answered with an error during the call"
+            );
+        }
     }
 }
 
@@ -1170,6 +1225,22 @@ impl Handler {
         }
         self.shared.calls.single_in_flight(self.generation)
     }
+
+    /// The call a `sampling/createMessage` belongs to: by the request
+    /// stream it came on (HTTP), else the only call in flight if it has
+    /// been the only call on this client since it started. Otherwise
+    /// (stdio with calls that overlapped, or a request after its call
+    /// ended while another runs) no call can be told for sure to have
+    /// asked, and none is charged.
+    fn sampling_call_of(&self, context: &RequestContext<RoleClient>) -> Option<u64> {
+        if let Some(InboundStreamOrigin::OutboundRequest(id)) =
+            context.extensions.get::<InboundStreamOrigin>()
+            && let Some(marker) = self.shared.calls.by_request_id(self.generation, id)
+        {
+            return Some(marker);
+        }
+        self.shared.calls.sole_in_flight(self.generation)
+    }
 }
 
 impl ClientHandler for Handler {
@@ -1243,10 +1314,14 @@ impl ClientHandler for Handler {
 
     /// A completion the server asks for during a call: made through the
     /// call's grant ([`CallRequest::sampling`]), at most its
-    /// `max_requests`, each capped at its `max_tokens`, text only; anything
-    /// else is refused with a JSON-RPC error saying why, and the call is
-    /// marked so that a failure that follows ends as
-    /// [`CallOutcome::SamplingRefused`].
+    /// `max_requests`, each capped at its `max_tokens` and what is left of
+    /// its `max_total_tokens`, a prompt within what is left of its
+    /// `max_input_tokens`, text only; anything else is refused with a
+    /// JSON-RPC error saying why, and the call is marked so that a failure
+    /// that follows ends as [`CallOutcome::SamplingRefused`]. A request no
+    /// call can be tied to for sure marks none, and a model that failed
+    /// (-32603) does not mark the call. The first error answer of a call
+    /// is logged at warn, the rest at debug.
     #[allow(deprecated)]
     async fn create_message(
         &self,
@@ -1254,24 +1329,32 @@ impl ClientHandler for Handler {
         context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
         let server = &self.shared.server.name;
-        let Some(marker) = self.call_of(&context) else {
-            // Every call that might have asked is told, so none reports an
-            // answer shaped by the refusal as a success it is not.
-            let mut slots = lock(&self.shared.calls.slots);
-            for slot in slots.values_mut().filter(|s| {
-                s.generation == self.generation
-                    && matches!(s.state, SendState::Handed | SendState::Written)
-            }) {
-                slot.sampling_refused = true;
+        let Some(marker) = self.sampling_call_of(&context) else {
+            // No call is marked: one that did not ask would have its own
+            // error reworded as a refused completion. A call that did ask
+            // and fails for the refusal keeps its own outcome.
+            let before = self
+                .shared
+                .calls
+                .unattributed_sampling
+                .fetch_add(1, Ordering::Relaxed);
+            if before == 0 {
+                tracing::warn!(
+                    server,
+                    "sampling/createMessage that no call in flight can be told for sure to have asked: refused"
+                );
+            } else {
+                tracing::debug!(
+                    server,
+                    refused = before + 1,
+                    "sampling/createMessage that no call in flight can be told for sure to have asked: refused"
+                );
             }
-            tracing::warn!(
-                server,
-                "sampling/createMessage outside a call Belay can attribute it to: refused"
-            );
             return Err(ErrorData::new(
                 rmcp::model::ErrorCode(SAMPLING_REFUSED),
-                "sampling/createMessage refused: it came outside any tool call Belay can attribute it to \
-                 (none, or several, are in flight on this connection), so no grant applies",
+                "sampling/createMessage refused: Belay cannot tell for sure which tool call asked for it \
+                 (none is in flight, or calls overlapped on this connection, whose requests carry no origin), \
+                 so no grant applies",
                 None,
             ));
         };
@@ -1293,10 +1376,22 @@ impl ClientHandler for Handler {
                 Ok(result)
             }
             Err((code, message)) => {
-                if let Some(slot) = lock(&self.shared.calls.slots).get_mut(&marker) {
-                    slot.sampling_refused = true;
+                let errors = lock(&self.shared.calls.slots)
+                    .get_mut(&marker)
+                    .map_or(1, |slot| {
+                        // A model that failed is not a refusal: the tool's
+                        // own outcome stands.
+                        if code != SAMPLING_FAILED {
+                            slot.sampling_refused = true;
+                        }
+                        slot.sampling_errors = slot.sampling_errors.saturating_add(1);
+                        slot.sampling_errors
+                    });
+                if errors == 1 {
+                    tracing::warn!(server, call = label, code, "{message}");
+                } else {
+                    tracing::debug!(server, call = label, code, errors, "{message}");
                 }
-                tracing::warn!(server, call = label, code, "{message}");
                 Err(ErrorData::new(rmcp::model::ErrorCode(code), message, None))
             }
         }
@@ -1950,7 +2045,7 @@ impl Shared {
             .idempotency_key
             .clone()
             .unwrap_or_else(|| format!("call-{marker}"));
-        lock(&self.calls.slots).insert(
+        self.calls.start(
             marker,
             CallSlot {
                 label,
@@ -1968,6 +2063,8 @@ impl Shared {
                 unattributed_elicitation: false,
                 too_large: false,
                 sampling_refused: false,
+                sampling_errors: 0,
+                shared: false,
                 sampling: request.sampling.clone(),
             },
         );
@@ -2208,8 +2305,12 @@ async fn sample(
     session: &super::SamplingSession,
     params: CreateMessageRequestParams,
 ) -> Result<CreateMessageResult, (i32, String)> {
-    let request = sampling_request(session.grant(), params).map_err(|m| (SAMPLING_INVALID, m))?;
-    let completion = session.reserve().map_err(|m| (SAMPLING_REFUSED, m))?;
+    let (mut request, prompt_bytes) =
+        sampling_request(session.grant(), params).map_err(|m| (SAMPLING_INVALID, m))?;
+    let completion = session
+        .reserve(request.max_tokens, prompt_bytes)
+        .map_err(|m| (SAMPLING_REFUSED, m))?;
+    request.max_tokens = completion.max_tokens();
     let answer = session.sampler().complete(request).await.map_err(|m| {
         (
             SAMPLING_FAILED,
@@ -2228,13 +2329,16 @@ async fn sample(
 /// A server's `sampling/createMessage` as a [`super::SamplingRequest`]:
 /// text messages only (an image, audio, a tool use or result is refused),
 /// no tools (Belay declares no `sampling.tools`), `maxTokens` capped by the
-/// grant; `includeContext`, `temperature`, `stopSequences`, `metadata` and
-/// `modelPreferences` are not used (the grant's model answers).
+/// grant's `max_tokens` (the session caps it further to what is left of
+/// the grant); `includeContext`, `temperature`, `stopSequences`,
+/// `metadata` and `modelPreferences` are not used (the grant's model
+/// answers). Also returns the prompt's size in bytes (system prompt and
+/// messages' text).
 #[allow(deprecated)]
 fn sampling_request(
     grant: &super::SamplingGrant,
     params: CreateMessageRequestParams,
-) -> Result<super::SamplingRequest, String> {
+) -> Result<(super::SamplingRequest, usize), String> {
     if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(
             "sampling/createMessage with `tools` is not offered: Belay declares no `sampling.tools` capability"
@@ -2279,12 +2383,15 @@ fn sampling_request(
             "sampling/createMessage: the prompt is {bytes} bytes, more than Belay sends to a model ({MAX_SAMPLING_PROMPT_BYTES})"
         ));
     }
-    Ok(super::SamplingRequest {
-        model: grant.model.clone(),
-        system_prompt: params.system_prompt,
-        messages,
-        max_tokens: params.max_tokens.min(grant.max_tokens),
-    })
+    Ok((
+        super::SamplingRequest {
+            model: grant.model.clone(),
+            system_prompt: params.system_prompt,
+            messages,
+            max_tokens: params.max_tokens.min(grant.max_tokens),
+        },
+        bytes,
+    ))
 }
 
 fn handed(state: &SendState) -> bool {
@@ -2596,23 +2703,27 @@ mod tests {
                 "includeContext": "thisServer",
             })),
         );
+        // The prompt's bytes: "s", "a\n\nb" and "c".
         assert_eq!(
             request,
-            Ok(crate::mcp::SamplingRequest {
-                model: "m".into(),
-                system_prompt: Some("s".into()),
-                messages: vec![
-                    crate::mcp::SamplingText {
-                        assistant: false,
-                        text: "a\n\nb".into(),
-                    },
-                    crate::mcp::SamplingText {
-                        assistant: true,
-                        text: "c".into(),
-                    },
-                ],
-                max_tokens: 40,
-            })
+            Ok((
+                crate::mcp::SamplingRequest {
+                    model: "m".into(),
+                    system_prompt: Some("s".into()),
+                    messages: vec![
+                        crate::mcp::SamplingText {
+                            assistant: false,
+                            text: "a\n\nb".into(),
+                        },
+                        crate::mcp::SamplingText {
+                            assistant: true,
+                            text: "c".into(),
+                        },
+                    ],
+                    max_tokens: 40,
+                },
+                6
+            ))
         );
         // Below the grant, the server's own bound stands.
         let small = sampling_request(
@@ -2621,7 +2732,7 @@ mod tests {
                 serde_json::json!({"messages": [{"role": "user", "content": text("a")}], "maxTokens": 7}),
             ),
         );
-        assert_eq!(small.map(|r| r.max_tokens), Ok(7));
+        assert_eq!(small.map(|(r, _)| r.max_tokens), Ok(7));
 
         let refused = |params: Value| match sampling_request(&grant, asked(params)) {
             Err(reason) => reason,

@@ -173,6 +173,9 @@ pub struct EngineState {
     pub lost: HashSet<String>,
     /// Answer this many CompleteTask calls with UNAVAILABLE first.
     pub unavailable_completes: u32,
+    /// Task ids whose CompleteTask is refused with INVALID_ARGUMENT (a
+    /// result the engine will never accept).
+    pub refuse_completes: HashSet<String>,
     pub complete_calls: u32,
     pub dispatches: Vec<DispatchToolCallRequest>,
     pub heartbeats: Vec<HeartbeatRequest>,
@@ -371,6 +374,11 @@ impl WorkerService for FakeService {
             if state.unavailable_completes > 0 {
                 state.unavailable_completes -= 1;
                 return Err(Status::unavailable("engine restarting"));
+            }
+            if state.refuse_completes.contains(&request.task_id) {
+                self.log
+                    .push(format!("complete {} refused", request.task_id));
+                return Err(Status::invalid_argument("result_json is not valid JSON"));
             }
         }
         self.log
