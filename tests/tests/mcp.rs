@@ -992,7 +992,15 @@ async fn an_mcp_servers_sampling_goes_through_the_agents_model_and_budget(
     let spec = env.db.task_spec(&run, &call).await?;
     ensure!(
         spec["sampling"]
-            == json!({"model": "scripted-mcp-sampling", "max_requests": 1, "max_tokens": 80}),
+            == json!({
+                "model": "scripted-mcp-sampling",
+                "max_requests": 1,
+                "max_tokens": 80,
+                // The 80 tokens left of the budget bound all completions
+                // together, output and input.
+                "max_total_tokens": 80,
+                "max_input_tokens": 80
+            }),
         "{spec}"
     );
     // The server got the model's completion and put it in its result.
