@@ -119,8 +119,10 @@ pub enum Command {
         /// Claimable while the run is paused (reconcile probes).
         runs_while_paused: bool,
     },
-    /// Give a task a new idempotency key (an operator's retry of a call that
-    /// surely did nothing).
+    /// Give a task a new spec, with a new idempotency key (an operator's
+    /// retry of a call that surely did nothing) or the same one (a
+    /// person's answers to carry, a sampling grant computed again before a
+    /// retry).
     RekeyTask {
         /// Call id.
         call_id: String,
@@ -2882,16 +2884,7 @@ impl Step {
             self.plan()?.tools.get(&call.tool).cloned().ok_or_else(|| {
                 MachineError::InvalidPlan(format!("tool `{}` not pinned", call.tool))
             })?;
-        let spec = tool_spec(
-            &tool,
-            &call.arguments,
-            &call.idempotency_key,
-            call.variant.as_deref(),
-        )?;
-        let mut spec = self.with_sampling(spec, &call.node, &tool.def);
-        if let Value::Object(map) = &mut spec {
-            map.insert("input".into(), input.clone());
-        }
+        let spec = self.spec_again(&call, &tool, &input)?;
         self.emit(Event::ToolCallInputProvided {
             call_id: call_id.clone(),
             by,

@@ -604,7 +604,7 @@ fn map_json(text: &str, mut f: impl FnMut(&str, bool) -> Option<String>) -> Stri
 fn loose_token_regex() -> Option<&'static Regex> {
     static RE: OnceLock<Option<Regex>> = OnceLock::new();
     RE.get_or_init(|| {
-        Regex::new(r"(?i)\[?[ \t]*\bpii[ \t]*:[ \t]*[a-z_]+[ \t]*:[ \t]*[0-9]+[ \t]*\]?").ok()
+        Regex::new(r"(?i)\[?[ \t]*\bpii[ \t]*:[ \t]*[a-z_\-]+[ \t]*:[ \t]*[0-9]+[ \t]*\]?").ok()
     })
     .as_ref()
 }
@@ -624,7 +624,7 @@ fn pattern(kind: PiiKind) -> Option<&'static Regex> {
             // `+44 (0)20 7946 0958`, `+33.1.23.45.67.89`.
             r"\+[1-9](?:[ \-./()\x{00A0}]{0,3}[0-9]){7,14}",
             r"[0-9](?:[ \-./_\x{00A0}]{0,2}[0-9])*",
-            r"[A-Za-z]{2}[0-9]{2}(?:[ \-]?[A-Za-z0-9]){10,30}",
+            r"[A-Za-z]{2}[0-9]{2}(?:[ \-]{0,2}[A-Za-z0-9]){10,30}",
             r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
         ]
         .map(|p| Regex::new(p).ok())
@@ -790,7 +790,10 @@ fn candidates(text: &str, range: Range<usize>, kind: PiiKind) -> Vec<Vec<Range<u
                     forms.push(range.start..end);
                 }
                 match candidate.rfind([' ', '-']) {
-                    Some(space) => end = range.start + space,
+                    // Before the separators (`00  DE` has two).
+                    Some(space) => {
+                        end = range.start + candidate[..space].trim_end_matches([' ', '-']).len();
+                    }
                     None => break,
                 }
             }
@@ -994,6 +997,7 @@ mod tests {
             "de89370400440532013000",
             "de89 3704 0044 0532 0130 00",
             "DE89-3704-0044-0532-0130-00",
+            "DE89  3704  0044  0532  0130  00",
         ] {
             assert_eq!(kinds_of(iban), [(iban, PiiKind::Iban)], "{iban}");
         }
@@ -1067,6 +1071,7 @@ mod tests {
             r#""PII:email:1""#,
             r#""[PII:email:99999999999]""#,
             r#""[PII:email:01]""#,
+            r#""[PII:e-mail:1]""#,
         ] {
             assert!(
                 matches!(

@@ -138,13 +138,32 @@ impl Step {
         let Some(agent) = plan.agents.get(&node.agent) else {
             return spec;
         };
+        // Outside the step that schedules a turn's calls (a retry, an
+        // approval, a person's answer), the turn's sampling calls still
+        // open hold their share: this one gets no more than its part.
+        let share = if self.sampling_share > 1 {
+            self.sampling_share
+        } else {
+            let open = node
+                .pending
+                .iter()
+                .filter(|p| p.result.is_none())
+                .filter_map(|p| self.state.tool_calls.get(p.call_id.as_deref()?))
+                .filter(|c| {
+                    plan.tools
+                        .get(&c.tool)
+                        .is_some_and(|t| t.def.sampling.is_some())
+                })
+                .count();
+            u32::try_from(open).unwrap_or(u32::MAX).max(1)
+        };
         let granted = grant(
             tool,
             &agent.def,
             node,
             &plan.workflow.def.budget,
             &self.state.totals,
-            self.sampling_share,
+            share,
         );
         if let (Some(granted), Value::Object(map)) = (granted, &mut spec)
             && let Ok(value) = serde_json::to_value(granted)
@@ -156,6 +175,29 @@ impl Step {
 }
 
 impl Step {
+    /// The spec of `call` of `tool` built again, with a grant from what is
+    /// left now and the person's answers so far (`input`, none when null).
+    pub(super) fn spec_again(
+        &self,
+        call: &super::state::ToolCallState,
+        tool: &super::plan::Pinned<ToolDef>,
+        input: &Value,
+    ) -> Result<Value, MachineError> {
+        let spec = super::tool_spec(
+            tool,
+            &call.arguments,
+            &call.idempotency_key,
+            call.variant.as_deref(),
+        )?;
+        let mut spec = self.with_sampling(spec, &call.node, &tool.def);
+        if let Value::Object(map) = &mut spec
+            && !input.is_null()
+        {
+            map.insert("input".into(), input.clone());
+        }
+        Ok(spec)
+    }
+
     /// Before call `call_id` is tried again: a tool that samples gets its
     /// spec again with a grant from what is left now (its earlier
     /// attempts' completions are charged by then), never the grant of the
@@ -176,18 +218,7 @@ impl Step {
         if tool.def.sampling.is_none() {
             return Ok(());
         }
-        let spec = super::tool_spec(
-            &tool,
-            &call.arguments,
-            &call.idempotency_key,
-            call.variant.as_deref(),
-        )?;
-        let mut spec = self.with_sampling(spec, &call.node, &tool.def);
-        if let Value::Object(map) = &mut spec
-            && !call.input.is_null()
-        {
-            map.insert("input".into(), call.input.clone());
-        }
+        let spec = self.spec_again(&call, &tool, &call.input)?;
         self.command(super::Command::RekeyTask {
             call_id: call_id.to_owned(),
             idempotency_key: call.idempotency_key.clone(),

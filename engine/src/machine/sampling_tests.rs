@@ -253,6 +253,45 @@ fn a_retry_gets_a_grant_from_what_is_left_after_the_first_attempt() {
 }
 
 #[test]
+fn a_retry_takes_no_more_than_its_share_while_the_turns_other_calls_are_open() {
+    let plan = plan_files(TOOLS, &agent("  max_tokens: 300\n"), &workflow(""));
+    let (mut run, _) = Run::start_plan(plan, json!({}));
+    let d = model(
+        &mut run,
+        "n.m1",
+        &[
+            ("ask", json!({"q": "a"})),
+            ("ask", json!({"q": "b"})),
+            ("ask", json!({"q": "c"})),
+        ],
+    );
+    assert!(
+        tool_specs(&d)
+            .iter()
+            .all(|(_, s)| s.sampling.as_ref().and_then(|g| g.max_total_tokens) == Some(95))
+    );
+    dispatch(&mut run, "n.t1");
+    let d = run.step(Input::TaskFailed {
+        call_id: "n.t1".into(),
+        attempt: 1,
+        error: "server hiccup".into(),
+        class: FailureClass::NotSent,
+        dispatched: true,
+        status_code: None,
+    });
+    let regranted = d.commands.iter().find_map(|c| match c {
+        Command::RekeyTask { spec, .. } => {
+            serde_json::from_value::<ToolCallSpec>(spec.clone())
+                .ok()?
+                .sampling
+        }
+        _ => None,
+    });
+    // t2 and t3 still hold their 95 each: the retry gets a third, not all.
+    assert_eq!(regranted.and_then(|g| g.max_total_tokens), Some(95));
+}
+
+#[test]
 fn no_grant_without_room_in_a_budget_or_for_a_tool_node() {
     // The model's 5 output tokens used the agent's output budget up.
     let plan = plan_files(TOOLS, &agent("  max_output_tokens: 5\n"), &workflow(""));

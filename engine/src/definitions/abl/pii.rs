@@ -43,6 +43,8 @@ pub(super) fn read_pii_access(
                 return None;
             };
             let mut offset = 1;
+            // A trailing comma (`[user, tools,]`) ends the list, as in YAML.
+            let inner = inner.trim_end().strip_suffix(',').unwrap_or(inner);
             for item in inner.split(',') {
                 let lead = item.chars().take_while(|c| c.is_whitespace()).count();
                 levels.push((item.trim(), col + to_u32(offset + lead)));
@@ -135,6 +137,14 @@ mod tests {
                 tools: true,
                 llm: true,
                 ..Default::default()
+            })
+        );
+        assert_eq!(
+            tool("    pii_access: [user, tools,]\n"),
+            Ok(PiiAccess {
+                user: true,
+                tools: true,
+                llm: false
             })
         );
         assert_eq!(
