@@ -171,6 +171,10 @@ struct CallSlot {
     /// failed a granted completion does not count: the tool's own outcome
     /// stands then.
     sampling_refused: bool,
+    /// The run's model failed a completion this call's server asked for
+    /// (a provider error or timeout): the message, so that a tool error
+    /// that follows is a failure that may be retried, not a definite one.
+    sampling_model_failed: Option<String>,
     /// `sampling/createMessage` requests of this call answered with an
     /// error (for the log: the first at warn, the rest at debug, their
     /// number when the call ends).
@@ -1381,7 +1385,9 @@ impl ClientHandler for Handler {
                     .map_or(1, |slot| {
                         // A model that failed is not a refusal: the tool's
                         // own outcome stands.
-                        if code != SAMPLING_FAILED {
+                        if code == SAMPLING_FAILED {
+                            slot.sampling_model_failed = Some(message.clone());
+                        } else {
                             slot.sampling_refused = true;
                         }
                         slot.sampling_errors = slot.sampling_errors.saturating_add(1);
@@ -2063,6 +2069,7 @@ impl Shared {
                 unattributed_elicitation: false,
                 too_large: false,
                 sampling_refused: false,
+                sampling_model_failed: None,
                 sampling_errors: 0,
                 shared: false,
                 sampling: request.sampling.clone(),
@@ -2214,17 +2221,19 @@ impl Shared {
             params.request_state = input.request_state.clone();
         }
         let response = live.peer.call_tool_once(params).await;
-        let (needs_input, too_large, unattributed, sampling_refused) = lock(&self.calls.slots)
-            .get_mut(&marker)
-            .map(|s| {
-                (
-                    s.needs_input.take(),
-                    s.too_large,
-                    s.unattributed_elicitation,
-                    s.sampling_refused,
-                )
-            })
-            .unwrap_or_default();
+        let (needs_input, too_large, unattributed, sampling_refused, model_failed) =
+            lock(&self.calls.slots)
+                .get_mut(&marker)
+                .map(|s| {
+                    (
+                        s.needs_input.take(),
+                        s.too_large,
+                        s.unattributed_elicitation,
+                        s.sampling_refused,
+                        s.sampling_model_failed.take(),
+                    )
+                })
+                .unwrap_or_default();
         if too_large {
             return CallOutcome::AnswerTooLarge {
                 limit_bytes: u64::try_from(MAX_STDIO_MESSAGE_BYTES).unwrap_or(u64::MAX),
@@ -2281,6 +2290,18 @@ impl Shared {
         match outcome {
             // The server recovered from the refusal: its result stands.
             CallOutcome::Ok(_) => outcome,
+            // The run's model failed a completion the tool needed (a 429, a
+            // timeout): the tool ran and may have acted, and a repeat may
+            // succeed, so its repeat safety decides, not a definite refusal.
+            CallOutcome::ToolError(_) | CallOutcome::Rejected { .. } if model_failed.is_some() => {
+                CallOutcome::LostAfterSend {
+                    reason: format!(
+                        "the tool failed after the run's model failed a completion its server asked for (MCP sampling): {}; \
+                         the tool may have acted, and a repeat may succeed",
+                        model_failed.unwrap_or_default()
+                    ),
+                }
+            }
             _ if !sampling_refused => outcome,
             CallOutcome::ToolError(result) => CallOutcome::SamplingRefused {
                 may_have_acted: true,
