@@ -675,8 +675,10 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
     let output_schema = map
         .get_present("output_schema")
         .and_then(|n| json_schema(n, "output_schema", cx));
+    // An empty `pii_redaction:` is an error, not "off": for a privacy
+    // setting, a value lost in editing must not quietly turn it off.
     let pii_redaction = map
-        .get_present("pii_redaction")
+        .get("pii_redaction")
         .map(|n| parse_pii_redaction(n, cx))
         .unwrap_or_default();
     map.finish("an agent", AGENT_KEYS, cx);
@@ -747,6 +749,16 @@ fn parse_pii_redaction(node: &Node, cx: &mut Cx<'_>) -> Vec<PiiKind> {
                 );
             }
             kinds
+        }
+        Val::Null => {
+            cx.error_at(
+                node,
+                format!(
+                    "`pii_redaction:` has no value: write `true`, `false` or a list of kinds ({})",
+                    PiiKind::ALL.map(PiiKind::name).join(", ")
+                ),
+            );
+            Vec::new()
         }
         other => {
             cx.error_at(
@@ -2093,6 +2105,12 @@ max_output_tokens: 1024
             [
                 "5:16: `pii_redaction` takes `true`, `false` or a list of kinds (email, phone, card, iban, ssn), found \"yes\""
             ]
+        );
+        let empty = errors(&agent("pii_redaction:\n"));
+        assert_eq!(empty.len(), 1, "{empty:?}");
+        assert!(
+            empty[0].contains("`pii_redaction:` has no value"),
+            "{empty:?}"
         );
         assert_eq!(
             errors(&agent("pii_redaction: []\n")),
