@@ -64,6 +64,21 @@ fn refusals(d: &Decision) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The model's call `call_id` passes `token` (a tool's data) to `lookup`
+/// (`pii_access: user`): refused, naming the missing level.
+fn lookup_is_refused_a_tools_value(run: &mut Run, call_id: &str, token: &str) {
+    let d = run.model(
+        call_id,
+        &[("lookup", &format!(r#"{{"email":"{token}"}}"#))],
+        None,
+    );
+    let refused = refusals(&d);
+    assert!(
+        refused.len() == 1 && refused[0].1.contains("lacks `tools`"),
+        "{refused:?}"
+    );
+}
+
 #[test]
 fn the_model_sees_tokens_and_only_allowed_tools_get_the_data_back() {
     let (mut run, d) = Run::start(Opts {
@@ -122,16 +137,7 @@ fn the_model_sees_tokens_and_only_allowed_tools_get_the_data_back() {
 
     // `lookup` has `user`, not `tools`: the phone number from a result
     // stays out of its call.
-    let d = run.model(
-        "intake.m2",
-        &[("lookup", r#"{"email":"[PII:phone:1]"}"#)],
-        None,
-    );
-    let refused = refusals(&d);
-    assert!(
-        refused.len() == 1 && refused[0].1.contains("lacks `tools`"),
-        "{refused:?}"
-    );
+    lookup_is_refused_a_tools_value(&mut run, "intake.m2", "[PII:phone:1]");
 }
 
 #[test]
@@ -242,16 +248,7 @@ fn a_refused_final_answer_quotes_tokens_and_gives_no_value_a_new_origin() {
     let sent = serde_json::to_string(&model_messages(&d)).unwrap_or_default();
     assert!(!sent.contains("4111 1111"), "{sent}");
     // Still a tool's data only: `lookup` (`user`) may not have it.
-    let d = run.model(
-        "intake.m3",
-        &[("lookup", r#"{"email":"[PII:card:1]"}"#)],
-        None,
-    );
-    let refused = refusals(&d);
-    assert!(
-        refused.len() == 1 && refused[0].1.contains("lacks `tools`"),
-        "{refused:?}"
-    );
+    lookup_is_refused_a_tools_value(&mut run, "intake.m3", "[PII:card:1]");
 }
 
 #[test]

@@ -214,6 +214,30 @@ fn the_grant_bounds_the_sum_by_every_budget_and_parallel_calls_split_it() {
     assert!(g.iter().all(|g| g.max_total_tokens == Some(95)), "{g:?}");
 }
 
+/// Attempt 1 of `call_id` failed in a way that is retried.
+fn hiccup(call_id: &str) -> Input {
+    Input::TaskFailed {
+        call_id: call_id.into(),
+        attempt: 1,
+        error: "server hiccup".into(),
+        class: FailureClass::NotSent,
+        dispatched: true,
+        status_code: None,
+    }
+}
+
+/// The grant of the spec a decision gave a call again (`RekeyTask`).
+fn regranted(d: &Decision) -> Option<SamplingGrant> {
+    d.commands.iter().find_map(|c| match c {
+        Command::RekeyTask { spec, .. } => {
+            serde_json::from_value::<ToolCallSpec>(spec.clone())
+                .ok()?
+                .sampling
+        }
+        _ => None,
+    })
+}
+
 #[test]
 fn a_retry_gets_a_grant_from_what_is_left_after_the_first_attempt() {
     let mut run = at_the_call();
@@ -224,23 +248,9 @@ fn a_retry_gets_a_grant_from_what_is_left_after_the_first_attempt() {
             input_tokens: 40,
             output_tokens: 20,
         },
-        report: Box::new(Input::TaskFailed {
-            call_id: "n.t1".into(),
-            attempt: 1,
-            error: "server hiccup".into(),
-            class: FailureClass::NotSent,
-            dispatched: true,
-            status_code: None,
-        }),
+        report: Box::new(hiccup("n.t1")),
     });
-    let regranted = d.commands.iter().find_map(|c| match c {
-        Command::RekeyTask { spec, .. } => {
-            serde_json::from_value::<ToolCallSpec>(spec.clone())
-                .ok()?
-                .sampling
-        }
-        _ => None,
-    });
+    let regranted = regranted(&d);
     // 100 - 15 (model) - 60 (sampling) = 25 left.
     assert_eq!(regranted.map(|g| g.max_total_tokens), Some(Some(25)));
     assert!(
@@ -271,22 +281,8 @@ fn a_retry_takes_no_more_than_its_share_while_the_turns_other_calls_are_open() {
             .all(|(_, s)| s.sampling.as_ref().and_then(|g| g.max_total_tokens) == Some(95))
     );
     dispatch(&mut run, "n.t1");
-    let d = run.step(Input::TaskFailed {
-        call_id: "n.t1".into(),
-        attempt: 1,
-        error: "server hiccup".into(),
-        class: FailureClass::NotSent,
-        dispatched: true,
-        status_code: None,
-    });
-    let regranted = d.commands.iter().find_map(|c| match c {
-        Command::RekeyTask { spec, .. } => {
-            serde_json::from_value::<ToolCallSpec>(spec.clone())
-                .ok()?
-                .sampling
-        }
-        _ => None,
-    });
+    let d = run.step(hiccup("n.t1"));
+    let regranted = regranted(&d);
     // t2 and t3 still hold their 95 each: the retry gets a third, not all.
     assert_eq!(regranted.and_then(|g| g.max_total_tokens), Some(95));
 }

@@ -831,7 +831,9 @@ pub enum CallOutcome {
         reason: String,
     },
     /// The request was sent but its answer was lost (the server died, the
-    /// stream broke): the tool may have acted.
+    /// stream broke), or the tool failed after the run's model failed a
+    /// completion its server asked for (MCP sampling): the tool may have
+    /// acted, and a repeat may succeed.
     LostAfterSend {
         /// What happened.
         reason: String,
@@ -880,8 +882,9 @@ pub enum CallOutcome {
     /// was answered with a JSON-RPC error saying why (the call has no
     /// [`CallRequest::sampling`] grant, it used the grant's completions,
     /// several calls were in flight on a stdio connection so the asker is
-    /// unknown, the request holds something other than text, or the model
-    /// call failed) and the tool then reported an error or refused the
+    /// unknown, or the request holds something other than text; a model
+    /// call that failed is not a refusal, see [`CallOutcome::LostAfterSend`])
+    /// and the tool then reported an error or refused the
     /// call; or (protocol 2026-07-28) the call returned `input_required`
     /// with a sampling request in it, which Belay does not answer. A
     /// definite answer: repeating it changes nothing. A tool that recovers

@@ -22,8 +22,9 @@
 //!   else (stdio) to the only call in flight if it has been the only call
 //!   on the client since it started ([`CallSlot::shared`]); one that
 //!   cannot be tied for sure is refused and charged to, and marks, no
-//!   call. A model that fails a granted completion is answered -32603
-//!   without marking the call: the tool's own outcome stands.
+//!   call. A model that fails a granted completion is answered -32603 and
+//!   is not a refusal: a tool error that follows ends `LostAfterSend` (the
+//!   tool may have acted; a repeat may succeed).
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
 
@@ -1324,7 +1325,8 @@ impl ClientHandler for Handler {
     /// JSON-RPC error saying why, and the call is marked so that a failure
     /// that follows ends as [`CallOutcome::SamplingRefused`]. A request no
     /// call can be tied to for sure marks none, and a model that failed
-    /// (-32603) does not mark the call. The first error answer of a call
+    /// (-32603) marks the call so that a failure that follows ends as
+    /// [`CallOutcome::LostAfterSend`]. The first error answer of a call
     /// is logged at warn, the rest at debug.
     #[allow(deprecated)]
     async fn create_message(
@@ -1383,8 +1385,8 @@ impl ClientHandler for Handler {
                 let errors = lock(&self.shared.calls.slots)
                     .get_mut(&marker)
                     .map_or(1, |slot| {
-                        // A model that failed is not a refusal: the tool's
-                        // own outcome stands.
+                        // A model that failed is not a refusal: a failure
+                        // that follows may be retried (`LostAfterSend`).
                         if code == SAMPLING_FAILED {
                             slot.sampling_model_failed = Some(message.clone());
                         } else {
