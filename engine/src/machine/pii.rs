@@ -480,7 +480,7 @@ impl Redactor {
             .iter()
             .filter(|e| !e.value.is_empty() && out.contains(e.value.as_str()))
             .collect();
-        by_length.sort_by(|a, b| b.value.len().cmp(&a.value.len()));
+        by_length.sort_by_key(|e| std::cmp::Reverse(e.value.len()));
         for entry in by_length {
             out = replace_whole(&out, &entry.value, &entry.token);
         }
