@@ -508,6 +508,30 @@ impl Fleet {
         })
     }
 
+    /// CPU time (user + system) of the engines and of the workers, each
+    /// summed, ms; `None` in-process (then it is the bench's own).
+    ///
+    /// Errors: `/proc` unreadable, or a member has exited.
+    pub fn cpu_ms(&self) -> Result<Option<(f64, f64)>> {
+        if self.launch == Launch::InProcess {
+            return Ok(None);
+        }
+        let sum = |members: &[Member]| -> Result<f64> {
+            let mut ms = 0.0;
+            for member in members {
+                if let Member::Process(proc) = member {
+                    let pid = proc
+                        .child
+                        .id()
+                        .ok_or_else(|| anyhow!("{} has already exited", proc.name))?;
+                    ms += crate::cpu::process_cpu_ms(Some(pid), true)?;
+                }
+            }
+            Ok(ms)
+        };
+        Ok(Some((sum(&self.engines)?, sum(&self.workers)?)))
+    }
+
     /// Current RSS of every engine process (this process's own when
     /// in-process), KiB.
     ///

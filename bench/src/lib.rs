@@ -15,6 +15,7 @@
 //!   [`fleet`] (engines and workers, as processes or in-process), [`pg`]
 //!   (database, counters, latencies, ceiling).
 
+pub mod cpu;
 pub mod fake;
 pub mod fleet;
 pub mod pg;
@@ -274,6 +275,8 @@ pub struct Report {
     pub peak_rss: PeakRss,
     /// PostgreSQL's single-insert commit ceiling, unless skipped.
     pub ceiling: Option<Ceiling>,
+    /// CPU time spent during the workload, by process.
+    pub cpu: cpu::CpuReading,
 }
 
 fn mib(kib: u64) -> f64 {
@@ -392,6 +395,7 @@ impl Report {
                 t.seq_tup_read as f64 / steps,
             ));
         }
+        lines.push(self.cpu.per_step_line(self.steps));
         lines.push(rss_line(
             "engine",
             &self.peak_rss.engines_kib,
@@ -587,6 +591,7 @@ async fn run_in(
             .load(std::sync::atomic::Ordering::Relaxed),
         peak_rss,
         ceiling,
+        cpu: workload.cpu,
     })
 }
 
@@ -597,6 +602,7 @@ struct Workload {
     before: DbCounts,
     bench_statements: u64,
     polled_runs: u64,
+    cpu: cpu::CpuReading,
 }
 
 /// Starts an engine in `fleet`, registers the workflow through it and
@@ -675,11 +681,14 @@ async fn drive(
         Duration::from_millis(config.poll_ms.max(1)),
         poll_stopped,
     ));
+    let cpu_before = cpu_reading(fleet)?;
     let outcome = submit_and_wait(config, &clients, fleet, &waiters, &monitor).await;
+    let cpu_after = cpu_reading(fleet);
     let _ = stop_poll.send(true);
     let poll_result = poller.await;
     let (runs, elapsed) = outcome?;
     poll_result.context("the run poller panicked")??;
+    let cpu = cpu_after?.since(&cpu_before);
     let bench_statements = settled.statements + monitor.statements();
     let polled_runs = monitor.polled_runs();
     monitor.close().await;
@@ -689,7 +698,18 @@ async fn drive(
         before: settled.counts,
         bench_statements,
         polled_runs,
+        cpu,
     })
+}
+
+/// CPU time of the fleet, the bench, PostgreSQL and the machine, now.
+fn cpu_reading(fleet: &Fleet) -> Result<cpu::CpuReading> {
+    let mut reading = cpu::CpuReading::read_base()?;
+    if let Some((engines, workers)) = fleet.cpu_ms()? {
+        reading.engines_ms = Some(engines);
+        reading.workers_ms = Some(workers);
+    }
+    Ok(reading)
 }
 
 /// Every `interval`, asks PostgreSQL which of the runs being waited for have

@@ -66,6 +66,7 @@ fn check(report: &Report) {
         "step latency p50: ",
         "step latency p99: ",
         "postgres transactions per step: ",
+        "cpu ms per step: ",
         "engine peak RSS: ",
         "worker peak RSS: ",
         "postgres single-insert commits/s: ",
@@ -87,6 +88,12 @@ async fn engine_and_worker_as_processes() -> anyhow::Result<()> {
     assert!(!report.peak_rss.shared_process);
     assert_eq!(report.peak_rss.engines_kib.len(), 1);
     assert_eq!(report.peak_rss.workers_kib.len(), 1);
+    // Each process's CPU time is read, and a running engine and worker
+    // spend some (10 ms ticks: 15 steps cost more than nothing).
+    let engines = report.cpu.engines_ms.unwrap_or(-1.0);
+    let workers = report.cpu.workers_ms.unwrap_or(-1.0);
+    assert!(engines >= 0.0 && workers >= 0.0, "{:?}", report.cpu);
+    assert!(report.cpu.machine_busy_ms > 0.0, "{:?}", report.cpu);
     Ok(())
 }
 
@@ -95,6 +102,7 @@ async fn engine_and_worker_in_process() -> anyhow::Result<()> {
     let report = belay_bench::run(&small(Launch::InProcess)).await?;
     check(&report);
     assert!(report.peak_rss.shared_process);
+    assert!(report.cpu.engines_ms.is_none() && report.cpu.workers_ms.is_none());
     Ok(())
 }
 
