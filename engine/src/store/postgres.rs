@@ -374,7 +374,7 @@ impl Pg {
         for event in &decision.events {
             state.apply(event);
         }
-        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state).await?;
+        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state, None).await?;
         tx.commit().await?;
         self.wakes.send(run_id, wakes);
         let row = self
@@ -490,17 +490,18 @@ impl Pg {
             Target::Task(task_id) | Target::Dispatch(task_id) => (None, Some(task_id)),
         };
         let row: Option<LockedRow> = sqlx::query_as(
-            "WITH r AS (
+            "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
+             r AS (
                  SELECT run_id, tenant, last_seq FROM runs
                  WHERE run_id = COALESCE($1, (SELECT run_id FROM tasks WHERE task_id = $2))
                  FOR UPDATE)
-             SELECT r.run_id, r.tenant, r.last_seq, belay_now() AS now,
+             SELECT r.run_id, r.tenant, r.last_seq, (SELECT now FROM clock) AS now,
                     t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
                     t.dispatched_at, t.lease_expired,
                     CASE WHEN $3 THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
              FROM r LEFT JOIN LATERAL (
                  SELECT task_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
-                        (lease_expires_at IS NOT NULL AND lease_expires_at <= belay_now()) AS lease_expired
+                        (lease_expires_at IS NOT NULL AND lease_expires_at <= (SELECT now FROM clock)) AS lease_expired
                  FROM tasks WHERE task_id = $2 AND (run_id = r.run_id) IS TRUE
                  FOR UPDATE) t ON true",
         )
@@ -562,8 +563,16 @@ impl Pg {
         for event in &decision.events {
             after.apply(event);
         }
-        let mut wakes =
-            write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        let mut wakes = write_decision(
+            &mut tx,
+            run_id,
+            &tenant,
+            last_seq,
+            &decision,
+            &after,
+            Some(row.now),
+        )
+        .await?;
         let secrets = std::mem::take(&mut wakes.secrets);
         tx.commit().await.map_err(StoreError::from)?;
         self.wakes.send(run_id, wakes);
@@ -605,17 +614,18 @@ impl Pg {
         lease_ms: i64,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
         Ok(sqlx::query_as(
-            "WITH picked AS (
+            "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
+             picked AS (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
-                 WHERE t.status = 'ready' AND t.available_at <= belay_now()
+                 WHERE t.status = 'ready' AND t.available_at <= (SELECT now FROM clock)
                    AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT $2
                  FOR UPDATE OF t SKIP LOCKED)
              UPDATE tasks t SET status = 'leased', attempt = t.attempt + 1, worker_id = $1,
-                    lease_expires_at = belay_now() + make_interval(secs => $3::float8 / 1000.0),
-                    dispatched = false, updated_at = belay_now()
-             FROM picked WHERE t.task_id = picked.task_id
+                    lease_expires_at = clock.now + make_interval(secs => $3::float8 / 1000.0),
+                    dispatched = false, updated_at = clock.now
+             FROM picked, clock WHERE t.task_id = picked.task_id
              RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key",
         )
         .bind(worker_id)
@@ -983,6 +993,100 @@ async fn load_state(
 /// update the run row from the state `after` the events. Returns what to
 /// wake once the transaction has committed ([`super::pg_wakes`]), and what
 /// a [`Command::RestoreSecrets`] read from the run's vault.
+/// The task writes of a decision whose commands are only the hot path's
+/// (schedule, retry, mark dispatched, end), each on a different call: they
+/// go into the statement that appends the events and updates the run row,
+/// as data-modifying CTEs over arrays (one round trip and one executor start
+/// instead of one per command; belay-bench measured the round trips to
+/// PostgreSQL as the largest part of the engine's and the server's CPU per
+/// step). The CTEs of one statement see the same snapshot and PostgreSQL
+/// cannot update one row twice in one statement, so a decision that touches
+/// a call twice, or has any other command, is written one command at a
+/// time instead ([`TaskWrites::of`] answers `None`).
+#[derive(Default)]
+struct TaskWrites<'a> {
+    schedule_ids: Vec<Uuid>,
+    schedule_calls: Vec<&'a str>,
+    schedule_kinds: Vec<&'static str>,
+    schedule_specs: Vec<&'a Value>,
+    schedule_keys: Vec<&'a str>,
+    schedule_safety: Vec<Option<&'static str>>,
+    schedule_paused: Vec<bool>,
+    retry_calls: Vec<&'a str>,
+    /// Backoff of each retried call, ms.
+    retry_delays_ms: Vec<f64>,
+    dispatch_calls: Vec<&'a str>,
+    dispatch_attempts: Vec<i32>,
+    end_calls: Vec<&'a str>,
+    end_statuses: Vec<&'static str>,
+}
+
+impl<'a> TaskWrites<'a> {
+    /// The task writes of `commands`, or `None` when they cannot share one
+    /// statement (another command, or one call touched twice).
+    fn of(commands: &'a [Command]) -> Option<TaskWrites<'a>> {
+        let mut w = TaskWrites::default();
+        let mut calls = std::collections::HashSet::new();
+        for command in commands {
+            let call = match command {
+                Command::ScheduleTask {
+                    call_id,
+                    kind,
+                    spec,
+                    idempotency_key,
+                    repeat_safety,
+                    runs_while_paused,
+                } => {
+                    w.schedule_ids.push(Uuid::now_v7());
+                    w.schedule_calls.push(call_id);
+                    w.schedule_kinds.push(kind.as_str());
+                    w.schedule_specs.push(spec);
+                    w.schedule_keys.push(idempotency_key);
+                    w.schedule_safety.push(repeat_safety.map(|r| r.as_str()));
+                    w.schedule_paused.push(*runs_while_paused);
+                    call_id
+                }
+                Command::RetryTask { call_id, delay_ms } => {
+                    w.retry_calls.push(call_id);
+                    w.retry_delays_ms.push(*delay_ms as f64);
+                    call_id
+                }
+                Command::MarkDispatched { call_id, attempt } => {
+                    w.dispatch_calls.push(call_id);
+                    w.dispatch_attempts.push(i32::try_from(*attempt).ok()?);
+                    call_id
+                }
+                Command::EndTask { call_id, end } => {
+                    w.end_calls.push(call_id);
+                    w.end_statuses.push(task_end_status(end));
+                    call_id
+                }
+                // Served before the decision is written.
+                Command::PassToolGates { .. } | Command::LookupToolCache { .. } => continue,
+                _ => return None,
+            };
+            if !calls.insert(call.as_str()) {
+                return None;
+            }
+        }
+        Some(w)
+    }
+}
+
+/// The `tasks.status` a task ends with.
+fn task_end_status(end: &TaskEnd) -> &'static str {
+    match end {
+        TaskEnd::Completed => "completed",
+        TaskEnd::Failed => "failed",
+        TaskEnd::Uncertain => "uncertain",
+        TaskEnd::Cancelled => "cancelled",
+    }
+}
+
+/// Writes a decision: its events, the run row, and each command's rows.
+/// `now` is the engine's clock read by the transition's lock statement
+/// (`belay_now()` once, instead of in every statement), `None` for a new run.
+#[allow(clippy::too_many_arguments)]
 async fn write_decision(
     tx: &mut Transaction<'static, Postgres>,
     run_id: Uuid,
@@ -990,6 +1094,7 @@ async fn write_decision(
     last_seq: i64,
     decision: &Decision,
     after: &RunState,
+    now: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
         tasks: decision
@@ -1006,6 +1111,8 @@ async fn write_decision(
         secrets: Vec::new(),
     };
     let mut parent_run_id: Option<Uuid> = None;
+    // Whether the task writes went with the events ([`TaskWrites`]).
+    let mut commands_written = false;
     if !decision.events.is_empty() {
         let mut seqs = Vec::with_capacity(decision.events.len());
         let mut kinds = Vec::with_capacity(decision.events.len());
@@ -1018,9 +1125,70 @@ async fn write_decision(
                     .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
             );
         }
-        // One round trip: the events and the run row (a projection of them).
+        // One round trip: the events and the run row (a projection of them),
+        // and on the hot path the task writes too.
         let new_seq = last_seq + decision.events.len() as i64;
-        let (parent,): (Option<Uuid>,) = sqlx::query_as(
+        if let Some(w) = TaskWrites::of(&decision.commands) {
+            let (parent,): (Option<Uuid>,) = sqlx::query_as(
+                "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
+                 ins AS (
+                     INSERT INTO events (run_id, seq, kind, payload, tenant)
+                     SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
+                 upd AS (
+                     UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
+                            updated_at = (SELECT now FROM clock)
+                     WHERE run_id = $1 RETURNING parent_run_id),
+                 sched AS (
+                     INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key,
+                                        repeat_safety, runs_while_paused, available_at, created_at, updated_at)
+                     SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, clock.now, clock.now, clock.now
+                     FROM UNNEST($11::uuid[], $12::text[], $13::text[], $14::jsonb[], $15::text[], $16::text[],
+                                 $17::bool[]) AS n(id, c, k, sp, ik, rs, rp), clock),
+                 retry AS (
+                     UPDATE tasks t SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
+                            available_at = clock.now + make_interval(secs => r.ms / 1000.0), updated_at = clock.now
+                     FROM UNNEST($18::text[], $19::float8[]) AS r(c, ms), clock
+                     WHERE t.run_id = $1 AND t.call_id = r.c),
+                 disp AS (
+                     UPDATE tasks t SET dispatched = true, dispatched_attempt = d.a, dispatched_at = clock.now,
+                            updated_at = clock.now
+                     FROM UNNEST($20::text[], $21::int4[]) AS d(c, a), clock
+                     WHERE t.run_id = $1 AND t.call_id = d.c AND t.attempt = d.a AND t.status = 'leased'),
+                 ends AS (
+                     UPDATE tasks t SET status = x.st, lease_expires_at = NULL, updated_at = clock.now
+                     FROM UNNEST($22::text[], $23::text[]) AS x(c, st), clock
+                     WHERE t.run_id = $1 AND t.call_id = x.c)
+                 SELECT (SELECT parent_run_id FROM upd)",
+            )
+            .bind(run_id)
+            .bind(&seqs)
+            .bind(&kinds)
+            .bind(&payloads)
+            .bind(after.status.as_str())
+            .bind(&after.status_reason)
+            .bind(after.output.as_ref())
+            .bind(new_seq)
+            .bind(tenant)
+            .bind(now)
+            .bind(&w.schedule_ids)
+            .bind(&w.schedule_calls)
+            .bind(&w.schedule_kinds)
+            .bind(&w.schedule_specs)
+            .bind(&w.schedule_keys)
+            .bind(&w.schedule_safety)
+            .bind(&w.schedule_paused)
+            .bind(&w.retry_calls)
+            .bind(&w.retry_delays_ms)
+            .bind(&w.dispatch_calls)
+            .bind(&w.dispatch_attempts)
+            .bind(&w.end_calls)
+            .bind(&w.end_statuses)
+            .fetch_one(&mut **tx)
+            .await?;
+            parent_run_id = parent;
+            commands_written = true;
+        } else {
+            let (parent,): (Option<Uuid>,) = sqlx::query_as(
             "WITH ins AS (
                  INSERT INTO events (run_id, seq, kind, payload, tenant)
                  SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
@@ -1041,9 +1209,15 @@ async fn write_decision(
         .bind(tenant)
         .fetch_one(&mut **tx)
         .await?;
-        parent_run_id = parent;
+            parent_run_id = parent;
+        }
     }
-    for command in &decision.commands {
+    let commands = if commands_written {
+        &[][..]
+    } else {
+        &decision.commands[..]
+    };
+    for command in commands {
         match command {
             Command::ScheduleTask {
                 call_id,
@@ -1093,12 +1267,7 @@ async fn write_decision(
                 .await?;
             }
             Command::EndTask { call_id, end } => {
-                let status = match end {
-                    TaskEnd::Completed => "completed",
-                    TaskEnd::Failed => "failed",
-                    TaskEnd::Uncertain => "uncertain",
-                    TaskEnd::Cancelled => "cancelled",
-                };
+                let status = task_end_status(end);
                 sqlx::query(
                     "UPDATE tasks SET status = $3, lease_expires_at = NULL, updated_at = belay_now()
                      WHERE run_id = $1 AND call_id = $2",
@@ -1903,5 +2072,56 @@ impl Pg {
              ORDER BY p.recorded_at DESC, p.run_id DESC, p.seq DESC"
         ));
         Ok(sql.build_query_as().fetch_all(&self.pool).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::TaskKind;
+
+    fn schedule(call: &str) -> Command {
+        Command::ScheduleTask {
+            call_id: call.to_owned(),
+            kind: TaskKind::ToolCall,
+            spec: serde_json::json!({}),
+            idempotency_key: format!("key-{call}"),
+            repeat_safety: None,
+            runs_while_paused: false,
+        }
+    }
+
+    #[test]
+    fn the_hot_path_takes_only_task_writes_on_different_calls() {
+        // End one call, schedule the next: one statement.
+        let commands = vec![
+            Command::EndTask {
+                call_id: "a.t1".to_owned(),
+                end: TaskEnd::Completed,
+            },
+            schedule("a.m2"),
+        ];
+        let w = TaskWrites::of(&commands).expect("hot path");
+        assert_eq!(w.end_calls, ["a.t1"]);
+        assert_eq!(w.end_statuses, ["completed"]);
+        assert_eq!(w.schedule_calls, ["a.m2"]);
+        assert_eq!(w.schedule_kinds, ["tool_call"]);
+        // A call touched twice: one statement could not update its row twice.
+        let twice = vec![
+            Command::RetryTask {
+                call_id: "a.t1".to_owned(),
+                delay_ms: 10,
+            },
+            Command::EndTask {
+                call_id: "a.t1".to_owned(),
+                end: TaskEnd::Failed,
+            },
+        ];
+        assert!(TaskWrites::of(&twice).is_none());
+        // Any other command: written one at a time.
+        let other = vec![schedule("a.m2"), Command::CancelOpenTasks];
+        assert!(TaskWrites::of(&other).is_none());
+        // No command at all: nothing for the tasks table.
+        assert!(TaskWrites::of(&[]).is_some_and(|w| w.schedule_ids.is_empty()));
     }
 }
