@@ -1251,9 +1251,9 @@ impl Coordinator {
             let notified = self.tasks_ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let tasks = self
+            let (tasks, next_ready_ms) = self
                 .store
-                .claim_tasks(worker_id, max as i64, self.config.lease_ms as i64)
+                .claim_tasks_or_next(worker_id, max as i64, self.config.lease_ms as i64)
                 .await?;
             if tasks.len() as u32 == max {
                 // A full batch: more may be ready; let the next claimer look.
@@ -1273,7 +1273,7 @@ impl Coordinator {
             // deadline; re-check at least every second in case a
             // notification was lost while the listener reconnected.
             let mut wait = deadline - now;
-            if let Some(ms) = self.store.next_ready_in_ms().await? {
+            if let Some(ms) = next_ready_ms {
                 wait = wait.min(Duration::from_millis(ms as u64 + 5));
             }
             wait = wait.min(Duration::from_secs(1));

@@ -1081,6 +1081,19 @@ impl Store {
         on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms).await)
     }
 
+    /// [`Store::claim_tasks`], and when nothing was claimed, also
+    /// [`Store::next_ready_in_ms`] (PostgreSQL: in the same statement, one
+    /// round trip). Returns the tasks and, when there are none, the ms until
+    /// the earliest ready task is claimable (`None`: no ready task).
+    pub async fn claim_tasks_or_next(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+    ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
+        on_backend!(self, b => b.claim_tasks_or_next(worker_id, max, lease_ms).await)
+    }
+
     /// Extend the leases a worker still holds (not yet expired, same
     /// attempt) by `lease_ms` from now. Returns the `(task_id, attempt)`
     /// pairs extended.

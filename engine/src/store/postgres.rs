@@ -621,16 +621,29 @@ impl Pg {
 
     // ---- tasks -----------------------------------------------------------
 
-    /// Claim up to `max` ready tasks of running runs for `worker_id`, with a
-    /// lease of `lease_ms` by the database clock. Each claim increments the
-    /// task's attempt (the fencing token).
+    /// Claim up to `max` ready tasks (see [`Pg::claim_tasks_or_next`]).
     pub(crate) async fn claim_tasks(
         &self,
         worker_id: &str,
         max: i64,
         lease_ms: i64,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(self.claim_tasks_or_next(worker_id, max, lease_ms).await?.0)
+    }
+
+    /// Claim up to `max` ready tasks of running runs for `worker_id`, with a
+    /// lease of `lease_ms` by the database clock. Each claim increments the
+    /// task's attempt (the fencing token). When none is claimed, also says
+    /// when the earliest ready task becomes claimable (as
+    /// [`Pg::next_ready_in_ms`]), in the same statement: an idle claimer
+    /// otherwise asked with a second round trip after every empty claim.
+    pub(crate) async fn claim_tasks_or_next(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+    ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
+        let rows: Vec<ClaimOrNext> = sqlx::query_as(
             "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
              picked AS (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
@@ -638,18 +651,38 @@ impl Pg {
                    AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT $2
-                 FOR UPDATE OF t SKIP LOCKED)
-             UPDATE tasks t SET status = 'leased', attempt = t.attempt + 1, worker_id = $1,
-                    lease_expires_at = clock.now + make_interval(secs => $3::float8 / 1000.0),
-                    dispatched = false, updated_at = clock.now
-             FROM picked, clock WHERE t.task_id = picked.task_id
-             RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key",
+                 FOR UPDATE OF t SKIP LOCKED),
+             claimed AS (
+                 UPDATE tasks t SET status = 'leased', attempt = t.attempt + 1, worker_id = $1,
+                        lease_expires_at = clock.now + make_interval(secs => $3::float8 / 1000.0),
+                        dispatched = false, updated_at = clock.now
+                 FROM picked, clock WHERE t.task_id = picked.task_id
+                 RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key)
+             SELECT task_id, run_id, tenant, kind, attempt, spec, idempotency_key,
+                    NULL::float8 AS next_ready_ms
+             FROM claimed
+             UNION ALL
+             SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                    (SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - (SELECT now FROM clock))) * 1000)::float8
+                     FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                     WHERE t.status = 'ready'
+                       AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused)))
+             WHERE NOT EXISTS (SELECT 1 FROM claimed)",
         )
         .bind(worker_id)
         .bind(max)
         .bind(lease_ms as f64)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let mut tasks = Vec::with_capacity(rows.len());
+        let mut next = None;
+        for row in rows {
+            match row.task() {
+                Some(task) => tasks.push(task),
+                None => next = row.next_ready_ms.map(|ms| ms.max(0.0) as i64),
+            }
+        }
+        Ok((tasks, next))
     }
 
     /// Extend the leases a worker still holds (not yet expired, same
@@ -1614,6 +1647,34 @@ async fn write_decision(
 
 // ---- tool gates (rate limits, circuit breakers) ------------------------
 // The rules are in `crate::gates`; these statements load and save its rows.
+
+/// A row of [`Pg::claim_tasks_or_next`]: a claimed task, or (alone, when
+/// none was claimed) the time until the earliest ready task, ms.
+#[derive(sqlx::FromRow)]
+struct ClaimOrNext {
+    task_id: Option<Uuid>,
+    run_id: Option<Uuid>,
+    tenant: Option<String>,
+    kind: Option<String>,
+    attempt: Option<i32>,
+    spec: Option<Value>,
+    idempotency_key: Option<String>,
+    next_ready_ms: Option<f64>,
+}
+
+impl ClaimOrNext {
+    fn task(&self) -> Option<ClaimedTask> {
+        Some(ClaimedTask {
+            task_id: self.task_id?,
+            run_id: self.run_id?,
+            tenant: self.tenant.clone()?,
+            kind: self.kind.clone()?,
+            attempt: self.attempt?,
+            spec: self.spec.clone()?,
+            idempotency_key: self.idempotency_key.clone()?,
+        })
+    }
+}
 
 /// The columns of a `tool_gates` row, then the engine's clock in ms.
 const GATE_COLUMNS: &str = "next_at_ms, queue_at_ms, failures::int8, circuit, retry_at_ms, floor(EXTRACT(EPOCH FROM belay_now()) * 1000)::int8";

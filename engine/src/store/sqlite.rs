@@ -715,6 +715,21 @@ impl Lite {
         .await?)
     }
 
+    /// See [`Store::claim_tasks_or_next`](super::Store::claim_tasks_or_next):
+    /// two statements here (one writer, no round trip to save).
+    pub(crate) async fn claim_tasks_or_next(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+    ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
+        let tasks = self.claim_tasks(worker_id, max, lease_ms).await?;
+        if !tasks.is_empty() {
+            return Ok((tasks, None));
+        }
+        Ok((tasks, self.next_ready_in_ms().await?))
+    }
+
     pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
         let row: Option<(Option<f64>,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT (julianday(MIN(t.available_at)) - julianday('now', {CLOCK})) * 86400000.0
