@@ -73,7 +73,9 @@ impl Pg {
         })??;
         sqlx::Connection::close(probe).await?;
         // sqlx pings (a round trip) every connection it hands out by
-        // default; a connection used within the last second is live but for
+        // default (and, unconditionally, every one given back, which also
+        // closes one that broke in use); a connection used within the last
+        // second is live but for
         // a server restart in that second, which fails the statement and
         // the transaction rolls back (the caller retries, and sqlx drops the
         // broken connection), so only a longer idle one is pinged.
@@ -663,10 +665,13 @@ impl Pg {
              FROM claimed
              UNION ALL
              SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                    (SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - (SELECT now FROM clock))) * 1000)::float8
+                    -- ORDER BY + LIMIT 1, not MIN(): PostgreSQL turns MIN
+                    -- over a join into reading every ready task and run.
+                    (SELECT (EXTRACT(EPOCH FROM (t.available_at - (SELECT now FROM clock))) * 1000)::float8
                      FROM tasks t JOIN runs r ON r.run_id = t.run_id
                      WHERE t.status = 'ready'
-                       AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused)))
+                       AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
+                     ORDER BY t.available_at LIMIT 1)
              WHERE NOT EXISTS (SELECT 1 FROM claimed)",
         )
         .bind(worker_id)
@@ -727,10 +732,11 @@ impl Pg {
     /// one is claimable now), or `None` when no task is ready.
     pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
         let row: Option<(Option<f64>,)> = sqlx::query_as(
-            "SELECT (EXTRACT(EPOCH FROM (MIN(t.available_at) - belay_now())) * 1000)::float8
+            "SELECT (EXTRACT(EPOCH FROM (t.available_at - belay_now())) * 1000)::float8
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.status = 'ready'
-               AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))",
+               AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
+             ORDER BY t.available_at LIMIT 1",
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -1178,8 +1184,12 @@ async fn write_decision(
         // One round trip: the events and the run row (a projection of them),
         // and on the hot path the task writes too.
         let new_seq = last_seq + decision.events.len() as i64;
-        if let Some(w) = TaskWrites::of(&decision.commands) {
-            let (parent,): (Option<Uuid>,) = sqlx::query_as(
+        // Any other decision writes its commands one at a time below, with
+        // no task writes here.
+        let hot = TaskWrites::of(&decision.commands);
+        commands_written = hot.is_some();
+        let w = hot.unwrap_or_default();
+        let (parent,): (Option<Uuid>,) = sqlx::query_as(
                 "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
                  ins AS (
                      INSERT INTO events (run_id, seq, kind, payload, tenant)
@@ -1194,26 +1204,33 @@ async fn write_decision(
                      SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, clock.now, clock.now, clock.now
                      FROM UNNEST($11::uuid[], $12::text[], $13::text[], $14::jsonb[], $15::text[], $16::text[],
                                  $17::bool[]) AS n(id, c, k, sp, ik, rs, rp), clock),
-                 -- The updates find their rows by `call_id = ANY(...)` on the
-                 -- (run_id, call_id) key, and each row's own value by its
-                 -- position in the array: a join with UNNEST let a generic
-                 -- plan read the whole index (~3 500 entries a statement,
-                 -- seen in belay-bench).
+                 -- The updates find their rows by task_id, each looked up by
+                 -- the exact (run_id, call_id) key, and each row's own value
+                 -- by its position in the array. Simpler forms let a generic
+                 -- plan read the run's whole index range or every leased
+                 -- task: a join with UNNEST (~3 500 entries a statement in
+                 -- belay-bench), `call_id = ANY(...)` (all the run's tasks,
+                 -- even for an empty array), `status = 'leased'` (a
+                 -- BitmapAnd with `tasks_leased`).
                  retry AS (
                      UPDATE tasks t SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
                             available_at = (SELECT now FROM clock) + make_interval(
                                 secs => ($19::float8[])[array_position($18::text[], t.call_id)] / 1000.0),
                             updated_at = (SELECT now FROM clock)
-                     WHERE t.run_id = $1 AND t.call_id = ANY($18::text[])),
+                     WHERE t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
+                                                 FROM UNNEST($18::text[]) AS c))),
                  disp AS (
                      UPDATE tasks t SET dispatched = true, dispatched_attempt = t.attempt,
                             dispatched_at = (SELECT now FROM clock), updated_at = (SELECT now FROM clock)
-                     WHERE t.run_id = $1 AND t.call_id = ANY($20::text[]) AND t.status = 'leased'
+                     WHERE t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
+                                                 FROM UNNEST($20::text[]) AS c))
+                       AND (t.status = 'leased') IS TRUE
                        AND t.attempt = ($21::int4[])[array_position($20::text[], t.call_id)]),
                  ends AS (
                      UPDATE tasks t SET status = ($23::text[])[array_position($22::text[], t.call_id)],
                             lease_expires_at = NULL, updated_at = (SELECT now FROM clock)
-                     WHERE t.run_id = $1 AND t.call_id = ANY($22::text[]))
+                     WHERE t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
+                                                 FROM UNNEST($22::text[]) AS c)))
                  SELECT (SELECT parent_run_id FROM upd)",
             )
             .bind(run_id)
@@ -1241,32 +1258,7 @@ async fn write_decision(
             .bind(&w.end_statuses)
             .fetch_one(&mut **tx)
             .await?;
-            parent_run_id = parent;
-            commands_written = true;
-        } else {
-            let (parent,): (Option<Uuid>,) = sqlx::query_as(
-            "WITH ins AS (
-                 INSERT INTO events (run_id, seq, kind, payload, tenant)
-                 SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
-             upd AS (
-                 UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
-                        updated_at = belay_now()
-                 WHERE run_id = $1 RETURNING parent_run_id)
-             SELECT (SELECT parent_run_id FROM upd)",
-        )
-        .bind(run_id)
-        .bind(&seqs)
-        .bind(&kinds)
-        .bind(&payloads)
-        .bind(after.status.as_str())
-        .bind(&after.status_reason)
-        .bind(after.output.as_ref())
-        .bind(new_seq)
-        .bind(tenant)
-        .fetch_one(&mut **tx)
-        .await?;
-            parent_run_id = parent;
-        }
+        parent_run_id = parent;
     }
     let commands = if commands_written {
         &[][..]
