@@ -1129,6 +1129,95 @@ impl<'a> TaskWrites<'a> {
     }
 }
 
+impl TaskWrites<'_> {
+    /// The statement that appends the events (`$1` run, `$2..$4` seqs,
+    /// kinds, payloads, `$9` tenant), updates the run row (`$5..$8`), with
+    /// the clock `$10`, and writes the tasks: the CTEs of the non-empty
+    /// kinds only, their parameters numbered on from `$11` in the order
+    /// schedule (7), retry (2), dispatch (2), end (2).
+    fn statement(&self) -> String {
+        let mut sql = String::from(
+            "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
+             ins AS (
+                 INSERT INTO events (run_id, seq, kind, payload, tenant)
+                 SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
+             upd AS (
+                 UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
+                        updated_at = (SELECT now FROM clock)
+                 WHERE run_id = $1 RETURNING parent_run_id)",
+        );
+        // The updates find their rows by task_id, each looked up by the
+        // exact (run_id, call_id) key, and each row's own value by its
+        // position in the array. Simpler forms let a generic plan read the
+        // run's whole index range or every leased task: a join with UNNEST
+        // (~3 500 entries a statement in belay-bench), `call_id = ANY(...)`
+        // (all the run's tasks), `status = 'leased'` (a BitmapAnd with
+        // `tasks_leased`).
+        let rows = |calls: usize| {
+            format!(
+                "t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
+                                       FROM UNNEST(${calls}::text[]) AS c))"
+            )
+        };
+        let mut n = 10;
+        if !self.schedule_ids.is_empty() {
+            sql += &format!(
+                ", sched AS (
+                 INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key,
+                                    repeat_safety, runs_while_paused, available_at, created_at, updated_at)
+                 SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, clock.now, clock.now, clock.now
+                 FROM UNNEST(${}::uuid[], ${}::text[], ${}::text[], ${}::jsonb[], ${}::text[], ${}::text[],
+                             ${}::bool[]) AS n(id, c, k, sp, ik, rs, rp), clock)",
+                n + 1,
+                n + 2,
+                n + 3,
+                n + 4,
+                n + 5,
+                n + 6,
+                n + 7
+            );
+            n += 7;
+        }
+        if !self.retry_calls.is_empty() {
+            let (calls, ms) = (n + 1, n + 2);
+            sql += &format!(
+                ", retry AS (
+                 UPDATE tasks t SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
+                        available_at = (SELECT now FROM clock) + make_interval(
+                            secs => (${ms}::float8[])[array_position(${calls}::text[], t.call_id)] / 1000.0),
+                        updated_at = (SELECT now FROM clock)
+                 WHERE {})",
+                rows(calls)
+            );
+            n += 2;
+        }
+        if !self.dispatch_calls.is_empty() {
+            let (calls, attempts) = (n + 1, n + 2);
+            sql += &format!(
+                ", disp AS (
+                 UPDATE tasks t SET dispatched = true, dispatched_attempt = t.attempt,
+                        dispatched_at = (SELECT now FROM clock), updated_at = (SELECT now FROM clock)
+                 WHERE {} AND (t.status = 'leased') IS TRUE
+                   AND t.attempt = (${attempts}::int4[])[array_position(${calls}::text[], t.call_id)])",
+                rows(calls)
+            );
+            n += 2;
+        }
+        if !self.end_calls.is_empty() {
+            let (calls, statuses) = (n + 1, n + 2);
+            sql += &format!(
+                ", ends AS (
+                 UPDATE tasks t SET status = (${statuses}::text[])[array_position(${calls}::text[], t.call_id)],
+                        lease_expires_at = NULL, updated_at = (SELECT now FROM clock)
+                 WHERE {})",
+                rows(calls)
+            );
+        }
+        sql += " SELECT (SELECT parent_run_id FROM upd)";
+        sql
+    }
+}
+
 /// The `tasks.status` a task ends with.
 fn task_end_status(end: &TaskEnd) -> &'static str {
     match end {
@@ -1189,50 +1278,11 @@ async fn write_decision(
         let hot = TaskWrites::of(&decision.commands);
         commands_written = hot.is_some();
         let w = hot.unwrap_or_default();
-        let (parent,): (Option<Uuid>,) = sqlx::query_as(
-                "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
-                 ins AS (
-                     INSERT INTO events (run_id, seq, kind, payload, tenant)
-                     SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
-                 upd AS (
-                     UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
-                            updated_at = (SELECT now FROM clock)
-                     WHERE run_id = $1 RETURNING parent_run_id),
-                 sched AS (
-                     INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key,
-                                        repeat_safety, runs_while_paused, available_at, created_at, updated_at)
-                     SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, clock.now, clock.now, clock.now
-                     FROM UNNEST($11::uuid[], $12::text[], $13::text[], $14::jsonb[], $15::text[], $16::text[],
-                                 $17::bool[]) AS n(id, c, k, sp, ik, rs, rp), clock),
-                 -- The updates find their rows by task_id, each looked up by
-                 -- the exact (run_id, call_id) key, and each row's own value
-                 -- by its position in the array. Simpler forms let a generic
-                 -- plan read the run's whole index range or every leased
-                 -- task: a join with UNNEST (~3 500 entries a statement in
-                 -- belay-bench), `call_id = ANY(...)` (all the run's tasks,
-                 -- even for an empty array), `status = 'leased'` (a
-                 -- BitmapAnd with `tasks_leased`).
-                 retry AS (
-                     UPDATE tasks t SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
-                            available_at = (SELECT now FROM clock) + make_interval(
-                                secs => ($19::float8[])[array_position($18::text[], t.call_id)] / 1000.0),
-                            updated_at = (SELECT now FROM clock)
-                     WHERE t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
-                                                 FROM UNNEST($18::text[]) AS c))),
-                 disp AS (
-                     UPDATE tasks t SET dispatched = true, dispatched_attempt = t.attempt,
-                            dispatched_at = (SELECT now FROM clock), updated_at = (SELECT now FROM clock)
-                     WHERE t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
-                                                 FROM UNNEST($20::text[]) AS c))
-                       AND (t.status = 'leased') IS TRUE
-                       AND t.attempt = ($21::int4[])[array_position($20::text[], t.call_id)]),
-                 ends AS (
-                     UPDATE tasks t SET status = ($23::text[])[array_position($22::text[], t.call_id)],
-                            lease_expires_at = NULL, updated_at = (SELECT now FROM clock)
-                     WHERE t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
-                                                 FROM UNNEST($22::text[]) AS c)))
-                 SELECT (SELECT parent_run_id FROM upd)",
-            )
+        // Only the CTEs this decision needs are in the statement (at most 16
+        // texts, each prepared once per connection): an empty CTE still
+        // costs its plan's start-up on every execution.
+        let sql = w.statement();
+        let mut query = sqlx::query_as::<_, (Option<Uuid>,)>(sqlx::AssertSqlSafe(sql))
             .bind(run_id)
             .bind(&seqs)
             .bind(&kinds)
@@ -1242,22 +1292,27 @@ async fn write_decision(
             .bind(after.output.as_ref())
             .bind(new_seq)
             .bind(tenant)
-            .bind(now)
-            .bind(&w.schedule_ids)
-            .bind(&w.schedule_calls)
-            .bind(&w.schedule_kinds)
-            .bind(&w.schedule_specs)
-            .bind(&w.schedule_keys)
-            .bind(&w.schedule_safety)
-            .bind(&w.schedule_paused)
-            .bind(&w.retry_calls)
-            .bind(&w.retry_delays_ms)
-            .bind(&w.dispatch_calls)
-            .bind(&w.dispatch_attempts)
-            .bind(&w.end_calls)
-            .bind(&w.end_statuses)
-            .fetch_one(&mut **tx)
-            .await?;
+            .bind(now);
+        if !w.schedule_ids.is_empty() {
+            query = query
+                .bind(&w.schedule_ids)
+                .bind(&w.schedule_calls)
+                .bind(&w.schedule_kinds)
+                .bind(&w.schedule_specs)
+                .bind(&w.schedule_keys)
+                .bind(&w.schedule_safety)
+                .bind(&w.schedule_paused);
+        }
+        if !w.retry_calls.is_empty() {
+            query = query.bind(&w.retry_calls).bind(&w.retry_delays_ms);
+        }
+        if !w.dispatch_calls.is_empty() {
+            query = query.bind(&w.dispatch_calls).bind(&w.dispatch_attempts);
+        }
+        if !w.end_calls.is_empty() {
+            query = query.bind(&w.end_calls).bind(&w.end_statuses);
+        }
+        let (parent,) = query.fetch_one(&mut **tx).await?;
         parent_run_id = parent;
     }
     let commands = if commands_written {
@@ -2199,5 +2254,35 @@ mod tests {
         assert!(TaskWrites::of(&other).is_none());
         // No command at all: nothing for the tasks table.
         assert!(TaskWrites::of(&[]).is_some_and(|w| w.schedule_ids.is_empty()));
+    }
+
+    #[test]
+    fn the_statement_holds_only_the_needed_ctes_numbered_on_from_11() {
+        let commands = vec![
+            Command::EndTask {
+                call_id: "a.t1".to_owned(),
+                end: TaskEnd::Completed,
+            },
+            schedule("a.m2"),
+        ];
+        let sql = TaskWrites::of(&commands).expect("hot path").statement();
+        assert!(
+            sql.contains("sched AS") && sql.contains("$11::uuid[]") && sql.contains("$17::bool[]")
+        );
+        assert!(
+            sql.contains("ends AS") && sql.contains("$18::text[]") && sql.contains("$19::text[]")
+        );
+        assert!(!sql.contains("retry AS") && !sql.contains("disp AS") && !sql.contains("$20"));
+        let dispatch = vec![Command::MarkDispatched {
+            call_id: "a.t1".to_owned(),
+            attempt: 2,
+        }];
+        let sql = TaskWrites::of(&dispatch).expect("hot path").statement();
+        assert!(
+            sql.contains("disp AS") && sql.contains("$11::text[]") && sql.contains("$12::int4[]")
+        );
+        assert!(!sql.contains("sched AS") && !sql.contains("$13"));
+        let none = TaskWrites::default().statement();
+        assert!(!none.contains("tasks"), "{none}");
     }
 }
