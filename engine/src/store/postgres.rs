@@ -393,7 +393,8 @@ impl Pg {
         for event in &decision.events {
             state.apply(event);
         }
-        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state, None).await?;
+        let wakes =
+            write_decision(&mut tx, run_id, tenant, 0, decision, &state, None, None).await?;
         tx.commit().await?;
         self.wakes.send(run_id, wakes);
         let row = self
@@ -590,6 +591,7 @@ impl Pg {
             &decision,
             &after,
             Some(row.now),
+            task.as_ref().map(|t| (t.call_id.as_str(), t.task_id)),
         )
         .await?;
         let secrets = std::mem::take(&mut wakes.secrets);
@@ -1068,20 +1070,25 @@ struct TaskWrites<'a> {
     schedule_keys: Vec<&'a str>,
     schedule_safety: Vec<Option<&'static str>>,
     schedule_paused: Vec<bool>,
-    retry_calls: Vec<&'a str>,
+    /// The tasks retried, marked dispatched and ended: always the task the
+    /// transition locked, so they are updated by primary key.
+    retry_ids: Vec<Uuid>,
     /// Backoff of each retried call, ms.
     retry_delays_ms: Vec<f64>,
-    dispatch_calls: Vec<&'a str>,
+    dispatch_ids: Vec<Uuid>,
     dispatch_attempts: Vec<i32>,
-    end_calls: Vec<&'a str>,
+    end_ids: Vec<Uuid>,
     end_statuses: Vec<&'static str>,
 }
 
 impl<'a> TaskWrites<'a> {
     /// The task writes of `commands`, or `None` when they cannot share one
-    /// statement (another command, or one call touched twice).
-    fn of(commands: &'a [Command]) -> Option<TaskWrites<'a>> {
+    /// statement (another command, one call touched twice, or an update of
+    /// a task other than `own`, the transition's locked task as `(call_id,
+    /// task_id)`).
+    fn of(commands: &'a [Command], own: Option<(&str, Uuid)>) -> Option<TaskWrites<'a>> {
         let mut w = TaskWrites::default();
+        let own_id = |call_id: &str| own.filter(|(c, _)| *c == call_id).map(|(_, id)| id);
         let mut calls = std::collections::HashSet::new();
         for command in commands {
             let call = match command {
@@ -1103,17 +1110,17 @@ impl<'a> TaskWrites<'a> {
                     call_id
                 }
                 Command::RetryTask { call_id, delay_ms } => {
-                    w.retry_calls.push(call_id);
+                    w.retry_ids.push(own_id(call_id)?);
                     w.retry_delays_ms.push(*delay_ms as f64);
                     call_id
                 }
                 Command::MarkDispatched { call_id, attempt } => {
-                    w.dispatch_calls.push(call_id);
+                    w.dispatch_ids.push(own_id(call_id)?);
                     w.dispatch_attempts.push(i32::try_from(*attempt).ok()?);
                     call_id
                 }
                 Command::EndTask { call_id, end } => {
-                    w.end_calls.push(call_id);
+                    w.end_ids.push(own_id(call_id)?);
                     w.end_statuses.push(task_end_status(end));
                     call_id
                 }
@@ -1146,19 +1153,14 @@ impl TaskWrites<'_> {
                         updated_at = (SELECT now FROM clock)
                  WHERE run_id = $1 RETURNING parent_run_id)",
         );
-        // The updates find their rows by task_id, each looked up by the
-        // exact (run_id, call_id) key, and each row's own value by its
-        // position in the array. Simpler forms let a generic plan read the
-        // run's whole index range or every leased task: a join with UNNEST
-        // (~3 500 entries a statement in belay-bench), `call_id = ANY(...)`
-        // (all the run's tasks), `status = 'leased'` (a BitmapAnd with
+        // The updates find their rows by primary key (the transition's own
+        // task) and each row's own value by its position in the array.
+        // Finding them by call id let a generic plan read the run's whole
+        // index range or every leased task: a join with UNNEST (~3 500
+        // entries a statement in belay-bench), `call_id = ANY(...)` (all the
+        // run's tasks), `status = 'leased'` (a BitmapAnd with
         // `tasks_leased`).
-        let rows = |calls: usize| {
-            format!(
-                "t.task_id = ANY(ARRAY(SELECT (SELECT x.task_id FROM tasks x WHERE x.run_id = $1 AND x.call_id = c)
-                                       FROM UNNEST(${calls}::text[]) AS c))"
-            )
-        };
+        let rows = |ids: usize| format!("t.task_id = ANY(${ids}::uuid[])");
         let mut n = 10;
         if !self.schedule_ids.is_empty() {
             sql += &format!(
@@ -1178,39 +1180,39 @@ impl TaskWrites<'_> {
             );
             n += 7;
         }
-        if !self.retry_calls.is_empty() {
-            let (calls, ms) = (n + 1, n + 2);
+        if !self.retry_ids.is_empty() {
+            let (ids, ms) = (n + 1, n + 2);
             sql += &format!(
                 ", retry AS (
                  UPDATE tasks t SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
                         available_at = (SELECT now FROM clock) + make_interval(
-                            secs => (${ms}::float8[])[array_position(${calls}::text[], t.call_id)] / 1000.0),
+                            secs => (${ms}::float8[])[array_position(${ids}::uuid[], t.task_id)] / 1000.0),
                         updated_at = (SELECT now FROM clock)
                  WHERE {})",
-                rows(calls)
+                rows(ids)
             );
             n += 2;
         }
-        if !self.dispatch_calls.is_empty() {
-            let (calls, attempts) = (n + 1, n + 2);
+        if !self.dispatch_ids.is_empty() {
+            let (ids, attempts) = (n + 1, n + 2);
             sql += &format!(
                 ", disp AS (
                  UPDATE tasks t SET dispatched = true, dispatched_attempt = t.attempt,
                         dispatched_at = (SELECT now FROM clock), updated_at = (SELECT now FROM clock)
                  WHERE {} AND (t.status = 'leased') IS TRUE
-                   AND t.attempt = (${attempts}::int4[])[array_position(${calls}::text[], t.call_id)])",
-                rows(calls)
+                   AND t.attempt = (${attempts}::int4[])[array_position(${ids}::uuid[], t.task_id)])",
+                rows(ids)
             );
             n += 2;
         }
-        if !self.end_calls.is_empty() {
-            let (calls, statuses) = (n + 1, n + 2);
+        if !self.end_ids.is_empty() {
+            let (ids, statuses) = (n + 1, n + 2);
             sql += &format!(
                 ", ends AS (
-                 UPDATE tasks t SET status = (${statuses}::text[])[array_position(${calls}::text[], t.call_id)],
+                 UPDATE tasks t SET status = (${statuses}::text[])[array_position(${ids}::uuid[], t.task_id)],
                         lease_expires_at = NULL, updated_at = (SELECT now FROM clock)
                  WHERE {})",
-                rows(calls)
+                rows(ids)
             );
         }
         sql += " SELECT (SELECT parent_run_id FROM upd)";
@@ -1230,7 +1232,8 @@ fn task_end_status(end: &TaskEnd) -> &'static str {
 
 /// Writes a decision: its events, the run row, and each command's rows.
 /// `now` is the engine's clock read by the transition's lock statement
-/// (`belay_now()` once, instead of in every statement), `None` for a new run.
+/// (`belay_now()` once, instead of in every statement), `None` for a new run;
+/// `own` the transition's locked task (`(call_id, task_id)`), if any.
 #[allow(clippy::too_many_arguments)]
 async fn write_decision(
     tx: &mut Transaction<'static, Postgres>,
@@ -1240,6 +1243,7 @@ async fn write_decision(
     decision: &Decision,
     after: &RunState,
     now: Option<chrono::DateTime<chrono::Utc>>,
+    own: Option<(&str, Uuid)>,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
         tasks: decision
@@ -1275,7 +1279,7 @@ async fn write_decision(
         let new_seq = last_seq + decision.events.len() as i64;
         // Any other decision writes its commands one at a time below, with
         // no task writes here.
-        let hot = TaskWrites::of(&decision.commands);
+        let hot = TaskWrites::of(&decision.commands, own);
         commands_written = hot.is_some();
         let w = hot.unwrap_or_default();
         // Only the CTEs this decision needs are in the statement (at most 16
@@ -1303,14 +1307,14 @@ async fn write_decision(
                 .bind(&w.schedule_safety)
                 .bind(&w.schedule_paused);
         }
-        if !w.retry_calls.is_empty() {
-            query = query.bind(&w.retry_calls).bind(&w.retry_delays_ms);
+        if !w.retry_ids.is_empty() {
+            query = query.bind(&w.retry_ids).bind(&w.retry_delays_ms);
         }
-        if !w.dispatch_calls.is_empty() {
-            query = query.bind(&w.dispatch_calls).bind(&w.dispatch_attempts);
+        if !w.dispatch_ids.is_empty() {
+            query = query.bind(&w.dispatch_ids).bind(&w.dispatch_attempts);
         }
-        if !w.end_calls.is_empty() {
-            query = query.bind(&w.end_calls).bind(&w.end_statuses);
+        if !w.end_ids.is_empty() {
+            query = query.bind(&w.end_ids).bind(&w.end_statuses);
         }
         let (parent,) = query.fetch_one(&mut **tx).await?;
         parent_run_id = parent;
@@ -2232,8 +2236,9 @@ mod tests {
             },
             schedule("a.m2"),
         ];
-        let w = TaskWrites::of(&commands).expect("hot path");
-        assert_eq!(w.end_calls, ["a.t1"]);
+        let own = Some(("a.t1", Uuid::nil()));
+        let w = TaskWrites::of(&commands, own).expect("hot path");
+        assert_eq!(w.end_ids, [Uuid::nil()]);
         assert_eq!(w.end_statuses, ["completed"]);
         assert_eq!(w.schedule_calls, ["a.m2"]);
         assert_eq!(w.schedule_kinds, ["tool_call"]);
@@ -2248,12 +2253,16 @@ mod tests {
                 end: TaskEnd::Failed,
             },
         ];
-        assert!(TaskWrites::of(&twice).is_none());
+        assert!(TaskWrites::of(&twice, own).is_none());
         // Any other command: written one at a time.
         let other = vec![schedule("a.m2"), Command::CancelOpenTasks];
-        assert!(TaskWrites::of(&other).is_none());
+        assert!(TaskWrites::of(&other, own).is_none());
+        // Ending a task other than the transition's own (or with none
+        // locked): written one at a time, by its call id.
+        assert!(TaskWrites::of(&commands, Some(("a.t9", Uuid::nil()))).is_none());
+        assert!(TaskWrites::of(&commands, None).is_none());
         // No command at all: nothing for the tasks table.
-        assert!(TaskWrites::of(&[]).is_some_and(|w| w.schedule_ids.is_empty()));
+        assert!(TaskWrites::of(&[], None).is_some_and(|w| w.schedule_ids.is_empty()));
     }
 
     #[test]
@@ -2265,21 +2274,26 @@ mod tests {
             },
             schedule("a.m2"),
         ];
-        let sql = TaskWrites::of(&commands).expect("hot path").statement();
+        let own = Some(("a.t1", Uuid::nil()));
+        let sql = TaskWrites::of(&commands, own)
+            .expect("hot path")
+            .statement();
         assert!(
             sql.contains("sched AS") && sql.contains("$11::uuid[]") && sql.contains("$17::bool[]")
         );
         assert!(
-            sql.contains("ends AS") && sql.contains("$18::text[]") && sql.contains("$19::text[]")
+            sql.contains("ends AS") && sql.contains("$18::uuid[]") && sql.contains("$19::text[]")
         );
         assert!(!sql.contains("retry AS") && !sql.contains("disp AS") && !sql.contains("$20"));
         let dispatch = vec![Command::MarkDispatched {
             call_id: "a.t1".to_owned(),
             attempt: 2,
         }];
-        let sql = TaskWrites::of(&dispatch).expect("hot path").statement();
+        let sql = TaskWrites::of(&dispatch, own)
+            .expect("hot path")
+            .statement();
         assert!(
-            sql.contains("disp AS") && sql.contains("$11::text[]") && sql.contains("$12::int4[]")
+            sql.contains("disp AS") && sql.contains("$11::uuid[]") && sql.contains("$12::int4[]")
         );
         assert!(!sql.contains("sched AS") && !sql.contains("$13"));
         let none = TaskWrites::default().statement();
