@@ -1047,20 +1047,17 @@ async fn load_state(
     Ok(state)
 }
 
-/// Append the decision's events after `last_seq`, perform its commands, and
-/// update the run row from the state `after` the events. Returns what to
-/// wake once the transaction has committed ([`super::pg_wakes`]), and what
-/// a [`Command::RestoreSecrets`] read from the run's vault.
 /// The task writes of a decision whose commands are only the hot path's
-/// (schedule, retry, mark dispatched, end), each on a different call: they
+/// (schedule, retry, mark dispatched, end), each on a different call, and
+/// whose updates are all of the transition's own locked task: they
 /// go into the statement that appends the events and updates the run row,
 /// as data-modifying CTEs over arrays (one round trip and one executor start
 /// instead of one per command; belay-bench measured the round trips to
 /// PostgreSQL as the largest part of the engine's and the server's CPU per
 /// step). The CTEs of one statement see the same snapshot and PostgreSQL
 /// cannot update one row twice in one statement, so a decision that touches
-/// a call twice, or has any other command, is written one command at a
-/// time instead ([`TaskWrites::of`] answers `None`).
+/// a call twice, updates another task, or has any other command, is written
+/// one command at a time instead ([`TaskWrites::of`] answers `None`).
 #[derive(Default)]
 struct TaskWrites<'a> {
     schedule_ids: Vec<Uuid>,
@@ -1230,7 +1227,10 @@ fn task_end_status(end: &TaskEnd) -> &'static str {
     }
 }
 
-/// Writes a decision: its events, the run row, and each command's rows.
+/// Append the decision's events after `last_seq`, perform its commands, and
+/// update the run row from the state `after` the events. Returns what to
+/// wake once the transaction has committed ([`super::pg_wakes`]), and what
+/// a [`Command::RestoreSecrets`] read from the run's vault.
 /// `now` is the engine's clock read by the transition's lock statement
 /// (`belay_now()` once, instead of in every statement), `None` for a new run;
 /// `own` the transition's locked task (`(call_id, task_id)`), if any.
