@@ -158,12 +158,55 @@ const TOOL_CACHE_PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// Most expired entries of the tool result cache deleted by one statement.
 const TOOL_CACHE_PURGE_BATCH: i64 = 1_000;
 
+/// How long a claim that found nothing claimable spares the claims after
+/// it their statement, when no wake-up came in between
+/// ([`NothingClaimable`]): the most a change that no wake-up announces (the
+/// clock moved by another process, a lost notification) waits for a new
+/// claim request to notice it. Waiting claimers look again at least every
+/// second in any case.
+const NOTHING_CLAIMABLE_FOR: Duration = Duration::from_millis(100);
+
+/// A claim statement that took fewer tasks than it asked for: at that
+/// moment nothing else was claimable. Until [`Store::tasks_wake_seq`] moves
+/// (a task was scheduled, re-queued, or announced by another process), the
+/// next ready task's time comes, or [`NOTHING_CLAIMABLE_FOR`] passes, a
+/// claim would find nothing either, so it waits without asking the
+/// database. Without this, every worker's claim that follows a successful
+/// one (the worker asks again at once for its free slots) was a statement
+/// that found nothing: about one per step below peak load.
+#[derive(Debug, Clone, Copy)]
+struct NothingClaimable {
+    /// [`Store::tasks_wake_seq`] read before the statement.
+    seq: u64,
+    /// When the statement started.
+    at: tokio::time::Instant,
+    /// When the earliest ready but not yet claimable task becomes
+    /// claimable, if the statement said (it says only when it claimed
+    /// nothing).
+    next_ready: Option<tokio::time::Instant>,
+}
+
+impl NothingClaimable {
+    /// Whether a claim at `now` with the wake count `seq` would surely find
+    /// nothing; if so, when to look again at the latest.
+    fn holds(&self, seq: u64, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let until = match self.next_ready {
+            Some(t) => t.min(self.at + NOTHING_CLAIMABLE_FOR),
+            None => self.at + NOTHING_CLAIMABLE_FOR,
+        };
+        (seq == self.seq && now < until).then_some(until)
+    }
+}
+
 /// The coordinator; share it with `Arc`.
 #[derive(Debug)]
 pub struct Coordinator {
     store: Store,
     config: CoordinatorConfig,
     tasks_ready: Notify,
+    /// What the last claim that left nothing claimable saw, so the next
+    /// claim can skip its statement ([`NothingClaimable`]).
+    nothing_claimable: std::sync::Mutex<Option<NothingClaimable>>,
     run_events: broadcast::Sender<Uuid>,
     /// Outbox rows were written (here or by another replica).
     outbox_ready: Notify,
@@ -354,6 +397,7 @@ impl Coordinator {
             store,
             config,
             tasks_ready: Notify::new(),
+            nothing_claimable: std::sync::Mutex::new(None),
             outbox_ready: Notify::new(),
             run_events,
             callback_base_url: std::sync::OnceLock::new(),
@@ -1251,20 +1295,44 @@ impl Coordinator {
             let notified = self.tasks_ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (tasks, next_ready_ms) = self
-                .store
-                .claim_tasks_or_next(worker_id, max as i64, self.config.lease_ms as i64)
-                .await?;
-            if tasks.len() as u32 == max {
-                // A full batch: more may be ready; let the next claimer look.
-                self.tasks_ready.notify_one();
-            }
-            if !tasks.is_empty() {
-                for t in &tasks {
-                    tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task claimed");
+            let seq = self.store.tasks_wake_seq();
+            let started = tokio::time::Instant::now();
+            let memo = *self.memo();
+            let next_ready = match memo.and_then(|m| m.holds(seq, started)) {
+                // Nothing is claimable: wait without a statement.
+                Some(look_again) => Some(look_again),
+                None => {
+                    let claimed = self
+                        .store
+                        .claim_tasks_or_next(worker_id, max as i64, self.config.lease_ms as i64)
+                        .await;
+                    let (tasks, next_ready_ms) = match claimed {
+                        Ok(c) => c,
+                        Err(e) => {
+                            *self.memo() = None;
+                            return Err(e.into());
+                        }
+                    };
+                    let next_ready = next_ready_ms
+                        .map(|ms| started + Duration::from_millis(ms.max(0) as u64 + 5));
+                    *self.memo() = (tasks.len() < max as usize).then_some(NothingClaimable {
+                        seq,
+                        at: started,
+                        next_ready,
+                    });
+                    if tasks.len() as u32 == max {
+                        // A full batch: more may be ready; let the next claimer look.
+                        self.tasks_ready.notify_one();
+                    }
+                    if !tasks.is_empty() {
+                        for t in &tasks {
+                            tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task claimed");
+                        }
+                        return Ok(tasks);
+                    }
+                    next_ready
                 }
-                return Ok(tasks);
-            }
+            };
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Ok(Vec::new());
@@ -1273,12 +1341,19 @@ impl Coordinator {
             // deadline; re-check at least every second in case a
             // notification was lost while the listener reconnected.
             let mut wait = deadline - now;
-            if let Some(ms) = next_ready_ms {
-                wait = wait.min(Duration::from_millis(ms as u64 + 5));
+            if let Some(at) = next_ready {
+                wait = wait.min(at.saturating_duration_since(now));
             }
             wait = wait.min(Duration::from_secs(1));
             let _ = tokio::time::timeout(wait, notified).await;
         }
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, Option<NothingClaimable>> {
+        // A plain value: a panic while it is held cannot leave it half-written.
+        self.nothing_claimable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Extend the leases a worker holds; returns `(task, attempt, held)`.
@@ -2480,4 +2555,37 @@ fn fenced<'a>(
         )));
     }
     Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_claimable_holds_until_a_wake_up_the_next_ready_task_or_its_time_limit() {
+        let at = tokio::time::Instant::now();
+        let memo = NothingClaimable {
+            seq: 7,
+            at,
+            next_ready: None,
+        };
+        assert_eq!(memo.holds(7, at), Some(at + NOTHING_CLAIMABLE_FOR));
+        // A wake-up since: look.
+        assert_eq!(memo.holds(8, at), None);
+        // Too old: look (changes no wake-up announces).
+        assert_eq!(memo.holds(7, at + NOTHING_CLAIMABLE_FOR), None);
+        // A delayed task due before the limit: look when it is due.
+        let soon = at + Duration::from_millis(20);
+        let memo = NothingClaimable {
+            next_ready: Some(soon),
+            ..memo
+        };
+        assert_eq!(memo.holds(7, at), Some(soon));
+        assert_eq!(memo.holds(7, soon), None);
+        let later = NothingClaimable {
+            next_ready: Some(at + Duration::from_secs(5)),
+            ..memo
+        };
+        assert_eq!(later.holds(7, at), Some(at + NOTHING_CLAIMABLE_FOR));
+    }
 }

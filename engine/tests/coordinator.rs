@@ -513,6 +513,63 @@ async fn health_follows_the_database(backend: Backend) {
     db.drop().await;
 }
 
+/// PostgreSQL only (SQLite has one engine process per file): a replica
+/// hears another's wake-ups through `LISTEN/NOTIFY` once each has said hello
+/// (`pg_wakes.rs`: an engine that has heard no other listener sends none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_hears_the_wake_ups_of_another_once_it_said_hello() {
+    let (db, coord_a, _run) = setup(Backend::Postgres).await;
+    let background = coord_a.spawn_background();
+    let store_b = Store::connect(&db.url, 2).await.expect("connect B");
+    // B's listener: B commits nothing, so every wake-up it hears for tasks
+    // came from A, through PostgreSQL.
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let listener = {
+        let store_b = store_b.clone();
+        tokio::spawn(async move {
+            let _ = store_b
+                .listen(&mut |w| {
+                    if w == belay_engine::store::Wake::Tasks {
+                        let _ = tx.send(());
+                    }
+                })
+                .await;
+        })
+    };
+    let seq_before = store_b.tasks_wake_seq();
+    // A learns of B from B's hello (asynchronously): start runs until one's
+    // wake-up reaches B; the first normally does.
+    let mut reached = false;
+    for i in 0..20 {
+        coord_a
+            .start_run(StartRun {
+                tenant: "t".into(),
+                workflow: "w".into(),
+                input_json: "{}".into(),
+                idempotency_key: format!("wake-{i}"),
+                caller: "c".into(),
+                caller_grants: vec!["crm.write".into()],
+            })
+            .await
+            .expect("start on A");
+        if tokio::time::timeout(std::time::Duration::from_millis(500), heard.recv())
+            .await
+            .is_ok()
+        {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "no wake-up of A reached B's listener");
+    assert!(
+        store_b.tasks_wake_seq() > seq_before,
+        "a wake-up heard counts as tasks maybe claimable"
+    );
+    listener.abort();
+    background.iter().for_each(|h| h.abort());
+    db.drop().await;
+}
+
 on_both_backends!(
     claims_are_fenced_by_attempt,
     a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain,

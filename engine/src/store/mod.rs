@@ -378,6 +378,46 @@ pub(crate) struct Wakes {
     pub(crate) secrets: Vec<crate::machine::SealedSecret>,
 }
 
+/// Whether a committed `decision` may have made tasks claimable: it
+/// schedules or re-queues one, or resumes its run (a paused run's ready
+/// tasks are not claimed until then).
+pub(crate) fn wakes_tasks(decision: &Decision) -> bool {
+    decision.commands.iter().any(|c| {
+        matches!(
+            c,
+            crate::machine::Command::ScheduleTask { .. }
+                | crate::machine::Command::RetryTask { .. }
+        )
+    }) || decision
+        .events
+        .iter()
+        .any(|e| matches!(e, crate::machine::Event::RunResumed { .. }))
+}
+
+/// How many times, as far as this process can tell, tasks may have become
+/// claimable: bumped after a commit of this process that scheduled or
+/// re-queued a task, on a `Wake::Tasks` from another process, when the
+/// wake-up listener (re)connects or fell behind, and by the store's own
+/// out-of-band task changes ([`Store::advance_clock`],
+/// [`Store::expire_task_timers`]). A claimer that found nothing claimable
+/// while the count stayed the same may skip looking again
+/// ([`Store::tasks_wake_seq`]). Cheap to clone (one shared counter).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TasksWakeSeq(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl TasksWakeSeq {
+    /// Count one more moment tasks may have become claimable; call it after
+    /// the change is committed (visible to a claim statement).
+    pub(crate) fn bump(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The count so far.
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A wake-up relayed by [`Store::listen`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -1079,6 +1119,18 @@ impl Store {
         lease_ms: i64,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
         on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms).await)
+    }
+
+    /// A count that grows whenever tasks may have become claimable in this
+    /// process's view (a commit here that scheduled or re-queued a task, a
+    /// wake-up from another process, a reconnect of the wake-up listener,
+    /// [`Store::advance_clock`], [`Store::expire_task_timers`]). Read it
+    /// before a claim: if a claim found nothing claimable and the count has
+    /// not moved since, another look would find nothing either, except for
+    /// changes no wake-up announces (another process moving the clock, a
+    /// lost notification), which claimers pick up on their periodic look.
+    pub fn tasks_wake_seq(&self) -> u64 {
+        on_backend!(self, b => b.tasks_wake_seq())
     }
 
     /// [`Store::claim_tasks`], and when nothing was claimed, also

@@ -28,6 +28,19 @@
 //! read as the older single form (`""`, `"outbox"`, one run id), so replicas
 //! of the previous release are understood during a rolling upgrade.
 //!
+//! Only to listeners that exist: sending costs a statement and a commit,
+//! plus a wake-up of every listening backend, and a lone engine's own
+//! notifications only come back to it to be skipped (below peak load that
+//! was about one statement per step). So a relay whose process listens
+//! ([`WakeRelay::listening`]) sends wake-ups only while it has heard another
+//! process within [`PEER_TTL`]: every listening process says [`HELLO`] when
+//! its `LISTEN` starts and every [`PRESENCE_EVERY`], and answers another's
+//! hello with [`HERE`] at once, so a replica that starts is known to the
+//! others within a round trip, and knows them. Any notification from
+//! another process (a wake-up, or the older payloads of a previous release)
+//! counts as hearing it. A relay whose process does not listen (a store
+//! used without a coordinator) always sends, as before.
+//!
 //! Delivery is best effort: a crash between commit and send, or a failed
 //! send (logged at warn), loses wake-ups. That is safe because every waiter
 //! looks again on its own at least every second: claim long-polls
@@ -35,12 +48,13 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use super::{Wake, Wakes};
+use super::{TasksWakeSeq, Wake, Wakes};
 
 /// Channel notified when tasks become claimable or outbox rows are written.
 pub const TASKS_CHANNEL: &str = "belay_tasks";
@@ -49,6 +63,19 @@ pub const EVENTS_CHANNEL: &str = "belay_events";
 
 /// Largest payload of one notification, bytes (PostgreSQL's limit is 8000).
 pub const MAX_PAYLOAD_BYTES: usize = 7_000;
+
+/// Body of the notification a listening process sends on
+/// [`TASKS_CHANNEL`] when its `LISTEN` starts and every [`PRESENCE_EVERY`]
+/// (`<instance>:hello`): "I listen; send me your wake-ups".
+pub const HELLO: &str = "hello";
+/// Body of the answer to another process's [`HELLO`] (`<instance>:here`),
+/// so that a replica that starts learns of the running ones at once.
+pub const HERE: &str = "here";
+/// How often a listening process says [`HELLO`].
+pub const PRESENCE_EVERY: Duration = Duration::from_secs(10);
+/// How long after last hearing another process a relay still sends it
+/// wake-ups: three missed hellos.
+pub const PEER_TTL: Duration = Duration::from_secs(30);
 
 /// Capacity of the in-process broadcast of wake-ups; a listener that falls
 /// further behind is told to look again at everything.
@@ -61,11 +88,40 @@ struct Pending {
     outbox: bool,
     runs: Vec<Uuid>,
     seen: HashSet<Uuid>,
+    /// Say [`HELLO`] (`Some(true)`) or [`HERE`] (`Some(false)`).
+    presence: Option<bool>,
 }
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        !self.tasks && !self.outbox && self.runs.is_empty()
+        !self.tasks && !self.outbox && self.runs.is_empty() && self.presence.is_none()
+    }
+
+    /// The wake-ups alone, presence left out (no other process listens).
+    fn without_wakes(self) -> Pending {
+        Pending {
+            presence: self.presence,
+            ..Pending::default()
+        }
+    }
+}
+
+/// What this process knows of the other listening processes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peers {
+    /// This process's `LISTEN` connection is up.
+    listening: bool,
+    /// When another process was last heard.
+    last_heard: Option<Instant>,
+}
+
+impl Peers {
+    /// Whether wake-ups should be sent at `now` (module docs).
+    fn send_wakes(&self, now: Instant) -> bool {
+        !self.listening
+            || self
+                .last_heard
+                .is_some_and(|t| now.saturating_duration_since(t) < PEER_TTL)
     }
 }
 
@@ -78,6 +134,9 @@ pub(crate) struct WakeRelay {
     /// Wakes the sender; capacity 1: one signal covers everything queued.
     signal: mpsc::Sender<()>,
     local: broadcast::Sender<Wake>,
+    /// Bumped whenever tasks may have become claimable here.
+    tasks_seq: TasksWakeSeq,
+    peers: Arc<Mutex<Peers>>,
 }
 
 impl WakeRelay {
@@ -91,11 +150,14 @@ impl WakeRelay {
             pending: Arc::new(Mutex::new(Pending::default())),
             signal,
             local,
+            tasks_seq: TasksWakeSeq::default(),
+            peers: Arc::new(Mutex::new(Peers::default())),
         };
         tokio::spawn(send_loop(
             pool,
             Arc::clone(&relay.instance),
             Arc::clone(&relay.pending),
+            Arc::clone(&relay.peers),
             rx,
         ));
         relay
@@ -108,6 +170,7 @@ impl WakeRelay {
         }
         // No local listener (no coordinator) is fine.
         if wakes.tasks {
+            self.tasks_seq.bump();
             let _ = self.local.send(Wake::Tasks);
         }
         if wakes.events {
@@ -128,20 +191,54 @@ impl WakeRelay {
         let _ = self.signal.try_send(());
     }
 
+    /// Count a moment tasks may have become claimable that no committed
+    /// transition of this process announced ([`super::Store::tasks_wake_seq`]).
+    pub(crate) fn tasks_may_be_claimable(&self) {
+        self.tasks_seq.bump();
+    }
+
+    /// [`super::Store::tasks_wake_seq`].
+    pub(crate) fn tasks_seq(&self) -> u64 {
+        self.tasks_seq.get()
+    }
+
     /// This process's own wake-ups, as they are committed.
     pub(crate) fn subscribe_local(&self) -> broadcast::Receiver<Wake> {
         self.local.subscribe()
     }
 
     /// The wake-ups a notification carries, or nothing when this process
-    /// sent it (it had them locally).
+    /// sent it (it had them locally). A notification from another process
+    /// counts as hearing it; a [`HELLO`] is answered with [`HERE`].
     pub(crate) fn decode(&self, channel: &str, payload: &str) -> Vec<Wake> {
+        let sender = payload.split_once(':');
+        if sender.is_none_or(|(sender, _)| sender != &*self.instance) {
+            lock(&self.peers).last_heard = Some(Instant::now());
+            if channel == TASKS_CHANNEL && sender.is_some_and(|(_, body)| body == HELLO) {
+                self.say(false);
+            }
+        }
         decode(&self.instance, channel, payload)
+    }
+
+    /// This process's `LISTEN` connection is up (`true`: say [`HELLO`]) or
+    /// gone (`false`: send every wake-up until it is up again).
+    pub(crate) fn listening(&self, up: bool) {
+        lock(&self.peers).listening = up;
+        if up {
+            self.say(true);
+        }
+    }
+
+    /// Queue a [`HELLO`] (`true`) or [`HERE`] (`false`).
+    fn say(&self, hello: bool) {
+        lock(&self.pending).presence.get_or_insert(hello);
+        let _ = self.signal.try_send(());
     }
 }
 
-fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
-    // Pending wake-ups hold no invariant a panic could break.
+fn lock<T>(p: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Pending wake-ups and peers hold no invariant a panic could break.
     p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -149,10 +246,26 @@ async fn send_loop(
     pool: PgPool,
     instance: Arc<str>,
     pending: Arc<Mutex<Pending>>,
+    peers: Arc<Mutex<Peers>>,
     mut signal: mpsc::Receiver<()>,
 ) {
-    while signal.recv().await.is_some() {
-        let batch = std::mem::take(&mut *lock(&pending));
+    let mut presence = tokio::time::interval(PRESENCE_EVERY);
+    presence.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            got = signal.recv() => if got.is_none() {
+                return;
+            },
+            _ = presence.tick() => {
+                if lock(&peers).listening {
+                    lock(&pending).presence.get_or_insert(true);
+                }
+            }
+        }
+        let mut batch = std::mem::take(&mut *lock(&pending));
+        if !lock(&peers).send_wakes(Instant::now()) {
+            batch = batch.without_wakes();
+        }
         if batch.is_empty() {
             continue;
         }
@@ -177,6 +290,10 @@ async fn send_loop(
 fn encode(instance: &str, batch: &Pending) -> (Vec<&'static str>, Vec<String>) {
     let mut channels = Vec::new();
     let mut payloads = Vec::new();
+    if let Some(hello) = batch.presence {
+        channels.push(TASKS_CHANNEL);
+        payloads.push(format!("{instance}:{}", if hello { HELLO } else { HERE }));
+    }
     if batch.tasks {
         channels.push(TASKS_CHANNEL);
         payloads.push(format!("{instance}:"));
@@ -216,6 +333,7 @@ fn decode(own: &str, channel: &str, payload: &str) -> Vec<Wake> {
         None => payload,
     };
     match channel {
+        TASKS_CHANNEL if body == HELLO || body == HERE => Vec::new(),
         TASKS_CHANNEL if body == "outbox" => vec![Wake::Outbox],
         TASKS_CHANNEL => vec![Wake::Tasks],
         EVENTS_CHANNEL => body
@@ -262,6 +380,68 @@ mod tests {
         assert_eq!(got[1], Wake::Outbox);
         let runs: Vec<Wake> = p.runs.iter().copied().map(Wake::RunEvents).collect();
         assert_eq!(&got[2..], &runs[..]);
+    }
+
+    #[test]
+    fn presence_is_said_first_and_is_no_wake_up() {
+        let mut p = batch(true, false, 1);
+        p.presence = Some(true);
+        let (channels, payloads) = encode("me", &p);
+        assert_eq!(channels[0], TASKS_CHANNEL);
+        assert_eq!(payloads[0], "me:hello");
+        assert!(decode("other", TASKS_CHANNEL, "me:hello").is_empty());
+        assert!(decode("other", TASKS_CHANNEL, "me:here").is_empty());
+        assert_eq!(
+            decode("other", channels[1], &payloads[1]),
+            vec![Wake::Tasks]
+        );
+        // Without wake-ups only the presence is left.
+        let alone = p.without_wakes();
+        assert_eq!(alone.presence, Some(true));
+        assert!(!alone.tasks && alone.runs.is_empty() && !alone.is_empty());
+        assert!(batch(true, true, 3).without_wakes().is_empty());
+    }
+
+    #[test]
+    fn wake_ups_are_sent_while_not_listening_or_while_another_process_was_heard_lately() {
+        let now = Instant::now() + PEER_TTL * 2;
+        let mut peers = Peers::default();
+        // A store used without a coordinator sends, as before.
+        assert!(peers.send_wakes(now));
+        peers.listening = true;
+        // Listening and never heard anyone: nobody else listens.
+        assert!(!peers.send_wakes(now));
+        peers.last_heard = Some(now - PEER_TTL / 3);
+        assert!(peers.send_wakes(now));
+        peers.last_heard = Some(now - PEER_TTL);
+        assert!(!peers.send_wakes(now));
+    }
+
+    #[tokio::test]
+    async fn hearing_another_process_is_remembered_and_its_hello_answered() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("lazy pool");
+        let relay = WakeRelay::start(pool);
+        relay.listening(true);
+        assert_eq!(lock(&relay.pending).presence, Some(true));
+        lock(&relay.pending).presence = None;
+        assert!(lock(&relay.peers).last_heard.is_none());
+        // Its own hello is not hearing anyone.
+        let own = format!("{}:hello", relay.instance);
+        assert!(relay.decode(TASKS_CHANNEL, &own).is_empty());
+        assert!(lock(&relay.peers).last_heard.is_none());
+        assert_eq!(lock(&relay.pending).presence, None);
+        // Another's hello is answered with `here`, and counts.
+        assert!(relay.decode(TASKS_CHANNEL, "other:hello").is_empty());
+        assert!(lock(&relay.peers).send_wakes(Instant::now()));
+        assert_eq!(lock(&relay.pending).presence, Some(false));
+        // An older release's payload (no sender) counts too.
+        lock(&relay.peers).last_heard = None;
+        assert_eq!(relay.decode(TASKS_CHANNEL, ""), vec![Wake::Tasks]);
+        assert!(lock(&relay.peers).last_heard.is_some());
+        relay.listening(false);
+        assert!(!lock(&relay.peers).listening);
     }
 
     #[test]

@@ -21,6 +21,15 @@ use crate::machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 use super::Wakes;
 use super::pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
 
+/// Tells the wake-up relay that `LISTEN` ended when dropped.
+struct NotListeningOnDrop<'a>(&'a WakeRelay);
+
+impl Drop for NotListeningOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.listening(false);
+    }
+}
+
 /// Aborts a spawned task when dropped (the `LISTEN` reader of
 /// [`Pg::listen`] ends with its caller).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -131,6 +140,12 @@ impl Pg {
         let mut local = self.wakes.subscribe_local();
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([TASKS_CHANNEL, EVENTS_CHANNEL]).await?;
+        // Wake-ups from other processes may have been missed before this.
+        self.wakes.tasks_may_be_claimable();
+        // Others send their wake-ups once they hear this process say hello;
+        // until the connection is up again, this one sends all of its own.
+        self.wakes.listening(true);
+        let _not_listening = NotListeningOnDrop(&self.wakes);
         // The listener runs in its own task and hands over through a
         // channel, so that waiting on both sources cancels only
         // cancel-safe receives.
@@ -139,7 +154,13 @@ impl Pg {
         let reader = tokio::spawn(async move {
             loop {
                 let item = match listener.recv().await {
-                    Ok(n) => Ok(relay.decode(n.channel(), n.payload())),
+                    Ok(n) => {
+                        let wakes = relay.decode(n.channel(), n.payload());
+                        if wakes.contains(&Wake::Tasks) {
+                            relay.tasks_may_be_claimable();
+                        }
+                        Ok(wakes)
+                    }
                     Err(e) => Err(StoreError::from(e)),
                 };
                 let failed = item.is_err();
@@ -160,6 +181,7 @@ impl Pg {
                     Ok(w) => on_wake(w),
                     // Fell behind: some wake-ups were dropped; look again.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        self.wakes.tasks_may_be_claimable();
                         on_wake(Wake::Tasks);
                         on_wake(Wake::Outbox);
                     }
@@ -745,7 +767,7 @@ impl Pg {
         Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))
     }
 
-    /// Cancel a leased task whose run can no longer use it (the run finished).
+    /// [`super::Store::expire_task_timers`].
     pub(crate) async fn expire_task_timers(
         &self,
         task_id: Option<Uuid>,
@@ -759,6 +781,7 @@ impl Pg {
         .bind(task_id)
         .execute(&self.pool)
         .await?;
+        self.wakes.tasks_may_be_claimable();
         Ok(done.rows_affected())
     }
 
@@ -798,7 +821,13 @@ impl Pg {
             .bind(ms)
             .execute(&self.pool)
             .await?;
+        // Delayed tasks may be due now.
+        self.wakes.tasks_may_be_claimable();
         Ok(())
+    }
+
+    pub(crate) fn tasks_wake_seq(&self) -> u64 {
+        self.wakes.tasks_seq()
     }
 
     pub(crate) async fn clock_now(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
@@ -1246,10 +1275,7 @@ async fn write_decision(
     own: Option<(&str, Uuid)>,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
-        tasks: decision
-            .commands
-            .iter()
-            .any(|c| matches!(c, Command::ScheduleTask { .. } | Command::RetryTask { .. })),
+        tasks: super::wakes_tasks(decision),
         events: !decision.events.is_empty(),
         outbox: decision.commands.iter().any(|c| {
             matches!(

@@ -35,8 +35,8 @@ use uuid::Uuid;
 use super::{
     Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow,
     NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError,
-    TOOL_CACHE_COLUMNS, Target, TaskRow, ToolCacheRow, TransitionError, UncertainQuery,
-    UncertainRow, Wake, Wakes,
+    TOOL_CACHE_COLUMNS, Target, TaskRow, TasksWakeSeq, ToolCacheRow, TransitionError,
+    UncertainQuery, UncertainRow, Wake, Wakes,
 };
 use crate::definitions::model::CircuitBreakerDef;
 use crate::gates::{self, Circuit, GateRow, GateVerdict};
@@ -91,6 +91,9 @@ pub(crate) struct Lite {
     states: Arc<Mutex<StateCache>>,
     /// Wake-ups, sent after commit.
     wake: broadcast::Sender<Wake>,
+    /// Bumped whenever tasks may have become claimable
+    /// ([`super::Store::tasks_wake_seq`]).
+    tasks_seq: TasksWakeSeq,
     /// The exclusive `flock` on the database file, held while any clone lives and
     /// the store is not closed.
     lock: Arc<Mutex<Option<std::fs::File>>>,
@@ -155,6 +158,7 @@ impl Lite {
             read,
             states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
             wake,
+            tasks_seq: TasksWakeSeq::default(),
             lock: Arc::new(Mutex::new(lock)),
         })
     }
@@ -186,7 +190,10 @@ impl Lite {
                     match rx.recv().await {
                         Ok(w) => on_wake(w),
                         // Fell behind: some wake-ups were dropped; everyone looks again.
-                        Err(broadcast::error::RecvError::Lagged(_)) => on_wake(Wake::Tasks),
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            self.tasks_seq.bump();
+                            on_wake(Wake::Tasks)
+                        }
                         Err(broadcast::error::RecvError::Closed) => {
                             return StoreError::Config("the store was closed".into());
                         }
@@ -631,6 +638,7 @@ impl Lite {
     fn send_wakes(&self, run_id: Uuid, wakes: Wakes) {
         // No receiver (no coordinator listening) is fine.
         if wakes.tasks {
+            self.tasks_seq.bump();
             let _ = self.wake.send(Wake::Tasks);
         }
         if wakes.events {
@@ -756,6 +764,7 @@ impl Lite {
         .bind(task_id)
         .execute(&self.write)
         .await?;
+        self.tasks_seq.bump();
         Ok(done.rows_affected())
     }
 
@@ -802,7 +811,13 @@ impl Lite {
             .bind(ms)
             .execute(&self.write)
             .await?;
+        // Delayed tasks may be due now.
+        self.tasks_seq.bump();
         Ok(())
+    }
+
+    pub(crate) fn tasks_wake_seq(&self) -> u64 {
+        self.tasks_seq.get()
     }
 
     pub(crate) async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
@@ -1156,7 +1171,7 @@ async fn write_decision(
     after: &RunState,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
-        tasks: false,
+        tasks: super::wakes_tasks(decision),
         events: !decision.events.is_empty(),
         outbox: false,
         secrets: Vec::new(),
