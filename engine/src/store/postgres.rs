@@ -21,6 +21,20 @@ use crate::machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 use super::Wakes;
 use super::pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
 
+/// SQL: whether the run of task `t` lets it be claimed (running or
+/// waiting, or paused and the task runs while paused); NULL, so false, when
+/// the run is gone. A scalar sub-select, which PostgreSQL does not flatten
+/// into a join, so every plan looks the run up by primary key for each
+/// candidate task in `tasks_ready` order: a join let a generic plan
+/// prepared while the tables were small read every run (`Seq Scan on
+/// runs`, kept as the table grew, until it was first analysed).
+macro_rules! run_admits_task {
+    () => {
+        "(SELECT r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused)
+           FROM runs r WHERE r.run_id = t.run_id)"
+    };
+}
+
 /// Tells the wake-up relay that `LISTEN` ended when dropped.
 struct NotListeningOnDrop<'a>(&'a WakeRelay);
 
@@ -669,12 +683,14 @@ impl Pg {
         max: i64,
         lease_ms: i64,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
-        let rows: Vec<ClaimOrNext> = sqlx::query_as(
+        let rows: Vec<ClaimOrNext> = sqlx::query_as(concat!(
             "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
              picked AS (
-                 SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                 SELECT t.task_id FROM tasks t
                  WHERE t.status = 'ready' AND t.available_at <= (SELECT now FROM clock)
-                   AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
+                   AND ",
+            run_admits_task!(),
+            "
                  ORDER BY t.available_at, t.task_id
                  LIMIT $2
                  FOR UPDATE OF t SKIP LOCKED),
@@ -692,12 +708,13 @@ impl Pg {
                     -- ORDER BY + LIMIT 1, not MIN(): PostgreSQL turns MIN
                     -- over a join into reading every ready task and run.
                     (SELECT (EXTRACT(EPOCH FROM (t.available_at - (SELECT now FROM clock))) * 1000)::float8
-                     FROM tasks t JOIN runs r ON r.run_id = t.run_id
-                     WHERE t.status = 'ready'
-                       AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
-                     ORDER BY t.available_at LIMIT 1)
-             WHERE NOT EXISTS (SELECT 1 FROM claimed)",
-        )
+                     FROM tasks t
+                     WHERE t.status = 'ready' AND ",
+            run_admits_task!(),
+            "
+                     ORDER BY t.available_at, t.task_id LIMIT 1)
+             WHERE NOT EXISTS (SELECT 1 FROM claimed)"
+        ))
         .bind(worker_id)
         .bind(max)
         .bind(lease_ms as f64)
@@ -755,13 +772,13 @@ impl Pg {
     /// Earliest time a `ready` task becomes claimable, in ms from now (0 if
     /// one is claimable now), or `None` when no task is ready.
     pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
-        let row: Option<(Option<f64>,)> = sqlx::query_as(
+        let row: Option<(Option<f64>,)> = sqlx::query_as(concat!(
             "SELECT (EXTRACT(EPOCH FROM (t.available_at - belay_now())) * 1000)::float8
-             FROM tasks t JOIN runs r ON r.run_id = t.run_id
-             WHERE t.status = 'ready'
-               AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
-             ORDER BY t.available_at LIMIT 1",
-        )
+                 FROM tasks t
+                 WHERE t.status = 'ready' AND ",
+            run_admits_task!(),
+            " ORDER BY t.available_at, t.task_id LIMIT 1"
+        ))
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))
@@ -1096,15 +1113,21 @@ struct TaskWrites<'a> {
     schedule_keys: Vec<&'a str>,
     schedule_safety: Vec<Option<&'static str>>,
     schedule_paused: Vec<bool>,
-    /// The tasks retried, marked dispatched and ended: always the task the
-    /// transition locked, so they are updated by primary key.
-    retry_ids: Vec<Uuid>,
-    /// Backoff of each retried call, ms.
-    retry_delays_ms: Vec<f64>,
-    dispatch_ids: Vec<Uuid>,
-    dispatch_attempts: Vec<i32>,
-    end_ids: Vec<Uuid>,
-    end_statuses: Vec<&'static str>,
+    /// The update of the transition's own locked task (at most one: the
+    /// calls are distinct), as `(task_id, write)`: by primary key, a scalar
+    /// parameter.
+    own: Option<(Uuid, OwnWrite)>,
+}
+
+/// What the merged statement does to the transition's own task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum OwnWrite {
+    /// Back to `ready` after a backoff, ms.
+    Retry(f64),
+    /// Marked dispatched for this attempt.
+    Dispatch(i32),
+    /// Ended with this `tasks.status`.
+    End(&'static str),
 }
 
 impl<'a> TaskWrites<'a> {
@@ -1136,18 +1159,16 @@ impl<'a> TaskWrites<'a> {
                     call_id
                 }
                 Command::RetryTask { call_id, delay_ms } => {
-                    w.retry_ids.push(own_id(call_id)?);
-                    w.retry_delays_ms.push(*delay_ms as f64);
+                    w.set_own(own_id(call_id)?, OwnWrite::Retry(*delay_ms as f64))?;
                     call_id
                 }
                 Command::MarkDispatched { call_id, attempt } => {
-                    w.dispatch_ids.push(own_id(call_id)?);
-                    w.dispatch_attempts.push(i32::try_from(*attempt).ok()?);
+                    let attempt = i32::try_from(*attempt).ok()?;
+                    w.set_own(own_id(call_id)?, OwnWrite::Dispatch(attempt))?;
                     call_id
                 }
                 Command::EndTask { call_id, end } => {
-                    w.end_ids.push(own_id(call_id)?);
-                    w.end_statuses.push(task_end_status(end));
+                    w.set_own(own_id(call_id)?, OwnWrite::End(task_end_status(end)))?;
                     call_id
                 }
                 // Served before the decision is written.
@@ -1160,6 +1181,18 @@ impl<'a> TaskWrites<'a> {
         }
         Some(w)
     }
+
+    /// Record the one update of the own task; `None` if there already is
+    /// one (the same row cannot be updated twice in one statement).
+    fn set_own(&mut self, task_id: Uuid, write: OwnWrite) -> Option<()> {
+        match self.own {
+            Some(_) => None,
+            None => {
+                self.own = Some((task_id, write));
+                Some(())
+            }
+        }
+    }
 }
 
 impl TaskWrites<'_> {
@@ -1167,7 +1200,8 @@ impl TaskWrites<'_> {
     /// kinds, payloads, `$9` tenant), updates the run row (`$5..$8`), with
     /// the clock `$10`, and writes the tasks: the CTEs of the non-empty
     /// kinds only, their parameters numbered on from `$11` in the order
-    /// schedule (7), retry (2), dispatch (2), end (2).
+    /// schedule (7), then the own task's update (2: its id, and the
+    /// retry's backoff ms, the dispatch's attempt or the end's status).
     fn statement(&self) -> String {
         let mut sql = String::from(
             "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
@@ -1179,14 +1213,16 @@ impl TaskWrites<'_> {
                         updated_at = (SELECT now FROM clock)
                  WHERE run_id = $1 RETURNING parent_run_id)",
         );
-        // The updates find their rows by primary key (the transition's own
-        // task) and each row's own value by its position in the array.
-        // Finding them by call id let a generic plan read the run's whole
-        // index range or every leased task: a join with UNNEST (~3 500
-        // entries a statement in belay-bench), `call_id = ANY(...)` (all the
-        // run's tasks), `status = 'leased'` (a BitmapAnd with
-        // `tasks_leased`).
-        let rows = |ids: usize| format!("t.task_id = ANY(${ids}::uuid[])");
+        // The own task's update finds its row by primary key, a scalar
+        // parameter. Finding it by call id let a generic plan read the run's
+        // whole index range or every leased task (a join with UNNEST: ~3 500
+        // entries a statement in belay-bench; `call_id = ANY(...)`: all the
+        // run's tasks; `status = 'leased'`: a BitmapAnd with
+        // `tasks_leased`), and `task_id = ANY($n)`, whose array the planner
+        // takes for 10 elements, made the generic plan of a connection
+        // prepared while `tasks` was small a sequential scan of the whole
+        // table, kept as the table grew (517 pages a statement in
+        // belay-bench, on a table not yet analysed).
         let mut n = 10;
         if !self.schedule_ids.is_empty() {
             sql += &format!(
@@ -1206,39 +1242,34 @@ impl TaskWrites<'_> {
             );
             n += 7;
         }
-        if !self.retry_ids.is_empty() {
-            let (ids, ms) = (n + 1, n + 2);
+        if let Some((_, write)) = self.own {
+            let (id, value) = (n + 1, n + 2);
+            let (cte, set, filter) = match write {
+                OwnWrite::Retry(_) => (
+                    "retry",
+                    format!(
+                        "status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
+                        available_at = (SELECT now FROM clock) + make_interval(secs => ${value}::float8 / 1000.0)"
+                    ),
+                    String::new(),
+                ),
+                OwnWrite::Dispatch(_) => (
+                    "disp",
+                    "dispatched = true, dispatched_attempt = t.attempt,
+                        dispatched_at = (SELECT now FROM clock)"
+                        .to_owned(),
+                    format!(" AND (t.status = 'leased') IS TRUE AND t.attempt = ${value}::int4"),
+                ),
+                OwnWrite::End(_) => (
+                    "ends",
+                    format!("status = ${value}::text, lease_expires_at = NULL"),
+                    String::new(),
+                ),
+            };
             sql += &format!(
-                ", retry AS (
-                 UPDATE tasks t SET status = 'ready', lease_expires_at = NULL, worker_id = NULL, dispatched = false,
-                        available_at = (SELECT now FROM clock) + make_interval(
-                            secs => (${ms}::float8[])[array_position(${ids}::uuid[], t.task_id)] / 1000.0),
-                        updated_at = (SELECT now FROM clock)
-                 WHERE {})",
-                rows(ids)
-            );
-            n += 2;
-        }
-        if !self.dispatch_ids.is_empty() {
-            let (ids, attempts) = (n + 1, n + 2);
-            sql += &format!(
-                ", disp AS (
-                 UPDATE tasks t SET dispatched = true, dispatched_attempt = t.attempt,
-                        dispatched_at = (SELECT now FROM clock), updated_at = (SELECT now FROM clock)
-                 WHERE {} AND (t.status = 'leased') IS TRUE
-                   AND t.attempt = (${attempts}::int4[])[array_position(${ids}::uuid[], t.task_id)])",
-                rows(ids)
-            );
-            n += 2;
-        }
-        if !self.end_ids.is_empty() {
-            let (ids, statuses) = (n + 1, n + 2);
-            sql += &format!(
-                ", ends AS (
-                 UPDATE tasks t SET status = (${statuses}::text[])[array_position(${ids}::uuid[], t.task_id)],
-                        lease_expires_at = NULL, updated_at = (SELECT now FROM clock)
-                 WHERE {})",
-                rows(ids)
+                ", {cte} AS (
+                 UPDATE tasks t SET {set}, updated_at = (SELECT now FROM clock)
+                 WHERE t.task_id = ${id}::uuid{filter})"
             );
         }
         sql += " SELECT (SELECT parent_run_id FROM upd)";
@@ -1333,14 +1364,13 @@ async fn write_decision(
                 .bind(&w.schedule_safety)
                 .bind(&w.schedule_paused);
         }
-        if !w.retry_ids.is_empty() {
-            query = query.bind(&w.retry_ids).bind(&w.retry_delays_ms);
-        }
-        if !w.dispatch_ids.is_empty() {
-            query = query.bind(&w.dispatch_ids).bind(&w.dispatch_attempts);
-        }
-        if !w.end_ids.is_empty() {
-            query = query.bind(&w.end_ids).bind(&w.end_statuses);
+        if let Some((task_id, write)) = w.own {
+            query = query.bind(task_id);
+            query = match write {
+                OwnWrite::Retry(ms) => query.bind(ms),
+                OwnWrite::Dispatch(attempt) => query.bind(attempt),
+                OwnWrite::End(status) => query.bind(status),
+            };
         }
         let (parent,) = query.fetch_one(&mut **tx).await?;
         parent_run_id = parent;
@@ -2264,8 +2294,7 @@ mod tests {
         ];
         let own = Some(("a.t1", Uuid::nil()));
         let w = TaskWrites::of(&commands, own).expect("hot path");
-        assert_eq!(w.end_ids, [Uuid::nil()]);
-        assert_eq!(w.end_statuses, ["completed"]);
+        assert_eq!(w.own, Some((Uuid::nil(), OwnWrite::End("completed"))));
         assert_eq!(w.schedule_calls, ["a.m2"]);
         assert_eq!(w.schedule_kinds, ["tool_call"]);
         // A call touched twice: one statement could not update its row twice.
@@ -2308,9 +2337,14 @@ mod tests {
             sql.contains("sched AS") && sql.contains("$11::uuid[]") && sql.contains("$17::bool[]")
         );
         assert!(
-            sql.contains("ends AS") && sql.contains("$18::uuid[]") && sql.contains("$19::text[]")
+            sql.contains("ends AS")
+                && sql.contains("t.task_id = $18::uuid")
+                && sql.contains("status = $19::text")
         );
         assert!(!sql.contains("retry AS") && !sql.contains("disp AS") && !sql.contains("$20"));
+        // The own task is found by a scalar key, never `= ANY(array)` (a
+        // generic plan took a sequential scan for it).
+        assert!(!sql.contains("ANY("), "{sql}");
         let dispatch = vec![Command::MarkDispatched {
             call_id: "a.t1".to_owned(),
             attempt: 2,
@@ -2319,9 +2353,22 @@ mod tests {
             .expect("hot path")
             .statement();
         assert!(
-            sql.contains("disp AS") && sql.contains("$11::uuid[]") && sql.contains("$12::int4[]")
+            sql.contains("disp AS")
+                && sql.contains("t.task_id = $11::uuid")
+                && sql.contains("t.attempt = $12::int4")
         );
         assert!(!sql.contains("sched AS") && !sql.contains("$13"));
+        let retry = vec![Command::RetryTask {
+            call_id: "a.t1".to_owned(),
+            delay_ms: 250,
+        }];
+        let w = TaskWrites::of(&retry, own).expect("hot path");
+        assert_eq!(w.own, Some((Uuid::nil(), OwnWrite::Retry(250.0))));
+        let sql = w.statement();
+        assert!(
+            sql.contains("retry AS") && sql.contains("$12::float8 / 1000.0"),
+            "{sql}"
+        );
         let none = TaskWrites::default().statement();
         assert!(!none.contains("tasks"), "{none}");
     }
