@@ -99,12 +99,31 @@ pub async fn serve_engine(
     result
 }
 
-/// Runs a worker until `shutdown` completes, as `belay-worker` does.
+/// Runs a worker until `shutdown` completes, as `belay-worker` does, its
+/// readiness in `health`, served on `health_listen` (`/livez`, `/readyz`)
+/// when given.
 ///
-/// Errors: an invalid configuration.
-pub async fn run_worker(options: &WorkerOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+/// Errors: an invalid configuration, or `health_listen` not bindable.
+pub async fn run_worker(
+    options: &WorkerOptions,
+    health: belay_worker::health::HealthState,
+    health_listen: Option<std::net::SocketAddr>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    if let Some(addr) = health_listen {
+        let listener = belay_worker::health::bind(addr).await?;
+        let state = health.clone();
+        tokio::spawn(async move {
+            if let Err(e) =
+                belay_worker::health::serve(listener, state, std::future::pending()).await
+            {
+                tracing::error!(error = %e, "health endpoint stopped");
+            }
+        });
+    }
     let mut config =
         belay_worker::WorkerConfig::new(options.engine_url.clone(), options.worker_id.clone());
+    config.health = health;
     config.concurrency = options.concurrency.max(1);
     config.model.base_url = options.model_base_url.clone();
     config.http_base_url = Some(options.http_base_url.clone());
@@ -253,8 +272,21 @@ pub struct Fleet {
     prefix: String,
     engines: Vec<Member>,
     workers: Vec<Member>,
+    /// How to tell that each worker is ready (one per worker).
+    ready: Vec<WorkerReadiness>,
     stop: watch::Sender<bool>,
 }
+
+/// Where a worker's readiness is read.
+enum WorkerReadiness {
+    /// An in-process worker's own state.
+    State(belay_worker::health::HealthState),
+    /// A child process's `/readyz` URL (`--health-listen`).
+    Url(String),
+}
+
+/// How long [`Fleet::wait_workers_ready`] waits for each worker.
+const WORKER_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The last lines of a log file, for error messages.
 fn log_tail(path: &Path) -> String {
@@ -279,6 +311,7 @@ impl Fleet {
             prefix: prefix.to_owned(),
             engines: Vec::new(),
             workers: Vec::new(),
+            ready: Vec::new(),
             stop,
         }
     }
@@ -417,12 +450,21 @@ impl Fleet {
             Launch::InProcess => {
                 let options = options.clone();
                 let stopped = self.stopped();
+                let health = belay_worker::health::HealthState::default();
+                self.ready.push(WorkerReadiness::State(health.clone()));
                 self.workers.push(Member::Task(tokio::spawn(async move {
-                    run_worker(&options, stopped).await
+                    run_worker(&options, health, None, stopped).await
                 })));
             }
             Launch::Processes { worker, .. } => {
+                // A free port for its health endpoint (free when asked; the
+                // worker binds it moments later).
+                let health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+                self.ready
+                    .push(WorkerReadiness::Url(format!("http://{health_addr}/readyz")));
                 let args = vec![
+                    "--health-listen".to_owned(),
+                    health_addr.to_string(),
                     "--engine-url".to_owned(),
                     options.engine_url.clone(),
                     "--worker-id".to_owned(),
@@ -447,6 +489,50 @@ impl Fleet {
                     });
                 }
                 self.workers.push(Member::Process(Box::new(proc)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every worker is ready (its first claim reached its
+    /// engine: `/readyz` answers 200), so that the workload does not time
+    /// the workers' start-up. Child processes are asked every 10 ms.
+    ///
+    /// Errors: a worker not ready within 30 s, or one that stopped.
+    pub async fn wait_workers_ready(&mut self) -> Result<()> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()?;
+        for (i, ready) in self.ready.iter().enumerate() {
+            let deadline = tokio::time::Instant::now() + WORKER_READY_TIMEOUT;
+            match ready {
+                WorkerReadiness::State(health) => {
+                    tokio::time::timeout_at(
+                        deadline,
+                        health.wait_for(|r| *r == belay_worker::health::Readiness::Ready),
+                    )
+                    .await
+                    .map_err(|_| anyhow!("worker {i} was not ready within 30 s"))?;
+                }
+                WorkerReadiness::Url(url) => loop {
+                    if let Some(Member::Process(proc)) = self.workers.get_mut(i)
+                        && let Some(status) = proc.child.try_wait()?
+                    {
+                        bail!("{} stopped ({status}); {}", proc.name, log_tail(&proc.log));
+                    }
+                    let ok = http
+                        .get(url)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success());
+                    if ok {
+                        break;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        bail!("worker {i} was not ready within 30 s ({url})");
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                },
             }
         }
         Ok(())

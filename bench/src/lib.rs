@@ -667,6 +667,8 @@ async fn drive(
             http_base_url: fake_url.to_owned(),
         })?;
     }
+    // Timing starts once every worker's first claim has reached its engine.
+    fleet.wait_workers_ready().await?;
     let clients = engine_urls
         .iter()
         .map(|url| Client::connect_lazy(url, workload::TENANT))

@@ -150,6 +150,10 @@ struct WorkerArgs {
     model_base_url: String,
     #[arg(long)]
     http_base_url: String,
+    /// Serve `/livez` and `/readyz` here, as `belay-worker --health-listen`
+    /// (the bench waits for every worker's `/readyz` before it submits).
+    #[arg(long)]
+    health_listen: Option<std::net::SocketAddr>,
     /// Accepted for compatibility with `belay-worker`; the bench's own worker
     /// always uses [`fleet::WORKER_SHUTDOWN_GRACE_MS`].
     #[arg(long)]
@@ -186,6 +190,8 @@ async fn worker_role(args: WorkerArgs) -> anyhow::Result<()> {
             model_base_url: args.model_base_url,
             http_base_url: args.http_base_url,
         },
+        belay_worker::health::HealthState::default(),
+        args.health_listen,
         fleet::parent_gone(),
     )
     .await
