@@ -2089,6 +2089,9 @@ impl Coordinator {
                             }
                             Err(e) => tracing::warn!(error = %e, "tool cache purge failed"),
                         }
+                        if let Err(e) = this.store.purge_stale_heartbeats().await {
+                            tracing::warn!(error = %e, "purging stale heartbeats failed");
+                        }
                     }
                 }
             })

@@ -570,6 +570,52 @@ async fn a_replica_hears_the_wake_ups_of_another_once_it_said_hello() {
     db.drop().await;
 }
 
+/// PostgreSQL only (SQLite extends the task's row): a heartbeat writes
+/// `task_heartbeats`, never the task's row in the hot `tasks` table, and
+/// its extension is purged once the task has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_heartbeat_leaves_the_task_row_alone_and_its_extension_goes_when_the_task_ends() {
+    let (db, coord, _run) = setup(Backend::Postgres).await;
+    let task = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let id = task.task_id.to_string();
+    let attempt = u32::try_from(task.attempt).expect("attempt");
+    let raw = db.raw().await;
+    let row_version = "SELECT xmin::text || ':' || ctid::text FROM tasks WHERE task_id = $1";
+    let before = raw.fetch_texts(row_version, task.task_id).await;
+    let held = coord
+        .heartbeat("w1", &[(id.clone(), attempt)])
+        .await
+        .expect("heartbeat");
+    assert_eq!(held, vec![(id.clone(), attempt, true)]);
+    assert_eq!(
+        raw.fetch_texts(row_version, task.task_id).await,
+        before,
+        "the heartbeat rewrote the task's row"
+    );
+    let extension = raw
+        .fetch_texts(
+            "SELECT attempt::text FROM task_heartbeats WHERE task_id = $1",
+            task.task_id,
+        )
+        .await;
+    assert_eq!(extension, vec![task.attempt.to_string()]);
+    // Nothing to purge while the lease is held.
+    assert_eq!(
+        coord.store().purge_stale_heartbeats().await.expect("purge"),
+        0
+    );
+    coord
+        .complete("w1", &id, attempt, &model_result_with_create())
+        .await
+        .expect("complete");
+    assert_eq!(
+        coord.store().purge_stale_heartbeats().await.expect("purge"),
+        1
+    );
+    raw.close().await;
+    db.drop().await;
+}
+
 on_both_backends!(
     claims_are_fenced_by_attempt,
     a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain,

@@ -685,7 +685,16 @@ async fn heartbeat_extends_only_the_callers_unexpired_leases(backend: Backend) {
         vec![(c, 1)],
         "an expired lease is not revived"
     );
-    // The new lease is `lease_ms` from now: a lease of -1 s is already over.
+    let expired = || async {
+        env.store
+            .expired_leases(10)
+            .await
+            .expect("expired")
+            .into_iter()
+            .map(|l| l.task_id)
+            .collect::<BTreeSet<Uuid>>()
+    };
+    // A heartbeat never shortens a lease.
     assert_eq!(
         env.store
             .heartbeat("w1", &[(c, 1)], -1_000)
@@ -693,15 +702,21 @@ async fn heartbeat_extends_only_the_callers_unexpired_leases(backend: Backend) {
             .expect("heartbeat"),
         vec![(c, 1)]
     );
-    let expired: BTreeSet<Uuid> = env
-        .store
-        .expired_leases(10)
-        .await
-        .expect("expired")
-        .into_iter()
-        .map(|l| l.task_id)
-        .collect();
-    assert_eq!(expired, BTreeSet::from([a, c]));
+    assert_eq!(expired().await, BTreeSet::from([a]));
+    // It extends it to `lease_ms` from now: 50 s on, a 60 s heartbeat holds
+    // the lease past the claim's 60 s, until 110 s.
+    env.store.advance_clock(50_000).await.expect("clock");
+    assert_eq!(
+        env.store
+            .heartbeat("w1", &[(b, 1), (c, 1)], 60_000)
+            .await
+            .expect("heartbeat"),
+        vec![(c, 1)]
+    );
+    env.store.advance_clock(20_000).await.expect("clock");
+    assert_eq!(expired().await, BTreeSet::from([a, b]));
+    env.store.advance_clock(45_000).await.expect("clock");
+    assert_eq!(expired().await, BTreeSet::from([a, b, c]));
     assert!(
         env.store
             .heartbeat("w1", &[], 60_000)

@@ -1101,6 +1101,18 @@ impl Store {
         on_backend!(self, b => b.purge_expired_tool_cache(limit).await)
     }
 
+    /// Delete the heartbeat extensions of leases that are over (the task
+    /// ended, or was claimed again with a new attempt); returns how many.
+    /// PostgreSQL keeps heartbeats in `task_heartbeats`, off `tasks`;
+    /// SQLite extends `tasks.lease_expires_at` and has nothing to purge.
+    /// The coordinator's sweeper calls it once a minute.
+    pub async fn purge_stale_heartbeats(&self) -> Result<u64, StoreError> {
+        match &self.backend {
+            Backend::Postgres(b) => b.purge_stale_heartbeats().await,
+            Backend::Sqlite(_) => Ok(0),
+        }
+    }
+
     /// The folded state of a run from its whole history (for reads and tests).
     pub async fn run_state(&self, run_id: Uuid) -> Result<RunState, StoreError> {
         on_backend!(self, b => b.run_state(run_id).await)
@@ -1147,8 +1159,10 @@ impl Store {
     }
 
     /// Extend the leases a worker still holds (not yet expired, same
-    /// attempt) by `lease_ms` from now. Returns the `(task_id, attempt)`
-    /// pairs extended.
+    /// attempt) to at least `lease_ms` from now (a heartbeat never
+    /// shortens a lease). Returns the `(task_id, attempt)` pairs extended.
+    /// PostgreSQL writes the extension to `task_heartbeats`, not to the
+    /// task's row (liveness off the hot table); SQLite to the row.
     pub async fn heartbeat(
         &self,
         worker_id: &str,

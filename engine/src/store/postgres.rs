@@ -35,6 +35,27 @@ macro_rules! run_admits_task {
     };
 }
 
+/// SQL: whether the lease of task `t` (leased) still holds at `$now` (an
+/// SQL expression): its claim-time `lease_expires_at`, or a heartbeat's
+/// extension of the same attempt in `task_heartbeats`. Heartbeats write
+/// only that narrow table (migration `20261206000090`), so liveness does
+/// not rewrite `tasks` rows (wide: the spec) or their index entries; a
+/// task that ends before its first heartbeat (most do) never has a row
+/// there, and the extension is looked up only once the claim-time lease
+/// has passed.
+macro_rules! lease_holds {
+    ($now:literal) => {
+        concat!(
+            "(t.lease_expires_at > ",
+            $now,
+            " OR EXISTS (SELECT 1 FROM task_heartbeats h
+                  WHERE h.task_id = t.task_id AND h.attempt = t.attempt AND h.lease_until > ",
+            $now,
+            "))"
+        )
+    };
+}
+
 /// Tells the wake-up relay that `LISTEN` ended when dropped.
 struct NotListeningOnDrop<'a>(&'a WakeRelay);
 
@@ -545,7 +566,7 @@ impl Pg {
             Target::Run(run_id, task_id) => (Some(run_id), task_id),
             Target::Task(task_id) | Target::Dispatch(task_id) => (None, Some(task_id)),
         };
-        let row: Option<LockedRow> = sqlx::query_as(
+        let row: Option<LockedRow> = sqlx::query_as(concat!(
             "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
              r AS (
                  SELECT run_id, tenant, last_seq FROM runs
@@ -556,11 +577,14 @@ impl Pg {
                     t.dispatched_at, t.lease_expired,
                     CASE WHEN $3 THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
              FROM r LEFT JOIN LATERAL (
-                 SELECT task_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
-                        (lease_expires_at IS NOT NULL AND lease_expires_at <= (SELECT now FROM clock)) AS lease_expired
-                 FROM tasks WHERE task_id = $2 AND (run_id = r.run_id) IS TRUE
-                 FOR UPDATE) t ON true",
-        )
+                 SELECT t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
+                        t.dispatched_at,
+                        (t.lease_expires_at IS NOT NULL AND NOT ",
+            lease_holds!("(SELECT now FROM clock)"),
+            ") AS lease_expired
+                 FROM tasks t WHERE t.task_id = $2 AND (t.run_id = r.run_id) IS TRUE
+                 FOR UPDATE) t ON true"
+        ))
         .bind(run_id)
         .bind(task_id)
         .bind(dispatch)
@@ -741,13 +765,25 @@ impl Pg {
     ) -> Result<Vec<(Uuid, i32)>, StoreError> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
         let attempts: Vec<i32> = leases.iter().map(|l| l.1).collect();
-        let rows: Vec<(Uuid, i32)> = sqlx::query_as(
-            "UPDATE tasks t SET lease_expires_at = belay_now() + make_interval(secs => $4::float8 / 1000.0)
+        // Written to `task_heartbeats` only (see `lease_holds!`). The task
+        // rows are read, not locked: a sweep that judges a lease expired
+        // while this commits may still expire it, and the worker, told
+        // "held", is refused at its next report by the attempt fence, as
+        // when a lease is lost between two heartbeats. An extension never
+        // goes back to an older attempt.
+        let rows: Vec<(Uuid, i32)> = sqlx::query_as(concat!(
+            "INSERT INTO task_heartbeats AS h (task_id, attempt, lease_until)
+             SELECT t.task_id, t.attempt, belay_now() + make_interval(secs => $4::float8 / 1000.0)
              FROM UNNEST($2::uuid[], $3::int4[]) AS l(task_id, attempt)
-             WHERE t.task_id = l.task_id AND t.attempt = l.attempt AND t.status = 'leased'
-               AND t.worker_id = $1 AND t.lease_expires_at > belay_now()
-             RETURNING t.task_id, t.attempt",
-        )
+             CROSS JOIN LATERAL (SELECT * FROM tasks t WHERE t.task_id = l.task_id) t
+             WHERE t.attempt = l.attempt AND t.status = 'leased' AND t.worker_id = $1
+               AND ",
+            lease_holds!("belay_now()"),
+            "
+             ON CONFLICT (task_id) DO UPDATE SET attempt = EXCLUDED.attempt, lease_until = EXCLUDED.lease_until
+                WHERE h.attempt <= EXCLUDED.attempt
+             RETURNING h.task_id, h.attempt"
+        ))
         .bind(worker_id)
         .bind(&ids)
         .bind(&attempts)
@@ -759,11 +795,12 @@ impl Pg {
 
     /// Leases that have expired by the database clock, oldest first.
     pub(crate) async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT task_id, run_id, attempt FROM tasks
-             WHERE status = 'leased' AND lease_expires_at <= belay_now()
-             ORDER BY lease_expires_at LIMIT $1",
-        )
+        Ok(sqlx::query_as(concat!(
+            "SELECT t.task_id, t.run_id, t.attempt FROM tasks t
+             WHERE t.status = 'leased' AND t.lease_expires_at <= belay_now() AND NOT ",
+            lease_holds!("belay_now()"),
+            " ORDER BY t.lease_expires_at LIMIT $1"
+        ))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?)
@@ -798,6 +835,11 @@ impl Pg {
         .bind(task_id)
         .execute(&self.pool)
         .await?;
+        // Heartbeats' extensions go too.
+        sqlx::query("DELETE FROM task_heartbeats WHERE $1::uuid IS NULL OR task_id = $1")
+            .bind(task_id)
+            .execute(&self.pool)
+            .await?;
         self.wakes.tasks_may_be_claimable();
         Ok(done.rows_affected())
     }
@@ -1962,6 +2004,19 @@ impl Pg {
         .bind(tenant)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// See [`super::Store::purge_stale_heartbeats`].
+    pub(crate) async fn purge_stale_heartbeats(&self) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM task_heartbeats h
+             WHERE NOT EXISTS (SELECT 1 FROM tasks t
+                               WHERE t.task_id = h.task_id AND t.attempt = h.attempt
+                                 AND t.status = 'leased')",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     /// See [`super::Store::purge_expired_tool_cache`]. Rows another engine

@@ -694,7 +694,7 @@ impl Lite {
         let mut out = Vec::with_capacity(leases.len());
         for (task_id, attempt) in leases {
             let row: Option<(Uuid, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "UPDATE tasks SET lease_expires_at = {lease}
+                "UPDATE tasks SET lease_expires_at = MAX(lease_expires_at, {lease})
                  WHERE task_id = ?1 AND attempt = ?2 AND status = 'leased'
                    AND worker_id = ?4 AND lease_expires_at > {NOW}
                  RETURNING task_id, attempt",
