@@ -494,45 +494,46 @@ impl Fleet {
         Ok(())
     }
 
-    /// Waits until every worker is ready (its first claim reached its
-    /// engine: `/readyz` answers 200), so that the workload does not time
-    /// the workers' start-up. Child processes are asked every 10 ms.
+    /// Waits until every worker is ready (a claim of its has been answered
+    /// by its engine: `/readyz` answers 200; a worker's first claim does not
+    /// long-poll, so this takes moments), so that the workload does not
+    /// time the workers' start-up. Child processes are asked every 10 ms.
     ///
-    /// Errors: a worker not ready within 30 s, or one that stopped.
+    /// Errors: an engine or worker that stopped (named, with its log's
+    /// tail), or a worker not ready within 30 s.
     pub async fn wait_workers_ready(&mut self) -> Result<()> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(1))
             .build()?;
-        for (i, ready) in self.ready.iter().enumerate() {
+        for i in 0..self.ready.len() {
             let deadline = tokio::time::Instant::now() + WORKER_READY_TIMEOUT;
-            match ready {
-                WorkerReadiness::State(health) => {
-                    tokio::time::timeout_at(
-                        deadline,
+            loop {
+                self.check_alive()?;
+                let ready = match &self.ready[i] {
+                    WorkerReadiness::State(health) => tokio::time::timeout(
+                        Duration::from_millis(10),
                         health.wait_for(|r| *r == belay_worker::health::Readiness::Ready),
                     )
                     .await
-                    .map_err(|_| anyhow!("worker {i} was not ready within 30 s"))?;
+                    .is_ok(),
+                    WorkerReadiness::Url(url) => {
+                        let ok = http
+                            .get(url)
+                            .send()
+                            .await
+                            .is_ok_and(|r| r.status().is_success());
+                        if !ok {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        ok
+                    }
+                };
+                if ready {
+                    break;
                 }
-                WorkerReadiness::Url(url) => loop {
-                    if let Some(Member::Process(proc)) = self.workers.get_mut(i)
-                        && let Some(status) = proc.child.try_wait()?
-                    {
-                        bail!("{} stopped ({status}); {}", proc.name, log_tail(&proc.log));
-                    }
-                    let ok = http
-                        .get(url)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success());
-                    if ok {
-                        break;
-                    }
-                    if tokio::time::Instant::now() >= deadline {
-                        bail!("worker {i} was not ready within 30 s ({url})");
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                },
+                if tokio::time::Instant::now() >= deadline {
+                    bail!("worker {i} was not ready within 30 s");
+                }
             }
         }
         Ok(())

@@ -180,9 +180,8 @@ struct NothingClaimable {
     seq: u64,
     /// When the statement started.
     at: tokio::time::Instant,
-    /// When the earliest ready but not yet claimable task becomes
-    /// claimable, if the statement said (it says only when it claimed
-    /// nothing).
+    /// When the earliest other ready task becomes claimable (ready now but
+    /// row-locked by another claimer: in 5 ms), if there is one.
     next_ready: Option<tokio::time::Instant>,
 }
 

@@ -570,6 +570,66 @@ async fn a_replica_hears_the_wake_ups_of_another_once_it_said_hello() {
     db.drop().await;
 }
 
+/// PostgreSQL only: when the `LISTEN` connection is lost (sqlx reconnects
+/// it on its own), whatever was notified meanwhile is gone, so the
+/// listener wakes every claimer to look again and the wake count moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_listen_connection_wakes_claimers_to_look_again() {
+    let db = TestDb::create(Backend::Postgres, "belay_c").await;
+    let store = db.store(2).await;
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let listener = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let _ = store
+                .listen(&mut |w| {
+                    let _ = tx.send(w);
+                })
+                .await;
+        })
+    };
+    let raw = db.raw().await;
+    // Wait for the LISTEN connection, then end it from the server side.
+    let listening = "SELECT count(*)::text FROM pg_stat_activity
+                     WHERE datname = current_database() AND query LIKE 'LISTEN%' AND $1 IS NOT NULL";
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while raw.fetch_texts(listening, uuid::Uuid::nil()).await != vec!["1".to_owned()] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no LISTEN connection"
+        );
+        tokio::task::yield_now().await;
+    }
+    let seq = store.tasks_wake_seq();
+    let ended = raw
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND query LIKE 'LISTEN%' AND $1 IS NOT NULL",
+            Some(uuid::Uuid::nil()),
+        )
+        .await;
+    assert_eq!(ended, 1);
+    let woke = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(w) = heard.recv().await {
+            if w == belay_engine::store::Wake::Tasks {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        woke,
+        Ok(true),
+        "no wake-up after the LISTEN connection was lost"
+    );
+    assert!(store.tasks_wake_seq() > seq);
+    listener.abort();
+    raw.close().await;
+    store.close().await;
+    db.drop().await;
+}
+
 /// PostgreSQL only (SQLite extends the task's row): a heartbeat writes
 /// `task_heartbeats`, never the task's row in the hot `tasks` table, and
 /// its extension is purged once the task has ended.

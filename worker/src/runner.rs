@@ -160,6 +160,11 @@ pub async fn run_with_engine(
             }
         }
         let max_tasks = u32::try_from(permits.len()).unwrap_or(1);
+        // Until a claim has reached the engine (at start, after an outage),
+        // ask without waiting, so `/readyz` says ready at once instead of
+        // after a whole long poll on an idle engine; then long-poll.
+        let probe = health.get() != crate::health::Readiness::Ready && config.claim_wait_ms > 0;
+        let wait_ms = if probe { 0 } else { config.claim_wait_ms };
         let claim_started = Instant::now();
         let claimed = tokio::select! {
             biased;
@@ -167,7 +172,7 @@ pub async fn run_with_engine(
             // never start; their leases expire and, as nothing was
             // dispatched, the engine simply retries them.
             () = &mut shutdown => break,
-            claimed = ctx.engine.claim_tasks(max_tasks, config.claim_wait_ms) => claimed,
+            claimed = ctx.engine.claim_tasks(max_tasks, wait_ms) => claimed,
         };
         match &claimed {
             Ok(_) => health.claim_succeeded(),
@@ -185,8 +190,12 @@ pub async fn run_with_engine(
                 }
                 retry_delay = Duration::from_millis(CLAIM_RETRY_MIN_MS);
                 // An engine that answers "nothing" without long-polling (or a
-                // wait of 0) must not turn this loop into a busy poll.
-                if claimed.is_empty() && claim_started.elapsed() < MIN_EMPTY_CLAIM_INTERVAL {
+                // wait of 0) must not turn this loop into a busy poll; the
+                // probe above is followed by a long poll at once.
+                if claimed.is_empty()
+                    && !probe
+                    && claim_started.elapsed() < MIN_EMPTY_CLAIM_INTERVAL
+                {
                     drop(permits);
                     tokio::select! {
                         biased;

@@ -1145,10 +1145,11 @@ impl Store {
         on_backend!(self, b => b.tasks_wake_seq())
     }
 
-    /// [`Store::claim_tasks`], and when nothing was claimed, also
-    /// [`Store::next_ready_in_ms`] (PostgreSQL: in the same statement, one
-    /// round trip). Returns the tasks and, when there are none, the ms until
-    /// the earliest ready task is claimable (`None`: no ready task).
+    /// [`Store::claim_tasks`], and when fewer than `max` were claimed, also
+    /// [`Store::next_ready_in_ms`] of the tasks left (PostgreSQL: in the same
+    /// statement, one round trip). Returns the tasks and, then, the ms until
+    /// the earliest other ready task is claimable (`None`: no other ready
+    /// task, or `max` were claimed).
     pub async fn claim_tasks_or_next(
         &self,
         worker_id: &str,

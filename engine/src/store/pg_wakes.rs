@@ -39,7 +39,14 @@
 //! others within a round trip, and knows them. Any notification from
 //! another process (a wake-up, or the older payloads of a previous release)
 //! counts as hearing it. A relay whose process does not listen (a store
-//! used without a coordinator) always sends, as before.
+//! used without a coordinator) always sends, as before. During a rolling
+//! upgrade from a release that does not say hello, a replica of that
+//! release is heard only while it sends wake-ups of its own: once it has
+//! been idle for [`PEER_TTL`], the new replicas stop sending it theirs and
+//! its claimers find new tasks by their once-a-second look (measured by a
+//! reviewer: first steps of 0.3 s instead of a few ms), until it sends
+//! again or is replaced. A lost `LISTEN` connection (sqlx reconnects it)
+//! says hello again and wakes every local waiter to look.
 //!
 //! Delivery is best effort: a crash between commit and send, or a failed
 //! send (logged at warn), loses wake-ups. That is safe because every waiter

@@ -188,13 +188,23 @@ impl Pg {
         let relay = self.wakes.clone();
         let reader = tokio::spawn(async move {
             loop {
-                let item = match listener.recv().await {
-                    Ok(n) => {
+                let item = match listener.try_recv().await {
+                    Ok(Some(n)) => {
                         let wakes = relay.decode(n.channel(), n.payload());
                         if wakes.contains(&Wake::Tasks) {
                             relay.tasks_may_be_claimable();
                         }
                         Ok(wakes)
+                    }
+                    // The connection was lost (sqlx reconnects it on its
+                    // own): notifications sent meanwhile are gone, so
+                    // everyone looks again, and others hear this process
+                    // again (they may have stopped sending to it).
+                    Ok(None) => {
+                        tracing::warn!("LISTEN connection lost; reconnecting");
+                        relay.tasks_may_be_claimable();
+                        relay.listening(true);
+                        Ok(vec![Wake::Tasks, Wake::Outbox])
                     }
                     Err(e) => Err(StoreError::from(e)),
                 };
@@ -697,10 +707,12 @@ impl Pg {
 
     /// Claim up to `max` ready tasks of running runs for `worker_id`, with a
     /// lease of `lease_ms` by the database clock. Each claim increments the
-    /// task's attempt (the fencing token). When none is claimed, also says
-    /// when the earliest ready task becomes claimable (as
-    /// [`Pg::next_ready_in_ms`]), in the same statement: an idle claimer
-    /// otherwise asked with a second round trip after every empty claim.
+    /// task's attempt (the fencing token). When fewer than `max` are
+    /// claimed, also says when the earliest other ready task becomes
+    /// claimable (as [`Pg::next_ready_in_ms`], leaving out the tasks just
+    /// claimed, which the statement's snapshot still sees ready), in the
+    /// same statement: the coordinator then knows how long nothing is
+    /// claimable (`NothingClaimable`).
     pub(crate) async fn claim_tasks_or_next(
         &self,
         worker_id: &str,
@@ -733,11 +745,11 @@ impl Pg {
                     -- over a join into reading every ready task and run.
                     (SELECT (EXTRACT(EPOCH FROM (t.available_at - (SELECT now FROM clock))) * 1000)::float8
                      FROM tasks t
-                     WHERE t.status = 'ready' AND ",
+                     WHERE t.status = 'ready' AND t.task_id NOT IN (SELECT task_id FROM claimed) AND ",
             run_admits_task!(),
             "
                      ORDER BY t.available_at, t.task_id LIMIT 1)
-             WHERE NOT EXISTS (SELECT 1 FROM claimed)"
+             WHERE (SELECT count(*) FROM claimed) < $2"
         ))
         .bind(worker_id)
         .bind(max)

@@ -732,7 +732,7 @@ impl Lite {
         lease_ms: i64,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
         let tasks = self.claim_tasks(worker_id, max, lease_ms).await?;
-        if !tasks.is_empty() {
+        if tasks.len() as i64 >= max {
             return Ok((tasks, None));
         }
         Ok((tasks, self.next_ready_in_ms().await?))
