@@ -84,6 +84,14 @@ pub const PRESENCE_EVERY: Duration = Duration::from_secs(10);
 /// wake-ups: three missed hellos.
 pub const PEER_TTL: Duration = Duration::from_secs(30);
 
+/// How long the sender waits, once woken, for more wake-ups to send in
+/// the same statement: what a wake-up for another replica may be late by.
+/// Measured with two engines at half of their peak (belay-bench, E2/N4,
+/// `--rate 42`): 8.5 → 6.8 transactions per step, step p99 28.8 → 16-20
+/// ms; at peak 4.8 → 3.6 transactions per step. A lone engine does not
+/// wait (it sends no wake-ups).
+pub const COALESCE: Duration = Duration::from_millis(2);
+
 /// Capacity of the in-process broadcast of wake-ups; a listener that falls
 /// further behind is told to look again at everything.
 const LOCAL_CAPACITY: usize = 4_096;
@@ -269,8 +277,15 @@ async fn send_loop(
                 }
             }
         }
+        let send_wakes = lock(&peers).send_wakes(Instant::now());
+        if send_wakes {
+            // Let the wake-ups of the next moment join this batch: below
+            // peak load each transition was otherwise a statement of its
+            // own, and a transaction on every other listener.
+            tokio::time::sleep(COALESCE).await;
+        }
         let mut batch = std::mem::take(&mut *lock(&pending));
-        if !lock(&peers).send_wakes(Instant::now()) {
+        if !send_wakes {
             batch = batch.without_wakes();
         }
         if batch.is_empty() {
