@@ -382,16 +382,15 @@ pub(crate) struct Wakes {
 /// schedules or re-queues one, or resumes its run (a paused run's ready
 /// tasks are not claimed until then).
 pub(crate) fn wakes_tasks(decision: &Decision) -> bool {
-    decision.commands.iter().any(|c| {
-        matches!(
-            c,
-            crate::machine::Command::ScheduleTask { .. }
-                | crate::machine::Command::RetryTask { .. }
-        )
-    }) || decision
-        .events
+    use crate::machine::{Command, Event};
+    decision
+        .commands
         .iter()
-        .any(|e| matches!(e, crate::machine::Event::RunResumed { .. }))
+        .any(|c| matches!(c, Command::ScheduleTask { .. } | Command::RetryTask { .. }))
+        || decision
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::RunResumed { .. }))
 }
 
 /// How many times, as far as this process can tell, tasks may have become

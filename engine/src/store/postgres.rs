@@ -2349,16 +2349,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_hot_path_takes_only_task_writes_on_different_calls() {
-        // End one call, schedule the next: one statement.
-        let commands = vec![
+    /// A step's usual decision: end the own call `a.t1`, schedule `a.m2`.
+    fn end_then_schedule() -> Vec<Command> {
+        vec![
             Command::EndTask {
                 call_id: "a.t1".to_owned(),
                 end: TaskEnd::Completed,
             },
             schedule("a.m2"),
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_hot_path_takes_only_task_writes_on_different_calls() {
+        // End one call, schedule the next: one statement.
+        let commands = end_then_schedule();
         let own = Some(("a.t1", Uuid::nil()));
         let w = TaskWrites::of(&commands, own).expect("hot path");
         assert_eq!(w.own, Some((Uuid::nil(), OwnWrite::End("completed"))));
@@ -2389,13 +2394,7 @@ mod tests {
 
     #[test]
     fn the_statement_holds_only_the_needed_ctes_numbered_on_from_11() {
-        let commands = vec![
-            Command::EndTask {
-                call_id: "a.t1".to_owned(),
-                end: TaskEnd::Completed,
-            },
-            schedule("a.m2"),
-        ];
+        let commands = end_then_schedule();
         let own = Some(("a.t1", Uuid::nil()));
         let sql = TaskWrites::of(&commands, own)
             .expect("hot path")
