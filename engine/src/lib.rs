@@ -1,11 +1,18 @@
-//! Belay's engine (coordinator).
+//! Belay's engine: the coordinator that drives the run machine through the
+//! store, and the services around it.
 //!
-//! - [`definitions`]: parse and validate `.tools.abl` and YAML definitions (pure).
-//! - [`machine`]: the pure run state machine (events in, decisions out).
+//! The layers below are crates of their own, re-exported here under their
+//! old paths (`belay_engine::machine::…` and so on):
+//! - [`definitions`] (`belay-definitions`): parse and validate `.tools.abl`
+//!   and YAML definitions (pure).
+//! - [`machine`] (`belay-machine`): the pure run state machine (events in,
+//!   decisions out), with [`gates`], the rules of a tool's shared rate limit
+//!   and circuit breaker.
+//! - [`store`] (`belay-store`): every SQL statement; PostgreSQL and SQLite.
+//!
+//! This crate:
 //! - [`expr_sandbox`]: jq expressions evaluated in child processes with
 //!   hard limits (memory, CPU time, a deadline).
-//! - [`gates`]: the rules of a tool's shared rate limit and circuit breaker (pure).
-//! - [`store`]: every SQL statement; PostgreSQL.
 //! - [`coordinator`]: drives the machine through the store; leases, sweeper.
 //! - [`api`]: the gRPC services (`belay.v1`), health and reflection.
 //! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls,
@@ -20,26 +27,19 @@
 //! - `mcp_server` (cargo feature `mcp-server`): chosen workflows served as
 //!   MCP tools over Streamable HTTP, each call a durable run.
 
-#[cfg(feature = "server")]
+pub use belay_definitions as definitions;
+pub use belay_machine as machine;
+pub use belay_machine::gates;
+pub use belay_store as store;
+
 pub mod admin;
-#[cfg(feature = "server")]
 pub mod api;
-#[cfg(feature = "server")]
 pub mod audit;
-#[cfg(feature = "server")]
 pub mod callbacks;
-#[cfg(feature = "server")]
 pub mod coordinator;
-pub mod definitions;
 pub mod expr_sandbox;
-pub mod gates;
-pub mod machine;
-#[cfg(feature = "server")]
 pub mod mcp_pins;
 #[cfg(feature = "mcp-server")]
 pub mod mcp_server;
-#[cfg(feature = "server")]
 pub mod notify;
-#[cfg(feature = "server")]
-pub mod store;
 pub mod vault;

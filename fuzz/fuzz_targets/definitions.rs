@@ -11,7 +11,7 @@
 
 #![no_main]
 
-use belay_engine::definitions::{RegisteredNames, SourceFile, parse_bundle};
+use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -477,6 +477,12 @@ pub fn secret_placeholder_name(inner: &str) -> Option<&str> {
     inner.strip_prefix("_secret.").filter(|k| is_vault_key(k))
 }
 
+/// Prefix of the vault keys of untraced arguments (`_arg_` and 24 hex
+/// digits): the engine records a `visibility: {trace: false}` argument as
+/// `{{_secret._arg_…}}` and a worker resolves such a placeholder only with a
+/// value its dispatch handed out. Tools files may not name keys with it.
+pub const ARG_KEY_PREFIX: &str = "_arg_";
+
 /// Longest vault key, in characters.
 pub const MAX_VAULT_KEY_CHARS: usize = 64;
 

@@ -447,3 +447,22 @@ fn sampling_usage(u: belay_proto::wire::SamplingUsage) -> belay_proto::v1::Sampl
         output_tokens: u.output_tokens,
     }
 }
+
+/// Log a dispatch the engine did not allow (the worker then neither acts
+/// nor reports): a call held back by its tool's rate limit (`dispatch
+/// deferred: …`, routine under a tight limit) at info, any other refusal
+/// at warn.
+pub(crate) fn log_dispatch_refused(task: &belay_proto::v1::Task, status: &Status) {
+    let (task_id, attempt) = (&task.task_id, task.attempt);
+    if status.message().starts_with("dispatch deferred:") {
+        tracing::info!(
+            %task_id, attempt, detail = status.message(),
+            "dispatch deferred by the tool's rate limit; not acting"
+        );
+    } else {
+        tracing::warn!(
+            %task_id, attempt, code = ?status.code(), error = status.message(),
+            "dispatch refused; not acting and not reporting"
+        );
+    }
+}

@@ -648,7 +648,7 @@ impl HttpToolClient {
             builder = builder.body(body.clone());
         }
         let send_error = |e: &reqwest::Error| {
-            if let Some(refused) = address_refused(e) {
+            if let Some(refused) = crate::ssrf::address_refused(e) {
                 return HttpToolError::Refused(refused.clone());
             }
             if let Some(detail) = tls::client_certificate_refused(e) {
@@ -681,7 +681,7 @@ impl HttpToolClient {
                 .get(CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(xml::is_xml_content_type);
-            let bytes = read_capped(response, &method, MAX_RESPONSE_BYTES)
+            let bytes = read_body_capped(response, &method, MAX_RESPONSE_BYTES)
                 .await
                 .map_err(|e| e.unwrap_or_else(|e| send_error(&e)))?;
             // An XML answer as JSON (`xml.rs`); one that does not parse
@@ -733,24 +733,11 @@ fn token_error(e: TokenError) -> HttpToolError {
     }
 }
 
-/// The policy's refusal, when that is why `err` happened: the resolver's
-/// error comes back wrapped in the connector's and the client's.
-pub(crate) fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(inner) = source {
-        if let Some(refused) = inner.downcast_ref::<AddressRefused>() {
-            return Some(refused);
-        }
-        source = inner.source();
-    }
-    None
-}
-
 /// The body of a 2xx `response`, at most `limit` bytes
 /// ([`crate::http_util::read_capped`]): a longer one (announced by
 /// `Content-Length`, or read) is [`HttpToolError::ResponseTooLarge`] (`Ok`
 /// of the outer error); a read failure is the transport's error (`Err`).
-async fn read_capped(
+async fn read_body_capped(
     mut response: reqwest::Response,
     method: &str,
     limit: usize,

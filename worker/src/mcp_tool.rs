@@ -482,7 +482,7 @@ impl McpTools {
         {
             Ok(d) => (d.mcp_pinned_hash, d.secrets),
             Err(status) => {
-                crate::runner::log_dispatch_refused(task, &status);
+                crate::engine_client::log_dispatch_refused(task, &status);
                 return McpCallReport::NotDispatched;
             }
         };
@@ -581,7 +581,7 @@ impl McpTools {
         let secrets = match self.engine.dispatch(&task.task_id, task.attempt).await {
             Ok(d) => d.secrets,
             Err(status) => {
-                crate::runner::log_dispatch_refused(task, &status);
+                crate::engine_client::log_dispatch_refused(task, &status);
                 return McpCallReport::NotDispatched;
             }
         };

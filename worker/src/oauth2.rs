@@ -361,7 +361,7 @@ impl TokenCache {
             .send()
             .await
             .map_err(|e| TokenError {
-                refused: crate::http_tool::address_refused(&e).cloned(),
+                refused: crate::ssrf::address_refused(&e).cloned(),
                 ..fail(error_chain(&e))
             })?;
         let status = response.status();

@@ -753,7 +753,7 @@ impl Discovery {
         self.policy
             .check_url(url)
             .map_err(|refused| DiscoveryError::Refused { url: at(), refused })?;
-        let failed = |e: reqwest::Error| match crate::http_tool::address_refused(&e) {
+        let failed = |e: reqwest::Error| match crate::ssrf::address_refused(&e) {
             Some(refused) => DiscoveryError::Refused {
                 url: at(),
                 refused: refused.clone(),

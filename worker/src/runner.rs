@@ -50,7 +50,7 @@ use tokio::time::Instant;
 use tonic::Code;
 
 use crate::config::WorkerConfig;
-use crate::engine_client::EngineClient;
+use crate::engine_client::{EngineClient, log_dispatch_refused};
 use crate::http_tool::HttpToolClient;
 use crate::mcp_tool::{McpCallReport, McpTools};
 use crate::model::ModelClient;
@@ -784,25 +784,6 @@ async fn perform_sandbox_call(
             );
             report_failure(ctx, task, class, error).await;
         }
-    }
-}
-
-/// Log a dispatch the engine did not allow (the worker then neither acts
-/// nor reports): a call held back by its tool's rate limit (`dispatch
-/// deferred: …`, routine under a tight limit) at info, any other refusal
-/// at warn.
-pub(crate) fn log_dispatch_refused(task: &Task, status: &tonic::Status) {
-    let (task_id, attempt) = (&task.task_id, task.attempt);
-    if status.message().starts_with("dispatch deferred:") {
-        tracing::info!(
-            %task_id, attempt, detail = status.message(),
-            "dispatch deferred by the tool's rate limit; not acting"
-        );
-    } else {
-        tracing::warn!(
-            %task_id, attempt, code = ?status.code(), error = status.message(),
-            "dispatch refused; not acting and not reporting"
-        );
     }
 }
 

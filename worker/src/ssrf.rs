@@ -483,6 +483,19 @@ impl Resolve for CheckedResolver {
     }
 }
 
+/// The policy's refusal, when that is why `err` happened: the resolver's
+/// error comes back wrapped in the connector's and the client's.
+pub fn address_refused(err: &reqwest::Error) -> Option<&AddressRefused> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(inner) = source {
+        if let Some(refused) = inner.downcast_ref::<AddressRefused>() {
+            return Some(refused);
+        }
+        source = inner.source();
+    }
+    None
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -9,9 +9,7 @@ use serde_json::Value;
 
 use crate::placeholders::SecretValues;
 
-/// Prefix of the engine's vault keys of untraced arguments (the engine's
-/// `machine::untraced::ARG_KEY_PREFIX`).
-pub const ARG_KEY_PREFIX: &str = "_arg_";
+pub use belay_proto::wire::ARG_KEY_PREFIX;
 
 /// The key of `text` when it is exactly `{{_secret._arg_…}}`.
 fn arg_placeholder(text: &str) -> Option<&str> {

@@ -1,0 +1,2794 @@
+//! jq expressions in workflow definitions: [`Expr`], one jq filter over the
+//! run's state document, and [`Template`], a JSON value whose strings may
+//! hold `${ <jq> }` expressions.
+//!
+//! The language is jq (the jq manual, <https://jqlang.org/manual/>) as
+//! implemented by the jaq library (`jaq-core`, `jaq-std`, `jaq-json`; its
+//! differences from jq are listed in jaq's manual,
+//! <https://gedenkt.at/jaq/manual/>). Nothing here evaluates jq by itself.
+//!
+//! Determinism: the machine replays histories, so an expression must give
+//! the same value for the same state every time. jq's functions that read
+//! the clock, the environment, the time zone or an input stream, or that
+//! write logs or stop the process, are removed ([`EXCLUDED`]); an
+//! expression that names one is refused when it is parsed. jq has no
+//! random-number function, and jaq adds none. The state's object keys
+//! come in the order of `serde_json`'s map, sorted whatever order the
+//! database stored them in (`keys_unsorted`, `to_entries` and `.[]` depend
+//! on it): this holds while serde_json's `preserve_order` feature is off.
+//!
+//! # Bounded evaluation
+//!
+//! An expression is evaluated inside the engine's transition, under the
+//! run's lock, so it must end. jaq (3.1) offers no fuel, step limit or
+//! interruption hook: its evaluator is a tree of lazy iterators that
+//! returns only when the value is there, and nothing outside can stop it.
+//! So the bound comes from what an expression may say, plus counts kept
+//! by the parts of the evaluation this module controls.
+//!
+//! Refused when parsed ([`ExprError::Unbounded`], with the position;
+//! `guard.rs`), because each can run for ever:
+//! - recursion: a `def` whose body calls itself, directly, through a
+//!   `def` nested in it, or through a filter it passes on (jq resolves
+//!   names lexically, so these are all the ways back into a definition);
+//! - the library filters that loop until something happens: `repeat(f)`,
+//!   `while(c; u)`, `until(c; u)`, `recurse(f)`, `recurse(f; c)` (plain
+//!   `recurse` and `..` walk a finite value and stay), and
+//!   `combinations`, whose count of values is exponential in its input;
+//! - `range` with literal bounds that never end (a step of 0) or give more
+//!   than [`MAX_RANGE_VALUES`] values;
+//! - `*` that repeats a string (a string literal, an interpolation, a
+//!   `@format` or a library filter that returns a string on one side)
+//!   by anything but a number written in the expression, or by more than
+//!   [`MAX_STRING_REPEAT`].
+//!
+//! Counted when evaluated: all the values `range` produces in one
+//! evaluation, whatever its bounds ([`ExprError::RangeLimit`], even when
+//! the expression catches the error it raises); the outputs, when there
+//! is more than one ([`ExprError::ManyValues`], counting stops at 1000);
+//! the value's size as compact JSON, counted while it is converted, so a
+//! value whose JSON would dwarf its memory (one array shared many times)
+//! stops early ([`ExprError::TooLarge`], [`MAX_VALUE_BYTES`]); its
+//! nesting (100 levels, [`ExprError::NotJson`]). Each evaluation, and
+//! each compilation, runs on a thread with an [`EVAL_STACK_BYTES`] stack:
+//! jaq walks and drops nested values recursively (a 2 MiB stack overflows,
+//! which aborts the process, at about 10 000 levels of a value), and its
+//! parser recurses per level of the text's nesting (about 200 brackets in
+//! a debug build), which [`MAX_EXPR_BYTES`] keeps within that stack.
+//!
+//! What this proves: without recursion, without those filters, and with
+//! every `range` counted, each generator an expression can reach yields
+//! finitely many values (`.[]`, `..`, `paths`, regular expressions walk
+//! finite values; `limit`, `first`, `skip` only take from others), and a
+//! call can only reach definitions written before it, so every
+//! evaluation ends. What it does not prove is a small bound: a value can
+//! still double (or square) at each step of a bounded loop or of a chain
+//! written out, and jaq gives no place to count that.
+//! `reduce range(40) as $i (2; . * .)` asks for 2^40 bits of integer and
+//! aborts the process on a failed allocation; `reduce range(60) as $i
+//! ("x"; . + .)`, `.s * .n` (a string repeated by a computed count that
+//! the parser cannot see is one) and a long computed string repeated by a
+//! literal count (up to [`MAX_STRING_REPEAT`] times its length) are the
+//! same kind, and so is a chain of calls that doubles the work at each
+//! level (`def f(g): g | g; f(f(f(...)))`) or loops nested over a large
+//! array. Bounding those inside the evaluation needs size checks inside
+//! every operation, i.e. a value type of our own around jaq's or a fuel
+//! counter in jaq itself.
+//!
+//! # The sandbox
+//!
+//! What the rules above leave open is closed outside this module: a
+//! process that calls `belay_engine::expr_sandbox::enable_sandbox` (every
+//! binary that runs an engine does) sends each evaluation to a child
+//! process with hard limits (memory, CPU time) and waits for it with a
+//! deadline; a child that runs out of time or memory is killed and the
+//! evaluation fails with [`ExprError::TimedOut`] or
+//! [`ExprError::ResourceLimit`], so the run fails instead of the engine.
+//! The child evaluates with the code of this module, every rule above
+//! included. Compilation (and so every error with a position) stays in
+//! the calling process: only compiled expressions are sent. Without the
+//! sandbox (the engine crate's own tests, a program that did not enable
+//! it), evaluation runs in this process as described above.
+//!
+//! Pure when evaluated in process: no I/O, no clock. With the sandbox,
+//! [`Expr::eval`] and [`Template::render`] do process I/O behind the hook
+//! installed by `expr_sandbox` (this module names no process, pipe or
+//! clock); their results go into the run's events, so a replay folds the
+//! values and never evaluates again. Compiled filters are shared between
+//! expressions with the same text through a process-wide cache, which
+//! changes how long a parse takes, never what an expression means.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
+
+use jaq_core::load::parse::Def;
+use jaq_core::load::{self, Arena, File, Loader, lex, parse};
+use jaq_core::native::Fun;
+use jaq_core::{Ctx, Cv, Exn, Native, ValXs, Vars, compile, data};
+use jaq_json::{Num, Val};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Number, Value};
+
+mod guard;
+
+/// jq functions (and the variable `$ENV`) that workflow expressions may not
+/// use, with the reason an author is shown. Names that jq has and jaq
+/// lacks are listed too, so that they get this message rather than
+/// "not defined".
+pub const EXCLUDED: &[(&str, &str)] = &[
+    ("now", "it reads the clock"),
+    ("localtime", "it depends on the machine's time zone"),
+    ("strflocaltime", "it depends on the machine's time zone"),
+    ("env", "it reads the process environment"),
+    ("$ENV", "it reads the process environment"),
+    ("input", "it reads the input stream"),
+    ("inputs", "it reads the input stream"),
+    ("input_filename", "it reads the input stream"),
+    ("input_line_number", "it reads the input stream"),
+    ("get_search_list", "it reads the module search path"),
+    ("get_prog_origin", "it reads the file system"),
+    ("get_jq_origin", "it reads the file system"),
+    ("halt", "it stops the process"),
+    (
+        "halt_error",
+        "it writes to standard error and stops the process",
+    ),
+    ("debug", "it writes to the log"),
+    ("debug_empty", "it writes to the log"),
+    ("stderr", "it writes to standard error"),
+    ("stderr_empty", "it writes to standard error"),
+];
+
+/// Most outputs counted when an expression produces more than one.
+const MAX_COUNTED_OUTPUTS: usize = 1000;
+
+/// Most values `range` may produce in one evaluation, all its calls
+/// together ([`ExprError::RangeLimit`]); literal bounds beyond it are
+/// refused when parsed.
+pub const MAX_RANGE_VALUES: u64 = 100_000;
+
+/// Largest count by which `*` may repeat a string; it must be written as
+/// a number in the expression.
+pub const MAX_STRING_REPEAT: u64 = 1_000;
+
+/// Largest value an expression may produce, in bytes of compact JSON
+/// ([`ExprError::TooLarge`]). Values end up in events.
+pub const MAX_VALUE_BYTES: usize = 1 << 20;
+
+/// Longest expression (the text inside one `${ }`), in bytes. With
+/// [`EVAL_STACK_BYTES`] it bounds the nesting jaq's parser and compiler
+/// recurse through (16 000 nested `-` take about 170 MiB of stack in a
+/// debug build).
+pub const MAX_EXPR_BYTES: usize = 16 * 1024;
+
+/// Stack of the thread an evaluation runs on. jaq drops and walks nested
+/// values recursively, and a loop can nest a value one level per step
+/// (`reduce range(20000) as $i (0; [.])` overflows a 2 MiB stack, which
+/// aborts the process); this leaves room for a few hundred thousand.
+/// Only the pages used are backed by memory; starting the thread costs
+/// some tens of microseconds per evaluation (a template's expressions
+/// share one).
+#[doc(hidden)] // For `belay_engine::expr_sandbox` only.
+pub const EVAL_STACK_BYTES: usize = 256 << 20;
+
+/// Deepest array/object nesting of a value an expression may produce.
+/// Values end up in events that are read back with `serde_json`, which
+/// refuses documents nested deeper than 128; this leaves room for the
+/// event around the value.
+const MAX_OUTPUT_DEPTH: usize = 100;
+
+/// Longest runtime error message kept, in characters. jaq quotes the
+/// offending value in its messages, and a message ends up in an event.
+const MAX_MESSAGE_CHARS: usize = 500;
+
+/// Compiled filters kept alive after their last [`Expr`] is dropped, so
+/// that a definition parsed again (every run deserializes its plan) does
+/// not compile again. About 90 KB each: every filter carries its own copy
+/// of the compiled jq standard library.
+const RECENT_FILTERS: usize = 64;
+
+/// Where in an expression (or, in a [`TemplateError`], in a string) a
+/// problem is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Byte offset, from 0.
+    pub offset: usize,
+    /// Line, from 1.
+    pub line: u32,
+    /// Column in characters (not bytes), from 1.
+    pub column: u32,
+}
+
+impl Position {
+    /// The position of byte `offset` in `text` (clamped to its length).
+    fn at(text: &str, offset: usize) -> Position {
+        let mut offset = offset.min(text.len());
+        while !text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &text[..offset];
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Position {
+            offset,
+            line: count(before.matches('\n').count()).saturating_add(1),
+            column: count(before[line_start..].chars().count()).saturating_add(1),
+        }
+    }
+
+    /// The same place, counted from `start` bytes earlier in `whole`.
+    fn shifted(self, whole: &str, start: usize) -> Position {
+        Position::at(whole, start.saturating_add(self.offset))
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 1 {
+            write!(f, "column {}", self.column)
+        } else {
+            write!(f, "line {}, column {}", self.line, self.column)
+        }
+    }
+}
+
+/// Why an expression was refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExprError {
+    /// Not valid jq: lexing or parsing failed, it names an undefined
+    /// function or variable, it imports a module, or it is longer than
+    /// [`MAX_EXPR_BYTES`].
+    #[error("{position}: {message}")]
+    Syntax {
+        /// What is wrong.
+        message: String,
+        /// Where.
+        position: Position,
+    },
+    /// It uses a construct that lets an evaluation run without end
+    /// (recursion, `repeat`, `while`, `until`, `recurse(f)`,
+    /// `combinations`, a literal `range` beyond [`MAX_RANGE_VALUES`], a
+    /// string repeated by a computed count); see the module doc.
+    #[error(
+        "{position}: {message}; a workflow expression runs inside the engine's transition and must finish"
+    )]
+    Unbounded {
+        /// What is refused and why.
+        message: String,
+        /// Where.
+        position: Position,
+    },
+    /// It names a function excluded for determinism (see [`EXCLUDED`]).
+    #[error(
+        "{position}: `{name}` is not available in workflow expressions: {reason}, and an expression must give the same value whenever a run is replayed"
+    )]
+    Excluded {
+        /// The function (or `$ENV`).
+        name: String,
+        /// Why it is excluded.
+        reason: &'static str,
+        /// Where it is named.
+        position: Position,
+    },
+    /// jq raised an error while evaluating (jaq's message, or the value
+    /// given to `error`).
+    #[error("{message}")]
+    Runtime {
+        /// The message.
+        message: String,
+    },
+    /// The expression produced no value (e.g. `empty`, or `select` that
+    /// dropped its input).
+    #[error("the expression produced no value")]
+    NoValue,
+    /// The expression produced several values where one is needed.
+    #[error(
+        "the expression produced {}{count} values; wrap it in [ ] to collect them",
+        if *at_least { "at least " } else { "" }
+    )]
+    ManyValues {
+        /// How many were counted.
+        count: usize,
+        /// Counting stopped early (at an error or a limit).
+        at_least: bool,
+    },
+    /// `range` produced more than [`MAX_RANGE_VALUES`] values in one
+    /// evaluation (reported even when the expression caught the error it
+    /// raised).
+    #[error("the expression asked `range` for more than {limit} values in one evaluation")]
+    RangeLimit {
+        /// The limit.
+        limit: u64,
+    },
+    /// The value is larger than [`MAX_VALUE_BYTES`] as compact JSON.
+    #[error("the expression's value is larger than {limit} bytes of JSON")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The value cannot be written as JSON (NaN, infinity, a byte string,
+    /// a non-string object key, nesting deeper than 100).
+    #[error("the expression's value is not JSON: {reason}")]
+    NotJson {
+        /// What part is not JSON.
+        reason: String,
+    },
+    /// The evaluation did not end within the sandbox's deadline
+    /// (`belay_engine::expr_sandbox::EVAL_DEADLINE_MS`): the evaluator process
+    /// was killed.
+    #[error(
+        "the expression did not finish within {ms} ms and was stopped; a workflow expression runs inside the engine's transition and must finish quickly"
+    )]
+    TimedOut {
+        /// The deadline, in milliseconds.
+        ms: u64,
+    },
+    /// The evaluation needed more of a resource than the sandbox's
+    /// evaluator process may use (`belay_engine::expr_sandbox::MEMORY_LIMIT_BYTES`
+    /// of memory, `belay_engine::expr_sandbox::CPU_LIMIT_SECS` of CPU time): the
+    /// process died of it.
+    #[error(
+        "the expression was stopped: its evaluation needed more than {limit}; a workflow expression must stay small"
+    )]
+    ResourceLimit {
+        /// The limit it hit, in words (`1024 MiB of memory`).
+        limit: String,
+    },
+    /// The sandbox could not evaluate the expression (its evaluator process
+    /// did not start, or answered something it should not have).
+    #[error("the expression could not be evaluated: {message}")]
+    Sandbox {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl ExprError {
+    /// The same error with its position counted from `start` bytes
+    /// earlier in `whole` (an expression's place in a template string).
+    fn shifted(self, whole: &str, start: usize) -> ExprError {
+        match self {
+            ExprError::Syntax { message, position } => ExprError::Syntax {
+                message,
+                position: position.shifted(whole, start),
+            },
+            ExprError::Excluded {
+                name,
+                reason,
+                position,
+            } => ExprError::Excluded {
+                name,
+                reason,
+                position: position.shifted(whole, start),
+            },
+            ExprError::Unbounded { message, position } => ExprError::Unbounded {
+                message,
+                position: position.shifted(whole, start),
+            },
+            other => other,
+        }
+    }
+}
+
+/// A jq expression, checked when parsed and compiled once.
+///
+/// Serialized as its source text, e.g. `".nodes.intake.output.account_id"`.
+/// Deserializing does not compile: a stored expression was checked when
+/// its definition was registered, and is compiled on its first
+/// [`Expr::eval`] (which reports a compile error should a jaq upgrade
+/// refuse it). Equality compares source text.
+#[derive(Clone)]
+pub struct Expr {
+    source: String,
+    /// Boxed error: keeps `Expr` small in the definition types.
+    compiled: OnceLock<Result<Arc<JqFilter>, Box<ExprError>>>,
+}
+
+impl Expr {
+    /// Parse and compile jq source text (without `${ }`).
+    ///
+    /// Errors: [`ExprError::Syntax`] and [`ExprError::Excluded`], with the
+    /// position within `source`.
+    pub fn parse(source: &str) -> Result<Expr, ExprError> {
+        let filter = filter_for(source)?;
+        Ok(Expr {
+            source: source.to_owned(),
+            compiled: OnceLock::from(Ok(filter)),
+        })
+    }
+
+    /// An expression that is compiled on first use (deserialization).
+    fn unchecked(source: String) -> Expr {
+        Expr {
+            source,
+            compiled: OnceLock::new(),
+        }
+    }
+
+    /// The source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Run the expression with `state` as its input (`.`).
+    ///
+    /// Exactly one output is required: none is [`ExprError::NoValue`],
+    /// several are [`ExprError::ManyValues`]. A jq error is
+    /// [`ExprError::Runtime`]; a value with no JSON form is
+    /// [`ExprError::NotJson`]. A missing field is `null`, as in jq.
+    ///
+    /// With the sandbox enabled (see the module doc), the expression is
+    /// compiled here and evaluated in an evaluator process, which may also
+    /// give [`ExprError::TimedOut`], [`ExprError::ResourceLimit`] or
+    /// [`ExprError::Sandbox`].
+    pub fn eval(&self, state: &Value) -> Result<Value, ExprError> {
+        match remote() {
+            Some(remote) => {
+                self.filter()?;
+                remote(&[self.source.as_str()], state)
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| Err(missing_outcome()))
+            }
+            None => on_eval_stack(|| self.eval_val(json_to_val(state))),
+        }
+    }
+
+    /// The compiled filter (compiled now if it was not).
+    fn filter(&self) -> Result<Arc<JqFilter>, ExprError> {
+        self.compiled
+            .get_or_init(|| filter_for(&self.source).map_err(Box::new))
+            .clone()
+            .map_err(|e| *e)
+    }
+
+    fn eval_val(&self, input: Val) -> Result<Value, ExprError> {
+        let filter = self.filter()?;
+        to_json(run_one(&filter, input)?)
+    }
+}
+
+impl fmt::Debug for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Expr").field(&self.source).finish()
+    }
+}
+
+impl PartialEq for Expr {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Expr {}
+
+impl Serialize for Expr {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.source)
+    }
+}
+
+impl<'de> Deserialize<'de> for Expr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Expr::unchecked)
+    }
+}
+
+/// A problem with one string of a [`Template`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{error}", pointer_prefix(.pointer))]
+pub struct TemplateError {
+    /// JSON Pointer (RFC 6901) of the string within the template's value:
+    /// `""` for the value itself, `/args/0` for an element, `/a~1b` for
+    /// key `a/b`. `value.pointer(&e.pointer)` finds the string.
+    pub pointer: String,
+    /// Byte offset in that string where the expression's text starts
+    /// (just after `${`).
+    pub offset: usize,
+    /// The error; positions in it count from the start of the string.
+    pub error: ExprError,
+}
+
+fn pointer_prefix(pointer: &str) -> String {
+    if pointer.is_empty() {
+        String::new()
+    } else {
+        format!("{pointer}: ")
+    }
+}
+
+/// A JSON value whose strings may hold `${ <jq> }` expressions over the
+/// run's state document.
+///
+/// - A string that is exactly one `${ e }` (whitespace around it allowed)
+///   becomes the value of `e`, of any JSON type.
+/// - A string mixing text and `${ }` becomes a string, each value
+///   interpolated: strings as they are, anything else as compact JSON.
+/// - `$${` is a literal `${` (so a `$` just before an expression is
+///   written `${ "$" }${ e }`); other `$` are literal.
+/// - Arrays and objects are rendered element by element; object keys are
+///   never templated.
+///
+/// The end of an expression is the first `}` that closes no `{` of the
+/// expression, outside jq strings and `#` comments.
+///
+/// Serialized as the original JSON value. Deserializing splits the strings
+/// again but compiles their expressions on first use, as [`Expr`] does.
+/// Equality compares the original value.
+#[derive(Clone)]
+pub struct Template {
+    source: Value,
+    root: Node,
+}
+
+/// A template value, with constant parts folded.
+#[derive(Debug, Clone)]
+enum Node {
+    /// No expression inside (escapes already applied).
+    Const(Value),
+    /// A string that is exactly one expression (boxed: keeps `Template`
+    /// small in the definition types).
+    Whole(Box<Located>),
+    /// A string of text and expressions.
+    Interp(Vec<Piece>),
+    Array(Vec<Node>),
+    Object(Vec<(String, Node)>),
+}
+
+#[derive(Debug, Clone)]
+enum Piece {
+    Text(String),
+    Expr(Located),
+}
+
+/// An expression and where it is written, for errors.
+#[derive(Debug, Clone)]
+struct Located {
+    expr: Expr,
+    pointer: String,
+    /// Byte offset of the expression text in its string.
+    offset: usize,
+    /// The whole string, to count error positions in.
+    string: Arc<str>,
+}
+
+impl Located {
+    fn eval(&self, input: &Val) -> Result<Value, TemplateError> {
+        self.expr
+            .eval_val(input.clone())
+            .map_err(|error| self.error(error))
+    }
+
+    /// `error` of this expression, placed in its template.
+    fn error(&self, error: ExprError) -> TemplateError {
+        TemplateError {
+            pointer: self.pointer.clone(),
+            offset: self.offset,
+            error: error.shifted(&self.string, self.offset),
+        }
+    }
+}
+
+impl Template {
+    /// Split every string of `value` and compile every expression.
+    ///
+    /// Errors: one per bad expression (or unclosed `${`), in document
+    /// order, each with the JSON Pointer of its string.
+    pub fn parse(value: &Value) -> Result<Template, Vec<TemplateError>> {
+        let mut errors = Vec::new();
+        let root = build(value, &mut String::new(), true, &mut errors);
+        if errors.is_empty() {
+            Ok(Template {
+                source: value.clone(),
+                root,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// A template that renders to `value` as it is: no string of it is read
+    /// as an expression. Its serialized form writes each `${` of its
+    /// strings as `$${`, so that reading it back gives the same template.
+    pub fn constant(value: Value) -> Template {
+        Template {
+            source: escape_value(&value),
+            root: Node::Const(value),
+        }
+    }
+
+    /// The value with every expression replaced by its result over `state`.
+    ///
+    /// The first failing expression's error is returned, with the pointer
+    /// of its string. With the sandbox enabled, all the expressions of the
+    /// template are evaluated in one request to an evaluator process (one
+    /// deadline for them all), as [`Expr::eval`] describes.
+    pub fn render(&self, state: &Value) -> Result<Value, TemplateError> {
+        match (&self.root, remote()) {
+            (Node::Const(v), _) => Ok(v.clone()),
+            (root, Some(remote)) => render_remote(root, state, remote),
+            // Convert the state once for all the expressions.
+            (root, None) => on_eval_stack(|| {
+                let input = json_to_val(state);
+                render_node(root, &mut |located| located.eval(&input))
+            }),
+        }
+    }
+
+    /// Whether the template holds no expression (rendering ignores the
+    /// state).
+    pub fn is_constant(&self) -> bool {
+        matches!(self.root, Node::Const(_))
+    }
+
+    /// The JSON value it was parsed from, as serialized (for
+    /// [`Template::constant`], the value with each `${` written `$${`).
+    pub fn source(&self) -> &Value {
+        &self.source
+    }
+}
+
+impl fmt::Debug for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Template").field(&self.source).finish()
+    }
+}
+
+impl PartialEq for Template {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Serialize for Template {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.source.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Template {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let source = Value::deserialize(deserializer)?;
+        let mut errors = Vec::new();
+        let root = build(&source, &mut String::new(), false, &mut errors);
+        if errors.is_empty() {
+            Ok(Template { source, root })
+        } else {
+            let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            Err(serde::de::Error::custom(format!(
+                "invalid template: {}",
+                list.join("; ")
+            )))
+        }
+    }
+}
+
+/// Build the node for `value` at `pointer`; `check` compiles expressions
+/// now (parse) rather than on first use (deserialize).
+fn build(
+    value: &Value,
+    pointer: &mut String,
+    check: bool,
+    errors: &mut Vec<TemplateError>,
+) -> Node {
+    match value {
+        Value::String(s) => build_string(s, pointer, check, errors),
+        Value::Array(items) => {
+            let nodes = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    let len = pointer.len();
+                    pointer.push('/');
+                    pointer.push_str(&i.to_string());
+                    let node = build(item, pointer, check, errors);
+                    pointer.truncate(len);
+                    node
+                })
+                .collect::<Vec<_>>();
+            if nodes.iter().all(|n| matches!(n, Node::Const(_))) {
+                Node::Const(Value::Array(nodes.into_iter().map(const_value).collect()))
+            } else {
+                Node::Array(nodes)
+            }
+        }
+        Value::Object(map) => {
+            let entries = map
+                .iter()
+                .map(|(key, item)| {
+                    let len = pointer.len();
+                    pointer.push('/');
+                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                    let node = build(item, pointer, check, errors);
+                    pointer.truncate(len);
+                    (key.clone(), node)
+                })
+                .collect::<Vec<_>>();
+            if entries.iter().all(|(_, n)| matches!(n, Node::Const(_))) {
+                Node::Const(Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, n)| (k, const_value(n)))
+                        .collect(),
+                ))
+            } else {
+                Node::Object(entries)
+            }
+        }
+        other => Node::Const(other.clone()),
+    }
+}
+
+/// `value` with every `${` in its strings (not keys) written `$${`: the
+/// template source of a constant. Splitting undoes it exactly, since every
+/// `$` before a `{` gets a `$` of its own in front.
+fn escape_value(value: &Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.replace("${", "$${")),
+        Value::Array(items) => Value::Array(items.iter().map(escape_value).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), escape_value(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn const_value(node: Node) -> Value {
+    match node {
+        Node::Const(v) => v,
+        // Only called when every node is constant.
+        _ => Value::Null,
+    }
+}
+
+fn build_string(s: &str, pointer: &str, check: bool, errors: &mut Vec<TemplateError>) -> Node {
+    let segments = match split(s) {
+        Ok(segments) => segments,
+        Err(start) => {
+            errors.push(TemplateError {
+                pointer: pointer.to_owned(),
+                offset: start,
+                error: ExprError::Syntax {
+                    message: "`${` is not closed by a matching `}`".into(),
+                    position: Position::at(s, start.saturating_sub(2)),
+                },
+            });
+            return Node::Const(Value::String(s.to_owned()));
+        }
+    };
+    let string: Arc<str> = Arc::from(s);
+    let mut pieces = Vec::with_capacity(segments.len());
+    for segment in segments {
+        match segment {
+            Segment::Text(text) => pieces.push(Piece::Text(text)),
+            Segment::Expr { source, offset } => {
+                let expr = if check {
+                    match Expr::parse(source) {
+                        Ok(expr) => expr,
+                        Err(error) => {
+                            errors.push(TemplateError {
+                                pointer: pointer.to_owned(),
+                                offset,
+                                error: error.shifted(s, offset),
+                            });
+                            continue;
+                        }
+                    }
+                } else {
+                    Expr::unchecked(source.to_owned())
+                };
+                pieces.push(Piece::Expr(Located {
+                    expr,
+                    pointer: pointer.to_owned(),
+                    offset,
+                    string: Arc::clone(&string),
+                }));
+            }
+        }
+    }
+    let exprs = pieces
+        .iter()
+        .filter(|p| matches!(p, Piece::Expr(_)))
+        .count();
+    let blank_text = pieces.iter().all(|p| match p {
+        Piece::Text(t) => t.trim().is_empty(),
+        Piece::Expr(_) => true,
+    });
+    if exprs == 0 {
+        let text: String = pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Text(t) => t,
+                Piece::Expr(_) => String::new(),
+            })
+            .collect();
+        Node::Const(Value::String(text))
+    } else if exprs == 1 && blank_text {
+        match pieces.into_iter().find_map(|p| match p {
+            Piece::Expr(located) => Some(located),
+            Piece::Text(_) => None,
+        }) {
+            Some(located) => Node::Whole(Box::new(located)),
+            None => Node::Const(Value::String(s.to_owned())),
+        }
+    } else {
+        Node::Interp(pieces)
+    }
+}
+
+/// Render `node`, taking each expression's value from `eval`, in document
+/// order ([`collect_exprs`]'s order), stopping at the first error.
+fn render_node(
+    node: &Node,
+    eval: &mut dyn FnMut(&Located) -> Result<Value, TemplateError>,
+) -> Result<Value, TemplateError> {
+    match node {
+        Node::Const(v) => Ok(v.clone()),
+        Node::Whole(located) => eval(located),
+        Node::Interp(pieces) => {
+            let mut out = String::new();
+            for piece in pieces {
+                match piece {
+                    Piece::Text(text) => out.push_str(text),
+                    Piece::Expr(located) => match eval(located)? {
+                        Value::String(s) => out.push_str(&s),
+                        other => out.push_str(&other.to_string()),
+                    },
+                }
+            }
+            Ok(Value::String(out))
+        }
+        Node::Array(nodes) => nodes
+            .iter()
+            .map(|n| render_node(n, eval))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        Node::Object(entries) => entries
+            .iter()
+            .map(|(k, n)| Ok((k.clone(), render_node(n, eval)?)))
+            .collect::<Result<Map<_, _>, _>>()
+            .map(Value::Object),
+    }
+}
+
+/// The expressions of `node`, in the order [`render_node`] evaluates them.
+fn collect_exprs<'n>(node: &'n Node, out: &mut Vec<&'n Located>) {
+    match node {
+        Node::Const(_) => {}
+        Node::Whole(located) => out.push(located),
+        Node::Interp(pieces) => out.extend(pieces.iter().filter_map(|p| match p {
+            Piece::Expr(located) => Some(located),
+            Piece::Text(_) => None,
+        })),
+        Node::Array(nodes) => nodes.iter().for_each(|n| collect_exprs(n, out)),
+        Node::Object(entries) => entries.iter().for_each(|(_, n)| collect_exprs(n, out)),
+    }
+}
+
+/// [`Template::render`] through the sandbox: compile here (an expression
+/// that does not compile fails as it would in process, and nothing after
+/// it is evaluated), evaluate the rest in one request.
+fn render_remote(root: &Node, state: &Value, remote: Remote) -> Result<Value, TemplateError> {
+    let mut located = Vec::new();
+    collect_exprs(root, &mut located);
+    let compiled = located
+        .iter()
+        .take_while(|l| l.expr.filter().is_ok())
+        .count();
+    let sources: Vec<&str> = located[..compiled]
+        .iter()
+        .map(|l| l.expr.source())
+        .collect();
+    let mut outcomes = if sources.is_empty() {
+        Vec::new()
+    } else {
+        remote(&sources, state)
+    }
+    .into_iter();
+    render_node(root, &mut |l| {
+        l.expr
+            .filter()
+            .and_then(|_| outcomes.next().unwrap_or_else(|| Err(missing_outcome())))
+            .map_err(|error| l.error(error))
+    })
+}
+
+/// A part of a template string.
+#[derive(Debug, PartialEq)]
+enum Segment<'s> {
+    /// Literal text, escapes applied.
+    Text(String),
+    /// The text between `${` and its `}`, and its byte offset.
+    Expr { source: &'s str, offset: usize },
+}
+
+/// Split a template string into text and expressions. Err: the byte
+/// offset just after a `${` that is never closed.
+fn split(s: &str) -> Result<Vec<Segment<'_>>, usize> {
+    let mut segments = Vec::new();
+    let mut text = String::new();
+    let mut i = 0;
+    while let Some(found) = s[i..].find('$') {
+        let at = i + found;
+        text.push_str(&s[i..at]);
+        let rest = &s[at..];
+        if rest.starts_with("$${") {
+            text.push_str("${");
+            i = at + 3;
+        } else if rest.starts_with("${") {
+            let start = at + 2;
+            let len = closing_brace(&s[start..]).ok_or(start)?;
+            if !text.is_empty() {
+                segments.push(Segment::Text(std::mem::take(&mut text)));
+            }
+            segments.push(Segment::Expr {
+                source: &s[start..start + len],
+                offset: start,
+            });
+            i = start + len + 1;
+        } else {
+            text.push('$');
+            i = at + 1;
+        }
+    }
+    text.push_str(&s[i..]);
+    if !text.is_empty() {
+        segments.push(Segment::Text(text));
+    }
+    Ok(segments)
+}
+
+/// Byte index in `code` of the `}` that ends an expression starting at
+/// its beginning: the first `}` that closes no bracket of the expression,
+/// outside jq strings (including `\( )` inside them) and `#` comments.
+/// Brackets that do not match are left for jaq to report.
+fn closing_brace(code: &str) -> Option<usize> {
+    #[derive(PartialEq)]
+    enum Open {
+        Bracket(u8),
+        Interpolation,
+    }
+    let b = code.as_bytes();
+    let mut open: Vec<Open> = Vec::new();
+    let mut in_string = false;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if in_string {
+            match c {
+                b'\\' if b.get(i + 1) == Some(&b'(') => {
+                    open.push(Open::Interpolation);
+                    in_string = false;
+                    i += 1;
+                }
+                // Skips the escaped byte; a multi-byte character's other
+                // bytes are never ASCII, so they cannot be misread.
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        match c {
+            b'"' => in_string = true,
+            b'#' => {
+                // A comment runs to the end of the line; as in jaq, a
+                // line ending in an odd number of `\` continues it.
+                loop {
+                    let end = code[i..].find('\n').map_or(b.len(), |n| i + n);
+                    let line = code[i..end].trim_end_matches('\r');
+                    let backslashes = line.bytes().rev().take_while(|c| *c == b'\\').count();
+                    i = end;
+                    if backslashes % 2 == 0 || i >= b.len() {
+                        break;
+                    }
+                    i += 1;
+                }
+                continue;
+            }
+            b'(' => open.push(Open::Bracket(b')')),
+            b'[' => open.push(Open::Bracket(b']')),
+            b'{' => open.push(Open::Bracket(b'}')),
+            b')' | b']' | b'}' => match open.last() {
+                Some(Open::Bracket(close)) if *close == c => {
+                    open.pop();
+                }
+                Some(Open::Interpolation) if c == b')' => {
+                    open.pop();
+                    in_string = true;
+                }
+                // A `}` that closes no `{` of the expression ends it,
+                // even with a `(` or `[` left open (jaq reports those).
+                _ if c == b'}' && !open.contains(&Open::Bracket(b'}')) => return Some(i),
+                _ => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+// ---------------------------------------------------------------------
+// jaq: compiling and running.
+
+type D = data::JustLut<Val>;
+type JqFilter = jaq_core::Filter<D>;
+
+fn excluded(name: &str) -> Option<&'static str> {
+    EXCLUDED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, reason)| *reason)
+}
+
+/// The jq standard library written in jq (`map`, `select`, ...), parsed
+/// once, without the definitions of excluded functions.
+fn prelude() -> &'static [Def<&'static str>] {
+    static PRELUDE: OnceLock<Vec<Def<&'static str>>> = OnceLock::new();
+    PRELUDE.get_or_init(|| {
+        jaq_core::defs()
+            .chain(jaq_std::defs())
+            .chain(jaq_json::defs())
+            .filter(|def| excluded(def.name).is_none())
+            .collect()
+    })
+}
+
+/// The functions implemented in Rust (`length`, `test`, ...), without the
+/// excluded ones, and with `range` counted against the evaluation's
+/// budget ([`counted_range`]).
+fn natives() -> impl Iterator<Item = Fun<D>> {
+    jaq_core::funs()
+        .chain(jaq_std::funs())
+        .chain(jaq_json::funs())
+        .filter(|(name, _, _)| excluded(name).is_none())
+        .map(|(name, args, f)| {
+            if name == "range" {
+                (name, args, Native::<D>::new(counted_range))
+            } else {
+                (name, args, f)
+            }
+        })
+}
+
+thread_local! {
+    /// Values `range` may still produce in the evaluation running on this
+    /// thread (reset by [`run_one`]).
+    static RANGE_LEFT: Cell<u64> = const { Cell::new(MAX_RANGE_VALUES) };
+    /// Whether the evaluation running on this thread ran out of it.
+    static RANGE_EXHAUSTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// jaq's `range($from; $upto; $by)` (the other arities are defined with
+/// it), with each value taken from the thread's budget. Out of budget, it
+/// raises an error and stops; [`run_one`] then reports
+/// [`ExprError::RangeLimit`] whatever the expression did with that error.
+fn counted_range(mut cv: Cv<'_, D>) -> ValXs<'_, Val> {
+    use std::cmp::Ordering;
+    let by = cv.0.pop_var();
+    let to = cv.0.pop_var();
+    let from = cv.0.pop_var();
+    let direction = by
+        .partial_cmp(&Val::from(0_isize))
+        .unwrap_or(Ordering::Equal);
+    // As in jaq: the value, then the error of computing the next one (if
+    // any), then nothing.
+    let mut next: Option<Result<Val, Exn<'_, Val>>> = Some(Ok(from));
+    Box::new(std::iter::from_fn(move || {
+        let x = match next.take()? {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
+        let more = match direction {
+            Ordering::Greater => x < to,
+            Ordering::Less => x > to,
+            Ordering::Equal => x != to,
+        };
+        if !more {
+            return None;
+        }
+        let left = RANGE_LEFT.with(Cell::get);
+        if left == 0 {
+            RANGE_EXHAUSTED.with(|e| e.set(true));
+            return Some(Err(Exn::from(jaq_core::Error::str(format!(
+                "`range` produced more than {MAX_RANGE_VALUES} values in one evaluation"
+            )))));
+        }
+        RANGE_LEFT.with(|l| l.set(left - 1));
+        next = Some((x.clone() + by.clone()).map_err(Exn::from));
+        Some(Ok(x))
+    }))
+}
+
+/// Compiled filters by source text: the live ones (held by some [`Expr`])
+/// and a few recent ones kept alive.
+struct FilterCache {
+    live: BTreeMap<String, Weak<JqFilter>>,
+    recent: VecDeque<Arc<JqFilter>>,
+    /// Size of `live` at which dropped entries are swept out.
+    sweep_at: usize,
+}
+
+static CACHE: LazyLock<Mutex<FilterCache>> = LazyLock::new(|| {
+    Mutex::new(FilterCache {
+        live: BTreeMap::new(),
+        recent: VecDeque::new(),
+        sweep_at: 2 * RECENT_FILTERS,
+    })
+});
+
+/// The compiled filter for `source`, from the cache or compiled now.
+fn filter_for(source: &str) -> Result<Arc<JqFilter>, ExprError> {
+    let cached = CACHE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .live
+        .get(source)
+        .and_then(Weak::upgrade);
+    if let Some(filter) = cached {
+        return Ok(filter);
+    }
+    // Compile outside the lock; two threads may both compile the same
+    // text, which costs time but not correctness. jaq's lexer, parser and
+    // compiler recurse once per level of nesting (a 2 MiB stack overflows
+    // at about 200 nested brackets in a debug build), so they get the
+    // evaluation's stack, and the text is capped so that its nesting fits.
+    if source.len() > MAX_EXPR_BYTES {
+        return Err(ExprError::Syntax {
+            message: format!(
+                "the expression is {} bytes long, more than the {MAX_EXPR_BYTES} an expression may have",
+                source.len()
+            ),
+            position: Position::at(source, MAX_EXPR_BYTES),
+        });
+    }
+    let filter = Arc::new(on_eval_stack(|| compile_filter(source))?);
+    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    if cache.live.len() >= cache.sweep_at {
+        cache.live.retain(|_, f| f.strong_count() > 0);
+        cache.sweep_at = (2 * cache.live.len()).max(2 * RECENT_FILTERS);
+    }
+    cache
+        .live
+        .insert(source.to_owned(), Arc::downgrade(&filter));
+    if cache.recent.len() >= RECENT_FILTERS {
+        cache.recent.pop_front();
+    }
+    cache.recent.push_back(Arc::clone(&filter));
+    Ok(filter)
+}
+
+/// Covariance: a `'static` definition used where a shorter one is wanted.
+fn shorten<'s>(def: Def<&'static str>) -> Def<&'s str> {
+    def
+}
+
+/// Lex, parse and compile `source` with jaq.
+fn compile_filter(source: &str) -> Result<JqFilter, ExprError> {
+    let arena = Arena::default();
+    let loader = Loader::new(prelude().iter().cloned().map(shorten));
+    let modules = loader
+        .load(
+            &arena,
+            File {
+                code: source,
+                path: (),
+            },
+        )
+        .map_err(|errors| load_error(source, errors))?;
+    let natives = natives().map(|(name, args, f)| -> (&str, _, _) { (name, args, f) });
+    let filter = compile::Compiler::default()
+        .with_funs(natives)
+        .compile(modules)
+        .map_err(|errors| compile_error(source, errors))?;
+    // The loader accepted the text, so it parses; a `module` directive
+    // (metadata) is the one thing the loader takes and a term does not.
+    let term = load::parse(source, |p| p.term()).ok_or_else(|| ExprError::Syntax {
+        message: "`module` directives are not available in workflow expressions".into(),
+        position: Position::at(source, 0),
+    })?;
+    guard::check(source, &term)?;
+    Ok(filter)
+}
+
+/// Byte offset of `part` in `whole`, when `part` is a slice of it.
+fn offset_in(whole: &str, part: &str) -> Option<usize> {
+    let offset = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    (offset <= whole.len()).then_some(offset)
+}
+
+/// A short quote of the text at an error.
+fn quote(found: &str) -> String {
+    let mut shown: String = found.chars().take(20).collect();
+    if shown.len() < found.len() {
+        shown.push('…');
+    }
+    format!("`{shown}`")
+}
+
+fn syntax(source: &str, at: &str, message: String) -> ExprError {
+    ExprError::Syntax {
+        message,
+        position: Position::at(source, offset_in(source, at).unwrap_or(0)),
+    }
+}
+
+fn load_error(source: &str, errors: load::Errors<&str, ()>) -> ExprError {
+    let mut found: Vec<ExprError> = Vec::new();
+    for (file, error) in errors {
+        if offset_in(source, file.code).is_none() || file.code.len() != source.len() {
+            found.push(ExprError::Syntax {
+                message: format!("internal: jq's standard library failed to load: {error:?}"),
+                position: Position::at(source, 0),
+            });
+            continue;
+        }
+        match error {
+            load::Error::Lex(errors) => {
+                found.extend(errors.into_iter().map(|(expect, rest)| {
+                    let message = match expect {
+                        lex::Expect::Digit => "expected a digit".to_owned(),
+                        lex::Expect::Ident => "expected a name".to_owned(),
+                        lex::Expect::Delim("\"") => "unterminated string: expected `\"`".to_owned(),
+                        lex::Expect::Delim(open) => format!(
+                            "`{open}` is not closed: expected `{}`",
+                            match open {
+                                "(" => ")",
+                                "[" => "]",
+                                _ => "}",
+                            }
+                        ),
+                        lex::Expect::Escape => "invalid escape sequence in a string".to_owned(),
+                        lex::Expect::Unicode => {
+                            "invalid `\\u` escape: expected 4 hexadecimal digits".to_owned()
+                        }
+                        lex::Expect::Token => match rest.chars().next() {
+                            Some(c) => format!("unexpected `{c}`"),
+                            None => "unexpected end of the expression".to_owned(),
+                        },
+                        _ => format!("cannot read the expression at {}", quote(rest)),
+                    };
+                    syntax(source, rest, message)
+                }));
+            }
+            load::Error::Parse(errors) => {
+                found.extend(errors.into_iter().map(|(expect, at)| {
+                    let expected = match &expect {
+                        parse::Expect::Just(s) => format!("`{s}`"),
+                        other => other.as_str().to_owned(),
+                    };
+                    let found = if at.is_empty() {
+                        "the end of the expression".to_owned()
+                    } else {
+                        quote(at)
+                    };
+                    syntax(source, at, format!("expected {expected}, found {found}"))
+                }));
+            }
+            load::Error::Io(errors) => {
+                found.extend(errors.into_iter().map(|(path, _)| {
+                    syntax(
+                        source,
+                        path,
+                        "`include` and `import` are not available: expressions cannot load modules"
+                            .to_owned(),
+                    )
+                }));
+            }
+        }
+    }
+    first_error(found)
+}
+
+fn compile_error(source: &str, errors: compile::Errors<&str, ()>) -> ExprError {
+    let mut found: Vec<ExprError> = Vec::new();
+    for (file, undefined) in errors {
+        if offset_in(source, file.code).is_none() || file.code.len() != source.len() {
+            found.push(ExprError::Syntax {
+                message: format!(
+                    "internal: jq's standard library failed to compile: {undefined:?}"
+                ),
+                position: Position::at(source, 0),
+            });
+            continue;
+        }
+        for (name, kind) in undefined {
+            let position = Position::at(source, offset_in(source, name).unwrap_or(0));
+            found.push(match excluded(name) {
+                Some(reason) => ExprError::Excluded {
+                    name: name.to_owned(),
+                    reason,
+                    position,
+                },
+                None => ExprError::Syntax {
+                    message: match kind {
+                        compile::Undefined::Filter(arity) => {
+                            format!("`{name}/{arity}` is not defined")
+                        }
+                        other => format!("{} `{name}` is not defined", other.as_str()),
+                    },
+                    position,
+                },
+            });
+        }
+    }
+    first_error(found)
+}
+
+/// The error that comes first in the expression.
+fn first_error(errors: Vec<ExprError>) -> ExprError {
+    errors
+        .into_iter()
+        .min_by_key(|e| match e {
+            ExprError::Syntax { position, .. }
+            | ExprError::Excluded { position, .. }
+            | ExprError::Unbounded { position, .. } => position.offset,
+            _ => 0,
+        })
+        .unwrap_or_else(|| ExprError::Syntax {
+            message: "internal: jaq refused the expression without saying why".into(),
+            position: Position {
+                offset: 0,
+                line: 1,
+                column: 1,
+            },
+        })
+}
+
+// ---------------------------------------------------------------------
+// Evaluating somewhere else: the sandbox's hook.
+
+/// Evaluates compiled expressions outside this thread (the sandbox's
+/// evaluator processes, `belay_engine::expr_sandbox`): given their sources, in
+/// order, and the input, the outcome of each, in order, ending at the first
+/// error (so fewer outcomes than sources only after an error).
+#[doc(hidden)] // For `belay_engine::expr_sandbox` only.
+pub type Remote = fn(&[&str], &Value) -> Vec<Result<Value, ExprError>>;
+
+static REMOTE: OnceLock<Remote> = OnceLock::new();
+
+/// Send every evaluation of this process to `remote` from now on. Set once;
+/// false if it was set already.
+#[doc(hidden)] // For `belay_engine::expr_sandbox` only.
+pub fn set_remote(remote: Remote) -> bool {
+    REMOTE.set(remote).is_ok()
+}
+
+/// Where evaluations go, when not to this process.
+fn remote() -> Option<Remote> {
+    REMOTE.get().copied()
+}
+
+fn missing_outcome() -> ExprError {
+    ExprError::Sandbox {
+        message: "the evaluator answered fewer values than it was asked for".into(),
+    }
+}
+
+/// Evaluate `sources`, in order, over `input` on this thread, as one
+/// request to the sandbox's evaluator is: `emit` gets each outcome, and
+/// nothing after the first error. Each source is compiled (through the
+/// cache) and evaluated with every rule of the module doc. Must run on a
+/// thread with an [`EVAL_STACK_BYTES`] stack marked by
+/// [`mark_eval_stack`].
+#[doc(hidden)] // For `belay_engine::expr_sandbox` only.
+pub fn eval_sources(
+    sources: &[String],
+    input: &Value,
+    mut emit: impl FnMut(Result<Value, ExprError>),
+) {
+    let input = json_to_val(input);
+    for source in sources {
+        let outcome = filter_for(source)
+            .and_then(|filter| run_one(&filter, input.clone()))
+            .and_then(to_json);
+        let failed = outcome.is_err();
+        emit(outcome);
+        if failed {
+            break;
+        }
+    }
+}
+
+thread_local! {
+    /// Whether this thread has an [`EVAL_STACK_BYTES`] stack (so
+    /// [`on_eval_stack`] runs its function right here).
+    static ON_EVAL_STACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Record that the calling thread was started with an [`EVAL_STACK_BYTES`]
+/// stack: evaluations and compilations run on it directly.
+#[doc(hidden)] // For `belay_engine::expr_sandbox` only.
+pub fn mark_eval_stack() {
+    ON_EVAL_STACK.with(|on| on.set(true));
+}
+
+/// Run `f` on a thread of its own with an [`EVAL_STACK_BYTES`] stack, and
+/// wait for it: an evaluation, or a compilation. jaq's values are not
+/// `Send`, so `f` makes and drops them all on that thread. On such a
+/// thread already (a compilation inside an evaluation, the sandbox's
+/// evaluator), or should the thread not start, `f` runs here.
+fn on_eval_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if ON_EVAL_STACK.with(Cell::get) {
+        return f();
+    }
+    let slot = Mutex::new(Some(f));
+    let take = || slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("belay-jq".into())
+            .stack_size(EVAL_STACK_BYTES)
+            .spawn_scoped(scope, || {
+                mark_eval_stack();
+                take().map(|f| f())
+            });
+        let ran = match spawned {
+            Ok(handle) => match handle.join() {
+                Ok(ran) => ran,
+                Err(panic) => std::panic::resume_unwind(panic),
+            },
+            Err(_) => None,
+        };
+        match ran {
+            Some(value) => value,
+            // Not started: `f` is still in the slot.
+            None => match take() {
+                Some(f) => f(),
+                None => unreachable!("an evaluation ran and returned nothing"),
+            },
+        }
+    })
+}
+
+/// Run `filter` on `input`; exactly one output is wanted, and `range`
+/// may produce at most [`MAX_RANGE_VALUES`] values on the way.
+fn run_one(filter: &JqFilter, input: Val) -> Result<Val, ExprError> {
+    RANGE_LEFT.with(|l| l.set(MAX_RANGE_VALUES));
+    RANGE_EXHAUSTED.with(|e| e.set(false));
+    let result = run_outputs(filter, input);
+    if RANGE_EXHAUSTED.with(Cell::get) {
+        return Err(ExprError::RangeLimit {
+            limit: MAX_RANGE_VALUES,
+        });
+    }
+    result
+}
+
+fn run_outputs(filter: &JqFilter, input: Val) -> Result<Val, ExprError> {
+    let ctx = Ctx::<D>::new(&filter.lut, Vars::new([]));
+    let mut outputs = filter.id.run((ctx, input));
+    let first = match outputs.next() {
+        None => return Err(ExprError::NoValue),
+        Some(output) => output.map_err(exn_error)?,
+    };
+    match outputs.next() {
+        None => Ok(first),
+        Some(Err(e)) => Err(exn_error(e)),
+        Some(Ok(_)) => {
+            let mut count = 2;
+            let mut at_least = false;
+            for output in outputs {
+                if output.is_err() || count >= MAX_COUNTED_OUTPUTS {
+                    at_least = true;
+                    break;
+                }
+                count += 1;
+            }
+            Err(ExprError::ManyValues { count, at_least })
+        }
+    }
+}
+
+/// A jaq exception as an error. (`jaq_core::unwrap_valr` is not used: it
+/// exits the process on `halt`.)
+fn exn_error(exn: Exn<'_, Val>) -> ExprError {
+    let message = match exn.get_err() {
+        Ok(error) => match error.into_val() {
+            Val::TStr(text) => String::from_utf8_lossy(&text).into_owned(),
+            other => format!("{other} (not a string)"),
+        },
+        Err(other) => format!("evaluation stopped: {other:?}"),
+    };
+    ExprError::Runtime {
+        message: truncate(message),
+    }
+}
+
+fn truncate(message: String) -> String {
+    if message.chars().count() <= MAX_MESSAGE_CHARS {
+        return message;
+    }
+    let mut short: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
+    short.push('…');
+    short
+}
+
+// ---------------------------------------------------------------------
+// Values: serde_json <-> jaq.
+
+/// `serde_json` to jaq. Integers stay integers (beyond `isize`, jaq's big
+/// integers); other numbers are `f64`.
+fn json_to_val(value: &Value) -> Val {
+    match value {
+        Value::Null => Val::Null,
+        Value::Bool(b) => Val::Bool(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Val::Num(Num::from_integral(i))
+            } else if let Some(u) = n.as_u64() {
+                Val::Num(Num::from_integral(u))
+            } else {
+                n.as_f64().map_or(Val::Null, Val::from)
+            }
+        }
+        Value::String(s) => Val::from(s.clone()),
+        Value::Array(items) => items.iter().map(json_to_val).collect(),
+        Value::Object(map) => Val::obj(
+            map.iter()
+                .map(|(k, v)| (Val::from(k.clone()), json_to_val(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// jaq to `serde_json`: [`ExprError::NotJson`] for what has no JSON form,
+/// [`ExprError::TooLarge`] past [`MAX_VALUE_BYTES`] of compact JSON.
+fn to_json(value: Val) -> Result<Value, ExprError> {
+    let mut left = MAX_VALUE_BYTES;
+    val_to_json(value, 0, &mut left)
+}
+
+/// Take `bytes` from what the value may still use. Charged before
+/// descending into an array or object, so a value whose JSON is far larger
+/// than its memory (the same array shared many times over) stops early.
+fn charge(left: &mut usize, bytes: usize) -> Result<(), ExprError> {
+    if bytes > *left {
+        return Err(ExprError::TooLarge {
+            limit: MAX_VALUE_BYTES,
+        });
+    }
+    *left -= bytes;
+    Ok(())
+}
+
+/// Bytes of `s` as a JSON string, quotes and escapes included (as
+/// `serde_json` writes it).
+fn json_string_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+fn val_to_json(value: Val, depth: usize, left: &mut usize) -> Result<Value, ExprError> {
+    let not_json = |reason: String| ExprError::NotJson { reason };
+    let nested = |depth: usize| {
+        if depth >= MAX_OUTPUT_DEPTH {
+            Err(not_json(format!(
+                "it is nested deeper than {MAX_OUTPUT_DEPTH} levels"
+            )))
+        } else {
+            Ok(depth + 1)
+        }
+    };
+    Ok(match value {
+        Val::Null => {
+            charge(left, 4)?;
+            Value::Null
+        }
+        Val::Bool(b) => {
+            charge(left, if b { 4 } else { 5 })?;
+            Value::Bool(b)
+        }
+        Val::Num(n) => {
+            let number = num_to_json(&n).map_err(not_json)?;
+            charge(left, number.to_string().len())?;
+            Value::Number(number)
+        }
+        Val::TStr(text) => {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            charge(left, json_string_len(&text))?;
+            Value::String(text)
+        }
+        Val::BStr(_) => {
+            return Err(not_json(
+                "a byte string (from `tobytes`) has no JSON form".into(),
+            ));
+        }
+        Val::Arr(items) => {
+            let depth = nested(depth)?;
+            // Brackets and commas.
+            charge(left, items.len().max(1) + 1)?;
+            Value::Array(
+                items
+                    .iter()
+                    .map(|item| val_to_json(item.clone(), depth, left))
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        Val::Obj(map) => {
+            let depth = nested(depth)?;
+            // Braces, commas and colons.
+            charge(left, if map.is_empty() { 2 } else { 2 * map.len() + 1 })?;
+            let mut out = Map::new();
+            for (key, item) in map.iter() {
+                let key = match key {
+                    Val::TStr(text) => String::from_utf8_lossy(text).into_owned(),
+                    other => return Err(not_json(format!("object key {other} is not a string"))),
+                };
+                charge(left, json_string_len(&key))?;
+                out.insert(key, val_to_json(item.clone(), depth, left)?);
+            }
+            Value::Object(out)
+        }
+    })
+}
+
+/// A jaq number as JSON. jaq keeps integers (`Int`, `BigInt`) apart from
+/// floats and decimal literals (`Dec`, the text of `1.5` in an expression);
+/// floats stay floats (`1.0` is `1.0`, `4 / 2` is `2.0`). Integers beyond
+/// `u64` become the nearest `f64`, as in jq.
+fn num_to_json(n: &Num) -> Result<Number, String> {
+    let float = |f: f64| {
+        Number::from_f64(f).ok_or_else(|| {
+            if f.is_nan() {
+                "NaN is not a JSON number".to_owned()
+            } else {
+                format!(
+                    "{} is not a JSON number",
+                    if f > 0.0 { "infinity" } else { "-infinity" }
+                )
+            }
+        })
+    };
+    match n {
+        Num::Int(i) => i64::try_from(*i).map_or_else(|_| float(*i as f64), |i| Ok(Number::from(i))),
+        Num::BigInt(big) => {
+            let text = big.to_string();
+            if let Ok(i) = text.parse::<i64>() {
+                Ok(Number::from(i))
+            } else if let Ok(u) = text.parse::<u64>() {
+                Ok(Number::from(u))
+            } else {
+                float(text.parse::<f64>().unwrap_or(f64::NAN))
+            }
+        }
+        Num::Float(f) => float(*f),
+        Num::Dec(text) => float(text.parse::<f64>().unwrap_or(f64::NAN)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn state() -> Value {
+        json!({
+            "input": {"email": "ada@example.com", "name": "Ada", "n": 3, "ratio": 1.0},
+            "nodes": {
+                "intake": {"input": null, "output": {"account_id": "acc_42", "items": [
+                    {"id": 1, "name": "a", "n": 1},
+                    {"id": 2, "name": "b", "n": 2},
+                    {"id": 3, "name": "c", "n": 5}
+                ]}}
+            },
+            "vars": {},
+            "run": {"id": "r1", "tenant": "t1"}
+        })
+    }
+
+    fn eval(src: &str) -> Result<Value, ExprError> {
+        Expr::parse(src)?.eval(&state())
+    }
+
+    fn message(result: Result<Value, ExprError>) -> String {
+        result.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(eval(".input.email").unwrap(), json!("ada@example.com"));
+        assert_eq!(
+            eval(".nodes.intake.output.account_id").unwrap(),
+            json!("acc_42")
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items[1].name").unwrap(),
+            json!("b")
+        );
+        assert_eq!(eval(".nodes.intake.output.items[-1].id").unwrap(), json!(3));
+        assert_eq!(eval(".run").unwrap(), json!({"id": "r1", "tenant": "t1"}));
+        assert_eq!(eval(".").unwrap(), state());
+    }
+
+    #[test]
+    fn missing_fields_are_null() {
+        assert_eq!(eval(".input.phone").unwrap(), Value::Null);
+        assert_eq!(eval(".nodes.nope.output.account_id").unwrap(), Value::Null);
+        assert_eq!(eval(".input.phone // \"none\"").unwrap(), json!("none"));
+        // Indexing a string is an error, as in jq.
+        assert_eq!(
+            message(eval(".input.email.x")),
+            "cannot index \"ada@example.com\" with \"x\""
+        );
+    }
+
+    #[test]
+    fn arithmetic_and_numbers() {
+        assert_eq!(eval(".input.n + 1").unwrap(), json!(4));
+        assert_eq!(eval(".input.n * 2 - 1").unwrap(), json!(5));
+        assert_eq!(eval("10 / 4").unwrap(), json!(2.5));
+        assert_eq!(eval(".input.n % 2").unwrap(), json!(1));
+        // jaq keeps integers and floats apart: division gives a float, and
+        // a float input stays a float.
+        assert_eq!(eval("4 / 2").unwrap(), json!(2.0));
+        assert_eq!(eval(".input.ratio").unwrap(), json!(1.0));
+        assert_eq!(eval("1.0").unwrap(), json!(1.0));
+        assert_eq!(eval("1.5 * 2").unwrap(), json!(3.0));
+        assert_eq!(eval("[1, 2.5] | add").unwrap(), json!(3.5));
+        assert_eq!(eval("3.7 | floor").unwrap(), json!(3));
+        // Integers do not overflow: past i64 they are exact up to u64, then
+        // the nearest f64.
+        assert_eq!(
+            eval("9223372036854775807 + 1").unwrap(),
+            json!(9_223_372_036_854_775_808_u64)
+        );
+        let big = json!({"n": u64::MAX});
+        assert_eq!(Expr::parse(".n").unwrap().eval(&big).unwrap(), big["n"]);
+        assert_eq!(
+            Expr::parse(".n * 10").unwrap().eval(&big).unwrap(),
+            json!(1.844_674_407_370_955e20)
+        );
+        assert_eq!(
+            eval("-9223372036854775808 - 1").unwrap(),
+            json!(-9.223372036854776e18)
+        );
+    }
+
+    #[test]
+    fn select_and_map() {
+        assert_eq!(
+            eval("[.nodes.intake.output.items[] | select(.n > 1) | .id]").unwrap(),
+            json!([2, 3])
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items[] | select(.id == 2) | .name").unwrap(),
+            json!("b")
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items | map(.n * 10)").unwrap(),
+            json!([10, 20, 50])
+        );
+        assert_eq!(
+            eval(".nodes.intake.output.items | map(select(.name != \"b\")) | length").unwrap(),
+            json!(2)
+        );
+        assert_eq!(
+            eval("{email: .input.email, count: (.nodes.intake.output.items | length)}").unwrap(),
+            json!({"email": "ada@example.com", "count": 3})
+        );
+    }
+
+    #[test]
+    fn jq_string_interpolation_and_functions() {
+        assert_eq!(
+            eval(r#""Hello \(.input.name), you have \(.input.n) items""#).unwrap(),
+            json!("Hello Ada, you have 3 items")
+        );
+        assert_eq!(eval(r#""\(.nodes.intake.input)""#).unwrap(), json!("null"));
+        assert_eq!(
+            eval(r#".input.email | test("@example\\.com$")"#).unwrap(),
+            json!(true)
+        );
+        assert_eq!(
+            eval(r#".input.email | split("@") | .[1]"#).unwrap(),
+            json!("example.com")
+        );
+        assert_eq!(eval(".input.name | ascii_upcase").unwrap(), json!("ADA"));
+        assert_eq!(
+            eval(".input | keys").unwrap(),
+            json!(["email", "n", "name", "ratio"])
+        );
+        assert_eq!(eval(".input.n | tostring").unwrap(), json!("3"));
+        assert_eq!(eval("\"42\" | tonumber").unwrap(), json!(42));
+        assert_eq!(eval("{a: 1} | tojson").unwrap(), json!("{\"a\":1}"));
+        assert_eq!(eval(".input.name | @base64").unwrap(), json!("QWRh"));
+        // Time functions that depend on nothing but their input stay.
+        assert_eq!(eval("0 | todate").unwrap(), json!("1970-01-01T00:00:00Z"));
+        assert_eq!(
+            eval(r#""2024-01-02T03:04:05Z" | fromdate"#).unwrap(),
+            json!(1_704_164_645)
+        );
+        assert_eq!(
+            eval(r#"86400 | strftime("%Y-%m-%d")"#).unwrap(),
+            json!("1970-01-02")
+        );
+        // A definition of one's own shadows nothing excluded by accident.
+        assert_eq!(eval("def now: 7; now").unwrap(), json!(7));
+    }
+
+    #[test]
+    fn multiple_outputs_are_an_error() {
+        let e = eval(".nodes.intake.output.items[]").unwrap_err();
+        assert_eq!(
+            e,
+            ExprError::ManyValues {
+                count: 3,
+                at_least: false
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "the expression produced 3 values; wrap it in [ ] to collect them"
+        );
+        assert_eq!(
+            eval("[.nodes.intake.output.items[]] | length").unwrap(),
+            json!(3)
+        );
+        // Many outputs are counted up to a limit.
+        assert_eq!(
+            message(eval("range(.input.n * 1000)")),
+            "the expression produced at least 1000 values; wrap it in [ ] to collect them"
+        );
+        // A runtime error as the second output is that error.
+        assert_eq!(message(eval("1, error(\"second\")")), "second");
+    }
+
+    /// Each construct that can make an evaluation endless, refused when
+    /// parsed, with where it is.
+    #[test]
+    fn unbounded_constructs_are_refused_when_parsed() {
+        let cases: &[(&str, usize, &str)] = &[
+            ("def f: f; f", 7, "`f` calls itself"),
+            ("def f: 1 + f; f", 11, "`f` calls itself"),
+            (".a | def f(x): f(x + 1); f(0)", 15, "`f` calls itself"),
+            ("def f: def g: f; g; f", 14, "`f` calls itself"),
+            // In jq a definition's own name in its body is itself.
+            ("def f: 1; def f: f + 1; f", 17, "`f` calls itself"),
+            ("def f(g): g; def h: f(h); h", 22, "`h` calls itself"),
+            ("def @f: @f; @f", 8, "`@f` calls itself"),
+            ("repeat(1)", 0, "`repeat/1` is not available"),
+            ("[limit(3; repeat(1))]", 10, "`repeat/1` is not available"),
+            ("1 | while(. < 10; . + 1)", 4, "`while/2` is not available"),
+            ("until(. > 3; . + 1)", 0, "`until/2` is not available"),
+            ("[recurse(.a)]", 1, "`recurse/1` is not available"),
+            (
+                "[recurse(.a; . != null)]",
+                1,
+                "`recurse/2` is not available",
+            ),
+            (
+                "[.[] | combinations]",
+                7,
+                "`combinations/0` is not available",
+            ),
+            ("[combinations(2)]", 1, "`combinations/1` is not available"),
+            (
+                "[range(1e12)]",
+                1,
+                "`range` with these bounds produces 1000000000000 values",
+            ),
+            ("last(range(1e15))", 5, "`range` with these bounds produces"),
+            ("[range(5; 100006)]", 1, "produces 100001 values"),
+            (
+                "first(range(0; 10; 0))",
+                6,
+                "`range` with these bounds never ends",
+            ),
+            ("\"x\" * 10000000000", 6, "`*` repeats a string here"),
+            ("\"x\" * 1e10", 6, "`*` repeats a string here"),
+            ("\"x\" * .input.n", 7, "`*` repeats a string here"),
+            (".input.n * \"x\"", 1, "`*` repeats a string here"),
+            ("\"a\\(.x)\" * 1001", 11, "at most 1000"),
+            (
+                ".input.name | tostring * .input.n",
+                26,
+                "`*` repeats a string",
+            ),
+            (".a *= \"-\"", 1, "`*` repeats a string here"),
+        ];
+        for (src, offset, fragment) in cases {
+            match Expr::parse(src) {
+                Err(ExprError::Unbounded { message, position }) => {
+                    assert!(message.contains(fragment), "{src}: {message}");
+                    assert_eq!(position.offset, *offset, "{src}: {message}");
+                }
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            Expr::parse("def f: f; f").unwrap_err().to_string(),
+            "column 8: `f` calls itself (directly or through a filter it passes on), and recursion is not available: it need never end; a workflow expression runs inside the engine's transition and must finish"
+        );
+        // In a template, the position counts from the start of the string.
+        let e = Template::parse(&json!({"a": "n: ${ repeat(1) }"})).unwrap_err();
+        assert_eq!(e[0].pointer, "/a");
+        assert!(matches!(
+            e[0].error,
+            ExprError::Unbounded {
+                position: Position { offset: 6, .. },
+                ..
+            }
+        ));
+        // A stored expression is checked on first use.
+        let stored: Expr = serde_json::from_value(json!("[repeat(1)]")).unwrap();
+        assert!(matches!(
+            stored.eval(&state()),
+            Err(ExprError::Unbounded { .. })
+        ));
+    }
+
+    /// What the guard lets through: definitions that do not call
+    /// themselves, bounded library filters, literal repetition.
+    #[test]
+    fn bounded_constructs_are_kept() {
+        let cases: &[(&str, Value)] = &[
+            ("def f: 1; def g: f + 1; g", json!(2)),
+            ("1 | def f(g): g | g; f(. + 1)", json!(3)),
+            ("def f($x): $x * 2; f(.input.n)", json!(6)),
+            // A definition of one's own with a refused name is its own.
+            ("def repeat(f): f; repeat(1)", json!(1)),
+            ("\"-\" * 3", json!("---")),
+            ("3 * \"ab\"", json!("ababab")),
+            (".input.n * 2", json!(6)),
+            (".input.n * .input.n", json!(9)),
+            ("[range(3)]", json!([0, 1, 2])),
+            ("[range(0; 10; 4)]", json!([0, 4, 8])),
+            ("[range(3; 0; -1)]", json!([3, 2, 1])),
+            // As in jaq, a value comes before the error of the next one.
+            ("first(range(0; 3; \"a\"))", json!(0)),
+            ("[range(1; 1; 0)] | length", json!(0)),
+            ("[range(.input.n)]", json!([0, 1, 2])),
+            ("[range(100000)] | length", json!(100_000)),
+            ("[.input | recurse] | length", json!(5)),
+            ("[.input | ..] | length", json!(5)),
+            (
+                "[limit(2; .nodes.intake.output.items[])] | length",
+                json!(2),
+            ),
+            ("[1, [2, [3]]] | flatten", json!([1, 2, 3])),
+            ("[{a: 1}] | map(.a + 1)", json!([2])),
+            ("reduce range(5) as $i (0; . + $i)", json!(10)),
+            ("[foreach range(3) as $i (0; . + $i)]", json!([0, 1, 3])),
+        ];
+        for (src, want) in cases {
+            assert_eq!(&eval(src).unwrap(), want, "{src}");
+        }
+    }
+
+    #[test]
+    fn range_values_are_counted_per_evaluation() {
+        let limit = ExprError::RangeLimit { limit: 100_000 };
+        assert_eq!(
+            eval("[range(.input.n * 100000)] | length").unwrap_err(),
+            limit
+        );
+        assert_eq!(
+            eval("[range(60000), range(60000)] | length").unwrap_err(),
+            limit
+        );
+        assert_eq!(
+            eval("[.nodes.intake.output.items[] | range(40000)] | length").unwrap_err(),
+            limit
+        );
+        // A computed step of 0 never ends, and is counted.
+        assert_eq!(eval("last(range(0; 1; .input.n - 3))").unwrap_err(), limit);
+        // Catching the error does not hide the limit.
+        assert_eq!(
+            eval("try ([range(.input.n * 100000)] | length) catch 0").unwrap_err(),
+            limit
+        );
+        assert_eq!(
+            message(eval("[range(.input.n * 100000)]")),
+            "the expression asked `range` for more than 100000 values in one evaluation"
+        );
+        // The count starts again for each evaluation.
+        let e = Expr::parse("[range(.input.n * 30000)] | length").unwrap();
+        for _ in 0..3 {
+            assert_eq!(e.eval(&state()).unwrap(), json!(90_000));
+        }
+        let t = Template::parse(&json!([
+            "${ [range(90000)] | length }",
+            "${ [range(90000)] | length }"
+        ]))
+        .unwrap();
+        assert_eq!(t.render(&state()).unwrap(), json!([90_000, 90_000]));
+    }
+
+    #[test]
+    fn values_are_capped_in_json_bytes() {
+        let too_large = ExprError::TooLarge {
+            limit: MAX_VALUE_BYTES,
+        };
+        // 100 000 strings of 12 bytes, with commas: about 1.3 MB.
+        assert_eq!(
+            eval("[range(100000) | \"xxxxxxxxxx\"]").unwrap_err(),
+            too_large
+        );
+        // An array shared 2^40 times over: small in memory, enormous as
+        // JSON; stopped early rather than written out.
+        assert_eq!(
+            eval("reduce range(40) as $i (0; [., .] | [.]) | .[0]").unwrap_err(),
+            too_large
+        );
+        assert_eq!(
+            message(eval("[range(100000) | \"xxxxxxxxxx\"]")),
+            "the expression's value is larger than 1048576 bytes of JSON"
+        );
+        // Exactly at the limit is allowed, one byte more is not.
+        let at = |n: usize| json!({"s": "x".repeat(n)});
+        let s = Expr::parse(".s").unwrap();
+        assert!(s.eval(&at(MAX_VALUE_BYTES - 2)).is_ok());
+        assert_eq!(s.eval(&at(MAX_VALUE_BYTES - 1)).unwrap_err(), too_large);
+        // The count is serde_json's compact form, byte for byte.
+        for value in [
+            json!(null),
+            json!([]),
+            json!({}),
+            json!([1, -2.5, true, false, null, "a\"b\\c\nd\u{1}é"]),
+            json!({"k\t": {"x": [[], {}], "y": 12345678901234_u64}, "": ""}),
+        ] {
+            let mut left = MAX_VALUE_BYTES;
+            let back = val_to_json(json_to_val(&value), 0, &mut left).unwrap();
+            assert_eq!(back, value);
+            assert_eq!(
+                MAX_VALUE_BYTES - left,
+                serde_json::to_string(&value).unwrap().len(),
+                "{value}"
+            );
+        }
+    }
+
+    /// Text nested deeply: jaq's parser needs more than 2 MiB of stack for
+    /// 200 levels (debug build); long text is refused.
+    #[test]
+    fn deep_or_long_text_does_not_overflow_the_stack() {
+        let deep = format!("{}1{}", "[".repeat(2000), "]".repeat(2000));
+        assert!(matches!(eval(&deep), Err(ExprError::NotJson { .. })));
+        let minus = format!("{}1", "-".repeat(MAX_EXPR_BYTES - 1));
+        assert_eq!(eval(&minus).unwrap(), json!(-1));
+        let long = format!("{}1", "-".repeat(MAX_EXPR_BYTES));
+        assert_eq!(
+            Expr::parse(&long).unwrap_err().to_string(),
+            "column 16385: the expression is 16385 bytes long, more than the 16384 an expression may have"
+        );
+    }
+
+    /// A value nested one level per step: a 2 MiB stack overflows while
+    /// jaq drops it (which aborts the process); the evaluation's own
+    /// stack has room.
+    #[test]
+    fn deep_values_do_not_overflow_the_stack() {
+        assert_eq!(
+            eval("reduce range(100000) as $i (0; [.]) | 1").unwrap(),
+            json!(1)
+        );
+        let t = Template::parse(&json!("${ reduce range(100000) as $i (0; [.]) | 1 }")).unwrap();
+        assert_eq!(t.render(&state()).unwrap(), json!(1));
+    }
+
+    #[test]
+    fn no_output_is_an_error() {
+        assert_eq!(eval("empty").unwrap_err(), ExprError::NoValue);
+        assert_eq!(message(eval("empty")), "the expression produced no value");
+        assert_eq!(
+            eval(".input | select(.n > 10)").unwrap_err(),
+            ExprError::NoValue
+        );
+    }
+
+    #[test]
+    fn runtime_errors_carry_jqs_message() {
+        let state = json!({"a": "x"});
+        let expr = Expr::parse(".a + 1").unwrap();
+        assert_eq!(
+            expr.eval(&state).unwrap_err(),
+            ExprError::Runtime {
+                message: "cannot calculate \"x\" + 1".into()
+            }
+        );
+        assert_eq!(message(eval("error(\"boom\")")), "boom");
+        assert_eq!(
+            message(eval("error({code: 7})")),
+            "{\"code\":7} (not a string)"
+        );
+        assert_eq!(message(eval("[] | .[\"a\"]")), "cannot index [] with \"a\"");
+        assert_eq!(eval("try error(\"x\") catch .").unwrap(), json!("x"));
+        // Unlike jq, jaq gives null for an object indexed with a number.
+        assert_eq!(eval("{} | .[0]").unwrap(), Value::Null);
+    }
+
+    #[test]
+    fn values_without_json_form() {
+        for (src, reason) in [
+            ("nan", "NaN is not a JSON number"),
+            ("infinite", "infinity is not a JSON number"),
+            ("-infinite", "-infinity is not a JSON number"),
+            ("1 / 0", "infinity is not a JSON number"),
+            ("1e1000", "infinity is not a JSON number"),
+            (
+                "\"a\" | tobytes",
+                "a byte string (from `tobytes`) has no JSON form",
+            ),
+            ("{(1): 2}", "object key 1 is not a string"),
+            (
+                "reduce range(200) as $i (0; [.])",
+                "it is nested deeper than 100 levels",
+            ),
+        ] {
+            assert_eq!(
+                eval(src).unwrap_err(),
+                ExprError::NotJson {
+                    reason: reason.into()
+                },
+                "{src}"
+            );
+        }
+        assert_eq!(
+            message(eval("nan")),
+            "the expression's value is not JSON: NaN is not a JSON number"
+        );
+        assert!(eval("reduce range(99) as $i (0; [.])").is_ok());
+    }
+
+    #[test]
+    fn parse_errors_name_the_problem_and_position() {
+        let at = |offset, line, column| Position {
+            offset,
+            line,
+            column,
+        };
+        let cases = [
+            (
+                ".a +",
+                "expected term, found the end of the expression",
+                at(4, 1, 5),
+            ),
+            (".a | )", "unexpected `)`", at(5, 1, 6)),
+            ("(.a", "`(` is not closed: expected `)`", at(3, 1, 4)),
+            ("\"abc", "unterminated string: expected `\"`", at(4, 1, 5)),
+            (
+                "if . then 1",
+                "expected else or end, found the end of the expression",
+                at(11, 1, 12),
+            ),
+            ("é + ", "unexpected `é`", at(0, 1, 1)),
+            (
+                ".a |\n  .b + ",
+                "expected term, found the end of the expression",
+                at(12, 2, 8),
+            ),
+            (
+                "",
+                "expected term, found the end of the expression",
+                at(0, 1, 1),
+            ),
+            ("foo(1)", "`foo/1` is not defined", at(0, 1, 1)),
+            (".a + $x", "variable `$x` is not defined", at(5, 1, 6)),
+            (
+                "include \"lib\"; .",
+                "`include` and `import` are not available: expressions cannot load modules",
+                at(9, 1, 10),
+            ),
+            (
+                "import \"lib\" as l; .",
+                "`include` and `import` are not available: expressions cannot load modules",
+                at(8, 1, 9),
+            ),
+        ];
+        for (src, message, position) in cases {
+            let got = Expr::parse(src).unwrap_err();
+            assert_eq!(
+                got,
+                ExprError::Syntax {
+                    message: message.into(),
+                    position
+                },
+                "{src:?}"
+            );
+        }
+        assert_eq!(
+            Expr::parse(".a | )").unwrap_err().to_string(),
+            "column 6: unexpected `)`"
+        );
+        assert_eq!(
+            Expr::parse(".a |\n  .b + ").unwrap_err().to_string(),
+            "line 2, column 8: expected term, found the end of the expression"
+        );
+    }
+
+    /// One expression per excluded name, with where the name is.
+    const EXCLUDED_USES: &[(&str, &str, usize)] = &[
+        ("now", ".input.n + now", 11),
+        ("localtime", "0 | localtime", 4),
+        ("strflocaltime", "0 | strflocaltime(\"%H\")", 4),
+        ("env", "env.HOME", 0),
+        ("$ENV", "$ENV.HOME", 0),
+        ("input", "input", 0),
+        ("inputs", "[inputs]", 1),
+        ("input_filename", "input_filename", 0),
+        ("input_line_number", "input_line_number", 0),
+        ("get_search_list", "get_search_list", 0),
+        ("get_prog_origin", "get_prog_origin", 0),
+        ("get_jq_origin", "get_jq_origin", 0),
+        ("halt", "halt", 0),
+        ("halt", "if . then halt(1) else . end", 10),
+        ("halt_error", "halt_error", 0),
+        ("halt_error", "\"bye\" | halt_error(1)", 8),
+        ("debug", "debug", 0),
+        ("debug", "debug(\"msg\") | .input", 0),
+        ("debug_empty", "debug_empty", 0),
+        ("stderr", ".input | stderr", 9),
+        ("stderr_empty", "stderr_empty", 0),
+    ];
+
+    #[test]
+    fn excluded_functions_are_refused_by_name() {
+        for (name, src, offset) in EXCLUDED_USES {
+            match Expr::parse(src) {
+                Err(ExprError::Excluded {
+                    name: got,
+                    position,
+                    ..
+                }) => {
+                    assert_eq!(got, *name, "{src}");
+                    assert_eq!(position.offset, *offset, "{src}");
+                }
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        // Every excluded name is tested above.
+        for (name, _) in EXCLUDED {
+            assert!(
+                EXCLUDED_USES.iter().any(|(n, _, _)| n == name),
+                "no test for `{name}`"
+            );
+        }
+        assert_eq!(
+            Expr::parse(".input.n + now").unwrap_err().to_string(),
+            "column 12: `now` is not available in workflow expressions: it reads the clock, and an expression must give the same value whenever a run is replayed"
+        );
+    }
+
+    /// Every function jaq implements in Rust, reviewed: either excluded or
+    /// deterministic and free of I/O. A jaq upgrade that adds a function
+    /// fails here until someone decides which it is.
+    #[test]
+    fn every_jaq_native_function_is_reviewed() {
+        const DETERMINISTIC: &[&str] = &[
+            // jaq-core
+            "error_empty",
+            "path",
+            "path_value",
+            "range",
+            "keys_unsorted",
+            "key_values",
+            "first",
+            "last",
+            "limit",
+            "skip",
+            // jaq-std
+            "floor",
+            "round",
+            "ceil",
+            "utf8bytelength",
+            "explode",
+            "implode",
+            "ascii_downcase",
+            "ascii_upcase",
+            "reverse",
+            "sort",
+            "sort_by",
+            "group_by",
+            "min_by_or_empty",
+            "max_by_or_empty",
+            "startswith",
+            "endswith",
+            "ltrimstr",
+            "rtrimstr",
+            "trim",
+            "ltrim",
+            "rtrim",
+            "escape_sh",
+            "escape_html",
+            "unescape_html",
+            "encode_uri",
+            "decode_uri",
+            "encode_base64",
+            "decode_base64",
+            "acos",
+            "acosh",
+            "asin",
+            "asinh",
+            "atan",
+            "atanh",
+            "cbrt",
+            "cos",
+            "cosh",
+            "erf",
+            "erfc",
+            "exp",
+            "exp10",
+            "exp2",
+            "expm1",
+            "fabs",
+            "frexp",
+            "ilogb",
+            "j0",
+            "j1",
+            "lgamma",
+            "log",
+            "log10",
+            "log1p",
+            "log2",
+            "modf",
+            "nearbyint",
+            "rint",
+            "sin",
+            "sinh",
+            "sqrt",
+            "tan",
+            "tanh",
+            "tgamma",
+            "trunc",
+            "y0",
+            "y1",
+            "atan2",
+            "copysign",
+            "fdim",
+            "fmax",
+            "fmin",
+            "fmod",
+            "hypot",
+            "jn",
+            "ldexp",
+            "nextafter",
+            "pow",
+            "remainder",
+            "scalbln",
+            "yn",
+            "fma",
+            "matches",
+            "split_matches",
+            "split_",
+            "fromdateiso8601",
+            "todateiso8601",
+            "strftime",
+            "gmtime",
+            "strptime",
+            "mktime",
+            // jaq-json
+            "fromjson",
+            "tojson",
+            "tobytes",
+            "length",
+            "contains",
+            "has",
+            "indices",
+            "bsearch",
+        ];
+        let all = jaq_core::funs::<D>()
+            .chain(jaq_std::funs())
+            .chain(jaq_json::funs());
+        let mut unreviewed = Vec::new();
+        for (name, _, _) in all {
+            if !DETERMINISTIC.contains(&name) && excluded(name).is_none() {
+                unreviewed.push(name);
+            }
+        }
+        assert_eq!(unreviewed, Vec::<&str>::new());
+        // And the excluded natives are really gone.
+        assert!(natives().all(|(name, _, _)| excluded(name).is_none()));
+        assert!(prelude().iter().all(|def| excluded(def.name).is_none()));
+    }
+
+    #[test]
+    fn expr_round_trips_through_serde_json() {
+        let expr = Expr::parse(".nodes.intake.output.account_id").unwrap();
+        let stored = serde_json::to_value(&expr).unwrap();
+        assert_eq!(stored, json!(".nodes.intake.output.account_id"));
+        let back: Expr = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, expr);
+        assert_eq!(back.source(), ".nodes.intake.output.account_id");
+        assert_eq!(back.eval(&state()).unwrap(), json!("acc_42"));
+        // A stored expression is compiled on first use, and a bad one fails
+        // there, not when the history is read.
+        let bad: Expr = serde_json::from_value(json!("now")).unwrap();
+        assert!(matches!(
+            bad.eval(&state()),
+            Err(ExprError::Excluded { .. })
+        ));
+        assert_eq!(
+            format!("{expr:?}"),
+            "Expr(\".nodes.intake.output.account_id\")"
+        );
+    }
+
+    #[test]
+    fn values_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Expr>();
+        send_sync::<Template>();
+        send_sync::<ExprError>();
+        send_sync::<TemplateError>();
+    }
+
+    #[test]
+    fn compiled_filters_are_shared() {
+        let a = Expr::parse(".input.name | ascii_downcase").unwrap();
+        let b = Expr::parse(".input.name | ascii_downcase").unwrap();
+        let fa = a.compiled.get().unwrap().as_ref().unwrap();
+        let fb = b.compiled.get().unwrap().as_ref().unwrap();
+        assert!(Arc::ptr_eq(fa, fb));
+        assert_eq!(a.eval(&state()).unwrap(), json!("ada"));
+    }
+
+    fn render(template: Value) -> Result<Value, TemplateError> {
+        Template::parse(&template).unwrap().render(&state())
+    }
+
+    #[test]
+    fn template_whole_string_keeps_the_type() {
+        assert_eq!(render(json!("${ .input.n }")).unwrap(), json!(3));
+        assert_eq!(render(json!("  ${.input}\n")).unwrap(), state()["input"]);
+        assert_eq!(render(json!("${ .input.phone }")).unwrap(), Value::Null);
+        assert_eq!(
+            render(json!("${ [.nodes.intake.output.items[].id] }")).unwrap(),
+            json!([1, 2, 3])
+        );
+    }
+
+    #[test]
+    fn template_interpolation() {
+        assert_eq!(
+            render(json!("Hello ${ .input.name }, ${ .input.n } items")).unwrap(),
+            json!("Hello Ada, 3 items")
+        );
+        assert_eq!(
+            render(json!("run=${.run} missing=${ .x } ok=${ true }")).unwrap(),
+            json!(r#"run={"id":"r1","tenant":"t1"} missing=null ok=true"#)
+        );
+        assert_eq!(
+            render(json!("${ .input.name }${ .input.n }")).unwrap(),
+            json!("Ada3")
+        );
+        assert_eq!(render(json!("${ .input.name } ")).unwrap(), json!("Ada"));
+        assert_eq!(
+            render(json!("x ${ .input.ratio }")).unwrap(),
+            json!("x 1.0")
+        );
+    }
+
+    #[test]
+    fn template_nested_values_and_keys() {
+        let template = json!({
+            "to": "${ .input.email }",
+            "${ .input.name }": "keys are not templated",
+            "lines": ["Dear ${ .input.name },", {"account": "${ .nodes.intake.output.account_id }"}, 7, null],
+            "fixed": {"a": [1, "b"]}
+        });
+        assert_eq!(
+            render(template).unwrap(),
+            json!({
+                "to": "ada@example.com",
+                "${ .input.name }": "keys are not templated",
+                "lines": ["Dear Ada,", {"account": "acc_42"}, 7, null],
+                "fixed": {"a": [1, "b"]}
+            })
+        );
+    }
+
+    #[test]
+    fn template_braces_inside_expressions() {
+        assert_eq!(
+            render(json!("${ {email: .input.email} }")).unwrap(),
+            json!({"email": "ada@example.com"})
+        );
+        assert_eq!(render(json!("<${ \"}\" }>")).unwrap(), json!("<}>"));
+        assert_eq!(
+            render(json!(r#"${ "a\"}\(.input.n | {n: .} | .n)" }"#)).unwrap(),
+            json!("a\"}3")
+        );
+        assert_eq!(
+            render(json!("${ .input.n # the count }\n }")).unwrap(),
+            json!(3)
+        );
+        assert_eq!(
+            split("a ${ {b: [1, (2)]} } c").unwrap(),
+            vec![
+                Segment::Text("a ".into()),
+                Segment::Expr {
+                    source: " {b: [1, (2)]} ",
+                    offset: 4
+                },
+                Segment::Text(" c".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn template_escape() {
+        let t = Template::parse(&json!("literal $${ .input.name } and $5 and $")).unwrap();
+        assert!(t.is_constant());
+        assert_eq!(
+            t.render(&state()).unwrap(),
+            json!("literal ${ .input.name } and $5 and $")
+        );
+        assert_eq!(
+            render(json!("$${x} ${ .input.n }")).unwrap(),
+            json!("${x} 3")
+        );
+        assert_eq!(
+            render(json!("${ \"$\" }${ .input.n }")).unwrap(),
+            json!("$3")
+        );
+        assert_eq!(
+            render(json!("$$${ .input.n }")).unwrap(),
+            json!("$${ .input.n }")
+        );
+    }
+
+    #[test]
+    fn constant_templates_round_trip() {
+        for value in [
+            json!({}),
+            json!({"a": ["${ .x }", "$${", "$$${ y }", "${${", "$", 1], "${ k }": "$ {"}),
+        ] {
+            let t = Template::constant(value.clone());
+            assert!(t.is_constant());
+            assert_eq!(t.render(&state()).unwrap(), value);
+            let back: Template = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
+            assert!(back.is_constant());
+            assert_eq!(back.render(&state()).unwrap(), value);
+            assert_eq!(back, t);
+        }
+    }
+
+    #[test]
+    fn template_is_constant() {
+        assert!(
+            Template::parse(&json!({"a": [1, "two", {"b": null}]}))
+                .unwrap()
+                .is_constant()
+        );
+        assert!(
+            Template::parse(&json!("no expressions"))
+                .unwrap()
+                .is_constant()
+        );
+        assert!(
+            !Template::parse(&json!({"a": [1, "${ . }"]}))
+                .unwrap()
+                .is_constant()
+        );
+        assert!(!Template::parse(&json!("x ${ 1 }")).unwrap().is_constant());
+    }
+
+    #[test]
+    fn template_errors_carry_pointers() {
+        let value = json!({
+            "a": ["fine ${ .input.n }", "${ .x + }"],
+            "b/c": {"d~e": "at ${ now }"},
+            "f": "${ .unclosed",
+            "g": "${ .ok }"
+        });
+        let errors = Template::parse(&value).unwrap_err();
+        assert_eq!(
+            errors,
+            vec![
+                TemplateError {
+                    pointer: "/a/1".into(),
+                    offset: 2,
+                    error: ExprError::Syntax {
+                        message: "expected term, found the end of the expression".into(),
+                        position: Position {
+                            offset: 8,
+                            line: 1,
+                            column: 9
+                        }
+                    }
+                },
+                TemplateError {
+                    pointer: "/b~1c/d~0e".into(),
+                    offset: 5,
+                    error: ExprError::Excluded {
+                        name: "now".into(),
+                        reason: "it reads the clock",
+                        position: Position {
+                            offset: 6,
+                            line: 1,
+                            column: 7
+                        }
+                    }
+                },
+                TemplateError {
+                    pointer: "/f".into(),
+                    offset: 2,
+                    error: ExprError::Syntax {
+                        message: "`${` is not closed by a matching `}`".into(),
+                        position: Position {
+                            offset: 0,
+                            line: 1,
+                            column: 1
+                        }
+                    }
+                },
+            ]
+        );
+        for e in &errors {
+            assert!(value.pointer(&e.pointer).unwrap().is_string());
+        }
+        assert_eq!(
+            errors[0].to_string(),
+            "/a/1: column 9: expected term, found the end of the expression"
+        );
+        let root = Template::parse(&json!("x ${ .a | ) }")).unwrap_err();
+        assert_eq!(root[0].to_string(), "column 11: unexpected `)`");
+    }
+
+    #[test]
+    fn template_render_errors_carry_pointers() {
+        let t = Template::parse(&json!({"a": {"b": ["ok", "n: ${ .input.name + 1 }"]}})).unwrap();
+        let e = t.render(&state()).unwrap_err();
+        assert_eq!(e.pointer, "/a/b/1");
+        assert_eq!(e.offset, 5);
+        assert_eq!(e.to_string(), "/a/b/1: cannot calculate \"Ada\" + 1");
+        let many = Template::parse(&json!("${ .nodes.intake.output.items[] }"))
+            .unwrap()
+            .render(&state())
+            .unwrap_err();
+        assert_eq!(
+            many.to_string(),
+            "the expression produced 3 values; wrap it in [ ] to collect them"
+        );
+    }
+
+    #[test]
+    fn template_round_trips_through_serde_json() {
+        let value =
+            json!({"to": "${ .input.email }", "n": [1, "$${ x }"], "s": "hi ${ .input.name }"});
+        let template = Template::parse(&value).unwrap();
+        let stored = serde_json::to_value(&template).unwrap();
+        assert_eq!(stored, value);
+        let back: Template = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, template);
+        assert_eq!(back.source(), &value);
+        assert_eq!(
+            back.render(&state()).unwrap(),
+            json!({"to": "ada@example.com", "n": [1, "${ x }"], "s": "hi Ada"})
+        );
+        // Structure is checked when reading; expressions on first use.
+        let err = serde_json::from_value::<Template>(json!({"a": "${ .x"})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid template: /a: column 1: `${` is not closed by a matching `}`"
+        );
+        let lazy: Template = serde_json::from_value(json!({"a": "${ env }"})).unwrap();
+        assert!(matches!(
+            lazy.render(&state()).unwrap_err().error,
+            ExprError::Excluded { .. }
+        ));
+    }
+
+    /// The cost of one parse + eval of a typical expression, measured by
+    /// the test runner's timing of these tests (this module may not read
+    /// a clock): divide the test's time by the iterations.
+    const COST_ITERATIONS: usize = 200;
+
+    #[test]
+    fn cost_compile_and_eval_uncached() {
+        let state = state();
+        for _ in 0..COST_ITERATIONS {
+            let filter = compile_filter(".nodes.intake.output.account_id").unwrap();
+            let value = run_one(&filter, json_to_val(&state)).unwrap();
+            assert_eq!(to_json(value).unwrap(), json!("acc_42"));
+        }
+    }
+
+    #[test]
+    fn cost_parse_and_eval_cached() {
+        let state = state();
+        let _held = Expr::parse(".nodes.intake.output.account_id").unwrap();
+        for _ in 0..COST_ITERATIONS * 50 {
+            let expr = Expr::parse(".nodes.intake.output.account_id").unwrap();
+            assert_eq!(expr.eval(&state).unwrap(), json!("acc_42"));
+        }
+    }
+
+    /// Expressions that pass every rule of the guard and still cost more
+    /// than any engine has: what the sandbox (`expr_sandbox`) is for. Only
+    /// parsed here; `tests/tests/expr_sandbox.rs` runs them.
+    #[test]
+    fn some_expensive_expressions_pass_the_guard() {
+        let doubling = format!("def f(g): g | g; {}.{}", "f(".repeat(34), ")".repeat(34));
+        for source in [
+            "reduce range(40) as $i (2; . * .)",
+            "reduce range(60) as $i (\"x\"; . + .)",
+            "\"x\" | . * 1000 | . * 1000 | . * 1000 | . * 1000",
+            "[range(100000)] as $a | [$a[] | $a[]] | length",
+            doubling.as_str(),
+            "[range(1000)] as $a | reduce $a[] as $i (0; reduce $a[] as $j (.; reduce $a[] as $k (.; . + 1)))",
+        ] {
+            assert!(Expr::parse(source).is_ok(), "{source}");
+        }
+    }
+
+    thread_local! {
+        static SENT: std::cell::RefCell<Vec<Vec<String>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A stand-in for the sandbox: evaluates here, records what it was
+    /// sent, and "times out" on `.slow`.
+    fn fake_remote(sources: &[&str], input: &Value) -> Vec<Result<Value, ExprError>> {
+        SENT.with(|s| {
+            s.borrow_mut()
+                .push(sources.iter().map(|s| s.trim().to_owned()).collect())
+        });
+        let mut out = Vec::new();
+        for source in sources {
+            let outcome = if source.trim() == ".slow" {
+                Err(ExprError::TimedOut { ms: 1 })
+            } else {
+                Expr::parse(source).and_then(|e| e.eval(input))
+            };
+            let failed = outcome.is_err();
+            out.push(outcome);
+            if failed {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_remote_render_sends_the_expressions_in_document_order_and_places_errors() {
+        let input = json!({"x": 1, "y": "why"});
+        let render = |template: &Template| match &template.root {
+            Node::Const(v) => Ok(v.clone()),
+            root => render_remote(root, &input, fake_remote),
+        };
+        let template = Template::parse(&json!({
+            "a": "${ .x }",
+            "b": ["${ .y } and ${ .x + 1 }"],
+        }))
+        .unwrap();
+        assert_eq!(
+            render(&template).unwrap(),
+            json!({"a": 1, "b": ["why and 2"]})
+        );
+        let slow =
+            Template::parse(&json!({"a": "${ .x }", "b": {"c": "${ .slow }"}, "d": "${ .y }"}))
+                .unwrap();
+        let error = render(&slow).unwrap_err();
+        assert_eq!(error.pointer, "/b/c");
+        assert_eq!(error.error, ExprError::TimedOut { ms: 1 });
+        // A stored template whose expression no longer compiles: reported
+        // as in process, and nothing from it on is sent.
+        let stored: Template =
+            serde_json::from_value(json!({"a": "${ .x }", "b": "${ nosuch }", "c": "${ .y }"}))
+                .unwrap();
+        let error = render(&stored).unwrap_err();
+        assert_eq!(error.pointer, "/b");
+        assert!(matches!(error.error, ExprError::Syntax { .. }), "{error}");
+        assert_eq!(
+            SENT.with(|s| s.borrow().clone()),
+            vec![
+                vec![".x".to_owned(), ".y".to_owned(), ".x + 1".to_owned()],
+                vec![".x".to_owned(), ".slow".to_owned(), ".y".to_owned()],
+                vec![".x".to_owned()],
+            ]
+        );
+    }
+}

@@ -1,0 +1,2035 @@
+//! Machine tests of the workflow graph: branch, set, fail, succeed, tool
+//! nodes, waits (signals, timers, timeouts), approvals and loops. Workflows
+//! are written in YAML and parsed by the definitions layer, as in
+//! production. Each step also checks replay = live and the JSON round trip.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::*;
+use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
+
+const TOOLS: &str = r#"TOOLS:
+  create_account(email: string, plan?: string = "starter") -> {account_id: string}
+    description: "Create an account"
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+"#;
+
+const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create_account]\ngrants: [crm.write]\n";
+
+/// A plan from a workflow YAML (plus the tool and agent above).
+fn plan(workflow: &str) -> RunPlan {
+    plan_with(TOOLS, workflow)
+}
+
+/// A plan from a tools file and a workflow YAML (plus the agent above).
+fn plan_with(tools: &str, workflow: &str) -> RunPlan {
+    plan_files(tools, AGENT, workflow)
+}
+
+/// A plan from a tools file, an agent YAML and a workflow YAML.
+pub(super) fn plan_files(tools: &str, agent: &str, workflow: &str) -> RunPlan {
+    let files = [
+        SourceFile {
+            path: "t.tools.abl".into(),
+            content: tools.into(),
+        },
+        SourceFile {
+            path: "a.yaml".into(),
+            content: agent.into(),
+        },
+        SourceFile {
+            path: "w.yaml".into(),
+            content: workflow.into(),
+        },
+    ];
+    let bundle = match parse_bundle(&files, &RegisteredNames::default()) {
+        Ok(b) => b,
+        Err(errors) => panic!(
+            "{}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    };
+    fn pin<T>(def: T) -> Pinned<T> {
+        Pinned {
+            version: 1,
+            content_hash: "h".into(),
+            def,
+        }
+    }
+    let tools: BTreeMap<_, _> = bundle
+        .tools
+        .into_iter()
+        .map(|t| (t.name.clone(), pin(t)))
+        .collect();
+    let agents: BTreeMap<_, _> = bundle
+        .agents
+        .into_iter()
+        .map(|a| (a.name.clone(), pin(a)))
+        .collect();
+    let workflow = bundle.workflows.into_iter().next().unwrap();
+    RunPlan {
+        workflow: pin(workflow),
+        agents,
+        tools,
+    }
+}
+
+pub(super) struct Run {
+    pub(super) state: RunState,
+    pub(super) history: Vec<Event>,
+}
+
+impl Run {
+    fn start(workflow: &str, input: Value) -> (Run, Decision) {
+        Self::start_plan(plan(workflow), input)
+    }
+
+    pub(super) fn start_plan(plan: RunPlan, input: Value) -> (Run, Decision) {
+        let mut run = Run {
+            state: RunState::default(),
+            history: vec![],
+        };
+        let d = run.step(Input::Start {
+            run_id: "r1".into(),
+            tenant: "acme".into(),
+            caller: "app".into(),
+            caller_grants: vec!["crm.write".into()],
+            tenant_grants: vec!["crm.write".into()],
+            input,
+            plan: Box::new(plan),
+        });
+        (run, d)
+    }
+
+    pub(super) fn try_step(&mut self, input: Input) -> Result<Decision, MachineError> {
+        let d = decide(&self.state, input)?;
+        for e in &d.events {
+            self.state.apply(e);
+            self.history.push(e.clone());
+            let back: Event = serde_json::from_value(serde_json::to_value(e).unwrap()).unwrap();
+            assert_eq!(&back, e);
+        }
+        // Replay equals live (the transition's time is no part of the fold).
+        let mut live = self.state.clone();
+        live.now = None;
+        assert_eq!(RunState::fold(&self.history), live);
+        Ok(d)
+    }
+
+    pub(super) fn step(&mut self, input: Input) -> Decision {
+        self.try_step(input).expect("transition accepted")
+    }
+
+    fn signal(&mut self, id: &str, name: &str, payload: Value) -> Result<Decision, MachineError> {
+        self.try_step(Input::Signal {
+            signal_id: id.into(),
+            name: name.into(),
+            payload,
+            sent_by: "test".into(),
+        })
+    }
+
+    pub(super) fn kinds(&self) -> Vec<&'static str> {
+        self.history.iter().map(Event::kind).collect()
+    }
+}
+
+fn timers(d: &Decision) -> Vec<TimerSpec> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ScheduleTimer(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cancelled(d: &Decision) -> Vec<String> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::CancelTimer { timer_id } => Some(timer_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn branch_set_and_succeed_run_in_one_transition() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - id: route
+    type: branch
+    cases:
+      - when: ${ .input.score > 50 }
+        next: high
+    default: low
+  - id: high
+    type: set
+    values: {tier: gold, who: "${ .input.name }"}
+    next: done
+  - id: low
+    type: set
+    values: {tier: basic}
+    next: done
+  - id: done
+    type: succeed
+    output: "${ {tier: .vars.tier, who: .vars.who, route: .nodes.route.output.case} }"
+"#;
+    let (run, d) = Run::start(wf, json!({"score": 80, "name": "Ada"}));
+    assert!(d.commands.is_empty());
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"tier": "gold", "who": "Ada", "route": 1}))
+    );
+    let (run, _) = Run::start(wf, json!({"score": 10}));
+    assert_eq!(
+        run.state.output,
+        Some(json!({"tier": "basic", "who": null, "route": null}))
+    );
+}
+
+#[test]
+fn a_fail_node_fails_the_run_with_its_rendered_error() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - id: stop\n    type: fail\n    error: \"no account for ${ .input.email }\"\n";
+    let (run, _) = Run::start(wf, json!({"email": "x@example.com"}));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `stop`: no account for x@example.com"
+    );
+}
+
+#[test]
+fn an_expression_error_fails_the_run_and_names_the_node_and_key() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - id: s\n    type: set\n    values: {n: \"${ .input.name + 1 }\"}\n";
+    let (run, _) = Run::start(wf, json!({"name": "Ada"}));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.starts_with("node `s`: `values`:"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const WAIT: &str = r#"kind: workflow
+name: w
+nodes:
+  - id: docs
+    type: wait
+    signal: documents_received
+    payload_schema: {type: object, required: [files], properties: {files: {type: array}}}
+    timeout: 7d
+    on_timeout: remind
+    next: done
+  - id: remind
+    type: set
+    values: {reminded: true}
+    next: docs
+  - id: done
+    type: succeed
+    output: ${ .nodes.docs.output.payload }
+"#;
+
+#[test]
+fn a_wait_sets_its_timeout_and_a_signal_ends_it() {
+    let (mut run, d) = Run::start(WAIT, json!({}));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state
+            .status_reason
+            .contains("signal `documents_received`"),
+        "{}",
+        run.state.status_reason
+    );
+    let t = timers(&d);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].timer_id, "docs.timeout");
+    assert_eq!(t[0].after_ms, Some(7 * 24 * 3600 * 1000));
+
+    // A signal nobody waits for, and a payload the wait refuses: typed errors, nothing written.
+    let before = run.history.len();
+    assert!(matches!(
+        run.signal("s0", "approved", json!({})),
+        Err(MachineError::InvalidSignal(m)) if m.contains("waits for: documents_received")
+    ));
+    assert!(matches!(
+        run.signal("s0", "documents_received", json!({"files": "nope"})),
+        Err(MachineError::InvalidSignal(m)) if m.contains("payload_schema")
+    ));
+    assert_eq!(run.history.len(), before);
+
+    let d = run
+        .signal("s1", "documents_received", json!({"files": ["id.pdf"]}))
+        .unwrap();
+    assert_eq!(cancelled(&d), vec!["docs.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"files": ["id.pdf"]})));
+
+    // The same signal id again is applied once: no events.
+    let again = decide(
+        &run.state,
+        Input::Signal {
+            signal_id: "s1".into(),
+            name: "documents_received".into(),
+            payload: json!({"files": ["id.pdf"]}),
+            sent_by: "t".into(),
+        },
+    );
+    // Applied once already: accepted with nothing to write, even though the
+    // run has completed (a sender retrying after a lost reply).
+    assert!(again.is_ok_and(|d| d.events.is_empty() && d.commands.is_empty()));
+    // A new signal to a completed run is refused.
+    assert!(matches!(
+        run.signal("s2", "documents_received", json!({"files": []})),
+        Err(MachineError::WrongStatus { .. })
+    ));
+}
+
+#[test]
+fn a_signal_sent_before_the_wait_is_kept_and_a_duplicate_is_applied_once() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: a, type: wait, signal: first, next: b}
+  - {id: b, type: wait, signal: second}
+"#;
+    let (mut run, _) = Run::start(wf, json!({}));
+    let d = run.signal("x2", "second", json!({"n": 2})).unwrap();
+    assert_eq!(d.events.len(), 1, "buffered only");
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let dup = run.signal("x2", "second", json!({"n": 2})).unwrap();
+    assert!(dup.events.is_empty() && dup.commands.is_empty());
+    assert!(matches!(
+        run.signal("x2", "second", json!({"n": 3})),
+        Err(MachineError::SignalIdReused { .. })
+    ));
+    run.signal("x1", "first", json!({"n": 1})).unwrap();
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"signal": "second", "signal_id": "x2", "payload": {"n": 2}}))
+    );
+    assert_eq!(
+        run.kinds(),
+        vec![
+            "run_started",
+            "node_started",
+            "wait_started",
+            "signal_received",
+            "signal_received",
+            "signal_consumed",
+            "node_completed",
+            "node_started",
+            "signal_consumed",
+            "node_completed",
+            "run_completed"
+        ]
+    );
+}
+
+#[test]
+fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    let d = run.step(Input::TimerFired {
+        timer_id: "docs.timeout".into(),
+        overdue_ms: 0,
+    });
+    // on_timeout -> remind (set) -> docs again: a second visit, new ids.
+    assert_eq!(run.state.vars.get("reminded"), Some(&json!(true)));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert_eq!(timers(&d)[0].timer_id, "docs~2.timeout");
+    // The old timer firing again (a second replica) changes nothing.
+    let stale = run.step(Input::TimerFired {
+        timer_id: "docs.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert!(stale.events.is_empty());
+    assert_eq!(cancelled(&stale), vec!["docs.timeout"]);
+}
+
+#[test]
+fn a_timeout_without_a_transition_fails_the_run() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: w, type: wait, signal: s, timeout: 2h}\n";
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::TimerFired {
+        timer_id: "w.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("timed out after 2h"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn the_first_of_several_wins_and_until_takes_a_rendered_time() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - id: w
+    type: wait
+    for:
+      - {signal: go, next: signalled}
+      - {duration: 3d, next: slept}
+      - {until: "${ .input.deadline }", next: deadline}
+  - {id: signalled, type: succeed, output: signalled}
+  - {id: slept, type: succeed, output: slept}
+  - {id: deadline, type: succeed, output: deadline}
+"#;
+    let (mut run, d) = Run::start(wf, json!({"deadline": "2026-12-01T10:00:00+01:00"}));
+    let t = timers(&d);
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[0].after_ms, Some(3 * 86_400_000));
+    assert_eq!(t[1].at.as_deref(), Some("2026-12-01T09:00:00.000Z"));
+    let d = run.step(Input::TimerFired {
+        timer_id: t[1].timer_id.clone(),
+        overdue_ms: 0,
+    });
+    assert_eq!(
+        cancelled(&d),
+        vec![t[0].timer_id.clone(), t[1].timer_id.clone()]
+    );
+    assert_eq!(run.state.output, Some(json!("deadline")));
+
+    let (run, _) = Run::start(wf, json!({"deadline": "next tuesday"}));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("RFC 3339"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const APPROVAL: &str = r#"kind: workflow
+name: w
+nodes:
+  - id: approve
+    type: approval
+    subject: "${ {email: .input.email, plan: .input.plan} }"
+    prompt: "Open an account for ${ .input.email }?"
+    approver_grant: onboarding.approve
+    allow_edits: true
+    edits_schema: {type: object, required: [email, plan], additionalProperties: false, properties: {email: {type: string}, plan: {enum: [starter, pro]}}}
+    on_decline: declined
+    timeout: 2d
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.approve.output.subject }"}
+  - {id: declined, type: fail, error: "declined: ${ .nodes.approve.output.reason }"}
+"#;
+
+fn decide_input(approve: bool, edit: Option<Value>, grants: &[&str]) -> Input {
+    Input::DecideApproval {
+        node: "approve".into(),
+        approve,
+        edited_subject: edit,
+        by: "grace".into(),
+        grants: grants.iter().map(|g| (*g).to_owned()).collect(),
+        reason: "checked".into(),
+    }
+}
+
+#[test]
+fn an_approval_needs_the_grant_allows_declared_edits_and_is_decided_once() {
+    let (mut run, d) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert_eq!(timers(&d)[0].timer_id, "approve.timeout");
+    let Some(Event::ApprovalRequested {
+        subject, prompt, ..
+    }) = run.history.last()
+    else {
+        panic!("{:?}", run.history.last());
+    };
+    assert_eq!(subject, &json!({"email": "a@x.io", "plan": "pro"}));
+    assert_eq!(prompt, &Some(json!("Open an account for a@x.io?")));
+
+    assert!(matches!(
+        run.try_step(decide_input(true, None, &["crm.write"])),
+        Err(MachineError::NotAllowed(m)) if m.contains("onboarding.approve")
+    ));
+    assert!(matches!(
+        run.try_step(decide_input(
+            true,
+            Some(json!({"email": "a@x.io", "plan": "gold"})),
+            &["onboarding.approve"]
+        )),
+        Err(MachineError::InvalidEdit { .. })
+    ));
+    let edit = json!({"email": "a@x.io", "plan": "starter"});
+    let d = run.step(decide_input(
+        true,
+        Some(edit.clone()),
+        &["onboarding.approve"],
+    ));
+    assert_eq!(cancelled(&d), vec!["approve.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    // What later nodes see is exactly what was approved.
+    assert_eq!(run.state.output, Some(edit));
+    assert!(matches!(
+        decide(
+            &run.state,
+            decide_input(false, None, &["onboarding.approve"])
+        ),
+        // After the run has ended, a second decision is still told about the first.
+        Err(MachineError::AlreadyDecided { approved: true, .. })
+    ));
+}
+
+#[test]
+fn a_second_decision_is_refused_naming_the_first() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: approve, type: approval, subject: x, approver_grant: ok.go, next: wait}
+  - {id: wait, type: wait, signal: s}
+"#;
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::DecideApproval {
+        node: "approve".into(),
+        approve: true,
+        edited_subject: None,
+        by: "grace".into(),
+        grants: vec!["ok.go".into()],
+        reason: "fine".into(),
+    });
+    let second = decide(
+        &run.state,
+        Input::DecideApproval {
+            node: "approve".into(),
+            approve: false,
+            edited_subject: None,
+            by: "bob".into(),
+            grants: vec!["ok.go".into()],
+            reason: "no".into(),
+        },
+    );
+    assert!(
+        matches!(&second, Err(MachineError::AlreadyDecided { by, approved: true, .. }) if by == "grace"),
+        "{second:?}"
+    );
+    // Edits where none are allowed are refused.
+    let (mut run, _) = Run::start(wf, json!({}));
+    assert!(matches!(
+        run.try_step(Input::DecideApproval {
+            node: "approve".into(),
+            approve: true,
+            edited_subject: Some(json!("y")),
+            by: "grace".into(),
+            grants: vec!["ok.go".into()],
+            reason: String::new(),
+        }),
+        Err(MachineError::NotAllowed(m)) if m.contains("does not allow edits")
+    ));
+}
+
+#[test]
+fn a_decline_takes_on_decline_and_an_approval_timeout_fails_without_a_transition() {
+    let (mut run, _) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    run.step(decide_input(false, None, &["onboarding.approve"]));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `declined`: declined: checked"
+    );
+
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: approve, type: approval, subject: x, approver_grant: ok.go, timeout: 1h}\n";
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::TimerFired {
+        timer_id: "approve.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(run.state.status_reason.contains("no decision within 1h"));
+}
+
+#[test]
+fn a_tool_node_calls_its_tool_with_rendered_args_and_outputs_the_result() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - id: create
+    type: tool
+    tool: create_account
+    args: {email: "${ .input.email }"}
+    grants: [crm.write]
+    on_error: failed
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.create.output.account_id }"}
+  - {id: failed, type: fail, error: "${ .nodes.create.output.error }"}
+"#;
+    let (mut run, d) = Run::start(wf, json!({"email": "a@x.io"}));
+    let Some(Command::ScheduleTask { call_id, spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(call_id, "create.t1");
+    // Defaults are filled in before the call, as for a model's proposal.
+    assert_eq!(
+        spec["arguments"],
+        json!({"email": "a@x.io", "plan": "starter"})
+    );
+    run.step(Input::DispatchToolCall {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    run.step(Input::ToolCallCompleted {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        result: json!({"account_id": "acct_1"}),
+        secrets: Vec::new(),
+    });
+    assert_eq!(run.state.output, Some(json!("acct_1")));
+
+    // A failure for good takes `on_error`.
+    let (mut run, _) = Run::start(wf, json!({"email": "a@x.io"}));
+    run.step(Input::TaskFailed {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        error: "HTTP 400: bad email".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("bad email"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn a_tool_node_without_the_grant_fails_the_run_before_any_task() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: c, type: tool, tool: create_account, args: {email: x}}\n";
+    let (run, d) = Run::start(wf, json!({}));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("not granted to the node"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn an_operator_pause_during_a_wait_holds_the_next_node_until_resume() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.step(Input::Pause {
+        by: "ops".into(),
+        reason: "checking".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Paused);
+    run.signal("s1", "documents_received", json!({"files": []}))
+        .unwrap();
+    // The wait ended, but the run stays paused: `done` has not started.
+    assert_eq!(run.state.status, RunStatus::Paused);
+    assert!(run.state.output.is_none());
+    run.step(Input::Resume {
+        by: "ops".into(),
+        reason: "ok".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Completed);
+
+    // Resumed while still waiting: back to waiting, not running.
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.step(Input::Pause {
+        by: "ops".into(),
+        reason: "x".into(),
+    });
+    run.step(Input::Resume {
+        by: "ops".into(),
+        reason: "y".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Waiting);
+}
+
+#[test]
+fn a_decision_on_a_cancelled_run_is_refused_and_writes_nothing() {
+    let (mut run, _) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    for approve in [true, false] {
+        assert!(matches!(
+            decide(
+                &run.state,
+                decide_input(approve, None, &["onboarding.approve"])
+            ),
+            Err(MachineError::WrongStatus {
+                status: "cancelled",
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
+fn cancelling_a_waiting_run_ends_it() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    assert_eq!(run.state.status, RunStatus::Cancelled);
+}
+
+const PARENT: &str = r#"kind: workflow
+name: parent
+nodes:
+  - id: kyc
+    type: workflow
+    workflow: child
+    input: "${ {email: .input.email} }"
+    timeout: 1d
+    on_error: manual
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.kyc.output }"}
+  - {id: manual, type: succeed, output: "${ {manual: .nodes.kyc.output.error} }"}
+---
+kind: workflow
+name: child
+nodes:
+  - {id: only, type: succeed}
+"#;
+
+fn child_start(d: &Decision) -> (String, String, Value, bool) {
+    d.commands
+        .iter()
+        .find_map(|c| match c {
+            Command::StartChildRun {
+                call_id,
+                child_run_id,
+                input,
+                sync,
+                ..
+            } => Some((call_id.clone(), child_run_id.clone(), input.clone(), *sync)),
+            _ => None,
+        })
+        .expect("a child run is started")
+}
+
+#[test]
+fn a_sync_child_is_started_once_waited_for_and_its_output_is_the_nodes() {
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (call_id, child, input, sync) = child_start(&d);
+    assert_eq!(call_id, "kyc.c1");
+    assert!(sync);
+    assert_eq!(input, json!({"email": "a@x.io"}));
+    // The id is derived, so a replay (or a second start) names the same run.
+    assert_eq!(child, child_run_id("r1", "kyc.c1"));
+    assert_eq!(timers(&d)[0].timer_id, "kyc.timeout");
+    assert_eq!(run.state.status, RunStatus::Waiting);
+
+    // A report about another child changes nothing.
+    let other = run.step(Input::ChildRunFinished {
+        child_run_id: "not-mine".into(),
+        status: "completed".into(),
+        output: Some(json!(1)),
+        error: None,
+    });
+    assert!(other.events.is_empty());
+
+    let d = run.step(Input::ChildRunFinished {
+        child_run_id: child.clone(),
+        status: "completed".into(),
+        output: Some(json!({"kyc": "clear"})),
+        error: None,
+    });
+    assert_eq!(cancelled(&d), vec!["kyc.timeout"]);
+    assert_eq!(run.state.output, Some(json!({"kyc": "clear"})));
+    // A second report of the same end is ignored (the outbox is at least once).
+    let again = decide(
+        &run.state,
+        Input::ChildRunFinished {
+            child_run_id: child,
+            status: "completed".into(),
+            output: Some(json!({"kyc": "clear"})),
+            error: None,
+        },
+    )
+    .unwrap();
+    assert!(again.events.is_empty());
+}
+
+#[test]
+fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    run.step(Input::ChildRunFinished {
+        child_run_id: child,
+        status: "failed".into(),
+        output: None,
+        error: Some("no such person".into()),
+    });
+    assert_eq!(run.state.output, Some(json!({"manual": "no such person"})));
+
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let d = run.step(Input::TimerFired {
+        timer_id: "kyc.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
+    ));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state
+            .status_reason
+            .contains("did not finish within 1day"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn cancelling_a_parent_cancels_its_sync_child_and_an_async_child_does_not_block() {
+    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let d = run.step(Input::Cancel {
+        reason: "customer left".into(),
+    });
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
+    ));
+
+    let wf = "kind: workflow\nname: p\nnodes:\n  - {id: fire, type: workflow, workflow: c, mode: async}\n---\nkind: workflow\nname: c\nnodes:\n  - {id: x, type: succeed}\n";
+    let (run, d) = Run::start(wf, json!({}));
+    let (_, child, _, sync) = child_start(&d);
+    assert!(!sync);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"run_id": child})));
+}
+
+const WORKFLOW_TOOLS: &str = r#"TOOLS:
+  create_account(email: string, plan?: string = "starter") -> {account_id: string}
+    description: "Create an account"
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+  run_kyc(customer_email: string) -> {status: string}
+    description: "Runs the KYC workflow for a customer"
+    type: workflow
+    workflow_id: kyc
+    mode: sync
+    timeout_ms: 60000
+    param_mapping:
+      email: customer_email
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+#[test]
+fn a_workflow_tool_starts_a_child_with_mapped_params_and_its_output_is_the_result() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: check, type: tool, tool: run_kyc, args: {customer_email: "${ .input.email }"}, grants: [crm.write]}
+---
+kind: workflow
+name: kyc
+nodes:
+  - {id: ok, type: succeed, output: {status: clear}}
+"#;
+    let (mut run, d) = Run::start_plan(plan_with(WORKFLOW_TOOLS, wf), json!({"email": "a@x.io"}));
+    // No task: the engine starts the child itself.
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    let (call_id, child, input, sync) = child_start(&d);
+    assert_eq!((call_id.as_str(), sync), ("check.t1", true));
+    assert_eq!(
+        input,
+        json!({"email": "a@x.io"}),
+        "param_mapping renames the parameter"
+    );
+    assert_eq!(timers(&d)[0].timer_id, "check.t1.timeout");
+    // The run waits visibly, holding no task.
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state.status_reason.contains("waits for child run"),
+        "{}",
+        run.state.status_reason
+    );
+    let d = run.step(Input::ChildRunFinished {
+        child_run_id: child,
+        status: "completed".into(),
+        output: Some(json!({"status": "clear"})),
+        error: None,
+    });
+    assert_eq!(cancelled(&d), vec!["check.t1.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(run.state.output, Some(json!({"status": "clear"})));
+
+    // Its timeout fails the call (and cancels the child).
+    let (mut run, d) = Run::start_plan(plan_with(WORKFLOW_TOOLS, wf), json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let d = run.step(Input::TimerFired {
+        timer_id: "check.t1.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, .. } if *child_run_id == child)
+    ));
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains("did not finish within 1m"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const WEBHOOK_TOOLS: &str = r#"TOOLS:
+  create_account(email: string) -> {account_id: string}
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+  kyc(email: string) -> {check_id: string, status: string}
+    description: "Check identity documents; the provider calls back"
+    type: async_webhook
+    endpoint: "/kyc/checks"
+    method: POST
+    callback_url_field: meta.reply_to
+    timeout_seconds: 600
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+const WEBHOOK_WF: &str = r#"kind: workflow
+name: w
+nodes:
+  - {id: check, type: tool, tool: kyc, args: {email: "${ .input.email }"}, grants: [crm.write], on_error: failed, next: done}
+  - {id: done, type: succeed, output: "${ .nodes.check.output }"}
+  - {id: failed, type: fail, error: "${ .nodes.check.output.error }"}
+"#;
+
+fn dispatch_webhook(
+    run: &mut Run,
+    attempt: u32,
+    token: Option<&str>,
+) -> Result<Decision, MachineError> {
+    run.try_step(Input::DispatchToolCall {
+        call_id: "check.t1".into(),
+        attempt,
+        worker_id: "w".into(),
+        callback_token_sha256: token.map(str::to_owned),
+        tenant_grants: None,
+    })
+}
+
+fn callback(run: &mut Run, token: &str, payload: Value) -> Result<Decision, MachineError> {
+    run.try_step(Input::Callback {
+        token_sha256: token.into(),
+        payload,
+    })
+}
+
+#[test]
+fn an_async_webhook_is_accepted_then_completed_by_its_callback_once() {
+    let (mut run, d) = Run::start_plan(
+        plan_with(WEBHOOK_TOOLS, WEBHOOK_WF),
+        json!({"email": "a@x.io"}),
+    );
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(spec["binding"]["type"], "async_webhook");
+    assert_eq!(spec["binding"]["callback_url_field"], "meta.reply_to");
+    assert_eq!(spec["binding"]["endpoint"], "/kyc/checks");
+
+    // Dispatch issues the token (only its hash is known here) and registers it.
+    let d = dispatch_webhook(&mut run, 1, Some("h1")).unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["tool_call_dispatched", "callback_issued"]
+    );
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::RegisterCallback { token_sha256, .. } if token_sha256 == "h1")
+    ));
+    // The same attempt asking again (its reply lost) gets a second token.
+    let d = dispatch_webhook(&mut run, 1, Some("h1b")).unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["callback_issued"]
+    );
+
+    // The 2xx answer is an acceptance: the task ends, the call waits.
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "check.t1".into(),
+        attempt: 1,
+        result: json!({"check_id": "kyc_1", "status": "pending"}),
+        secrets: Vec::new(),
+    });
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["tool_call_accepted"]
+    );
+    assert!(d.commands.iter().any(|c| matches!(
+        c,
+        Command::EndTask {
+            end: TaskEnd::Completed,
+            ..
+        }
+    )));
+    assert_eq!(timers(&d)[0].timer_id, "check.t1.callback");
+    assert_eq!(timers(&d)[0].after_ms, Some(600_000));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state
+            .status_reason
+            .contains("waits for its callback (up to 10m)"),
+        "{}",
+        run.state.status_reason
+    );
+
+    // A result that does not match the output type is refused; the token stays unused.
+    let bad = callback(&mut run, "h1", json!({"check_id": 7}));
+    assert!(
+        matches!(bad, Err(MachineError::InvalidResult { .. })),
+        "{bad:?}"
+    );
+    // An unknown token is refused.
+    assert!(matches!(
+        callback(&mut run, "nope", json!({})),
+        Err(MachineError::CallNotOpen { .. })
+    ));
+
+    let d = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        [
+            "callback_received",
+            "tool_call_completed",
+            "node_completed",
+            "node_started",
+            "node_completed",
+            "run_completed"
+        ]
+    );
+    assert_eq!(cancelled(&d), vec!["check.t1.callback"]);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"check_id": "kyc_1", "status": "clear"}))
+    );
+
+    // A replay of the same callback changes nothing; the other token of the
+    // call, once the run has ended, is kept as a late result.
+    let d = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert!(d.events.is_empty() && d.commands.is_empty());
+    let d = callback(
+        &mut run,
+        "h1b",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert_eq!(
+        d.events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["callback_received", "late_result_recorded"]
+    );
+}
+
+#[test]
+fn a_callback_before_the_acceptance_completes_the_call_and_the_late_acceptance_is_ignored() {
+    let (mut run, _) = Run::start_plan(
+        plan_with(WEBHOOK_TOOLS, WEBHOOK_WF),
+        json!({"email": "a@x.io"}),
+    );
+    dispatch_webhook(&mut run, 1, Some("h1")).unwrap();
+    // Fast servers call back before they answer the request.
+    let d = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert!(d.commands.iter().any(|c| matches!(
+        c,
+        Command::EndTask {
+            end: TaskEnd::Completed,
+            ..
+        }
+    )));
+    assert_eq!(run.state.status, RunStatus::Completed);
+    // The worker's report of the acceptance now arrives as a late result of
+    // the same attempt: nothing changes (the run has ended: it is refused).
+    let before = run.state.clone();
+    let late = run.try_step(Input::LateToolResult {
+        call_id: "check.t1".into(),
+        attempt: 1,
+        result: json!({"check_id": "kyc_1", "status": "pending"}),
+        worker_id: "w".into(),
+    });
+    assert!(
+        late.as_ref().map_or(true, |d| d.events.is_empty()),
+        "{late:?}"
+    );
+    assert_eq!(run.state, before);
+}
+
+#[test]
+fn an_async_webhook_without_a_callback_in_time_fails_and_needs_a_callback_endpoint() {
+    let (mut run, _) = Run::start_plan(
+        plan_with(WEBHOOK_TOOLS, WEBHOOK_WF),
+        json!({"email": "a@x.io"}),
+    );
+    // An engine that serves no callback endpoint refuses the dispatch.
+    let refused = dispatch_webhook(&mut run, 1, None);
+    assert!(
+        matches!(&refused, Err(MachineError::DispatchUnavailable { detail, .. }) if detail.contains("--callback-listen")),
+        "{refused:?}"
+    );
+    dispatch_webhook(&mut run, 1, Some("h1")).unwrap();
+    run.step(Input::ToolCallCompleted {
+        call_id: "check.t1".into(),
+        attempt: 1,
+        result: json!({"accepted": true}),
+        secrets: Vec::new(),
+    });
+    let d = run.step(Input::TimerFired {
+        timer_id: "check.t1.callback".into(),
+        overdue_ms: 0,
+    });
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallFailed { .. }))
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state
+            .status_reason
+            .contains("did not call back within 10m"),
+        "{}",
+        run.state.status_reason
+    );
+    // The callback arriving after the timeout is kept as history, not applied.
+    let failed_run = run.state.status;
+    let late = callback(
+        &mut run,
+        "h1",
+        json!({"check_id": "kyc_1", "status": "clear"}),
+    )
+    .unwrap();
+    assert!(
+        late.events
+            .iter()
+            .any(|e| matches!(e, Event::LateResultRecorded { .. }))
+    );
+    assert_eq!(run.state.status, failed_run);
+}
+
+#[test]
+fn a_tool_node_failure_names_the_tool_once() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: create, type: tool, tool: create_account, args: {email: x}, grants: [crm.write]}\n";
+    let (mut run, _) = Run::start(wf, json!({}));
+    run.step(Input::TaskFailed {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        error: "HTTP 400: bad email".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `create`: tool `create_account` failed: HTTP 400: bad email"
+    );
+}
+
+#[test]
+fn a_tool_node_with_oversized_args_fails_before_any_task() {
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: create, type: tool, tool: create_account, args: {email: \"${ .input.email }\"}, grants: [crm.write]}\n";
+    // `{"email":"…","plan":"starter"}` around the email: 29 bytes.
+    let email = |n: usize| json!({"email": "x".repeat(n - 29)});
+    let (run, d) = Run::start(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES + 1));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. })),
+        "{:?}",
+        d.commands
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert_eq!(
+        run.state.status_reason,
+        "node `create`: `args` of tool `create_account` are 65537 bytes, more than the limit of 65536 bytes"
+    );
+    // At the limit, the call is scheduled.
+    let (run, d) = Run::start(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES));
+    assert!(
+        d.commands
+            .iter()
+            .any(|c| matches!(c, Command::ScheduleTask { .. })),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+#[test]
+fn a_signal_id_is_one_signal() {
+    let (mut run, _) = Run::start(WAIT, json!({}));
+    run.signal("s1", "documents_received", json!({"files": [1], "by": "x"}))
+        .unwrap();
+    let n = run.history.len();
+    // The same signal again (keys in another order): applied once.
+    let d = run
+        .signal("s1", "documents_received", json!({"by": "x", "files": [1]}))
+        .unwrap();
+    assert!(d.events.is_empty() && d.commands.is_empty());
+    // Another payload or name under the same id: refused.
+    let err = run
+        .signal("s1", "documents_received", json!({"files": [2], "by": "x"}))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "signal id `s1` was already used for signal `documents_received` with a different payload; a signal id names one signal, so send this one with a new id"
+    );
+    let err = run.signal("s1", "other", json!({})).unwrap_err();
+    assert!(
+        matches!(&err, MachineError::SignalIdReused { signal_id, delivered_name, name }
+            if signal_id == "s1" && delivered_name == "documents_received" && name == "other"),
+        "{err:?}"
+    );
+    assert_eq!(run.history.len(), n);
+    // The record survives a replay of the history.
+    assert_eq!(
+        RunState::fold(&run.history).signal_ids,
+        run.state.signal_ids
+    );
+}
+
+const CONFIRM_TOOLS: &str = r#"TOOLS:
+  create_account(email: string) -> {account_id: string}
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+  pay(amount: number, recipient: string) -> {payment_id: string}
+    description: "Execute a payment"
+    type: http
+    endpoint: "/payments"
+    permission: crm.write
+    repeat_safety: idempotent
+    confirmation:
+      require: always
+      immutable_params: [recipient]
+      approver_grant: payments.approve
+"#;
+
+const CONFIRM_WF: &str = r#"kind: workflow
+name: w
+nodes:
+  - {id: pay, type: tool, tool: pay, args: {amount: 120, recipient: "acct_9"}, grants: [crm.write], on_error: declined, next: done}
+  - {id: done, type: succeed, output: "${ .nodes.pay.output }"}
+  - {id: declined, type: fail, error: "${ .nodes.pay.output.error }"}
+"#;
+
+fn confirm(edit: Option<Value>, approve: bool, grants: &[&str]) -> Input {
+    Input::DecideApproval {
+        node: "pay.t1".into(),
+        approve,
+        edited_subject: edit,
+        by: "ana".into(),
+        grants: grants.iter().map(|g| (*g).to_owned()).collect(),
+        reason: "checked the invoice".into(),
+    }
+}
+
+#[test]
+fn a_confirmed_tool_waits_and_runs_with_exactly_the_approved_arguments() {
+    let (mut run, d) = Run::start_plan(plan_with(CONFIRM_TOOLS, CONFIRM_WF), json!({}));
+    // Nothing is dispatched before the decision; the approver sees the call.
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    assert!(run.kinds().contains(&"confirmation_requested"));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    assert!(
+        run.state
+            .status_reason
+            .contains("waits for a confirmation by a holder of `payments.approve`"),
+        "{}",
+        run.state.status_reason
+    );
+    // Without the grant: refused; editing an immutable param: refused.
+    assert!(matches!(
+        run.try_step(confirm(None, true, &["crm.write"])),
+        Err(MachineError::NotAllowed(_))
+    ));
+    let bad = run.try_step(confirm(
+        Some(json!({"amount": 120, "recipient": "acct_EVIL"})),
+        true,
+        &["payments.approve"],
+    ));
+    assert!(
+        matches!(&bad, Err(MachineError::InvalidEdit { errors, .. }) if errors.iter().any(|e| e.contains("recipient"))),
+        "{bad:?}"
+    );
+    // An edit that breaks the input type: refused.
+    let bad = run.try_step(confirm(
+        Some(json!({"amount": "lots", "recipient": "acct_9"})),
+        true,
+        &["payments.approve"],
+    ));
+    assert!(
+        matches!(bad, Err(MachineError::InvalidEdit { .. })),
+        "{bad:?}"
+    );
+    // Approve with an edit of a mutable param: the task carries exactly it.
+    let d = run.step(confirm(
+        Some(json!({"amount": 100, "recipient": "acct_9"})),
+        true,
+        &["payments.approve"],
+    ));
+    let Some(Command::ScheduleTask { spec, .. }) = d
+        .commands
+        .iter()
+        .find(|c| matches!(c, Command::ScheduleTask { .. }))
+    else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(
+        spec["arguments"],
+        json!({"amount": 100, "recipient": "acct_9"})
+    );
+    assert_eq!(run.state.status, RunStatus::Running);
+    // A second decision is refused, naming the first.
+    assert!(matches!(
+        run.try_step(confirm(None, false, &["payments.approve"])),
+        Err(MachineError::AlreadyDecided { by, approved: true, .. }) if by == "ana"
+    ));
+}
+
+#[test]
+fn a_declined_confirmation_fails_the_call_as_the_user_declined() {
+    let (mut run, _) = Run::start_plan(plan_with(CONFIRM_TOOLS, CONFIRM_WF), json!({}));
+    let d = run.step(confirm(None, false, &["payments.approve"]));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. }))
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state
+            .status_reason
+            .contains("the user declined (decided by ana): checked the invoice"),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+/// A tool with every kind of parameter the model does not supply.
+const CHARGE_TOOLS: &str = r#"TOOLS:
+  charge(amount: number, customer_id: string, run: string, node: string, call: string, key: string, who: string, org: string, api_key: string, cents: number, zone: string, fixed: string, note?: string) -> {ok: boolean}
+    description: "Charge the customer"
+    type: http
+    endpoint: "/charge"
+    parameters:
+      customer_id:
+        source: system
+        value: ".input.customer_id"
+        hidden: true
+      run:
+        source: runtime
+        value: run_id
+      node:
+        source: runtime
+        value: node_id
+      call:
+        source: runtime
+        value: call_id
+      key:
+        source: runtime
+        value: idempotency_key
+      who:
+        source: auth
+      org:
+        source: auth
+        value: tenant
+      api_key:
+        source: config
+        value: CRM_KEY
+      cents:
+        source: expr
+        value: ".args.amount * 100"
+      zone:
+        source: lookup
+        key: ".input.country"
+        table:
+          DE: eu
+          US: us
+        default: other
+      fixed:
+        value: v1
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+const CHARGE_AGENT: &str =
+    "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [charge]\ngrants: [crm.write]\n";
+
+pub(super) const AGENT_WF: &str =
+    "kind: workflow\nname: w\nnodes:\n  - {id: n, type: agent, agent: a}\n";
+
+/// The specs of the model calls `d` schedules, with their call ids.
+pub(super) fn model_calls(d: &Decision) -> Vec<Value> {
+    model_call_ids(d)
+        .into_iter()
+        .map(|(_, spec)| spec)
+        .collect()
+}
+
+pub(super) fn model_call_ids(d: &Decision) -> Vec<(String, Value)> {
+    d.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ScheduleTask {
+                kind: TaskKind::ModelCall,
+                call_id,
+                spec,
+                ..
+            } => Some((call_id.clone(), spec.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn model_proposes(call_id: &str, arguments: &str) -> Input {
+    Input::ModelCallCompleted {
+        call_id: call_id.into(),
+        attempt: 1,
+        result: ModelCallResult {
+            content: None,
+            tool_calls: vec![ToolUse {
+                id: "tu1".into(),
+                name: "charge".into(),
+                arguments: arguments.into(),
+            }],
+            usage: belay_proto::wire::Usage {
+                input_tokens: 1,
+                output_tokens: 1,
+            },
+            finish_reason: None,
+        },
+    }
+}
+
+#[test]
+fn parameters_the_model_does_not_supply_are_hidden_from_it_and_filled_in_when_proposed() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let input = json!({"customer_id": "cus_42", "country": "DE"});
+    let (mut run, d) = Run::start_plan(plan, input);
+    // The model is given `amount` only.
+    let spec = &model_calls(&d)[0];
+    assert_eq!(
+        spec["tools"][0]["parameters"],
+        json!({
+            "type": "object",
+            "properties": {"amount": {"type": "number"}, "note": {"type": "string"}},
+            "required": ["amount"],
+            "additionalProperties": false,
+        })
+    );
+    for hidden in ["customer_id", "api_key", "zone", "CRM_KEY"] {
+        assert!(
+            !spec["tools"].to_string().contains(hidden),
+            "{hidden} shown to the model"
+        );
+    }
+
+    // The model proposes `amount`; the call carries every parameter,
+    // filled in from the state, the call, the caller and the definition.
+    let proposal = model_proposes("n.m1", r#"{"amount": 12}"#);
+    let before = run.state.clone();
+    let d = run.step(proposal.clone());
+    let arguments = json!({
+        "amount": 12,
+        "customer_id": "cus_42",
+        "run": "r1",
+        "node": "n",
+        "call": "n.t1",
+        "key": "r1/n.t1",
+        "who": "app",
+        "org": "acme",
+        "api_key": "{{config.CRM_KEY}}",
+        "cents": 1200,
+        "zone": "eu",
+        "fixed": "v1",
+    });
+    let Some(Event::ToolCallScheduled {
+        arguments: recorded,
+        ..
+    }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallScheduled { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(recorded, &arguments);
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.iter().find(|c| {
+        matches!(
+            c,
+            Command::ScheduleTask {
+                kind: TaskKind::ToolCall,
+                ..
+            }
+        )
+    }) else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(spec["arguments"], arguments);
+    assert_eq!(spec["config_params"], json!(["api_key"]));
+    // Deciding the same input on the same state gives the same arguments.
+    assert_eq!(decide(&before, proposal).unwrap(), d);
+
+    // The transcript keeps the model's own arguments: the next model call
+    // shows none of the filled-in values.
+    run.step(Input::DispatchToolCall {
+        call_id: "n.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "n.t1".into(),
+        attempt: 1,
+        result: json!({"ok": true}),
+        secrets: Vec::new(),
+    });
+    let next = model_calls(&d);
+    assert_eq!(next.len(), 1, "{:?}", d.commands);
+    // (The run's input, with its customer id, is the agent's user message.)
+    for hidden in ["CRM_KEY", "\"eu\"", "1200", "r1/n.t1", "\"v1\""] {
+        assert!(
+            !next[0].to_string().contains(hidden),
+            "{hidden} shown to the model: {}",
+            next[0]
+        );
+    }
+
+    // A lookup that misses takes the default.
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": "c", "country": "FR"}));
+    let d = run.step(model_proposes("n.m1", r#"{"amount": 1}"#));
+    let Some(Event::ToolCallScheduled { arguments, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallScheduled { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(arguments["zone"], json!("other"));
+}
+
+#[test]
+fn a_model_sending_a_parameter_it_does_not_supply_is_refused_and_told_why() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan.clone(), json!({"customer_id": "cus_42"}));
+    let d = run.step(model_proposes(
+        "n.m1",
+        r#"{"amount": 12, "customer_id": "cus_EVIL", "api_key": "{{config.OTHER}}"}"#,
+    ));
+    let Some(Event::ToolCallRefused { check, reason, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallRefused { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(check, "invalid_arguments");
+    assert_eq!(
+        reason,
+        "arguments may not include `customer_id`, `api_key`: the system supplies them; call the tool without them"
+    );
+    assert!(d.commands.iter().all(|c| !matches!(
+        c,
+        Command::ScheduleTask {
+            kind: TaskKind::ToolCall,
+            ..
+        }
+    )));
+    // The refusal goes back to the model as the call's result.
+    let next = model_calls(&d);
+    assert!(next[0].to_string().contains("the system supplies them"));
+
+    // A parameter whose source gives nothing refuses the call without
+    // showing a value.
+    let (mut run, _) = Run::start_plan(plan, json!({"country": "US"}));
+    let d = run.step(model_proposes("n.m1", r#"{"amount": 12}"#));
+    let Some(Event::ToolCallRefused { check, reason, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallRefused { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(check, "parameter_source");
+    assert_eq!(
+        reason,
+        "tool `charge` cannot be called here: parameter `customer_id` (`source: system` `.input.customer_id`) has no value here and no default"
+    );
+    // A value of the wrong type, likewise (and the value is not shown).
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": {"secret": "s3"}}));
+    let d = run.step(model_proposes("n.m1", r#"{"amount": 12}"#));
+    let Some(Event::ToolCallRefused { check, reason, .. }) = d
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::ToolCallRefused { .. }))
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(check, "parameter_source");
+    assert!(
+        reason.contains("does not match its type") && !reason.contains("s3"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_tool_node_gets_the_injected_parameters_and_may_not_set_them() {
+    let wf = |args: &str| {
+        format!(
+            "kind: workflow\nname: w\nnodes:\n  - {{id: pay, type: tool, tool: charge, args: {args}, grants: [crm.write]}}\n"
+        )
+    };
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, &wf("{amount: 3}"));
+    let (_, d) = Run::start_plan(plan, json!({"customer_id": "cus_1", "country": "US"}));
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(spec["arguments"]["customer_id"], json!("cus_1"));
+    assert_eq!(spec["arguments"]["node"], json!("pay"));
+    assert_eq!(spec["arguments"]["call"], json!("pay.t1"));
+    assert_eq!(spec["arguments"]["cents"], json!(300));
+    assert_eq!(spec["arguments"]["zone"], json!("us"));
+
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, &wf("{amount: 3, who: root}"));
+    let (run, d) = Run::start_plan(plan, json!({"customer_id": "cus_1"}));
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. })),
+        "{:?}",
+        d.commands
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    assert!(
+        run.state.status_reason.contains(
+            "`args` of tool `charge` set `who`, which the tool's definition supplies itself"
+        ),
+        "{}",
+        run.state.status_reason
+    );
+}
+
+const SIDE_EFFECT_TOOLS: &str = r#"TOOLS:
+  look(id: string) -> {found: boolean}
+    type: http
+    endpoint: "/look"
+    effect: read_only
+    confirmation:
+      require: when_side_effects
+    permission: crm.write
+    repeat_safety: idempotent
+  wipe(id: string) -> {wiped: boolean}
+    type: http
+    endpoint: "/wipe"
+    effect: side_effect
+    confirmation:
+      require: when_side_effects
+    permission: crm.write
+    repeat_safety: never
+"#;
+
+#[test]
+fn when_side_effects_runs_a_read_only_tool_at_once_and_holds_a_side_effect_for_approval() {
+    let wf = r#"kind: workflow
+name: w
+nodes:
+  - {id: look, type: tool, tool: look, args: {id: "a1"}, grants: [crm.write], next: wipe}
+  - {id: wipe, type: tool, tool: wipe, args: {id: "a1"}, grants: [crm.write], next: done}
+  - {id: done, type: succeed, output: "${ .nodes.wipe.output }"}
+"#;
+    let agent = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [look, wipe]\ngrants: [crm.write]\n";
+    let (mut run, d) = Run::start_plan(plan_files(SIDE_EFFECT_TOOLS, agent, wf), json!({}));
+    // The read-only tool runs at once: its task is scheduled, nobody asked.
+    assert!(
+        matches!(d.commands.first(), Some(Command::ScheduleTask { call_id, .. }) if call_id == "look.t1"),
+        "{:?}",
+        d.commands
+    );
+    assert!(!run.kinds().contains(&"confirmation_requested"));
+    run.step(Input::DispatchToolCall {
+        call_id: "look.t1".into(),
+        attempt: 1,
+        worker_id: "w".into(),
+        callback_token_sha256: None,
+        tenant_grants: None,
+    });
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "look.t1".into(),
+        attempt: 1,
+        result: json!({"found": true}),
+        secrets: Vec::new(),
+    });
+    // The side-effect tool waits for a person.
+    assert!(
+        d.commands
+            .iter()
+            .all(|c| !matches!(c, Command::ScheduleTask { .. })),
+        "{:?}",
+        d.commands
+    );
+    assert_eq!(run.kinds().last(), Some(&"confirmation_requested"));
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let d = run.step(Input::DecideApproval {
+        node: "wipe.t1".into(),
+        approve: true,
+        edited_subject: None,
+        by: "ana".into(),
+        grants: vec!["crm.write".into()],
+        reason: String::new(),
+    });
+    assert!(
+        matches!(d.commands.first(), Some(Command::ScheduleTask { call_id, spec, .. }) if call_id == "wipe.t1" && spec["arguments"] == json!({"id": "a1"})),
+        "{:?}",
+        d.commands
+    );
+}
+
+#[test]
+fn the_same_call_repeated_stops_the_run_although_its_filled_in_call_id_differs() {
+    let plan = plan_files(CHARGE_TOOLS, CHARGE_AGENT, AGENT_WF);
+    let (mut run, _) = Run::start_plan(plan, json!({"customer_id": "c", "country": "US"}));
+    for step in 1..=3 {
+        let d = run.step(model_proposes(&format!("n.m{step}"), r#"{"amount": 5}"#));
+        if step == 3 {
+            assert!(
+                d.events.iter().any(
+                    |e| matches!(e, Event::ToolCallRefused { check, .. } if check == "no_progress")
+                ),
+                "{:?}",
+                d.events
+            );
+            break;
+        }
+        let call_id = format!("n.t{step}");
+        run.step(Input::DispatchToolCall {
+            call_id: call_id.clone(),
+            attempt: 1,
+            worker_id: "w".into(),
+            callback_token_sha256: None,
+            tenant_grants: None,
+        });
+        run.step(Input::ToolCallCompleted {
+            call_id,
+            attempt: 1,
+            result: json!({"ok": true}),
+            secrets: Vec::new(),
+        });
+    }
+    assert_eq!(run.state.status, RunStatus::Failed);
+}
+
+#[test]
+fn a_run_deadline_during_a_sync_child_cancels_the_child_and_fails_the_run() {
+    // The parent's `budget:` bounds the whole run's wall time, whatever
+    // node it is in; the child has its own (longer) timeout.
+    let wf = PARENT.replacen(
+        "name: parent\n",
+        "name: parent\nbudget:\n  max_wall_time: 6h\n",
+        1,
+    );
+    let (mut run, d) = Run::start(&wf, json!({"email": "a@x.io"}));
+    let (_, child, _, _) = child_start(&d);
+    let ids: Vec<String> = timers(&d).into_iter().map(|t| t.timer_id).collect();
+    assert_eq!(ids, vec![RUN_DEADLINE_TIMER, "kyc.timeout"]);
+    assert_eq!(run.state.status, RunStatus::Waiting);
+    let d = run.step(Input::TimerFired {
+        timer_id: RUN_DEADLINE_TIMER.into(),
+        overdue_ms: 1_500,
+    });
+    assert_eq!(run.kinds().last().copied(), Some("run_failed"));
+    assert!(d.commands.iter().any(
+        |c| matches!(c, Command::CancelChildRun { child_run_id, reason } if *child_run_id == child && reason.contains("wall_time"))
+    ));
+    let stop = d.events.iter().find_map(|e| match e {
+        Event::RunFailed { stop, .. } => stop.clone(),
+        _ => None,
+    });
+    assert_eq!(
+        stop,
+        Some(Stop::Deadline {
+            scope: "run".into(),
+            node: "kyc".into(),
+            limit_ms: 6 * 3_600_000,
+            elapsed_ms: 6 * 3_600_000 + 1_500,
+        })
+    );
+    assert_eq!(run.state.status, RunStatus::Failed);
+    // The child's own timeout, due later, finds the run ended: stale.
+    let stale = run.step(Input::TimerFired {
+        timer_id: "kyc.timeout".into(),
+        overdue_ms: 0,
+    });
+    assert!(stale.events.is_empty());
+}
+
+#[test]
+fn an_approvers_edit_recomputes_the_parameters_the_definition_fills_in() {
+    let tools = r#"TOOLS:
+  charge(amount: number, cents: number, call: string) -> {ok: boolean}
+    type: http
+    endpoint: "/charge"
+    method: POST
+    parameters:
+      cents:
+        source: expr
+        value: ".args.amount * 100"
+      call:
+        source: runtime
+        value: call_id
+    confirmation:
+      require: always
+      approver_grant: pay.approve
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+    let wf = "kind: workflow\nname: w\nnodes:\n  - {id: pay, type: tool, tool: charge, args: {amount: 3}, grants: [crm.write]}\n";
+    let agent =
+        "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [charge]\ngrants: [crm.write]\n";
+    let (mut run, _) = Run::start_plan(plan_files(tools, agent, wf), json!({}));
+    assert_eq!(
+        run.state.status,
+        RunStatus::Waiting,
+        "{}",
+        run.state.status_reason
+    );
+    let confirm = |edit: Value| Input::DecideApproval {
+        node: "pay.t1".into(),
+        approve: true,
+        edited_subject: Some(edit),
+        by: "ana".into(),
+        grants: vec!["pay.approve".into()],
+        reason: String::new(),
+    };
+    // Writing a filled-in parameter with another value: refused, named.
+    let bad = run.try_step(confirm(json!({"amount": 10, "cents": 5})));
+    assert!(
+        matches!(&bad, Err(MachineError::InvalidEdit { errors, .. })
+            if errors.iter().any(|e| e.contains("`cents` is filled in by the tool's definition"))),
+        "{bad:?}"
+    );
+    // Left out (or written as it was): filled in again from the edit.
+    let d = run.step(confirm(json!({"amount": 10, "call": "pay.t1"})));
+    let Some(Command::ScheduleTask { spec, .. }) = d.commands.first() else {
+        panic!("{:?}", d.commands);
+    };
+    assert_eq!(
+        spec["arguments"],
+        json!({"amount": 10, "cents": 1000, "call": "pay.t1"})
+    );
+    let recorded = d.events.iter().find_map(|e| match e {
+        Event::ConfirmationDecided { arguments, .. } => Some(arguments.clone()),
+        _ => None,
+    });
+    assert_eq!(recorded, Some(spec["arguments"].clone()));
+}
+
+const TOOLS_WITH_SETS: &str = r#"TOOLS:
+  create_account(email: string, plan?: string = "starter") -> {account_id: string}
+    description: "Create an account"
+    type: http
+    endpoint: "/accounts"
+    permission: crm.write
+    repeat_safety: reconcile
+    on_result:
+      set:
+        account: .result.account_id
+        account_number: .result.account_id | tonumber
+    on_error:
+      set:
+        why: .error.message
+"#;
+
+const SETS_WORKFLOW: &str = r#"kind: workflow
+name: w
+nodes:
+  - id: create
+    type: tool
+    tool: create_account
+    args: {email: x}
+    grants: [crm.write]
+    on_error: failed
+    next: done
+  - {id: done, type: succeed, output: {account: "${ .vars.account }", number: "${ .vars.account_number }"}}
+  - {id: failed, type: succeed, output: "${ .vars.why }"}
+"#;
+
+#[test]
+fn on_result_sets_run_vars_the_next_node_reads_and_a_failing_expression_sets_nothing() {
+    let (mut run, _) = Run::start_plan(plan_with(TOOLS_WITH_SETS, SETS_WORKFLOW), json!({}));
+    let d = run.step(Input::ToolCallCompleted {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        result: json!({"account_id": "acct_1"}),
+        secrets: Vec::new(),
+    });
+    // Recorded right after the result, before the next node runs.
+    let kinds: Vec<&str> = d.events.iter().map(Event::kind).collect();
+    assert_eq!(&kinds[..2], ["tool_call_completed", "tool_vars_set"]);
+    let Event::ToolVarsSet {
+        call_id,
+        tool,
+        from,
+        values,
+        errors,
+    } = &d.events[1]
+    else {
+        panic!("{:?}", d.events);
+    };
+    assert_eq!(
+        (call_id.as_str(), tool.as_str(), from.as_str()),
+        ("create.t1", "create_account", "on_result")
+    );
+    assert_eq!(Value::Object(values.clone()), json!({"account": "acct_1"}));
+    // `tonumber` of "acct_1" fails: the variable is not set, the reason is
+    // recorded, and the call still succeeds.
+    let why = errors.get("account_number").cloned().unwrap_or_default();
+    assert!(
+        why.starts_with("`.result.account_id | tonumber`: "),
+        "{why}"
+    );
+    assert_eq!(run.state.vars.get("account"), Some(&json!("acct_1")));
+    assert!(!run.state.vars.contains_key("account_number"));
+    assert_eq!(run.state.status, RunStatus::Completed);
+    assert_eq!(
+        run.state.output,
+        Some(json!({"account": "acct_1", "number": null}))
+    );
+}
+
+#[test]
+fn on_error_sets_run_vars_when_a_call_fails_for_good() {
+    let (mut run, _) = Run::start_plan(plan_with(TOOLS_WITH_SETS, SETS_WORKFLOW), json!({}));
+    let d = run.step(Input::TaskFailed {
+        call_id: "create.t1".into(),
+        attempt: 1,
+        error: "HTTP 400: bad email".into(),
+        class: FailureClass::Rejected,
+        dispatched: true,
+        status_code: Some(400),
+    });
+    let kinds: Vec<&str> = d.events.iter().map(Event::kind).collect();
+    assert_eq!(
+        &kinds[..3],
+        [
+            "tool_call_attempt_failed",
+            "tool_call_failed",
+            "tool_vars_set"
+        ]
+    );
+    assert!(
+        !run.state.vars.contains_key("account"),
+        "on_result does not run on a failure"
+    );
+    assert_eq!(run.state.status, RunStatus::Completed);
+    let why = run.state.output.clone().unwrap_or_default();
+    assert!(
+        why.as_str().is_some_and(|w| w.contains("bad email")),
+        "{why}"
+    );
+}
+
+#[test]
+fn an_uncertain_call_resolved_runs_its_on_result_or_on_error() {
+    let uncertain = || {
+        let (mut run, _) = Run::start_plan(plan_with(TOOLS_WITH_SETS, SETS_WORKFLOW), json!({}));
+        run.step(Input::DispatchToolCall {
+            call_id: "create.t1".into(),
+            attempt: 1,
+            worker_id: "w".into(),
+            callback_token_sha256: None,
+            tenant_grants: None,
+        });
+        run.step(Input::LeaseExpired {
+            call_id: "create.t1".into(),
+            attempt: 1,
+            dispatched: true,
+        });
+        assert_eq!(run.state.status, RunStatus::Paused);
+        run
+    };
+    let resolve = |resolution| Input::ResolveUncertain {
+        call_id: "create.t1".into(),
+        resolution,
+        resolved_by: "ops/alice".into(),
+        reason: "checked the CRM".into(),
+    };
+    // Succeeded: the operator's result sets the variables.
+    let mut run = uncertain();
+    let d = run.step(resolve(Resolution::Succeeded {
+        result: json!({"account_id": "42"}),
+    }));
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolVarsSet { from, .. } if from == "on_result")),
+        "{:?}",
+        d.events
+    );
+    assert_eq!(
+        run.state.output,
+        Some(json!({"account": "42", "number": 42}))
+    );
+    // Failed: the error sets `on_error`'s.
+    let mut run = uncertain();
+    run.step(resolve(Resolution::Failed {
+        error: "no account was made".into(),
+    }));
+    assert_eq!(
+        run.state.vars.get("why"),
+        Some(&json!("no account was made"))
+    );
+}
