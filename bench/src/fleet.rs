@@ -14,12 +14,11 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
-use belay_engine::store::Store;
+use belay_engine::coordinator::CoordinatorConfig;
+use belay_engine::server::{self, Engine};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
@@ -62,24 +61,21 @@ pub struct WorkerOptions {
 }
 
 /// Connects an engine's store, applies migrations and builds its
-/// coordinator; serve it with [`serve_engine`].
+/// coordinator (`belay_engine::server`, as `belay-engine` does); serve it
+/// with [`serve_engine`].
 ///
 /// Errors: PostgreSQL unreachable, or a migration failing.
-// Tunables the coordinator may gain later keep their defaults.
-#[allow(clippy::needless_update)]
-pub async fn start_engine(options: &EngineOptions) -> Result<Arc<Coordinator>> {
-    let store = Store::connect(&options.database_url, options.db_connections)
-        .await
-        .context("connecting the engine to PostgreSQL")?;
-    store.migrate().await.context("applying migrations")?;
-    Ok(Coordinator::new(
-        store,
-        CoordinatorConfig {
+pub async fn start_engine(options: &EngineOptions) -> Result<Engine> {
+    Engine::start(server::EngineOptions {
+        coordinator: CoordinatorConfig {
             lease_ms: options.lease_ms,
             sweep_interval_ms: options.sweep_interval_ms,
             ..CoordinatorConfig::default()
         },
-    ))
+        ..server::EngineOptions::new(options.database_url.clone(), options.db_connections)
+    })
+    .await
+    .context("starting the engine on PostgreSQL")
 }
 
 /// Serves an engine (gRPC API, LISTEN/NOTIFY relay, lease sweeper) on
@@ -87,16 +83,13 @@ pub async fn start_engine(options: &EngineOptions) -> Result<Arc<Coordinator>> {
 ///
 /// Errors: the transport failing.
 pub async fn serve_engine(
-    coord: Arc<Coordinator>,
+    engine: Engine,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let background = coord.spawn_background();
-    let result = belay_engine::api::serve(coord, listener, shutdown).await;
-    for handle in background {
-        handle.abort();
-    }
-    result
+    Ok(engine
+        .serve(server::Listeners::grpc_only(listener), shutdown)
+        .await?)
 }
 
 /// Runs a worker until `shutdown` completes, as `belay-worker` does, its

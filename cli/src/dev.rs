@@ -13,12 +13,13 @@
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{Result, anyhow, bail};
-use belay_engine::admin::{self, AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
-use belay_engine::store::Store;
+use belay_engine::admin::{AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
+use belay_engine::coordinator::CoordinatorConfig;
+use belay_engine::server::{
+    CallbackListener, Engine, EngineOptions, Listeners, ServeError, shutdown_signal,
+};
 use belay_worker::config::{
     DEFAULT_CONCURRENCY, DEFAULT_MODEL_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS, ModelProvider,
 };
@@ -167,7 +168,7 @@ impl Database {
         }
     }
 
-    /// The URL [`Store::connect`] takes.
+    /// The URL `belay_engine::store::Store::connect` takes.
     fn store_url(&self) -> Result<String> {
         match self {
             Database::File { path, flag } => {
@@ -335,57 +336,47 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         tracing::warn!("the admin token is shorter than {RECOMMENDED_TOKEN_CHARS} characters");
     }
 
-    let store = Store::connect(&store_url, DB_CONNECTIONS)
-        .await
-        .map_err(|e| anyhow!("{}: {}", database.named(), one_line(e.to_string())))?;
-    store.migrate().await.map_err(|e| {
-        anyhow!(
-            "{}: applying migrations: {}",
-            database.named(),
-            one_line(e.to_string())
-        )
-    })?;
     let grpc_listener = bind("--listen", &args.listen).await?;
     let admin_listener = bind("--admin-listen", &args.admin_listen).await?;
     let grpc_addr = grpc_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
-
-    let coord = Coordinator::new(
-        store.clone(),
-        CoordinatorConfig {
+    let vault_key = match args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
+        Some(key) => Some(
+            belay_engine::vault::VaultKey::parse(key)
+                .map_err(|e| anyhow!("--vault-key (BELAY_VAULT_KEY): {e}"))?,
+        ),
+        None => None,
+    };
+    let engine = Engine::start(EngineOptions {
+        coordinator: CoordinatorConfig {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,
             tool_cache_ttl_ms: args.tool_cache_ttl_ms,
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },
-    );
-    if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
-        let key = belay_engine::vault::VaultKey::parse(key)
-            .map_err(|e| anyhow!("--vault-key (BELAY_VAULT_KEY): {e}"))?;
-        coord
-            .use_vault_key(key)
-            .map_err(|e| anyhow!("--vault-key: {e}"))?;
-    }
-    // Callbacks of `type: async_webhook` tools are served beside the admin
-    // endpoint (one port fewer for a developer).
-    coord
-        .serve_callbacks_at(&format!("http://{}", reachable(admin_addr)))
-        .map_err(|e| anyhow!("--admin-listen: {e}"))?;
-    let background = coord.spawn_background();
+        vault_key,
+        // Callbacks of `type: async_webhook` tools are served beside the
+        // admin endpoint (one port fewer for a developer).
+        callback_base_url: Some(format!("http://{}", reachable(admin_addr))),
+        ..EngineOptions::new(store_url, DB_CONNECTIONS)
+    })
+    .await
+    .map_err(|e| match e {
+        ServeError::Connect(e) => anyhow!("{}: {}", database.named(), one_line(e.to_string())),
+        ServeError::Migrate(e) => anyhow!(
+            "{}: applying migrations: {}",
+            database.named(),
+            one_line(e.to_string())
+        ),
+        e => anyhow!("--admin-listen: {e}"),
+    })?;
     let (engine_stop, engine_stopped) = watch::channel(false);
-    let mut api = tokio::spawn(belay_engine::api::serve(
-        Arc::clone(&coord),
-        grpc_listener,
-        stopped(&engine_stopped),
-    ));
-    let admin_router = admin::router(Arc::clone(&coord), auth)
-        .merge(belay_engine::callbacks::routes(Arc::clone(&coord)));
-    let admin_stopped = stopped(&engine_stopped);
-    let mut admin = tokio::spawn(async move {
-        axum::serve(admin_listener, admin_router)
-            .with_graceful_shutdown(admin_stopped)
-            .await
-    });
+    let listeners = Listeners {
+        admin: Some((admin_listener, auth)),
+        callbacks: Some(CallbackListener::OnAdmin),
+        ..Listeners::grpc_only(grpc_listener)
+    };
+    let mut served = tokio::spawn(engine.serve(listeners, stopped(&engine_stopped)));
     let (worker_stop, worker_stopped) = watch::channel(false);
     let worker_id = format!("dev-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let config = WorkerConfig {
@@ -426,15 +417,14 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     // Serve until a signal, or until a piece fails on its own.
     let failed = tokio::select! {
         () = shutdown_signal() => None,
-        r = &mut api => Some(ended("the gRPC API", r)),
-        r = &mut admin => Some(ended("the admin endpoint", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut served => Some(ended("the engine", r.map(|r| r.map_err(anyhow::Error::from)))),
         r = &mut worker => Some(ended("the worker", r)),
     };
 
     // The worker drains while the engine still serves its reports (without
     // the gRPC API there is nothing to report to: its leases expire instead).
     let _ = worker_stop.send(true);
-    if api.is_finished() {
+    if served.is_finished() {
         worker.abort();
     } else if !worker.is_finished() {
         tokio::select! {
@@ -449,17 +439,12 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             }
         }
     }
+    // The engine drains its endpoints, stops its background work and
+    // closes the store.
     let _ = engine_stop.send(true);
-    if !api.is_finished() {
-        let _ = (&mut api).await;
+    if !served.is_finished() {
+        let _ = (&mut served).await;
     }
-    if !admin.is_finished() {
-        let _ = (&mut admin).await;
-    }
-    for h in background {
-        h.abort();
-    }
-    store.close().await;
     match failed {
         Some(Err(e)) => Err(e),
         // A piece that ended by itself without an error still ended early.
@@ -489,36 +474,6 @@ fn stopped(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'sta
     let mut rx = rx.clone();
     async move {
         let _ = rx.wait_for(|s| *s).await;
-    }
-}
-
-/// Completes on Ctrl-C (SIGINT) or SIGTERM. If a handler cannot be
-/// installed, that signal is not waited for (the process then dies of it
-/// as usual, which a SQLite store survives).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C received: stopping"),
-        () = terminate => tracing::info!("SIGTERM received: stopping"),
     }
 }
 

@@ -22,6 +22,8 @@
 //! - [`notify`]: webhook delivery of operator notifications.
 //! - [`mcp_pins`]: pinning of MCP tool definitions (reports, trust on first
 //!   use, operator acceptance).
+//! - [`server`]: the one way an engine process is put together
+//!   ([`server::EngineOptions`], [`server::Engine::serve`]) and the stop signal.
 //! - [`vault`]: AES-256-GCM encryption of the run secret vault
 //!   (`RESULT_SECRETS` / `SECRET_ACCESS`).
 //! - `mcp_server` (cargo feature `mcp-server`): chosen workflows served as
@@ -42,4 +44,5 @@ pub mod mcp_pins;
 #[cfg(feature = "mcp-server")]
 pub mod mcp_server;
 pub mod notify;
+pub mod server;
 pub mod vault;

@@ -1,13 +1,16 @@
 //! `belay-engine`: the engine server (coordinator) and its `migrate` command.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use belay_engine::admin::{self, AdminAuth, RECOMMENDED_TOKEN_CHARS};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
-use belay_engine::notify::{self, Notifier};
+use belay_engine::admin::{AdminAuth, RECOMMENDED_TOKEN_CHARS};
+use belay_engine::coordinator::CoordinatorConfig;
+use belay_engine::notify;
+use belay_engine::server::{
+    CallbackListener, Engine, EngineOptions, Listeners, ServeError, WebhookOptions, shutdown_signal,
+};
 use belay_engine::store::Store;
+use belay_engine::vault::VaultKey;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -177,10 +180,115 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             "admin token is shorter than {RECOMMENDED_TOKEN_CHARS} characters"
         );
     }
-    let webhook = match (&args.webhook_url, &args.webhook_secret) {
+    let webhook = webhook_options(&args)?;
+    let vault_key = match args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
+        Some(key) => Some(VaultKey::parse(key).context("--vault-key (BELAY_VAULT_KEY)")?),
+        None => None,
+    };
+    #[cfg(feature = "mcp-server")]
+    let mcp = mcp_settings(&args.mcp)?;
+
+    let grpc = bind(&args.listen, "").await?;
+    let addr = grpc.local_addr()?;
+    let admin = if auth.is_empty() {
+        tracing::info!("no admin tokens configured: the admin endpoint is not served");
+        None
+    } else {
+        Some((bind(&args.admin_listen, "the admin endpoint ").await?, auth))
+    };
+    let (callbacks, callback_base_url) = if args.callback_listen.trim().is_empty() {
+        (None, None)
+    } else {
+        let l = bind(&args.callback_listen, "the callback endpoint ").await?;
+        let base = callback_base_url(&args, &l)?;
+        (Some(l), Some(base))
+    };
+    #[cfg(feature = "mcp-server")]
+    let mcp = match mcp {
+        Some(settings) => Some((
+            bind(&args.mcp.mcp_listen, "the MCP endpoint ").await?,
+            settings,
+        )),
+        None => None,
+    };
+
+    let engine = Engine::start(EngineOptions {
+        database_url: database_url.to_owned(),
+        db_connections: args.db_connections,
+        coordinator: CoordinatorConfig {
+            lease_ms: args.lease_ms,
+            sweep_interval_ms: args.sweep_interval_ms,
+            tool_cache_ttl_ms: args.tool_cache_ttl_ms,
+            definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
+        },
+        vault_key,
+        callback_base_url,
+        webhook,
+    })
+    .await
+    .map_err(|e| match e {
+        ServeError::Setting {
+            setting: "callback base URL",
+            ..
+        } => anyhow::Error::new(e).context("--callback-base-url (BELAY_CALLBACK_BASE_URL)"),
+        ServeError::Setting { .. } => {
+            anyhow::Error::new(e).context("--vault-key (BELAY_VAULT_KEY)")
+        }
+        ServeError::Webhook(_) => anyhow::Error::new(e).context("--webhook-url / --webhook-secret"),
+        e => anyhow::Error::new(e),
+    })?;
+
+    // Tests and scripts read this line to find the port: keep it first.
+    println!("listening on http://{addr}");
+    if let Some((l, _)) = &admin {
+        println!("admin listening on http://{}", l.local_addr()?);
+    }
+    if let Some(l) = &callbacks {
+        println!("callbacks listening on http://{}", l.local_addr()?);
+        tracing::info!(
+            base_url = engine.coordinator().callback_base_url().unwrap_or_default(),
+            "callback URLs handed to tool servers"
+        );
+    }
+    #[cfg(feature = "mcp-server")]
+    if let Some((l, _)) = &mcp {
+        println!(
+            "mcp listening on http://{}{}",
+            l.local_addr()?,
+            belay_engine::mcp_server::MCP_PATH
+        );
+    }
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let listeners = Listeners {
+        grpc,
+        admin,
+        callbacks: callbacks.map(CallbackListener::Own),
+        #[cfg(feature = "mcp-server")]
+        mcp,
+    };
+    engine.serve(listeners, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Binds `address`; `what` (empty, or ending in a space) names the endpoint
+/// in the error.
+async fn bind(address: &str, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding {what}{address}"))
+}
+
+/// The webhook of `--webhook-url` and `--webhook-secret`, checked.
+fn webhook_options(args: &ServeArgs) -> anyhow::Result<Option<WebhookOptions>> {
+    match (&args.webhook_url, &args.webhook_secret) {
         (Some(url), Some(secret)) if !url.is_empty() => {
             notify::check_config(url, secret).context("--webhook-url / --webhook-secret")?;
-            Some((url.clone(), secret.clone()))
+            Ok(Some(WebhookOptions {
+                url: url.clone(),
+                secret: secret.clone(),
+                interval: Duration::from_millis(args.webhook_interval_ms),
+            }))
         }
         (Some(url), None) if !url.is_empty() => anyhow::bail!(
             "--webhook-secret (BELAY_WEBHOOK_SECRET) is required when --webhook-url is set: \
@@ -188,226 +296,70 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         ),
         (_, Some(_)) => {
             tracing::warn!("--webhook-secret is set without --webhook-url: no webhooks are sent");
-            None
+            Ok(None)
         }
-        _ => None,
-    };
-    let store = Store::connect(database_url, args.db_connections)
-        .await
-        .context("connecting to the database")?;
-    store.migrate().await.context("applying migrations")?;
-    let coord = Coordinator::new(
-        store,
-        CoordinatorConfig {
-            lease_ms: args.lease_ms,
-            sweep_interval_ms: args.sweep_interval_ms,
-            tool_cache_ttl_ms: args.tool_cache_ttl_ms,
-            definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
-        },
-    );
-    if let Some(key) = args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
-        let key =
-            belay_engine::vault::VaultKey::parse(key).context("--vault-key (BELAY_VAULT_KEY)")?;
-        coord
-            .use_vault_key(key)
-            .context("--vault-key (BELAY_VAULT_KEY)")?;
+        _ => Ok(None),
     }
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    let addr = listener.local_addr()?;
-    let admin_listener = if auth.is_empty() {
-        None
-    } else {
-        let l = tokio::net::TcpListener::bind(&args.admin_listen)
-            .await
-            .with_context(|| format!("binding the admin endpoint {}", args.admin_listen))?;
-        Some(l)
-    };
-    let callback_listener = if args.callback_listen.trim().is_empty() {
-        None
-    } else {
-        let l = tokio::net::TcpListener::bind(&args.callback_listen)
-            .await
-            .with_context(|| format!("binding the callback endpoint {}", args.callback_listen))?;
-        let base = match args
-            .callback_base_url
-            .as_deref()
-            .filter(|b| !b.trim().is_empty())
-        {
-            Some(base) => base.to_owned(),
-            None => {
-                // A wildcard address is not one a tool server can call:
-                // name the loopback one and say that others need the flag.
-                let mut addr = l.local_addr()?;
-                if addr.ip().is_unspecified() {
-                    tracing::warn!(
-                        listen = %addr,
-                        "callbacks listen on every interface; URLs handed to tool servers name 127.0.0.1: set --callback-base-url to what they reach"
-                    );
-                    addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-                }
-                format!("http://{addr}")
-            }
-        };
-        coord
-            .serve_callbacks_at(&base)
-            .context("--callback-base-url (BELAY_CALLBACK_BASE_URL)")?;
-        Some(l)
-    };
-    #[cfg(feature = "mcp-server")]
-    let mcp_server = if args.mcp.mcp_listen.trim().is_empty() {
-        None
-    } else {
-        let clean = |v: &[String]| -> Vec<String> {
-            v.iter()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .collect()
-        };
-        let settings = belay_engine::mcp_server::McpServerSettings {
-            tenant: args.mcp.mcp_tenant.trim().to_owned(),
-            workflows: clean(&args.mcp.mcp_workflows),
-            caller_grants: clean(&args.mcp.mcp_caller_grants),
-            auth: {
-                let auth = AdminAuth::parse(args.mcp.mcp_tokens.as_deref().unwrap_or(""))
-                    .context("--mcp-tokens (BELAY_MCP_TOKENS)")?;
-                for name in auth.weak_tokens() {
-                    tracing::warn!(
-                        token = name,
-                        "MCP token is shorter than {RECOMMENDED_TOKEN_CHARS} characters"
-                    );
-                }
-                auth
-            },
-            allowed_hosts: clean(&args.mcp.mcp_allowed_hosts),
-            allowed_origins: clean(&args.mcp.mcp_allowed_origins),
-            wait_ms: args.mcp.mcp_wait_ms,
-        };
-        settings.check()?;
-        let l = tokio::net::TcpListener::bind(&args.mcp.mcp_listen)
-            .await
-            .with_context(|| format!("binding the MCP endpoint {}", args.mcp.mcp_listen))?;
-        Some((l, settings))
-    };
-    let notifier = match webhook {
-        Some((url, secret)) => Some(
-            Notifier::new(coord.store().clone(), &url, &secret)
-                .context("--webhook-url / --webhook-secret")?,
-        ),
-        None => None,
-    };
-    let mut background = coord.spawn_background();
-    if let Some(notifier) = notifier {
-        background.push(notifier.spawn(Duration::from_millis(args.webhook_interval_ms)));
-    }
-    // Tests and scripts read this line to find the port: keep it first.
-    println!("listening on http://{addr}");
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let admin = match admin_listener {
-        Some(l) => {
-            println!("admin listening on http://{}", l.local_addr()?);
-            let mut stop = stop_rx.clone();
-            let coord = Arc::clone(&coord);
-            Some(tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                };
-                if let Err(e) = admin::serve(coord, auth, l, shutdown).await {
-                    tracing::error!(error = %e, "admin endpoint failed");
-                }
-            }))
-        }
-        None => {
-            tracing::info!("no admin tokens configured: the admin endpoint is not served");
-            None
-        }
-    };
-    let callbacks = match callback_listener {
-        Some(l) => {
-            println!("callbacks listening on http://{}", l.local_addr()?);
-            tracing::info!(
-                base_url = coord.callback_base_url().unwrap_or_default(),
-                "callback URLs handed to tool servers"
-            );
-            let mut stop = stop_rx.clone();
-            let coord = Arc::clone(&coord);
-            Some(tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                };
-                if let Err(e) = belay_engine::callbacks::serve(coord, l, shutdown).await {
-                    tracing::error!(error = %e, "callback endpoint failed");
-                }
-            }))
-        }
-        None => None,
-    };
-    #[cfg(feature = "mcp-server")]
-    let mcp_task = match mcp_server {
-        Some((l, settings)) => {
-            println!(
-                "mcp listening on http://{}{}",
-                l.local_addr()?,
-                belay_engine::mcp_server::MCP_PATH
-            );
-            let mut stop = stop_rx.clone();
-            let coord = Arc::clone(&coord);
-            Some(tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                };
-                if let Err(e) = belay_engine::mcp_server::serve(coord, settings, l, shutdown).await
-                {
-                    tracing::error!(error = %e, "MCP endpoint failed");
-                }
-            }))
-        }
-        None => None,
-    };
-    use std::io::Write;
-    std::io::stdout().flush()?;
-    let shutdown = async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    };
-    let result = belay_engine::api::serve(Arc::clone(&coord), listener, shutdown).await;
-    if let Some(admin) = admin {
-        let _ = admin.await;
-    }
-    if let Some(callbacks) = callbacks {
-        let _ = callbacks.await;
-    }
-    #[cfg(feature = "mcp-server")]
-    if let Some(mcp) = mcp_task {
-        let _ = mcp.await;
-    }
-    for h in background {
-        h.abort();
-    }
-    result
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
+/// The base URL tool servers call back on: `--callback-base-url`, or the
+/// callback listener's address.
+fn callback_base_url(
+    args: &ServeArgs,
+    listener: &tokio::net::TcpListener,
+) -> anyhow::Result<String> {
+    if let Some(base) = args
+        .callback_base_url
+        .as_deref()
+        .filter(|b| !b.trim().is_empty())
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
+        return Ok(base.to_owned());
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+    // A wildcard address is not one a tool server can call: name the
+    // loopback one and say that others need the flag.
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        tracing::warn!(
+            listen = %addr,
+            "callbacks listen on every interface; URLs handed to tool servers name 127.0.0.1: set --callback-base-url to what they reach"
+        );
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    tracing::info!("shutting down");
+    Ok(format!("http://{addr}"))
+}
+
+/// The MCP server's settings from its flags, checked; `None` when
+/// `--mcp-listen` is empty.
+#[cfg(feature = "mcp-server")]
+fn mcp_settings(
+    args: &McpServerArgs,
+) -> anyhow::Result<Option<belay_engine::mcp_server::McpServerSettings>> {
+    if args.mcp_listen.trim().is_empty() {
+        return Ok(None);
+    }
+    let clean = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let auth = AdminAuth::parse(args.mcp_tokens.as_deref().unwrap_or(""))
+        .context("--mcp-tokens (BELAY_MCP_TOKENS)")?;
+    for name in auth.weak_tokens() {
+        tracing::warn!(
+            token = name,
+            "MCP token is shorter than {RECOMMENDED_TOKEN_CHARS} characters"
+        );
+    }
+    let settings = belay_engine::mcp_server::McpServerSettings {
+        tenant: args.mcp_tenant.trim().to_owned(),
+        workflows: clean(&args.mcp_workflows),
+        caller_grants: clean(&args.mcp_caller_grants),
+        auth,
+        allowed_hosts: clean(&args.mcp_allowed_hosts),
+        allowed_origins: clean(&args.mcp_allowed_origins),
+        wait_ms: args.mcp_wait_ms,
+    };
+    settings.check()?;
+    Ok(Some(settings))
 }

@@ -2,6 +2,8 @@
 //! `proto/belay/v1/belay.proto`, and the JSON documents ([`wire`]) that travel
 //! inside its `*_json` fields between engine and workers.
 
+#[cfg(feature = "grpc")]
+pub mod signal;
 pub mod wire;
 
 /// Generated messages, clients and servers of package `belay.v1`

@@ -43,36 +43,8 @@ pub fn announce(addr: SocketAddr) {
     }
 }
 
-/// Completes on SIGTERM or Ctrl-C (SIGINT).
-pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM received, stopping"),
-                    _ = ctrl_c() => tracing::info!("SIGINT received, stopping"),
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; stopping on Ctrl-C only");
-                ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    ctrl_c().await;
-}
-
-/// Completes on Ctrl-C; if the handler cannot be installed, never completes
-/// (the process is then stopped by being killed, as a test double may be).
-async fn ctrl_c() {
-    if let Err(error) = tokio::signal::ctrl_c().await {
-        tracing::warn!(%error, "cannot listen for Ctrl-C");
-        std::future::pending::<()>().await;
-    }
-}
+/// Completes on SIGTERM or Ctrl-C (SIGINT): the engine's one stop signal.
+pub use belay_engine::server::shutdown_signal;
 
 /// Runs a server future until it ends by itself, or until `stop` completes and
 /// then at most [`SHUTDOWN_GRACE`] more, whichever is first.

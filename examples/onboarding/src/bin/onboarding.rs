@@ -52,6 +52,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
+use belay_engine::server::{CallbackListener, Engine, EngineOptions, Listeners};
 use belay_example_onboarding::{
     CrmState, ModelServerState, Script, serve_crm_server, serve_model_server,
 };
@@ -243,35 +244,26 @@ async fn run(args: Args) -> Result<bool> {
 
     // The engine. Timers are found by the sweeper, so a short interval makes
     // the reminder go out promptly once the clock has moved.
-    let store = belay_engine::store::Store::connect(&args.database_url, 8)
-        .await
-        .with_context(|| format!("opening the database {}", args.database_url))?;
-    store.migrate().await.context("applying migrations")?;
-    let coord = Coordinator::new(
-        store,
-        CoordinatorConfig {
+    let (callback_listener, callback_url) = bind().await?;
+    let (engine_listener, engine_url) = bind().await?;
+    let engine = Engine::start(EngineOptions {
+        coordinator: CoordinatorConfig {
             lease_ms: 10_000,
             sweep_interval_ms: 200,
             ..CoordinatorConfig::default()
         },
-    );
-    // The callback endpoint of the KYC check (`type: async_webhook`).
-    let (callback_listener, callback_url) = bind().await?;
-    coord
-        .serve_callbacks_at(&callback_url)
-        .context("serving callbacks")?;
-    tokio::spawn(belay_engine::callbacks::serve(
-        Arc::clone(&coord),
-        callback_listener,
-        stopped(),
-    ));
-    let background = coord.spawn_background();
-    let (engine_listener, engine_url) = bind().await?;
-    let engine = tokio::spawn(belay_engine::api::serve(
-        Arc::clone(&coord),
-        engine_listener,
-        stopped(),
-    ));
+        // The callback endpoint of the KYC check (`type: async_webhook`).
+        callback_base_url: Some(callback_url),
+        ..EngineOptions::new(args.database_url.clone(), 8)
+    })
+    .await
+    .with_context(|| format!("opening the database {}", args.database_url))?;
+    let coord = Arc::clone(engine.coordinator());
+    let listeners = Listeners {
+        callbacks: Some(CallbackListener::Own(callback_listener)),
+        ..Listeners::grpc_only(engine_listener)
+    };
+    let engine = tokio::spawn(engine.serve(listeners, stopped()));
 
     // A worker.
     let mut config =
@@ -377,9 +369,6 @@ async fn run(args: Args) -> Result<bool> {
     );
 
     let _ = stop_tx.send(true);
-    for h in background {
-        h.abort();
-    }
     watcher.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), worker).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), engine).await;

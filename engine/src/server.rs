@@ -1,0 +1,305 @@
+//! The one way an engine process is put together: [`EngineOptions`] say
+//! what it connects to and how its coordinator behaves, [`Engine::start`]
+//! connects the store, applies migrations and builds the coordinator, and
+//! [`Engine::serve`] serves the endpoints of a [`Listeners`] until a
+//! shutdown future completes. The `belay-engine` binary, `belay dev`, the
+//! onboarding example and the benchmark all go through here, so a new
+//! endpoint or background task is wired once.
+//!
+//! Listeners are bound by the caller (each prints or reads the addresses
+//! its own way; port 0 picks a free port); everything else is here.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::admin::{self, AdminAuth};
+use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
+use crate::notify::{Notifier, NotifyError};
+use crate::store::{Store, StoreError};
+use crate::vault::VaultKey;
+
+pub use belay_proto::signal::shutdown_signal;
+
+/// What an engine connects to and how its coordinator behaves.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// `postgres://…` (any number of engine replicas) or `sqlite://PATH`
+    /// (one engine process per file; `sqlite::memory:` for a throwaway).
+    pub database_url: String,
+    /// Size of the store's connection pool.
+    pub db_connections: u32,
+    /// Leases, sweeps, the tool cache and definition settings.
+    pub coordinator: CoordinatorConfig,
+    /// Key of the runs' secret vaults; `None`: a tool that needs the vault
+    /// is refused at dispatch.
+    pub vault_key: Option<VaultKey>,
+    /// Base URL tool servers call back on (`type: async_webhook` tools),
+    /// served by [`Listeners::callbacks`]; `None`: such tools are refused
+    /// at dispatch.
+    pub callback_base_url: Option<String>,
+    /// Where signed operator notifications go; `None`: none are sent.
+    pub webhook: Option<WebhookOptions>,
+}
+
+impl EngineOptions {
+    /// Options for `database_url` with `db_connections` connections and
+    /// every other setting at its default.
+    pub fn new(database_url: impl Into<String>, db_connections: u32) -> EngineOptions {
+        EngineOptions {
+            database_url: database_url.into(),
+            db_connections,
+            coordinator: CoordinatorConfig::default(),
+            vault_key: None,
+            callback_base_url: None,
+            webhook: None,
+        }
+    }
+}
+
+/// The webhook that receives operator notifications (`crate::notify`).
+#[derive(Debug, Clone)]
+pub struct WebhookOptions {
+    /// The receiver's URL.
+    pub url: String,
+    /// Secret of the `Belay-Signature` HMAC-SHA256.
+    pub secret: String,
+    /// How often due notifications are looked for.
+    pub interval: Duration,
+}
+
+/// The bound sockets an engine serves; `None` leaves an endpoint out.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The gRPC API (`belay.v1`, health, reflection).
+    pub grpc: TcpListener,
+    /// The admin HTTP endpoint and the tokens it accepts.
+    pub admin: Option<(TcpListener, AdminAuth)>,
+    /// Where callbacks of `type: async_webhook` tools are received.
+    pub callbacks: Option<CallbackListener>,
+    /// Chosen workflows served as MCP tools (cargo feature `mcp-server`).
+    #[cfg(feature = "mcp-server")]
+    pub mcp: Option<(TcpListener, crate::mcp_server::McpServerSettings)>,
+}
+
+impl Listeners {
+    /// Only the gRPC API on `grpc`.
+    pub fn grpc_only(grpc: TcpListener) -> Listeners {
+        Listeners {
+            grpc,
+            admin: None,
+            callbacks: None,
+            #[cfg(feature = "mcp-server")]
+            mcp: None,
+        }
+    }
+}
+
+/// Where the callback endpoint is served.
+#[derive(Debug)]
+pub enum CallbackListener {
+    /// A socket of its own.
+    Own(TcpListener),
+    /// Beside the admin endpoint, on its socket (`belay dev`: one port
+    /// fewer); without an admin listener, nowhere.
+    OnAdmin,
+}
+
+/// Why an engine did not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The database could not be reached or opened.
+    #[error("connecting to the database: {0}")]
+    Connect(#[source] StoreError),
+    /// A migration failed (or the database holds one this engine does not
+    /// know).
+    #[error("applying migrations: {0}")]
+    Migrate(#[source] StoreError),
+    /// The vault key or the callback base URL was refused.
+    #[error("{setting}: {source}")]
+    Setting {
+        /// The setting, e.g. `vault key`.
+        setting: &'static str,
+        /// Why.
+        #[source]
+        source: CoordinatorError,
+    },
+    /// The webhook URL or secret was refused.
+    #[error("webhook: {0}")]
+    Webhook(#[source] NotifyError),
+    /// An endpoint failed, or ended before the shutdown.
+    #[error("{endpoint}: {message}")]
+    Endpoint {
+        /// Which one, e.g. `the admin endpoint`.
+        endpoint: &'static str,
+        /// What happened, on one line.
+        message: String,
+    },
+}
+
+/// A started engine: its store is migrated and its coordinator built.
+pub struct Engine {
+    coord: Arc<Coordinator>,
+    notifier: Option<(Notifier, Duration)>,
+}
+
+impl Engine {
+    /// Connects the store, applies migrations and builds the coordinator
+    /// with `options`.
+    ///
+    /// Errors: [`ServeError::Connect`], [`ServeError::Migrate`],
+    /// [`ServeError::Setting`] (vault key, callback base URL) and
+    /// [`ServeError::Webhook`].
+    pub async fn start(options: EngineOptions) -> Result<Engine, ServeError> {
+        let store = Store::connect(&options.database_url, options.db_connections)
+            .await
+            .map_err(ServeError::Connect)?;
+        store.migrate().await.map_err(ServeError::Migrate)?;
+        let notifier = match &options.webhook {
+            Some(w) => Some((
+                Notifier::new(store.clone(), &w.url, &w.secret).map_err(ServeError::Webhook)?,
+                w.interval,
+            )),
+            None => None,
+        };
+        let coord = Coordinator::new(store, options.coordinator);
+        if let Some(key) = options.vault_key {
+            coord
+                .use_vault_key(key)
+                .map_err(|source| ServeError::Setting {
+                    setting: "vault key",
+                    source,
+                })?;
+        }
+        if let Some(base) = &options.callback_base_url {
+            coord
+                .serve_callbacks_at(base)
+                .map_err(|source| ServeError::Setting {
+                    setting: "callback base URL",
+                    source,
+                })?;
+        }
+        Ok(Engine { coord, notifier })
+    }
+
+    /// The coordinator (to register definitions or start runs in-process).
+    pub fn coordinator(&self) -> &Arc<Coordinator> {
+        &self.coord
+    }
+
+    /// Serves `listeners` and runs the background work (LISTEN relay,
+    /// lease sweeper, timers, outbox, notifications) until `shutdown`
+    /// completes; then every endpoint drains gracefully and the background
+    /// work stops, and the store is closed. An endpoint that fails, or ends by itself, stops the
+    /// others too: a pod without its admin endpoint is restarted rather
+    /// than left half-serving.
+    ///
+    /// Errors: [`ServeError::Endpoint`] naming the first endpoint that
+    /// failed or ended early.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Engine { coord, notifier } = self;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut endpoints = spawn_endpoints(&coord, listeners, &stop_rx);
+        let mut background = coord.spawn_background();
+        if let Some((notifier, interval)) = notifier {
+            background.push(notifier.spawn(interval));
+        }
+        let mut failed = tokio::select! {
+            () = shutdown => None,
+            Some(joined) = endpoints.join_next() => Some(ended_early(joined)),
+        };
+        let _ = stop_tx.send(true);
+        while let Some(joined) = endpoints.join_next().await {
+            if let Err(e) = joined_result(joined) {
+                failed.get_or_insert(e);
+            }
+        }
+        for handle in background {
+            handle.abort();
+        }
+        coord.store().close().await;
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+/// What an endpoint task returns: its name, and how it ended.
+type Ended = (&'static str, Result<(), String>);
+
+fn spawn_endpoints(
+    coord: &Arc<Coordinator>,
+    listeners: Listeners,
+    stop: &watch::Receiver<bool>,
+) -> JoinSet<Ended> {
+    let mut set = JoinSet::new();
+    let api = crate::api::serve(Arc::clone(coord), listeners.grpc, stopped(stop));
+    set.spawn(async move { ("the gRPC API", api.await.map_err(|e| format!("{e:#}"))) });
+    let callbacks_on_admin = matches!(listeners.callbacks, Some(CallbackListener::OnAdmin));
+    if let Some((listener, auth)) = listeners.admin {
+        let mut router = admin::router(Arc::clone(coord), auth);
+        if callbacks_on_admin {
+            router = router.merge(crate::callbacks::routes(Arc::clone(coord)));
+        }
+        let serve = axum::serve(listener, router).with_graceful_shutdown(stopped(stop));
+        set.spawn(async move {
+            let result = serve.await.map_err(|e| e.to_string());
+            ("the admin endpoint", result)
+        });
+    }
+    if let Some(CallbackListener::Own(listener)) = listeners.callbacks {
+        let serve = crate::callbacks::serve(Arc::clone(coord), listener, stopped(stop));
+        set.spawn(async move {
+            let result = serve.await.map_err(|e| e.to_string());
+            ("the callback endpoint", result)
+        });
+    }
+    #[cfg(feature = "mcp-server")]
+    if let Some((listener, settings)) = listeners.mcp {
+        let serve = crate::mcp_server::serve(Arc::clone(coord), settings, listener, stopped(stop));
+        set.spawn(async move {
+            let result = serve.await.map_err(|e| e.to_string());
+            ("the MCP endpoint", result)
+        });
+    }
+    set
+}
+
+/// A future that completes when `rx` turns true (or its sender is gone).
+fn stopped(rx: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// An endpoint that ended before the shutdown: its error, or that it
+/// stopped unexpectedly.
+fn ended_early(joined: Result<Ended, tokio::task::JoinError>) -> ServeError {
+    match joined_result(joined) {
+        Err(e) => e,
+        Ok(endpoint) => ServeError::Endpoint {
+            endpoint,
+            message: "stopped unexpectedly".into(),
+        },
+    }
+}
+
+fn joined_result(
+    joined: Result<Ended, tokio::task::JoinError>,
+) -> Result<&'static str, ServeError> {
+    match joined {
+        Ok((endpoint, Ok(()))) => Ok(endpoint),
+        Ok((endpoint, Err(message))) => Err(ServeError::Endpoint { endpoint, message }),
+        Err(e) => Err(ServeError::Endpoint {
+            endpoint: "an endpoint task",
+            message: e.to_string(),
+        }),
+    }
+}
