@@ -6,6 +6,8 @@
 //! Binaries are found next to the test executable (`target/<profile>/`), so
 //! build them first: `cargo build --workspace --bins`.
 
+pub mod source_scan;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
