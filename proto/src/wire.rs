@@ -3,6 +3,41 @@
 //!
 //! These shapes are persisted (task rows, events), so they follow the rules for
 //! stored types: fields are only added, with `#[serde(default)]`, never renamed.
+//!
+//! # In detail (moved from ARCHITECTURE.md)
+//!
+//! `proto/belay/v1/belay.proto`: the versioned gRPC package `belay.v1`
+//! (generated under cargo feature `grpc`, the default; `wire` alone without it).
+//! `src/wire.rs`: the JSON documents carried in `*_json` fields (task specs,
+//! model results), shared by engine and worker; `ToolBinding::Mcp` (server,
+//! server tool, per-call headers, timeout) is a `type: mcp` call.
+//! `HttpRequestOptions` (`auth` as `HttpAuth`, `query_params`, `body_type`,
+//! `body_mode`, `body_template`, `xml_root`, `body_schema`, `tls_profile`) is
+//! flattened into `HttpBinding` and into the
+//! stored `ToolBindingDef`, so the engine copies it into the spec as it is;
+//! defaults are left out when serialized, so older bindings read and write
+//! unchanged. `split_placeholders` is the one scanner of `{{ … }}` for the
+//! parser and the worker. `ToolCallSpec.config_params` names the arguments
+//! that hold a `source: config` placeholder, the only ones the worker resolves.
+//! The run secret vault (`RESULT_SECRETS` / `SECRET_ACCESS`):
+//! `ToolCallSpec.result_secrets` (path and key of each producer entry, no
+//! option), `take_secret_at` (the one place a value is taken out of a result,
+//! `[VAULTED:<key>]` left in its place, used by the worker and, as a backstop,
+//! the engine), `secret_placeholder_name` (`{{_secret.KEY}}`) and
+//! `is_vault_key`; in the proto, `CompleteTaskRequest.vaulted_secrets` (the
+//! values taken out, beside the result, never in it) and
+//! `DispatchToolCallResponse.secrets` (the values a consumer's dispatch may
+//! read), both `SecretValue`, whose `Debug` is written by hand (`lib.rs`,
+//! `build.rs` skips the derived one) and hides the value.
+//! `ToolCallSpec.variant` names the `request_variants:` item whose request the
+//! binding already is (the engine merged it); the worker only logs it.
+//! MCP sampling: `ToolCallSpec.sampling` (`SamplingGrant`: the agent's model,
+//! `max_requests`, `max_tokens` per completion, `max_total_tokens` and
+//! `max_input_tokens` for all of an attempt's completions) and `SamplingUsage`
+//! (completions, input and output tokens), which the worker reports in
+//! `CompleteTaskRequest.sampling_usage`, `FailTaskRequest.sampling_usage`
+//! and `RequestToolInputRequest.sampling_usage` (proto message
+//! `SamplingUsage`).
 
 use std::collections::BTreeMap;
 
