@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::*;
+use crate::*;
 use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
 
 const TOOLS: &str = r#"TOOLS:

@@ -5,8 +5,8 @@
 use belay_proto::wire::ChatMessage;
 use serde_json::{Value, json};
 
-use super::tests::{Opts, Run, scheduled_specs};
-use super::*;
+use super::agent_loop::{Opts, Run, scheduled_specs};
+use crate::*;
 use belay_definitions::model::{PiiAccess, PiiKind};
 
 /// `lookup` may receive the user's data, `create` may not receive any,

@@ -9,7 +9,7 @@
 use belay_proto::wire::{ChatMessage, ToolUse, Usage};
 use serde_json::json;
 
-use super::*;
+use crate::*;
 use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
 
 const TOOLS: &str = r#"TOOLS:

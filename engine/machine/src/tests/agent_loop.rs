@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use belay_proto::wire::{ChatMessage, ModelCallResult, ToolCallSpec, ToolUse, Usage};
 use serde_json::{Value, json};
 
-use super::*;
 use crate::gates::{GateVerdict, ToolGates};
+use crate::*;
 use belay_definitions::model::{
     AgentDef, Budget, CircuitBreakerDef, CompactionDef, LoopPolicy, NodeDef, NodeKind,
     OnToolFailure, Pricing, RepeatSafety, ToolBindingDef, ToolDef, WorkflowDef,

@@ -12,9 +12,9 @@ use belay_proto::wire::{
 };
 use serde_json::{Value, json};
 
-use super::tests::scheduled_specs;
-use super::workflow_tests::{Run, plan_files};
-use super::*;
+use super::agent_loop::scheduled_specs;
+use super::workflow::{Run, plan_files};
+use crate::*;
 
 const TOOLS: &str = r#"TOOLS:
   ask(q: string) -> object
