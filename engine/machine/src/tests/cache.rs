@@ -9,7 +9,7 @@
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::{Value, json};
 
-use super::workflow::{AGENT_WF, Run, model_call_ids, plan_files};
+use super::{AGENT_WF, Run, model_call_ids, plan_files};
 use crate::cache::{CacheEntry, CachedResult};
 use crate::*;
 

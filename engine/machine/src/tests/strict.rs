@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::workflow::{AGENT_WF, Run, model_calls, plan_files};
+use super::{AGENT_WF, Run, model_calls, plan_files};
 use crate::*;
 
 const TOOLS: &str = r#"TOOLS:

@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use super::workflow::{AGENT_WF, Run, plan_files};
+use super::{AGENT_WF, Run, plan_files};
 use crate::untraced::{ARG_KEY_PREFIX, take_untraced};
 use crate::vault::SealedSecret;
 use crate::*;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use belay_proto::wire::{HttpRequestOptions, ToolBinding, ToolCallSpec};
 use serde_json::{Value, json};
 
-use super::agent_loop::{Opts, Run, scheduled_specs};
+use super::{Opts, Run, scheduled_specs};
 use crate::*;
 use belay_definitions::expr::Expr;
 use belay_definitions::model::{ConfirmationDef, RequestVariantDef};

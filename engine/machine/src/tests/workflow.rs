@@ -5,12 +5,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-
 use serde_json::{Value, json};
 
+use super::{AGENT_WF, Run, model_calls, plan_files};
 use crate::*;
-use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
 
 const TOOLS: &str = r#"TOOLS:
   create_account(email: string, plan?: string = "starter") -> {account_id: string}
@@ -33,102 +31,9 @@ fn plan_with(tools: &str, workflow: &str) -> RunPlan {
     plan_files(tools, AGENT, workflow)
 }
 
-/// A plan from a tools file, an agent YAML and a workflow YAML.
-pub(super) fn plan_files(tools: &str, agent: &str, workflow: &str) -> RunPlan {
-    let files = [
-        SourceFile {
-            path: "t.tools.abl".into(),
-            content: tools.into(),
-        },
-        SourceFile {
-            path: "a.yaml".into(),
-            content: agent.into(),
-        },
-        SourceFile {
-            path: "w.yaml".into(),
-            content: workflow.into(),
-        },
-    ];
-    let bundle = match parse_bundle(&files, &RegisteredNames::default()) {
-        Ok(b) => b,
-        Err(errors) => panic!(
-            "{}",
-            errors
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
-        ),
-    };
-    fn pin<T>(def: T) -> Pinned<T> {
-        Pinned {
-            version: 1,
-            content_hash: "h".into(),
-            def,
-        }
-    }
-    let tools: BTreeMap<_, _> = bundle
-        .tools
-        .into_iter()
-        .map(|t| (t.name.clone(), pin(t)))
-        .collect();
-    let agents: BTreeMap<_, _> = bundle
-        .agents
-        .into_iter()
-        .map(|a| (a.name.clone(), pin(a)))
-        .collect();
-    let workflow = bundle.workflows.into_iter().next().unwrap();
-    RunPlan {
-        workflow: pin(workflow),
-        agents,
-        tools,
-    }
-}
-
-pub(super) struct Run {
-    pub(super) state: RunState,
-    pub(super) history: Vec<Event>,
-}
-
 impl Run {
-    fn start(workflow: &str, input: Value) -> (Run, Decision) {
+    fn start_workflow(workflow: &str, input: Value) -> (Run, Decision) {
         Self::start_plan(plan(workflow), input)
-    }
-
-    pub(super) fn start_plan(plan: RunPlan, input: Value) -> (Run, Decision) {
-        let mut run = Run {
-            state: RunState::default(),
-            history: vec![],
-        };
-        let d = run.step(Input::Start {
-            run_id: "r1".into(),
-            tenant: "acme".into(),
-            caller: "app".into(),
-            caller_grants: vec!["crm.write".into()],
-            tenant_grants: vec!["crm.write".into()],
-            input,
-            plan: Box::new(plan),
-        });
-        (run, d)
-    }
-
-    pub(super) fn try_step(&mut self, input: Input) -> Result<Decision, MachineError> {
-        let d = decide(&self.state, input)?;
-        for e in &d.events {
-            self.state.apply(e);
-            self.history.push(e.clone());
-            let back: Event = serde_json::from_value(serde_json::to_value(e).unwrap()).unwrap();
-            assert_eq!(&back, e);
-        }
-        // Replay equals live (the transition's time is no part of the fold).
-        let mut live = self.state.clone();
-        live.now = None;
-        assert_eq!(RunState::fold(&self.history), live);
-        Ok(d)
-    }
-
-    pub(super) fn step(&mut self, input: Input) -> Decision {
-        self.try_step(input).expect("transition accepted")
     }
 
     fn signal(&mut self, id: &str, name: &str, payload: Value) -> Result<Decision, MachineError> {
@@ -138,10 +43,6 @@ impl Run {
             payload,
             sent_by: "test".into(),
         })
-    }
-
-    pub(super) fn kinds(&self) -> Vec<&'static str> {
-        self.history.iter().map(Event::kind).collect()
     }
 }
 
@@ -188,14 +89,14 @@ nodes:
     type: succeed
     output: "${ {tier: .vars.tier, who: .vars.who, route: .nodes.route.output.case} }"
 "#;
-    let (run, d) = Run::start(wf, json!({"score": 80, "name": "Ada"}));
+    let (run, d) = Run::start_workflow(wf, json!({"score": 80, "name": "Ada"}));
     assert!(d.commands.is_empty());
     assert_eq!(run.state.status, RunStatus::Completed);
     assert_eq!(
         run.state.output,
         Some(json!({"tier": "gold", "who": "Ada", "route": 1}))
     );
-    let (run, _) = Run::start(wf, json!({"score": 10}));
+    let (run, _) = Run::start_workflow(wf, json!({"score": 10}));
     assert_eq!(
         run.state.output,
         Some(json!({"tier": "basic", "who": null, "route": null}))
@@ -205,7 +106,7 @@ nodes:
 #[test]
 fn a_fail_node_fails_the_run_with_its_rendered_error() {
     let wf = "kind: workflow\nname: w\nnodes:\n  - id: stop\n    type: fail\n    error: \"no account for ${ .input.email }\"\n";
-    let (run, _) = Run::start(wf, json!({"email": "x@example.com"}));
+    let (run, _) = Run::start_workflow(wf, json!({"email": "x@example.com"}));
     assert_eq!(run.state.status, RunStatus::Failed);
     assert_eq!(
         run.state.status_reason,
@@ -216,7 +117,7 @@ fn a_fail_node_fails_the_run_with_its_rendered_error() {
 #[test]
 fn an_expression_error_fails_the_run_and_names_the_node_and_key() {
     let wf = "kind: workflow\nname: w\nnodes:\n  - id: s\n    type: set\n    values: {n: \"${ .input.name + 1 }\"}\n";
-    let (run, _) = Run::start(wf, json!({"name": "Ada"}));
+    let (run, _) = Run::start_workflow(wf, json!({"name": "Ada"}));
     assert_eq!(run.state.status, RunStatus::Failed);
     assert!(
         run.state.status_reason.starts_with("node `s`: `values`:"),
@@ -246,7 +147,7 @@ nodes:
 
 #[test]
 fn a_wait_sets_its_timeout_and_a_signal_ends_it() {
-    let (mut run, d) = Run::start(WAIT, json!({}));
+    let (mut run, d) = Run::start_workflow(WAIT, json!({}));
     assert_eq!(run.state.status, RunStatus::Waiting);
     assert!(
         run.state
@@ -307,7 +208,7 @@ nodes:
   - {id: a, type: wait, signal: first, next: b}
   - {id: b, type: wait, signal: second}
 "#;
-    let (mut run, _) = Run::start(wf, json!({}));
+    let (mut run, _) = Run::start_workflow(wf, json!({}));
     let d = run.signal("x2", "second", json!({"n": 2})).unwrap();
     assert_eq!(d.events.len(), 1, "buffered only");
     assert_eq!(run.state.status, RunStatus::Waiting);
@@ -324,7 +225,7 @@ nodes:
         Some(json!({"signal": "second", "signal_id": "x2", "payload": {"n": 2}}))
     );
     assert_eq!(
-        run.kinds(),
+        run.history_kinds(),
         vec![
             "run_started",
             "node_started",
@@ -343,7 +244,7 @@ nodes:
 
 #[test]
 fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
-    let (mut run, _) = Run::start(WAIT, json!({}));
+    let (mut run, _) = Run::start_workflow(WAIT, json!({}));
     let d = run.step(Input::TimerFired {
         timer_id: "docs.timeout".into(),
         overdue_ms: 0,
@@ -364,7 +265,7 @@ fn a_timeout_takes_its_transition_and_a_second_visit_gets_new_timer_ids() {
 #[test]
 fn a_timeout_without_a_transition_fails_the_run() {
     let wf = "kind: workflow\nname: w\nnodes:\n  - {id: w, type: wait, signal: s, timeout: 2h}\n";
-    let (mut run, _) = Run::start(wf, json!({}));
+    let (mut run, _) = Run::start_workflow(wf, json!({}));
     run.step(Input::TimerFired {
         timer_id: "w.timeout".into(),
         overdue_ms: 0,
@@ -392,7 +293,7 @@ nodes:
   - {id: slept, type: succeed, output: slept}
   - {id: deadline, type: succeed, output: deadline}
 "#;
-    let (mut run, d) = Run::start(wf, json!({"deadline": "2026-12-01T10:00:00+01:00"}));
+    let (mut run, d) = Run::start_workflow(wf, json!({"deadline": "2026-12-01T10:00:00+01:00"}));
     let t = timers(&d);
     assert_eq!(t.len(), 2);
     assert_eq!(t[0].after_ms, Some(3 * 86_400_000));
@@ -407,7 +308,7 @@ nodes:
     );
     assert_eq!(run.state.output, Some(json!("deadline")));
 
-    let (run, _) = Run::start(wf, json!({"deadline": "next tuesday"}));
+    let (run, _) = Run::start_workflow(wf, json!({"deadline": "next tuesday"}));
     assert_eq!(run.state.status, RunStatus::Failed);
     assert!(
         run.state.status_reason.contains("RFC 3339"),
@@ -446,7 +347,7 @@ fn decide_input(approve: bool, edit: Option<Value>, grants: &[&str]) -> Input {
 
 #[test]
 fn an_approval_needs_the_grant_allows_declared_edits_and_is_decided_once() {
-    let (mut run, d) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    let (mut run, d) = Run::start_workflow(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
     assert_eq!(run.state.status, RunStatus::Waiting);
     assert_eq!(timers(&d)[0].timer_id, "approve.timeout");
     let Some(Event::ApprovalRequested {
@@ -498,7 +399,7 @@ nodes:
   - {id: approve, type: approval, subject: x, approver_grant: ok.go, next: wait}
   - {id: wait, type: wait, signal: s}
 "#;
-    let (mut run, _) = Run::start(wf, json!({}));
+    let (mut run, _) = Run::start_workflow(wf, json!({}));
     run.step(Input::DecideApproval {
         node: "approve".into(),
         approve: true,
@@ -523,7 +424,7 @@ nodes:
         "{second:?}"
     );
     // Edits where none are allowed are refused.
-    let (mut run, _) = Run::start(wf, json!({}));
+    let (mut run, _) = Run::start_workflow(wf, json!({}));
     assert!(matches!(
         run.try_step(Input::DecideApproval {
             node: "approve".into(),
@@ -539,7 +440,7 @@ nodes:
 
 #[test]
 fn a_decline_takes_on_decline_and_an_approval_timeout_fails_without_a_transition() {
-    let (mut run, _) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    let (mut run, _) = Run::start_workflow(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
     run.step(decide_input(false, None, &["onboarding.approve"]));
     assert_eq!(run.state.status, RunStatus::Failed);
     assert_eq!(
@@ -548,7 +449,7 @@ fn a_decline_takes_on_decline_and_an_approval_timeout_fails_without_a_transition
     );
 
     let wf = "kind: workflow\nname: w\nnodes:\n  - {id: approve, type: approval, subject: x, approver_grant: ok.go, timeout: 1h}\n";
-    let (mut run, _) = Run::start(wf, json!({}));
+    let (mut run, _) = Run::start_workflow(wf, json!({}));
     run.step(Input::TimerFired {
         timer_id: "approve.timeout".into(),
         overdue_ms: 0,
@@ -572,7 +473,7 @@ nodes:
   - {id: done, type: succeed, output: "${ .nodes.create.output.account_id }"}
   - {id: failed, type: fail, error: "${ .nodes.create.output.error }"}
 "#;
-    let (mut run, d) = Run::start(wf, json!({"email": "a@x.io"}));
+    let (mut run, d) = Run::start_workflow(wf, json!({"email": "a@x.io"}));
     let Some(Command::ScheduleTask { call_id, spec, .. }) = d.commands.first() else {
         panic!("{:?}", d.commands);
     };
@@ -598,7 +499,7 @@ nodes:
     assert_eq!(run.state.output, Some(json!("acct_1")));
 
     // A failure for good takes `on_error`.
-    let (mut run, _) = Run::start(wf, json!({"email": "a@x.io"}));
+    let (mut run, _) = Run::start_workflow(wf, json!({"email": "a@x.io"}));
     run.step(Input::TaskFailed {
         call_id: "create.t1".into(),
         attempt: 1,
@@ -618,7 +519,7 @@ nodes:
 #[test]
 fn a_tool_node_without_the_grant_fails_the_run_before_any_task() {
     let wf = "kind: workflow\nname: w\nnodes:\n  - {id: c, type: tool, tool: create_account, args: {email: x}}\n";
-    let (run, d) = Run::start(wf, json!({}));
+    let (run, d) = Run::start_workflow(wf, json!({}));
     assert!(
         d.commands
             .iter()
@@ -634,7 +535,7 @@ fn a_tool_node_without_the_grant_fails_the_run_before_any_task() {
 
 #[test]
 fn an_operator_pause_during_a_wait_holds_the_next_node_until_resume() {
-    let (mut run, _) = Run::start(WAIT, json!({}));
+    let (mut run, _) = Run::start_workflow(WAIT, json!({}));
     run.step(Input::Pause {
         by: "ops".into(),
         reason: "checking".into(),
@@ -652,7 +553,7 @@ fn an_operator_pause_during_a_wait_holds_the_next_node_until_resume() {
     assert_eq!(run.state.status, RunStatus::Completed);
 
     // Resumed while still waiting: back to waiting, not running.
-    let (mut run, _) = Run::start(WAIT, json!({}));
+    let (mut run, _) = Run::start_workflow(WAIT, json!({}));
     run.step(Input::Pause {
         by: "ops".into(),
         reason: "x".into(),
@@ -666,7 +567,7 @@ fn an_operator_pause_during_a_wait_holds_the_next_node_until_resume() {
 
 #[test]
 fn a_decision_on_a_cancelled_run_is_refused_and_writes_nothing() {
-    let (mut run, _) = Run::start(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
+    let (mut run, _) = Run::start_workflow(APPROVAL, json!({"email": "a@x.io", "plan": "pro"}));
     run.step(Input::Cancel {
         reason: "customer left".into(),
     });
@@ -686,7 +587,7 @@ fn a_decision_on_a_cancelled_run_is_refused_and_writes_nothing() {
 
 #[test]
 fn cancelling_a_waiting_run_ends_it() {
-    let (mut run, _) = Run::start(WAIT, json!({}));
+    let (mut run, _) = Run::start_workflow(WAIT, json!({}));
     run.step(Input::Cancel {
         reason: "customer left".into(),
     });
@@ -730,7 +631,7 @@ fn child_start(d: &Decision) -> (String, String, Value, bool) {
 
 #[test]
 fn a_sync_child_is_started_once_waited_for_and_its_output_is_the_nodes() {
-    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (mut run, d) = Run::start_workflow(PARENT, json!({"email": "a@x.io"}));
     let (call_id, child, input, sync) = child_start(&d);
     assert_eq!(call_id, "kyc.c1");
     assert!(sync);
@@ -773,7 +674,7 @@ fn a_sync_child_is_started_once_waited_for_and_its_output_is_the_nodes() {
 
 #[test]
 fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
-    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (mut run, d) = Run::start_workflow(PARENT, json!({"email": "a@x.io"}));
     let (_, child, _, _) = child_start(&d);
     run.step(Input::ChildRunFinished {
         child_run_id: child,
@@ -783,7 +684,7 @@ fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
     });
     assert_eq!(run.state.output, Some(json!({"manual": "no such person"})));
 
-    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (mut run, d) = Run::start_workflow(PARENT, json!({"email": "a@x.io"}));
     let (_, child, _, _) = child_start(&d);
     let d = run.step(Input::TimerFired {
         timer_id: "kyc.timeout".into(),
@@ -804,7 +705,7 @@ fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
 
 #[test]
 fn cancelling_a_parent_cancels_its_sync_child_and_an_async_child_does_not_block() {
-    let (mut run, d) = Run::start(PARENT, json!({"email": "a@x.io"}));
+    let (mut run, d) = Run::start_workflow(PARENT, json!({"email": "a@x.io"}));
     let (_, child, _, _) = child_start(&d);
     let d = run.step(Input::Cancel {
         reason: "customer left".into(),
@@ -814,7 +715,7 @@ fn cancelling_a_parent_cancels_its_sync_child_and_an_async_child_does_not_block(
     ));
 
     let wf = "kind: workflow\nname: p\nnodes:\n  - {id: fire, type: workflow, workflow: c, mode: async}\n---\nkind: workflow\nname: c\nnodes:\n  - {id: x, type: succeed}\n";
-    let (run, d) = Run::start(wf, json!({}));
+    let (run, d) = Run::start_workflow(wf, json!({}));
     let (_, child, _, sync) = child_start(&d);
     assert!(!sync);
     assert_eq!(run.state.status, RunStatus::Completed);
@@ -1155,7 +1056,7 @@ fn an_async_webhook_without_a_callback_in_time_fails_and_needs_a_callback_endpoi
 #[test]
 fn a_tool_node_failure_names_the_tool_once() {
     let wf = "kind: workflow\nname: w\nnodes:\n  - {id: create, type: tool, tool: create_account, args: {email: x}, grants: [crm.write]}\n";
-    let (mut run, _) = Run::start(wf, json!({}));
+    let (mut run, _) = Run::start_workflow(wf, json!({}));
     run.step(Input::TaskFailed {
         call_id: "create.t1".into(),
         attempt: 1,
@@ -1176,7 +1077,7 @@ fn a_tool_node_with_oversized_args_fails_before_any_task() {
     let wf = "kind: workflow\nname: w\nnodes:\n  - {id: create, type: tool, tool: create_account, args: {email: \"${ .input.email }\"}, grants: [crm.write]}\n";
     // `{"email":"…","plan":"starter"}` around the email: 29 bytes.
     let email = |n: usize| json!({"email": "x".repeat(n - 29)});
-    let (run, d) = Run::start(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES + 1));
+    let (run, d) = Run::start_workflow(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES + 1));
     assert!(
         d.commands
             .iter()
@@ -1190,7 +1091,7 @@ fn a_tool_node_with_oversized_args_fails_before_any_task() {
         "node `create`: `args` of tool `create_account` are 65537 bytes, more than the limit of 65536 bytes"
     );
     // At the limit, the call is scheduled.
-    let (run, d) = Run::start(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES));
+    let (run, d) = Run::start_workflow(wf, email(TOOL_NODE_MAX_ARGUMENT_BYTES));
     assert!(
         d.commands
             .iter()
@@ -1202,7 +1103,7 @@ fn a_tool_node_with_oversized_args_fails_before_any_task() {
 
 #[test]
 fn a_signal_id_is_one_signal() {
-    let (mut run, _) = Run::start(WAIT, json!({}));
+    let (mut run, _) = Run::start_workflow(WAIT, json!({}));
     run.signal("s1", "documents_received", json!({"files": [1], "by": "x"}))
         .unwrap();
     let n = run.history.len();
@@ -1279,7 +1180,7 @@ fn a_confirmed_tool_waits_and_runs_with_exactly_the_approved_arguments() {
             .iter()
             .all(|c| !matches!(c, Command::ScheduleTask { .. }))
     );
-    assert!(run.kinds().contains(&"confirmation_requested"));
+    assert!(run.history_kinds().contains(&"confirmation_requested"));
     assert_eq!(run.state.status, RunStatus::Waiting);
     assert!(
         run.state
@@ -1405,32 +1306,6 @@ const CHARGE_TOOLS: &str = r#"TOOLS:
 
 const CHARGE_AGENT: &str =
     "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [charge]\ngrants: [crm.write]\n";
-
-pub(super) const AGENT_WF: &str =
-    "kind: workflow\nname: w\nnodes:\n  - {id: n, type: agent, agent: a}\n";
-
-/// The specs of the model calls `d` schedules, with their call ids.
-pub(super) fn model_calls(d: &Decision) -> Vec<Value> {
-    model_call_ids(d)
-        .into_iter()
-        .map(|(_, spec)| spec)
-        .collect()
-}
-
-pub(super) fn model_call_ids(d: &Decision) -> Vec<(String, Value)> {
-    d.commands
-        .iter()
-        .filter_map(|c| match c {
-            Command::ScheduleTask {
-                kind: TaskKind::ModelCall,
-                call_id,
-                spec,
-                ..
-            } => Some((call_id.clone(), spec.clone())),
-            _ => None,
-        })
-        .collect()
-}
 
 fn model_proposes(call_id: &str, arguments: &str) -> Input {
     Input::ModelCallCompleted {
@@ -1699,7 +1574,7 @@ nodes:
         "{:?}",
         d.commands
     );
-    assert!(!run.kinds().contains(&"confirmation_requested"));
+    assert!(!run.history_kinds().contains(&"confirmation_requested"));
     run.step(Input::DispatchToolCall {
         call_id: "look.t1".into(),
         attempt: 1,
@@ -1721,7 +1596,7 @@ nodes:
         "{:?}",
         d.commands
     );
-    assert_eq!(run.kinds().last(), Some(&"confirmation_requested"));
+    assert_eq!(run.history_kinds().last(), Some(&"confirmation_requested"));
     assert_eq!(run.state.status, RunStatus::Waiting);
     let d = run.step(Input::DecideApproval {
         node: "wipe.t1".into(),
@@ -1781,7 +1656,7 @@ fn a_run_deadline_during_a_sync_child_cancels_the_child_and_fails_the_run() {
         "name: parent\nbudget:\n  max_wall_time: 6h\n",
         1,
     );
-    let (mut run, d) = Run::start(&wf, json!({"email": "a@x.io"}));
+    let (mut run, d) = Run::start_workflow(&wf, json!({"email": "a@x.io"}));
     let (_, child, _, _) = child_start(&d);
     let ids: Vec<String> = timers(&d).into_iter().map(|t| t.timer_id).collect();
     assert_eq!(ids, vec![RUN_DEADLINE_TIMER, "kyc.timeout"]);
@@ -1790,7 +1665,7 @@ fn a_run_deadline_during_a_sync_child_cancels_the_child_and_fails_the_run() {
         timer_id: RUN_DEADLINE_TIMER.into(),
         overdue_ms: 1_500,
     });
-    assert_eq!(run.kinds().last().copied(), Some("run_failed"));
+    assert_eq!(run.history_kinds().last().copied(), Some("run_failed"));
     assert!(d.commands.iter().any(
         |c| matches!(c, Command::CancelChildRun { child_run_id, reason } if *child_run_id == child && reason.contains("wall_time"))
     ));
