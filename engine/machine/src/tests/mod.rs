@@ -21,6 +21,7 @@ use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
 
 mod agent_loop;
 mod cache;
+mod parameters;
 mod pii;
 mod retry;
 mod sampling;
