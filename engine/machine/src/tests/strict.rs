@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use belay_proto::wire::{ModelCallResult, ToolUse};
 use serde_json::json;
 
 use super::{AGENT_WF, Run, model_calls, plan_files};

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use belay_proto::wire::{ModelCallResult, ToolUse};
 use serde_json::{Value, json};
 
 use super::{AGENT_WF, Run, plan_files};
