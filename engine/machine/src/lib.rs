@@ -5691,20 +5691,4 @@ pub mod untraced;
 mod variants;
 
 #[cfg(test)]
-mod cache_tests;
-#[cfg(test)]
-mod pii_tests;
-#[cfg(test)]
-mod retry_tests;
-#[cfg(test)]
-mod sampling_tests;
-#[cfg(test)]
-mod strict_tests;
-#[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod untraced_tests;
-#[cfg(test)]
-mod variant_tests;
-#[cfg(test)]
-mod workflow_tests;

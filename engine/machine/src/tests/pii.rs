@@ -1,12 +1,12 @@
-//! PII redaction in the agent loop (`pii.rs`): what the model's spec
+//! PII redaction in the agent loop ([`crate::pii`]): what the model's spec
 //! holds, which calls get their data back, and the final answer. Each
-//! step also checks replay = live (`tests::Run::step`).
+//! step also checks replay = live ([`Run::step`]).
 
 use belay_proto::wire::ChatMessage;
 use serde_json::{Value, json};
 
-use super::tests::{Opts, Run, scheduled_specs};
-use super::*;
+use super::{Opts, Run, scheduled_specs};
+use crate::*;
 use belay_definitions::model::{PiiAccess, PiiKind};
 
 /// `lookup` may receive the user's data, `create` may not receive any,

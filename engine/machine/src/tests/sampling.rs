@@ -1,8 +1,7 @@
-//! Machine tests of MCP sampling (`sampling.rs`): which calls get a grant
+//! Machine tests of MCP sampling ([`crate::sampling`]): which calls get a grant
 //! and how large, and that the completions a worker reports are charged to
 //! the node's and the run's budgets like model-call tokens, live and in
-//! replay (the `Run` of `workflow_tests.rs` checks replay = live at every
-//! step). Definitions are parsed from `.tools.abl` and YAML, as in
+//! replay ([`Run`] checks replay = live at every step). Definitions are parsed from `.tools.abl` and YAML, as in
 //! production.
 
 #![allow(clippy::unwrap_used)]
@@ -12,9 +11,8 @@ use belay_proto::wire::{
 };
 use serde_json::{Value, json};
 
-use super::tests::scheduled_specs;
-use super::workflow_tests::{Run, plan_files};
-use super::*;
+use super::{Run, plan_files, scheduled_specs};
+use crate::*;
 
 const TOOLS: &str = r#"TOOLS:
   ask(q: string) -> object

@@ -6,12 +6,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+use belay_proto::wire::{ModelCallResult, ToolUse};
 use serde_json::{Value, json};
 
-use super::untraced::{ARG_KEY_PREFIX, take_untraced};
-use super::vault::SealedSecret;
-use super::workflow_tests::{AGENT_WF, Run, plan_files};
-use super::*;
+use super::{AGENT_WF, Run, plan_files};
+use crate::untraced::{ARG_KEY_PREFIX, take_untraced};
+use crate::vault::SealedSecret;
+use crate::*;
 
 const CARD: &str = "4111-1111-1111-1111";
 

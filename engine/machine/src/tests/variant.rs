@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use belay_proto::wire::{HttpRequestOptions, ToolBinding, ToolCallSpec};
 use serde_json::{Value, json};
 
-use super::tests::{Opts, Run, scheduled_specs};
-use super::*;
+use super::{Opts, Run, scheduled_specs};
+use crate::*;
 use belay_definitions::expr::Expr;
 use belay_definitions::model::{ConfirmationDef, RequestVariantDef};
 

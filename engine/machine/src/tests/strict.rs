@@ -5,10 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+use belay_proto::wire::{ModelCallResult, ToolUse};
 use serde_json::json;
 
-use super::workflow_tests::{AGENT_WF, Run, model_calls, plan_files};
-use super::*;
+use super::{AGENT_WF, Run, model_calls, plan_files};
+use crate::*;
 
 const TOOLS: &str = r#"TOOLS:
   search(query: string, limit?: number = 20, filter?: {tag: string, kind?: string}) -> {ok: boolean}

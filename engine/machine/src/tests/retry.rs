@@ -9,8 +9,8 @@
 use belay_proto::wire::{ChatMessage, ToolUse, Usage};
 use serde_json::json;
 
-use super::*;
-use belay_definitions::{RegisteredNames, SourceFile, parse_bundle};
+use super::{Run, plan_files};
+use crate::*;
 
 const TOOLS: &str = r#"TOOLS:
   fixed_get(id: string) -> object
@@ -106,53 +106,9 @@ const TOOLS: &str = r#"TOOLS:
 
 const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [once, plain]\ngrants: [crm.read]\nlimits:\n  max_tool_attempts: 4\n";
 
-fn pin<T>(def: T) -> Pinned<T> {
-    Pinned {
-        version: 1,
-        content_hash: "h".into(),
-        def,
-    }
-}
-
 /// A plan of the tools above, the agent, and `workflow`.
 fn plan(workflow: &str) -> RunPlan {
-    let files = [
-        SourceFile {
-            path: "t.tools.abl".into(),
-            content: TOOLS.into(),
-        },
-        SourceFile {
-            path: "a.yaml".into(),
-            content: AGENT.into(),
-        },
-        SourceFile {
-            path: "w.yaml".into(),
-            content: workflow.into(),
-        },
-    ];
-    let bundle = parse_bundle(&files, &RegisteredNames::default()).unwrap_or_else(|errors| {
-        panic!(
-            "{}",
-            errors
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    });
-    RunPlan {
-        tools: bundle
-            .tools
-            .into_iter()
-            .map(|t| (t.name.clone(), pin(t)))
-            .collect(),
-        agents: bundle
-            .agents
-            .into_iter()
-            .map(|a| (a.name.clone(), pin(a)))
-            .collect(),
-        workflow: pin(bundle.workflows.into_iter().next().unwrap()),
-    }
+    plan_files(TOOLS, AGENT, workflow)
 }
 
 /// A workflow of one tool node `call` calling `tool`.
@@ -160,11 +116,6 @@ fn tool_node(tool: &str) -> String {
     format!(
         "kind: workflow\nname: w\nnodes:\n  - {{id: call, type: tool, tool: {tool}, args: {{id: \"7\"}}, grants: [crm.read]}}\n"
     )
-}
-
-struct Run {
-    state: RunState,
-    history: Vec<Event>,
 }
 
 impl Run {
@@ -188,18 +139,6 @@ impl Run {
     /// A run of a tool node calling `tool` (call id `call.t1`).
     fn tool(tool: &str) -> Run {
         Self::start_as("r1", &tool_node(tool))
-    }
-
-    fn step(&mut self, input: Input) -> Decision {
-        let d = decide(&self.state, input).expect("transition accepted");
-        for e in &d.events {
-            self.state.apply(e);
-            self.history.push(e.clone());
-            let back: Event = serde_json::from_value(serde_json::to_value(e).unwrap()).unwrap();
-            assert_eq!(&back, e);
-        }
-        assert_eq!(RunState::fold(&self.history), self.state);
-        d
     }
 
     /// Attempt `attempt` of `call_id` is dispatched, then fails.

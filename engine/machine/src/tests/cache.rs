@@ -1,4 +1,4 @@
-//! Machine tests of the result cache (`hints.cacheable`, [`super::cache`])
+//! Machine tests of the result cache (`hints.cacheable`, [`crate::cache`])
 //! and of `source: runtime` time parameters: what a decision asks of the
 //! store, what a hit records, and that replaying the history gives the
 //! same state (every step of [`Run`] checks it) without the cache or the
@@ -9,9 +9,9 @@
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::{Value, json};
 
-use super::cache::{CacheEntry, CachedResult};
-use super::workflow_tests::{AGENT_WF, Run, model_call_ids, plan_files};
-use super::*;
+use super::{AGENT_WF, Run, model_call_ids, plan_files};
+use crate::cache::{CacheEntry, CachedResult};
+use crate::*;
 
 const TOOLS: &str = r#"TOOLS:
   rate(from: string, to: string) -> {rate: number}
