@@ -15,8 +15,6 @@
 //! by comparing the clocks of two machines.
 
 mod mcp_tools;
-mod notifications;
-mod pg_wakes;
 mod postgres;
 mod sqlite;
 mod tool_calls;
@@ -28,8 +26,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use mcp_tools::{McpPinTask, McpToolDefinitionRow, McpToolListingIn, McpToolPinRow};
-pub use notifications::{NotificationRow, NotificationStatus};
-pub use pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
+pub use postgres::notifications::{NotificationRow, NotificationStatus};
+pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use tool_calls::{
     ToolCallConfirmation, ToolCallDecision, ToolCallOutcome, ToolCallQuery, ToolCallRecord,
     ToolCallRefusal,

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::StoreError;
 
 /// A notification claimed for delivery.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -57,7 +57,7 @@ pub struct NotificationStatus {
     pub last_error: Option<String>,
 }
 
-impl super::postgres::Pg {
+impl super::Pg {
     /// Claim up to `limit` due notifications (oldest due first): each
     /// claimed row's `attempts` is incremented and its `next_attempt_at`
     /// pushed `lease_ms` into the future, so other replicas skip it.

@@ -19,7 +19,10 @@ use belay_machine::gates::{self, Circuit, GateRow, GateVerdict};
 use belay_machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 
 use super::Wakes;
-use super::pg_wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
+use wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
+
+pub(crate) mod notifications;
+pub(crate) mod wakes;
 
 /// SQL: whether the run of task `t` lets it be claimed (running or
 /// waiting, or paused and the task runs while paused); NULL, so false, when
@@ -86,7 +89,7 @@ pub(crate) struct Pg {
     /// missing tail is folded from the events table.
     states: Arc<Mutex<StateCache>>,
     /// Wake-ups of committed transitions, sent after commit
-    /// ([`super::pg_wakes`]).
+    /// ([`wakes`]).
     wakes: WakeRelay,
 }
 
@@ -165,7 +168,7 @@ impl Pg {
 
     /// Relay wake-ups to `on_wake` until the connection fails (the caller
     /// reconnects): this process's own as they commit, other processes'
-    /// through `LISTEN` ([`super::pg_wakes`]).
+    /// through `LISTEN` ([`wakes`]).
     pub(crate) async fn listen(
         &self,
         on_wake: &mut (dyn FnMut(Wake) + Send),
@@ -1343,7 +1346,7 @@ fn task_end_status(end: &TaskEnd) -> &'static str {
 
 /// Append the decision's events after `last_seq`, perform its commands, and
 /// update the run row from the state `after` the events. Returns what to
-/// wake once the transaction has committed ([`super::pg_wakes`]), and what
+/// wake once the transaction has committed ([`wakes`]), and what
 /// a [`Command::RestoreSecrets`] read from the run's vault.
 /// `now` is the engine's clock read by the transition's lock statement
 /// (`belay_now()` once, instead of in every statement), `None` for a new run;

@@ -61,7 +61,7 @@ use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use super::{TasksWakeSeq, Wake, Wakes};
+use crate::{TasksWakeSeq, Wake, Wakes};
 
 /// Channel notified when tasks become claimable or outbox rows are written.
 pub const TASKS_CHANNEL: &str = "belay_tasks";
