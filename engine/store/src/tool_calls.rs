@@ -14,7 +14,7 @@ use serde_json::Value;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::rows::StoreError;
 use belay_machine::{Event, ResolutionKind};
 
 /// The event kinds of a proposed call, as listed in the partial index
@@ -136,7 +136,7 @@ pub struct ToolCallRecord {
     pub ended_at: Option<DateTime<Utc>>,
 }
 
-/// Filters of [`Store::list_tool_calls`](super::Store::list_tool_calls).
+/// Filters of [`Store::list_tool_calls`](crate::Store::list_tool_calls).
 #[derive(Debug, Clone, Default)]
 pub struct ToolCallQuery<'a> {
     /// Tenant (required).

@@ -9,16 +9,16 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use super::{
-    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, OutboxRow, RunRow,
-    STATE_CACHE_RUNS, StateCache, StoreError, TOOL_CACHE_COLUMNS, Target, TaskRow, ToolCacheRow,
-    TransitionError, UncertainQuery, UncertainRow, Wake,
+use crate::rows::{
+    ClaimedTask, DefinitionRow, EventRow, ExpiredLease, OutboxRow, RunRow, StoreError,
+    TOOL_CACHE_COLUMNS, TaskRow, ToolCacheRow, UncertainQuery, UncertainRow,
 };
+use crate::transition::{Applied, STATE_CACHE_RUNS, StateCache, Target, TransitionError, Wake};
 use belay_definitions::model::CircuitBreakerDef;
 use belay_machine::gates::{self, Circuit, GateRow, GateVerdict};
 use belay_machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 
-use super::Wakes;
+use crate::transition::Wakes;
 use wakes::{EVENTS_CHANNEL, TASKS_CHANNEL, WakeRelay};
 
 pub(crate) mod notifications;
@@ -78,7 +78,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The PostgreSQL backend of [`Store`](super::Store); cheap to clone.
+/// The PostgreSQL backend of [`Store`](crate::Store); cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Pg {
     pool: PgPool,
@@ -452,7 +452,7 @@ impl Pg {
             return Ok((row, false));
         }
         let served;
-        let decision = if super::cache_lookups(&decision.commands).is_empty() {
+        let decision = if crate::transition::cache_lookups(&decision.commands).is_empty() {
             decision
         } else {
             served =
@@ -553,7 +553,7 @@ impl Pg {
         .await?)
     }
 
-    /// See [`Store::transition`](super::Store::transition).
+    /// See [`Store::transition`](crate::Store::transition).
     pub(crate) async fn transition_at<E, F>(
         &self,
         target: Target,
@@ -637,11 +637,11 @@ impl Pg {
         state.now = Some(row.now);
         let mut decision = decide(&state, task.as_ref(), None);
         if let Ok(first) = &decision
-            && let Some(asked) = super::gates_asked(first)
+            && let Some(asked) = crate::transition::gates_asked(first)
         {
             let verdict = pass_tool_gates(&mut tx, &tenant, &asked).await?;
             decision = decision.and_then(|first| {
-                super::after_gates(first, verdict, &state, task.as_ref(), &mut decide)
+                crate::transition::after_gates(first, verdict, &state, task.as_ref(), &mut decide)
             });
         }
         let decision = match decision {
@@ -836,7 +836,7 @@ impl Pg {
         Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))
     }
 
-    /// [`super::Store::expire_task_timers`].
+    /// [`crate::Store::expire_task_timers`].
     pub(crate) async fn expire_task_timers(
         &self,
         task_id: Option<Uuid>,
@@ -1146,7 +1146,7 @@ async fn load_state(
     .bind(state.last_seq as i64)
     .fetch_all(&mut **tx)
     .await?;
-    super::fold_tail(&mut state, run_id, rows)?;
+    crate::transition::fold_tail(&mut state, run_id, rows)?;
     Ok(state)
 }
 
@@ -1363,7 +1363,7 @@ async fn write_decision(
     own: Option<(&str, Uuid)>,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
-        tasks: super::wakes_tasks(decision),
+        tasks: crate::transition::wakes_tasks(decision),
         events: !decision.events.is_empty(),
         outbox: decision.commands.iter().any(|c| {
             matches!(
@@ -1795,13 +1795,13 @@ async fn write_decision(
     }
     // A run that ended has nothing left to wake it; a child run that ends
     // tells its parent (through the outbox).
-    if super::ends_run(decision) {
+    if crate::transition::ends_run(decision) {
         sqlx::query("DELETE FROM timers WHERE run_id = $1")
             .bind(run_id)
             .execute(&mut **tx)
             .await?;
         if let Some(parent) = parent_run_id {
-            let payload = super::child_finished_payload(tenant, parent, run_id, after);
+            let payload = crate::transition::child_finished_payload(tenant, parent, run_id, after);
             insert_outbox(tx, run_id, "child_finished", &payload).await?;
             wakes.outbox = true;
         }
@@ -1851,7 +1851,7 @@ async fn load_gate(
     tool: &str,
     lock: bool,
 ) -> Result<Option<(GateRow, i64)>, StoreError> {
-    let row: Option<super::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row: Option<crate::transition::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {GATE_COLUMNS} FROM tool_gates WHERE tenant = $1 AND tool = $2{}",
         if lock { " FOR UPDATE" } else { "" }
     )))
@@ -1859,7 +1859,7 @@ async fn load_gate(
     .bind(tool)
     .fetch_optional(&mut **tx)
     .await?;
-    row.map(super::gate_row).transpose()
+    row.map(crate::transition::gate_row).transpose()
 }
 
 /// The tool's row, created if missing, locked for this transaction; and
@@ -1914,7 +1914,7 @@ async fn save_gate(
 async fn pass_tool_gates(
     tx: &mut Transaction<'static, Postgres>,
     tenant: &str,
-    asked: &super::GatesAsked<'_>,
+    asked: &crate::transition::GatesAsked<'_>,
 ) -> Result<Option<GateVerdict>, StoreError> {
     let (tool, gates) = (asked.tool, asked.gates);
     let (row, now) = if gates.rate_limit.is_some() {
@@ -1962,7 +1962,7 @@ async fn record_tool_outcome(
 
 /// Serve the calls `decision` launched with a cache lookup
 /// ([`Command::LookupToolCache`]) from the tenant's tool cache where it has
-/// a live entry (the rules are [`super::CacheServing`]'s); `state` is the
+/// a live entry (the rules are [`crate::transition::CacheServing`]'s); `state` is the
 /// run before `decision`. A decision without lookups costs no statement.
 async fn serve_from_cache(
     tx: &mut Transaction<'static, Postgres>,
@@ -1970,7 +1970,7 @@ async fn serve_from_cache(
     state: &RunState,
     decision: Decision,
 ) -> Result<Decision, StoreError> {
-    let mut serving = match super::CacheServing::new(state, decision) {
+    let mut serving = match crate::transition::CacheServing::new(state, decision) {
         Ok(serving) => serving,
         Err(decision) => return Ok(decision),
     };
@@ -2007,7 +2007,7 @@ async fn serve_from_cache(
 }
 
 impl Pg {
-    /// See [`super::Store::tool_cache_entries`].
+    /// See [`crate::Store::tool_cache_entries`].
     pub(crate) async fn tool_cache_entries(
         &self,
         tenant: &str,
@@ -2021,7 +2021,7 @@ impl Pg {
         .await?)
     }
 
-    /// See [`super::Store::purge_stale_heartbeats`].
+    /// See [`crate::Store::purge_stale_heartbeats`].
     pub(crate) async fn purge_stale_heartbeats(&self) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "DELETE FROM task_heartbeats h
@@ -2034,7 +2034,7 @@ impl Pg {
         Ok(done.rows_affected())
     }
 
-    /// See [`super::Store::purge_expired_tool_cache`]. Rows another engine
+    /// See [`crate::Store::purge_expired_tool_cache`]. Rows another engine
     /// is deleting are skipped.
     pub(crate) async fn purge_expired_tool_cache(&self, limit: i64) -> Result<u64, StoreError> {
         let done = sqlx::query(
@@ -2048,11 +2048,11 @@ impl Pg {
         Ok(done.rows_affected())
     }
 
-    /// See [`super::Store::tool_gate`].
+    /// See [`crate::Store::tool_gate`].
     pub(crate) async fn run_secrets(
         &self,
         run_id: Uuid,
-    ) -> Result<Vec<super::RunSecretRow>, StoreError> {
+    ) -> Result<Vec<crate::rows::RunSecretRow>, StoreError> {
         type Row = (
             String,
             String,
@@ -2072,7 +2072,7 @@ impl Pg {
             .into_iter()
             .map(
                 |(key, producer_call, expires_at, single_use, consumers, consumed_by_call)| {
-                    super::RunSecretRow {
+                    crate::rows::RunSecretRow {
                         key,
                         producer_call,
                         expires_at,
@@ -2105,13 +2105,13 @@ const MCP_PIN_COLUMNS: &str =
     "tenant, server, tool, definition_hash, previous_hash, accepted_by, reason, accepted_at";
 
 impl Pg {
-    /// See [`super::Store::record_mcp_tools`].
+    /// See [`crate::Store::record_mcp_tools`].
     pub(crate) async fn record_mcp_tools(
         &self,
         server: &str,
         protocol_version: &str,
         reported_by: &str,
-        listings: &[super::McpToolListingIn],
+        listings: &[crate::rows::McpToolListingIn],
     ) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let seq: i64 = sqlx::query_scalar("SELECT nextval('mcp_tool_report_seq')")
@@ -2160,12 +2160,12 @@ impl Pg {
         Ok(new)
     }
 
-    /// See [`super::Store::mcp_tool_definitions`].
+    /// See [`crate::Store::mcp_tool_definitions`].
     pub(crate) async fn mcp_tool_definitions(
         &self,
         server: Option<&str>,
         tool: Option<&str>,
-    ) -> Result<Vec<super::McpToolDefinitionRow>, StoreError> {
+    ) -> Result<Vec<crate::rows::McpToolDefinitionRow>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {MCP_DEFINITION_COLUMNS} FROM mcp_tool_definitions
              WHERE ($1::text IS NULL OR server = $1) AND ($2::text IS NULL OR tool = $2)
@@ -2177,13 +2177,13 @@ impl Pg {
         .await?)
     }
 
-    /// See [`super::Store::mcp_tool_pins`].
+    /// See [`crate::Store::mcp_tool_pins`].
     pub(crate) async fn mcp_tool_pins(
         &self,
         tenant: &str,
         server: Option<&str>,
         tool: Option<&str>,
-    ) -> Result<Vec<super::McpToolPinRow>, StoreError> {
+    ) -> Result<Vec<crate::rows::McpToolPinRow>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {MCP_PIN_COLUMNS} FROM mcp_tool_pins
              WHERE tenant = $1 AND ($2::text IS NULL OR server = $2) AND ($3::text IS NULL OR tool = $3)
@@ -2196,7 +2196,7 @@ impl Pg {
         .await?)
     }
 
-    /// See [`super::Store::pin_mcp_tool_first_use`].
+    /// See [`crate::Store::pin_mcp_tool_first_use`].
     pub(crate) async fn pin_mcp_tool_first_use(
         &self,
         tenant: &str,
@@ -2204,7 +2204,7 @@ impl Pg {
         tool: &str,
         definition_hash: &str,
         accepted_by: &str,
-    ) -> Result<super::McpToolPinRow, StoreError> {
+    ) -> Result<crate::rows::McpToolPinRow, StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO mcp_tool_pins (tenant, server, tool, definition_hash, accepted_by, reason)
@@ -2231,7 +2231,7 @@ impl Pg {
         Ok(pin)
     }
 
-    /// See [`super::Store::accept_mcp_tool`].
+    /// See [`crate::Store::accept_mcp_tool`].
     pub(crate) async fn accept_mcp_tool(
         &self,
         tenant: &str,
@@ -2240,10 +2240,11 @@ impl Pg {
         definition_hash: &str,
         accepted_by: &str,
         reason: &str,
-    ) -> Result<super::McpToolPinRow, StoreError> {
+    ) -> Result<crate::rows::McpToolPinRow, StoreError> {
         // Accepting the hash already pinned changes nothing (the WHERE
         // leaves the row alone and returns none): answer with the pin.
-        let written: Option<super::McpToolPinRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        let written: Option<crate::rows::McpToolPinRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "INSERT INTO mcp_tool_pins (tenant, server, tool, definition_hash, accepted_by, reason)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (tenant, server, tool) DO UPDATE
@@ -2257,14 +2258,14 @@ impl Pg {
              WHERE mcp_tool_pins.definition_hash <> excluded.definition_hash
              RETURNING {MCP_PIN_COLUMNS}"
         )))
-        .bind(tenant)
-        .bind(server)
-        .bind(tool)
-        .bind(definition_hash)
-        .bind(accepted_by)
-        .bind(reason)
-        .fetch_optional(&self.pool)
-        .await?;
+            .bind(tenant)
+            .bind(server)
+            .bind(tool)
+            .bind(definition_hash)
+            .bind(accepted_by)
+            .bind(reason)
+            .fetch_optional(&self.pool)
+            .await?;
         match written {
             Some(row) => Ok(row),
             None => self
@@ -2276,11 +2277,11 @@ impl Pg {
         }
     }
 
-    /// See [`super::Store::mcp_pin_task`].
+    /// See [`crate::Store::mcp_pin_task`].
     pub(crate) async fn mcp_pin_task(
         &self,
         task_id: Uuid,
-    ) -> Result<Option<super::McpPinTask>, StoreError> {
+    ) -> Result<Option<crate::rows::McpPinTask>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT tenant, kind, status, attempt, worker_id, spec FROM tasks WHERE task_id = $1",
         )
@@ -2291,18 +2292,18 @@ impl Pg {
 }
 
 // ---- audit of tool calls -------------------------------------------------
-// The rules (what each event means for a call) are in `super::tool_calls`.
+// The rules (what each event means for a call) are in `crate::tool_calls`.
 
 impl Pg {
-    /// See [`super::Store::list_tool_calls`]. The page is read from the
+    /// See [`crate::Store::list_tool_calls`]. The page is read from the
     /// partial index `events_tool_calls` (the keyset row comparison is its
     /// range, so a later page does not walk the earlier ones); only then are
     /// the page's other events looked up, in their runs.
     pub(crate) async fn list_tool_calls(
         &self,
-        q: &super::ToolCallQuery<'_>,
-    ) -> Result<Vec<super::tool_calls::ToolCallEvents>, StoreError> {
-        use super::tool_calls::END_KINDS;
+        q: &crate::tool_calls::ToolCallQuery<'_>,
+    ) -> Result<Vec<crate::tool_calls::ToolCallEvents>, StoreError> {
+        use crate::tool_calls::END_KINDS;
         let mut sql = sqlx::QueryBuilder::<Postgres>::new(
             "SELECT p.run_id, p.seq, p.payload AS proposal, p.recorded_at AS proposed_at,
                     r.tenant, r.caller, c.payload AS confirmation,
@@ -2310,7 +2311,7 @@ impl Pg {
                     m.arguments AS model_arguments
              FROM (",
         );
-        super::tool_calls::push_page(&mut sql, q, q.after);
+        crate::tool_calls::push_page(&mut sql, q, q.after);
         sql.push(format_args!(
             ") p
              JOIN runs r ON r.run_id = p.run_id

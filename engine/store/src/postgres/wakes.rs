@@ -61,7 +61,7 @@ use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use crate::{TasksWakeSeq, Wake, Wakes};
+use crate::transition::{TasksWakeSeq, Wake, Wakes};
 
 /// Channel notified when tasks become claimable or outbox rows are written.
 pub const TASKS_CHANNEL: &str = "belay_tasks";
@@ -207,12 +207,12 @@ impl WakeRelay {
     }
 
     /// Count a moment tasks may have become claimable that no committed
-    /// transition of this process announced ([`super::Store::tasks_wake_seq`]).
+    /// transition of this process announced ([`crate::Store::tasks_wake_seq`]).
     pub(crate) fn tasks_may_be_claimable(&self) {
         self.tasks_seq.bump();
     }
 
-    /// [`super::Store::tasks_wake_seq`].
+    /// [`crate::Store::tasks_wake_seq`].
     pub(crate) fn tasks_seq(&self) -> u64 {
         self.tasks_seq.get()
     }

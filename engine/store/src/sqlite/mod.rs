@@ -1,6 +1,6 @@
 //! The SQLite backend (embedded default: `belay dev`, the example, tests).
 //!
-//! Same semantics as [`postgres`](super::postgres), done the SQLite way:
+//! Same semantics as [`postgres`](crate::postgres), done the SQLite way:
 //!
 //! - **One writer.** Every write goes through one connection (a pool of
 //!   one), in `BEGIN IMMEDIATE` transactions, so transitions and claims are
@@ -32,11 +32,13 @@ use sqlx::{Sqlite, Transaction};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::{
-    Applied, ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow,
-    NotificationStatus, OutboxRow, RunRow, STATE_CACHE_RUNS, StateCache, StoreError,
-    TOOL_CACHE_COLUMNS, Target, TaskRow, TasksWakeSeq, ToolCacheRow, TransitionError,
-    UncertainQuery, UncertainRow, Wake, Wakes,
+use crate::rows::{
+    ClaimedTask, DefinitionRow, EventRow, ExpiredLease, NotificationRow, NotificationStatus,
+    OutboxRow, RunRow, StoreError, TOOL_CACHE_COLUMNS, TaskRow, ToolCacheRow, UncertainQuery,
+    UncertainRow,
+};
+use crate::transition::{
+    Applied, STATE_CACHE_RUNS, StateCache, Target, TasksWakeSeq, TransitionError, Wake, Wakes,
 };
 use belay_definitions::model::CircuitBreakerDef;
 use belay_machine::gates::{self, Circuit, GateRow, GateVerdict};
@@ -80,7 +82,7 @@ const UNCERTAIN_COLUMNS: &str = "uncertain_id, tenant, run_id, task_id, call_id,
     idempotency_key, attempts, worker_id, reason, status, created_at, resolution, resolution_kind, resolved_by,
     resolved_at, resolved_via, resolution_reason, probe, discrepancy, occurrence";
 
-/// The SQLite backend of [`Store`](super::Store); cheap to clone.
+/// The SQLite backend of [`Store`](crate::Store); cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Lite {
     /// The one writer connection.
@@ -92,7 +94,7 @@ pub(crate) struct Lite {
     /// Wake-ups, sent after commit.
     wake: broadcast::Sender<Wake>,
     /// Bumped whenever tasks may have become claimable
-    /// ([`super::Store::tasks_wake_seq`]).
+    /// ([`crate::Store::tasks_wake_seq`]).
     tasks_seq: TasksWakeSeq,
     /// The exclusive `flock` on the database file, held while any clone lives and
     /// the store is not closed.
@@ -411,7 +413,7 @@ impl Lite {
             return Ok((row, false));
         }
         let served;
-        let decision = if super::cache_lookups(&decision.commands).is_empty() {
+        let decision = if crate::transition::cache_lookups(&decision.commands).is_empty() {
             decision
         } else {
             served =
@@ -601,11 +603,11 @@ impl Lite {
         state.now = Some(now);
         let mut decision = decide(&state, task.as_ref(), None);
         if let Ok(first) = &decision
-            && let Some(asked) = super::gates_asked(first)
+            && let Some(asked) = crate::transition::gates_asked(first)
         {
             let verdict = pass_tool_gates(&mut tx, &tenant, &asked).await?;
             decision = decision.and_then(|first| {
-                super::after_gates(first, verdict, &state, task.as_ref(), &mut decide)
+                crate::transition::after_gates(first, verdict, &state, task.as_ref(), &mut decide)
             });
         }
         let decision = match decision {
@@ -723,7 +725,7 @@ impl Lite {
         .await?)
     }
 
-    /// See [`Store::claim_tasks_or_next`](super::Store::claim_tasks_or_next):
+    /// See [`Store::claim_tasks_or_next`](crate::Store::claim_tasks_or_next):
     /// two statements here (one writer, no round trip to save).
     pub(crate) async fn claim_tasks_or_next(
         &self,
@@ -1102,13 +1104,13 @@ async fn load_state(
     .bind(state.last_seq as i64)
     .fetch_all(&mut **tx)
     .await?;
-    super::fold_tail(&mut state, run_id, rows)?;
+    crate::transition::fold_tail(&mut state, run_id, rows)?;
     Ok(state)
 }
 
 /// Serve the calls `decision` launched with a cache lookup
 /// ([`Command::LookupToolCache`]) from the tenant's tool cache where it has
-/// a live entry (the rules are [`super::CacheServing`]'s); `state` is the
+/// a live entry (the rules are [`crate::transition::CacheServing`]'s); `state` is the
 /// run before `decision`. A decision without lookups costs no statement.
 async fn serve_from_cache(
     tx: &mut Transaction<'static, Sqlite>,
@@ -1116,7 +1118,7 @@ async fn serve_from_cache(
     state: &RunState,
     decision: Decision,
 ) -> Result<Decision, StoreError> {
-    let mut serving = match super::CacheServing::new(state, decision) {
+    let mut serving = match crate::transition::CacheServing::new(state, decision) {
         Ok(serving) => serving,
         Err(decision) => return Ok(decision),
     };
@@ -1171,7 +1173,7 @@ async fn write_decision(
     after: &RunState,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
-        tasks: super::wakes_tasks(decision),
+        tasks: crate::transition::wakes_tasks(decision),
         events: !decision.events.is_empty(),
         outbox: false,
         secrets: Vec::new(),
@@ -1594,14 +1596,15 @@ async fn write_decision(
             .execute(&mut **tx)
             .await?;
         // A child run that ends tells its parent (through the outbox).
-        if super::ends_run(decision) {
+        if crate::transition::ends_run(decision) {
             let parent: Option<(Option<Uuid>,)> =
                 sqlx::query_as("SELECT parent_run_id FROM runs WHERE run_id = ?1")
                     .bind(run_id)
                     .fetch_optional(&mut **tx)
                     .await?;
             if let Some((Some(parent),)) = parent {
-                let payload = super::child_finished_payload(tenant, parent, run_id, after);
+                let payload =
+                    crate::transition::child_finished_payload(tenant, parent, run_id, after);
                 insert_outbox(tx, run_id, "child_finished", &payload).await?;
                 wakes.outbox = true;
             }
@@ -1643,7 +1646,7 @@ async fn load_gate(
     tenant: &str,
     tool: &str,
 ) -> Result<Option<(GateRow, i64)>, StoreError> {
-    let row: Option<super::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row: Option<crate::transition::GateTuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT next_at_ms, queue_at_ms, failures, circuit, retry_at_ms, {}
          FROM tool_gates WHERE tenant = ?1 AND tool = ?2",
         now_ms()
@@ -1652,7 +1655,7 @@ async fn load_gate(
     .bind(tool)
     .fetch_optional(&mut **tx)
     .await?;
-    row.map(super::gate_row).transpose()
+    row.map(crate::transition::gate_row).transpose()
 }
 
 /// The tool's row (a fresh one when it has none) and the engine's clock (ms).
@@ -1699,7 +1702,7 @@ async fn save_gate(
 async fn pass_tool_gates(
     tx: &mut Transaction<'static, Sqlite>,
     tenant: &str,
-    asked: &super::GatesAsked<'_>,
+    asked: &crate::transition::GatesAsked<'_>,
 ) -> Result<Option<GateVerdict>, StoreError> {
     let (tool, gates) = (asked.tool, asked.gates);
     let (row, now) = gate_or_default(tx, tenant, tool).await?;
@@ -1737,11 +1740,11 @@ async fn record_tool_outcome(
 }
 
 impl Lite {
-    /// See [`super::Store::tool_gate`].
+    /// See [`crate::Store::tool_gate`].
     pub(crate) async fn run_secrets(
         &self,
         run_id: Uuid,
-    ) -> Result<Vec<super::RunSecretRow>, StoreError> {
+    ) -> Result<Vec<crate::rows::RunSecretRow>, StoreError> {
         type Row = (String, String, Option<String>, bool, String, Option<String>);
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT key, producer_call, expires_at, single_use, consumers, consumed_by_call
@@ -1765,7 +1768,7 @@ impl Lite {
                         ),
                         None => None,
                     };
-                    Ok(super::RunSecretRow {
+                    Ok(crate::rows::RunSecretRow {
                         key,
                         producer_call,
                         expires_at,
@@ -1823,13 +1826,13 @@ const MCP_PIN_COLUMNS: &str =
     "tenant, server, tool, definition_hash, previous_hash, accepted_by, reason, accepted_at";
 
 impl Lite {
-    /// See [`super::Store::record_mcp_tools`].
+    /// See [`crate::Store::record_mcp_tools`].
     pub(crate) async fn record_mcp_tools(
         &self,
         server: &str,
         protocol_version: &str,
         reported_by: &str,
-        listings: &[super::McpToolListingIn],
+        listings: &[crate::rows::McpToolListingIn],
     ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let seq: i64 =
@@ -1879,12 +1882,12 @@ impl Lite {
         Ok(new)
     }
 
-    /// See [`super::Store::mcp_tool_definitions`].
+    /// See [`crate::Store::mcp_tool_definitions`].
     pub(crate) async fn mcp_tool_definitions(
         &self,
         server: Option<&str>,
         tool: Option<&str>,
-    ) -> Result<Vec<super::McpToolDefinitionRow>, StoreError> {
+    ) -> Result<Vec<crate::rows::McpToolDefinitionRow>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {MCP_DEFINITION_COLUMNS} FROM mcp_tool_definitions
              WHERE (?1 IS NULL OR server = ?1) AND (?2 IS NULL OR tool = ?2)
@@ -1896,13 +1899,13 @@ impl Lite {
         .await?)
     }
 
-    /// See [`super::Store::mcp_tool_pins`].
+    /// See [`crate::Store::mcp_tool_pins`].
     pub(crate) async fn mcp_tool_pins(
         &self,
         tenant: &str,
         server: Option<&str>,
         tool: Option<&str>,
-    ) -> Result<Vec<super::McpToolPinRow>, StoreError> {
+    ) -> Result<Vec<crate::rows::McpToolPinRow>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {MCP_PIN_COLUMNS} FROM mcp_tool_pins
              WHERE tenant = ?1 AND (?2 IS NULL OR server = ?2) AND (?3 IS NULL OR tool = ?3)
@@ -1915,7 +1918,7 @@ impl Lite {
         .await?)
     }
 
-    /// See [`super::Store::pin_mcp_tool_first_use`].
+    /// See [`crate::Store::pin_mcp_tool_first_use`].
     pub(crate) async fn pin_mcp_tool_first_use(
         &self,
         tenant: &str,
@@ -1923,7 +1926,7 @@ impl Lite {
         tool: &str,
         definition_hash: &str,
         accepted_by: &str,
-    ) -> Result<super::McpToolPinRow, StoreError> {
+    ) -> Result<crate::rows::McpToolPinRow, StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO mcp_tool_pins
@@ -1951,7 +1954,7 @@ impl Lite {
         Ok(pin)
     }
 
-    /// See [`super::Store::accept_mcp_tool`].
+    /// See [`crate::Store::accept_mcp_tool`].
     pub(crate) async fn accept_mcp_tool(
         &self,
         tenant: &str,
@@ -1960,7 +1963,7 @@ impl Lite {
         definition_hash: &str,
         accepted_by: &str,
         reason: &str,
-    ) -> Result<super::McpToolPinRow, StoreError> {
+    ) -> Result<crate::rows::McpToolPinRow, StoreError> {
         let mut tx = self.begin().await?;
         let pin = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "INSERT INTO mcp_tool_pins
@@ -1999,11 +2002,11 @@ impl Lite {
         }
     }
 
-    /// See [`super::Store::mcp_pin_task`].
+    /// See [`crate::Store::mcp_pin_task`].
     pub(crate) async fn mcp_pin_task(
         &self,
         task_id: Uuid,
-    ) -> Result<Option<super::McpPinTask>, StoreError> {
+    ) -> Result<Option<crate::rows::McpPinTask>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT tenant, kind, status, attempt, worker_id, spec FROM tasks WHERE task_id = ?1",
         )
@@ -2014,16 +2017,16 @@ impl Lite {
 }
 
 // ---- audit of tool calls -------------------------------------------------
-// The rules (what each event means for a call) are in `super::tool_calls`.
+// The rules (what each event means for a call) are in `crate::tool_calls`.
 
 impl Lite {
-    /// See [`super::Store::list_tool_calls`] and the PostgreSQL backend's
+    /// See [`crate::Store::list_tool_calls`] and the PostgreSQL backend's
     /// (the same statement, with correlated sub-selects for its laterals).
     pub(crate) async fn list_tool_calls(
         &self,
-        q: &super::ToolCallQuery<'_>,
-    ) -> Result<Vec<super::tool_calls::ToolCallEvents>, StoreError> {
-        use super::tool_calls::END_KINDS;
+        q: &crate::tool_calls::ToolCallQuery<'_>,
+    ) -> Result<Vec<crate::tool_calls::ToolCallEvents>, StoreError> {
+        use crate::tool_calls::END_KINDS;
         // A position between two ms lies after every row of its ms (see
         // `keyset`).
         let after = q.after.map(|(t, id, seq)| {
@@ -2034,7 +2037,7 @@ impl Lite {
             }
         });
         let mut sql = sqlx::QueryBuilder::<Sqlite>::new("WITH page AS (");
-        super::tool_calls::push_page(&mut sql, q, after);
+        crate::tool_calls::push_page(&mut sql, q, after);
         sql.push(format_args!(
             "),
              found AS (
