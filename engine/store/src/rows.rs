@@ -361,8 +361,8 @@ pub struct NotificationStatus {
 // Rows of the MCP tool tables (`mcp_tool_definitions`, `mcp_tool_pins`):
 // the definitions workers report for the tools of their MCP servers, and
 // the definition each tenant accepted (pinned). The statements are in the
-// backends (`postgres.rs`, `sqlite.rs`, at their ends); the rules (trust on
-// first use, accepting a change) are in `belay_engine::mcp_pins`.
+// backends (`postgres/mcp_tools.rs`, `sqlite/mcp_tools.rs`); the rules (trust
+// on first use, accepting a change) are in `belay_engine::mcp_pins`.
 
 /// One definition of an MCP tool, as workers reported it: a row of
 /// `mcp_tool_definitions`, keyed by (server, tool, definition hash).

@@ -1,7 +1,7 @@
 //! The audit of tool calls: one [`ToolCallRecord`] per call a run proposed,
 //! derived from the run's events alone (the source of truth; no table of
-//! its own). The statements are in the backends (`postgres.rs`,
-//! `sqlite.rs`, at their ends, around the page of [`push_page`]): they
+//! its own). The statements are in the backends (`postgres/tool_calls.rs`,
+//! `sqlite/tool_calls.rs`, around the page of [`push_page`]): they
 //! page a tenant's proposal events (`tool_call_scheduled`,
 //! `tool_call_refused`) newest first through the partial index
 //! `events_tool_calls` and fetch, per proposal, the events that tell the
