@@ -43,6 +43,12 @@ impl Lite {
         f: &UncertainQuery<'_>,
     ) -> Result<Vec<UncertainRow>, StoreError> {
         let (after_ts, after_id) = keyset(f.after);
+        let older = format!(
+            "strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('-%.3f seconds', ?5 / 1000.0))"
+        );
+        let newer = format!(
+            "strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('-%.3f seconds', ?6 / 1000.0))"
+        );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {UNCERTAIN_COLUMNS} FROM uncertain_outcomes
              WHERE tenant = ?1
@@ -52,9 +58,7 @@ impl Lite {
                AND (?5 IS NULL OR created_at <= {older})
                AND (?6 IS NULL OR created_at >= {newer})
                AND (?7 IS NULL OR (created_at, uncertain_id) < (?7, ?8))
-             ORDER BY created_at DESC, uncertain_id DESC LIMIT ?9",
-            older = format!("strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('-%.3f seconds', ?5 / 1000.0))"),
-            newer = format!("strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('-%.3f seconds', ?6 / 1000.0))"),
+             ORDER BY created_at DESC, uncertain_id DESC LIMIT ?9"
         )))
         .bind(f.tenant)
         .bind(f.status)
