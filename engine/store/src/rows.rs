@@ -36,6 +36,35 @@ pub enum StoreError {
     Config(String),
 }
 
+impl StoreError {
+    /// The SQLSTATE of a value the database refused as data, if this error
+    /// is one: class 22 ("data exception": a malformed value, a string too
+    /// long for its column, a NUL byte in text, a number out of range) or
+    /// 54 ("program limit exceeded": a value or statement over one of the
+    /// server's size limits). Such a statement fails the same way on every
+    /// retry, so the error is the caller's bad input (the API answers it as
+    /// an invalid argument), not an outage; `None` for every other error.
+    ///
+    /// On SQLite the code is SQLite's numeric result code, not a SQLSTATE,
+    /// and none of them is in these classes but `SQLITE_NOLFS` (22); SQLite
+    /// stores what PostgreSQL refuses here (it has no length limits short of
+    /// `SQLITE_TOOBIG`, 18), so this is in effect PostgreSQL's.
+    pub fn rejected_value_sqlstate(&self) -> Option<std::borrow::Cow<'_, str>> {
+        match self {
+            StoreError::Database(sqlx::Error::Database(db)) => db
+                .code()
+                .filter(|code| code.starts_with("22") || code.starts_with("54")),
+            _ => None,
+        }
+    }
+
+    /// Whether the database refused a value as data (SQLSTATE class 22 or
+    /// 54; see [`StoreError::rejected_value_sqlstate`]).
+    pub fn is_rejected_value(&self) -> bool {
+        self.rejected_value_sqlstate().is_some()
+    }
+}
+
 /// A row of `runs`.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RunRow {
@@ -442,4 +471,89 @@ pub struct McpPinTask {
     pub worker_id: Option<String>,
     /// The task spec (`wire::ToolCallSpec` for tool calls).
     pub spec: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+
+    /// A database error with the given code, as a driver reports it.
+    #[derive(Debug)]
+    struct Refused(Option<&'static str>);
+
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "refused with {:?}", self.0)
+        }
+    }
+
+    impl std::error::Error for Refused {}
+
+    impl sqlx::error::DatabaseError for Refused {
+        fn message(&self) -> &str {
+            "refused"
+        }
+
+        fn code(&self) -> Option<Cow<'_, str>> {
+            self.0.map(Cow::Borrowed)
+        }
+
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn refused(code: Option<&'static str>) -> StoreError {
+        StoreError::Database(sqlx::Error::Database(Box::new(Refused(code))))
+    }
+
+    #[test]
+    fn a_value_refused_as_data_is_told_from_an_outage_by_its_sqlstate_class() {
+        // 22001 string_data_right_truncation, 22021 character_not_in_repertoire
+        // (a NUL byte), 22P02 invalid_text_representation, 54000
+        // program_limit_exceeded.
+        for code in ["22001", "22021", "22P02", "54000"] {
+            let e = refused(Some(code));
+            assert_eq!(e.rejected_value_sqlstate().as_deref(), Some(code));
+            assert!(e.is_rejected_value(), "{code}");
+        }
+        // 23505 unique_violation, 40001 serialization_failure, 57P01
+        // admin_shutdown, 08006 connection_failure; a code-less error; and
+        // SQLite's SQLITE_TOOBIG (18), SQLITE_CONSTRAINT_UNIQUE (2067).
+        for code in [
+            Some("23505"),
+            Some("40001"),
+            Some("57P01"),
+            Some("08006"),
+            None,
+            Some("18"),
+            Some("2067"),
+        ] {
+            let e = refused(code);
+            assert_eq!(e.rejected_value_sqlstate(), None, "{code:?}");
+            assert!(!e.is_rejected_value(), "{code:?}");
+        }
+        for e in [
+            StoreError::Database(sqlx::Error::PoolTimedOut),
+            StoreError::Corrupt("22001".into()),
+            StoreError::NotFound("run".into()),
+            StoreError::Config("22".into()),
+        ] {
+            assert!(!e.is_rejected_value(), "{e}");
+        }
+    }
 }
