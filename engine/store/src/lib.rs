@@ -13,6 +13,14 @@
 //! ([`Store::transition`]); events are appended under the run row's lock, so
 //! `seq` is gapless. Leases are judged by the database clock (`now()`), never
 //! by comparing the clocks of two machines.
+//!
+//! Layout: [`Store`] and its façade methods are here; `rows.rs` holds
+//! [`StoreError`] and the rows the store hands out or takes;
+//! `transition.rs` the machinery both backends share around a transition;
+//! `postgres/` and `sqlite/` the statements, one file per concern with the
+//! same names in both, so that a method's two versions sit at the same
+//! relative path (`postgres/tasks.rs` beside `sqlite/tasks.rs`);
+//! `tool_calls.rs` the audit of tool calls.
 
 mod postgres;
 mod rows;

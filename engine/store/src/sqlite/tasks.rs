@@ -1,5 +1,6 @@
 //! Tasks a worker runs (`tasks`): claims, heartbeats (which extend
-//! `tasks.lease_expires_at` here; PostgreSQL keeps them off the row),
+//! `tasks.lease_expires_at` here; PostgreSQL keeps them off the row, in
+//! `task_heartbeats`, so only it has `purge_stale_heartbeats`),
 //! expired leases, readiness, and the task timers tests and operators
 //! expire. What a task's report does to its run is a transition
 //! (`transition.rs`).
