@@ -7,6 +7,8 @@ use sqlx::{Postgres, Transaction};
 use super::Pg;
 use crate::rows::StoreError;
 use belay_definitions::model::CircuitBreakerDef;
+#[cfg(doc)]
+use belay_machine::Command;
 use belay_machine::gates::{self, Circuit, GateRow, GateVerdict};
 
 /// The columns of a `tool_gates` row, then the engine's clock in ms.

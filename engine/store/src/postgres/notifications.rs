@@ -11,6 +11,8 @@
 
 use uuid::Uuid;
 
+#[cfg(doc)]
+use crate::Store;
 use crate::rows::{NotificationRow, NotificationStatus, StoreError};
 
 impl super::Pg {

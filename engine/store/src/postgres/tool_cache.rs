@@ -7,6 +7,8 @@ use sqlx::{Postgres, Transaction};
 
 use super::Pg;
 use crate::rows::{StoreError, TOOL_CACHE_COLUMNS, ToolCacheRow};
+#[cfg(doc)]
+use belay_machine::Command;
 use belay_machine::{Decision, RunState};
 
 /// Serve the calls `decision` launched with a cache lookup

@@ -8,6 +8,8 @@ use sqlx::{Sqlite, Transaction};
 
 use super::{Lite, NOW};
 use crate::rows::{StoreError, TOOL_CACHE_COLUMNS, ToolCacheRow};
+#[cfg(doc)]
+use belay_machine::Command;
 use belay_machine::{Decision, RunState};
 
 /// Serve the calls `decision` launched with a cache lookup
