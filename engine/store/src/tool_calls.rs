@@ -1,7 +1,7 @@
 //! The audit of tool calls: one [`ToolCallRecord`] per call a run proposed,
 //! derived from the run's events alone (the source of truth; no table of
-//! its own). The statements are in the backends (`postgres.rs`,
-//! `sqlite.rs`, at their ends, around the page of [`push_page`]): they
+//! its own). The statements are in the backends (`postgres/tool_calls.rs`,
+//! `sqlite/tool_calls.rs`, around the page of [`push_page`]): they
 //! page a tenant's proposal events (`tool_call_scheduled`,
 //! `tool_call_refused`) newest first through the partial index
 //! `events_tool_calls` and fetch, per proposal, the events that tell the
@@ -14,7 +14,7 @@ use serde_json::Value;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::rows::StoreError;
 use belay_machine::{Event, ResolutionKind};
 
 /// The event kinds of a proposed call, as listed in the partial index
@@ -136,7 +136,7 @@ pub struct ToolCallRecord {
     pub ended_at: Option<DateTime<Utc>>,
 }
 
-/// Filters of [`Store::list_tool_calls`](super::Store::list_tool_calls).
+/// Filters of [`Store::list_tool_calls`](crate::Store::list_tool_calls).
 #[derive(Debug, Clone, Default)]
 pub struct ToolCallQuery<'a> {
     /// Tenant (required).

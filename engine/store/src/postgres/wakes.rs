@@ -48,6 +48,9 @@
 //! again or is replaced. A lost `LISTEN` connection (sqlx reconnects it)
 //! says hello again and wakes every local waiter to look.
 //!
+//! [`Pg::listen`] relays them to the coordinator: this process's own as
+//! they commit, other processes' through `LISTEN`.
+//!
 //! Delivery is best effort: a crash between commit and send, or a failed
 //! send (logged at warn), loses wake-ups. That is safe because every waiter
 //! looks again on its own at least every second: claim long-polls
@@ -57,11 +60,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use super::{TasksWakeSeq, Wake, Wakes};
+use super::Pg;
+use crate::rows::StoreError;
+use crate::transition::{TasksWakeSeq, Wake, Wakes};
 
 /// Channel notified when tasks become claimable or outbox rows are written.
 pub const TASKS_CHANNEL: &str = "belay_tasks";
@@ -207,12 +212,12 @@ impl WakeRelay {
     }
 
     /// Count a moment tasks may have become claimable that no committed
-    /// transition of this process announced ([`super::Store::tasks_wake_seq`]).
+    /// transition of this process announced ([`crate::Store::tasks_wake_seq`]).
     pub(crate) fn tasks_may_be_claimable(&self) {
         self.tasks_seq.bump();
     }
 
-    /// [`super::Store::tasks_wake_seq`].
+    /// [`crate::Store::tasks_wake_seq`].
     pub(crate) fn tasks_seq(&self) -> u64 {
         self.tasks_seq.get()
     }
@@ -364,6 +369,106 @@ fn decode(own: &str, channel: &str, payload: &str) -> Vec<Wake> {
             .map(Wake::RunEvents)
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// Tells the wake-up relay that `LISTEN` ended when dropped.
+struct NotListeningOnDrop<'a>(&'a WakeRelay);
+
+impl Drop for NotListeningOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.listening(false);
+    }
+}
+
+/// Aborts a spawned task when dropped (the `LISTEN` reader of
+/// [`Pg::listen`] ends with its caller).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Pg {
+    /// Relay wake-ups to `on_wake` until the connection fails (the caller
+    /// reconnects): this process's own as they commit, other processes'
+    /// through `LISTEN` (module docs).
+    pub(crate) async fn listen(
+        &self,
+        on_wake: &mut (dyn FnMut(Wake) + Send),
+    ) -> Result<(), StoreError> {
+        // Subscribed before LISTEN, so nothing committed here in between
+        // is missed.
+        let mut local = self.wakes.subscribe_local();
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen_all([TASKS_CHANNEL, EVENTS_CHANNEL]).await?;
+        // Wake-ups from other processes may have been missed before this.
+        self.wakes.tasks_may_be_claimable();
+        // Others send their wake-ups once they hear this process say hello;
+        // until the connection is up again, this one sends all of its own.
+        self.wakes.listening(true);
+        let _not_listening = NotListeningOnDrop(&self.wakes);
+        // The listener runs in its own task and hands over through a
+        // channel, so that waiting on both sources cancels only
+        // cancel-safe receives.
+        let (tx, mut remote) = tokio::sync::mpsc::channel::<Result<Vec<Wake>, StoreError>>(256);
+        let relay = self.wakes.clone();
+        let reader = tokio::spawn(async move {
+            loop {
+                let item = match listener.try_recv().await {
+                    Ok(Some(n)) => {
+                        let wakes = relay.decode(n.channel(), n.payload());
+                        if wakes.contains(&Wake::Tasks) {
+                            relay.tasks_may_be_claimable();
+                        }
+                        Ok(wakes)
+                    }
+                    // The connection was lost (sqlx reconnects it on its
+                    // own): notifications sent meanwhile are gone, so
+                    // everyone looks again, and others hear this process
+                    // again (they may have stopped sending to it).
+                    Ok(None) => {
+                        tracing::warn!("LISTEN connection lost; reconnecting");
+                        relay.tasks_may_be_claimable();
+                        relay.listening(true);
+                        Ok(vec![Wake::Tasks, Wake::Outbox])
+                    }
+                    Err(e) => Err(StoreError::from(e)),
+                };
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let _abort = AbortOnDrop(reader);
+        loop {
+            tokio::select! {
+                item = remote.recv() => match item {
+                    Some(Ok(wakes)) => wakes.into_iter().for_each(&mut *on_wake),
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(StoreError::Config("the LISTEN connection ended".into())),
+                },
+                wake = local.recv() => match wake {
+                    Ok(w) => on_wake(w),
+                    // Fell behind: some wake-ups were dropped; look again.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        self.wakes.tasks_may_be_claimable();
+                        on_wake(Wake::Tasks);
+                        on_wake(Wake::Outbox);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(StoreError::Config("the store was closed".into()));
+                    }
+                },
+            }
+        }
+    }
+
+    pub(crate) fn tasks_wake_seq(&self) -> u64 {
+        self.wakes.tasks_seq()
     }
 }
 

@@ -9,55 +9,13 @@
 //! `attempts`, so a stale deliverer cannot overwrite a newer claim's state.
 //! Times are judged by the database clock.
 
-use chrono::{DateTime, Utc};
-use serde_json::Value;
 use uuid::Uuid;
 
-use super::StoreError;
+#[cfg(doc)]
+use crate::Store;
+use crate::rows::{NotificationRow, NotificationStatus, StoreError};
 
-/// A notification claimed for delivery.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct NotificationRow {
-    /// Id; sent as the body's `id` and the `Belay-Delivery` header.
-    pub notification_id: Uuid,
-    /// Tenant.
-    pub tenant: String,
-    /// Run that paused.
-    pub run_id: Uuid,
-    /// Event type, e.g. `run.paused.uncertain_outcome`.
-    pub kind: String,
-    /// JSON payload (the body's `data`).
-    pub payload: Value,
-    /// Attempts so far, including the one this claim starts (1-based).
-    pub attempts: i32,
-    /// When the notification was written (database clock).
-    pub created_at: DateTime<Utc>,
-}
-
-/// Delivery state of one notification (for operators and tests).
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct NotificationStatus {
-    /// Id.
-    pub notification_id: Uuid,
-    /// Tenant.
-    pub tenant: String,
-    /// Run.
-    pub run_id: Uuid,
-    /// Event type.
-    pub kind: String,
-    /// Attempts made (claims).
-    pub attempts: i32,
-    /// When it may be claimed next.
-    pub next_attempt_at: DateTime<Utc>,
-    /// When a receiver accepted it (2xx).
-    pub delivered_at: Option<DateTime<Utc>>,
-    /// When delivery was abandoned after the last attempt.
-    pub failed_at: Option<DateTime<Utc>>,
-    /// The last failure (HTTP status and body excerpt, or transport error).
-    pub last_error: Option<String>,
-}
-
-impl super::postgres::Pg {
+impl super::Pg {
     /// Claim up to `limit` due notifications (oldest due first): each
     /// claimed row's `attempts` is incremented and its `next_attempt_at`
     /// pushed `lease_ms` into the future, so other replicas skip it.

@@ -1,0 +1,180 @@
+//! The PostgreSQL backend (production: any number of engine replicas
+//! share one database).
+//!
+//! One file per concern, named as in `sqlite/`, so that the two versions
+//! of a backend method sit at the same relative path: this file (the pool,
+//! migrations, health checks), `wakes` (wake-ups: `LISTEN/NOTIFY`),
+//! `tenants`, `definitions`, `runs`, `transition` (locking and folding a
+//! run for [`Store::transition`](crate::Store::transition)),
+//! `write_decision` (the statements of a decision), `tasks` (claims,
+//! heartbeats, leases), `timers` (timers, callbacks, the engine's clock),
+//! `uncertain`, `outbox`, `notifications`, `gates` (tool gates),
+//! `tool_cache`, `mcp_tools` and `tool_calls` (the audit).
+
+use std::time::Duration;
+
+use std::sync::{Arc, Mutex};
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use crate::rows::StoreError;
+use crate::transition::{STATE_CACHE_RUNS, StateCache};
+use wakes::WakeRelay;
+
+/// SQL: whether the run of task `t` lets it be claimed (running or
+/// waiting, or paused and the task runs while paused); NULL, so false, when
+/// the run is gone. A scalar sub-select, which PostgreSQL does not flatten
+/// into a join, so every plan looks the run up by primary key for each
+/// candidate task in `tasks_ready` order: a join let a generic plan
+/// prepared while the tables were small read every run (`Seq Scan on
+/// runs`, kept as the table grew, until it was first analysed).
+macro_rules! run_admits_task {
+    () => {
+        "(SELECT r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused)
+           FROM runs r WHERE r.run_id = t.run_id)"
+    };
+}
+
+/// SQL: whether the lease of task `t` (leased) still holds at `$now` (an
+/// SQL expression): its claim-time `lease_expires_at`, or a heartbeat's
+/// extension of the same attempt in `task_heartbeats`. Heartbeats write
+/// only that narrow table (migration `20261206000090`), so liveness does
+/// not rewrite `tasks` rows (wide: the spec) or their index entries; a
+/// task that ends before its first heartbeat (most do) never has a row
+/// there, and the extension is looked up only once the claim-time lease
+/// has passed.
+macro_rules! lease_holds {
+    ($now:literal) => {
+        concat!(
+            "(t.lease_expires_at > ",
+            $now,
+            " OR EXISTS (SELECT 1 FROM task_heartbeats h
+                  WHERE h.task_id = t.task_id AND h.attempt = t.attempt AND h.lease_until > ",
+            $now,
+            "))"
+        )
+    };
+}
+
+mod definitions;
+mod gates;
+mod mcp_tools;
+mod notifications;
+mod outbox;
+mod runs;
+mod tasks;
+mod tenants;
+mod timers;
+mod tool_cache;
+mod tool_calls;
+mod transition;
+mod uncertain;
+pub(crate) mod wakes;
+mod write_decision;
+
+/// The PostgreSQL backend of [`Store`](crate::Store); cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Pg {
+    pool: PgPool,
+    /// Folded states of recently changed runs, so a transition folds only
+    /// the events appended since (by any replica) instead of the whole
+    /// history. Entries are only a cache: a state is used only when its
+    /// `last_seq` is at most the run row's, read under the run lock, and the
+    /// missing tail is folded from the events table.
+    states: Arc<Mutex<StateCache>>,
+    /// Wake-ups of committed transitions, sent after commit
+    /// ([`wakes`]).
+    wakes: WakeRelay,
+}
+
+/// A pooled connection idle this long is pinged before it is handed out.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+impl Pg {
+    /// Connect with a pool of at most `max_connections`.
+    ///
+    /// Errors: [`StoreError::Database`] when the database is unreachable.
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pg, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        // One plain connection first: an unreachable server, a refused login
+        // or a missing database is reported as itself, at once, instead of
+        // as a pool timeout after 10 s.
+        let probe = tokio::time::timeout(
+            Duration::from_secs(10),
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::Config(format!(
+                "PostgreSQL at {} did not answer within 10 s",
+                shown_url(url)
+            ))
+        })??;
+        sqlx::Connection::close(probe).await?;
+        // sqlx pings (a round trip) every connection it hands out by
+        // default (and, unconditionally, every one given back, which also
+        // closes one that broke in use); a connection used within the last
+        // second is live but for
+        // a server restart in that second, which fails the statement and
+        // the transaction rolls back (the caller retries, and sqlx drops the
+        // broken connection), so only a longer idle one is pinged.
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IDLE_AFTER {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Ok(Pg {
+            wakes: WakeRelay::start(pool.clone()),
+            pool,
+            states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
+        })
+    }
+
+    /// The underlying pool (for LISTEN connections).
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Apply pending migrations from `migrations/` (embedded at build time).
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("../../migrations/postgres")
+            .run(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// One round trip to the database (health checks).
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// A database URL without its password, for messages.
+fn shown_url(url: &str) -> String {
+    match split_credentials(url) {
+        Some((scheme, rest)) => format!("{scheme}://{rest}"),
+        None => "the configured URL".to_owned(),
+    }
+}
+
+/// `(scheme, host-and-path)` of `scheme://[user[:password]@]host…`, the
+/// credentials dropped.
+fn split_credentials(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    Some((scheme, rest))
+}
