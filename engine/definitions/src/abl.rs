@@ -171,6 +171,10 @@ const SOURCE_KEYS: &[&str] = &[
     "visibility",
 ];
 
+/// `(tool, NAME, line, column)` of a `timeout_ms: "{{config.NAME}}"` of a
+/// `type: workflow` tool.
+pub(super) type ConfigTimeout = (String, String, u32, u32);
+
 /// What one `.tools.abl` file yields.
 #[derive(Debug, Default)]
 pub(super) struct AblOutput {
@@ -188,9 +192,9 @@ pub(super) struct AblOutput {
     /// `(producer, vault key, consumer)` of every `consumers:` name of a
     /// `RESULT_SECRETS:` entry, checked across the bundle.
     pub secret_consumers: Vec<(String, String, NameAt)>,
-    /// `(tool, NAME, line, column)` of every `timeout_ms: "{{config.NAME}}"`
-    /// of a `type: workflow` tool, resolved across the bundle.
-    pub config_timeouts: Vec<(String, String, u32, u32)>,
+    /// Every `timeout_ms: "{{config.NAME}}"` of a `type: workflow` tool,
+    /// resolved across the bundle.
+    pub config_timeouts: Vec<ConfigTimeout>,
     /// Every problem found.
     pub errors: Vec<DefinitionError>,
 }

@@ -140,7 +140,7 @@ pub fn parse_bundle(
     let mut tool_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut agent_refs: Vec<(&str, NameAt)> = Vec::new();
     let mut workflow_refs: Vec<(&str, NameAt)> = Vec::new();
-    let mut config_timeouts: Vec<(&str, (String, String, u32, u32))> = Vec::new();
+    let mut config_timeouts: Vec<(&str, abl::ConfigTimeout)> = Vec::new();
     let mut probe_refs: Vec<(&str, String, NameAt)> = Vec::new();
     // (file, producer, vault key, consumer) of every `consumers:` name.
     let mut secret_consumers: Vec<(&str, String, String, NameAt)> = Vec::new();

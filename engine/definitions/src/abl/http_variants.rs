@@ -160,6 +160,10 @@ pub(super) fn read_variants(
 
 /// One `- name: …` item: `rest` is its first line after `- `. Returns the
 /// variant and the line of its `name:`, or `None` after an error.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "its one caller, `read_variants`, passes on the tool's context; a struct would only wrap it"
+)]
 fn read_variant(
     entry: &Block,
     rest: &str,
