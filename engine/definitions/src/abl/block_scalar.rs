@@ -19,7 +19,7 @@
 
 use std::iter::Peekable;
 
-use super::{Line, to_u32};
+use super::lines::{Line, to_u32};
 
 /// The text of a `key: |` block, read when the file's lines are split.
 #[derive(Debug, Clone, PartialEq, Eq)]

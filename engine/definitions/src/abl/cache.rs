@@ -32,7 +32,8 @@
 use super::super::model::{
     Effect, InjectedParam, MAX_CACHE_TTL_MS, ParamSource, RepeatSafety, RuntimeField,
 };
-use super::{BindingType, Cx, Props};
+use super::lines::Cx;
+use super::props::{BindingType, Props};
 
 /// `hints.cache_ttl`'s value, ms; the error says what is wrong with it.
 pub(super) fn parse_ttl(text: &str) -> Result<u64, String> {

@@ -24,13 +24,14 @@ use std::collections::BTreeMap;
 
 use belay_proto::wire::HttpRequestOptions;
 
+use super::super::check_name;
 use super::super::expr::Expr;
 use super::super::model::RequestVariantDef;
-use super::{
-    Block, BodyProps, Cx, Line, Signature, check_body, check_name, check_path_params, head,
-    is_quoted, join_base_url, merge_headers, parse_scalar, read_props, read_query_params,
-    split_key, to_u32,
-};
+use super::super::signature::Signature;
+use super::headers::merge_headers;
+use super::http::{BodyProps, check_body, check_path_params, join_base_url, read_query_params};
+use super::lines::{Block, Cx, Line, head, is_quoted, parse_scalar, split_key, to_u32};
+use super::read_props::read_props;
 
 /// Most variants of one tool: each `when` is evaluated inside the engine's
 /// transition when a call is scheduled, so their number is bounded.
@@ -159,6 +160,10 @@ pub(super) fn read_variants(
 
 /// One `- name: …` item: `rest` is its first line after `- `. Returns the
 /// variant and the line of its `name:`, or `None` after an error.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "its one caller, `read_variants`, passes on the tool's context; a struct would only wrap it"
+)]
 fn read_variant(
     entry: &Block,
     rest: &str,

@@ -20,7 +20,7 @@
 //! data back into it.
 
 use super::super::model::PiiAccess;
-use super::{Cx, to_u32};
+use super::lines::{Cx, to_u32};
 
 /// Reads the value of `pii_access:` (written at `line`, value at `col`).
 /// `None` after an error, which names the level and its column.

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use super::super::expr::Expr;
 use super::super::model::{OnFail, ProcessAfter, ProcessBefore, ProcessDef};
 use super::super::signature;
-use super::{Block, Cx, KeyValue, block_only, entry_kv, scalar, to_u32};
+use super::lines::{Block, Cx, KeyValue, block_only, entry_kv, scalar, to_u32};
 
 /// Most expressions (`params` plus `require`, or `result`) one stage may hold.
 pub(super) const MAX_PROCESS_EXPRS: usize = 16;

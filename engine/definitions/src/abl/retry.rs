@@ -22,7 +22,8 @@ use super::super::model::{
     BackoffStrategy, ENGINE_INITIAL_DELAY_MS, ENGINE_MAX_DELAY_MS, Jitter, MAX_DECLARED_DELAY_MS,
     MAX_DECLARED_RETRIES, RetryPolicy,
 };
-use super::{BindingType, Block, Cx, KeyValue, Line, entry_kv, first_time, keyword, scalar};
+use super::lines::{Block, Cx, KeyValue, Line, entry_kv, first_time, keyword, scalar};
+use super::props::BindingType;
 
 /// What a tool (or the file's defaults) wrote of `retry:`, `retry_delay:`
 /// and `retry_policy:`, each valid one with the line and column of its key.
@@ -62,7 +63,7 @@ pub(super) fn read_prop(block: &Block, kv: &KeyValue<'_>, out: &mut RetryProps, 
     };
     out.at.insert(key, (line.no, kv.key_col));
     if key == "retry_policy" {
-        if super::block_only(block, kv, cx) {
+        if super::lines::block_only(block, kv, cx) {
             out.policy = read_policy(block, cx);
         }
         return;

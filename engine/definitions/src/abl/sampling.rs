@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use super::super::model::SamplingDef;
-use super::{Block, Cx, KeyValue, block_only, entry_kv, scalar};
+use super::lines::{Block, Cx, KeyValue, block_only, entry_kv, scalar};
 
 /// Reads the `sampling:` block `block` (whose line is `kv`); `None` after
 /// an error, which names the line and column.

@@ -21,7 +21,9 @@ use belay_proto::wire::{SandboxBinding, SandboxRuntime};
 
 use super::super::model::RepeatSafety;
 use super::super::signature::Signature;
-use super::{BindingType, Block, Cx, KeyValue, Line, Props, block_scalar, keyword, scalar};
+use super::block_scalar;
+use super::lines::{Block, Cx, KeyValue, Line, keyword, scalar};
+use super::props::{BindingType, Props};
 
 /// Smallest `memory_mb:` accepted: Node.js needs about 48 MiB to start.
 pub(super) const MIN_MEMORY_MB: u64 = 64;

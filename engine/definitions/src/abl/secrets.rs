@@ -22,9 +22,10 @@ use std::collections::BTreeMap;
 use belay_proto::wire::{MAX_VAULT_KEY_CHARS, TemplatePiece, is_vault_key, split_placeholders};
 
 use super::super::model::ResultSecretDef;
+use super::super::signature::{Prim, Signature, TypeExpr};
 use super::super::{NameAt, check_name};
-use super::signature::{Prim, Signature, TypeExpr};
-use super::{BindingType, Block, Cx, Line, Props, entry_kv, head, to_u32};
+use super::lines::{Block, Cx, Line, entry_kv, head, to_u32};
+use super::props::{BindingType, Props};
 
 /// Largest `ttl:` accepted, seconds: 30 days.
 pub(super) const MAX_TTL_S: u64 = 30 * 24 * 3600;
@@ -745,7 +746,7 @@ mod tests {
         assert!(producer.secret_access.is_empty());
         assert_eq!(consumer.secret_access, vec!["txn_otp".to_owned()]);
         assert!(consumer.result_secrets.is_empty());
-        let super::super::ToolBindingDef::Http { headers, .. } = &consumer.binding else {
+        let crate::model::ToolBindingDef::Http { headers, .. } = &consumer.binding else {
             panic!("http")
         };
         assert_eq!(headers["X-OTP-Token"], "{{_secret.txn_otp}}");

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Block, Cx};
+use super::lines::{Block, Cx, head};
 use crate::signature::{TypeExpr, expand_named, named_refs, parse_type_decl};
 
 /// Most named types one file may define.
@@ -43,7 +43,7 @@ pub(super) fn read_types(block: &Block, cx: &mut Cx<'_>) -> BTreeMap<String, Typ
             cx.error(
                 line.no,
                 line.col(),
-                format!("expected `Name: type`, found `{}`", super::head(&line.text)),
+                format!("expected `Name: type`, found `{}`", head(&line.text)),
             );
             continue;
         };

@@ -19,7 +19,7 @@
 
 use super::super::model::{ParamSource, ToolBindingDef, ToolDef};
 use super::super::signature::{Prim, TypeExpr};
-use super::{Block, Cx, KeyValue, scalar, to_u32};
+use super::lines::{Block, Cx, KeyValue, scalar, to_u32};
 
 /// `visibility:` as written: each flag with the line and column of its
 /// value.
@@ -39,7 +39,7 @@ pub(super) fn read_visibility(block: &Block, kv: &KeyValue<'_>, cx: &mut Cx<'_>)
     let mut entries: Vec<(String, String, u32, u32, u32)> = Vec::new();
     if kv.value.is_empty() {
         for entry in &block.children {
-            let Some(e) = super::entry_kv(
+            let Some(e) = super::lines::entry_kv(
                 &entry.line,
                 "`model: true|false` or `trace: true|false`",
                 cx,
