@@ -28,7 +28,7 @@ const LONG_FILES: &[(&str, usize)] = &[
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("cli/src/main.rs::run", 307),
     ("engine/definitions/src/abl/tool.rs::parse_tool", 530),
-    ("engine/definitions/src/abl/props.rs::read_props", 485),
+    ("engine/definitions/src/abl/read_props.rs::read_props", 485),
     (
         "engine/definitions/src/abl/parameters.rs::finish_source",
         270,
@@ -45,10 +45,10 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/machine/src/step/graph.rs::try_start_node", 204),
     ("engine/src/admin/openapi.rs::schemas", 284),
     (
-        "engine/store/src/postgres/transition.rs::write_decision",
+        "engine/store/src/postgres/write_decision.rs::write_decision",
         456,
     ),
-    ("engine/store/src/sqlite/transition.rs::write_decision", 464),
+    ("engine/store/src/sqlite/write_decision.rs::write_decision", 464),
     ("sdk/src/lib.rs::timeline_line", 267),
 ];
 
