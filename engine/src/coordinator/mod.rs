@@ -132,7 +132,16 @@ impl From<MachineError> for CoordinatorError {
             },
             MachineError::AlreadyDecided { .. } => CoordinatorError::Conflict(e.to_string()),
             MachineError::NotAllowed(msg) => CoordinatorError::PermissionDenied(msg),
-            other => CoordinatorError::FailedPrecondition(other.to_string()),
+            // Every variant is named (no catch-all), so a new one is a
+            // compile error here until it is given its error.
+            other @ (MachineError::WrongStatus { .. }
+            | MachineError::CallNotOpen { .. }
+            | MachineError::DispatchRefused { .. }
+            | MachineError::DispatchUnavailable { .. }
+            | MachineError::SignalIdReused { .. }
+            | MachineError::NotWaiting(_)) => {
+                CoordinatorError::FailedPrecondition(other.to_string())
+            }
         }
     }
 }
