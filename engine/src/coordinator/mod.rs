@@ -61,7 +61,9 @@ pub const MAX_ID_BYTES: usize = 256;
 /// Longest free text (reasons, caller), bytes.
 pub const MAX_TEXT_BYTES: usize = 4096;
 
-/// Errors of coordinator operations; the API maps each to one status code.
+/// Errors of coordinator operations. Each has one
+/// [`ErrorCode`](crate::error_code::ErrorCode) ([`CoordinatorError::code`]),
+/// which gives its gRPC status and HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
     /// The named thing does not exist (for this tenant).
