@@ -38,6 +38,7 @@ use tokio::net::TcpListener;
 
 use crate::audit::ToolCallFilter;
 use crate::coordinator::{Coordinator, CoordinatorError, UncertainFilter};
+use crate::error_code::ErrorCode;
 use crate::machine::Resolution;
 use crate::mcp_pins::{McpToolDetail, McpToolFilter, McpToolStatus, McpToolView};
 use crate::store::{RunRow, ToolCallRecord, UncertainRow};
@@ -98,9 +99,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", TOOL_CALLS_PATH),
 ];
 
-/// Errors of the admin layer. Each becomes one HTTP status and error code
-/// ([`AdminError::status`], [`AdminError::code`]); this is the only place
-/// where that mapping lives.
+/// Errors of the admin layer. Each has one [`ErrorCode`]
+/// ([`AdminError::error_code`]), which gives its HTTP status and error code
+/// ([`AdminError::status`], [`AdminError::code`]); the codes themselves are
+/// mapped in [`crate::error_code`], the one place for every wire.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     /// The token configuration (`name:token[:tenant],...`) is malformed.
@@ -150,6 +152,24 @@ impl AdminError {
         }
     }
 
+    /// The error's code ([`ErrorCode`]), which gives its HTTP status
+    /// ([`AdminError::status`]) and the `code` of its body
+    /// ([`AdminError::code`]); a coordinator error's is its own
+    /// ([`CoordinatorError::code`]).
+    pub fn error_code(&self) -> ErrorCode {
+        match self {
+            AdminError::Config(_) | AdminError::Io(_) => ErrorCode::Internal,
+            AdminError::Unauthorized(_) => ErrorCode::Unauthenticated,
+            AdminError::Forbidden(_) => ErrorCode::PermissionDenied,
+            AdminError::BadRequest { .. } => ErrorCode::InvalidArgument,
+            AdminError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            AdminError::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
+            AdminError::RouteNotFound(_) => ErrorCode::NotFound,
+            AdminError::MethodNotAllowed(_) => ErrorCode::MethodNotAllowed,
+            AdminError::Coordinator(e) => e.code(),
+        }
+    }
+
     /// The HTTP status:
     /// 400 `BadRequest`, `InvalidArgument`, `Definitions`;
     /// 401 `Unauthorized`; 403 `Forbidden`; 404 `NotFound`, `RouteNotFound`;
@@ -157,57 +177,17 @@ impl AdminError {
     /// 413 `PayloadTooLarge`; 415 `UnsupportedMediaType`;
     /// 422 `Unprocessable`; 503 `Store`; 500 `Config`, `Io`.
     pub fn status(&self) -> StatusCode {
-        match self {
-            AdminError::Config(_) | AdminError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            AdminError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            AdminError::Forbidden(_) => StatusCode::FORBIDDEN,
-            AdminError::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            AdminError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            AdminError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            AdminError::RouteNotFound(_) => StatusCode::NOT_FOUND,
-            AdminError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            AdminError::Coordinator(e) => match e {
-                CoordinatorError::NotFound(_) => StatusCode::NOT_FOUND,
-                CoordinatorError::InvalidArgument(_) | CoordinatorError::Definitions(_) => {
-                    StatusCode::BAD_REQUEST
-                }
-                CoordinatorError::FailedPrecondition(_) | CoordinatorError::Conflict(_) => {
-                    StatusCode::CONFLICT
-                }
-                CoordinatorError::PermissionDenied(_) => StatusCode::FORBIDDEN,
-                CoordinatorError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-                CoordinatorError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-            },
-        }
+        self.error_code().http_status()
     }
 
     /// The machine-readable code in the error body: `invalid_argument`,
     /// `unauthorized`, `forbidden`, `not_found`, `method_not_allowed`,
     /// `conflict` (already resolved), `failed_precondition` (the run's state
     /// does not allow it), `payload_too_large`, `unsupported_media_type`,
-    /// `unprocessable`, `unavailable` or `internal`.
+    /// `unprocessable`, `unavailable` or `internal`
+    /// ([`ErrorCode::as_str`]).
     pub fn code(&self) -> &'static str {
-        match self {
-            AdminError::Config(_) | AdminError::Io(_) => "internal",
-            AdminError::Unauthorized(_) => "unauthorized",
-            AdminError::Forbidden(_) => "forbidden",
-            AdminError::BadRequest { .. } => "invalid_argument",
-            AdminError::PayloadTooLarge(_) => "payload_too_large",
-            AdminError::UnsupportedMediaType(_) => "unsupported_media_type",
-            AdminError::RouteNotFound(_) => "not_found",
-            AdminError::MethodNotAllowed(_) => "method_not_allowed",
-            AdminError::Coordinator(e) => match e {
-                CoordinatorError::NotFound(_) => "not_found",
-                CoordinatorError::InvalidArgument(_) | CoordinatorError::Definitions(_) => {
-                    "invalid_argument"
-                }
-                CoordinatorError::FailedPrecondition(_) => "failed_precondition",
-                CoordinatorError::Conflict(_) => "conflict",
-                CoordinatorError::PermissionDenied(_) => "forbidden",
-                CoordinatorError::Unprocessable { .. } => "unprocessable",
-                CoordinatorError::Store(_) => "unavailable",
-            },
-        }
+        self.error_code().as_str()
     }
 
     /// The error body: `{"error": {"code", "message", "details": [string]}}`.
@@ -215,23 +195,7 @@ impl AdminError {
     pub fn body(&self) -> Value {
         let (message, details) = match self {
             AdminError::BadRequest { message, details } => (message.clone(), details.clone()),
-            AdminError::Coordinator(CoordinatorError::InvalidArgument(msg)) => {
-                (msg.clone(), Vec::new())
-            }
-            AdminError::Coordinator(CoordinatorError::NotFound(what)) => {
-                (format!("{what} not found"), Vec::new())
-            }
-            AdminError::Coordinator(CoordinatorError::Definitions(errors)) => (
-                format!("{} definition error(s)", errors.len()),
-                errors.iter().map(|e| e.to_string()).collect(),
-            ),
-            AdminError::Coordinator(CoordinatorError::Unprocessable { message, errors }) => {
-                (message.clone(), errors.clone())
-            }
-            AdminError::Coordinator(CoordinatorError::Store(_)) => (
-                "the engine's database is unavailable or failed; retry later".to_owned(),
-                Vec::new(),
-            ),
+            AdminError::Coordinator(e) => (e.public_message(), e.details()),
             AdminError::Config(_) | AdminError::Io(_) => (
                 "internal error of the admin endpoint".to_owned(),
                 Vec::new(),

@@ -25,30 +25,26 @@ use crate::definitions::SourceFile;
 use crate::machine::FailureClass;
 use crate::store::{DefinitionRow, EventRow, RunRow};
 
+/// The status code is the error's [`ErrorCode`](crate::error_code::ErrorCode);
+/// the message its public one, with its details in it (gRPC has no field
+/// for them). A store error is logged here.
 impl From<CoordinatorError> for Status {
     fn from(e: CoordinatorError) -> Status {
-        match e {
-            CoordinatorError::NotFound(what) => Status::not_found(format!("{what} not found")),
-            CoordinatorError::InvalidArgument(msg) => Status::invalid_argument(msg),
-            CoordinatorError::Definitions(errors) => {
-                let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-                Status::invalid_argument(format!(
-                    "bundle refused, nothing was registered; {} error(s):\n{}",
-                    errors.len(),
-                    lines.join("\n")
-                ))
-            }
-            CoordinatorError::FailedPrecondition(msg) => Status::failed_precondition(msg),
-            CoordinatorError::Conflict(msg) => Status::aborted(msg),
-            CoordinatorError::PermissionDenied(msg) => Status::permission_denied(msg),
-            CoordinatorError::Unprocessable { message, errors } => {
-                Status::invalid_argument(format!("{message}: {}", errors.join("; ")))
-            }
-            CoordinatorError::Store(e) => {
-                tracing::error!(error = %e, "store error");
-                Status::unavailable("the engine's database is unavailable or failed; retry later")
-            }
+        if let CoordinatorError::Store(store) = &e {
+            tracing::error!(error = %store, "store error");
         }
+        let message = match &e {
+            CoordinatorError::Definitions(errors) => format!(
+                "bundle refused, nothing was registered; {} error(s):\n{}",
+                errors.len(),
+                e.details().join("\n")
+            ),
+            CoordinatorError::Unprocessable { .. } => {
+                format!("{}: {}", e.public_message(), e.details().join("; "))
+            }
+            _ => e.public_message(),
+        };
+        Status::new(e.code().grpc_code(), message)
     }
 }
 

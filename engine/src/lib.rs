@@ -39,6 +39,7 @@ pub mod api;
 pub mod audit;
 pub mod callbacks;
 pub mod coordinator;
+pub mod error_code;
 pub mod expr_sandbox;
 pub mod mcp_pins;
 #[cfg(feature = "mcp-server")]

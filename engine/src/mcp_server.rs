@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
@@ -55,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::AdminAuth;
 use crate::coordinator::{Coordinator, CoordinatorError, StartRun};
 use crate::definitions::model::WorkflowDef;
+use crate::error_code::ErrorCode;
 use crate::store::RunRow;
 
 /// Path of the MCP endpoint on its listener.
@@ -172,13 +172,10 @@ fn text(value: impl Into<String>) -> ContentBlock {
 }
 
 fn internal(e: CoordinatorError) -> ErrorData {
-    match e {
-        CoordinatorError::Store(e) => {
-            tracing::error!(error = %e, "MCP call failed in the store");
-            ErrorData::internal_error(
-                "the engine's database is unavailable or failed; retry later",
-                None,
-            )
+    match &e {
+        CoordinatorError::Store(store) => {
+            tracing::error!(error = %store, "MCP call failed in the store");
+            ErrorData::internal_error(e.public_message(), None)
         }
         other => ErrorData::internal_error(other.to_string(), None),
     }
@@ -342,15 +339,7 @@ impl BelayTools {
             Ok(started) => started,
             // The caller's mistake (input not matching the schema, a key
             // reused for another input): a tool error the caller can read.
-            Err(
-                e @ (CoordinatorError::InvalidArgument(_)
-                | CoordinatorError::Definitions(_)
-                | CoordinatorError::FailedPrecondition(_)
-                | CoordinatorError::Conflict(_)
-                | CoordinatorError::PermissionDenied(_)
-                | CoordinatorError::NotFound(_)
-                | CoordinatorError::Unprocessable { .. }),
-            ) => {
+            Err(e) if e.code().is_client_error() => {
                 return Ok(CallToolResult::error(vec![text(format!(
                     "the run of `{workflow}` was not started: {e}"
                 ))]));
@@ -501,13 +490,13 @@ async fn require_token(
         Ok(token) if token.allows(&settings.tenant) => token.name().to_owned(),
         Ok(_) => {
             return (
-                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied.http_status(),
                 "the token may not act for this tenant",
             )
                 .into_response();
         }
         Err(e) => {
-            let mut response = (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+            let mut response = (e.status(), e.to_string()).into_response();
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static(r#"Bearer realm="belay-mcp""#),
