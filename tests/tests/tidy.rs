@@ -48,7 +48,10 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
         "engine/store/src/postgres/write_decision.rs::write_decision",
         456,
     ),
-    ("engine/store/src/sqlite/write_decision.rs::write_decision", 464),
+    (
+        "engine/store/src/sqlite/write_decision.rs::write_decision",
+        464,
+    ),
     ("sdk/src/lib.rs::timeline_line", 267),
 ];
 

@@ -153,11 +153,8 @@ impl From<StoreError> for CoordinatorError {
     /// "program limit exceeded") fails the same way on every retry, so it is
     /// the caller's bad input, not an outage.
     fn from(e: StoreError) -> Self {
-        if let StoreError::Database(sqlx::Error::Database(db)) = &e
-            && let Some(code) = db.code()
-            && (code.starts_with("22") || code.starts_with("54"))
-        {
-            tracing::warn!(error = %db, %code, "the database refused a value");
+        if let Some(code) = e.rejected_value_sqlstate() {
+            tracing::warn!(error = %e, %code, "the database refused a value");
             return CoordinatorError::InvalidArgument(format!(
                 "a value was refused by the database (SQLSTATE {code}): it is malformed or too long"
             ));
