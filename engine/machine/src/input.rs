@@ -1,4 +1,4 @@
-//! What the coordinator feeds [`decide`](crate::decide): an [`Input`], one
+//! What the coordinator feeds [`decide`](fn@crate::decide): an [`Input`], one
 //! variant per thing that can happen to a run, and an operator's (or a
 //! probe's) [`Resolution`] of an uncertain outcome.
 
@@ -11,7 +11,7 @@ use crate::gates::GateVerdict;
 use crate::plan::RunPlan;
 use crate::vault::SealedSecret;
 
-/// Something that happened to a run, fed to [`decide`](crate::decide).
+/// Something that happened to a run, fed to [`decide`](fn@crate::decide).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
     /// Create the run.

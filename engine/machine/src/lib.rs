@@ -3,7 +3,7 @@
 //! [`RunState`], writes the returned events and performs the returned
 //! [`Command`]s in one transaction.
 //!
-//! Every transition is a match arm in [`decide`]; follow-up work (the next
+//! Every transition is a match arm in [`decide`](fn@decide); follow-up work (the next
 //! model call, the next node, the end of the run) is derived in `advance`
 //! from the state alone, so replaying a history reaches the same decisions.
 //!
