@@ -47,9 +47,7 @@ pub use vault::{SealedSecret, VaultEntry, VaultedKey};
 
 use belay_definitions::model::{Jitter, RetryPolicy};
 
-// The test modules start with `use super::*` and name these.
-#[cfg(test)]
-use belay_proto::wire::{ModelCallResult, ToolUse};
+// `tests/agent_loop.rs` (`use crate::*`) checks a task spec with it.
 #[cfg(test)]
 use step::tool_spec;
 
