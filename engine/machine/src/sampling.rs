@@ -35,7 +35,8 @@ use belay_proto::wire::{SamplingGrant, SamplingUsage};
 use serde_json::Value;
 
 use super::state::{CallStatus, NodeState, RunState, RunTotals};
-use super::{Decision, Event, Input, MachineError, Step, decide};
+use super::step::Step;
+use super::{Decision, Event, Input, MachineError, decide};
 use belay_definitions::model::{AgentDef, Budget, ToolDef};
 
 /// What a call of `tool` proposed by `agent` in `node` may ask of the
@@ -183,7 +184,7 @@ impl Step {
         tool: &super::plan::Pinned<ToolDef>,
         input: &Value,
     ) -> Result<Value, MachineError> {
-        let spec = super::tool_spec(
+        let spec = super::step::tool_spec(
             tool,
             &call.arguments,
             &call.idempotency_key,

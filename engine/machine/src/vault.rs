@@ -20,7 +20,8 @@ use belay_proto::wire::{ARG_KEY_PREFIX, secret_placeholder_name, split_placehold
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Command, Event, MachineError, Step};
+use super::step::Step;
+use super::{Command, Event, MachineError};
 use belay_definitions::model::ToolDef;
 
 /// One vaulted value, encrypted by the coordinator (AES-256-GCM, bound to

@@ -1,0 +1,446 @@
+//! The machine's working copy for one input ([`Step`]): the state as it
+//! changes, the decision being built, and what every phase of a call uses
+//! (`emit`, which also derives the follow-up events and commands of an
+//! event; `command`; the `require_*` checks; the plan; ending the run; a
+//! call's task spec). Each phase adds its `impl Step` in a file of its own:
+//!
+//! - `model_call`: a model's answer, and `on_tool_failure: stop`;
+//! - `proposal`: a proposed call's four checks, its confirmation, its launch;
+//! - `dispatch`: the checks right before a tool acts, its gates, the tool cache;
+//! - `outcome`: a result, a callback, a tool's question to a person;
+//! - `failure`: a failed attempt, its retries, a failed probe;
+//! - `uncertain`: uncertain outcomes, probes that find, late results;
+//! - `graph`: `advance` and the nodes of the workflow;
+//! - `child`: child runs;
+//! - `wait`: waits, signals, timers, deadlines, approvals.
+//!
+//! Other parts of `impl Step` live beside the features they serve
+//! (`sampling.rs`, `vault.rs`).
+
+use belay_proto::wire::{AsyncWebhookBinding, HttpBinding, McpBinding, ToolBinding, ToolCallSpec};
+use serde_json::{Map, Value, json};
+
+use crate::command::{Command, Decision};
+use crate::error::MachineError;
+use crate::event::{Event, FailureClass, ResolutionKind, Stop, TimerSpec};
+use crate::plan::{Pinned, RunPlan};
+use crate::state::{CallStatus, RunState, RunStatus};
+use crate::vault::SealedSecret;
+use crate::{inject, process, state, variants};
+use belay_definitions::model::{ToolBindingDef, ToolDef};
+
+mod child;
+mod dispatch;
+mod failure;
+mod graph;
+mod model_call;
+mod outcome;
+mod proposal;
+mod uncertain;
+mod wait;
+
+/// A failed attempt, as reported by a worker or implied by a lost lease.
+pub(crate) struct Failure {
+    pub(crate) call_id: String,
+    pub(crate) attempt: u32,
+    pub(crate) error: String,
+    pub(crate) class: FailureClass,
+    pub(crate) dispatched: bool,
+    pub(crate) lease_expired: bool,
+    pub(crate) status_code: Option<u16>,
+}
+
+/// Working copy of the state plus the decision being built.
+pub(crate) struct Step {
+    pub(crate) state: RunState,
+    pub(crate) out: Decision,
+    /// The attempt of a late result being applied, for the resolution event.
+    pub(crate) late_attempt: Option<u32>,
+    /// The sealed `visibility.trace: false` arguments of the model answer
+    /// being applied (`untraced.rs`).
+    pub(crate) arg_secrets: Vec<SealedSecret>,
+    /// How many calls of the model answer being applied may sample: they
+    /// split what is left of the budgets (`sampling.rs`); 1 otherwise.
+    pub(crate) sampling_share: u32,
+}
+
+impl Step {
+    pub(crate) fn emit(&mut self, event: Event) {
+        // A wall-time timer is not wanted once what it bounds has ended:
+        // delete its row (a firing that races this finds it stale).
+        let ended: Vec<TimerSpec> = match &event {
+            Event::NodeCompleted { node, .. } => self
+                .state
+                .node
+                .as_ref()
+                .filter(|n| &n.id == node)
+                .and_then(|n| n.deadline.clone())
+                .into_iter()
+                .collect(),
+            Event::RunCompleted { .. } | Event::RunFailed { .. } | Event::RunCancelled { .. } => [
+                self.state.node.as_ref().and_then(|n| n.deadline.clone()),
+                self.state.deadline.clone(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            _ => Vec::new(),
+        };
+        // The run's vault is not wanted once the run has ended.
+        if matches!(
+            event,
+            Event::RunCompleted { .. } | Event::RunFailed { .. } | Event::RunCancelled { .. }
+        ) && self.plan_vaults()
+            && !self.out.commands.contains(&Command::DropRunSecrets)
+        {
+            self.command(Command::DropRunSecrets);
+        }
+        for t in ended {
+            if !self
+                .out
+                .commands
+                .iter()
+                .any(|c| matches!(c, Command::CancelTimer { timer_id } if *timer_id == t.timer_id))
+            {
+                self.command(Command::CancelTimer {
+                    timer_id: t.timer_id,
+                });
+            }
+        }
+        if let Some(processed) = self.process_after(&event) {
+            self.state.apply(&processed);
+            self.out.events.push(processed);
+        }
+        self.state.apply(&event);
+        let vars = self.outcome_vars(&event);
+        if let Some(keep) = self.cache_store(&event) {
+            self.command(keep);
+        }
+        self.out.events.push(event);
+        if let Some(vars) = vars {
+            self.state.apply(&vars);
+            self.out.events.push(vars);
+        }
+    }
+
+    /// Before a call's result is recorded: its tool's `process.after`,
+    /// evaluated over the raw result, as an [`Event::ToolCallProcessed`]
+    /// (none for a probe, or a tool without it). See `machine/process.rs`.
+    fn process_after(&self, event: &Event) -> Option<Event> {
+        let (call_id, result) = match event {
+            Event::ToolCallCompleted {
+                call_id, result, ..
+            } => (call_id, result),
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Succeeded,
+                result,
+                ..
+            } => (call_id, result.as_ref().unwrap_or(&Value::Null)),
+            _ => return None,
+        };
+        let call = self.state.tool_calls.get(call_id)?;
+        if call.probe_for.is_some() {
+            return None;
+        }
+        let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
+        let after = tool.process.as_ref()?.after.as_ref()?;
+        let done = process::after(after, &call.arguments, result);
+        Some(Event::ToolCallProcessed {
+            call_id: call_id.clone(),
+            tool: call.tool.clone(),
+            stage: "after".to_owned(),
+            outcome: done.outcome.to_owned(),
+            message: done.message,
+            error: done.error,
+            result: done.result,
+        })
+    }
+
+    /// After a call's result or final failure: its tool's `on_result.set`
+    /// or `on_error.set`, evaluated over `{"result": ...}` or
+    /// `{"error": {"message": ...}}`, as an [`Event::ToolVarsSet`] (none
+    /// for a probe, or a tool without them). An expression that fails sets
+    /// nothing and is recorded in the event's `errors`; the call itself
+    /// keeps its outcome.
+    fn outcome_vars(&self, event: &Event) -> Option<Event> {
+        let (call_id, input, from) = match event {
+            Event::ToolCallCompleted {
+                call_id, result, ..
+            } => (call_id, json!({ "result": result }), "on_result"),
+            Event::ToolCallFailed { call_id, error, .. } => (
+                call_id,
+                json!({ "error": { "message": error } }),
+                "on_error",
+            ),
+            // An uncertain call resolved (by an operator, a probe or a late
+            // result) completes or fails for good here.
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Succeeded,
+                result,
+                ..
+            } => (call_id, json!({ "result": result }), "on_result"),
+            Event::UncertainOutcomeResolved {
+                call_id,
+                resolution: ResolutionKind::Failed,
+                error,
+                ..
+            } => (
+                call_id,
+                json!({ "error": { "message": error } }),
+                "on_error",
+            ),
+            _ => return None,
+        };
+        let call = self.state.tool_calls.get(call_id)?;
+        if call.probe_for.is_some() {
+            return None;
+        }
+        // `on_result` reads the result as `process.after` made it (the
+        // state holds it); a result `after` blocked runs neither.
+        let input = if from == "on_result" {
+            if call.status != CallStatus::Completed {
+                return None;
+            }
+            json!({ "result": call.result.clone().unwrap_or(Value::Null) })
+        } else {
+            input
+        };
+        let tool = &self.state.plan.as_ref()?.tools.get(&call.tool)?.def;
+        let exprs = if from == "on_result" {
+            &tool.on_result
+        } else {
+            &tool.on_error
+        };
+        if exprs.is_empty() {
+            return None;
+        }
+        let mut values = serde_json::Map::new();
+        let mut errors = std::collections::BTreeMap::new();
+        for (var, expr) in exprs {
+            match expr.eval(&input) {
+                Ok(value) => {
+                    values.insert(var.clone(), value);
+                }
+                Err(e) => {
+                    errors.insert(var.clone(), format!("`{}`: {e}", expr.source()));
+                }
+            }
+        }
+        Some(Event::ToolVarsSet {
+            call_id: call_id.clone(),
+            tool: call.tool.clone(),
+            from: from.to_owned(),
+            values,
+            errors,
+        })
+    }
+
+    pub(crate) fn command(&mut self, command: Command) {
+        self.out.commands.push(command);
+    }
+
+    pub(crate) fn wrong_status(&self, detail: &str) -> MachineError {
+        MachineError::WrongStatus {
+            status: self.state.status.as_str(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    /// Results and failures are recorded while the run is paused too: a
+    /// result that arrives is never thrown away.
+    pub(crate) fn require_active(&self, what: &str) -> Result<(), MachineError> {
+        if matches!(
+            self.state.status,
+            RunStatus::Running | RunStatus::Paused | RunStatus::Waiting
+        ) {
+            Ok(())
+        } else {
+            Err(self.wrong_status(what))
+        }
+    }
+
+    pub(crate) fn require_open_model_call(&self, call_id: &str) -> Result<(), MachineError> {
+        let open = self
+            .state
+            .node
+            .as_ref()
+            .and_then(|n| n.model_call.as_ref())
+            .is_some_and(|c| c.call_id == call_id);
+        if open {
+            Ok(())
+        } else {
+            Err(MachineError::CallNotOpen {
+                call_id: call_id.to_owned(),
+                detail: "no such open model call".into(),
+            })
+        }
+    }
+
+    pub(crate) fn require_open_tool_call(
+        &self,
+        call_id: &str,
+    ) -> Result<&state::ToolCallState, MachineError> {
+        match self.state.tool_calls.get(call_id) {
+            Some(call) if call.status == CallStatus::Open => Ok(call),
+            Some(call) => Err(MachineError::CallNotOpen {
+                call_id: call_id.to_owned(),
+                detail: format!("it is {:?}", call.status).to_lowercase(),
+            }),
+            None => Err(MachineError::CallNotOpen {
+                call_id: call_id.to_owned(),
+                detail: "no such tool call".into(),
+            }),
+        }
+    }
+
+    pub(crate) fn plan(&self) -> Result<&RunPlan, MachineError> {
+        self.state
+            .plan
+            .as_deref()
+            .ok_or_else(|| MachineError::InvalidPlan("run has no plan".into()))
+    }
+
+    /// A handle on the plan, for code that changes the state while it reads
+    /// the plan (a reference count, not a copy).
+    fn plan_handle(&self) -> Result<std::sync::Arc<RunPlan>, MachineError> {
+        self.state
+            .plan
+            .clone()
+            .ok_or_else(|| MachineError::InvalidPlan("run has no plan".into()))
+    }
+
+    /// End the run as failed: a node could not go on.
+    fn fail_run(&mut self, error: String) {
+        self.emit(Event::RunFailed { error, stop: None });
+        self.command(Command::CancelOpenTasks);
+    }
+
+    /// End the run, stopped by a budget or a stop condition (typed).
+    fn fail_run_stop(&mut self, error: String, stop: Stop) {
+        self.emit(Event::RunFailed {
+            error,
+            stop: Some(stop),
+        });
+        self.command(Command::CancelOpenTasks);
+    }
+}
+
+/// The task spec of a call of `tool` with `arguments`, sending the request
+/// of its `request_variants:` item `variant` (`None`: the tool's own).
+pub(crate) fn tool_spec(
+    tool: &Pinned<ToolDef>,
+    arguments: &Value,
+    key: &str,
+    variant: Option<&str>,
+) -> Result<Value, MachineError> {
+    let binding = match &tool.def.binding {
+        ToolBindingDef::Http {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+            request,
+        } => ToolBinding::Http(HttpBinding {
+            endpoint: endpoint.clone(),
+            method: method.clone(),
+            headers: headers.clone(),
+            timeout_ms: *timeout_ms,
+            request: request.clone(),
+        }),
+        ToolBindingDef::AsyncWebhook {
+            endpoint,
+            method,
+            headers,
+            timeout_ms,
+            callback_url_field,
+            request,
+            ..
+        } => ToolBinding::AsyncWebhook(AsyncWebhookBinding {
+            http: HttpBinding {
+                endpoint: endpoint.clone(),
+                method: method.clone(),
+                headers: headers.clone(),
+                timeout_ms: *timeout_ms,
+                request: request.clone(),
+            },
+            callback_url_field: callback_url_field.clone(),
+        }),
+        ToolBindingDef::Mcp {
+            server,
+            server_tool,
+            headers,
+            timeout_ms,
+        } => ToolBinding::Mcp(McpBinding {
+            server: server.clone(),
+            server_tool: server_tool.clone(),
+            headers: headers.clone(),
+            timeout_ms: *timeout_ms,
+        }),
+        ToolBindingDef::McpResource {
+            server,
+            uri_template,
+            timeout_ms,
+        } => ToolBinding::McpResource(belay_proto::wire::McpResourceBinding {
+            server: server.clone(),
+            uri_template: uri_template.clone(),
+            timeout_ms: *timeout_ms,
+        }),
+        ToolBindingDef::Sandbox(sandbox) => ToolBinding::Sandbox(sandbox.clone()),
+        ToolBindingDef::Workflow { .. } => {
+            return Err(MachineError::InvalidPlan(format!(
+                "tool `{}` is not called through a worker",
+                tool.def.name
+            )));
+        }
+    };
+    let binding = match variant {
+        None => binding,
+        Some(name) => {
+            let chosen = variants::named(&tool.def, name).ok_or_else(|| {
+                MachineError::InvalidPlan(format!(
+                    "tool `{}` has no request variant `{name}`",
+                    tool.def.name
+                ))
+            })?;
+            variants::apply(binding, chosen)
+        }
+    };
+    let spec = ToolCallSpec {
+        tool: tool.def.name.clone(),
+        tool_version: tool.version,
+        arguments: arguments.clone(),
+        binding,
+        idempotency_key: key.to_owned(),
+        input: None,
+        config_params: inject::config_params(&tool.def),
+        result_secrets: tool
+            .def
+            .result_secrets
+            .iter()
+            .map(|r| belay_proto::wire::ResultSecret {
+                path: r.path.clone(),
+                key: r.key.clone(),
+            })
+            .collect(),
+        variant: variant.map(str::to_owned),
+        sampling: None,
+    };
+    serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
+}
+
+/// Fill absent top-level properties that declare a `default`, so the value
+/// that is validated is the value that is persisted and sent.
+fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (name, prop) in props {
+        if !map.contains_key(name)
+            && let Some(default) = prop.get("default")
+        {
+            map.insert(name.clone(), default.clone());
+        }
+    }
+}
