@@ -28,7 +28,7 @@ const LONG_FILES: &[(&str, usize)] = &[
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("cli/src/main.rs::run", 307),
     ("engine/definitions/src/abl/tool.rs::parse_tool", 530),
-    ("engine/definitions/src/abl/read_props.rs::read_props", 485),
+    ("engine/definitions/src/abl/read_props.rs::read_props", 488),
     (
         "engine/definitions/src/abl/parameters.rs::finish_source",
         270,
@@ -50,7 +50,7 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ),
     (
         "engine/store/src/sqlite/write_decision.rs::write_decision",
-        464,
+        465,
     ),
     ("sdk/src/lib.rs::timeline_line", 267),
 ];
