@@ -10,6 +10,15 @@
 //!
 //! Invariant: a value is never logged, put in an error, an event or a task
 //! spec; [`SecretText`] and [`VaultKey`] print nothing of it in `Debug`.
+//!
+//! # In detail (moved from ARCHITECTURE.md)
+//!
+//! AES-256-GCM of the run secret vault (`aes-gcm`): the key
+//! (`VaultKey`, from `--vault-key` / `BELAY_VAULT_KEY`, 32 bytes as hex or
+//! base64), a fresh 96-bit nonce from the OS per value, and the run id and
+//! vault key as associated data (a row moved to another run or key does not
+//! open). `SecretText` and `VaultKey` hide themselves in `Debug`.
+//! **Invariant:** a vault value is in no event, spec, log or error.
 
 use std::fmt;
 

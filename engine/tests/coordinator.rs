@@ -515,7 +515,7 @@ async fn health_follows_the_database(backend: Backend) {
 
 /// PostgreSQL only (SQLite has one engine process per file): a replica
 /// hears another's wake-ups through `LISTEN/NOTIFY` once each has said hello
-/// (`pg_wakes.rs`: an engine that has heard no other listener sends none).
+/// (`belay-store`'s `postgres/wakes.rs`: an engine that has heard no other listener sends none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_hears_the_wake_ups_of_another_once_it_said_hello() {
     let (db, coord_a, _run) = setup(Backend::Postgres).await;

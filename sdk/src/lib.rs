@@ -939,7 +939,7 @@ pub fn timeline_line(event: &RunEvent) -> String {
 
 /// The most bytes of definition files one registration may carry: the
 /// engine's limit on a bundle (`MAX_JSON_BYTES` in
-/// `engine/src/coordinator.rs`, 4 MiB), which is also its gRPC message limit.
+/// `engine/src/coordinator/mod.rs`, 4 MiB), which is also its gRPC message limit.
 pub const MAX_BUNDLE_BYTES: usize = 4 * 1024 * 1024;
 
 fn check_bundle_size(files: &[v1::DefinitionFile]) -> Result<(), SdkError> {

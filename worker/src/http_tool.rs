@@ -119,7 +119,7 @@ const CONNECT_TIMEOUT_MS: u64 = 10_000;
 
 /// The most bytes of a 2xx response body the worker reads (4 MiB): the
 /// engine's cap on a result document (`MAX_JSON_BYTES` in
-/// `engine/src/coordinator.rs`), so a longer answer could never be
+/// `engine/src/coordinator/mod.rs`), so a longer answer could never be
 /// recorded. Checked against `Content-Length` before reading and while
 /// reading (a chunked body has none); a longer body fails the call with
 /// [`HttpToolError::ResponseTooLarge`].

@@ -325,7 +325,7 @@ async fn the_eu_variant_goes_to_its_endpoint_with_its_method_and_headers() {
     let (us, us_seen) = server(|_| ("application/json", r#"{"ref": "us-1"}"#.into())).await;
     let (eu, eu_seen) = server(|_| ("application/json", r#"{"ref": "eu-1"}"#.into())).await;
     // The task spec as the engine writes it for a call whose `when` chose
-    // `eu` (engine/src/machine/variants.rs): the variant's request merged
+    // `eu` (engine/machine/src/variants.rs): the variant's request merged
     // over the tool's, and its name.
     let base_headers = BTreeMap::from([("X-Region".to_owned(), "us".to_owned())]);
     let mut eu_spec = spec(

@@ -5,6 +5,133 @@
 //! Architecture invariant: pure code. No I/O, no clock, no async: callers
 //! hand in file contents and get values or errors back, so registration can
 //! refuse a bundle before anything is stored ("never half-registered").
+//!
+//! # In detail (moved from ARCHITECTURE.md)
+//!
+//! parses `.tools.abl` (`abl.rs`, `signature.rs`; the
+//! `TYPES:` section of named types in `abl/types.rs`, substituted into the
+//! file's signatures by `signature::expand_named`) and YAML
+//! agents/workflows (`yaml.rs`: node types agent, tool, wait, approval,
+//! branch, set, fail, succeed; durations with humantime), builds JSON Schema
+//! (`schema.rs`; `strict.rs`: a `strict: true` tool's model schema rewritten
+//! into the subset both providers constrain generation to, or a
+//! `StrictSchemaError` naming the tool and the JSON pointer, and
+//! `strip_optional_nulls`, which the machine applies before check 2),
+//! validates cross references; every error carries file, line
+//! and column. Tool bindings: `http`, `async_webhook`, `workflow` and `mcp`
+//! (`server:`, `server_tool:`, `headers:` whose values may hold only
+//! `{{config.NAME}}`, `timeout:`). HTTP tools also take `auth:` +
+//! `auth_config:` (credentials must be `{{config.NAME}}`, so no definition
+//! holds one), `query_params:`, `body_type:` (`json`, `form`, `xml`, `text`;
+//! `xml_root:`), `body_mode:`, `body_template:` (placeholders must name
+//! parameters, or `{{_secret.KEY}}`), `body_schema:` with `use_body_schema:` (compiled when
+//! parsed), `tls_profile:` (a name only), `request_variants:`
+//! (`abl/http_variants.rs`: each variant's overrides merged over the tool's
+//! request and checked as a tool's; `when:` parsed as jq, a bare parameter
+//! name refused with the `.name` form as a hint); the lines above a file's first tool
+//! are its defaults (`base_url`, `auth`, `timeout`, `headers`, `retry`,
+//! `retry_delay`, `rate_limit`), folded into each HTTP tool when parsed.
+//! `abl/pii.rs` reads a tool's `pii_access:` (`user`, `tools`, `original`,
+//! `llm`, or a list; `logs` refused) into `ToolDef.pii_access`, and an
+//! agent's `pii_redaction:` (`true`, `false` or a list of `PiiKind`s) is
+//! read in `yaml.rs`; what they do is `machine/pii.rs`.
+//! `abl/visibility.rs` reads a parameter's `visibility: {model, trace}`
+//! (`model: false` is `hidden: true`; `trace: false` into
+//! `ToolDef.untraced`, only for `string` parameters the model supplies on
+//! `type: http` tools without `confirmation:`, `process:`,
+//! `request_variants:` or `hints.cacheable`).
+//! `abl/secrets.rs` reads a producer's `RESULT_SECRETS:` (`<result_path> ->
+//! <vault_key> (consumers, ttl, single_use)`; the path must be a `string`
+//! field of the return type; `http` and `mcp` tools only) and a consumer's
+//! `SECRET_ACCESS: READ`, into `ToolDef.result_secrets` / `secret_access`,
+//! and checks every `{{_secret.KEY}}` (a tool's own `headers:` and
+//! `body_template:` only, for a key its `READ` lists; refused with its
+//! position anywhere else); `mod.rs` checks `consumers:` against the
+//! bundle (a tool that reads the key, or a registered one). `abl/sampling.rs` reads a `type: mcp` tool's `sampling:` (a Belay
+//! extension: `max_requests`, `max_tokens`) into `ToolDef.sampling`
+//! (left out when absent, so other tools' stored definitions and hashes are
+//! unchanged), refused on other tools and on `resource:` reads.
+//! `abl/process.rs`
+//! checks a tool's `process:` block (jq over `{"args"}` / `{"result", "args"}`,
+//! `on_fail`; `use` refused). `abl/retry.rs`
+//! reads `retry:`, `retry_delay:` and `retry_policy:` (tools a worker calls:
+//! `http`, `async_webhook`, `mcp`; one form per tool) and resolves them, with
+//! every default applied, into the stored `ToolDef.retry_policy`
+//! (`model.rs`: `RetryPolicy`, `base_delay_ms`), which a run pins in its plan. Tools a worker calls also take
+//! `rate_limit:` (calls per second) and `circuit_breaker:` (`threshold`,
+//! `resetMs`), kept on the `ToolDef` (and so pinned in the run's plan); see
+//! `gates.rs`. A tool's `parameters:` block also takes
+//! `required:`, `default:` and a source (`source:` `system` | `runtime` |
+//! `config` | `auth` | `expr` | `lookup` with `value:` / `key:` + `table:`,
+//! a bare `value:`, or `hidden: true`; `finish_source`): such parameters are
+//! `ToolDef.injected` and are left out of `model_input_schema`, the schema
+//! the model is given (`ToolDef::model_schema`). `hints:` (`ToolHints`) and
+//! `effect:` are stored; `hints.timeout` is the timeout when `timeout:` is
+//! absent; `abl/mcp_resource.rs` reads a `type: mcp` tool's `resource:` (a URI
+//! or RFC 6570 level-1 template over the tool's required primitive
+//! parameters) into `ToolBindingDef::McpResource` (wire
+//! `ToolBinding::McpResource`; `idempotent` unless declared); `abl/cache.rs` reads `hints.cache_ttl` (a Belay extension) and
+//! refuses `hints.cacheable: true` on a tool that may act (a side-effecting
+//! `effect:` or `hints.side_effects`, `repeat_safety` other than
+//! `idempotent`, `type: workflow`), with `scrub_secrets: false`, or with a
+//! parameter unique to each call (`ToolDef::cache_ttl_ms` checks the same
+//! again at run time); `confirmation.require: when_side_effects` becomes a
+//! `ConfirmationDef` only for a tool that `has_side_effects` (undeclared
+//! counts as yes, except for a `type: sandbox` tool), so the machine sees
+//! `always` or nothing. `abl/sandbox.rs` reads `type: sandbox` tools
+//! (`runtime:`, `code:`, `memory_mb:`, the sandbox `timeout:`; repeat
+//! safety `idempotent` by default, `reconcile` and request properties
+//! refused, parameter names that are reserved words of the runtime's
+//! language refused) into the wire `SandboxBinding`; `abl/block_scalar.rs`
+//! reads a `key: |` block's raw lines when the file is split into lines
+//! (before the line tree, so `#` and blank lines are text), and only
+//! `code:` accepts one. A literal `until:` must be an RFC 3339 time. A loop of nodes
+//! that neither waits nor does work (only `branch`, `set`, `async`
+//! `workflow` nodes and fixed-time waits) is refused, since a run in it
+//! would go round inside one transition; a loop with a `wait` on a duration
+//! or a signal, an approval, an agent, a tool or a sync child is a loop the
+//! run takes one step at a time (polling), and is allowed. A workflow that
+//! starts itself again through child runs (`workflow` nodes, `type:
+//! workflow` tools of tool nodes or of an agent's tools), directly or
+//! through other workflows of the bundle, is refused with the cycle named
+//! (`mod.rs`, `check_child_cycles`); registered workflows carry no
+//! references here, so a cycle closed by a new version of a registered
+//! workflow is bounded at run time instead (`MAX_CHILD_DEPTH`, coordinator).
+//! `imports.rs`: `file:` imports (a tools file's `file: "path" [a, b]`
+//! line, an agent's `- file:` entry of `tools:`): paths are resolved
+//! relative to the importing file against the bundle's own paths (no file
+//! system; `..` above the importing file and absolute paths refused), tools
+//! files' imports are followed transitively with a cycle check, and each
+//! agent's imported tool names are appended to its `tools` (`mod.rs`,
+//! `resolve_imports`); an import declares no tool. `prop_tests.rs`
+//! (tests only): proptest round trips of generated signatures and
+//! `.tools.abl` files, and of the JSON Schema built from them, with a
+//! fixed seed.
+//! `expr.rs`: jq expressions (`Expr`) and `${ }` templates
+//! (`Template`) over the run's state document, evaluated with jaq. Functions
+//! that read the clock, environment, time zone or input, log, or halt are
+//! refused when parsed, and every output must be JSON. Compiled filters are
+//! shared through a process-wide cache keyed by source text.
+//! Bounded evaluation (jaq has no fuel or interruption hook; `expr.rs`'s
+//! module doc has the whole rule): `expr/guard.rs` refuses when parsed what
+//! can run for ever (recursive `def`s, `repeat`, `while`, `until`,
+//! `recurse(f)`, `combinations`, literal `range`s past 100 000 values or
+//! with step 0, a string repeated by a computed count); evaluation counts
+//! `range`'s values (100 000 per evaluation) and the value's size (1 MiB of
+//! JSON, counted while converting, so a shared structure stops early);
+//! evaluation and compilation run on a thread with a 256 MiB stack (jaq
+//! drops nested values and parses nested text recursively: a 2 MiB stack
+//! aborts the process at ~10 000 levels of a value, ~200 brackets of text
+//! in a debug build), and an expression is at most 16 KiB of text. This
+//! makes every evaluation end; it does not bound its cost (a value that
+//! squares at each step of a bounded loop, `reduce range(40) as $i (2; .
+//! * .)`, exhausts memory; `def f(g): g | g; f(f(…))` runs for years), since
+//! no hook exists to count it: the cost is bounded by `expr_sandbox.rs`
+//! (below), behind a hook (`expr::set_remote`) through which
+//! `Expr::eval` / `Template::render` send compiled expressions to an
+//! evaluator process. `model.rs` holds the stored definition types.
+//! **Invariant:** pure, no I/O, except the evaluation hook described in
+//! `expr_sandbox.rs` (this directory names no process, pipe or clock).
 
 pub mod expr;
 pub mod model;

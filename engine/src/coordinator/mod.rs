@@ -23,6 +23,45 @@
 //! - `background.rs`: the loops every replica runs: LISTEN/NOTIFY relay, the
 //!   sweeper (expired leases, due timers, the tool cache) and the outbox
 //!   (child runs).
+//!
+//! # In detail (moved from ARCHITECTURE.md)
+//!
+//! (dispatch takes the tenant's current grants from the
+//! locked task row, `TaskRow::tenant_grants`, read by the transition's lock
+//! statement, for the machine's permission check right before the tool
+//! acts) resolves a workflow's definitions into a run plan
+//! (agents, tools of agents and tool nodes, reconcile probes; an MCP tool
+//! declared without `repeat_safety:` gets the newest reported listing's
+//! `suggested_repeat_safety`, else `never`, pinned into the plan; a
+//! `hints.cacheable` tool without `hints.cache_ttl` gets the engine's
+//! `--tool-cache-ttl-ms`, pinned the same way), reads the engine's clock
+//! for a run's start when a tool of its plan fills in the time
+//! (`start_state`), fences task
+//! changes by attempt, long-polls claims on the store's wake-ups
+//! (`Store::listen`; a claim that took fewer tasks than it asked for is
+//! remembered with `Store::tasks_wake_seq`, and until a wake-up moves that
+//! count, the next ready task is due, or 100 ms pass, later claims wait
+//! without a statement: `NothingClaimable`), sweeps expired leases, fires due timers
+//! (`fire_due_timers`, telling the machine how late each fires), deletes
+//! expired tool cache entries once a minute (`purge_tool_cache`), delivers signals (`signal_run`) and approval decisions
+//! (`decide_approval`), seals a producer's values into the run's vault
+//! (`complete_with_secrets`: only keys the tool declares; a value the worker
+//! left at a declared path is taken out too; no vault key fails the call,
+//! and a producer is refused at dispatch before it acts), wraps a tool
+//! call's result, failure or question for a person that came with MCP
+//! sampling usage into `Input::ToolCallSampled` (`complete_sampled`,
+//! `fail_sampled`, `request_tool_input`; usage of a late result is logged,
+//! not charged) and opens a
+//! consumer's (`dispatch_call`, returning them with the callback URL in
+//! `Dispatched`; a value that does not open is left out), and carries out the outbox (`process_outbox`: start a
+//! child run with its derived id, tell a parent its child ended, cancel a
+//! child; each idempotent, so at-least-once is enough). A child that would
+//! nest more than `MAX_CHILD_DEPTH` (8) levels below a top-level run
+//! (counted through `runs.parent_run_id`, `Store::run_depth`) is not
+//! created: its parent hears it as a child that could not start, so the
+//! starting node or call fails. **Invariant:** holds
+//! no state the database does not; any number of coordinators run against one
+//! database without a leader.
 
 use std::sync::Arc;
 

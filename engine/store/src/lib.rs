@@ -21,6 +21,97 @@
 //! same names in both, so that a method's two versions sit at the same
 //! relative path (`postgres/tasks.rs` beside `sqlite/tasks.rs`);
 //! `tool_calls.rs` the audit of tool calls.
+//!
+//! # In detail (moved from ARCHITECTURE.md)
+//!
+//! every SQL statement. `lib.rs` is the one interface (`Store`),
+//! `rows.rs` the row types (with those of the MCP pinning tables;
+//! `tool_calls.rs`: the audit's `ToolCallRecord`, read from a proposal event
+//! and the events of its call as the fold reads them, and the page of
+//! proposals both backends select); it dispatches each call to the backend it was opened
+//! on: `postgres/` or `sqlite/` (each with the webhook notifications' SQL in its `notifications.rs`). Both write the `outbox` of cross-run work (child runs) in the transition that asks for it.
+//! Both backends have methods of the same names and signatures, so `Store`
+//! does not compile when they drift. `Store::transition` locks the run row
+//! (then the task row), folds the events, calls the decision function,
+//! appends events with gapless `seq`, applies commands and updates the run
+//! row, all in one transaction, and wakes claimers and watchers once it has
+//! committed. On PostgreSQL the lock statement also reads the engine's clock
+//! (`belay_now()`, once), and a decision whose commands are only the hot
+//! path's task writes (schedule, retry, mark dispatched, end; each on a
+//! different call) is written in one statement with its events and run row
+//! (`TaskWrites` in `postgres/write_decision.rs`: data-modifying CTEs over arrays, the
+//! one update only of the transition's own locked task, by a scalar primary
+//! key (`OwnWrite`), so no generic plan can read the run's whole index range
+//! or, prepared while `tasks` was small, scan the whole table; an update of
+//! another task takes the per-command path), so a step's transition is
+//! BEGIN, lock, write, COMMIT; any other decision is written a command at a
+//! time. `events` and `tasks` have no foreign key to `runs` (migration
+//! `20261205000080`: a checking query per inserted row); every write to them
+//! holds the run row's lock and no run is deleted. Heartbeats stay off
+//! `tasks`: a claim sets `tasks.lease_expires_at`, a heartbeat upserts the
+//! narrow `task_heartbeats` row of that attempt (migration `20261206000090`,
+//! no secondary index, so HOT updates), and a lease holds while either is in
+//! the future (`lease_holds!`: the lock statement, the sweeper's
+//! `expired_leases`, the heartbeat itself; a heartbeat never shortens a
+//! lease, on SQLite either); the sweeper deletes extensions of ended or
+//! re-claimed attempts once a minute (`purge_stale_heartbeats`). Pooled connections are
+//! pinged on hand-out only after 1 s idle (sqlx pings every hand-out by
+//! default; it still pings every connection given back). PostgreSQL: row locks, `SKIP LOCKED` claims (in `tasks_ready`
+//! order, each candidate's run looked up by a scalar sub-select,
+//! `run_admits_task!`, never a join a generic plan could make a scan of
+//! `runs`), any number of
+//! engines; wake-ups (`postgres/wakes.rs`) go to the engine's own listener at once
+//! and to other replicas by `pg_notify`, batched (the sender waits 2 ms,
+//! `COALESCE`, for more to join), from a background sender
+//! and never inside a transition (a `NOTIFY` in a transaction serialises
+//! the commits of all notifying transactions: 8x fewer commits/s, measured;
+//! its module doc), each waiter polling every second for a lost one. A
+//! listening engine sends them only while it has heard another listener
+//! in the last 30 s: listeners say `hello` when `LISTEN` starts and every
+//! 10 s and answer another's with `here` (a lone engine sends no
+//! notification at all). A decision wakes claimers when it schedules or
+//! re-queues a task or resumes its run (`store::wakes_tasks`).
+//! SQLite: one writer connection with `BEGIN IMMEDIATE` (the whole database
+//! is the lock), WAL with `synchronous=FULL`, an in-process broadcast for
+//! wake-ups, and an exclusive `flock` on the database file, so one engine process per
+//! file. Each engine keeps the
+//! folded state of recently changed runs in memory (bounded) and folds only
+//! the events appended since, read under the run lock, so a step does not
+//! replay the whole history; events are immutable and `seq` gapless, so a
+//! cached prefix plus the tail is the fold. **Invariant:** the only module
+//! that speaks SQL; lease expiry is judged by the database's clock
+//! (PostgreSQL `now()`, SQLite `'now'`); only a committed state is cached;
+//! every store test in `engine/tests/` runs on both backends; every event
+//! row carries its run's `tenant` (written with it, never changed), so a
+//! tenant's tool-call proposals are one partial index (`events_tool_calls`)
+//! instead of a join through `runs`. The lock statement of a transition also
+//! reads the engine's clock, handed to the machine as `RunState.now`. A
+//! decision that asks for cache lookups (`Command::LookupToolCache`) is
+//! served in its transaction (`serve_from_cache` in each backend, its
+//! rules in `CacheServing` in `transition.rs`): each key is read from `tool_cache`
+//! (live by the engine's clock), and a hit leaves out the call's task and
+//! appends the machine's decision of `Input::ToolCacheHit`, whose own
+//! lookups are served too, at most `MAX_CACHE_HITS_PER_TRANSITION` (16)
+//! hits; a decision without lookups costs no statement. `Command::StoreToolCache`
+//! upserts the entry; `purge_expired_tool_cache` deletes expired ones. `Store::transition_task_gated` (dispatch)
+//! passes a tool's gates when the decision asks for them: it reads the
+//! tool's `tool_gates` row (PostgreSQL: `FOR UPDATE` for a rate-limited tool;
+//! a tool with only a breaker reads without a lock and locks only when the
+//! circuit is not closed), applies `gates::admit`, writes the row back, and
+//! decides again with the verdict if the call is held back; all in the
+//! dispatch's transaction. `Command::RecordToolOutcome` moves the circuit in
+//! the transaction of the result (a success is one `UPDATE` that touches the
+//! row only when there is something to clear). A tool without gates costs
+//! no statement.
+//! The run secret vault is the table `run_secrets` (run, key, producer call,
+//! nonce, ciphertext, `expires_at` by the engine's clock, `single_use`,
+//! `consumers`, `consumed_by_call`): `Command::VaultSecrets` upserts (a key
+//! written again is unconsumed), `Command::RestoreSecrets` is one `UPDATE …
+//! RETURNING` that reads the keys the tool may read (its `consumers`, not
+//! expired, not consumed by another call) and consumes the single-use ones
+//! for the call, and hands the rows back in `Applied::secrets`;
+//! `Command::DropRunSecrets` deletes the run's rows. `Store::run_secrets`
+//! lists a run's rows without values (tests, operators).
 
 mod postgres;
 mod rows;
