@@ -336,10 +336,6 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         tracing::warn!("the admin token is shorter than {RECOMMENDED_TOKEN_CHARS} characters");
     }
 
-    let grpc_listener = bind("--listen", &args.listen).await?;
-    let admin_listener = bind("--admin-listen", &args.admin_listen).await?;
-    let grpc_addr = grpc_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
     let vault_key = match args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
         Some(key) => Some(
             belay_engine::vault::VaultKey::parse(key)
@@ -355,9 +351,6 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },
         vault_key,
-        // Callbacks of `type: async_webhook` tools are served beside the
-        // admin endpoint (one port fewer for a developer).
-        callback_base_url: Some(format!("http://{}", reachable(admin_addr))),
         ..EngineOptions::new(store_url, DB_CONNECTIONS)
     })
     .await
@@ -368,8 +361,22 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             database.named(),
             one_line(e.to_string())
         ),
-        e => anyhow!("--admin-listen: {e}"),
+        e => anyhow::Error::new(e).context("--vault-key (BELAY_VAULT_KEY)"),
     })?;
+    let grpc_listener = bind("--listen", &args.listen).await?;
+    let admin_listener = bind("--admin-listen", &args.admin_listen).await?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+    // Callbacks of `type: async_webhook` tools are served beside the admin
+    // endpoint (one port fewer for a developer).
+    engine
+        .serve_callbacks_at(&format!("http://{}", reachable(admin_addr)))
+        .map_err(|e| {
+            anyhow!(
+                "--admin-listen: {}",
+                one_line(format!("{:#}", anyhow::Error::new(e)))
+            )
+        })?;
     let (engine_stop, engine_stopped) = watch::channel(false);
     let listeners = Listeners {
         admin: Some((admin_listener, auth)),

@@ -188,30 +188,8 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(feature = "mcp-server")]
     let mcp = mcp_settings(&args.mcp)?;
 
-    let grpc = bind(&args.listen, "").await?;
-    let addr = grpc.local_addr()?;
-    let admin = if auth.is_empty() {
-        tracing::info!("no admin tokens configured: the admin endpoint is not served");
-        None
-    } else {
-        Some((bind(&args.admin_listen, "the admin endpoint ").await?, auth))
-    };
-    let (callbacks, callback_base_url) = if args.callback_listen.trim().is_empty() {
-        (None, None)
-    } else {
-        let l = bind(&args.callback_listen, "the callback endpoint ").await?;
-        let base = callback_base_url(&args, &l)?;
-        (Some(l), Some(base))
-    };
-    #[cfg(feature = "mcp-server")]
-    let mcp = match mcp {
-        Some(settings) => Some((
-            bind(&args.mcp.mcp_listen, "the MCP endpoint ").await?,
-            settings,
-        )),
-        None => None,
-    };
-
+    // The database first (as before the builder): a second engine on one
+    // SQLite file, or an unreachable database, is named before any port.
     let engine = Engine::start(EngineOptions {
         database_url: database_url.to_owned(),
         db_connections: args.db_connections,
@@ -222,21 +200,43 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },
         vault_key,
-        callback_base_url,
+        callback_base_url: None,
         webhook,
     })
     .await
     .map_err(|e| match e {
-        ServeError::Setting {
-            setting: "callback base URL",
-            ..
-        } => anyhow::Error::new(e).context("--callback-base-url (BELAY_CALLBACK_BASE_URL)"),
         ServeError::Setting { .. } => {
             anyhow::Error::new(e).context("--vault-key (BELAY_VAULT_KEY)")
         }
         ServeError::Webhook(_) => anyhow::Error::new(e).context("--webhook-url / --webhook-secret"),
         e => anyhow::Error::new(e),
     })?;
+
+    let grpc = bind(&args.listen, "").await?;
+    let addr = grpc.local_addr()?;
+    let admin = if auth.is_empty() {
+        tracing::info!("no admin tokens configured: the admin endpoint is not served");
+        None
+    } else {
+        Some((bind(&args.admin_listen, "the admin endpoint ").await?, auth))
+    };
+    let callbacks = if args.callback_listen.trim().is_empty() {
+        None
+    } else {
+        let l = bind(&args.callback_listen, "the callback endpoint ").await?;
+        engine
+            .serve_callbacks_at(&callback_base_url(&args, &l)?)
+            .context("--callback-base-url (BELAY_CALLBACK_BASE_URL)")?;
+        Some(l)
+    };
+    #[cfg(feature = "mcp-server")]
+    let mcp = match mcp {
+        Some(settings) => Some((
+            bind(&args.mcp.mcp_listen, "the MCP endpoint ").await?,
+            settings,
+        )),
+        None => None,
+    };
 
     // Tests and scripts read this line to find the port: keep it first.
     println!("listening on http://{addr}");

@@ -113,14 +113,14 @@ pub enum CallbackListener {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The database could not be reached or opened.
-    #[error("connecting to the database: {0}")]
+    #[error("connecting to the database")]
     Connect(#[source] StoreError),
     /// A migration failed (or the database holds one this engine does not
     /// know).
-    #[error("applying migrations: {0}")]
+    #[error("applying migrations")]
     Migrate(#[source] StoreError),
     /// The vault key or the callback base URL was refused.
-    #[error("{setting}: {source}")]
+    #[error("{setting}")]
     Setting {
         /// The setting, e.g. `vault key`.
         setting: &'static str,
@@ -129,7 +129,7 @@ pub enum ServeError {
         source: CoordinatorError,
     },
     /// The webhook URL or secret was refused.
-    #[error("webhook: {0}")]
+    #[error("webhook")]
     Webhook(#[source] NotifyError),
     /// An endpoint failed, or ended before the shutdown.
     #[error("{endpoint}: {message}")]
@@ -186,6 +186,20 @@ impl Engine {
         Ok(Engine { coord, notifier })
     }
 
+    /// Serves callbacks of `type: async_webhook` tools at `base_url` (what
+    /// [`EngineOptions::callback_base_url`] does, for a caller that binds
+    /// its listeners after the database is open).
+    ///
+    /// Errors: [`ServeError::Setting`] when the URL is refused.
+    pub fn serve_callbacks_at(&self, base_url: &str) -> Result<(), ServeError> {
+        self.coord
+            .serve_callbacks_at(base_url)
+            .map_err(|source| ServeError::Setting {
+                setting: "callback base URL",
+                source,
+            })
+    }
+
     /// The coordinator (to register definitions or start runs in-process).
     pub fn coordinator(&self) -> &Arc<Coordinator> {
         &self.coord
@@ -194,7 +208,8 @@ impl Engine {
     /// Serves `listeners` and runs the background work (LISTEN relay,
     /// lease sweeper, timers, outbox, notifications) until `shutdown`
     /// completes; then every endpoint drains gracefully and the background
-    /// work stops, and the store is closed. An endpoint that fails, or ends by itself, stops the
+    /// work stops, and the store is closed. Endpoints get 10 s to finish
+    /// their requests after the shutdown, then they are closed. An endpoint that fails, or ends by itself, stops the
     /// others too: a pod without its admin endpoint is restarted rather
     /// than left half-serving.
     ///
@@ -217,10 +232,22 @@ impl Engine {
             Some(joined) = endpoints.join_next() => Some(ended_early(joined)),
         };
         let _ = stop_tx.send(true);
-        while let Some(joined) = endpoints.join_next().await {
-            if let Err(e) = joined_result(joined) {
-                failed.get_or_insert(e);
+        let drained = tokio::time::timeout(DRAIN_GRACE, async {
+            while let Some(joined) = endpoints.join_next().await {
+                if let Err(e) = joined_result(joined) {
+                    failed.get_or_insert(e);
+                }
             }
+        })
+        .await;
+        if drained.is_err() {
+            // A client holding a request open (half sent) must not keep a
+            // stopping engine, and its database lock, alive.
+            tracing::warn!(
+                grace_s = DRAIN_GRACE.as_secs(),
+                "endpoints still had requests in flight after the grace period; closing them"
+            );
+            endpoints.abort_all();
         }
         for handle in background {
             handle.abort();
@@ -229,6 +256,11 @@ impl Engine {
         failed.map_or(Ok(()), Err)
     }
 }
+
+/// How long the endpoints may take to finish their requests after the
+/// shutdown, as the gRPC API's own grace (`api::serve`): then they are
+/// closed.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// What an endpoint task returns: its name, and how it ended.
 type Ended = (&'static str, Result<(), String>);

@@ -34,7 +34,7 @@
 //! `abl/pii.rs` reads a tool's `pii_access:` (`user`, `tools`, `original`,
 //! `llm`, or a list; `logs` refused) into `ToolDef.pii_access`, and an
 //! agent's `pii_redaction:` (`true`, `false` or a list of `PiiKind`s) is
-//! read in `yaml.rs`; what they do is `machine/pii.rs`.
+//! read in `yaml.rs`; what they do is `belay-machine`'s `pii.rs`.
 //! `abl/visibility.rs` reads a parameter's `visibility: {model, trace}`
 //! (`model: false` is `hidden: true`; `trace: false` into
 //! `ToolDef.untraced`, only for `string` parameters the model supplies on
