@@ -13,7 +13,10 @@
 //! Authentication runs before a request body is read, so a request without
 //! a valid token changes nothing and learns nothing.
 
+mod keys;
 mod openapi;
+
+pub use keys::{KEY_REVOKE_PATH, KEYS_PATH, valid_principal_id};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,10 +36,11 @@ use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
+pub use crate::auth::{AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
 use crate::audit::ToolCallFilter;
+use crate::auth::{AuthError, Authenticator, Credentials, Principal, Role};
 use crate::coordinator::{Coordinator, CoordinatorError, UncertainFilter};
 use crate::error_code::ErrorCode;
 use crate::machine::Resolution;
@@ -97,6 +101,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", MCP_TOOL_PATH),
     ("POST", MCP_TOOL_ACCEPT_PATH),
     ("GET", TOOL_CALLS_PATH),
+    ("GET", KEYS_PATH),
+    ("POST", KEYS_PATH),
+    ("POST", KEY_REVOKE_PATH),
 ];
 
 /// Errors of the admin layer. Each has one [`ErrorCode`]
@@ -105,10 +112,10 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// mapped in [`crate::error_code`], the one place for every wire.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
-    /// The token configuration (`name:token[:tenant],...`) is malformed.
-    /// Never produced by a request.
-    #[error("invalid token configuration (`name:token[:tenant],…`): {0}")]
-    Config(String),
+    /// A fault of the endpoint itself (no randomness for a key). Never
+    /// produced by a request's content.
+    #[error("{0}")]
+    Internal(String),
     /// No bearer token, or one that matches no configured token: 401.
     #[error("{0}")]
     Unauthorized(String),
@@ -158,7 +165,7 @@ impl AdminError {
     /// ([`CoordinatorError::code`]).
     pub fn error_code(&self) -> ErrorCode {
         match self {
-            AdminError::Config(_) | AdminError::Io(_) => ErrorCode::Internal,
+            AdminError::Internal(_) | AdminError::Io(_) => ErrorCode::Internal,
             AdminError::Unauthorized(_) => ErrorCode::Unauthenticated,
             AdminError::Forbidden(_) => ErrorCode::PermissionDenied,
             AdminError::BadRequest { .. } => ErrorCode::InvalidArgument,
@@ -196,7 +203,7 @@ impl AdminError {
         let (message, details) = match self {
             AdminError::BadRequest { message, details } => (message.clone(), details.clone()),
             AdminError::Coordinator(e) => (e.public_message(), e.details()),
-            AdminError::Config(_) | AdminError::Io(_) => (
+            AdminError::Internal(_) | AdminError::Io(_) => (
                 "internal error of the admin endpoint".to_owned(),
                 Vec::new(),
             ),
@@ -213,7 +220,7 @@ impl IntoResponse for AdminError {
             AdminError::Coordinator(CoordinatorError::Store(e)) => {
                 tracing::error!(error = %e, "admin request failed in the store");
             }
-            AdminError::Config(_) | AdminError::Io(_) => {
+            AdminError::Internal(_) | AdminError::Io(_) => {
                 tracing::error!(error = %self, "admin request failed");
             }
             _ => tracing::debug!(status = status.as_u16(), error = %self, "admin request refused"),
@@ -330,277 +337,99 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for AdminPa
 
 // ---- authentication ------------------------------------------------------
 
-/// One admin token: a name (recorded as who resolved or paused), the
-/// secret (kept only as its SHA-256 digest) and a tenant scope (`*` = every
-/// tenant). `Debug` never prints the secret.
-#[derive(Clone)]
-pub struct AdminToken {
-    name: String,
-    digest: [u8; 32],
-    tenant: String,
-    short: bool,
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminToken")
-            .field("name", &self.name)
-            .field("tenant", &self.tenant)
-            .field("token", &"<redacted>")
-            .finish()
-    }
-}
-
-/// Tokens shorter than this are accepted but reported by [`AdminAuth::weak_tokens`].
-pub const RECOMMENDED_TOKEN_CHARS: usize = 16;
-
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
-}
-
-impl AdminToken {
-    /// A token named `name` (letters, digits, `.`, `_`, `-`, `@`; at most 64),
-    /// with secret `token` (no whitespace, `,` or `:`), for `tenant` (`*` for
-    /// every tenant). Errors: [`AdminError::Config`] naming what is wrong,
-    /// never echoing the secret.
-    pub fn new(name: &str, token: &str, tenant: &str) -> Result<AdminToken, AdminError> {
-        if !valid_name(name) {
-            return Err(AdminError::Config(format!(
-                "token name {name:?} must be 1 to 64 letters, digits, `.`, `_`, `-` or `@`"
-            )));
-        }
-        if token.is_empty()
-            || token
-                .chars()
-                .any(|c| c.is_whitespace() || c == ',' || c == ':')
-        {
-            return Err(AdminError::Config(format!(
-                "the token of `{name}` must be non-empty, without whitespace, `,` or `:`"
-            )));
-        }
-        if tenant != "*"
-            && (tenant.is_empty() || tenant.chars().any(|c| c.is_whitespace() || c == '/'))
-        {
-            return Err(AdminError::Config(format!(
-                "the tenant of token `{name}` must be `*` or a tenant name, got {tenant:?}"
-            )));
-        }
-        Ok(AdminToken {
-            name: name.to_owned(),
-            digest: Sha256::digest(token.as_bytes()).into(),
-            tenant: tenant.to_owned(),
-            short: token.chars().count() < RECOMMENDED_TOKEN_CHARS,
-        })
-    }
-
-    /// The token's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The tenant scope (`*` = every tenant).
-    pub fn tenant(&self) -> &str {
-        &self.tenant
-    }
-
-    /// Whether this token may act for `tenant`.
-    pub fn allows(&self, tenant: &str) -> bool {
-        self.tenant == "*" || self.tenant == tenant
-    }
-}
-
-/// The configured admin tokens. Parse from the `BELAY_ADMIN_TOKENS` format:
-/// comma-separated `name:token[:tenant]` entries, tenant defaulting to `*`
-/// (every tenant), e.g. `ops:s3cr3t-0123456789,acme-bot:t0k3n-abcdefgh:acme`.
-/// Names and tokens must be unique. Presented tokens are compared in constant
-/// time (SHA-256 digests compared without early exit, over every token).
-#[derive(Debug, Clone, Default)]
-pub struct AdminAuth {
-    tokens: Vec<AdminToken>,
-}
-
-impl AdminAuth {
-    /// Auth over `tokens`. Errors: [`AdminError::Config`] on a duplicate name
-    /// or token.
-    pub fn new(tokens: Vec<AdminToken>) -> Result<AdminAuth, AdminError> {
-        for (i, t) in tokens.iter().enumerate() {
-            for u in &tokens[..i] {
-                if u.name == t.name {
-                    return Err(AdminError::Config(format!(
-                        "token name `{}` is given twice",
-                        t.name
-                    )));
-                }
-                if u.digest == t.digest {
-                    return Err(AdminError::Config(format!(
-                        "tokens `{}` and `{}` are the same secret",
-                        u.name, t.name
-                    )));
-                }
-            }
-        }
-        Ok(AdminAuth { tokens })
-    }
-
-    /// Parse `name:token[:tenant],...` (see [`AdminAuth`]); empty entries are
-    /// skipped, so an empty string means no tokens.
-    pub fn parse(spec: &str) -> Result<AdminAuth, AdminError> {
-        let mut tokens = Vec::new();
-        for (i, entry) in spec.split(',').map(str::trim).enumerate() {
-            if entry.is_empty() {
-                continue;
-            }
-            let parts: Vec<&str> = entry.split(':').collect();
-            let token = match parts.as_slice() {
-                [name, token] => AdminToken::new(name, token, "*")?,
-                [name, token, tenant] => AdminToken::new(name, token, tenant)?,
-                _ => {
-                    // Not echoed: a lone value may well be a secret.
-                    return Err(AdminError::Config(format!(
-                        "entry {} has {} `:`-separated part(s), not `name:token[:tenant]`",
-                        i + 1,
-                        parts.len()
-                    )));
-                }
-            };
-            tokens.push(token);
-        }
-        AdminAuth::new(tokens)
-    }
-
-    /// Whether no token is configured (the endpoint is then not served).
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-
-    /// The configured tokens.
-    pub fn tokens(&self) -> &[AdminToken] {
-        &self.tokens
-    }
-
-    /// Names of tokens shorter than [`RECOMMENDED_TOKEN_CHARS`].
-    pub fn weak_tokens(&self) -> Vec<&str> {
-        self.tokens
-            .iter()
-            .filter(|t| t.short)
-            .map(|t| t.name.as_str())
-            .collect()
-    }
-
-    /// The token an `Authorization: Bearer <token>` header names.
-    /// Errors: [`AdminError::Unauthorized`] when it is missing, not a bearer
-    /// token, or matches no configured token.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<&AdminToken, AdminError> {
-        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
-            AdminError::Unauthorized(
-                "missing bearer token: send `Authorization: Bearer <token>`".into(),
-            )
-        })?;
-        let value = value
-            .to_str()
-            .map_err(|_| AdminError::Unauthorized("invalid bearer token".into()))?;
-        let presented = match value.trim().split_once(' ') {
-            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
-            _ => {
-                return Err(AdminError::Unauthorized(
-                    "the Authorization header is not `Bearer <token>`".into(),
-                ));
-            }
-        };
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        let mut found = None;
-        for t in &self.tokens {
-            // No early exit: the time taken does not depend on which token
-            // (if any) matches, nor on how many bytes match.
-            if digest_eq(&t.digest, &digest) && found.is_none() {
-                found = Some(t);
-            }
-        }
-        found.ok_or_else(|| AdminError::Unauthorized("invalid bearer token".into()))
-    }
-}
-
-impl FromStr for AdminAuth {
-    type Err = AdminError;
-
-    fn from_str(s: &str) -> Result<AdminAuth, AdminError> {
-        AdminAuth::parse(s)
-    }
-}
-
-/// Constant-time equality of two digests.
-fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    std::hint::black_box(diff) == 0
-}
-
-/// The authenticated caller of a tenant route (inserted by the auth layer).
-#[derive(Debug, Clone)]
-pub struct Principal {
-    /// The token's name.
-    pub token_name: String,
-}
-
-impl Principal {
-    /// Who acted: `<token name>` or `<token name>/<operator>`.
-    /// Errors: [`AdminError::BadRequest`] for an empty, over-long or
-    /// control-character operator.
-    pub fn actor(&self, operator: Option<&str>) -> Result<String, AdminError> {
-        match operator {
-            None => Ok(self.token_name.clone()),
-            Some(op) => {
-                let op = op.trim();
-                if op.is_empty()
-                    || op.len() > MAX_OPERATOR_BYTES
-                    || op.chars().any(char::is_control)
-                {
-                    return Err(AdminError::bad_request(format!(
-                        "`operator` must be 1 to {MAX_OPERATOR_BYTES} bytes without control characters"
-                    )));
-                }
-                Ok(format!("{}/{op}", self.token_name))
-            }
-        }
+/// Who acted, as events record it: the principal's id, or
+/// `<id>/<operator>` for a named operator acting through it. Errors:
+/// [`AdminError::BadRequest`] for an empty, over-long or control-character
+/// operator.
+fn actor(principal: &Principal, operator: Option<&str>) -> Result<String, AdminError> {
+    match operator {
+        None => Ok(principal.id.clone()),
+        Some(op) if op.trim().is_empty() => Err(AdminError::bad_request(format!(
+            "`operator` must be 1 to {MAX_OPERATOR_BYTES} bytes without control characters"
+        ))),
+        Some(op) => principal.actor(op).map_err(|_| {
+            AdminError::bad_request(format!(
+                "`operator` must be 1 to {MAX_OPERATOR_BYTES} bytes without control characters"
+            ))
+        }),
     }
 }
 
 #[derive(Debug, Clone)]
 struct AppState {
     coord: Arc<Coordinator>,
-    auth: Arc<AdminAuth>,
+    auth: Authenticator,
 }
 
-/// Auth layer of the tenant routes: 401 without a valid token, 403 when the
-/// token is not scoped to the path's tenant; runs before the body is read.
-async fn require_token(
+/// The roles the tenant routes admit: operating a tenant.
+const OPERATE: &[Role] = &[Role::Operator, Role::Admin];
+
+/// Authenticate a request (401 without a credential that proves a
+/// principal), before anything else of it is looked at.
+async fn authenticate(state: &AppState, req: &Request) -> Result<Principal, AdminError> {
+    let subject = peer_cert_subject(req);
+    let credentials = Credentials::from_headers(req.headers(), subject.as_deref())?;
+    Ok(state.auth.authenticate(credentials).await?)
+}
+
+/// The subject of the connection's verified client certificate.
+fn peer_cert_subject(_req: &Request) -> Option<String> {
+    None
+}
+
+/// Auth layer of the tenant routes: 401 without a valid credential, 403
+/// for a principal that is not an operator or admin of the path's tenant;
+/// runs before the body is read.
+async fn require_operator(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> Result<Response, AdminError> {
-    // The token first: nothing else of the request is looked at without one.
-    let token = state.auth.authenticate(req.headers())?;
+    let principal = authenticate(&state, &req).await?;
+    if !principal.has_role(OPERATE) {
+        return Err(AdminError::Forbidden(format!(
+            "principal `{}` has role {}; the admin endpoint needs role operator or admin",
+            principal.id, principal.role
+        )));
+    }
     let (mut parts, body) = req.into_parts();
     let AdminPath(params) =
         AdminPath::<HashMap<String, String>>::from_request_parts(&mut parts, &state).await?;
     let mut req = Request::from_parts(parts, body);
     let tenant = params.get("tenant").map(String::as_str).unwrap_or("");
-    if !token.allows(tenant) {
-        return Err(AdminError::Forbidden(format!(
-            "token `{}` may not act for tenant `{tenant}`",
-            token.name
-        )));
-    }
-    let principal = Principal {
-        token_name: token.name.clone(),
-    };
+    principal.require_tenant(tenant)?;
     req.extensions_mut().insert(principal);
     Ok(next.run(req).await)
+}
+
+/// Auth layer of the key routes: 401 without a valid credential, 403 for a
+/// principal that is not an operator or admin (the handlers check tenants).
+async fn require_key_manager(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, AdminError> {
+    let principal = authenticate(&state, &req).await?;
+    if !principal.has_role(OPERATE) {
+        return Err(AdminError::Forbidden(format!(
+            "principal `{}` has role {}; managing keys needs role operator or admin",
+            principal.id, principal.role
+        )));
+    }
+    req.extensions_mut().insert(principal);
+    Ok(next.run(req).await)
+}
+
+impl From<AuthError> for AdminError {
+    fn from(e: AuthError) -> AdminError {
+        match e {
+            AuthError::Unauthenticated(m) => AdminError::Unauthorized(m),
+            AuthError::PermissionDenied(m) => AdminError::Forbidden(m),
+            AuthError::InvalidArgument(m) => AdminError::bad_request(m),
+            AuthError::Store(e) => AdminError::Coordinator(CoordinatorError::Store(e)),
+            AuthError::Config(m) | AuthError::Internal(m) => AdminError::Internal(m),
+        }
+    }
 }
 
 // ---- request and response shapes -----------------------------------------
@@ -830,7 +659,7 @@ async fn resolve_uncertain(
 ) -> Result<Json<UncertainRow>, AdminError> {
     let (resolution, reason, operator) = body.into_parts()?;
     let reason = check_reason(&reason)?;
-    let by = principal.actor(operator.as_deref())?;
+    let by = actor(&principal, operator.as_deref())?;
     let row = state
         .coord
         .resolve_uncertain(&tenant, &id, resolution, &by, &reason)
@@ -882,7 +711,7 @@ async fn pause_run(
     AdminJson(body): AdminJson<RunControlBody>,
 ) -> Result<Json<RunView>, AdminError> {
     let reason = check_reason(&body.reason)?;
-    let by = principal.actor(body.operator.as_deref())?;
+    let by = actor(&principal, body.operator.as_deref())?;
     let run = state
         .coord
         .pause_run(&tenant, &run_id, &by, &reason)
@@ -897,7 +726,7 @@ async fn resume_run(
     AdminJson(body): AdminJson<RunControlBody>,
 ) -> Result<Json<RunView>, AdminError> {
     let reason = check_reason(&body.reason)?;
-    let by = principal.actor(body.operator.as_deref())?;
+    let by = actor(&principal, body.operator.as_deref())?;
     let run = state
         .coord
         .resume_run(&tenant, &run_id, &by, &reason)
@@ -912,7 +741,7 @@ async fn cancel_run(
     AdminJson(body): AdminJson<RunControlBody>,
 ) -> Result<Json<RunView>, AdminError> {
     let reason = check_reason(&body.reason)?;
-    let by = principal.actor(body.operator.as_deref())?;
+    let by = actor(&principal, body.operator.as_deref())?;
     // The run's cancel event records only a reason: name who cancelled in it.
     let reason = format!("{reason} (cancelled by {by})");
     let run = state.coord.cancel_run(&tenant, &run_id, &reason).await?;
@@ -927,7 +756,7 @@ async fn fail_waiting_call(
     AdminJson(body): AdminJson<RunControlBody>,
 ) -> Result<Json<RunView>, AdminError> {
     let reason = check_reason(&body.reason)?;
-    let by = principal.actor(body.operator.as_deref())?;
+    let by = actor(&principal, body.operator.as_deref())?;
     let run = state
         .coord
         .fail_waiting_call(&tenant, &run_id, &call_id, &by, &reason)
@@ -977,7 +806,7 @@ async fn accept_mcp_tool(
     AdminJson(body): AdminJson<AcceptMcpToolBody>,
 ) -> Result<Json<McpToolView>, AdminError> {
     let reason = check_reason(&body.reason)?;
-    let by = principal.actor(body.operator.as_deref())?;
+    let by = actor(&principal, body.operator.as_deref())?;
     let view = state
         .coord
         .accept_mcp_tool(&tenant, &server, &tool, &body.definition_hash, &by, &reason)
@@ -1024,11 +853,8 @@ async fn wrong_method(req: Request) -> AdminError {
 /// The admin router: every route of [`ROUTES`], bodies limited to
 /// [`MAX_BODY_BYTES`], tenant routes behind `auth`, unknown routes and
 /// methods answered with the JSON error shape (404, 405).
-pub fn router(coord: Arc<Coordinator>, auth: AdminAuth) -> Router {
-    let state = AppState {
-        coord,
-        auth: Arc::new(auth),
-    };
+pub fn router(coord: Arc<Coordinator>, auth: Authenticator) -> Router {
+    let state = AppState { coord, auth };
     let tenant_routes = Router::new()
         .route(UNCERTAIN_LIST_PATH, get(list_uncertain))
         .route(UNCERTAIN_PATH, get(show_uncertain))
@@ -1042,10 +868,18 @@ pub fn router(coord: Arc<Coordinator>, auth: AdminAuth) -> Router {
         .route(MCP_TOOL_PATH, get(show_mcp_tool))
         .route(MCP_TOOL_ACCEPT_PATH, post(accept_mcp_tool))
         .route(TOOL_CALLS_PATH, get(list_tool_calls))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
+    let key_routes = Router::new()
+        .route(KEYS_PATH, get(keys::list_keys).post(keys::create_key))
+        .route(KEY_REVOKE_PATH, post(keys::revoke_key))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_key_manager,
+        ));
     Router::new()
         .route(OPENAPI_PATH, get(openapi_doc))
         .merge(tenant_routes)
+        .merge(key_routes)
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -1056,7 +890,7 @@ pub fn router(coord: Arc<Coordinator>, auth: AdminAuth) -> Router {
 /// Errors: [`AdminError::Io`] when serving fails.
 pub async fn serve(
     coord: Arc<Coordinator>,
-    auth: AdminAuth,
+    auth: Authenticator,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AdminError> {
@@ -1069,88 +903,6 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(value: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_str(value).expect("header"),
-        );
-        h
-    }
-
-    #[test]
-    fn token_config_parses_names_tokens_and_tenants() {
-        let auth = AdminAuth::parse(" ops:0123456789abcdef , bot:short:acme ,").expect("parse");
-        assert_eq!(auth.tokens().len(), 2);
-        assert_eq!(
-            (auth.tokens()[0].name(), auth.tokens()[0].tenant()),
-            ("ops", "*")
-        );
-        assert_eq!(
-            (auth.tokens()[1].name(), auth.tokens()[1].tenant()),
-            ("bot", "acme")
-        );
-        assert_eq!(auth.weak_tokens(), vec!["bot"]);
-        assert!(AdminAuth::parse("").expect("empty").is_empty());
-        assert!(
-            !format!("{auth:?}").contains("0123456789abcdef"),
-            "Debug redacts"
-        );
-    }
-
-    #[test]
-    fn token_config_errors_are_precise_and_never_echo_secrets() {
-        for (spec, needle) in [
-            ("s3cr3t-value", "entry 1 has 1 `:`-separated part(s)"),
-            ("ops:a:b:c", "not `name:token[:tenant]`"),
-            ("op s:tok", "token name"),
-            ("ops:", "must be non-empty"),
-            ("ops:tok:", "tenant of token `ops`"),
-            ("a:tok,a:tok2", "given twice"),
-            ("a:tok,b:tok", "same secret"),
-        ] {
-            let err = AdminAuth::parse(spec).expect_err(spec).to_string();
-            assert!(err.contains(needle), "{spec}: {err}");
-            assert!(!err.contains("tok2") && !err.contains("s3cr3t"), "{err}");
-        }
-    }
-
-    #[test]
-    fn bearer_tokens_authenticate_by_digest() {
-        let auth = AdminAuth::parse("ops:secret-1,bot:secret-2:acme").expect("parse");
-        assert_eq!(
-            auth.authenticate(&headers("Bearer secret-2"))
-                .expect("ok")
-                .name(),
-            "bot"
-        );
-        assert_eq!(
-            auth.authenticate(&headers("bearer  secret-1"))
-                .expect("ok")
-                .name(),
-            "ops"
-        );
-        for bad in [
-            "Bearer secret-3",
-            "Basic c2VjcmV0LTE=",
-            "secret-1",
-            "Bearer ",
-        ] {
-            assert!(
-                matches!(
-                    auth.authenticate(&headers(bad)),
-                    Err(AdminError::Unauthorized(_))
-                ),
-                "{bad}"
-            );
-        }
-        assert!(
-            matches!(auth.authenticate(&HeaderMap::new()), Err(AdminError::Unauthorized(m)) if m.starts_with("missing"))
-        );
-        assert!(auth.tokens()[1].allows("acme") && !auth.tokens()[1].allows("other"));
-        assert!(auth.tokens()[0].allows("anyone"));
-    }
 
     #[test]
     fn coordinator_errors_map_to_one_status_and_code_each() {
@@ -1224,14 +976,14 @@ mod tests {
     }
 
     #[test]
-    fn actor_combines_token_name_and_operator() {
-        let p = Principal {
-            token_name: "ops".into(),
-        };
-        assert_eq!(p.actor(None).expect("actor"), "ops");
-        assert_eq!(p.actor(Some(" alice ")).expect("actor"), "ops/alice");
-        assert!(p.actor(Some("  ")).is_err());
-        assert!(p.actor(Some("a\nb")).is_err());
+    fn actor_combines_principal_and_operator() {
+        let p = AdminToken::new("ops", "secret-0123456789", "*")
+            .expect("token")
+            .principal();
+        assert_eq!(actor(&p, None).expect("actor"), "ops");
+        assert_eq!(actor(&p, Some(" alice ")).expect("actor"), "ops/alice");
+        assert!(actor(&p, Some("  ")).is_err());
+        assert!(actor(&p, Some("a\nb")).is_err());
     }
 
     #[test]

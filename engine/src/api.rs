@@ -20,6 +20,11 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+mod auth_layer;
+
+pub use auth_layer::{AuthLayer, AuthService, principal};
+
+use crate::auth::Authenticator;
 use crate::coordinator::{Coordinator, CoordinatorError, StartRun};
 use crate::definitions::SourceFile;
 use crate::machine::FailureClass;
@@ -138,16 +143,17 @@ impl RunService for Api {
         &self,
         req: Request<v1::StartRunRequest>,
     ) -> Result<Response<v1::StartRunResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let (run, created) = self
             .coord
             .start_run(StartRun {
-                tenant: r.tenant,
+                tenant: p.tenant_for(&r.tenant)?,
                 workflow: r.workflow,
                 input_json: r.input_json,
                 idempotency_key: r.idempotency_key,
-                caller: r.caller,
-                caller_grants: r.caller_grants,
+                caller: p.actor(&r.caller)?,
+                caller_grants: p.narrow_grants(&r.caller_grants)?,
             })
             .await?;
         Ok(Response::new(v1::StartRunResponse {
@@ -160,8 +166,12 @@ impl RunService for Api {
         &self,
         req: Request<v1::GetRunRequest>,
     ) -> Result<Response<v1::GetRunResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
-        let run = self.coord.get_run(&r.tenant, &r.run_id).await?;
+        let run = self
+            .coord
+            .get_run(&p.tenant_for(&r.tenant)?, &r.run_id)
+            .await?;
         Ok(Response::new(v1::GetRunResponse {
             run: Some(run_msg(run)),
         }))
@@ -171,10 +181,11 @@ impl RunService for Api {
         &self,
         req: Request<v1::ListRunsRequest>,
     ) -> Result<Response<v1::ListRunsResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let (runs, next) = self
             .coord
-            .list_runs(&r.tenant, &r.status, r.page_size, &r.page_token)
+            .list_runs(&p.tenant_for(&r.tenant)?, &r.status, r.page_size, &r.page_token)
             .await?;
         Ok(Response::new(v1::ListRunsResponse {
             runs: runs.into_iter().map(run_msg).collect(),
@@ -186,10 +197,11 @@ impl RunService for Api {
         &self,
         req: Request<v1::ListRunEventsRequest>,
     ) -> Result<Response<v1::ListRunEventsResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let events = self
             .coord
-            .list_events(&r.tenant, &r.run_id, r.after_seq, r.limit)
+            .list_events(&p.tenant_for(&r.tenant)?, &r.run_id, r.after_seq, r.limit)
             .await?;
         Ok(Response::new(v1::ListRunEventsResponse {
             events: cap_page(events).into_iter().map(event_msg).collect(),
@@ -203,9 +215,13 @@ impl RunService for Api {
         &self,
         req: Request<v1::WatchRunRequest>,
     ) -> Result<Response<Self::WatchRunStream>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         // Validates tenant and run before the stream starts.
-        let run = self.coord.get_run(&r.tenant, &r.run_id).await?;
+        let run = self
+            .coord
+            .get_run(&p.tenant_for(&r.tenant)?, &r.run_id)
+            .await?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let coord = Arc::clone(&self.coord);
         let mut shutdown = self.shutdown.clone();
@@ -289,10 +305,12 @@ impl RunService for Api {
         &self,
         req: Request<v1::CancelRunRequest>,
     ) -> Result<Response<v1::CancelRunResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
+        let reason = format!("{} (cancelled by {})", r.reason.trim(), p.id);
         let run = self
             .coord
-            .cancel_run(&r.tenant, &r.run_id, &r.reason)
+            .cancel_run(&p.tenant_for(&r.tenant)?, &r.run_id, reason.trim_start())
             .await?;
         Ok(Response::new(v1::CancelRunResponse {
             run: Some(run_msg(run)),
@@ -303,10 +321,16 @@ impl RunService for Api {
         &self,
         req: Request<v1::PauseRunRequest>,
     ) -> Result<Response<v1::PauseRunResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let run = self
             .coord
-            .pause_run(&r.tenant, &r.run_id, &r.operator, &r.reason)
+            .pause_run(
+                &p.tenant_for(&r.tenant)?,
+                &r.run_id,
+                &p.actor(&r.operator)?,
+                &r.reason,
+            )
             .await?;
         Ok(Response::new(v1::PauseRunResponse {
             run: Some(run_msg(run)),
@@ -317,10 +341,16 @@ impl RunService for Api {
         &self,
         req: Request<v1::ResumeRunRequest>,
     ) -> Result<Response<v1::ResumeRunResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let run = self
             .coord
-            .resume_run(&r.tenant, &r.run_id, &r.operator, &r.reason)
+            .resume_run(
+                &p.tenant_for(&r.tenant)?,
+                &r.run_id,
+                &p.actor(&r.operator)?,
+                &r.reason,
+            )
             .await?;
         Ok(Response::new(v1::ResumeRunResponse {
             run: Some(run_msg(run)),
@@ -331,16 +361,17 @@ impl RunService for Api {
         &self,
         req: Request<v1::SignalRunRequest>,
     ) -> Result<Response<v1::SignalRunResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let (run, duplicate) = self
             .coord
             .signal_run(
-                &r.tenant,
+                &p.tenant_for(&r.tenant)?,
                 &r.run_id,
                 &r.name,
                 &r.signal_id,
                 &r.payload_json,
-                &r.sent_by,
+                &p.actor(&r.sent_by)?,
             )
             .await?;
         Ok(Response::new(v1::SignalRunResponse {
@@ -353,17 +384,18 @@ impl RunService for Api {
         &self,
         req: Request<v1::DecideApprovalRequest>,
     ) -> Result<Response<v1::DecideApprovalResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let run = self
             .coord
             .decide_approval(
-                &r.tenant,
+                &p.tenant_for(&r.tenant)?,
                 &r.run_id,
                 &r.node,
                 r.approve,
                 &r.edited_subject_json,
-                &r.approver,
-                &r.approver_grants,
+                &p.actor(&r.approver)?,
+                &p.narrow_grants(&r.approver_grants)?,
                 &r.reason,
             )
             .await?;
@@ -376,10 +408,17 @@ impl RunService for Api {
         &self,
         req: Request<v1::ProvideToolInputRequest>,
     ) -> Result<Response<v1::ProvideToolInputResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let run = self
             .coord
-            .provide_tool_input(&r.tenant, &r.run_id, &r.call_id, &r.answer_json, &r.by)
+            .provide_tool_input(
+                &p.tenant_for(&r.tenant)?,
+                &r.run_id,
+                &r.call_id,
+                &r.answer_json,
+                &p.actor(&r.by)?,
+            )
             .await?;
         Ok(Response::new(v1::ProvideToolInputResponse {
             run: Some(run_msg(run)),
@@ -393,7 +432,9 @@ impl DefinitionService for Api {
         &self,
         req: Request<v1::RegisterBundleRequest>,
     ) -> Result<Response<v1::RegisterBundleResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
+        let tenant = p.tenant_for(&r.tenant)?;
         let files = r
             .files
             .into_iter()
@@ -402,7 +443,7 @@ impl DefinitionService for Api {
                 content: f.content,
             })
             .collect();
-        let rows = self.coord.register_bundle(&r.tenant, files).await?;
+        let rows = self.coord.register_bundle(&tenant, files).await?;
         Ok(Response::new(v1::RegisterBundleResponse {
             definitions: rows
                 .into_iter()
@@ -415,10 +456,9 @@ impl DefinitionService for Api {
         &self,
         req: Request<v1::ListDefinitionsRequest>,
     ) -> Result<Response<v1::ListDefinitionsResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
-        if r.tenant.is_empty() {
-            return Err(Status::invalid_argument("`tenant` is required"));
-        }
+        let tenant = p.tenant_for(&r.tenant)?;
         let kind = match r.kind.as_str() {
             "" => None,
             k @ ("tool" | "agent" | "workflow") => Some(k),
@@ -431,7 +471,7 @@ impl DefinitionService for Api {
         let rows = self
             .coord
             .store()
-            .list_definitions(&r.tenant, kind)
+            .list_definitions(&tenant, kind)
             .await
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(v1::ListDefinitionsResponse {
@@ -446,8 +486,9 @@ impl TenantService for Api {
         &self,
         req: Request<v1::SetTenantGrantsRequest>,
     ) -> Result<Response<v1::SetTenantGrantsResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
-        crate::coordinator::require("tenant", &r.tenant)?;
+        let tenant = p.tenant_for(&r.tenant)?;
         if let Some(bad) = r
             .grants
             .iter()
@@ -464,7 +505,7 @@ impl TenantService for Api {
         let grants = self
             .coord
             .store()
-            .set_tenant_grants(&r.tenant, &r.grants)
+            .set_tenant_grants(&tenant, &r.grants)
             .await
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(v1::SetTenantGrantsResponse { grants }))
@@ -474,12 +515,13 @@ impl TenantService for Api {
         &self,
         req: Request<v1::GetTenantGrantsRequest>,
     ) -> Result<Response<v1::GetTenantGrantsResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
-        crate::coordinator::require("tenant", &r.tenant)?;
+        let tenant = p.tenant_for(&r.tenant)?;
         let grants = self
             .coord
             .store()
-            .tenant_grants(&r.tenant)
+            .tenant_grants(&tenant)
             .await
             .map_err(CoordinatorError::from)?;
         Ok(Response::new(v1::GetTenantGrantsResponse { grants }))
@@ -505,11 +547,17 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::ClaimTasksRequest>,
     ) -> Result<Response<v1::ClaimTasksResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let lease_ms = self.coord.lease_ms();
         let tasks = self
             .coord
-            .claim(&r.worker_id, r.max_tasks, r.wait_ms)
+            .claim(
+                &worker_id(&p, &r.worker_id),
+                r.max_tasks,
+                r.wait_ms,
+                p.tenants.to_stored().as_deref(),
+            )
             .await?;
         Ok(Response::new(v1::ClaimTasksResponse {
             tasks: tasks
@@ -532,6 +580,7 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let leases: Vec<(String, u32)> = r
             .leases
@@ -539,7 +588,7 @@ impl WorkerService for Api {
             .map(|l| (l.task_id, l.attempt))
             .collect();
         let lease_ms = self.coord.lease_ms();
-        let out = self.coord.heartbeat(&r.worker_id, &leases).await?;
+        let out = self.coord.heartbeat(&worker_id(&p, &r.worker_id), &leases).await?;
         Ok(Response::new(v1::HeartbeatResponse {
             leases: out
                 .into_iter()
@@ -557,7 +606,9 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::DispatchToolCallRequest>,
     ) -> Result<Response<v1::DispatchToolCallResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
+        let worker = worker_id(&p, &r.worker_id);
         // A `type: mcp` call: the tenant's pinned definition, looked up (or
         // pinned on first use) before the dispatch is recorded, so a failure
         // here leaves the call undispatched.
@@ -565,12 +616,12 @@ impl WorkerService for Api {
             String::new()
         } else {
             self.coord
-                .pin_mcp_for_dispatch(&r.worker_id, &r.task_id, r.attempt, &r.mcp_definition_hash)
+                .pin_mcp_for_dispatch(&worker, &r.task_id, r.attempt, &r.mcp_definition_hash)
                 .await?
         };
         let dispatched = self
             .coord
-            .dispatch_call(&r.worker_id, &r.task_id, r.attempt)
+            .dispatch_call(&worker, &r.task_id, r.attempt)
             .await?;
         Ok(Response::new(v1::DispatchToolCallResponse {
             callback_url: dispatched.callback_url.unwrap_or_default(),
@@ -590,6 +641,7 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::ReportMcpToolsRequest>,
     ) -> Result<Response<v1::ReportMcpToolsResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let tools = r
             .tools
@@ -604,7 +656,7 @@ impl WorkerService for Api {
             .collect();
         let new = self
             .coord
-            .report_mcp_tools(&r.worker_id, &r.server, &r.protocol_version, tools)
+            .report_mcp_tools(&worker_id(&p, &r.worker_id), &r.server, &r.protocol_version, tools)
             .await?;
         Ok(Response::new(v1::ReportMcpToolsResponse {
             new_definitions: u32::try_from(new).unwrap_or(u32::MAX),
@@ -615,6 +667,7 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::CompleteTaskRequest>,
     ) -> Result<Response<v1::CompleteTaskResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let secrets = r
             .vaulted_secrets
@@ -623,7 +676,7 @@ impl WorkerService for Api {
             .collect();
         self.coord
             .complete_sampled(
-                &r.worker_id,
+                &worker_id(&p, &r.worker_id),
                 &r.task_id,
                 r.attempt,
                 &r.result_json,
@@ -638,12 +691,13 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::FailTaskRequest>,
     ) -> Result<Response<v1::FailTaskResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         let class = failure_class(r.class)?;
         let status_code = u16::try_from(r.status_code).ok().filter(|c| *c > 0);
         self.coord
             .fail_sampled(
-                &r.worker_id,
+                &worker_id(&p, &r.worker_id),
                 &r.task_id,
                 r.attempt,
                 &r.error,
@@ -659,10 +713,11 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::RequestToolInputRequest>,
     ) -> Result<Response<v1::RequestToolInputResponse>, Status> {
+        let p = principal(&req)?;
         let r = req.into_inner();
         self.coord
             .request_tool_input(
-                &r.worker_id,
+                &worker_id(&p, &r.worker_id),
                 &r.task_id,
                 r.attempt,
                 &r.via,
@@ -673,6 +728,19 @@ impl WorkerService for Api {
             )
             .await?;
         Ok(Response::new(v1::RequestToolInputResponse {}))
+    }
+}
+
+/// The worker id a lease is held under: `<principal id>/<worker id>`, so
+/// the fencing of every lease also names the key that claimed it: a
+/// worker key can heartbeat, dispatch, complete or fail only the tasks it
+/// claimed itself, and it claims only tasks of tenants it may serve. An
+/// empty worker id stays empty (and is refused by the coordinator).
+fn worker_id(p: &crate::auth::Principal, raw: &str) -> String {
+    if raw.is_empty() {
+        String::new()
+    } else {
+        format!("{}/{raw}", p.id)
     }
 }
 
@@ -690,6 +758,7 @@ fn sampling_usage(u: v1::SamplingUsage) -> belay_proto::wire::SamplingUsage {
 /// Errors: reflection setup or the transport failing.
 pub async fn serve(
     coord: Arc<Coordinator>,
+    auth: Authenticator,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -744,15 +813,24 @@ pub async fn serve(
             }
         })
     };
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(belay_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Reflection in both versions: grpcurl, Postman and buf speak v1;
+    // grpcurl from PyPI and Python's grpcio-reflection speak only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(belay_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "gRPC serving");
     let server = tonic::transport::Server::builder()
+        // Every request is authenticated before it is routed; health and
+        // reflection are public (crate::auth::policy).
+        .layer(AuthLayer::new(auth))
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         // Run inputs up to MAX_JSON_BYTES plus framing.
         .add_service(
             RunServiceServer::new(api.clone())

@@ -14,7 +14,10 @@
 //! - [`expr_sandbox`]: jq expressions evaluated in child processes with
 //!   hard limits (memory, CPU time, a deadline).
 //! - [`coordinator`]: drives the machine through the store; leases, sweeper.
-//! - [`api`]: the gRPC services (`belay.v1`), health and reflection.
+//! - [`auth`]: identity and access: principals, API keys, roles, the
+//!   policy of each gRPC method.
+//! - [`api`]: the gRPC services (`belay.v1`), health and reflection, behind
+//!   the authentication layer.
 //! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls,
 //!   the tool-call audit).
 //! - [`audit`]: the audit of tool calls, derived from the runs' events.
@@ -37,6 +40,7 @@ pub use belay_store as store;
 pub mod admin;
 pub mod api;
 pub mod audit;
+pub mod auth;
 pub mod callbacks;
 pub mod coordinator;
 pub mod error_code;

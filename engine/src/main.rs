@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use belay_engine::admin::{AdminAuth, RECOMMENDED_TOKEN_CHARS};
+use belay_engine::auth::{Role, Tenants};
 use belay_engine::coordinator::CoordinatorConfig;
 use belay_engine::notify;
 use belay_engine::server::{
@@ -41,6 +42,27 @@ enum Command {
     Serve,
     /// Apply migrations and exit.
     Migrate,
+    /// Create an API key directly in the database and print it (the
+    /// bootstrap of a new deployment: the first admin key; later keys are
+    /// made through the admin endpoint, `belay keys create`).
+    CreateKey(CreateKeyArgs),
+}
+
+/// Flags of `belay-engine create-key`.
+#[derive(clap::Args)]
+struct CreateKeyArgs {
+    /// Who the key proves (letters, digits, `.`, `_`, `-`, `@`).
+    #[arg(long)]
+    principal: String,
+    /// client, worker, approver, operator or admin.
+    #[arg(long, default_value = "admin")]
+    role: String,
+    /// Tenants it acts for, comma-separated; `*` for every tenant.
+    #[arg(long, default_value = "*")]
+    tenants: String,
+    /// Its grants, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    grants: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -64,12 +86,14 @@ struct ServeArgs {
     /// Database connections.
     #[arg(long, env = "BELAY_DB_CONNECTIONS", default_value_t = 16)]
     db_connections: u32,
-    /// Admin HTTP listen address (served only when admin tokens are set);
-    /// port 0 picks a free port.
+    /// Admin HTTP listen address (keys, uncertain outcomes, run controls);
+    /// port 0 picks a free port; empty: not served.
     #[arg(long, env = "BELAY_ADMIN_LISTEN", default_value = "127.0.0.1:50052")]
     admin_listen: String,
-    /// Admin bearer tokens: comma-separated `name:token[:tenant]` (tenant
-    /// `*`, the default, means every tenant).
+    /// Configured tokens, the bootstrap principals: comma-separated
+    /// `name:token[:tenant]`; a `*` token (the default tenant) is an admin
+    /// of every tenant, a tenant's token an operator of it. Accepted on the
+    /// gRPC API and the admin endpoint beside the database's API keys.
     #[arg(long, env = "BELAY_ADMIN_TOKENS", hide_env_values = true)]
     admin_tokens: Option<String>,
     /// Listen address of the callback endpoint of `type: async_webhook`
@@ -166,8 +190,45 @@ async fn async_main() -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
+        Some(Command::CreateKey(args)) => create_key(&cli.database_url, args).await,
         Some(Command::Serve) | None => serve(&cli.database_url, cli.serve).await,
     }
+}
+
+async fn create_key(database_url: &str, args: CreateKeyArgs) -> anyhow::Result<()> {
+    let role: Role = args.role.parse().context("--role")?;
+    let tenants = match args.tenants.trim() {
+        "*" => Tenants::All,
+        list => Tenants::Only(
+            list.split(',')
+                .map(|t| t.trim().to_owned())
+                .filter(|t| !t.is_empty())
+                .collect(),
+        ),
+    };
+    if tenants == Tenants::Only(Vec::new()) {
+        anyhow::bail!("--tenants: name at least one tenant, or `*`");
+    }
+    if !belay_engine::admin::valid_principal_id(&args.principal) {
+        anyhow::bail!("--principal {:?}: 1 to 128 letters, digits, `.`, `_`, `-` or `@`", args.principal);
+    }
+    let store = Store::connect(database_url, 2)
+        .await
+        .context("connecting to the database")?;
+    store.migrate().await.context("applying migrations")?;
+    let key = belay_engine::auth::mint_key(
+        &store,
+        &args.principal,
+        role,
+        tenants,
+        args.grants,
+        "belay-engine create-key",
+    )
+    .await
+    .context("creating the key")?;
+    store.close().await;
+    println!("{key}");
+    Ok(())
 }
 
 async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
@@ -202,6 +263,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         vault_key,
         callback_base_url: None,
         webhook,
+        tokens: auth,
     })
     .await
     .map_err(|e| match e {
@@ -214,11 +276,10 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
 
     let grpc = bind(&args.listen, "").await?;
     let addr = grpc.local_addr()?;
-    let admin = if auth.is_empty() {
-        tracing::info!("no admin tokens configured: the admin endpoint is not served");
+    let admin = if args.admin_listen.trim().is_empty() {
         None
     } else {
-        Some((bind(&args.admin_listen, "the admin endpoint ").await?, auth))
+        Some(bind(&args.admin_listen, "the admin endpoint ").await?)
     };
     let callbacks = if args.callback_listen.trim().is_empty() {
         None

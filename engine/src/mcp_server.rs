@@ -496,7 +496,7 @@ async fn require_token(
                 .into_response();
         }
         Err(e) => {
-            let mut response = (e.status(), e.to_string()).into_response();
+            let mut response = (e.code().http_status(), e.to_string()).into_response();
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static(r#"Bearer realm="belay-mcp""#),

@@ -17,7 +17,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::admin::{self, AdminAuth};
+use crate::admin;
+use crate::auth::{AdminAuth, Authenticator};
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::notify::{Notifier, NotifyError};
 use crate::store::{Store, StoreError};
@@ -44,6 +45,10 @@ pub struct EngineOptions {
     pub callback_base_url: Option<String>,
     /// Where signed operator notifications go; `None`: none are sent.
     pub webhook: Option<WebhookOptions>,
+    /// The configured tokens (`--admin-tokens`): bootstrap principals
+    /// accepted on the gRPC API and the admin endpoint beside the API keys
+    /// of the database (`crate::auth`).
+    pub tokens: AdminAuth,
 }
 
 impl EngineOptions {
@@ -56,6 +61,7 @@ impl EngineOptions {
             coordinator: CoordinatorConfig::default(),
             vault_key: None,
             callback_base_url: None,
+            tokens: AdminAuth::default(),
             webhook: None,
         }
     }
@@ -77,8 +83,9 @@ pub struct WebhookOptions {
 pub struct Listeners {
     /// The gRPC API (`belay.v1`, health, reflection).
     pub grpc: TcpListener,
-    /// The admin HTTP endpoint and the tokens it accepts.
-    pub admin: Option<(TcpListener, AdminAuth)>,
+    /// The admin HTTP endpoint (keys and configured tokens of operators
+    /// and admins).
+    pub admin: Option<TcpListener>,
     /// Where callbacks of `type: async_webhook` tools are received.
     pub callbacks: Option<CallbackListener>,
     /// Chosen workflows served as MCP tools (cargo feature `mcp-server`).
@@ -145,6 +152,7 @@ pub enum ServeError {
 pub struct Engine {
     coord: Arc<Coordinator>,
     notifier: Option<(Notifier, Duration)>,
+    auth: Authenticator,
 }
 
 impl Engine {
@@ -166,6 +174,7 @@ impl Engine {
             )),
             None => None,
         };
+        let auth = Authenticator::new(store.clone(), options.tokens);
         let coord = Coordinator::new(store, options.coordinator);
         if let Some(key) = options.vault_key {
             coord
@@ -183,7 +192,11 @@ impl Engine {
                     source,
                 })?;
         }
-        Ok(Engine { coord, notifier })
+        Ok(Engine {
+            coord,
+            notifier,
+            auth,
+        })
     }
 
     /// Serves callbacks of `type: async_webhook` tools at `base_url` (what
@@ -198,6 +211,12 @@ impl Engine {
                 setting: "callback base URL",
                 source,
             })
+    }
+
+    /// The authenticator of every endpoint (its store's principals and the
+    /// configured tokens).
+    pub fn authenticator(&self) -> &Authenticator {
+        &self.auth
     }
 
     /// The coordinator (to register definitions or start runs in-process).
@@ -220,9 +239,13 @@ impl Engine {
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        let Engine { coord, notifier } = self;
+        let Engine {
+            coord,
+            notifier,
+            auth,
+        } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut endpoints = spawn_endpoints(&coord, listeners, &stop_rx);
+        let mut endpoints = spawn_endpoints(&coord, &auth, listeners, &stop_rx);
         let mut background = coord.spawn_background();
         if let Some((notifier, interval)) = notifier {
             background.push(notifier.spawn(interval));
@@ -267,15 +290,21 @@ type Ended = (&'static str, Result<(), String>);
 
 fn spawn_endpoints(
     coord: &Arc<Coordinator>,
+    auth: &Authenticator,
     listeners: Listeners,
     stop: &watch::Receiver<bool>,
 ) -> JoinSet<Ended> {
     let mut set = JoinSet::new();
-    let api = crate::api::serve(Arc::clone(coord), listeners.grpc, stopped(stop));
+    let api = crate::api::serve(
+        Arc::clone(coord),
+        auth.clone(),
+        listeners.grpc,
+        stopped(stop),
+    );
     set.spawn(async move { ("the gRPC API", api.await.map_err(|e| format!("{e:#}"))) });
     let callbacks_on_admin = matches!(listeners.callbacks, Some(CallbackListener::OnAdmin));
-    if let Some((listener, auth)) = listeners.admin {
-        let mut router = admin::router(Arc::clone(coord), auth);
+    if let Some(listener) = listeners.admin {
+        let mut router = admin::router(Arc::clone(coord), auth.clone());
         if callbacks_on_admin {
             router = router.merge(crate::callbacks::routes(Arc::clone(coord)));
         }

@@ -10,6 +10,7 @@ use super::{
     MCP_TOOLS_PATH, OPENAPI_PATH, RUN_CALL_FAIL_PATH, RUN_CANCEL_PATH, RUN_PATH, RUN_PAUSE_PATH,
     RUN_RESUME_PATH, TOOL_CALLS_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
 };
+use super::keys::{KEY_REVOKE_PATH, KEYS_PATH, MAX_KEY_GRANTS, MAX_KEY_LIFETIME_SECS, MAX_PRINCIPAL_BYTES};
 use crate::audit::{DEFAULT_TOOL_CALLS_LIMIT, MAX_TOOL_CALLS_LIMIT};
 
 fn error_response(description: &str) -> Value {
@@ -365,7 +366,92 @@ fn schemas() -> Value {
             "next_page_token": {"type": ["string", "null"], "description": "`null` on the last page."},
         }
     }));
+    key_schemas(&mut map);
     Value::Object(map)
+}
+
+/// The schemas of the key routes.
+fn key_schemas(map: &mut serde_json::Map<String, Value>) {
+    let timestamp = json!({"type": "string", "format": "date-time"});
+    let nullable_ts = json!({"type": ["string", "null"], "format": "date-time"});
+    let key_properties = json!({
+        "key_id": {"type": "string", "description": "The key's public id (16 hex digits)."},
+        "principal": {"type": "string"},
+        "role": {"type": "string", "enum": ["client", "worker", "approver", "operator", "admin"]},
+        "tenants": {"type": "array", "items": {"type": "string"}, "description": "`[\"*\"]` for every tenant."},
+        "grants": {"type": "array", "items": {"type": "string"}},
+        "description": {"type": "string"},
+        "cert_subject": {"type": ["string", "null"]},
+        "created_by": {"type": "string"},
+        "created_at": timestamp,
+        "expires_at": nullable_ts,
+        "revoked_at": nullable_ts,
+        "status": {"type": "string", "enum": ["active", "revoked", "expired"]},
+    });
+    map.insert("Key".into(), json!({
+        "type": "object",
+        "description": "A principal and its credential; never the secret or its hash.",
+        "properties": key_properties,
+    }));
+    let mut created = key_properties.as_object().cloned().unwrap_or_default();
+    created.insert("key".into(), json!({"type": ["string", "null"], "description": "`belay_<key id>_<secret>`, shown only in this response; `null` for a certificate principal."}));
+    map.insert("CreatedKey".into(), json!({"type": "object", "properties": created}));
+    map.insert("KeyPage".into(), json!({
+        "type": "object",
+        "required": ["items"],
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/components/schemas/Key"}}},
+    }));
+    map.insert("CreateKeyRequest".into(), json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["principal", "role"],
+        "properties": {
+            "principal": {"type": "string", "maxLength": MAX_PRINCIPAL_BYTES, "pattern": "^[A-Za-z0-9._@-]+$", "description": "Who the key proves; recorded in events as who acted."},
+            "role": {"type": "string", "enum": ["client", "worker", "approver", "operator", "admin"]},
+            "tenants": {"type": "array", "items": {"type": "string"}, "description": "Tenants it acts for, `[\"*\"]` for every tenant; default the caller's one tenant. An operator may only name its own tenants."},
+            "grants": {"type": "array", "maxItems": MAX_KEY_GRANTS, "items": {"type": "string"}, "description": "Its permissions: the caller leg of a call's permission check, and what it holds as an approver."},
+            "description": {"type": "string"},
+            "expires_in_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_KEY_LIFETIME_SECS, "description": "Lifetime from now by the database clock; default: no expiry."},
+            "cert_subject": {"type": "string", "description": "Authenticate a client certificate with this RFC 4514 subject (over mTLS) instead of a key; no secret is made."},
+        }
+    }));
+}
+
+/// The path items of the key routes.
+fn key_paths(paths: &mut serde_json::Map<String, Value>) {
+    paths.insert(KEYS_PATH.into(), json!({
+        "get": {
+            "operationId": "listKeys",
+            "summary": "The keys the caller may manage: every key for an admin (`tenant` narrows), the keys of its tenant for an operator.",
+            "tags": ["keys"],
+            "parameters": [query("tenant", json!({"type": "string"}), "Only keys of this tenant.")],
+            "responses": responses(ok("The keys, oldest first, with their status.", "KeyPage"), &["400", "401", "403", "503"]),
+        },
+        "post": {
+            "operationId": "createKey",
+            "summary": "Create an API key; the key is in this response only (only its hash is stored).",
+            "description": "An admin makes keys of any role for any tenants; an operator keys of its own tenants and of any role but `admin`. Effective at once, on every engine.",
+            "tags": ["keys"],
+            "requestBody": body("CreateKeyRequest"),
+            "responses": {
+                "201": {"description": "The key.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreatedKey"}}}},
+                "400": {"$ref": "#/components/responses/BadRequest"},
+                "401": {"$ref": "#/components/responses/Unauthorized"},
+                "403": {"$ref": "#/components/responses/Forbidden"},
+                "409": {"$ref": "#/components/responses/Conflict"},
+                "413": {"$ref": "#/components/responses/PayloadTooLarge"},
+                "415": {"$ref": "#/components/responses/UnsupportedMediaType"},
+                "503": {"$ref": "#/components/responses/Unavailable"},
+            },
+        },
+    }));
+    paths.insert(KEY_REVOKE_PATH.into(), json!({"post": {
+        "operationId": "revokeKey",
+        "summary": "Revoke a key: its next request is refused (401), on every engine. Revoking twice keeps the first time.",
+        "tags": ["keys"],
+        "parameters": [{"name": "key_id", "in": "path", "required": true, "schema": {"type": "string"}}],
+        "responses": responses(ok("The key, revoked.", "Key"), &["400", "401", "403", "404", "503"]),
+    }}));
 }
 
 /// The document (OpenAPI 3.1.0, JSON).
@@ -491,13 +577,14 @@ pub fn document() -> Value {
         ],
         "responses": responses(ok("A page.", "ToolCallPage"), &["400", "401", "403", "503"]),
     }}));
+    key_paths(&mut paths);
 
     json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Belay admin API",
             "version": "v1",
-            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes, run controls, MCP tool definitions and the audit of tool calls. Every route but this document needs `Authorization: Bearer <token>`; a token is scoped to one tenant or to all. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
+            "description": format!("Operator endpoint of the Belay engine: uncertain outcomes, run controls, MCP tool definitions and the audit of tool calls. Every route but this document needs `Authorization: Bearer <API key or configured token>` of an operator or admin; an operator acts for its own tenants only. Request bodies are JSON of at most {MAX_BODY_BYTES} bytes; unknown fields are refused. Errors are `{{\"error\": {{\"code\", \"message\", \"details\"}}}}`."),
         },
         "security": [{"bearer": []}],
         "tags": [
@@ -505,11 +592,12 @@ pub fn document() -> Value {
             {"name": "runs", "description": "Operator run controls."},
             {"name": "mcp-tools", "description": "Definitions of MCP tools: the one each tenant accepted (pinned) and the ones workers list; a changed definition is refused until accepted."},
             {"name": "tool-calls", "description": "The audit of tool calls: every call a tenant's runs proposed, and what became of it."},
+            {"name": "keys", "description": "API keys: principals with a role, tenants and grants."},
             {"name": "meta"},
         ],
         "paths": paths,
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "A token of `BELAY_ADMIN_TOKENS` (`name:token[:tenant]`)."}},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "An API key (`belay_<key id>_<secret>`, see the keys routes) or a token of `BELAY_ADMIN_TOKENS` (`name:token[:tenant]`: an admin for `*`, else an operator of its tenant)."}},
             "parameters": {
                 "tenant": {"name": "tenant", "in": "path", "required": true, "schema": {"type": "string"}},
                 "id": {"name": "id", "in": "path", "required": true, "description": "Uncertain outcome id.", "schema": {"type": "string", "format": "uuid"}},
@@ -525,7 +613,7 @@ pub fn document() -> Value {
                     "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "`Bearer realm=\"belay-admin\"`"}},
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
                 },
-                "Forbidden": error_response("`forbidden`: the token is not scoped to this tenant."),
+                "Forbidden": error_response("`forbidden`: the principal's role or tenants do not allow this. Nothing was changed."),
                 "NotFound": error_response("`not_found`: no such record or run for this tenant (another tenant's record is not found)."),
                 "Conflict": error_response("`conflict`: the uncertain outcome is already resolved; `failed_precondition`: the run's state does not allow this (finished, not paused, already paused). Nothing was changed."),
                 "PayloadTooLarge": error_response("`payload_too_large`: the body is larger than the limit."),
@@ -549,12 +637,17 @@ mod tests {
         for (method, path) in ROUTES {
             let op = &doc["paths"][*path][method.to_lowercase()];
             assert!(op.is_object(), "{method} {path} is not documented");
-            assert!(op["responses"]["200"].is_object(), "{method} {path}");
+            assert!(
+                op["responses"]["200"].is_object() || op["responses"]["201"].is_object(),
+                "{method} {path}"
+            );
         }
+        let mut paths: Vec<&str> = ROUTES.iter().map(|(_, p)| *p).collect();
+        paths.dedup();
         assert_eq!(
             doc["paths"].as_object().map(|p| p.len()),
-            Some(ROUTES.len()),
-            "one path item per route"
+            Some(paths.len()),
+            "one path item per route path"
         );
     }
 }

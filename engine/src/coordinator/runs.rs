@@ -56,7 +56,7 @@ impl Coordinator {
             .run_by_idempotency_key(&req.tenant, &req.idempotency_key)
             .await?
         {
-            return same_request(run, &req).map(|run| (run, false));
+            return self.same_request(run, &req).await.map(|run| (run, false));
         }
         let input_text = if req.input_json.trim().is_empty() {
             "{}"
@@ -104,7 +104,7 @@ impl Coordinator {
             .await?;
         if !created {
             // Another request with this key won the race.
-            return same_request(row, &req).map(|run| (run, false));
+            return self.same_request(row, &req).await.map(|run| (run, false));
         }
         tracing::info!(%run_id, tenant = %req.tenant, workflow = %req.workflow, "run started");
         Ok((row, created))
@@ -416,25 +416,57 @@ impl Coordinator {
     }
 }
 
-/// A retried `StartRun` must be the same request: an idempotency key reused
-/// for another workflow or input is refused (as Stripe does), not silently
-/// answered with a run the caller did not ask for.
-fn same_request(run: RunRow, req: &StartRun) -> Result<RunRow, CoordinatorError> {
-    let input_text = if req.input_json.trim().is_empty() {
-        "{}"
-    } else {
-        req.input_json.as_str()
-    };
-    let input = serde_json::from_str::<Value>(input_text)
-        .map(machine::normalize::strip_nul_value)
-        .ok();
-    if run.workflow != req.workflow || input.as_ref() != Some(&run.input) {
-        return Err(CoordinatorError::FailedPrecondition(format!(
-            "idempotency key {} was already used for a different request (run {}, workflow `{}`); use a new key for a new run",
-            shown(&req.idempotency_key),
-            run.run_id,
-            run.workflow
-        )));
+impl Coordinator {
+    /// A retried `StartRun` must be the same request: an idempotency key
+    /// reused for another workflow or input is refused (as Stripe does),
+    /// not silently answered with a run the caller did not ask for; so is
+    /// a retry by another caller or with other caller grants, which would
+    /// otherwise get a run started with permissions it does not have (or
+    /// lose the ones it asked for).
+    async fn same_request(&self, run: RunRow, req: &StartRun) -> Result<RunRow, CoordinatorError> {
+        let input_text = if req.input_json.trim().is_empty() {
+            "{}"
+        } else {
+            req.input_json.as_str()
+        };
+        let input = serde_json::from_str::<Value>(input_text)
+            .map(machine::normalize::strip_nul_value)
+            .ok();
+        let used = |what: &str| {
+            CoordinatorError::FailedPrecondition(format!(
+                "idempotency key {} was already used {what} (run {}, workflow `{}`); use a new key for a new run",
+                shown(&req.idempotency_key),
+                run.run_id,
+                run.workflow
+            ))
+        };
+        if run.workflow != req.workflow || input.as_ref() != Some(&run.input) {
+            return Err(used("for a different request"));
+        }
+        if run.caller != req.caller {
+            return Err(used(&format!("by caller `{}`", run.caller)));
+        }
+        let mut asked = req.caller_grants.clone();
+        asked.sort();
+        asked.dedup();
+        if self.started_with_grants(&run).await? != asked {
+            return Err(used("with other caller grants"));
+        }
+        Ok(run)
     }
-    Ok(run)
+
+    /// The caller grants a run was started with (its `run_started` event),
+    /// sorted.
+    async fn started_with_grants(&self, run: &RunRow) -> Result<Vec<String>, CoordinatorError> {
+        let first = self.store.list_events(run.run_id, 0, 1).await?;
+        let mut grants: Vec<String> = first
+            .first()
+            .filter(|e| e.kind == "run_started")
+            .and_then(|e| e.payload.get("caller_grants"))
+            .and_then(|g| serde_json::from_value(g.clone()).ok())
+            .unwrap_or_default();
+        grants.sort();
+        grants.dedup();
+        Ok(grants)
+    }
 }

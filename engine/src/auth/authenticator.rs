@@ -1,0 +1,146 @@
+//! From a request's credential to a [`Principal`]: API keys are looked up
+//! in the store on every request (so a revocation or an expiry takes effect
+//! on the next one, on every engine), configured tokens in memory, client
+//! certificates by their subject.
+
+use axum::http::HeaderMap;
+
+use super::key::{self, KEY_PREFIX};
+use super::static_tokens::bearer;
+use super::{AdminAuth, AuthError, Principal, Role, Tenants};
+use crate::store::{PrincipalRow, Store};
+
+/// What a request presented.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    /// The `Bearer` credential of its `authorization` header.
+    pub bearer: Option<&'a str>,
+    /// The RFC 4514 subject of its verified client certificate.
+    pub cert_subject: Option<&'a str>,
+}
+
+impl<'a> Credentials<'a> {
+    /// The credentials of a request's headers, with its connection's
+    /// certificate subject. Errors: [`AuthError::Unauthenticated`] for an
+    /// `authorization` header that is not `Bearer <credential>`.
+    pub fn from_headers(
+        headers: &'a HeaderMap,
+        cert_subject: Option<&'a str>,
+    ) -> Result<Credentials<'a>, AuthError> {
+        Ok(Credentials {
+            bearer: bearer(headers)?,
+            cert_subject,
+        })
+    }
+}
+
+/// Authenticates requests against the store's principals and the
+/// configured tokens.
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    store: Store,
+    tokens: std::sync::Arc<AdminAuth>,
+}
+
+impl Authenticator {
+    /// An authenticator over the principals of `store` and the configured
+    /// `tokens` (may be empty).
+    pub fn new(store: Store, tokens: AdminAuth) -> Authenticator {
+        Authenticator {
+            store,
+            tokens: std::sync::Arc::new(tokens),
+        }
+    }
+
+    /// The configured tokens.
+    pub fn tokens(&self) -> &AdminAuth {
+        &self.tokens
+    }
+
+    /// Who presented `credentials`: a bearer credential first (an API key
+    /// when it starts with `belay_`, else a configured token), else the
+    /// client certificate. Errors: [`AuthError::Unauthenticated`] for no
+    /// credential, a malformed key, an unknown key or wrong secret (one
+    /// message for both, so key ids cannot be probed), a revoked or expired
+    /// key; [`AuthError::Store`] when the principals cannot be read.
+    pub async fn authenticate(&self, credentials: Credentials<'_>) -> Result<Principal, AuthError> {
+        match (credentials.bearer, credentials.cert_subject) {
+            (Some(text), _) if text.starts_with(KEY_PREFIX) => self.api_key(text).await,
+            (Some(text), _) => self
+                .tokens
+                .find(text)
+                .map(|t| t.principal())
+                .ok_or_else(|| AuthError::Unauthenticated("invalid API key or token".into())),
+            (None, Some(subject)) => self.certificate(subject).await,
+            (None, None) => Err(AuthError::Unauthenticated(
+                "missing credential: send `authorization: Bearer <API key>`".into(),
+            )),
+        }
+    }
+
+    async fn api_key(&self, text: &str) -> Result<Principal, AuthError> {
+        let presented = key::parse(text)?;
+        let row = self
+            .store
+            .principal_by_key_id(&presented.key_id)
+            .await?
+            .filter(|row| {
+                row.secret_sha256
+                    .as_deref()
+                    .is_some_and(|stored| presented.matches(stored))
+            })
+            .ok_or_else(|| AuthError::Unauthenticated("invalid API key or token".into()))?;
+        active(row, &format!("API key {}", presented.key_id))
+    }
+
+    async fn certificate(&self, subject: &str) -> Result<Principal, AuthError> {
+        let row = self
+            .store
+            .principal_by_cert_subject(subject)
+            .await?
+            .ok_or_else(|| {
+                AuthError::Unauthenticated(format!(
+                    "client certificate `{subject}` names no principal"
+                ))
+            })?;
+        active(row, &format!("the principal of client certificate `{subject}`"))
+    }
+}
+
+/// The principal of a row that is neither revoked nor expired.
+fn active(row: PrincipalRow, what: &str) -> Result<Principal, AuthError> {
+    if let Some(at) = row.revoked_at {
+        return Err(AuthError::Unauthenticated(format!(
+            "{what} was revoked at {}",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )));
+    }
+    if row.expired {
+        let at = row
+            .expires_at
+            .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_default();
+        return Err(AuthError::Unauthenticated(format!("{what} expired at {at}")));
+    }
+    principal_of(row)
+}
+
+/// The principal a stored row describes. Errors: [`AuthError::Internal`]
+/// for a role the engine does not know (a row written by a newer engine).
+pub fn principal_of(row: PrincipalRow) -> Result<Principal, AuthError> {
+    let role: Role = row
+        .role
+        .parse()
+        .map_err(|_| AuthError::Internal(format!("key {} has unknown role {:?}", row.key_id, row.role)))?;
+    let credential = match row.cert_subject {
+        Some(_) => format!("cert:{}", row.key_id),
+        None => row.key_id,
+    };
+    Ok(Principal {
+        id: row.principal,
+        credential,
+        role,
+        tenants: Tenants::from_stored(row.tenants),
+        grants: row.grants,
+    })
+}
