@@ -35,6 +35,7 @@ macro_rules! out {
 }
 
 mod dev;
+mod keys;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -105,6 +106,9 @@ enum Cmd {
     /// List, show and resolve uncertain outcomes (admin endpoint).
     #[command(subcommand)]
     Uncertain(UncertainCmd),
+    /// Create, list and revoke API keys (admin endpoint).
+    #[command(subcommand)]
+    Keys(keys::KeysCmd),
 }
 
 #[derive(Subcommand)]
@@ -610,6 +614,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let as_json = cli.json;
     let admin = || admin_client(&cli.admin_url, cli.admin_token.as_deref(), &cli.tenant);
     match command {
+        Cmd::Keys(cmd) => keys::run(cmd, admin()?, as_json).await?,
         Cmd::Uncertain(UncertainCmd::List {
             status,
             tool,

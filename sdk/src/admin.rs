@@ -203,7 +203,21 @@ impl AdminClient {
         url
     }
 
-    async fn send<T: serde::de::DeserializeOwned>(
+    /// `/admin/v1/<segments...>`, each segment percent-encoded.
+    pub(crate) fn root_url(&self, segments: &[&str]) -> reqwest::Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(["admin", "v1"]).extend(segments);
+        }
+        url
+    }
+
+    /// The HTTP client.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub(crate) async fn send<T: serde::de::DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
     ) -> Result<T, SdkError> {

@@ -4,6 +4,7 @@
 //! run events ([`timeline_line`]).
 
 pub mod admin;
+pub mod keys;
 
 use std::path::{Path, PathBuf};
 
