@@ -20,7 +20,6 @@ pub use keys::{KEY_REVOKE_PATH, KEYS_PATH, valid_principal_id};
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use axum::Json;
@@ -29,7 +28,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{
     DefaultBodyLimit, Extension, FromRequest, FromRequestParts, Path, Query, Request, State,
 };
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
+use axum::http::{HeaderValue, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -365,11 +364,16 @@ struct AppState {
 const OPERATE: &[Role] = &[Role::Operator, Role::Admin];
 
 /// Authenticate a request (401 without a credential that proves a
-/// principal), before anything else of it is looked at.
-async fn authenticate(state: &AppState, req: &Request) -> Result<Principal, AdminError> {
-    let subject = peer_cert_subject(req);
-    let credentials = Credentials::from_headers(req.headers(), subject.as_deref())?;
-    Ok(state.auth.authenticate(credentials).await?)
+/// principal), before anything else of it is looked at. The credentials
+/// are taken out of the request first, so the returned future holds no
+/// reference to it while the store is asked.
+fn authenticate(
+    state: &AppState,
+    req: &Request,
+) -> Result<impl Future<Output = Result<Principal, AuthError>> + Send + 'static, AdminError> {
+    let credentials = Credentials::from_headers(req.headers(), peer_cert_subject(req))?;
+    let auth = state.auth.clone();
+    Ok(async move { auth.authenticate(credentials).await })
 }
 
 /// The subject of the connection's verified client certificate.
@@ -385,7 +389,7 @@ async fn require_operator(
     req: Request,
     next: Next,
 ) -> Result<Response, AdminError> {
-    let principal = authenticate(&state, &req).await?;
+    let principal = authenticate(&state, &req)?.await?;
     if !principal.has_role(OPERATE) {
         return Err(AdminError::Forbidden(format!(
             "principal `{}` has role {}; the admin endpoint needs role operator or admin",
@@ -409,7 +413,7 @@ async fn require_key_manager(
     mut req: Request,
     next: Next,
 ) -> Result<Response, AdminError> {
-    let principal = authenticate(&state, &req).await?;
+    let principal = authenticate(&state, &req)?.await?;
     if !principal.has_role(OPERATE) {
         return Err(AdminError::Forbidden(format!(
             "principal `{}` has role {}; managing keys needs role operator or admin",

@@ -552,7 +552,7 @@ impl WorkerService for Api {
         let lease_ms = self.coord.lease_ms();
         let tasks = self
             .coord
-            .claim(
+            .claim_for(
                 &worker_id(&p, &r.worker_id),
                 r.max_tasks,
                 r.wait_ms,

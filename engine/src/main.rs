@@ -301,7 +301,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
 
     // Tests and scripts read this line to find the port: keep it first.
     println!("listening on http://{addr}");
-    if let Some((l, _)) = &admin {
+    if let Some(l) = &admin {
         println!("admin listening on http://{}", l.local_addr()?);
     }
     if let Some(l) = &callbacks {

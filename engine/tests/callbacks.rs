@@ -489,7 +489,10 @@ async fn an_operator_fails_a_call_whose_callback_never_comes(backend: Backend) {
         .await
         .expect("bind admin");
     let admin_url = format!("http://{}", listener.local_addr().expect("addr"));
-    let auth = belay_engine::admin::AdminAuth::parse("ops:ops-token-0123456789").expect("auth");
+    let auth = belay_engine::auth::Authenticator::new(
+        e.coord.store().clone(),
+        belay_engine::admin::AdminAuth::parse("ops:ops-token-0123456789").expect("auth"),
+    );
     tokio::spawn(belay_engine::admin::serve(
         Arc::clone(&e.coord),
         auth,

@@ -470,8 +470,13 @@ async fn health_follows_the_database(backend: Backend) {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let auth = belay_engine::auth::Authenticator::new(
+        coord.store().clone(),
+        belay_engine::admin::AdminAuth::default(),
+    );
     let server = tokio::spawn(belay_engine::api::serve(
         Arc::clone(&coord),
+        auth,
         listener,
         async {
             let _ = stop_rx.await;

@@ -68,7 +68,11 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let auth = self.auth.clone();
         Box::pin(async move {
-            match admit(&auth, &req).await {
+            let admitted = match credentials_of(&req) {
+                Ok(credentials) => admit(&auth, req.uri().path().to_owned(), credentials).await,
+                Err(status) => Err(status),
+            };
+            match admitted {
                 Ok(Some(principal)) => {
                     req.extensions_mut().insert(principal);
                     inner.call(req).await
@@ -80,9 +84,23 @@ where
     }
 }
 
-/// The principal of an admitted request, `None` for a public method.
-async fn admit<B>(auth: &Authenticator, req: &Request<B>) -> Result<Option<Principal>, Status> {
-    let path = req.uri().path();
+/// What a request presents (taken out of it, so no reference to the
+/// request is held while the store is asked).
+fn credentials_of<B>(req: &Request<B>) -> Result<Credentials, Status> {
+    Ok(Credentials::from_headers(
+        req.headers(),
+        peer_cert_subject(req.extensions()),
+    )?)
+}
+
+/// The principal of an admitted request to `path`, `None` for a public
+/// method.
+async fn admit(
+    auth: &Authenticator,
+    path: String,
+    credentials: Credentials,
+) -> Result<Option<Principal>, Status> {
+    let path = path.as_str();
     let roles = match policy::grpc_access(path) {
         Some(Access::Public) => return Ok(None),
         Some(Access::Roles(roles)) => roles,
@@ -92,8 +110,6 @@ async fn admit<B>(auth: &Authenticator, req: &Request<B>) -> Result<Option<Princ
             )));
         }
     };
-    let subject = peer_cert_subject(req.extensions());
-    let credentials = Credentials::from_headers(req.headers(), subject.as_deref())?;
     let principal = auth.authenticate(credentials).await?;
     if !principal.has_role(roles) {
         let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();

@@ -10,25 +10,35 @@ use super::static_tokens::bearer;
 use super::{AdminAuth, AuthError, Principal, Role, Tenants};
 use crate::store::{PrincipalRow, Store};
 
-/// What a request presented.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Credentials<'a> {
+/// What a request presented (owned, so a request is not held across the
+/// store lookup). `Debug` never prints the bearer credential.
+#[derive(Clone, Default)]
+pub struct Credentials {
     /// The `Bearer` credential of its `authorization` header.
-    pub bearer: Option<&'a str>,
+    pub bearer: Option<String>,
     /// The RFC 4514 subject of its verified client certificate.
-    pub cert_subject: Option<&'a str>,
+    pub cert_subject: Option<String>,
 }
 
-impl<'a> Credentials<'a> {
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("bearer", &self.bearer.as_ref().map(|_| "<redacted>"))
+            .field("cert_subject", &self.cert_subject)
+            .finish()
+    }
+}
+
+impl Credentials {
     /// The credentials of a request's headers, with its connection's
     /// certificate subject. Errors: [`AuthError::Unauthenticated`] for an
     /// `authorization` header that is not `Bearer <credential>`.
     pub fn from_headers(
-        headers: &'a HeaderMap,
-        cert_subject: Option<&'a str>,
-    ) -> Result<Credentials<'a>, AuthError> {
+        headers: &HeaderMap,
+        cert_subject: Option<String>,
+    ) -> Result<Credentials, AuthError> {
         Ok(Credentials {
-            bearer: bearer(headers)?,
+            bearer: bearer(headers)?.map(str::to_owned),
             cert_subject,
         })
     }
@@ -63,8 +73,8 @@ impl Authenticator {
     /// credential, a malformed key, an unknown key or wrong secret (one
     /// message for both, so key ids cannot be probed), a revoked or expired
     /// key; [`AuthError::Store`] when the principals cannot be read.
-    pub async fn authenticate(&self, credentials: Credentials<'_>) -> Result<Principal, AuthError> {
-        match (credentials.bearer, credentials.cert_subject) {
+    pub async fn authenticate(&self, credentials: Credentials) -> Result<Principal, AuthError> {
+        match (credentials.bearer.as_deref(), credentials.cert_subject.as_deref()) {
             (Some(text), _) if text.starts_with(KEY_PREFIX) => self.api_key(text).await,
             (Some(text), _) => self
                 .tokens

@@ -54,6 +54,18 @@ impl Coordinator {
         max: u32,
         wait_ms: u32,
     ) -> Result<Vec<ClaimedTask>, CoordinatorError> {
+        self.claim_for(worker_id, max, wait_ms, None).await
+    }
+
+    /// [`Coordinator::claim`] of tasks of `tenants` only (`None`: every
+    /// tenant): what a worker key limited to tenants claims.
+    pub async fn claim_for(
+        &self,
+        worker_id: &str,
+        max: u32,
+        wait_ms: u32,
+        tenants: Option<&[String]>,
+    ) -> Result<Vec<ClaimedTask>, CoordinatorError> {
         require("worker_id", worker_id)?;
         if !(1..=64).contains(&max) {
             return Err(CoordinatorError::InvalidArgument(format!(
@@ -74,29 +86,40 @@ impl Coordinator {
             notified.as_mut().enable();
             let seq = self.store.tasks_wake_seq();
             let started = tokio::time::Instant::now();
-            let memo = *self.memo();
+            // The memo describes every tenant's tasks: a claim limited to
+            // some tenants neither reads nor writes it.
+            let memo = if tenants.is_none() { *self.memo() } else { None };
             let next_ready = match memo.and_then(|m| m.holds(seq, started)) {
                 // Nothing is claimable: wait without a statement.
                 Some(look_again) => Some(look_again),
                 None => {
                     let claimed = self
                         .store
-                        .claim_tasks_or_next(worker_id, max as i64, self.config.lease_ms as i64)
+                        .claim_tasks_or_next(
+                            worker_id,
+                            max as i64,
+                            self.config.lease_ms as i64,
+                            tenants,
+                        )
                         .await;
                     let (tasks, next_ready_ms) = match claimed {
                         Ok(c) => c,
                         Err(e) => {
-                            *self.memo() = None;
+                            if tenants.is_none() {
+                                *self.memo() = None;
+                            }
                             return Err(e.into());
                         }
                     };
                     let next_ready = next_ready_ms
                         .map(|ms| started + Duration::from_millis(ms.max(0) as u64 + 5));
-                    *self.memo() = (tasks.len() < max as usize).then_some(NothingClaimable {
-                        seq,
-                        at: started,
-                        next_ready,
-                    });
+                    if tenants.is_none() {
+                        *self.memo() = (tasks.len() < max as usize).then_some(NothingClaimable {
+                            seq,
+                            at: started,
+                            next_ready,
+                        });
+                    }
                     if tasks.len() as u32 == max {
                         // A full batch: more may be ready; let the next claimer look.
                         self.tasks_ready.notify_one();

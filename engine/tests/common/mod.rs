@@ -219,7 +219,11 @@ pub async fn serve_admin(coord: &Arc<Coordinator>, tokens: &str) -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = admin::router(Arc::clone(coord), AdminAuth::parse(tokens).expect("tokens"));
+    let auth = belay_engine::auth::Authenticator::new(
+        coord.store().clone(),
+        AdminAuth::parse(tokens).expect("tokens"),
+    );
+    let app = admin::router(Arc::clone(coord), auth);
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}")
 }
