@@ -81,7 +81,12 @@ impl Coordinator {
                 None => {
                     let claimed = self
                         .store
-                        .claim_tasks_or_next(worker_id, max as i64, self.config.lease_ms as i64)
+                        .claim_tasks_or_next(
+                            worker_id,
+                            max as i64,
+                            self.config.lease_ms as i64,
+                            None,
+                        )
                         .await;
                     let (tasks, next_ready_ms) = match claimed {
                         Ok(c) => c,
