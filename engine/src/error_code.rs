@@ -303,6 +303,15 @@ mod tests {
             assert!(!e.public_message().contains("SELECT"), "no SQL leaks");
             assert!(e.details().iter().all(|d| !d.contains("SELECT")));
         }
+        // A duplicate unique value is the caller's conflict, not an outage.
+        let e = CoordinatorError::from(StoreError::Conflict(
+            "a principal with this key_id already exists".into(),
+        ));
+        assert_eq!(e.code(), ErrorCode::Conflict);
+        assert_eq!(
+            e.public_message(),
+            "a principal with this key_id already exists"
+        );
         let e = CoordinatorError::Unprocessable {
             message: "m".into(),
             errors: vec!["a".into(), "b".into()],

@@ -199,7 +199,7 @@ async fn seq_is_gapless_under_concurrent_transitions(backend: Backend) {
     // Half the transitions lock the run through its (leased) model call.
     let task = env
         .store
-        .claim_tasks("w", 1, 60_000)
+        .claim_tasks("w", 1, 60_000, None)
         .await
         .expect("claim")
         .remove(0)
@@ -470,7 +470,7 @@ async fn concurrent_claims_hand_each_ready_task_to_exactly_one_worker(backend: B
             let mut got = Vec::new();
             loop {
                 let batch = store
-                    .claim_tasks(&format!("w{w}"), 3, 60_000)
+                    .claim_tasks(&format!("w{w}"), 3, 60_000, None)
                     .await
                     .expect("claim");
                 if batch.is_empty() {
@@ -505,7 +505,7 @@ async fn concurrent_claims_hand_each_ready_task_to_exactly_one_worker(backend: B
     }
     assert!(
         env.store
-            .claim_tasks("late", 10, 60_000)
+            .claim_tasks("late", 10, 60_000, None)
             .await
             .expect("claim")
             .is_empty()
@@ -523,7 +523,7 @@ async fn a_stale_attempt_cannot_change_a_task(backend: Backend) {
     let run = env.start("k").await;
     let first = env
         .store
-        .claim_tasks("w1", 1, 60_000)
+        .claim_tasks("w1", 1, 60_000, None)
         .await
         .expect("claim")
         .remove(0);
@@ -544,7 +544,7 @@ async fn a_stale_attempt_cannot_change_a_task(backend: Backend) {
     );
     assert!(
         env.store
-            .claim_tasks("w2", 1, 60_000)
+            .claim_tasks("w2", 1, 60_000, None)
             .await
             .expect("claim")
             .is_empty(),
@@ -562,7 +562,7 @@ async fn a_stale_attempt_cannot_change_a_task(backend: Backend) {
     assert_eq!(env.store.next_ready_in_ms().await.expect("next"), Some(0));
     let second = env
         .store
-        .claim_tasks("w2", 1, 60_000)
+        .claim_tasks("w2", 1, 60_000, None)
         .await
         .expect("claim")
         .remove(0);
@@ -654,7 +654,7 @@ async fn heartbeat_extends_only_the_callers_unexpired_leases(backend: Backend) {
         let store = env.store.clone();
         async move {
             store
-                .claim_tasks(worker, 1, 60_000)
+                .claim_tasks(worker, 1, 60_000, None)
                 .await
                 .expect("claim")
                 .remove(0)
@@ -738,7 +738,7 @@ async fn expired_leases_come_oldest_first(backend: Backend) {
     for lease_ms in [-2_000i64, -5_000, 60_000, -1_000, -3_000] {
         let t = env
             .store
-            .claim_tasks("w", 1, lease_ms)
+            .claim_tasks("w", 1, lease_ms, None)
             .await
             .expect("claim")
             .remove(0);
@@ -776,7 +776,7 @@ async fn retry_delays_and_expire_task_timers(backend: Backend) {
     assert_eq!(env.store.expire_task_timers(None).await.expect("expire"), 1);
     let t = env
         .store
-        .claim_tasks("w", 1, 60_000)
+        .claim_tasks("w", 1, 60_000, None)
         .await
         .expect("claim")
         .remove(0);
@@ -821,7 +821,7 @@ async fn retry_delays_and_expire_task_timers(backend: Backend) {
     assert!((590_000..=600_000).contains(&wait), "{wait}");
     assert!(
         env.store
-            .claim_tasks("w", 1, 60_000)
+            .claim_tasks("w", 1, 60_000, None)
             .await
             .expect("claim")
             .is_empty()
@@ -843,7 +843,7 @@ async fn retry_delays_and_expire_task_timers(backend: Backend) {
     assert_eq!(env.store.next_ready_in_ms().await.expect("next"), Some(0));
     let again = env
         .store
-        .claim_tasks("w", 1, 60_000)
+        .claim_tasks("w", 1, 60_000, None)
         .await
         .expect("claim")
         .remove(0);
@@ -1981,7 +1981,7 @@ async fn a_closed_store_fails_every_call(backend: Backend) {
         Err(StoreError::Database(_))
     ));
     assert!(matches!(
-        env.store.claim_tasks("w", 1, 1_000).await,
+        env.store.claim_tasks("w", 1, 1_000, None).await,
         Err(StoreError::Database(_))
     ));
     assert!(matches!(

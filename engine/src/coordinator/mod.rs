@@ -190,8 +190,12 @@ impl From<MachineError> for CoordinatorError {
 impl From<StoreError> for CoordinatorError {
     /// Data the database refuses (SQLSTATE class 22 "data exception", 54
     /// "program limit exceeded") fails the same way on every retry, so it is
-    /// the caller's bad input, not an outage.
+    /// the caller's bad input, not an outage; so is a duplicate of a unique
+    /// value ([`StoreError::Conflict`], whose message names only the column).
     fn from(e: StoreError) -> Self {
+        if let StoreError::Conflict(what) = e {
+            return CoordinatorError::Conflict(what);
+        }
         if let Some(code) = e.rejected_value_sqlstate() {
             tracing::warn!(error = %e, %code, "the database refused a value");
             return CoordinatorError::InvalidArgument(format!(

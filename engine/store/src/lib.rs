@@ -20,7 +20,8 @@
 //! `postgres/` and `sqlite/` the statements, one file per concern with the
 //! same names in both, so that a method's two versions sit at the same
 //! relative path (`postgres/tasks.rs` beside `sqlite/tasks.rs`);
-//! `tool_calls.rs` the audit of tool calls.
+//! `tool_calls.rs` the audit of tool calls; `principals.rs` the rows of
+//! callers' credentials.
 //!
 //! # In detail (moved from ARCHITECTURE.md)
 //!
@@ -114,6 +115,7 @@
 //! lists a run's rows without values (tests, operators).
 
 mod postgres;
+mod principals;
 mod rows;
 mod sqlite;
 mod tool_calls;
@@ -124,6 +126,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
+pub use principals::{NewPrincipal, PrincipalRow};
 pub use rows::{
     ClaimedTask, DefinitionRow, EventRow, ExpiredLease, McpPinTask, McpToolDefinitionRow,
     McpToolListingIn, McpToolPinRow, NotificationRow, NotificationStatus, OutboxRow, RunRow,
@@ -236,6 +239,61 @@ impl Store {
     /// A tenant's grants (empty if never configured).
     pub async fn tenant_grants(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
         on_backend!(self, b => b.tenant_grants(tenant).await)
+    }
+
+    // ---- principals (callers' credentials) ----------------------------
+
+    /// Insert a principal with its credential; `created_at` is now and
+    /// `expires_at` `p.expires_in_ms` from now, by the engine's clock.
+    /// Returns the row as stored.
+    ///
+    /// Errors: [`StoreError::Conflict`] when a principal with this `key_id`
+    /// or `cert_subject` exists (the message names which);
+    /// [`StoreError::Database`] when the database refuses the row (neither
+    /// or both of `secret_sha256` and `cert_subject`, an unknown role, an
+    /// empty `tenants` list: CHECK constraints), or fails. Nothing is
+    /// written on an error.
+    pub async fn create_principal(&self, p: &NewPrincipal) -> Result<PrincipalRow, StoreError> {
+        on_backend!(self, b => b.create_principal(p).await)
+    }
+
+    /// The principal whose credential has this public id, revoked and
+    /// expired ones included (the caller judges `revoked_at` and
+    /// `expired`). One indexed statement (every request authenticates
+    /// with it); SQLite reads on the read pool.
+    pub async fn principal_by_key_id(
+        &self,
+        key_id: &str,
+    ) -> Result<Option<PrincipalRow>, StoreError> {
+        on_backend!(self, b => b.principal_by_key_id(key_id).await)
+    }
+
+    /// The principal a client-certificate subject (`CN=worker-a`)
+    /// authenticates as, revoked and expired ones included. One indexed
+    /// statement.
+    pub async fn principal_by_cert_subject(
+        &self,
+        subject: &str,
+    ) -> Result<Option<PrincipalRow>, StoreError> {
+        on_backend!(self, b => b.principal_by_cert_subject(subject).await)
+    }
+
+    /// Every principal (`tenant` `None`), or those whose `tenants` list
+    /// names `tenant` (not those of every tenant, `tenants` NULL); revoked
+    /// and expired ones included. Ordered by `created_at`, then `key_id`.
+    pub async fn list_principals(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<PrincipalRow>, StoreError> {
+        on_backend!(self, b => b.list_principals(tenant).await)
+    }
+
+    /// Revoke a credential: `revoked_at` becomes now by the engine's clock
+    /// unless it is set already (a second revoke keeps the first time).
+    /// Returns the row afterwards; `None` when no principal has this
+    /// `key_id`.
+    pub async fn revoke_principal(&self, key_id: &str) -> Result<Option<PrincipalRow>, StoreError> {
+        on_backend!(self, b => b.revoke_principal(key_id).await)
     }
 
     // ---- definitions ---------------------------------------------------
@@ -492,14 +550,17 @@ impl Store {
     /// Claim up to `max` ready tasks of running runs (and probe tasks of
     /// paused ones) for `worker_id`, with a lease of `lease_ms` by the
     /// database clock. Each claim increments the task's attempt (the fencing
-    /// token). Concurrent claims never hand out the same task.
+    /// token). Concurrent claims never hand out the same task. `tenants`:
+    /// `None` claims tasks of any tenant, `Some(list)` only tasks whose
+    /// tenant is in `list` (an empty list claims nothing).
     pub async fn claim_tasks(
         &self,
         worker_id: &str,
         max: i64,
         lease_ms: i64,
+        tenants: Option<&[String]>,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
-        on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms).await)
+        on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms, tenants).await)
     }
 
     /// A count that grows whenever tasks may have become claimable in this
@@ -518,14 +579,16 @@ impl Store {
     /// [`Store::next_ready_in_ms`] of the tasks left (PostgreSQL: in the same
     /// statement, one round trip). Returns the tasks and, then, the ms until
     /// the earliest other ready task is claimable (`None`: no other ready
-    /// task, or `max` were claimed).
+    /// task, or `max` were claimed). `tenants` limits both the claim and
+    /// the tasks that estimate looks at, as in [`Store::claim_tasks`].
     pub async fn claim_tasks_or_next(
         &self,
         worker_id: &str,
         max: i64,
         lease_ms: i64,
+        tenants: Option<&[String]>,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
-        on_backend!(self, b => b.claim_tasks_or_next(worker_id, max, lease_ms).await)
+        on_backend!(self, b => b.claim_tasks_or_next(worker_id, max, lease_ms, tenants).await)
     }
 
     /// Extend the leases a worker still holds (not yet expired, same

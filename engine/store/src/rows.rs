@@ -30,6 +30,11 @@ pub enum StoreError {
     /// The run or task named does not exist (for this tenant).
     #[error("{0} not found")]
     NotFound(String),
+    /// A row with this unique value exists already (the message names the
+    /// column, e.g. a principal's `key_id` or `cert_subject`); nothing was
+    /// written.
+    #[error("{0}")]
+    Conflict(String),
     /// The store cannot be opened as configured (URL scheme, a SQLite file
     /// held by another engine process, an unusable path).
     #[error("{0}")]
@@ -552,6 +557,7 @@ mod tests {
             StoreError::Corrupt("22001".into()),
             StoreError::NotFound("run".into()),
             StoreError::Config("22".into()),
+            StoreError::Conflict("22".into()),
         ] {
             assert!(!e.is_rejected_value(), "{e}");
         }

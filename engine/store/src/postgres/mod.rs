@@ -9,7 +9,8 @@
 //! `write_decision` (the statements of a decision), `tasks` (claims,
 //! heartbeats, leases), `timers` (timers, callbacks, the engine's clock),
 //! `uncertain`, `outbox`, `notifications`, `gates` (tool gates),
-//! `tool_cache`, `mcp_tools` and `tool_calls` (the audit).
+//! `tool_cache`, `mcp_tools`, `tool_calls` (the audit) and `principals`
+//! (callers' credentials).
 
 use std::time::Duration;
 
@@ -61,6 +62,7 @@ mod gates;
 mod mcp_tools;
 mod notifications;
 mod outbox;
+mod principals;
 mod runs;
 mod tasks;
 mod tenants;

@@ -16,8 +16,12 @@ impl Pg {
         worker_id: &str,
         max: i64,
         lease_ms: i64,
+        tenants: Option<&[String]>,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
-        Ok(self.claim_tasks_or_next(worker_id, max, lease_ms).await?.0)
+        Ok(self
+            .claim_tasks_or_next(worker_id, max, lease_ms, tenants)
+            .await?
+            .0)
     }
 
     /// Claim up to `max` ready tasks of running runs for `worker_id`, with a
@@ -27,18 +31,21 @@ impl Pg {
     /// claimable (as [`Pg::next_ready_in_ms`], leaving out the tasks just
     /// claimed, which the statement's snapshot still sees ready), in the
     /// same statement: the coordinator then knows how long nothing is
-    /// claimable (`NothingClaimable`).
+    /// claimable (`NothingClaimable`). `tenants` (`None`: any) limits both
+    /// to the tasks of those tenants.
     pub(crate) async fn claim_tasks_or_next(
         &self,
         worker_id: &str,
         max: i64,
         lease_ms: i64,
+        tenants: Option<&[String]>,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
         let rows: Vec<ClaimOrNext> = sqlx::query_as(concat!(
             "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
              picked AS (
                  SELECT t.task_id FROM tasks t
                  WHERE t.status = 'ready' AND t.available_at <= (SELECT now FROM clock)
+                   AND ($4::text[] IS NULL OR t.tenant = ANY($4))
                    AND ",
             run_admits_task!(),
             "
@@ -60,7 +67,8 @@ impl Pg {
                     -- over a join into reading every ready task and run.
                     (SELECT (EXTRACT(EPOCH FROM (t.available_at - (SELECT now FROM clock))) * 1000)::float8
                      FROM tasks t
-                     WHERE t.status = 'ready' AND t.task_id NOT IN (SELECT task_id FROM claimed) AND ",
+                     WHERE t.status = 'ready' AND t.task_id NOT IN (SELECT task_id FROM claimed)
+                       AND ($4::text[] IS NULL OR t.tenant = ANY($4)) AND ",
             run_admits_task!(),
             "
                      ORDER BY t.available_at, t.task_id LIMIT 1)
@@ -69,6 +77,7 @@ impl Pg {
         .bind(worker_id)
         .bind(max)
         .bind(lease_ms as f64)
+        .bind(tenants)
         .fetch_all(&self.pool)
         .await?;
         let mut tasks = Vec::with_capacity(rows.len());

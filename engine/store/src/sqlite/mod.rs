@@ -44,6 +44,7 @@ mod gates;
 mod mcp_tools;
 mod notifications;
 mod outbox;
+mod principals;
 mod runs;
 mod tasks;
 mod tenants;
