@@ -37,8 +37,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
-pub use crate::auth::{AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
 use crate::audit::ToolCallFilter;
+pub use crate::auth::{AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
 use crate::auth::{AuthError, Authenticator, Credentials, Principal, Role};
 use crate::coordinator::{Coordinator, CoordinatorError, UncertainFilter};
 use crate::error_code::ErrorCode;
@@ -872,7 +872,10 @@ pub fn router(coord: Arc<Coordinator>, auth: Authenticator) -> Router {
         .route(MCP_TOOL_PATH, get(show_mcp_tool))
         .route(MCP_TOOL_ACCEPT_PATH, post(accept_mcp_tool))
         .route(TOOL_CALLS_PATH, get(list_tool_calls))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_operator,
+        ));
     let key_routes = Router::new()
         .route(KEYS_PATH, get(keys::list_keys).post(keys::create_key))
         .route(KEY_REVOKE_PATH, post(keys::revoke_key))

@@ -115,6 +115,32 @@ impl Api {
     pub fn new(coord: Arc<Coordinator>, shutdown: tokio::sync::watch::Receiver<bool>) -> Api {
         Api { coord, shutdown }
     }
+
+    /// A worker key limited to tenants touches only their tasks:
+    /// `PERMISSION_DENIED` naming the principal and the task's tenant. (A
+    /// malformed or unknown task id is left for the coordinator to name.)
+    async fn require_task_tenant(
+        &self,
+        p: &crate::auth::Principal,
+        task_id: &str,
+    ) -> Result<(), Status> {
+        if p.tenants == crate::auth::Tenants::All {
+            return Ok(());
+        }
+        let Ok(id) = uuid::Uuid::parse_str(task_id) else {
+            return Ok(());
+        };
+        let tenant = self
+            .coord
+            .store()
+            .task_tenant(id)
+            .await
+            .map_err(CoordinatorError::from)?;
+        match tenant {
+            Some(t) => Ok(p.require_tenant(&t)?),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Most event payload bytes in one `ListRunEvents` page or `WatchRun` batch,
@@ -185,7 +211,12 @@ impl RunService for Api {
         let r = req.into_inner();
         let (runs, next) = self
             .coord
-            .list_runs(&p.tenant_for(&r.tenant)?, &r.status, r.page_size, &r.page_token)
+            .list_runs(
+                &p.tenant_for(&r.tenant)?,
+                &r.status,
+                r.page_size,
+                &r.page_token,
+            )
             .await?;
         Ok(Response::new(v1::ListRunsResponse {
             runs: runs.into_iter().map(run_msg).collect(),
@@ -587,8 +618,14 @@ impl WorkerService for Api {
             .into_iter()
             .map(|l| (l.task_id, l.attempt))
             .collect();
+        for (task_id, _) in &leases {
+            self.require_task_tenant(&p, task_id).await?;
+        }
         let lease_ms = self.coord.lease_ms();
-        let out = self.coord.heartbeat(&worker_id(&p, &r.worker_id), &leases).await?;
+        let out = self
+            .coord
+            .heartbeat(&worker_id(&p, &r.worker_id), &leases)
+            .await?;
         Ok(Response::new(v1::HeartbeatResponse {
             leases: out
                 .into_iter()
@@ -609,6 +646,7 @@ impl WorkerService for Api {
         let p = principal(&req)?;
         let r = req.into_inner();
         let worker = worker_id(&p, &r.worker_id);
+        self.require_task_tenant(&p, &r.task_id).await?;
         // A `type: mcp` call: the tenant's pinned definition, looked up (or
         // pinned on first use) before the dispatch is recorded, so a failure
         // here leaves the call undispatched.
@@ -656,7 +694,12 @@ impl WorkerService for Api {
             .collect();
         let new = self
             .coord
-            .report_mcp_tools(&worker_id(&p, &r.worker_id), &r.server, &r.protocol_version, tools)
+            .report_mcp_tools(
+                &worker_id(&p, &r.worker_id),
+                &r.server,
+                &r.protocol_version,
+                tools,
+            )
             .await?;
         Ok(Response::new(v1::ReportMcpToolsResponse {
             new_definitions: u32::try_from(new).unwrap_or(u32::MAX),
@@ -669,6 +712,7 @@ impl WorkerService for Api {
     ) -> Result<Response<v1::CompleteTaskResponse>, Status> {
         let p = principal(&req)?;
         let r = req.into_inner();
+        self.require_task_tenant(&p, &r.task_id).await?;
         let secrets = r
             .vaulted_secrets
             .into_iter()
@@ -693,6 +737,7 @@ impl WorkerService for Api {
     ) -> Result<Response<v1::FailTaskResponse>, Status> {
         let p = principal(&req)?;
         let r = req.into_inner();
+        self.require_task_tenant(&p, &r.task_id).await?;
         let class = failure_class(r.class)?;
         let status_code = u16::try_from(r.status_code).ok().filter(|c| *c > 0);
         self.coord
@@ -715,6 +760,7 @@ impl WorkerService for Api {
     ) -> Result<Response<v1::RequestToolInputResponse>, Status> {
         let p = principal(&req)?;
         let r = req.into_inner();
+        self.require_task_tenant(&p, &r.task_id).await?;
         self.coord
             .request_tool_input(
                 &worker_id(&p, &r.worker_id),

@@ -210,7 +210,10 @@ async fn create_key(database_url: &str, args: CreateKeyArgs) -> anyhow::Result<(
         anyhow::bail!("--tenants: name at least one tenant, or `*`");
     }
     if !belay_engine::admin::valid_principal_id(&args.principal) {
-        anyhow::bail!("--principal {:?}: 1 to 128 letters, digits, `.`, `_`, `-` or `@`", args.principal);
+        anyhow::bail!(
+            "--principal {:?}: 1 to 128 letters, digits, `.`, `_`, `-` or `@`",
+            args.principal
+        );
     }
     let store = Store::connect(database_url, 2)
         .await

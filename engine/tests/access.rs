@@ -6,8 +6,8 @@
 //! gets `UNAUTHENTICATED` or `PERMISSION_DENIED` (401 or 403), and the
 //! database is the same afterwards, row for row.
 
-mod common;
 mod access_harness;
+mod common;
 
 use access_harness::{Case, Fixture};
 use common::Backend;
@@ -17,21 +17,26 @@ async fn every_rpc_refuses_the_wrong_principal(backend: Backend) {
     let f = Fixture::start(backend).await;
     let before = f.snapshot().await;
     let methods = access_harness::grpc_methods();
-    assert!(methods.len() >= 20, "descriptors list {} methods", methods.len());
+    assert!(
+        methods.len() >= 20,
+        "descriptors list {} methods",
+        methods.len()
+    );
     for (service, method, streaming) in &methods {
         let body = f.request_for(method);
+        let roles = access_harness::admitted(service, method);
         for case in Case::ALL {
             let Some(want) = f.expected_grpc(service, method, case) else {
                 continue;
             };
-            let got = f.call(service, method, *streaming, &body, case).await;
-            assert_eq!(
-                got,
-                Err(want.grpc()),
-                "{service}/{method} as {case:?}: expected {want:?}"
-            );
-            let after = f.snapshot().await;
-            access_harness::assert_same(&before, &after, &format!("{service}/{method} as {case:?}"));
+            for (i, key) in f.credentials(case, roles).iter().enumerate() {
+                let got = f
+                    .call(service, method, *streaming, &body, key.as_deref())
+                    .await;
+                let what = format!("{service}/{method} as {case:?} #{i}");
+                assert_eq!(got, Err(want.grpc()), "{what}: expected {want:?}");
+                access_harness::assert_same(&before, &f.snapshot().await, &what);
+            }
         }
     }
     f.stop().await;
@@ -49,14 +54,12 @@ async fn every_admin_route_refuses_the_wrong_principal(backend: Backend) {
             let Some(want) = f.expected_admin(template, case) else {
                 continue;
             };
-            let status = f.admin_call(method, template, case).await;
-            assert_eq!(
-                status,
-                want.http(),
-                "{method} {template} as {case:?}: expected {want:?}"
-            );
-            let after = f.snapshot().await;
-            access_harness::assert_same(&before, &after, &format!("{method} {template} as {case:?}"));
+            for (i, key) in f.admin_credentials(case).iter().enumerate() {
+                let status = f.admin_call(method, template, key.as_deref()).await;
+                let what = format!("{method} {template} as {case:?} #{i}");
+                assert_eq!(status, want.http(), "{what}: expected {want:?}");
+                access_harness::assert_same(&before, &f.snapshot().await, &what);
+            }
         }
     }
     f.stop().await;
@@ -78,7 +81,7 @@ async fn what_another_tenant_may_call_shows_nothing_of_this_one(backend: Backend
     f.stop().await;
 }
 
-common::on_both_backends!(
+on_both_backends!(
     every_rpc_refuses_the_wrong_principal,
     every_admin_route_refuses_the_wrong_principal,
     what_another_tenant_may_call_shows_nothing_of_this_one,

@@ -348,9 +348,12 @@ pub(super) async fn revoke_key(
         .ok_or_else(not_found)?;
     let scope = Tenants::from_stored(row.tenants.clone());
     if caller.role != Role::Admin && (row.role == "admin" || !caller.tenants.covers(&scope)) {
-        // Not found rather than forbidden: an operator learns nothing of
+        // Without naming the key's tenants: an operator learns nothing of
         // other tenants' keys.
-        return Err(not_found());
+        return Err(AdminError::Forbidden(format!(
+            "principal `{}` may not revoke key {key_id}: it manages keys of tenant(s) `{}` only",
+            caller.id, caller.tenants
+        )));
     }
     let row = store
         .revoke_principal(&key_id)

@@ -5,12 +5,14 @@
 
 use serde_json::{Value, json};
 
+use super::keys::{
+    KEY_REVOKE_PATH, KEYS_PATH, MAX_KEY_GRANTS, MAX_KEY_LIFETIME_SECS, MAX_PRINCIPAL_BYTES,
+};
 use super::{
     MAX_BODY_BYTES, MAX_OPERATOR_BYTES, MAX_REASON_BYTES, MCP_TOOL_ACCEPT_PATH, MCP_TOOL_PATH,
     MCP_TOOLS_PATH, OPENAPI_PATH, RUN_CALL_FAIL_PATH, RUN_CANCEL_PATH, RUN_PATH, RUN_PAUSE_PATH,
     RUN_RESUME_PATH, TOOL_CALLS_PATH, UNCERTAIN_LIST_PATH, UNCERTAIN_PATH, UNCERTAIN_RESOLVE_PATH,
 };
-use super::keys::{KEY_REVOKE_PATH, KEYS_PATH, MAX_KEY_GRANTS, MAX_KEY_LIFETIME_SECS, MAX_PRINCIPAL_BYTES};
 use crate::audit::{DEFAULT_TOOL_CALLS_LIMIT, MAX_TOOL_CALLS_LIMIT};
 
 fn error_response(description: &str) -> Value {
@@ -388,14 +390,20 @@ fn key_schemas(map: &mut serde_json::Map<String, Value>) {
         "revoked_at": nullable_ts,
         "status": {"type": "string", "enum": ["active", "revoked", "expired"]},
     });
-    map.insert("Key".into(), json!({
-        "type": "object",
-        "description": "A principal and its credential; never the secret or its hash.",
-        "properties": key_properties,
-    }));
+    map.insert(
+        "Key".into(),
+        json!({
+            "type": "object",
+            "description": "A principal and its credential; never the secret or its hash.",
+            "properties": key_properties,
+        }),
+    );
     let mut created = key_properties.as_object().cloned().unwrap_or_default();
     created.insert("key".into(), json!({"type": ["string", "null"], "description": "`belay_<key id>_<secret>`, shown only in this response; `null` for a certificate principal."}));
-    map.insert("CreatedKey".into(), json!({"type": "object", "properties": created}));
+    map.insert(
+        "CreatedKey".into(),
+        json!({"type": "object", "properties": created}),
+    );
     map.insert("KeyPage".into(), json!({
         "type": "object",
         "required": ["items"],

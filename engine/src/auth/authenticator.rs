@@ -74,7 +74,10 @@ impl Authenticator {
     /// message for both, so key ids cannot be probed), a revoked or expired
     /// key; [`AuthError::Store`] when the principals cannot be read.
     pub async fn authenticate(&self, credentials: Credentials) -> Result<Principal, AuthError> {
-        match (credentials.bearer.as_deref(), credentials.cert_subject.as_deref()) {
+        match (
+            credentials.bearer.as_deref(),
+            credentials.cert_subject.as_deref(),
+        ) {
             (Some(text), _) if text.starts_with(KEY_PREFIX) => self.api_key(text).await,
             (Some(text), _) => self
                 .tokens
@@ -113,7 +116,10 @@ impl Authenticator {
                     "client certificate `{subject}` names no principal"
                 ))
             })?;
-        active(row, &format!("the principal of client certificate `{subject}`"))
+        active(
+            row,
+            &format!("the principal of client certificate `{subject}`"),
+        )
     }
 }
 
@@ -130,7 +136,9 @@ fn active(row: PrincipalRow, what: &str) -> Result<Principal, AuthError> {
             .expires_at
             .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_default();
-        return Err(AuthError::Unauthenticated(format!("{what} expired at {at}")));
+        return Err(AuthError::Unauthenticated(format!(
+            "{what} expired at {at}"
+        )));
     }
     principal_of(row)
 }
@@ -138,10 +146,12 @@ fn active(row: PrincipalRow, what: &str) -> Result<Principal, AuthError> {
 /// The principal a stored row describes. Errors: [`AuthError::Internal`]
 /// for a role the engine does not know (a row written by a newer engine).
 pub fn principal_of(row: PrincipalRow) -> Result<Principal, AuthError> {
-    let role: Role = row
-        .role
-        .parse()
-        .map_err(|_| AuthError::Internal(format!("key {} has unknown role {:?}", row.key_id, row.role)))?;
+    let role: Role = row.role.parse().map_err(|_| {
+        AuthError::Internal(format!(
+            "key {} has unknown role {:?}",
+            row.key_id, row.role
+        ))
+    })?;
     let credential = match row.cert_subject {
         Some(_) => format!("cert:{}", row.key_id),
         None => row.key_id,

@@ -142,7 +142,10 @@ mod tests {
     #[test]
     fn a_generated_key_parses_and_matches_only_its_hash() {
         let key = generate().expect("key");
-        assert_eq!(key.key.len(), KEY_PREFIX.len() + KEY_ID_CHARS + 1 + SECRET_CHARS);
+        assert_eq!(
+            key.key.len(),
+            KEY_PREFIX.len() + KEY_ID_CHARS + 1 + SECRET_CHARS
+        );
         let presented = parse(&key.key).expect("parse");
         assert_eq!(presented.key_id, key.key_id);
         assert!(presented.matches(&key.secret_sha256));
@@ -160,8 +163,14 @@ mod tests {
             (&good[..good.len() - 1], "wrong length"),
             (&good.replacen('_', "-", 2)[..], "does not start"),
             (&format!("belay_{}X{}", &good[6..22], &good[23..]), "no `_`"),
-            (&format!("belay_{}{}", "G".repeat(16), &good[22..]), "not lowercase hex"),
-            (&format!("{}{}", &good[..23], "!".repeat(43)), "not base64url"),
+            (
+                &format!("belay_{}{}", "G".repeat(16), &good[22..]),
+                "not lowercase hex",
+            ),
+            (
+                &format!("{}{}", &good[..23], "!".repeat(43)),
+                "not base64url",
+            ),
         ];
         for (text, want) in cases {
             let err = parse(text).expect_err(text).to_string();

@@ -25,8 +25,8 @@
 mod authenticator;
 pub mod key;
 mod mint;
-mod principal;
 pub mod policy;
+mod principal;
 pub mod static_tokens;
 
 pub use authenticator::{Authenticator, Credentials, principal_of};

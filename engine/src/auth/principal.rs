@@ -263,7 +263,10 @@ mod tests {
         assert!(matches!(err, AuthError::PermissionDenied(_)));
         assert!(err.to_string().contains("acme") && err.to_string().contains("victim"));
         let all = principal(Tenants::All);
-        assert!(matches!(all.tenant_for(""), Err(AuthError::InvalidArgument(_))));
+        assert!(matches!(
+            all.tenant_for(""),
+            Err(AuthError::InvalidArgument(_))
+        ));
         assert_eq!(all.tenant_for("victim").expect("admin"), "victim");
     }
 

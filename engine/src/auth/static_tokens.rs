@@ -339,7 +339,11 @@ mod tests {
         let bot = auth.tokens()[1].principal();
         assert_eq!(
             (bot.role, bot.tenants.clone(), bot.credential.as_str()),
-            (Role::Operator, Tenants::Only(vec!["acme".into()]), "token:bot")
+            (
+                Role::Operator,
+                Tenants::Only(vec!["acme".into()]),
+                "token:bot"
+            )
         );
     }
 }

@@ -88,7 +88,11 @@ impl Coordinator {
             let started = tokio::time::Instant::now();
             // The memo describes every tenant's tasks: a claim limited to
             // some tenants neither reads nor writes it.
-            let memo = if tenants.is_none() { *self.memo() } else { None };
+            let memo = if tenants.is_none() {
+                *self.memo()
+            } else {
+                None
+            };
             let next_ready = match memo.and_then(|m| m.holds(seq, started)) {
                 // Nothing is claimable: wait without a statement.
                 Some(look_again) => Some(look_again),

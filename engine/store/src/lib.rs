@@ -662,6 +662,11 @@ impl Store {
         on_backend!(self, b => b.close().await)
     }
 
+    /// The tenant of a task; `None` when there is no such task.
+    pub async fn task_tenant(&self, task_id: Uuid) -> Result<Option<String>, StoreError> {
+        on_backend!(self, b => b.task_tenant(task_id).await)
+    }
+
     /// Cancel a leased task whose run can no longer use it (the run finished).
     pub async fn end_orphan_task(&self, task_id: Uuid, attempt: i32) -> Result<(), StoreError> {
         on_backend!(self, b => b.end_orphan_task(task_id, attempt).await)

@@ -32,6 +32,23 @@ const TOOLS: &str = r#"TOOLS:
     repeat_safety: reconcile
 "#;
 const YAML: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
+/// A workflow that waits for an approval (grant `ops.approve`), then a
+/// signal.
+pub const APPROVAL: &str = r#"kind: workflow
+name: early
+nodes:
+  - id: approve
+    type: approval
+    subject: "${ .input }"
+    approver_grant: ops.approve
+    next: docs
+  - id: docs
+    type: wait
+    signal: documents_received
+    timeout: 7d
+    next: done
+  - {id: done, type: succeed, output: "${ .nodes.docs.output }"}
+"#;
 
 /// How a caller is wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +185,31 @@ impl Fixture {
         }
     }
 
+    /// The key of `role` in `tenant` (`a` or `b`; grants `crm.write`).
+    pub fn key(&self, tenant: &'static str, role: Role) -> String {
+        self.keys[&(tenant, role.as_str())].clone()
+    }
+
+    /// A channel to the gRPC API.
+    pub fn channel(&self) -> tonic::transport::Channel {
+        self.grpc.clone()
+    }
+
+    /// The admin endpoint's base URL.
+    pub fn admin_url(&self) -> &str {
+        &self.admin
+    }
+
+    /// The engine's store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The run of tenant a the fixture started.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     /// Stop the engine and drop the database.
     pub async fn stop(self) {
         let _ = self.stop.send(());
@@ -180,22 +222,35 @@ impl Fixture {
         snapshot(&self.db).await
     }
 
-    /// The credential of `case` for a call that admits `roles`.
-    fn credential(&self, case: Case, roles: &[Role]) -> Option<String> {
-        let role_key = |tenant: &'static str, admitted: bool| {
-            let role = [Role::Client, Role::Approver, Role::Operator, Role::Worker]
+    /// The credentials of `case` for a call that admits `roles`: for
+    /// `WrongRole`, a key of every role it does not admit (the configured
+    /// admin token too, where admins are not admitted); for `OtherTenant`,
+    /// tenant b's key of every role it admits.
+    pub fn credentials(&self, case: Case, roles: &[Role]) -> Vec<Option<String>> {
+        let keys = |tenant: &'static str, admitted: bool| -> Vec<Option<String>> {
+            [Role::Client, Role::Approver, Role::Operator, Role::Worker]
                 .into_iter()
-                .find(|r| roles.contains(r) == admitted)
-                .expect("a role");
-            self.keys[&(tenant, role.as_str())].clone()
+                .filter(|r| roles.contains(r) == admitted)
+                .map(|r| Some(self.keys[&(tenant, r.as_str())].clone()))
+                .collect()
         };
         match case {
-            Case::NoKey => None,
-            Case::Malformed => Some("belay_not-a-key".to_owned()),
-            Case::Revoked => Some(self.revoked.clone()),
-            Case::Expired => Some(self.expired.clone()),
-            Case::OtherTenant => Some(role_key("b", true)),
-            Case::WrongRole => Some(role_key("a", false)),
+            Case::NoKey => vec![None],
+            Case::Malformed => vec![
+                Some("belay_not-a-key".to_owned()),
+                Some(format!("{}x", &self.keys[&("a", "client")][..60])),
+                Some("not-a-configured-token".to_owned()),
+            ],
+            Case::Revoked => vec![Some(self.revoked.clone())],
+            Case::Expired => vec![Some(self.expired.clone())],
+            Case::OtherTenant => keys("b", true),
+            Case::WrongRole => {
+                let mut wrong = keys("a", false);
+                if !roles.contains(&Role::Admin) {
+                    wrong.push(Some(ROOT_TOKEN.to_owned()));
+                }
+                wrong
+            }
         }
     }
 
@@ -228,18 +283,17 @@ impl Fixture {
         method: &str,
         streaming: bool,
         body: &[u8],
-        case: Case,
+        credential: Option<&str>,
     ) -> Result<(), tonic::Code> {
-        let roles = roles_of(service, method);
         let mut req = tonic::Request::new(body.to_vec());
-        if let Some(key) = self.credential(case, roles) {
+        if let Some(key) = credential {
             req.metadata_mut().insert(
                 "authorization",
                 format!("Bearer {key}").parse().expect("header"),
             );
         }
-        let path = http::uri::PathAndQuery::from_str(&format!("/{service}/{method}"))
-            .expect("path");
+        let path =
+            http::uri::PathAndQuery::from_str(&format!("/{service}/{method}")).expect("path");
         let mut grpc = tonic::client::Grpc::new(self.grpc.clone());
         grpc.ready().await.expect("ready");
         let result = if streaming {
@@ -397,7 +451,9 @@ impl Fixture {
                 ..Default::default()
             }
             .encode_to_vec(),
-            other => panic!("no request for RPC {other}: add a case to access_harness::request_for"),
+            other => {
+                panic!("no request for RPC {other}: add a case to access_harness::request_for")
+            }
         }
     }
 
@@ -416,13 +472,14 @@ impl Fixture {
         }
     }
 
-    /// Call an admin route as `case`; the HTTP status.
-    pub async fn admin_call(&self, method: &str, template: &str, case: Case) -> u16 {
-        let key = match case {
-            Case::OtherTenant => Some(self.keys[&("b", "operator")].clone()),
-            Case::WrongRole => Some(self.keys[&("a", "client")].clone()),
-            other => self.credential(other, &[]),
-        };
+    /// The credentials of `case` for an admin route (which admits
+    /// operators and admins).
+    pub fn admin_credentials(&self, case: Case) -> Vec<Option<String>> {
+        self.credentials(case, &[Role::Operator, Role::Admin])
+    }
+
+    /// Call an admin route with `key`; the HTTP status.
+    pub async fn admin_call(&self, method: &str, template: &str, key: Option<&str>) -> u16 {
         let path = template
             .replace("{tenant}", "a")
             .replace("{run_id}", &self.run_id)
@@ -458,7 +515,12 @@ impl Fixture {
                 .parse()
                 .expect("header"),
         );
-        client.claim_tasks(req).await.expect("claim").into_inner().tasks
+        client
+            .claim_tasks(req)
+            .await
+            .expect("claim")
+            .into_inner()
+            .tasks
     }
 
     /// The `tenants` of every key tenant b's operator lists.
@@ -516,17 +578,38 @@ pub fn grpc_methods() -> Vec<(String, String, bool)> {
     out
 }
 
-/// The roles the policy admits for a method (a method it does not list
-/// admits none, which the suite would show as every case refused).
-fn roles_of(service: &str, method: &str) -> &'static [Role] {
-    match policy::grpc_access(&format!("/{service}/{method}")) {
-        Some(policy::Access::Roles(roles)) => roles,
-        _ => &[],
-    }
+/// The roles each method must admit: the specification the policy table
+/// (`belay_engine::auth::policy`) is checked against, written out here on
+/// purpose. Panics for a method without an entry: add one.
+pub fn admitted(service: &str, method: &str) -> &'static [Role] {
+    use Role::{Admin, Approver, Client, Operator, Worker};
+    let roles: &'static [Role] = match (service, method) {
+        ("belay.v1.RunService", "StartRun" | "SignalRun" | "ProvideToolInput") => {
+            &[Client, Operator, Admin]
+        }
+        ("belay.v1.RunService", "GetRun" | "ListRuns" | "ListRunEvents" | "WatchRun") => {
+            &[Client, Approver, Operator, Admin]
+        }
+        ("belay.v1.RunService", "CancelRun" | "PauseRun" | "ResumeRun") => &[Operator, Admin],
+        ("belay.v1.RunService", "DecideApproval") => &[Approver, Operator, Admin],
+        ("belay.v1.DefinitionService", "RegisterBundle") => &[Operator, Admin],
+        ("belay.v1.DefinitionService", "ListDefinitions") => &[Client, Approver, Operator, Admin],
+        ("belay.v1.TenantService", _) => &[Operator, Admin],
+        ("belay.v1.WorkerService", _) => &[Worker],
+        _ => {
+            panic!("no roles written for {service}/{method}: add them to access_harness::admitted")
+        }
+    };
+    assert_eq!(
+        policy::grpc_access(&format!("/{service}/{method}")),
+        Some(policy::Access::Roles(roles)),
+        "the policy of {service}/{method} differs from the specification"
+    );
+    roles
 }
 
 /// The public id of a key text.
-fn key_id(key: &str) -> &str {
+pub fn key_id(key: &str) -> &str {
     &key[6..22]
 }
 
@@ -536,7 +619,8 @@ async fn bind() -> tokio::net::TcpListener {
         .expect("bind")
 }
 
-async fn mint(store: &Store, tenant: &'static str, role: Role) -> String {
+/// A key of `role` in `tenant` with grants `crm.write`.
+pub async fn mint(store: &Store, tenant: &'static str, role: Role) -> String {
     auth::mint_key(
         store,
         &format!("{tenant}-{role}"),
@@ -597,6 +681,10 @@ async fn seed(coord: &Coordinator) -> (String, String, u32) {
                         path: "x.yaml".into(),
                         content: YAML.into(),
                     },
+                    SourceFile {
+                        path: "early.yaml".into(),
+                        content: APPROVAL.into(),
+                    },
                 ],
             )
             .await
@@ -619,7 +707,11 @@ async fn seed(coord: &Coordinator) -> (String, String, u32) {
         .expect("claim")
         .pop()
         .expect("a task");
-    (run.run_id.to_string(), task.task_id.to_string(), task.attempt as u32)
+    (
+        run.run_id.to_string(),
+        task.task_id.to_string(),
+        task.attempt as u32,
+    )
 }
 
 /// Every row of every table but the migrations', sorted.
@@ -690,11 +782,7 @@ pub fn assert_same(
     what: &str,
 ) {
     for (table, rows) in before {
-        assert_eq!(
-            Some(rows),
-            after.get(table),
-            "{what} changed table {table}"
-        );
+        assert_eq!(Some(rows), after.get(table), "{what} changed table {table}");
     }
     assert_eq!(before.len(), after.len(), "{what} changed the tables");
 }
@@ -739,4 +827,14 @@ impl Decoder for RawCodec {
         src.copy_to_slice(&mut out);
         Ok(Some(out))
     }
+}
+
+/// `msg` with `authorization: Bearer <key>`.
+pub fn authed<T>(msg: T, key: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("header"),
+    );
+    req
 }

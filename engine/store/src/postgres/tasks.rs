@@ -180,6 +180,14 @@ impl Pg {
         Ok(done.rows_affected())
     }
 
+    pub(crate) async fn task_tenant(&self, task_id: Uuid) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> = sqlx::query_as("SELECT tenant FROM tasks WHERE task_id = $1")
+            .bind(task_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.0))
+    }
+
     pub(crate) async fn end_orphan_task(
         &self,
         task_id: Uuid,
