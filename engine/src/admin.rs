@@ -34,7 +34,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio::net::TcpListener;
 
 use crate::audit::ToolCallFilter;
 use crate::coordinator::{Coordinator, CoordinatorError, UncertainFilter};
@@ -1052,17 +1051,17 @@ pub fn router(coord: Arc<Coordinator>, auth: AdminAuth) -> Router {
         .with_state(state)
 }
 
-/// Serve the admin endpoint on `listener` until `shutdown` completes.
+/// Serve the admin endpoint on `listener` (a `TcpListener`, or a
+/// [`crate::tls::Listener`] for TLS) until `shutdown` completes; requests
+/// carry their [`crate::tls::PeerInfo`] ([`crate::tls::serve_http`]).
 /// Errors: [`AdminError::Io`] when serving fails.
 pub async fn serve(
     coord: Arc<Coordinator>,
     auth: AdminAuth,
-    listener: TcpListener,
+    listener: impl Into<crate::tls::Listener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AdminError> {
-    axum::serve(listener, router(coord, auth))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::tls::serve_http(listener, router(coord, auth), shutdown).await?;
     Ok(())
 }
 
