@@ -35,7 +35,6 @@ use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 use crate::audit::ToolCallFilter;
 pub use crate::auth::{AdminAuth, AdminToken, RECOMMENDED_TOKEN_CHARS};
@@ -376,9 +375,12 @@ fn authenticate(
     Ok(async move { auth.authenticate(credentials).await })
 }
 
-/// The subject of the connection's verified client certificate.
-fn peer_cert_subject(_req: &Request) -> Option<String> {
-    None
+/// The subject of the connection's verified client certificate (the
+/// listener's [`PeerInfo`](crate::tls::PeerInfo)).
+fn peer_cert_subject(req: &Request) -> Option<String> {
+    req.extensions()
+        .get::<crate::tls::PeerInfo>()
+        .and_then(|p| p.client_cert_subject.clone())
 }
 
 /// Auth layer of the tenant routes: 401 without a valid credential, 403
@@ -893,17 +895,17 @@ pub fn router(coord: Arc<Coordinator>, auth: Authenticator) -> Router {
         .with_state(state)
 }
 
-/// Serve the admin endpoint on `listener` until `shutdown` completes.
+/// Serve the admin endpoint on `listener` (a `TcpListener`, or a
+/// [`crate::tls::Listener`] for TLS) until `shutdown` completes; requests
+/// carry their [`crate::tls::PeerInfo`] ([`crate::tls::serve_http`]).
 /// Errors: [`AdminError::Io`] when serving fails.
 pub async fn serve(
     coord: Arc<Coordinator>,
     auth: Authenticator,
-    listener: TcpListener,
+    listener: impl Into<crate::tls::Listener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AdminError> {
-    axum::serve(listener, router(coord, auth))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::tls::serve_http(listener, router(coord, auth), shutdown).await?;
     Ok(())
 }
 

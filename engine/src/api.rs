@@ -16,7 +16,6 @@ use belay_proto::v1::{
     worker_service_server::{WorkerService, WorkerServiceServer},
 };
 use futures_util::Stream;
-use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -799,13 +798,16 @@ fn sampling_usage(u: v1::SamplingUsage) -> belay_proto::wire::SamplingUsage {
     }
 }
 
-/// Serve every service on `listener` until `shutdown` completes.
+/// Serve every service on `listener` until `shutdown` completes: a
+/// `TcpListener` serves plaintext, a [`crate::tls::Listener`] plaintext or
+/// TLS. Handlers find the caller's [`crate::tls::PeerInfo`] among the
+/// request's extensions.
 ///
 /// Errors: reflection setup or the transport failing.
 pub async fn serve(
     coord: Arc<Coordinator>,
     auth: Authenticator,
-    listener: TcpListener,
+    listener: impl Into<crate::tls::Listener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -868,8 +870,9 @@ pub async fn serve(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    let listener: crate::tls::Listener = listener.into();
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(?addr, "gRPC serving");
+    tracing::info!(?addr, tls = listener.is_tls(), "gRPC serving");
     let server = tonic::transport::Server::builder()
         // Every request is authenticated before it is routed; health and
         // reflection are public (crate::auth::policy).
@@ -889,12 +892,9 @@ pub async fn serve(
             WorkerServiceServer::new(api)
                 .max_decoding_message_size(crate::coordinator::MAX_JSON_BYTES + 1024 * 1024),
         )
-        // TCP_NODELAY: without it every small reply waits for the client's
-        // delayed ACK (~40 ms per step, measured by `belay-bench`).
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        );
+        // The listener sets TCP_NODELAY and does the TLS handshakes; each
+        // request carries its connection's `tls::PeerInfo`.
+        .serve_with_incoming_shutdown(listener.into_incoming(), shutdown);
     tokio::pin!(server);
     // Graceful shutdown waits for open streams; our own `WatchRun` streams
     // end at once, but others (a health `Watch`) never do. Give them a

@@ -32,7 +32,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
-use tokio::net::TcpListener;
 
 use crate::admin::AdminError;
 use crate::coordinator::{CALLBACK_PATH_PREFIX, Coordinator, MAX_CALLBACK_BYTES};
@@ -94,15 +93,14 @@ pub fn router(coord: Arc<Coordinator>) -> Router {
     routes(coord).fallback(no_route)
 }
 
-/// Serve the callback endpoint on `listener` until `shutdown` completes.
+/// Serve the callback endpoint on `listener` (a `TcpListener`, or a
+/// [`crate::tls::Listener`] for TLS) until `shutdown` completes.
 /// Errors: [`AdminError::Io`] when serving fails.
 pub async fn serve(
     coord: Arc<Coordinator>,
-    listener: TcpListener,
+    listener: impl Into<crate::tls::Listener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AdminError> {
-    axum::serve(listener, router(coord))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::tls::serve_http(listener, router(coord), shutdown).await?;
     Ok(())
 }

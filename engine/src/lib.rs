@@ -27,6 +27,9 @@
 //!   use, operator acceptance).
 //! - [`server`]: the one way an engine process is put together
 //!   ([`server::EngineOptions`], [`server::Engine::serve`]) and the stop signal.
+//! - [`tls`]: TLS of the listeners (rustls; certificate reload, optional
+//!   client certificates), the listener every endpoint serves on, and the
+//!   [`tls::PeerInfo`] each request carries.
 //! - [`vault`]: AES-256-GCM encryption of the run secret vault
 //!   (`RESULT_SECRETS` / `SECRET_ACCESS`).
 //! - `mcp_server` (cargo feature `mcp-server`): chosen workflows served as
@@ -50,4 +53,5 @@ pub mod mcp_pins;
 pub mod mcp_server;
 pub mod notify;
 pub mod server;
+pub mod tls;
 pub mod vault;

@@ -11,6 +11,7 @@ use belay_engine::server::{
     CallbackListener, Engine, EngineOptions, Listeners, ServeError, WebhookOptions, shutdown_signal,
 };
 use belay_engine::store::Store;
+use belay_engine::tls::TlsSettings;
 use belay_engine::vault::VaultKey;
 use clap::{Parser, Subcommand};
 
@@ -103,7 +104,7 @@ struct ServeArgs {
     callback_listen: String,
     /// Base URL tool servers use to reach the callback endpoint (behind a
     /// load balancer or ingress: its public URL); default
-    /// `http://<callback listen address>`.
+    /// `http://<callback listen address>` (`https://` with TLS).
     #[arg(long, env = "BELAY_CALLBACK_BASE_URL")]
     callback_base_url: Option<String>,
     /// Key of the runs' secret vaults (`RESULT_SECRETS` values, kept
@@ -122,9 +123,35 @@ struct ServeArgs {
     /// How often due webhook notifications are looked for, ms.
     #[arg(long, env = "BELAY_WEBHOOK_INTERVAL_MS", default_value_t = 1_000)]
     webhook_interval_ms: u64,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[cfg(feature = "mcp-server")]
     #[command(flatten)]
     mcp: McpServerArgs,
+}
+
+/// TLS of every endpoint (gRPC, admin, callbacks, MCP).
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// Certificate chain (PEM, leaf first) every endpoint serves TLS with;
+    /// needs --tls-key. Reloaded when the file changes.
+    #[arg(long, env = "BELAY_TLS_CERT")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert. Reloaded when the file changes.
+    #[arg(long, env = "BELAY_TLS_KEY")]
+    tls_key: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) client certificates are verified against
+    /// (mTLS); clients without one are let in to authenticate otherwise.
+    #[arg(long, env = "BELAY_TLS_CLIENT_CA")]
+    tls_client_ca: Option<std::path::PathBuf>,
+    /// How often the certificate and key files are checked for changes,
+    /// ms; 0: never.
+    #[arg(long, env = "BELAY_TLS_RELOAD_INTERVAL_MS", default_value_t = 5_000)]
+    tls_reload_interval_ms: u64,
+    /// Serve plaintext on a non-loopback address (refused otherwise): only
+    /// behind a trusted network or a proxy that terminates TLS.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Belay as an MCP server (cargo feature `mcp-server`).
@@ -245,6 +272,12 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let webhook = webhook_options(&args)?;
+    let tls = TlsSettings::from_flags(
+        args.tls.tls_cert.clone(),
+        args.tls.tls_key.clone(),
+        args.tls.tls_client_ca.clone(),
+        Duration::from_millis(args.tls.tls_reload_interval_ms),
+    )?;
     let vault_key = match args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
         Some(key) => Some(VaultKey::parse(key).context("--vault-key (BELAY_VAULT_KEY)")?),
         None => None,
@@ -267,6 +300,8 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         callback_base_url: None,
         webhook,
         tokens: auth,
+        tls,
+        insecure: args.tls.insecure,
     })
     .await
     .map_err(|e| match e {
@@ -274,6 +309,9 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             anyhow::Error::new(e).context("--vault-key (BELAY_VAULT_KEY)")
         }
         ServeError::Webhook(_) => anyhow::Error::new(e).context("--webhook-url / --webhook-secret"),
+        ServeError::Tls(_) => {
+            anyhow::Error::new(e).context("--tls-cert / --tls-key / --tls-client-ca")
+        }
         e => anyhow::Error::new(e),
     })?;
 
@@ -289,7 +327,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
     } else {
         let l = bind(&args.callback_listen, "the callback endpoint ").await?;
         engine
-            .serve_callbacks_at(&callback_base_url(&args, &l)?)
+            .serve_callbacks_at(&callback_base_url(&args, &l, engine.scheme())?)
             .context("--callback-base-url (BELAY_CALLBACK_BASE_URL)")?;
         Some(l)
     };
@@ -302,28 +340,6 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    // Tests and scripts read this line to find the port: keep it first.
-    println!("listening on http://{addr}");
-    if let Some(l) = &admin {
-        println!("admin listening on http://{}", l.local_addr()?);
-    }
-    if let Some(l) = &callbacks {
-        println!("callbacks listening on http://{}", l.local_addr()?);
-        tracing::info!(
-            base_url = engine.coordinator().callback_base_url().unwrap_or_default(),
-            "callback URLs handed to tool servers"
-        );
-    }
-    #[cfg(feature = "mcp-server")]
-    if let Some((l, _)) = &mcp {
-        println!(
-            "mcp listening on http://{}{}",
-            l.local_addr()?,
-            belay_engine::mcp_server::MCP_PATH
-        );
-    }
-    use std::io::Write;
-    std::io::stdout().flush()?;
     let listeners = Listeners {
         grpc,
         admin,
@@ -331,6 +347,31 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         #[cfg(feature = "mcp-server")]
         mcp,
     };
+    // Refused before any `listening on` line: scripts wait for those.
+    engine.check_listeners(&listeners)?;
+    // Tests and scripts read this line to find the port: keep it first.
+    let scheme = engine.scheme();
+    println!("listening on {scheme}://{addr}");
+    if let Some(l) = &listeners.admin {
+        println!("admin listening on {scheme}://{}", l.local_addr()?);
+    }
+    if let Some(CallbackListener::Own(l)) = &listeners.callbacks {
+        println!("callbacks listening on {scheme}://{}", l.local_addr()?);
+        tracing::info!(
+            base_url = engine.coordinator().callback_base_url().unwrap_or_default(),
+            "callback URLs handed to tool servers"
+        );
+    }
+    #[cfg(feature = "mcp-server")]
+    if let Some((l, _)) = &listeners.mcp {
+        println!(
+            "mcp listening on {scheme}://{}{}",
+            l.local_addr()?,
+            belay_engine::mcp_server::MCP_PATH
+        );
+    }
+    use std::io::Write;
+    std::io::stdout().flush()?;
     engine.serve(listeners, shutdown_signal()).await?;
     Ok(())
 }
@@ -367,10 +408,11 @@ fn webhook_options(args: &ServeArgs) -> anyhow::Result<Option<WebhookOptions>> {
 }
 
 /// The base URL tool servers call back on: `--callback-base-url`, or the
-/// callback listener's address.
+/// callback listener's address with `scheme`.
 fn callback_base_url(
     args: &ServeArgs,
     listener: &tokio::net::TcpListener,
+    scheme: &str,
 ) -> anyhow::Result<String> {
     if let Some(base) = args
         .callback_base_url
@@ -389,7 +431,7 @@ fn callback_base_url(
         );
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    Ok(format!("http://{addr}"))
+    Ok(format!("{scheme}://{addr}"))
 }
 
 /// The MCP server's settings from its flags, checked; `None` when

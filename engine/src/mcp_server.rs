@@ -48,7 +48,6 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminAuth;
@@ -545,7 +544,7 @@ pub fn router(
 pub async fn serve(
     coord: Arc<Coordinator>,
     settings: McpServerSettings,
-    listener: TcpListener,
+    listener: impl Into<crate::tls::Listener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), McpServerError> {
     let cancel = CancellationToken::new();
@@ -555,9 +554,7 @@ pub async fn serve(
         // Ends open SSE streams, so the graceful shutdown does not wait on them.
         cancel.cancel();
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await?;
+    crate::tls::serve_http(listener, app, stop).await?;
     Ok(())
 }
 

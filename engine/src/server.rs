@@ -7,7 +7,10 @@
 //! endpoint or background task is wired once.
 //!
 //! Listeners are bound by the caller (each prints or reads the addresses
-//! its own way; port 0 picks a free port); everything else is here.
+//! its own way; port 0 picks a free port); everything else is here,
+//! including TLS ([`EngineOptions::tls`]): every endpoint serves TLS when
+//! it is set, and a plaintext endpoint on a non-loopback address is
+//! refused unless [`EngineOptions::insecure`] ([`crate::tls::check_exposure`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use crate::auth::{AdminAuth, Authenticator};
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::notify::{Notifier, NotifyError};
 use crate::store::{Store, StoreError};
+use crate::tls::{Exposure, ExposureError, Listener, Protocol, ServerTls, TlsError, TlsSettings};
 use crate::vault::VaultKey;
 
 pub use belay_proto::signal::shutdown_signal;
@@ -49,6 +53,11 @@ pub struct EngineOptions {
     /// accepted on the gRPC API and the admin endpoint beside the API keys
     /// of the database (`crate::auth`).
     pub tokens: AdminAuth,
+    /// The certificate every endpoint serves TLS with; `None`: plaintext.
+    pub tls: Option<TlsSettings>,
+    /// Serve plaintext on non-loopback addresses too (`--insecure`), with
+    /// a warning; otherwise such an endpoint is refused.
+    pub insecure: bool,
 }
 
 impl EngineOptions {
@@ -63,6 +72,8 @@ impl EngineOptions {
             callback_base_url: None,
             tokens: AdminAuth::default(),
             webhook: None,
+            tls: None,
+            insecure: false,
         }
     }
 }
@@ -138,6 +149,12 @@ pub enum ServeError {
     /// The webhook URL or secret was refused.
     #[error("webhook")]
     Webhook(#[source] NotifyError),
+    /// The TLS files could not be loaded.
+    #[error("TLS")]
+    Tls(#[source] TlsError),
+    /// An endpoint would serve plaintext on a non-loopback address.
+    #[error(transparent)]
+    Exposed(ExposureError),
     /// An endpoint failed, or ended before the shutdown.
     #[error("{endpoint}: {message}")]
     Endpoint {
@@ -153,16 +170,23 @@ pub struct Engine {
     coord: Arc<Coordinator>,
     notifier: Option<(Notifier, Duration)>,
     auth: Authenticator,
+    tls: Option<ServerTls>,
+    insecure: bool,
 }
 
 impl Engine {
     /// Connects the store, applies migrations and builds the coordinator
     /// with `options`.
     ///
-    /// Errors: [`ServeError::Connect`], [`ServeError::Migrate`],
+    /// Errors: [`ServeError::Tls`] (checked first, before the database),
+    /// [`ServeError::Connect`], [`ServeError::Migrate`],
     /// [`ServeError::Setting`] (vault key, callback base URL) and
     /// [`ServeError::Webhook`].
     pub async fn start(options: EngineOptions) -> Result<Engine, ServeError> {
+        let tls = match &options.tls {
+            Some(settings) => Some(ServerTls::load(settings).map_err(ServeError::Tls)?),
+            None => None,
+        };
         let store = Store::connect(&options.database_url, options.db_connections)
             .await
             .map_err(ServeError::Connect)?;
@@ -196,7 +220,29 @@ impl Engine {
             coord,
             notifier,
             auth,
+            tls,
+            insecure: options.insecure,
         })
+    }
+
+    /// The TLS every endpoint serves (`None`: plaintext); its reload step
+    /// is [`ServerTls::reload_if_changed`].
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.tls.as_ref()
+    }
+
+    /// The check [`Engine::serve`] starts with (without its warnings), for
+    /// a caller that prints the listeners' URLs before serving.
+    ///
+    /// Errors: [`ServeError::Exposed`].
+    pub fn check_listeners(&self, listeners: &Listeners) -> Result<(), ServeError> {
+        check_listeners(listeners, self.tls.is_some(), self.insecure, false)
+    }
+
+    /// `https` when the endpoints serve TLS, else `http`: the scheme of
+    /// their URLs.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
     }
 
     /// Serves callbacks of `type: async_webhook` tools at `base_url` (what
@@ -232,8 +278,10 @@ impl Engine {
     /// others too: a pod without its admin endpoint is restarted rather
     /// than left half-serving.
     ///
-    /// Errors: [`ServeError::Endpoint`] naming the first endpoint that
-    /// failed or ended early.
+    /// Errors: [`ServeError::Exposed`] before anything is served, for a
+    /// plaintext endpoint on a non-loopback address without
+    /// [`EngineOptions::insecure`]; [`ServeError::Endpoint`] naming the
+    /// first endpoint that failed or ended early.
     pub async fn serve(
         self,
         listeners: Listeners,
@@ -243,10 +291,16 @@ impl Engine {
             coord,
             notifier,
             auth,
+            tls,
+            insecure,
         } = self;
+        check_listeners(&listeners, tls.is_some(), insecure, true)?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut endpoints = spawn_endpoints(&coord, &auth, listeners, &stop_rx);
+        let mut endpoints = spawn_endpoints(&coord, &auth, listeners, tls.as_ref(), &stop_rx);
         let mut background = coord.spawn_background();
+        if let Some(tls) = &tls {
+            background.push(tls.spawn_reloader());
+        }
         if let Some((notifier, interval)) = notifier {
             background.push(notifier.spawn(interval));
         }
@@ -288,19 +342,53 @@ const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// What an endpoint task returns: its name, and how it ended.
 type Ended = (&'static str, Result<(), String>);
 
+/// Every listener's address against [`crate::tls::check_exposure`]; with
+/// `warn`, a warning for each plaintext one `insecure` lets through.
+fn check_listeners(
+    listeners: &Listeners,
+    tls: bool,
+    insecure: bool,
+    warn: bool,
+) -> Result<(), ServeError> {
+    let mut bound: Vec<(&'static str, &TcpListener)> = vec![("the gRPC API", &listeners.grpc)];
+    if let Some(l) = &listeners.admin {
+        bound.push(("the admin endpoint", l));
+    }
+    if let Some(CallbackListener::Own(l)) = &listeners.callbacks {
+        bound.push(("the callback endpoint", l));
+    }
+    #[cfg(feature = "mcp-server")]
+    if let Some((l, _)) = &listeners.mcp {
+        bound.push(("the MCP endpoint", l));
+    }
+    for (endpoint, listener) in bound {
+        let Ok(addr) = listener.local_addr() else {
+            continue;
+        };
+        match crate::tls::check_exposure(endpoint, addr, tls, insecure) {
+            Ok(Exposure::Fine) => {}
+            Ok(Exposure::InsecureAllowed) if !warn => {}
+            Ok(Exposure::InsecureAllowed) => tracing::warn!(
+                endpoint, %addr,
+                "serving plaintext on a non-loopback address (--insecure): whoever can reach it can read and change the traffic, API keys included"
+            ),
+            Err(e) => return Err(ServeError::Exposed(e)),
+        }
+    }
+    Ok(())
+}
+
 fn spawn_endpoints(
     coord: &Arc<Coordinator>,
     auth: &Authenticator,
     listeners: Listeners,
+    tls: Option<&ServerTls>,
     stop: &watch::Receiver<bool>,
 ) -> JoinSet<Ended> {
     let mut set = JoinSet::new();
-    let api = crate::api::serve(
-        Arc::clone(coord),
-        auth.clone(),
-        listeners.grpc,
-        stopped(stop),
-    );
+    let http = |l: TcpListener| Listener::new(l, tls, Protocol::Http1);
+    let grpc = Listener::new(listeners.grpc, tls, Protocol::Grpc);
+    let api = crate::api::serve(Arc::clone(coord), auth.clone(), grpc, stopped(stop));
     set.spawn(async move { ("the gRPC API", api.await.map_err(|e| format!("{e:#}"))) });
     let callbacks_on_admin = matches!(listeners.callbacks, Some(CallbackListener::OnAdmin));
     if let Some(listener) = listeners.admin {
@@ -308,14 +396,14 @@ fn spawn_endpoints(
         if callbacks_on_admin {
             router = router.merge(crate::callbacks::routes(Arc::clone(coord)));
         }
-        let serve = axum::serve(listener, router).with_graceful_shutdown(stopped(stop));
+        let serve = crate::tls::serve_http(http(listener), router, stopped(stop));
         set.spawn(async move {
             let result = serve.await.map_err(|e| e.to_string());
             ("the admin endpoint", result)
         });
     }
     if let Some(CallbackListener::Own(listener)) = listeners.callbacks {
-        let serve = crate::callbacks::serve(Arc::clone(coord), listener, stopped(stop));
+        let serve = crate::callbacks::serve(Arc::clone(coord), http(listener), stopped(stop));
         set.spawn(async move {
             let result = serve.await.map_err(|e| e.to_string());
             ("the callback endpoint", result)
@@ -323,7 +411,8 @@ fn spawn_endpoints(
     }
     #[cfg(feature = "mcp-server")]
     if let Some((listener, settings)) = listeners.mcp {
-        let serve = crate::mcp_server::serve(Arc::clone(coord), settings, listener, stopped(stop));
+        let serve =
+            crate::mcp_server::serve(Arc::clone(coord), settings, http(listener), stopped(stop));
         set.spawn(async move {
             let result = serve.await.map_err(|e| e.to_string());
             ("the MCP endpoint", result)

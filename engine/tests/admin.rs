@@ -272,7 +272,7 @@ async fn missing_or_wrong_tokens_get_401_and_change_nothing(backend: Backend) {
     let (status, headers, body) = env.get(None, &list_path("acme")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     assert_eq!(code(&body), "unauthorized");
-    assert!(message(&body).contains("missing bearer token"), "{body}");
+    assert!(message(&body).contains("missing credential"), "{body}");
     assert!(
         headers[WWW_AUTHENTICATE.as_str()]
             .to_str()
@@ -333,7 +333,7 @@ async fn a_token_of_another_tenant_gets_403_and_changes_nothing(backend: Backend
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(code(&body), "forbidden");
     assert!(
-        message(&body).contains("`other-bot` may not act for tenant `acme`"),
+        message(&body).contains("`other-bot` may act for tenant(s) `other`, not for tenant `acme`"),
         "{body}"
     );
     let (status, body) = env

@@ -1,7 +1,10 @@
 //! Belay's wire contract: the gRPC package `belay.v1` generated from
 //! `proto/belay/v1/belay.proto`, and the JSON documents ([`wire`]) that travel
-//! inside its `*_json` fields between engine and workers.
+//! inside its `*_json` fields between engine and workers; and [`connect`],
+//! the one way clients reach an engine (TLS, API key; feature `grpc`).
 
+#[cfg(feature = "grpc")]
+pub mod connect;
 #[cfg(feature = "grpc")]
 pub mod signal;
 pub mod wire;

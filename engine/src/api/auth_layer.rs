@@ -141,7 +141,10 @@ impl From<AuthError> for Status {
     }
 }
 
-/// The subject of the connection's verified client certificate.
-fn peer_cert_subject(_extensions: &http::Extensions) -> Option<String> {
-    None
+/// The subject of the connection's verified client certificate (the
+/// listener's [`PeerInfo`](crate::tls::PeerInfo)).
+fn peer_cert_subject(extensions: &http::Extensions) -> Option<String> {
+    extensions
+        .get::<crate::tls::PeerInfo>()
+        .and_then(|p| p.client_cert_subject.clone())
 }
