@@ -368,12 +368,11 @@ fn schemas() -> Value {
             "next_page_token": {"type": ["string", "null"], "description": "`null` on the last page."},
         }
     }));
-    key_schemas(&mut map);
-    Value::Object(map)
+    Value::Object(with_key_schemas(map))
 }
 
-/// The schemas of the key routes.
-fn key_schemas(map: &mut serde_json::Map<String, Value>) {
+/// `map` with the schemas of the key routes.
+fn with_key_schemas(mut map: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
     let timestamp = json!({"type": "string", "format": "date-time"});
     let nullable_ts = json!({"type": ["string", "null"], "format": "date-time"});
     let key_properties = json!({
@@ -423,6 +422,7 @@ fn key_schemas(map: &mut serde_json::Map<String, Value>) {
             "cert_subject": {"type": "string", "description": "Authenticate a client certificate with this RFC 4514 subject (over mTLS) instead of a key; no secret is made."},
         }
     }));
+    map
 }
 
 /// The path items of the key routes.
