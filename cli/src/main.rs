@@ -40,7 +40,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use belay_sdk::admin::{AdminClient, Resolution, UncertainOutcome, UncertainQuery};
-use belay_sdk::{Client, Run, SdkError, StartOptions, timeline_line};
+use belay_sdk::{Client, ConnectOptions, Run, SdkError, StartOptions, timeline_line};
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
@@ -51,7 +51,7 @@ use serde_json::{Value, json};
     about = "Belay client: definitions, runs, tenants, uncertain outcomes; `belay dev` runs an engine and a worker"
 )]
 struct Cli {
-    /// Engine gRPC URL.
+    /// Engine gRPC URL: http:// (plaintext) or https:// (TLS).
     #[arg(
         long,
         env = "BELAY_ENGINE_URL",
@@ -59,6 +59,14 @@ struct Cli {
         global = true
     )]
     engine_url: String,
+    /// API key, sent as `authorization: Bearer <key>` with every engine
+    /// call.
+    #[arg(long, env = "BELAY_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// CA certificates (PEM) the engine's certificate must chain to, for
+    /// https:// engine and admin URLs; default: the system's trust store.
+    #[arg(long, env = "BELAY_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
     /// Tenant to act for.
     #[arg(long, env = "BELAY_TENANT", default_value = "default", global = true)]
     tenant: String,
@@ -368,8 +376,13 @@ fn operator_name(given: Option<String>) -> String {
         .unwrap_or_else(|| "cli".to_owned())
 }
 
-fn admin_client(cli_url: &str, token: Option<&str>, tenant: &str) -> Result<AdminClient, SdkError> {
-    AdminClient::new(cli_url, token.unwrap_or(""), tenant)
+fn admin_client(
+    cli_url: &str,
+    token: Option<&str>,
+    tenant: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<AdminClient, SdkError> {
+    AdminClient::with_ca_file(cli_url, token.unwrap_or(""), tenant, ca_file)
 }
 
 fn compact(v: &Value, limit: usize) -> String {
@@ -606,9 +619,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dev(args) => return dev::run(*args, cli.admin_token).await,
         Command::Client(command) => command,
     };
-    let client = Client::connect_lazy(&cli.engine_url, &cli.tenant)?;
+    // A variable set empty is unset.
+    let ca_file = cli.ca_file.filter(|p| !p.as_os_str().is_empty());
+    let options = ConnectOptions {
+        api_key: cli.api_key.filter(|k| !k.trim().is_empty()),
+        ca_file: ca_file.clone(),
+        ..ConnectOptions::new(&cli.engine_url)
+    };
+    let client = Client::connect(&options, &cli.tenant)?;
     let as_json = cli.json;
-    let admin = || admin_client(&cli.admin_url, cli.admin_token.as_deref(), &cli.tenant);
+    let admin = || {
+        admin_client(
+            &cli.admin_url,
+            cli.admin_token.as_deref(),
+            &cli.tenant,
+            ca_file.as_deref(),
+        )
+    };
     match command {
         Cmd::Uncertain(UncertainCmd::List {
             status,
@@ -956,6 +983,12 @@ async fn async_main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            if format!("{e:#}").contains("invalid peer certificate") {
+                eprintln!(
+                    "hint: the engine's certificate is not trusted here: pass --ca-file (BELAY_CA_FILE) with the CA that issued it"
+                );
+                return ExitCode::FAILURE;
+            }
             let unreachable = e.downcast_ref::<SdkError>().is_some_and(|e| {
                 matches!(e, SdkError::Status(s) if s.code() == tonic::Code::Unavailable
                     && s.message().contains("connect"))
