@@ -58,6 +58,10 @@ pub struct DevArgs {
     /// Admin HTTP listen address; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:50052", value_name = "ADDR")]
     admin_listen: String,
+    /// Serve on a non-loopback --listen or --admin-listen address
+    /// (plaintext: `belay dev` has no TLS); refused otherwise.
+    #[arg(long)]
+    insecure: bool,
     /// Which API model calls speak: OpenAI Chat Completions (or a compatible
     /// server) or Anthropic Messages.
     #[arg(long, env = "BELAY_MODEL_PROVIDER", value_enum, default_value_t = ModelProvider::OpenAi)]
@@ -351,6 +355,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },
         vault_key,
+        insecure: args.insecure,
         ..EngineOptions::new(store_url, DB_CONNECTIONS)
     })
     .await
@@ -383,6 +388,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         callbacks: Some(CallbackListener::OnAdmin),
         ..Listeners::grpc_only(grpc_listener)
     };
+    engine.check_listeners(&listeners)?;
     let mut served = tokio::spawn(engine.serve(listeners, stopped(&engine_stopped)));
     let (worker_stop, worker_stopped) = watch::channel(false);
     let worker_id = format!("dev-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);

@@ -220,7 +220,12 @@ pub async fn serve_admin(coord: &Arc<Coordinator>, tokens: &str) -> String {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let app = admin::router(Arc::clone(coord), AdminAuth::parse(tokens).expect("tokens"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    // As the engine serves it: each request carries its `tls::PeerInfo`.
+    tokio::spawn(belay_engine::tls::serve_http(
+        listener,
+        app,
+        std::future::pending(),
+    ));
     format!("http://{addr}")
 }
 
