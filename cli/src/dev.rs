@@ -35,6 +35,8 @@ const DB_CONNECTIONS: u32 = 8;
 /// uncertain outcome: `dev/<operator>`).
 const ADMIN_TOKEN_NAME: &str = "dev";
 
+mod keys;
+
 /// Flags of `belay dev`. The admin token is the global `--admin-token`
 /// (`BELAY_ADMIN_TOKEN`), the one `belay uncertain` sends.
 #[derive(Debug, clap::Args)]
@@ -58,6 +60,10 @@ pub struct DevArgs {
     /// Admin HTTP listen address; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:50052", value_name = "ADDR")]
     admin_listen: String,
+    /// Serve on a non-loopback --listen or --admin-listen address
+    /// (plaintext: `belay dev` has no TLS); refused otherwise.
+    #[arg(long)]
+    insecure: bool,
     /// Which API model calls speak: OpenAI Chat Completions (or a compatible
     /// server) or Anthropic Messages.
     #[arg(long, env = "BELAY_MODEL_PROVIDER", value_enum, default_value_t = ModelProvider::OpenAi)]
@@ -291,7 +297,11 @@ fn one_line(text: String) -> String {
 /// database that cannot be opened (including a SQLite file another `belay
 /// dev` or engine holds), an address that cannot be bound, or the engine
 /// or worker failing while serving.
-pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
+pub async fn run(
+    args: DevArgs,
+    admin_token: Option<String>,
+    api_key: Option<String>,
+) -> Result<()> {
     init_logging();
     // Everything the flags can get wrong is checked before anything starts.
     let database = Database::choose(&args, std::env::var("DATABASE_URL").ok(), dirs::data_dir())?;
@@ -325,16 +335,20 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         }
         None => belay_worker::mcp::McpConfig::default(),
     };
-    let (token, generated) = match admin_token.filter(|t| !t.is_empty()) {
-        Some(token) => (token, false),
-        None => (uuid::Uuid::new_v4().to_string(), true),
+    let admin_token = admin_token.filter(|t| !t.is_empty());
+    let tokens = match &admin_token {
+        Some(token) => {
+            if token.chars().count() < RECOMMENDED_TOKEN_CHARS {
+                tracing::warn!(
+                    "the admin token is shorter than {RECOMMENDED_TOKEN_CHARS} characters"
+                );
+            }
+            AdminToken::new(ADMIN_TOKEN_NAME, token, "*")
+                .and_then(|t| AdminAuth::new(vec![t]))
+                .map_err(|e| anyhow!("--admin-token (BELAY_ADMIN_TOKEN): {e}"))?
+        }
+        None => AdminAuth::default(),
     };
-    let auth = AdminToken::new(ADMIN_TOKEN_NAME, &token, "*")
-        .and_then(|t| AdminAuth::new(vec![t]))
-        .map_err(|e| anyhow!("--admin-token (BELAY_ADMIN_TOKEN): {e}"))?;
-    if !generated && token.chars().count() < RECOMMENDED_TOKEN_CHARS {
-        tracing::warn!("the admin token is shorter than {RECOMMENDED_TOKEN_CHARS} characters");
-    }
 
     let vault_key = match args.vault_key.as_deref().filter(|k| !k.trim().is_empty()) {
         Some(key) => Some(
@@ -351,6 +365,8 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },
         vault_key,
+        insecure: args.insecure,
+        tokens,
         ..EngineOptions::new(store_url, DB_CONNECTIONS)
     })
     .await
@@ -378,11 +394,13 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
             )
         })?;
     let (engine_stop, engine_stopped) = watch::channel(false);
+    let keys = keys::issue(&engine, admin_token.is_some(), api_key.as_deref()).await?;
     let listeners = Listeners {
-        admin: Some((admin_listener, auth)),
+        admin: Some(admin_listener),
         callbacks: Some(CallbackListener::OnAdmin),
         ..Listeners::grpc_only(grpc_listener)
     };
+    engine.check_listeners(&listeners)?;
     let mut served = tokio::spawn(engine.serve(listeners, stopped(&engine_stopped)));
     let (worker_stop, worker_stopped) = watch::channel(false);
     let worker_id = format!("dev-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
@@ -399,6 +417,10 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
         shutdown_grace_ms: args.shutdown_grace_ms,
         mcp,
         tool_config: belay_worker::placeholders::ConfigValues::from_env(),
+        engine_auth: belay_worker::config::EngineAuth {
+            api_key: Some(keys.worker.clone()),
+            ..Default::default()
+        },
         ..WorkerConfig::new(format!("http://{}", reachable(grpc_addr)), worker_id)
     };
     let mut worker = tokio::spawn(belay_worker::run(config, stopped(&worker_stopped)));
@@ -408,11 +430,7 @@ pub async fn run(args: DevArgs, admin_token: Option<String>) -> Result<()> {
     writeln!(out, "listening on http://{grpc_addr}")?;
     writeln!(out, "admin listening on http://{admin_addr}")?;
     writeln!(out, "database: {}", database.shown())?;
-    if generated {
-        writeln!(out, "admin token: {token} (generated)")?;
-    } else {
-        writeln!(out, "admin token: from --admin-token (BELAY_ADMIN_TOKEN)")?;
-    }
+    writeln!(out, "{}", keys.admin_line())?;
     writeln!(
         out,
         "callbacks (type: async_webhook): http://{}/callbacks/v1/{{token}}",

@@ -41,7 +41,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use belay_sdk::admin::{AdminClient, Resolution, UncertainOutcome, UncertainQuery};
-use belay_sdk::{Client, Run, SdkError, StartOptions, timeline_line};
+use belay_sdk::{Client, ConnectOptions, Run, SdkError, StartOptions, timeline_line};
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
@@ -52,7 +52,7 @@ use serde_json::{Value, json};
     about = "Belay client: definitions, runs, tenants, uncertain outcomes; `belay dev` runs an engine and a worker"
 )]
 struct Cli {
-    /// Engine gRPC URL.
+    /// Engine gRPC URL: http:// (plaintext) or https:// (TLS).
     #[arg(
         long,
         env = "BELAY_ENGINE_URL",
@@ -60,6 +60,14 @@ struct Cli {
         global = true
     )]
     engine_url: String,
+    /// API key, sent as `authorization: Bearer <key>` with every engine
+    /// call.
+    #[arg(long, env = "BELAY_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// CA certificates (PEM) the engine's certificate must chain to, for
+    /// https:// engine and admin URLs; default: the system's trust store.
+    #[arg(long, env = "BELAY_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
     /// Tenant to act for.
     #[arg(long, env = "BELAY_TENANT", default_value = "default", global = true)]
     tenant: String,
@@ -74,8 +82,9 @@ struct Cli {
         global = true
     )]
     admin_url: String,
-    /// Admin bearer token (for `uncertain`; `belay dev` serves its admin
-    /// endpoint with it, or with a generated one it prints).
+    /// A configured admin token (`--admin-tokens` of the engine), used on
+    /// the admin endpoint when no --api-key is given; `belay dev` serves
+    /// with it as its admin token instead of making an admin key.
     #[arg(long, env = "BELAY_ADMIN_TOKEN", hide_env_values = true, global = true)]
     admin_token: Option<String>,
     #[command(subcommand)]
@@ -372,8 +381,13 @@ fn operator_name(given: Option<String>) -> String {
         .unwrap_or_else(|| "cli".to_owned())
 }
 
-fn admin_client(cli_url: &str, token: Option<&str>, tenant: &str) -> Result<AdminClient, SdkError> {
-    AdminClient::new(cli_url, token.unwrap_or(""), tenant)
+fn admin_client(
+    cli_url: &str,
+    token: Option<&str>,
+    tenant: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<AdminClient, SdkError> {
+    AdminClient::with_ca_file(cli_url, token.unwrap_or(""), tenant, ca_file)
 }
 
 fn compact(v: &Value, limit: usize) -> String {
@@ -607,12 +621,30 @@ async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Resu
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let command = match cli.command {
         // `belay dev` serves instead of calling an engine: no client is made.
-        Command::Dev(args) => return dev::run(*args, cli.admin_token).await,
+        Command::Dev(args) => return dev::run(*args, cli.admin_token, cli.api_key).await,
         Command::Client(command) => command,
     };
-    let client = Client::connect_lazy(&cli.engine_url, &cli.tenant)?;
+    // A variable set empty is unset.
+    let ca_file = cli.ca_file.filter(|p| !p.as_os_str().is_empty());
+    let api_key = cli.api_key.filter(|k| !k.trim().is_empty());
+    // One credential for both endpoints: the API key; a configured admin
+    // token (`--admin-token`) still works on the admin endpoint.
+    let admin_credential = api_key.clone().or(cli.admin_token);
+    let options = ConnectOptions {
+        api_key,
+        ca_file: ca_file.clone(),
+        ..ConnectOptions::new(&cli.engine_url)
+    };
+    let client = Client::connect(&options, &cli.tenant)?;
     let as_json = cli.json;
-    let admin = || admin_client(&cli.admin_url, cli.admin_token.as_deref(), &cli.tenant);
+    let admin = || {
+        admin_client(
+            &cli.admin_url,
+            admin_credential.as_deref(),
+            &cli.tenant,
+            ca_file.as_deref(),
+        )
+    };
     match command {
         Cmd::Keys(cmd) => keys::run(cmd, admin()?, as_json).await?,
         Cmd::Uncertain(UncertainCmd::List {
@@ -961,6 +993,12 @@ async fn async_main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            if format!("{e:#}").contains("invalid peer certificate") {
+                eprintln!(
+                    "hint: the engine's certificate is not trusted here: pass --ca-file (BELAY_CA_FILE) with the CA that issued it"
+                );
+                return ExitCode::FAILURE;
+            }
             let unreachable = e.downcast_ref::<SdkError>().is_some_and(|e| {
                 matches!(e, SdkError::Status(s) if s.code() == tonic::Code::Unavailable
                     && s.message().contains("connect"))

@@ -252,6 +252,23 @@ impl ConnectOptions {
     }
 }
 
+/// A status's message with the causes of a transport failure after it
+/// (tonic's message alone is often `transport error`; rustls' reason, e.g.
+/// `invalid peer certificate: UnknownIssuer`, is a source), each cause once.
+pub fn status_detail(status: &Status) -> String {
+    let mut text = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// `e` and its sources, `: `-separated (tonic's transport error says only
 /// "transport error" itself).
 fn error_chain(e: &dyn std::error::Error) -> String {

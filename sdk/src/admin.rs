@@ -156,6 +156,23 @@ pub struct AdminClient {
     http: reqwest::Client,
 }
 
+/// The certificates of the PEM file at `path`; at least one.
+fn ca_certificates(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, SdkError> {
+    let pem = std::fs::read(path).map_err(|source| SdkError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let invalid = |message: String| SdkError::InvalidCaFile {
+        path: path.to_owned(),
+        message,
+    };
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| invalid(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(invalid("no CERTIFICATE block".into()));
+    }
+    Ok(certs)
+}
+
 impl AdminClient {
     /// A client of the admin endpoint at `url` (e.g. `http://127.0.0.1:50052`)
     /// with bearer `token`, acting for `tenant`.
@@ -163,6 +180,21 @@ impl AdminClient {
     /// Errors: [`SdkError::InvalidAdminUrl`], [`SdkError::MissingAdminToken`],
     /// [`SdkError::Http`] when the HTTP client cannot be built.
     pub fn new(url: &str, token: &str, tenant: &str) -> Result<AdminClient, SdkError> {
+        AdminClient::with_ca_file(url, token, tenant, None)
+    }
+
+    /// [`AdminClient::new`] trusting only the CA certificates (PEM) in
+    /// `ca_file` for an `https://` URL (`None`: the system's trust store).
+    ///
+    /// Errors: as [`AdminClient::new`]; [`SdkError::InvalidAdminUrl`] for a
+    /// CA file with an `http://` URL; [`SdkError::Io`] when the file cannot
+    /// be read; [`SdkError::InvalidCaFile`] when it holds no certificate.
+    pub fn with_ca_file(
+        url: &str,
+        token: &str,
+        tenant: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<AdminClient, SdkError> {
         let base = reqwest::Url::parse(url).map_err(|e| SdkError::InvalidAdminUrl {
             url: url.to_owned(),
             message: e.to_string(),
@@ -176,9 +208,17 @@ impl AdminClient {
         if token.trim().is_empty() {
             return Err(SdkError::MissingAdminToken);
         }
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .build()?;
+        let mut http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+        if let Some(path) = ca_file {
+            if base.scheme() != "https" {
+                return Err(SdkError::InvalidAdminUrl {
+                    url: url.to_owned(),
+                    message: "a CA file is set, but the URL is plaintext http://: use https://, or drop the CA file".into(),
+                });
+            }
+            http = http.tls_certs_only(ca_certificates(path)?);
+        }
+        let http = http.build()?;
         Ok(AdminClient {
             base,
             token: token.trim().to_owned(),

@@ -14,7 +14,8 @@ use belay_proto::v1::{
 };
 use futures_util::StreamExt;
 use serde_json::Value;
-use tonic::transport::{Channel, Endpoint};
+
+pub use belay_proto::connect::{AuthChannel, ConnectError, ConnectOptions};
 
 pub use belay_proto::v1::{Definition, Run, RunEvent};
 
@@ -48,26 +49,16 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]
 pub enum SdkError {
-    /// The engine URL is malformed.
-    #[error("invalid engine URL {url:?}: {source}")]
-    InvalidUrl {
-        /// URL given.
-        url: String,
-        /// Cause.
-        source: tonic::transport::Error,
-    },
+    /// The connection could not be set up: a malformed URL, an unreadable
+    /// CA or client certificate file, a TLS option with `http://`, an API
+    /// key a header cannot carry.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// The engine answered with an error status (or could not be reached:
-    /// `Unavailable`).
-    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    /// `Unavailable`, with the transport's causes, e.g. a certificate that
+    /// is not trusted).
+    #[error("{}: {}", code_name(.0.code()), belay_proto::connect::status_detail(.0))]
     Status(#[from] tonic::Status),
-    /// The URL asks for TLS, which this client does not speak.
-    #[error(
-        "engine URL {url:?} uses https, but this client speaks plaintext gRPC only; use http:// (put a TLS-terminating proxy in front of the engine for TLS)"
-    )]
-    TlsUnsupported {
-        /// URL given.
-        url: String,
-    },
     /// Reading definition files failed.
     #[error("reading {path}: {source}")]
     Io {
@@ -107,6 +98,14 @@ pub enum SdkError {
         /// What is wrong.
         message: String,
     },
+    /// A CA file holds no usable certificate.
+    #[error("the CA file {}: {message}", path.display())]
+    InvalidCaFile {
+        /// Its path.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// No admin token was given.
     #[error("no admin token: pass --admin-token or set BELAY_ADMIN_TOKEN")]
     MissingAdminToken,
@@ -135,9 +134,9 @@ fn details_text(details: &[String]) -> String {
 #[derive(Debug, Clone)]
 pub struct Client {
     tenant: String,
-    runs: RunServiceClient<Channel>,
-    definitions: DefinitionServiceClient<Channel>,
-    tenants: TenantServiceClient<Channel>,
+    runs: RunServiceClient<AuthChannel>,
+    definitions: DefinitionServiceClient<AuthChannel>,
+    tenants: TenantServiceClient<AuthChannel>,
 }
 
 /// Options of [`Client::start_run`].
@@ -152,24 +151,22 @@ pub struct StartOptions {
 }
 
 impl Client {
-    /// Connect lazily to `url` (e.g. `http://127.0.0.1:50051`) for `tenant`;
-    /// the first call establishes the connection.
+    /// Connect lazily to `url` (e.g. `http://127.0.0.1:50051`) for `tenant`,
+    /// without an API key: [`Client::connect`] with just the URL.
+    ///
+    /// Errors: as [`Client::connect`].
     pub fn connect_lazy(url: &str, tenant: &str) -> Result<Client, SdkError> {
-        if url
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("https://")
-        {
-            return Err(SdkError::TlsUnsupported {
-                url: url.to_owned(),
-            });
-        }
-        let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(|source| SdkError::InvalidUrl {
-                url: url.to_owned(),
-                source,
-            })?
-            .connect_lazy();
+        Client::connect(&ConnectOptions::new(url), tenant)
+    }
+
+    /// Connect lazily to the engine of `options` (its URL, `https://` with
+    /// a CA file or the system's trust store, a client certificate, the API
+    /// key sent with every call) for `tenant`; the first call establishes
+    /// the connection.
+    ///
+    /// Errors: [`SdkError::Connect`].
+    pub fn connect(options: &ConnectOptions, tenant: &str) -> Result<Client, SdkError> {
+        let channel = options.connect_lazy()?;
         Ok(Client {
             tenant: tenant.to_owned(),
             // Runs carry inputs, outputs and events up to several MiB;

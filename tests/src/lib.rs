@@ -6,6 +6,7 @@
 //! Binaries are found next to the test executable (`target/<profile>/`), so
 //! build them first: `cargo build --workspace --bins`.
 
+pub mod pki;
 pub mod source_scan;
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use belay_sdk::{Client, RunEvent, StartOptions};
+use belay_sdk::{Client, ConnectOptions, RunEvent, StartOptions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -510,6 +511,10 @@ pub struct Env {
     pub http: reqwest::Client,
     /// Tenant used by [`Env::client`].
     pub tenant: String,
+    /// With TLS ([`Env::start_with_tls`]): engines serve it with these
+    /// certificates, workers present the client certificate, and
+    /// [`Env::client`] trusts the CA.
+    pub tls: Option<pki::TestPki>,
 }
 
 impl Env {
@@ -522,6 +527,25 @@ impl Env {
 
     /// [`Env::start`] on `backend`.
     pub async fn start_on(backend: DbBackend, opts: EngineOpts) -> Result<Env> {
+        Self::start_full(backend, opts, None).await
+    }
+
+    /// [`Env::start_on`] with every engine serving TLS from `tls` (and
+    /// asking for client certificates from its CA), every worker trusting
+    /// its CA and presenting its client certificate.
+    pub async fn start_with_tls(
+        backend: DbBackend,
+        opts: EngineOpts,
+        tls: pki::TestPki,
+    ) -> Result<Env> {
+        Self::start_full(backend, opts, Some(tls)).await
+    }
+
+    async fn start_full(
+        backend: DbBackend,
+        opts: EngineOpts,
+        tls: Option<pki::TestPki>,
+    ) -> Result<Env> {
         let db = TestDb::create_on(backend).await?;
         let crm = Proc::spawn(
             "crm",
@@ -546,8 +570,9 @@ impl Env {
             engines: Vec::new(),
             workers: Vec::new(),
             opts,
-            http: reqwest::Client::new(),
+            http: http_client(tls.as_ref())?,
             tenant: "acme".into(),
+            tls,
         };
         env.start_engine(None).await?;
         let client = env.client(0)?;
@@ -616,6 +641,9 @@ impl Env {
             "--callback-listen".into(),
             format!("127.0.0.1:{callback_port}"),
         ];
+        if let Some(tls) = &self.tls {
+            args.extend(tls.engine_args());
+        }
         args.extend(extra.iter().cloned());
         let engine = Proc::spawn_lines(
             &format!("engine{}", self.engines.len()),
@@ -724,15 +752,21 @@ impl Env {
             "--model-provider".into(),
             "openai".into(),
         ];
+        if let Some(tls) = &self.tls {
+            args.extend(tls.worker_args());
+        }
         args.extend_from_slice(extra);
         let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, env, false).await?;
         self.workers.push(worker);
         Ok(self.workers.len() - 1)
     }
 
-    /// A client of engine `i` for the test tenant.
+    /// A client of engine `i` for the test tenant (trusting the test CA
+    /// with TLS).
     pub fn client(&self, i: usize) -> Result<Client> {
-        Ok(Client::connect_lazy(&self.engines[i].url, &self.tenant)?)
+        let mut options = ConnectOptions::new(&self.engines[i].url);
+        options.ca_file = self.tls.as_ref().map(|t| t.path("ca.pem"));
+        Ok(Client::connect(&options, &self.tenant)?)
     }
 
     /// Start an onboarding run for `email`.
@@ -1035,6 +1069,17 @@ impl Env {
         let _ = self.model.kill().await;
         self.db.drop_db().await
     }
+}
+
+/// The harness's HTTP client: with TLS, it trusts the test CA too (the
+/// engines' admin endpoints); the doubles are plaintext.
+fn http_client(tls: Option<&pki::TestPki>) -> Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(tls) = tls {
+        let pem = std::fs::read(tls.path("ca.pem"))?;
+        builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+    }
+    Ok(builder.build()?)
 }
 
 /// Events of `kind` among payloads.

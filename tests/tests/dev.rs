@@ -80,6 +80,7 @@ async fn dev_env() -> Result<Env> {
         opts: EngineOpts::default(),
         http: reqwest::Client::new(),
         tenant: "acme".into(),
+        tls: None,
     };
     let dev = spawn_dev("dev", &db_file(&env.db)?, &worker_flags(&env)).await?;
     env.engines.push(dev);

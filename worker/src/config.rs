@@ -4,6 +4,10 @@
 //! Everything here comes from flags or environment variables (see `main.rs`);
 //! a worker holds no other state, durable or not.
 
+use std::path::PathBuf;
+
+use belay_proto::connect::ConnectOptions;
+
 use crate::mcp::McpConfig;
 use crate::placeholders::ConfigValues;
 use crate::ssrf::NetworkPolicy;
@@ -105,13 +109,46 @@ impl Default for ModelProviderConfig {
     }
 }
 
+/// How the worker proves who it is to the engine and which engine
+/// certificates it trusts. `Debug` never shows the API key.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EngineAuth {
+    /// The worker's API key, sent as `authorization: Bearer <key>` with
+    /// every call (`--api-key`, `BELAY_API_KEY`); `None`: no header.
+    pub api_key: Option<String>,
+    /// CA certificates (PEM) the engine's certificate must chain to
+    /// (`--ca-file`, `BELAY_CA_FILE`); `None`: the system's trust store.
+    /// Only with an `https://` engine URL.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mTLS (`--client-cert`); needs
+    /// `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// Its private key (PEM, `--client-key`).
+    pub client_key: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for EngineAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineAuth")
+            .field("api_key", &self.api_key.as_ref().map(|_| "<hidden>"))
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .field("client_key", &self.client_key)
+            .finish()
+    }
+}
+
 /// Everything a worker process needs. Build with [`WorkerConfig::new`] and
 /// override fields as needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
-    /// Engine gRPC URL (`http://host:port`). The connection is lazy: the worker
-    /// may start before the engine and survives engine restarts.
+    /// Engine gRPC URL (`http://host:port`, or `https://` for TLS). The
+    /// connection is lazy: the worker may start before the engine and
+    /// survives engine restarts.
     pub engine_url: String,
+    /// The API key and TLS trust of the engine connection. Default: no
+    /// key, the system's trust store.
+    pub engine_auth: EngineAuth,
     /// Stable id of this worker process, sent with every call and recorded by
     /// the engine on dispatch.
     pub worker_id: String,
@@ -162,6 +199,7 @@ impl WorkerConfig {
     pub fn new(engine_url: impl Into<String>, worker_id: impl Into<String>) -> Self {
         Self {
             engine_url: engine_url.into(),
+            engine_auth: EngineAuth::default(),
             worker_id: worker_id.into(),
             concurrency: DEFAULT_CONCURRENCY,
             claim_wait_ms: DEFAULT_CLAIM_WAIT_MS,
@@ -174,6 +212,18 @@ impl WorkerConfig {
             tls_profiles: Default::default(),
             health: crate::health::HealthState::default(),
             sandbox: Default::default(),
+        }
+    }
+
+    /// How to connect to the engine: [`WorkerConfig::engine_url`] with
+    /// [`WorkerConfig::engine_auth`].
+    pub fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            url: self.engine_url.clone(),
+            ca_file: self.engine_auth.ca_file.clone(),
+            client_cert: self.engine_auth.client_cert.clone(),
+            client_key: self.engine_auth.client_key.clone(),
+            api_key: self.engine_auth.api_key.clone(),
         }
     }
 }

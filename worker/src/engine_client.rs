@@ -29,7 +29,7 @@ use belay_proto::v1::{
 };
 
 use crate::placeholders::SecretValues;
-use tonic::transport::{Channel, Endpoint};
+use belay_proto::connect::{AuthChannel, ConnectError, ConnectOptions};
 use tonic::{Code, Status};
 
 /// Deadline of one unary call (dispatch, complete, fail, heartbeat), in ms.
@@ -118,27 +118,42 @@ pub fn is_retryable(status: &Status) -> bool {
 /// channel is shared).
 #[derive(Debug, Clone)]
 pub struct EngineClient {
-    client: WorkerServiceClient<Channel>,
+    client: WorkerServiceClient<AuthChannel>,
     worker_id: String,
     retry: RetryPolicy,
 }
 
 impl EngineClient {
-    /// A client for `engine_url` (`http://host:port`). Does not connect: the
-    /// first call does, and every call after a connection loss reconnects.
-    /// Fails only if the URL is invalid.
+    /// A client for `engine_url` (`http://host:port`) without an API key or
+    /// TLS options: [`EngineClient::connect`] with just the URL.
+    ///
+    /// Errors: as [`EngineClient::connect`].
     pub fn connect_lazy(
         engine_url: &str,
         worker_id: impl Into<String>,
-    ) -> Result<Self, tonic::transport::Error> {
-        let channel = Endpoint::from_shared(engine_url.to_owned())?
-            .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-            .tcp_nodelay(true)
-            // Find a dead engine connection in a long poll without waiting for
-            // the poll's deadline.
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy();
+    ) -> Result<Self, ConnectError> {
+        Self::connect(&ConnectOptions::new(engine_url), worker_id)
+    }
+
+    /// A client for the engine of `options` (URL, CA file, client
+    /// certificate, API key). Does not connect: the first call does, and
+    /// every call after a connection loss reconnects.
+    ///
+    /// Errors: the options' [`ConnectError`] (a bad URL, an unreadable
+    /// file, a TLS option with `http://`, an API key a header cannot carry).
+    pub fn connect(
+        options: &ConnectOptions,
+        worker_id: impl Into<String>,
+    ) -> Result<Self, ConnectError> {
+        let channel = options.connect_lazy_with(|endpoint| {
+            endpoint
+                .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+                .tcp_nodelay(true)
+                // Find a dead engine connection in a long poll without
+                // waiting for the poll's deadline.
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5))
+        })?;
         Ok(Self {
             // Claimed specs carry whole transcripts, up to 64 per claim; the
             // 4 MiB default would make a large batch unclaimable forever.
@@ -406,7 +421,7 @@ impl EngineClient {
         f: F,
     ) -> Result<T, Status>
     where
-        F: Fn(WorkerServiceClient<Channel>) -> Fut,
+        F: Fn(WorkerServiceClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut retries = 0u32;

@@ -290,7 +290,7 @@ pub mod sandbox_tool;
 pub mod ssrf;
 pub mod untraced;
 
-pub use config::{ModelProvider, ModelProviderConfig, WorkerConfig};
+pub use config::{EngineAuth, ModelProvider, ModelProviderConfig, WorkerConfig};
 pub use engine_client::{EngineClient, RetryPolicy};
 pub use http_tool::{HttpToolClient, HttpToolError};
 pub use model::{ModelClient, ModelError};

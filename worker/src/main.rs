@@ -13,6 +13,7 @@ use belay_worker::placeholders::ConfigValues;
 use belay_worker::ssrf::AllowPrivateNetworkArgs;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
 use std::io::IsTerminal as _;
+use std::path::PathBuf;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -38,9 +39,24 @@ fn optional_addr(s: &str) -> Result<OptionalAddr, String> {
 #[derive(Debug, Parser)]
 #[command(name = "belay-worker", version, about)]
 struct Args {
-    /// Engine gRPC URL.
+    /// Engine gRPC URL: http:// (plaintext) or https:// (TLS).
     #[arg(long, env = "BELAY_ENGINE_URL", default_value = DEFAULT_ENGINE_URL)]
     engine_url: String,
+    /// The worker's API key, sent as `authorization: Bearer <key>` with
+    /// every engine call.
+    #[arg(long, env = "BELAY_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// CA certificates (PEM) the engine's certificate must chain to
+    /// (https:// only); default: the system's trust store.
+    #[arg(long, env = "BELAY_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) presented to the engine (mTLS, https://
+    /// only); needs --client-key.
+    #[arg(long, env = "BELAY_CLIENT_CERT")]
+    client_cert: Option<PathBuf>,
+    /// Private key (PEM) of --client-cert.
+    #[arg(long, env = "BELAY_CLIENT_KEY")]
+    client_key: Option<PathBuf>,
     /// Stable id of this worker process [default: worker-<random>].
     #[arg(long, env = "BELAY_WORKER_ID")]
     worker_id: Option<String>,
@@ -185,8 +201,16 @@ async fn main() -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!(e))?;
     let tool_network_policy = args.allow_private_networks.policy()?;
     let provider = args.model_provider;
+    let given = |p: Option<PathBuf>| p.filter(|p| !p.as_os_str().is_empty());
+    let engine_auth = belay_worker::EngineAuth {
+        api_key: args.api_key.filter(|k| !k.trim().is_empty()),
+        ca_file: given(args.ca_file),
+        client_cert: given(args.client_cert),
+        client_key: given(args.client_key),
+    };
     let config = WorkerConfig {
         engine_url: args.engine_url,
+        engine_auth,
         worker_id,
         concurrency: args.concurrency as usize,
         claim_wait_ms: args.claim_wait_ms,

@@ -79,8 +79,8 @@ const FALLBACK_LEASE_MS: u64 = 30_000;
 /// Errors only on invalid configuration (engine URL, HTTP clients); engine
 /// outages, model and tool failures are handled and logged, never returned.
 pub async fn run(config: WorkerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let engine = EngineClient::connect_lazy(&config.engine_url, config.worker_id.clone())
-        .with_context(|| format!("invalid engine URL {:?}", config.engine_url))?;
+    let engine = EngineClient::connect(&config.connect_options(), config.worker_id.clone())
+        .context("cannot set up the engine connection")?;
     run_with_engine(config, engine, shutdown).await
 }
 
@@ -218,9 +218,11 @@ pub async fn run_with_engine(
             }
             Err(status) => {
                 if outage_since.is_none() {
+                    // With the transport's causes: a TLS failure (an untrusted
+                    // certificate) says so only there.
                     tracing::warn!(
                         code = ?status.code(),
-                        error = status.message(),
+                        error = %belay_proto::connect::status_detail(&status),
                         "cannot claim tasks; retrying with backoff until the engine answers"
                     );
                     outage_since = Some(Instant::now());

@@ -224,7 +224,12 @@ pub async fn serve_admin(coord: &Arc<Coordinator>, tokens: &str) -> String {
         AdminAuth::parse(tokens).expect("tokens"),
     );
     let app = admin::router(Arc::clone(coord), auth);
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    // As the engine serves it: each request carries its `tls::PeerInfo`.
+    tokio::spawn(belay_engine::tls::serve_http(
+        listener,
+        app,
+        std::future::pending(),
+    ));
     format!("http://{addr}")
 }
 
