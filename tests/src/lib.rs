@@ -515,6 +515,9 @@ pub struct Env {
     /// certificates, workers present the client certificate, and
     /// [`Env::client`] trusts the CA.
     pub tls: Option<pki::TestPki>,
+    /// The workers' API key (role `worker`, every tenant), made through the
+    /// admin endpoint when the first engine starts.
+    pub worker_key: String,
 }
 
 impl Env {
@@ -573,8 +576,10 @@ impl Env {
             http: http_client(tls.as_ref())?,
             tenant: "acme".into(),
             tls,
+            worker_key: String::new(),
         };
         env.start_engine(None).await?;
+        env.worker_key = env.create_key("test-worker", "worker", &["*"]).await?;
         let client = env.client(0)?;
         let root = repo_root();
         client
@@ -756,17 +761,51 @@ impl Env {
             args.extend(tls.worker_args());
         }
         args.extend_from_slice(extra);
-        let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, env, false).await?;
+        let mut env = env.to_vec();
+        env.push(("BELAY_API_KEY", self.worker_key.clone()));
+        let worker = Proc::spawn(&id, &bin("belay-worker")?, &args, &env, false).await?;
         self.workers.push(worker);
         Ok(self.workers.len() - 1)
     }
 
     /// A client of engine `i` for the test tenant (trusting the test CA
-    /// with TLS).
+    /// with TLS), authenticated as the admin `ops` (the configured
+    /// [`ADMIN_TOKEN`]).
     pub fn client(&self, i: usize) -> Result<Client> {
+        self.client_for(i, &self.tenant)
+    }
+
+    /// [`Env::client`] for `tenant`.
+    pub fn client_for(&self, i: usize, tenant: &str) -> Result<Client> {
         let mut options = ConnectOptions::new(&self.engines[i].url);
         options.ca_file = self.tls.as_ref().map(|t| t.path("ca.pem"));
-        Ok(Client::connect(&options, &self.tenant)?)
+        options.api_key = Some(ADMIN_TOKEN.to_owned());
+        Ok(Client::connect(&options, tenant)?)
+    }
+
+    /// Make an API key of `role` for `tenants` (`["*"]`: every tenant)
+    /// through engine 0's admin endpoint, as the admin `ops`; returns the
+    /// key.
+    pub async fn create_key(
+        &self,
+        principal: &str,
+        role: &str,
+        tenants: &[&str],
+    ) -> Result<String> {
+        let url = format!("{}/admin/v1/keys", self.engines[0].admin_url());
+        let response = self
+            .http
+            .post(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"principal": principal, "role": role, "tenants": tenants}))
+            .send()
+            .await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        match body["key"].as_str() {
+            Some(key) if status.as_u16() == 201 => Ok(key.to_owned()),
+            _ => bail!("creating key {principal}: {status} {body}"),
+        }
     }
 
     /// Start an onboarding run for `email`.

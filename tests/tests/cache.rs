@@ -112,7 +112,7 @@ async fn identical_calls_reach_the_server_once_per_tenant_until_the_ttl_passes(
 
     // Another tenant, same arguments: its own lookup (tenants never share
     // an entry).
-    let globex = Client::connect_lazy(&env.engines[0].url, "globex")?;
+    let globex = env.client_for(0, "globex")?;
     let root = repo_root();
     globex
         .register_paths(&[

@@ -81,6 +81,7 @@ async fn dev_env() -> Result<Env> {
         http: reqwest::Client::new(),
         tenant: "acme".into(),
         tls: None,
+        worker_key: String::new(),
     };
     let dev = spawn_dev("dev", &db_file(&env.db)?, &worker_flags(&env)).await?;
     env.engines.push(dev);
@@ -310,13 +311,24 @@ async fn belay_dev_prints_its_addresses_database_and_a_generated_admin_token() -
         "database: sqlite::memory: (nothing is kept after exit)"
     );
     let token = lines[3]
-        .strip_prefix("admin token: ")
-        .and_then(|rest| rest.strip_suffix(" (generated)"))
+        .strip_prefix("admin key: ")
+        .and_then(|rest| rest.split_once(' '))
+        .map(|(key, _)| key)
         .ok_or_else(|| anyhow!("fourth line {:?}", lines[3]))?;
-    assert!(uuid::Uuid::parse_str(token).is_ok(), "{token}");
+    assert!(token.starts_with("belay_"), "{token}");
+    assert!(lines[3].ends_with(&format!("(generated; export BELAY_API_KEY={token})")));
 
-    // The gRPC API serves, and the admin endpoint takes the printed token only.
-    let client = belay_sdk::Client::connect_lazy(&format!("http://{grpc}"), "acme")?;
+    // The gRPC API takes the printed key (and nothing without it), and so
+    // does the admin endpoint.
+    let anonymous = belay_sdk::Client::connect_lazy(&format!("http://{grpc}"), "acme")?;
+    assert!(anonymous.list_runs("", 10, "").await.is_err());
+    let client = belay_sdk::Client::connect(
+        &belay_sdk::ConnectOptions {
+            api_key: Some(token.to_owned()),
+            ..belay_sdk::ConnectOptions::new(&format!("http://{grpc}"))
+        },
+        "acme",
+    )?;
     assert!(client.list_runs("", 10, "").await?.0.is_empty());
     let url = format!("http://{admin}/admin/v1/tenants/acme/uncertain-outcomes");
     let http = reqwest::Client::new();
@@ -354,10 +366,16 @@ async fn a_second_belay_dev_on_the_same_file_is_refused_naming_the_file() -> Res
     assert!(error.contains("in use"), "{error}");
     // The first one is unharmed.
     assert!(
-        belay_sdk::Client::connect_lazy(&first.url, "acme")?
-            .list_runs("", 10, "")
-            .await
-            .is_ok()
+        belay_sdk::Client::connect(
+            &belay_sdk::ConnectOptions {
+                api_key: Some(ADMIN_TOKEN.to_owned()),
+                ..belay_sdk::ConnectOptions::new(&first.url)
+            },
+            "acme"
+        )?
+        .list_runs("", 10, "")
+        .await
+        .is_ok()
     );
     stop_cleanly(&mut first).await?;
     db.drop_db().await

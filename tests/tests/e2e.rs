@@ -74,7 +74,7 @@ async fn start_run_twice_with_one_key_gives_one_run(backend: DbBackend) -> Resul
     assert_eq!(a, b);
     assert_eq!(env.db.count_runs().await?, 1);
     // Another tenant cannot see the run.
-    let other = belay_sdk::Client::connect_lazy(&env.engines[0].url, "globex")?;
+    let other = env.client_for(0, "globex")?;
     let err = other
         .get_run(&a)
         .await
@@ -370,6 +370,7 @@ async fn the_cli_starts_watches_and_lists_runs(backend: DbBackend) -> Result<()>
     let belay = belay_tests::bin("belay")?;
     let cli = |args: &[&str]| {
         let mut cmd = std::process::Command::new(&belay);
+        cmd.env("BELAY_API_KEY", belay_tests::ADMIN_TOKEN);
         cmd.args(["--engine-url", &env.engines[0].url, "--tenant", "acme"])
             .args(args);
         cmd.output()

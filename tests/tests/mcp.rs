@@ -874,7 +874,7 @@ async fn a_tool_asking_for_input_waits_durably_for_the_answer(backend: DbBackend
     let events = env.events(&run).await?;
     let provided = of_kind(&events, "tool_call_input_provided");
     ensure!(
-        provided.len() == 1 && provided[0]["by"] == "ada" && provided[0]["answer"] == answer,
+        provided.len() == 1 && provided[0]["by"] == "ops/ada" && provided[0]["answer"] == answer,
         "{provided:?}"
     );
     let spec = env.db.task_spec(&run, &call).await?;

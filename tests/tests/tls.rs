@@ -42,6 +42,7 @@ async fn engine_worker_sdk_and_cli_work_over_tls() -> Result<()> {
     let belay = belay_tests::bin("belay")?;
     let cli = |engine_url: &str, ca: Option<&std::path::Path>, args: &[&str]| {
         let mut cmd = std::process::Command::new(&belay);
+        cmd.env("BELAY_API_KEY", belay_tests::ADMIN_TOKEN);
         cmd.env_remove("BELAY_CA_FILE")
             .args(["--engine-url", engine_url, "--tenant", "acme"]);
         if let Some(ca) = ca {

@@ -242,7 +242,7 @@ async fn onboarding_runs_through_a_simulated_week_with_engine_restarts(
     assert_eq!(fired[0]["timer_id"], "documents.w2");
     let decided = of_kind(&events, "approval_decided");
     assert_eq!(decided.len(), 1);
-    assert_eq!(decided[0]["by"], "grace");
+    assert_eq!(decided[0]["by"], "ops/grace");
     assert_eq!(decided[0]["edited"], true);
     let raw = client.events(&run_id, 0).await?;
     let days = (recorded_at(&raw, "approval_decided")? - recorded_at(&raw, "run_started")?)
@@ -317,6 +317,7 @@ async fn the_cli_signals_approves_and_declines(backend: DbBackend) -> Result<()>
     let belay = belay_tests::bin("belay")?;
     let cli = |args: &[&str]| -> Result<Output> {
         let mut cmd = std::process::Command::new(&belay);
+        cmd.env("BELAY_API_KEY", belay_tests::ADMIN_TOKEN);
         cmd.args(["--engine-url", &env.engines[0].url, "--tenant", "acme"])
             .args(args)
             .env("BELAY_OPERATOR", "olivia");
@@ -464,7 +465,7 @@ async fn the_cli_signals_approves_and_declines(backend: DbBackend) -> Result<()>
     assert_eq!(welcome.len(), 1);
     assert_eq!(welcome[0]["body"]["plan"], "starter");
     let decided = of_kind(&env.events(&approved).await?, "approval_decided")[0].clone();
-    assert_eq!(decided["by"], "grace");
+    assert_eq!(decided["by"], "ops/grace");
     assert_eq!(decided["subject"], edit);
     env.stop().await
 }

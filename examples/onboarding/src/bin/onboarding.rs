@@ -51,12 +51,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use belay_engine::auth::{Role, Tenants, mint_key};
 use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
 use belay_engine::server::{CallbackListener, Engine, EngineOptions, Listeners};
 use belay_example_onboarding::{
     CrmState, ModelServerState, Script, serve_crm_server, serve_model_server,
 };
-use belay_sdk::{Client, RunEvent, StartOptions, timeline_line};
+use belay_sdk::{Client, ConnectOptions, RunEvent, StartOptions, timeline_line};
 use clap::Parser;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -259,6 +260,27 @@ async fn run(args: Args) -> Result<bool> {
     .await
     .with_context(|| format!("opening the database {}", args.database_url))?;
     let coord = Arc::clone(engine.coordinator());
+    // Every call is authenticated: a key for the worker, and an admin key
+    // for this program (it registers definitions, grants the tenant its
+    // permissions, starts the run and approves it).
+    let store = coord.store().clone();
+    let mint = |principal: &'static str, role: Role| {
+        let store = store.clone();
+        async move {
+            mint_key(
+                &store,
+                principal,
+                role,
+                Tenants::All,
+                Vec::new(),
+                "onboarding example",
+            )
+            .await
+            .with_context(|| format!("making the {role} key"))
+        }
+    };
+    let worker_key = mint("example-worker", Role::Worker).await?;
+    let admin_key = mint("example-admin", Role::Admin).await?;
     let listeners = Listeners {
         callbacks: Some(CallbackListener::Own(callback_listener)),
         ..Listeners::grpc_only(engine_listener)
@@ -268,6 +290,7 @@ async fn run(args: Args) -> Result<bool> {
     // A worker.
     let mut config =
         belay_worker::WorkerConfig::new(engine_url.clone(), "example-worker".to_owned());
+    config.engine_auth.api_key = Some(worker_key);
     config.model.base_url = format!("{model_url}/v1");
     config.http_base_url = Some(crm_url.clone());
     // The CRM double runs on this machine; tool requests reach loopback only
@@ -283,7 +306,13 @@ async fn run(args: Args) -> Result<bool> {
     };
     eprintln!("engine {engine_url} ({database}) · model {model_url} · crm {crm_url}");
 
-    let client = Client::connect_lazy(&engine_url, TENANT)?;
+    let client = Client::connect(
+        &ConnectOptions {
+            api_key: Some(admin_key),
+            ..ConnectOptions::new(&engine_url)
+        },
+        TENANT,
+    )?;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("definitions");
     for d in client.register_paths(&[dir]).await? {
         let what = if d.created {
