@@ -458,3 +458,75 @@ async fn a_changed_certificate_is_served_after_the_reload_step_and_a_broken_one_
     assert!(err.to_string().contains("does not fit"), "{err}");
     assert_eq!(served_subject(addr, &ca).await, "CN=engine-second,O=Acme");
 }
+
+/// mTLS end to end: a principal row naming the client certificate's
+/// subject authenticates the connection without any key (here a worker
+/// that claims); without the certificate, or once the row is revoked, the
+/// same call is `UNAUTHENTICATED`.
+#[tokio::test]
+async fn a_client_certificate_proves_the_principal_that_names_its_subject() {
+    use belay_proto::v1::{ClaimTasksRequest, worker_service_client::WorkerServiceClient};
+    let pki = pki();
+    let db = TestDb::create(Backend::Sqlite, "belay_tls").await;
+    let engine = Engine::start(EngineOptions {
+        tls: Some(pki.settings.clone()),
+        ..EngineOptions::new(db.url.clone(), 2)
+    })
+    .await
+    .expect("engine");
+    let store = engine.coordinator().store().clone();
+    store
+        .create_principal(&belay_engine::store::NewPrincipal {
+            key_id: "00000000000000aa".into(),
+            principal: "worker-a".into(),
+            role: "worker".into(),
+            tenants: None,
+            grants: Vec::new(),
+            secret_sha256: None,
+            cert_subject: Some("CN=worker-a,O=Acme".into()),
+            description: String::new(),
+            created_by: "test".into(),
+            expires_in_ms: None,
+        })
+        .await
+        .expect("certificate principal");
+    let grpc = bind().await;
+    let url = format!("https://{}", grpc.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(engine.serve(Listeners::grpc_only(grpc), async {
+        let _ = stopped.await;
+    }));
+    let claim = |options: ConnectOptions| async move {
+        WorkerServiceClient::new(options.connect_lazy().expect("channel"))
+            .claim_tasks(ClaimTasksRequest {
+                worker_id: "w1".into(),
+                max_tasks: 1,
+                wait_ms: 0,
+            })
+            .await
+    };
+    let with_cert = || {
+        ConnectOptions::new(&url)
+            .with_ca_file(pki.files.path("ca.pem"))
+            .with_client_cert(
+                pki.files.path("client.pem"),
+                pki.files.path("client-key.pem"),
+            )
+    };
+    claim(with_cert()).await.expect("the certificate proves worker-a");
+    let without = claim(ConnectOptions::new(&url).with_ca_file(pki.files.path("ca.pem")))
+        .await
+        .expect_err("no certificate, no key");
+    assert_eq!(without.code(), tonic::Code::Unauthenticated);
+    store
+        .revoke_principal("00000000000000aa")
+        .await
+        .expect("revoke")
+        .expect("row");
+    let revoked = claim(with_cert()).await.expect_err("revoked");
+    assert_eq!(revoked.code(), tonic::Code::Unauthenticated);
+    assert!(revoked.message().contains("revoked"), "{}", revoked.message());
+    let _ = stop.send(());
+    served.await.expect("join").expect("served");
+    db.drop().await;
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use belay_tests::{DbBackend, EngineOpts, Env, dispatch_counts, of_kind};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -330,6 +330,88 @@ async fn health_and_reflection_answer_without_proto_files(backend: DbBackend) ->
             "{expected} missing from {names:?}"
         );
     }
+    // The same in v1alpha, all that grpcurl from PyPI and Python's
+    // grpcio-reflection speak; reflection needs no key.
+    use tonic_reflection::pb::v1alpha as alpha;
+    let channel = tonic::transport::Endpoint::from_shared(env.engines[0].url.clone())?
+        .connect()
+        .await?;
+    let mut reflection = alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let request = alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(alpha::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await?
+        .into_inner();
+    let response = stream.message().await?.and_then(|r| r.message_response);
+    let Some(alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        response
+    else {
+        anyhow::bail!("unexpected v1alpha reflection response {response:?}");
+    };
+    let without_reflection = |names: BTreeSet<String>| -> BTreeSet<String> {
+        names
+            .into_iter()
+            .filter(|n| !n.starts_with("grpc.reflection."))
+            .collect()
+    };
+    let alpha_names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(alpha_names.contains("grpc.reflection.v1alpha.ServerReflection"));
+    assert_eq!(
+        without_reflection(alpha_names),
+        without_reflection(names),
+        "v1alpha lists what v1 lists"
+    );
+    env.stop().await
+}
+
+/// `belay keys create|list|revoke` against the admin endpoint: the key is
+/// printed once and works on the gRPC API at once; a revoked one does not.
+async fn the_cli_makes_lists_and_revokes_keys(backend: DbBackend) -> Result<()> {
+    let env = Env::start_on(backend, EngineOpts::default()).await?;
+    let belay = belay_tests::bin("belay")?;
+    let cli = |key: &str, args: &[&str]| {
+        std::process::Command::new(&belay)
+            .env("BELAY_API_KEY", key)
+            .env_remove("BELAY_ADMIN_TOKEN")
+            .args(["--engine-url", &env.engines[0].url])
+            .args(["--admin-url", env.engines[0].admin_url(), "--tenant", "acme"])
+            .args(args)
+            .output()
+    };
+    let out = cli(
+        belay_tests::ADMIN_TOKEN,
+        &["--json", "keys", "create", "--principal", "ci-bot", "--role", "client",
+          "--tenants", "acme", "--grant", "crm.read", "--expires-in", "30d"],
+    )?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let made: Value = serde_json::from_slice(&out.stdout)?;
+    let key = made["key"].as_str().unwrap_or_default().to_owned();
+    assert!(key.starts_with("belay_"), "{made}");
+    assert_eq!((made["role"].as_str(), made["tenants"].clone()), (Some("client"), json!(["acme"])));
+    let runs = cli(&key, &["run", "list"])?;
+    assert!(runs.status.success(), "{}", String::from_utf8_lossy(&runs.stderr));
+    // A client key may not manage keys.
+    let refused = cli(&key, &["keys", "list"])?;
+    assert!(!refused.status.success());
+    let listed = cli(belay_tests::ADMIN_TOKEN, &["keys", "list", "--of-tenant", "acme"])?;
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let key_id = made["key_id"].as_str().unwrap_or_default();
+    assert!(listed.contains(key_id) && listed.contains("active"), "{listed}");
+    assert!(!listed.contains(&key[23..]), "no secret in a listing");
+    let revoked = cli(belay_tests::ADMIN_TOKEN, &["keys", "revoke", key_id])?;
+    assert!(String::from_utf8_lossy(&revoked.stdout).contains("revoked"));
+    let after = cli(&key, &["run", "list"])?;
+    assert!(!after.status.success(), "a revoked key still works");
+    assert!(
+        String::from_utf8_lossy(&after.stderr).contains("revoked"),
+        "{}",
+        String::from_utf8_lossy(&after.stderr)
+    );
     env.stop().await
 }
 
@@ -528,6 +610,7 @@ belay_tests::on_both_backends!(
     health_and_reflection_answer_without_proto_files,
     an_invalid_bundle_is_refused_whole_with_every_error,
     the_cli_starts_watches_and_lists_runs,
+    the_cli_makes_lists_and_revokes_keys,
     watching_past_the_end_returns_and_sigterm_ends_open_watches,
     runs_with_large_payloads_can_be_read_back,
 );

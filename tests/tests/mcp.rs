@@ -162,11 +162,11 @@ async fn an_agent_run_calls_mcp_tools_over_stdio_and_completes(backend: DbBacken
         .find(|i| i["tool"] == "echo")
         .ok_or_else(|| anyhow!("no echo"))?;
     ensure!(
-        echo["pinned"]["accepted_by"] == "first use (worker worker0)",
+        echo["pinned"]["accepted_by"] == "first use (worker test-worker/worker0)",
         "{echo}"
     );
     ensure!(
-        echo["listed"]["reported_by"] == "worker0"
+        echo["listed"]["reported_by"] == "test-worker/worker0"
             && echo["listed"]["definition"]["input_schema"]["type"] == "object",
         "{echo}"
     );

@@ -402,7 +402,7 @@ async fn the_cli_signals_approves_and_declines(backend: DbBackend) -> Result<()>
     assert!(
         run["status_reason"]
             .as_str()
-            .is_some_and(|r| r.contains("declined by olivia: duplicate customer")),
+            .is_some_and(|r| r.contains("declined by ops/olivia: duplicate customer")),
         "{run}"
     );
 
