@@ -376,13 +376,32 @@ fn operator_name(given: Option<String>) -> String {
         .unwrap_or_else(|| "cli".to_owned())
 }
 
+/// The engine client of the global flags, and its connection options (a
+/// value set empty, as by an empty variable, is unset).
+fn engine_client(
+    url: &str,
+    api_key: Option<String>,
+    ca_file: Option<PathBuf>,
+    tenant: &str,
+) -> Result<(Client, ConnectOptions), SdkError> {
+    let options = ConnectOptions {
+        api_key: api_key.filter(|k| !k.trim().is_empty()),
+        ca_file: ca_file.filter(|p| !p.as_os_str().is_empty()),
+        ..ConnectOptions::new(url)
+    };
+    Ok((Client::connect(&options, tenant)?, options))
+}
+
+/// The admin client of the global flags; it trusts the engine
+/// connection's CA file.
 fn admin_client(
     cli_url: &str,
-    token: Option<&str>,
+    token: &Option<String>,
     tenant: &str,
-    ca_file: Option<&std::path::Path>,
+    engine: &ConnectOptions,
 ) -> Result<AdminClient, SdkError> {
-    AdminClient::with_ca_file(cli_url, token.unwrap_or(""), tenant, ca_file)
+    let token = token.as_deref().unwrap_or("");
+    AdminClient::with_ca_file(cli_url, token, tenant, engine.ca_file.as_deref())
 }
 
 fn compact(v: &Value, limit: usize) -> String {
@@ -619,23 +638,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dev(args) => return dev::run(*args, cli.admin_token).await,
         Command::Client(command) => command,
     };
-    // A variable set empty is unset.
-    let ca_file = cli.ca_file.filter(|p| !p.as_os_str().is_empty());
-    let options = ConnectOptions {
-        api_key: cli.api_key.filter(|k| !k.trim().is_empty()),
-        ca_file: ca_file.clone(),
-        ..ConnectOptions::new(&cli.engine_url)
-    };
-    let client = Client::connect(&options, &cli.tenant)?;
+    let (client, conn) = engine_client(&cli.engine_url, cli.api_key, cli.ca_file, &cli.tenant)?;
     let as_json = cli.json;
-    let admin = || {
-        admin_client(
-            &cli.admin_url,
-            cli.admin_token.as_deref(),
-            &cli.tenant,
-            ca_file.as_deref(),
-        )
-    };
+    let admin = || admin_client(&cli.admin_url, &cli.admin_token, &cli.tenant, &conn);
     match command {
         Cmd::Uncertain(UncertainCmd::List {
             status,
