@@ -381,13 +381,33 @@ fn operator_name(given: Option<String>) -> String {
         .unwrap_or_else(|| "cli".to_owned())
 }
 
+/// The engine client of the global flags, and its connection options (a
+/// value set empty, as by an empty variable, is unset).
+fn engine_client(
+    url: &str,
+    api_key: Option<String>,
+    ca_file: Option<PathBuf>,
+    tenant: &str,
+) -> Result<(Client, ConnectOptions), SdkError> {
+    let options = ConnectOptions {
+        api_key: api_key.filter(|k| !k.trim().is_empty()),
+        ca_file: ca_file.filter(|p| !p.as_os_str().is_empty()),
+        ..ConnectOptions::new(url)
+    };
+    Ok((Client::connect(&options, tenant)?, options))
+}
+
+/// The admin client of the global flags; it trusts the engine
+/// connection's CA file. One credential for both endpoints: the API key;
+/// without one, a configured admin token (`--admin-token`).
 fn admin_client(
     cli_url: &str,
-    token: Option<&str>,
+    token: &Option<String>,
     tenant: &str,
-    ca_file: Option<&std::path::Path>,
+    engine: &ConnectOptions,
 ) -> Result<AdminClient, SdkError> {
-    AdminClient::with_ca_file(cli_url, token.unwrap_or(""), tenant, ca_file)
+    let credential = engine.api_key.as_deref().or(token.as_deref()).unwrap_or("");
+    AdminClient::with_ca_file(cli_url, credential, tenant, engine.ca_file.as_deref())
 }
 
 fn compact(v: &Value, limit: usize) -> String {
@@ -624,27 +644,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dev(args) => return dev::run(*args, cli.admin_token, cli.api_key).await,
         Command::Client(command) => command,
     };
-    // A variable set empty is unset.
-    let ca_file = cli.ca_file.filter(|p| !p.as_os_str().is_empty());
-    let api_key = cli.api_key.filter(|k| !k.trim().is_empty());
-    // One credential for both endpoints: the API key; a configured admin
-    // token (`--admin-token`) still works on the admin endpoint.
-    let admin_credential = api_key.clone().or(cli.admin_token);
-    let options = ConnectOptions {
-        api_key,
-        ca_file: ca_file.clone(),
-        ..ConnectOptions::new(&cli.engine_url)
-    };
-    let client = Client::connect(&options, &cli.tenant)?;
+    let (client, conn) = engine_client(&cli.engine_url, cli.api_key, cli.ca_file, &cli.tenant)?;
     let as_json = cli.json;
-    let admin = || {
-        admin_client(
-            &cli.admin_url,
-            admin_credential.as_deref(),
-            &cli.tenant,
-            ca_file.as_deref(),
-        )
-    };
+    let admin = || admin_client(&cli.admin_url, &cli.admin_token, &cli.tenant, &conn);
     match command {
         Cmd::Keys(cmd) => keys::run(cmd, admin()?, as_json).await?,
         Cmd::Uncertain(UncertainCmd::List {

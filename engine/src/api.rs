@@ -914,5 +914,15 @@ pub async fn serve(
     Ok(())
 }
 
+/// How tonic puts each connection's [`crate::tls::PeerInfo`] among the
+/// extensions of its requests.
+impl tonic::transport::server::Connected for crate::tls::Connection {
+    type ConnectInfo = crate::tls::PeerInfo;
+
+    fn connect_info(&self) -> crate::tls::PeerInfo {
+        self.peer().clone()
+    }
+}
+
 /// How long a graceful shutdown may wait for open streams.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);

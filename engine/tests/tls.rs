@@ -513,7 +513,9 @@ async fn a_client_certificate_proves_the_principal_that_names_its_subject() {
                 pki.files.path("client-key.pem"),
             )
     };
-    claim(with_cert()).await.expect("the certificate proves worker-a");
+    claim(with_cert())
+        .await
+        .expect("the certificate proves worker-a");
     let without = claim(ConnectOptions::new(&url).with_ca_file(pki.files.path("ca.pem")))
         .await
         .expect_err("no certificate, no key");
@@ -525,7 +527,11 @@ async fn a_client_certificate_proves_the_principal_that_names_its_subject() {
         .expect("row");
     let revoked = claim(with_cert()).await.expect_err("revoked");
     assert_eq!(revoked.code(), tonic::Code::Unauthenticated);
-    assert!(revoked.message().contains("revoked"), "{}", revoked.message());
+    assert!(
+        revoked.message().contains("revoked"),
+        "{}",
+        revoked.message()
+    );
     let _ = stop.send(());
     served.await.expect("join").expect("served");
     db.drop().await;

@@ -339,9 +339,9 @@ async fn health_and_reflection_answer_without_proto_files(backend: DbBackend) ->
     let mut reflection = alpha::server_reflection_client::ServerReflectionClient::new(channel);
     let request = alpha::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(alpha::server_reflection_request::MessageRequest::ListServices(
-            String::new(),
-        )),
+        message_request: Some(
+            alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
     };
     let mut stream = reflection
         .server_reflection_info(tokio_stream::iter(vec![request]))
@@ -379,29 +379,64 @@ async fn the_cli_makes_lists_and_revokes_keys(backend: DbBackend) -> Result<()> 
             .env("BELAY_API_KEY", key)
             .env_remove("BELAY_ADMIN_TOKEN")
             .args(["--engine-url", &env.engines[0].url])
-            .args(["--admin-url", env.engines[0].admin_url(), "--tenant", "acme"])
+            .args([
+                "--admin-url",
+                env.engines[0].admin_url(),
+                "--tenant",
+                "acme",
+            ])
             .args(args)
             .output()
     };
     let out = cli(
         belay_tests::ADMIN_TOKEN,
-        &["--json", "keys", "create", "--principal", "ci-bot", "--role", "client",
-          "--tenants", "acme", "--grant", "crm.read", "--expires-in", "30d"],
+        &[
+            "--json",
+            "keys",
+            "create",
+            "--principal",
+            "ci-bot",
+            "--role",
+            "client",
+            "--tenants",
+            "acme",
+            "--grant",
+            "crm.read",
+            "--expires-in",
+            "30d",
+        ],
     )?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let made: Value = serde_json::from_slice(&out.stdout)?;
     let key = made["key"].as_str().unwrap_or_default().to_owned();
     assert!(key.starts_with("belay_"), "{made}");
-    assert_eq!((made["role"].as_str(), made["tenants"].clone()), (Some("client"), json!(["acme"])));
+    assert_eq!(
+        (made["role"].as_str(), made["tenants"].clone()),
+        (Some("client"), json!(["acme"]))
+    );
     let runs = cli(&key, &["run", "list"])?;
-    assert!(runs.status.success(), "{}", String::from_utf8_lossy(&runs.stderr));
+    assert!(
+        runs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&runs.stderr)
+    );
     // A client key may not manage keys.
     let refused = cli(&key, &["keys", "list"])?;
     assert!(!refused.status.success());
-    let listed = cli(belay_tests::ADMIN_TOKEN, &["keys", "list", "--of-tenant", "acme"])?;
+    let listed = cli(
+        belay_tests::ADMIN_TOKEN,
+        &["keys", "list", "--of-tenant", "acme"],
+    )?;
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
     let key_id = made["key_id"].as_str().unwrap_or_default();
-    assert!(listed.contains(key_id) && listed.contains("active"), "{listed}");
+    assert!(
+        listed.contains(key_id) && listed.contains("active"),
+        "{listed}"
+    );
     assert!(!listed.contains(&key[23..]), "no secret in a listing");
     let revoked = cli(belay_tests::ADMIN_TOKEN, &["keys", "revoke", key_id])?;
     assert!(String::from_utf8_lossy(&revoked.stdout).contains("revoked"));

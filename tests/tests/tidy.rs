@@ -319,9 +319,6 @@ fn a_tonic_status_is_built_only_in_the_api_layer() {
         !p.starts_with("engine/")
             || p == "engine/src/api.rs"
             || p.starts_with("engine/src/api/")
-            // The listener's connections implement tonic's `Connected`
-            // (transport glue; no status is made there).
-            || p == "engine/src/tls/connection.rs"
             || p == error_map
     });
     assert!(

@@ -12,8 +12,9 @@ use super::PeerInfo;
 
 /// An accepted connection: reads and writes go through TLS when the
 /// listener serves it. tonic finds its [`PeerInfo`] through
-/// [`tonic::transport::server::Connected`]; axum through the listener's
-/// address type ([`super::Listener`]).
+/// `tonic::transport::server::Connected`, implemented in [`crate::api`]
+/// (the one module of the engine that names tonic); axum through
+/// `ConnectInfo` ([`super::Listener`]).
 #[derive(Debug)]
 pub struct Connection {
     io: Io,
@@ -58,14 +59,6 @@ impl Connection {
             Io::Plain(_) => None,
             Io::Tls(s) => s.get_ref().1.alpn_protocol(),
         }
-    }
-}
-
-impl tonic::transport::server::Connected for Connection {
-    type ConnectInfo = PeerInfo;
-
-    fn connect_info(&self) -> PeerInfo {
-        self.peer.clone()
     }
 }
 

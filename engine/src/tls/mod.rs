@@ -31,7 +31,8 @@
 //! `CN=worker-a,O=Acme`). Handlers find it the same way on every endpoint:
 //!
 //! - gRPC (tonic): `request.extensions().get::<PeerInfo>()` (from
-//!   [`tonic::transport::server::Connected`] on [`Connection`]);
+//!   `tonic::transport::server::Connected` on [`Connection`], implemented
+//!   in [`crate::api`], the one module of the engine that names tonic);
 //! - HTTP (axum, served by [`serve_http`]): the request extension
 //!   `PeerInfo`, and the extractor `ConnectInfo<PeerInfo>`.
 //!
