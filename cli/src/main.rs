@@ -638,9 +638,9 @@ async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Resu
     }
 }
 
+// `belay dev` serves instead of calling an engine: no client is made.
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let command = match cli.command {
-        // `belay dev` serves instead of calling an engine: no client is made.
         Command::Dev(args) => return dev::run(*args, cli.admin_token, cli.api_key).await,
         Command::Client(command) => command,
     };

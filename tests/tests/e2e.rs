@@ -545,6 +545,7 @@ async fn the_cli_starts_watches_and_lists_runs(backend: DbBackend) -> Result<()>
     let (reader, writer) = std::io::pipe()?;
     drop(reader);
     let out = std::process::Command::new(&belay)
+        .env("BELAY_API_KEY", belay_tests::ADMIN_TOKEN)
         .args(["--engine-url", &env.engines[0].url, "--tenant", "acme"])
         .args(["run", "events", &run_id])
         .stdout(writer)
