@@ -45,11 +45,15 @@ pub struct EngineOptions {
     pub db_connections: u32,
 }
 
-/// Settings of one worker.
-#[derive(Debug, Clone)]
+/// Settings of one worker. `Debug` never prints the API key.
+#[derive(Clone)]
 pub struct WorkerOptions {
     /// The engine's gRPC URL.
     pub engine_url: String,
+    /// The worker's API key (role `worker`), sent with every call; a child
+    /// process gets it in its environment (`BELAY_API_KEY`), never on its
+    /// command line.
+    pub api_key: String,
     /// The worker's id.
     pub worker_id: String,
     /// Tasks in flight at once.
@@ -58,6 +62,19 @@ pub struct WorkerOptions {
     pub model_base_url: String,
     /// Base URL of the no-op tool.
     pub http_base_url: String,
+}
+
+impl std::fmt::Debug for WorkerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerOptions")
+            .field("engine_url", &self.engine_url)
+            .field("api_key", &"<hidden>")
+            .field("worker_id", &self.worker_id)
+            .field("concurrency", &self.concurrency)
+            .field("model_base_url", &self.model_base_url)
+            .field("http_base_url", &self.http_base_url)
+            .finish()
+    }
 }
 
 /// Connects an engine's store, applies migrations and builds its
@@ -117,6 +134,7 @@ pub async fn run_worker(
     let mut config =
         belay_worker::WorkerConfig::new(options.engine_url.clone(), options.worker_id.clone());
     config.health = health;
+    config.engine_auth.api_key = Some(options.api_key.clone());
     config.concurrency = options.concurrency.max(1);
     config.model.base_url = options.model_base_url.clone();
     config.http_base_url = Some(options.http_base_url.clone());
@@ -316,11 +334,15 @@ impl Fleet {
         }
     }
 
+    /// Starts `command` with `args`, and `env` set on top of this
+    /// process's environment (less the settings that would change what is
+    /// measured, and any API key of the caller's).
     fn spawn_child(
         &self,
         name: &str,
         command: &ChildCommand,
         args: &[String],
+        env: &[(&str, &str)],
     ) -> Result<ChildProc> {
         std::fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("creating {}", self.log_dir.display()))?;
@@ -347,12 +369,17 @@ impl Fleet {
             "ANTHROPIC_API_KEY",
             "BELAY_MODEL_PROVIDER",
             "BELAY_CLAIM_WAIT_MS",
+            "BELAY_API_KEY",
         ] {
             cmd.env_remove(var);
         }
+        // The admin endpoint (now served by default) is not needed, and
+        // replicas must not fight over its fixed port.
+        cmd.env("BELAY_ADMIN_LISTEN", "");
         // Replicas must not fight over belay-engine's fixed callback port
         // (the bench's own `engine` command ignores this).
         cmd.env("BELAY_CALLBACK_LISTEN", "127.0.0.1:0");
+        cmd.envs(env.iter().copied());
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name}: {}", command.program.display()))?;
@@ -392,8 +419,12 @@ impl Fleet {
                     "--db-connections".to_owned(),
                     options.db_connections.to_string(),
                 ];
-                let mut proc =
-                    self.spawn_child(&format!("{}engine-{index}", self.prefix), engine, &args)?;
+                let mut proc = self.spawn_child(
+                    &format!("{}engine-{index}", self.prefix),
+                    engine,
+                    &args,
+                    &[],
+                )?;
                 let stdout = proc
                     .child
                     .stdout
@@ -473,8 +504,12 @@ impl Fleet {
                     "--shutdown-grace-ms".to_owned(),
                     WORKER_SHUTDOWN_GRACE_MS.to_string(),
                 ];
-                let mut proc =
-                    self.spawn_child(&format!("{}worker-{index}", self.prefix), worker, &args)?;
+                let mut proc = self.spawn_child(
+                    &format!("{}worker-{index}", self.prefix),
+                    worker,
+                    &args,
+                    &[("BELAY_API_KEY", &options.api_key)],
+                )?;
                 if let Some(stdout) = proc.child.stdout.take() {
                     tokio::spawn(async move {
                         let mut lines = BufReader::new(stdout).lines();

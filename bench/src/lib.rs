@@ -12,12 +12,14 @@
 //! measures the commit ceiling, and drops the database.
 //!
 //! - modules: [`fake`] (scripted model and tool), [`workload`] (definitions),
-//!   [`fleet`] (engines and workers, as processes or in-process), [`pg`]
-//!   (database, counters, latencies, ceiling).
+//!   [`keys`] (the API keys every call carries), [`fleet`] (engines and
+//!   workers, as processes or in-process), [`pg`] (database, counters,
+//!   latencies, ceiling).
 
 pub mod cpu;
 pub mod fake;
 pub mod fleet;
+pub mod keys;
 pub mod pg;
 pub mod waits;
 pub mod workload;
@@ -28,7 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use belay_sdk::{Client, StartOptions};
+use belay_sdk::{Client, ConnectOptions, StartOptions};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot, watch};
@@ -37,6 +39,7 @@ use uuid::Uuid;
 pub use crate::workload::Shape;
 
 use crate::fleet::{EngineOptions, Fleet, Launch, PeakRss, WorkerOptions};
+use crate::keys::BenchKeys;
 use crate::pg::{BenchDatabase, Ceiling, DbCounts, Monitor, RunEnd, StepTimings, TableCounts};
 
 /// Everything one benchmark run needs.
@@ -258,12 +261,18 @@ pub struct Report {
     /// Events written.
     pub events: u64,
     /// Commits in the bench database during the workload, minus the bench's
-    /// own monitoring statements.
+    /// own monitoring statements. Includes the engines' API-key lookups
+    /// (one autocommit `SELECT` on `principals` per RPC): see
+    /// `key_lookups`.
     pub commits: i64,
     /// Rollbacks in the bench database during the workload.
     pub rollbacks: i64,
     /// The bench's own statements during the workload (left out of `commits`).
     pub bench_statements: u64,
+    /// Scans of `principals` during the workload: the engines' API-key
+    /// lookups, one per RPC, each its own transaction (nothing else reads
+    /// the table), so a part of `commits`.
+    pub key_lookups: i64,
     /// Per-table activity during the workload (`pg_stat_user_tables`); the
     /// `runs` figures include the bench's own polling.
     pub tables: Vec<(String, TableCounts)>,
@@ -360,6 +369,10 @@ impl Report {
         lines.push(format!(
             "postgres transactions per step: {:.2}",
             self.transactions_per_step()
+        ));
+        lines.push(format!(
+            "of which API-key lookups per step (one per RPC): {:.2}",
+            self.key_lookups as f64 / self.steps.max(1) as f64
         ));
         lines.push(format!(
             "postgres rollbacks per step: {:.2}",
@@ -558,6 +571,10 @@ async fn run_in(
     let commits =
         after.counts.xact.commits - workload.before.xact.commits - workload.bench_statements as i64;
     let mut tables = after.counts.tables_since(&workload.before);
+    let key_lookups = tables
+        .iter()
+        .find(|(name, _)| name == "principals")
+        .map_or(0, |(_, t)| t.idx_scan + t.seq_scan);
     // Leave the bench's own polling out of the `runs` table's figures.
     for (name, t) in &mut tables {
         if name == "runs" {
@@ -583,6 +600,7 @@ async fn run_in(
         rollbacks: after.counts.xact.rollbacks - workload.before.xact.rollbacks,
         tables,
         bench_statements: workload.bench_statements,
+        key_lookups,
         model_requests: counters
             .model_requests
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -605,16 +623,27 @@ struct Workload {
     cpu: cpu::CpuReading,
 }
 
+/// A client of the engine at `url` for the bench tenant, with `key`.
+///
+/// Errors: a URL or key that cannot be used.
+pub fn client(url: &str, key: &str) -> Result<Client> {
+    Ok(Client::connect(
+        &ConnectOptions::new(url).with_api_key(key),
+        workload::TENANT,
+    )?)
+}
+
 /// Starts an engine in `fleet`, registers the workflow through it and
-/// grants the tenant its permission.
+/// grants the tenant its permission, with the operator key.
 async fn register(
     fleet: &mut Fleet,
     options: &EngineOptions,
+    keys: &BenchKeys,
     tool_steps: u32,
     shape: Shape,
 ) -> Result<()> {
     let url = fleet.add_engine(options).await?;
-    let client = Client::connect_lazy(&url, workload::TENANT)?;
+    let client = client(&url, &keys.operator)?;
     client
         .register_files(workload::bundle(tool_steps, shape))
         .await
@@ -642,13 +671,21 @@ async fn drive(
         sweep_interval_ms: config.sweep_interval_ms,
         db_connections: config.engine_db_connections,
     };
-    // Setup (migrations, definitions, grants) goes through an engine of its
-    // own, stopped before counting starts: once every backend has gone,
-    // pg_stat_database holds all of their statistics (an idle backend may
-    // otherwise keep them for up to 10 s), so the counters read next are
-    // exact and the setup is not in them.
+    // Setup (migrations and API keys, then definitions and grants through
+    // an engine of its own) is done before counting starts: once every
+    // backend has gone, pg_stat_database holds all of their statistics (an
+    // idle backend may otherwise keep them for up to 10 s), so the counters
+    // read next are exact and the setup is not in them.
+    let keys = keys::mint(&db.url).await?;
     let mut setup = Fleet::new(config.launch.clone(), log_dir.to_owned(), "setup-");
-    let registered = register(&mut setup, &engine_options, config.tool_steps, config.shape).await;
+    let registered = register(
+        &mut setup,
+        &engine_options,
+        &keys,
+        config.tool_steps,
+        config.shape,
+    )
+    .await;
     setup.stop().await;
     registered?;
     let settled = pg::settled_counts(&db.url).await?;
@@ -661,6 +698,7 @@ async fn drive(
     for j in 0..config.workers as usize {
         fleet.add_worker(&WorkerOptions {
             engine_url: engine_urls[j % engine_urls.len()].clone(),
+            api_key: keys.worker.clone(),
             worker_id: format!("bench-worker-{j}"),
             concurrency: config.worker_concurrency as usize,
             model_base_url: format!("{fake_url}/v1"),
@@ -671,8 +709,8 @@ async fn drive(
     fleet.wait_workers_ready().await?;
     let clients = engine_urls
         .iter()
-        .map(|url| Client::connect_lazy(url, workload::TENANT))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|url| client(url, &keys.operator))
+        .collect::<Result<Vec<_>>>()?;
     let monitor = Monitor::connect(&db.url).await?;
 
     let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));

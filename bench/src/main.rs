@@ -142,6 +142,10 @@ struct EngineArgs {
 struct WorkerArgs {
     #[arg(long)]
     engine_url: String,
+    /// The worker's API key, as `belay-worker --api-key`; the bench passes
+    /// it in the environment.
+    #[arg(long, env = "BELAY_API_KEY", hide_env_values = true)]
+    api_key: String,
     #[arg(long)]
     worker_id: String,
     #[arg(long, default_value_t = 8)]
@@ -185,6 +189,7 @@ async fn worker_role(args: WorkerArgs) -> anyhow::Result<()> {
     fleet::run_worker(
         &WorkerOptions {
             engine_url: args.engine_url,
+            api_key: args.api_key,
             worker_id: args.worker_id,
             concurrency: args.concurrency,
             model_base_url: args.model_base_url,

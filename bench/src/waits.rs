@@ -7,7 +7,8 @@
 //! per figure.
 //!
 //! The workflow (`workload::WAIT_WORKFLOW`): `wait` for signal `go` with a
-//! payload schema, then `succeed` with the payload.
+//! payload schema, then `succeed` with the payload. Every call carries the
+//! bench's operator key ([`crate::keys`]), minted before the engine starts.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,10 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use belay_proto::v1;
 use belay_proto::v1::run_service_client::RunServiceClient;
-use belay_sdk::{Client, StartOptions};
+use belay_sdk::{ConnectOptions, StartOptions};
 use serde_json::json;
 use tokio::sync::Semaphore;
-use tonic::transport::Channel;
 
 use crate::fleet::{EngineOptions, Fleet, Launch};
 use crate::pg::BenchDatabase;
@@ -120,6 +120,7 @@ pub async fn run(config: &WaitsConfig) -> Result<WaitsReport> {
 }
 
 async fn drive(config: &WaitsConfig, db: &BenchDatabase, fleet: &mut Fleet) -> Result<WaitsReport> {
+    let keys = crate::keys::mint(&db.url).await?;
     let engine_url = fleet
         .add_engine(&EngineOptions {
             database_url: db.url.clone(),
@@ -128,7 +129,7 @@ async fn drive(config: &WaitsConfig, db: &BenchDatabase, fleet: &mut Fleet) -> R
             db_connections: config.engine_db_connections,
         })
         .await?;
-    let client = Client::connect_lazy(&engine_url, crate::workload::TENANT)?;
+    let client = crate::client(&engine_url, &keys.operator)?;
     client
         .register_files(vec![v1::DefinitionFile {
             path: "waits.yaml".into(),
@@ -136,7 +137,9 @@ async fn drive(config: &WaitsConfig, db: &BenchDatabase, fleet: &mut Fleet) -> R
         }])
         .await
         .context("registering the waiting workflow")?;
-    let channel = Endpoint::connect(&engine_url)?;
+    let channel = ConnectOptions::new(&engine_url)
+        .with_api_key(&keys.operator)
+        .connect_lazy_with(|endpoint| endpoint.tcp_nodelay(true))?;
     let pool = sqlx::PgPool::connect(&db.url).await?;
     let limit = Arc::new(Semaphore::new(config.concurrency.max(1) as usize));
 
@@ -231,15 +234,4 @@ async fn drive(config: &WaitsConfig, db: &BenchDatabase, fleet: &mut Fleet) -> R
         completed,
         engine_peak_kib: peak.engines_kib.first().copied().unwrap_or(0),
     })
-}
-
-/// A gRPC channel to the engine.
-struct Endpoint;
-
-impl Endpoint {
-    fn connect(url: &str) -> Result<Channel> {
-        Ok(tonic::transport::Endpoint::from_shared(url.to_owned())?
-            .tcp_nodelay(true)
-            .connect_lazy())
-    }
 }

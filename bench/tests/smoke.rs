@@ -46,6 +46,14 @@ fn check(report: &Report) {
         "{} transactions per step",
         report.transactions_per_step()
     );
+    // Every RPC is authenticated by a key lookup, counted in the
+    // transactions: at least each step's CompleteTask.
+    assert!(
+        report.key_lookups >= report.steps as i64,
+        "{} key lookups",
+        report.key_lookups
+    );
+    assert!(report.commits >= report.key_lookups, "{report:?}");
     // Each step records at least its scheduling and its completion.
     assert!(
         report.events >= 2 * report.steps,
@@ -66,6 +74,7 @@ fn check(report: &Report) {
         "step latency p50: ",
         "step latency p99: ",
         "postgres transactions per step: ",
+        "of which API-key lookups per step (one per RPC): ",
         "cpu ms per step: ",
         "engine peak RSS: ",
         "worker peak RSS: ",
