@@ -325,7 +325,7 @@ async fn belay_dev_prints_its_addresses_database_and_a_generated_admin_token() -
     let client = belay_sdk::Client::connect(
         &belay_sdk::ConnectOptions {
             api_key: Some(token.to_owned()),
-            ..belay_sdk::ConnectOptions::new(&format!("http://{grpc}"))
+            ..belay_sdk::ConnectOptions::new(format!("http://{grpc}"))
         },
         "acme",
     )?;

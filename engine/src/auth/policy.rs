@@ -32,8 +32,14 @@ const DECIDE: &[Role] = &[Approver, Operator, Admin];
 /// secrets).
 const WORK: &[Role] = &[Worker];
 
+/// One method and the roles it admits.
+pub type MethodPolicy = (&'static str, &'static [Role]);
+
+/// One service (`package.Service`) and its methods.
+pub type ServicePolicy = (&'static str, &'static [MethodPolicy]);
+
 /// Every `belay.v1` method with the roles it admits, by service.
-pub const GRPC_POLICY: &[(&str, &[(&str, &[Role])])] = &[
+pub const GRPC_POLICY: &[ServicePolicy] = &[
     (
         "belay.v1.RunService",
         &[
