@@ -66,7 +66,7 @@ pub async fn run(cmd: KeysCmd, admin: AdminClient, as_json: bool) -> Result<(), 
                     role,
                     tenants: Some(tenants).filter(|t| !t.is_empty()),
                     grants,
-                    expires_in_seconds: expires_in.map(|d| d.as_secs().max(1)),
+                    expires_in_seconds: expires_in.map(|d| d.as_secs()),
                     cert_subject,
                     description,
                 })

@@ -104,15 +104,26 @@ pub fn is_final_event(kind: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Api {
     coord: Arc<Coordinator>,
+    /// Asked again before a long poll or a stream hands something out.
+    auth: Authenticator,
     /// Turns true when the server shuts down: open `WatchRun` streams end,
     /// so they cannot hold a graceful shutdown (and a deploy) forever.
     shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Api {
-    /// An API over `coord`; streams end when `shutdown` turns true.
-    pub fn new(coord: Arc<Coordinator>, shutdown: tokio::sync::watch::Receiver<bool>) -> Api {
-        Api { coord, shutdown }
+    /// An API over `coord`, authenticating with `auth`; streams end when
+    /// `shutdown` turns true.
+    pub fn new(
+        coord: Arc<Coordinator>,
+        auth: Authenticator,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Api {
+        Api {
+            coord,
+            auth,
+            shutdown,
+        }
     }
 
     /// A worker key limited to tenants touches only their tasks:
@@ -254,11 +265,17 @@ impl RunService for Api {
             .await?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let coord = Arc::clone(&self.coord);
+        let auth = self.auth.clone();
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let mut wake = coord.subscribe_run_events();
             let mut after = r.after_seq;
             loop {
+                // A key revoked while the stream is open ends it.
+                if let Err(e) = auth.still_active(&p).await {
+                    let _ = tx.send(Err(Status::from(e))).await;
+                    return;
+                }
                 if *shutdown.borrow() {
                     let _ = tx
                         .send(Err(Status::unavailable(
@@ -589,6 +606,13 @@ impl WorkerService for Api {
                 p.tenants.to_stored().as_deref(),
             )
             .await?;
+        // A long poll outlives its authentication: a key revoked while it
+        // waited gets nothing. What it claimed stays leased to it, never
+        // dispatched, until the lease expires and the sweeper hands it to
+        // another worker (an undispatched task is safe to give again).
+        if r.wait_ms > 0 && !tasks.is_empty() {
+            self.auth.still_active(&p).await?;
+        }
         Ok(Response::new(v1::ClaimTasksResponse {
             tasks: tasks
                 .into_iter()
@@ -812,7 +836,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut stop_seen = stop_rx.clone();
-    let api = Api::new(coord, stop_rx);
+    let api = Api::new(coord, auth.clone(), stop_rx);
     let shutdown = async move {
         shutdown.await;
         // End open streams first, so the graceful shutdown can finish.

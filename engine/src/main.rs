@@ -233,8 +233,24 @@ async fn create_key(database_url: &str, args: CreateKeyArgs) -> anyhow::Result<(
                 .collect(),
         ),
     };
-    if tenants == Tenants::Only(Vec::new()) {
-        anyhow::bail!("--tenants: name at least one tenant, or `*`");
+    if let Tenants::Only(list) = &tenants {
+        if list.is_empty() {
+            anyhow::bail!("--tenants: name at least one tenant, or `*`");
+        }
+        if let Some(bad) = list.iter().find(|t| {
+            t.len() > 128
+                || t.chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '*'))
+        }) {
+            anyhow::bail!(
+                "--tenants: {bad:?} is not a tenant name (1 to 128 bytes without whitespace, `/` or `*`)"
+            );
+        }
+        if role == Role::Admin {
+            anyhow::bail!(
+                "--role admin acts for every tenant: give --tenants '*', or make an operator key"
+            );
+        }
     }
     if !belay_engine::admin::valid_principal_id(&args.principal) {
         anyhow::bail!(

@@ -237,6 +237,10 @@ async fn keys_are_made_listed_revoked_and_expire_through_the_admin_endpoint(back
     for refused in [
         json!({"principal": "root2", "role": "admin", "tenants": ["*"]}),
         json!({"principal": "svc", "role": "client", "tenants": ["b"]}),
+        // Grants the operator does not hold itself.
+        json!({"principal": "svc2", "role": "client", "grants": ["payments.refund"]}),
+        // An id in use by keys the operator does not manage (tenant b's).
+        json!({"principal": "b-client", "role": "approver"}),
     ] {
         let status = create(refused.clone()).await.expect("create").status();
         assert_eq!(status.as_u16(), 403, "{refused}");
@@ -325,11 +329,34 @@ async fn a_revoked_worker_key_stops_at_its_next_claim(backend: Backend) {
         .claim_tasks(claim(&worker))
         .await
         .expect("claims while valid");
+    // A long poll that outlives the key hands out nothing: revoked while it
+    // waits, it ends UNAUTHENTICATED when a task turns up.
+    let waiting = {
+        let mut client = client.clone();
+        let key = worker.clone();
+        tokio::spawn(async move {
+            let mut req = claim(&key);
+            req.get_mut().wait_ms = 20_000;
+            client.claim_tasks(req).await
+        })
+    };
     store
         .revoke_principal(key_id(&worker))
         .await
         .expect("revoke")
         .expect("row");
+    let mut runs = RunServiceClient::new(f.channel());
+    runs.start_run(authed(
+        start("w", "wake-the-claim", &[]),
+        &f.key("a", Role::Client),
+    ))
+    .await
+    .expect("a run, so a task is ready");
+    let answered = waiting
+        .await
+        .expect("join")
+        .expect_err("revoked while waiting");
+    assert_eq!(answered.code(), Code::Unauthenticated, "{answered:?}");
     let refused = client
         .claim_tasks(claim(&worker))
         .await

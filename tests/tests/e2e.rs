@@ -369,6 +369,27 @@ async fn health_and_reflection_answer_without_proto_files(backend: DbBackend) ->
     env.stop().await
 }
 
+/// A worker whose key the engine refuses (a client key: the wrong role)
+/// stops with an error naming the credential, instead of polling forever
+/// looking healthy.
+async fn a_worker_with_a_refused_key_stops_and_says_why(backend: DbBackend) -> Result<()> {
+    let env = Env::start_on(backend, EngineOpts::default()).await?;
+    let client_key = env.create_key("not-a-worker", "client", &["acme"]).await?;
+    let run = tokio::process::Command::new(belay_tests::bin("belay-worker")?)
+        .args(["--engine-url", &env.engines[0].url, "--worker-id", "w-bad"])
+        .env("BELAY_API_KEY", &client_key)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exited 0: {stderr}");
+    assert!(
+        stderr.contains("refuses this worker's credential"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(&client_key), "the key is never logged");
+    env.stop().await
+}
+
 /// `belay keys create|list|revoke` against the admin endpoint: the key is
 /// printed once and works on the gRPC API at once; a revoked one does not.
 async fn the_cli_makes_lists_and_revokes_keys(backend: DbBackend) -> Result<()> {
@@ -647,6 +668,7 @@ belay_tests::on_both_backends!(
     an_invalid_bundle_is_refused_whole_with_every_error,
     the_cli_starts_watches_and_lists_runs,
     the_cli_makes_lists_and_revokes_keys,
+    a_worker_with_a_refused_key_stops_and_says_why,
     watching_past_the_end_returns_and_sigterm_ends_open_watches,
     runs_with_large_payloads_can_be_read_back,
 );

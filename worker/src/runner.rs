@@ -136,6 +136,7 @@ pub async fn run_with_engine(
     let semaphore = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
     let mut outage_since: Option<Instant> = None;
+    let mut refused: Option<tonic::Status> = None;
     let mut retry_delay = Duration::from_millis(CLAIM_RETRY_MIN_MS);
     tokio::pin!(shutdown);
 
@@ -216,6 +217,23 @@ pub async fn run_with_engine(
                     start_task(&ctx, &mut tasks, task, permit);
                 }
             }
+            // Not an outage: the engine will not take this credential
+            // again (no key, a revoked, expired or wrong-role key). Stop,
+            // loudly, rather than look healthy while doing nothing.
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                ) =>
+            {
+                tracing::error!(
+                    code = ?status.code(),
+                    error = %status.message(),
+                    "the engine refuses this worker's credential (--api-key, BELAY_API_KEY); stopping"
+                );
+                refused = Some(status);
+                break;
+            }
             Err(status) => {
                 if outage_since.is_none() {
                     // With the transport's causes: a TLS failure (an untrusted
@@ -265,7 +283,14 @@ pub async fn run_with_engine(
         mcp.shutdown().await;
     }
     tracing::info!("worker stopped");
-    Ok(())
+    match refused {
+        Some(status) => anyhow::bail!(
+            "the engine refused the worker's credential: {:?}: {}",
+            status.code(),
+            status.message()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// What the tasks share.

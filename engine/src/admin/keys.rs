@@ -122,6 +122,9 @@ pub(super) async fn create_key(
     AdminJson(body): AdminJson<CreateKeyBody>,
 ) -> Result<(StatusCode, Json<CreatedKey>), AdminError> {
     let new = checked_key(&caller, &body)?;
+    if caller.role != Role::Admin {
+        check_principal_is_theirs(&state, &caller, &new.principal).await?;
+    }
     let secret = match &body.cert_subject {
         Some(_) => None,
         None => Some(key::generate()?),
@@ -148,6 +151,36 @@ pub(super) async fn create_key(
             view: row.into(),
         }),
     ))
+}
+
+/// An operator may make a key for a principal id only when every key that
+/// id already has is one it manages (not an admin's, within its tenants):
+/// otherwise it could make a key that events record as someone else.
+async fn check_principal_is_theirs(
+    state: &AppState,
+    caller: &Principal,
+    principal: &str,
+) -> Result<(), AdminError> {
+    let rows = state
+        .coord
+        .store()
+        .list_principals(None)
+        .await
+        .map_err(CoordinatorError::from)?;
+    let foreign = rows.iter().any(|row| {
+        row.principal == principal
+            && (row.role == Role::Admin.as_str()
+                || !caller
+                    .tenants
+                    .covers(&Tenants::from_stored(row.tenants.clone())))
+    });
+    if foreign {
+        return Err(AdminError::Forbidden(format!(
+            "principal id `{principal}` is in use by keys principal `{}` does not manage; choose another id",
+            caller.id
+        )));
+    }
+    Ok(())
 }
 
 /// A duplicate certificate subject is the caller's conflict (409); other
@@ -178,6 +211,21 @@ fn checked_key(caller: &Principal, body: &CreateKeyBody) -> Result<NewPrincipal,
             return Err(AdminError::Forbidden(format!(
                 "principal `{}` may manage keys of tenant(s) `{}`, not `{tenants}`",
                 caller.id, caller.tenants
+            )));
+        }
+        // As a request narrows its key's grants, a key an operator makes
+        // holds only grants the operator holds.
+        let missing: Vec<&str> = body
+            .grants
+            .iter()
+            .filter(|g| !caller.grants.contains(g))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(AdminError::Forbidden(format!(
+                "principal `{}` does not hold grant(s) {}, so it may not give them",
+                caller.id,
+                missing.join(", ")
             )));
         }
     }

@@ -91,6 +91,28 @@ impl Authenticator {
         }
     }
 
+    /// Whether `principal`'s credential still proves it: for a request
+    /// that outlives its authentication (a claim's long poll, a `WatchRun`
+    /// stream), asked again before it hands anything out. A configured
+    /// token always does. Errors: [`AuthError::Unauthenticated`] once the
+    /// key (or certificate principal) is revoked, expired or gone;
+    /// [`AuthError::Store`].
+    pub async fn still_active(&self, principal: &Principal) -> Result<(), AuthError> {
+        if principal.credential.starts_with("token:") {
+            return Ok(());
+        }
+        let key_id = principal
+            .credential
+            .strip_prefix("cert:")
+            .unwrap_or(&principal.credential);
+        let row = self
+            .store
+            .principal_by_key_id(key_id)
+            .await?
+            .ok_or_else(|| AuthError::Unauthenticated(format!("API key {key_id} is gone")))?;
+        active(row, &format!("API key {key_id}")).map(|_| ())
+    }
+
     async fn api_key(&self, text: &str) -> Result<Principal, AuthError> {
         let presented = key::parse(text)?;
         let row = self
