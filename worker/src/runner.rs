@@ -226,11 +226,6 @@ pub async fn run_with_engine(
                     tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
                 ) =>
             {
-                tracing::error!(
-                    code = ?status.code(),
-                    error = %status.message(),
-                    "the engine refuses this worker's credential (--api-key, BELAY_API_KEY); stopping"
-                );
                 refused = Some(status);
                 break;
             }
@@ -283,14 +278,22 @@ pub async fn run_with_engine(
         mcp.shutdown().await;
     }
     tracing::info!("worker stopped");
-    match refused {
-        Some(status) => anyhow::bail!(
-            "the engine refused the worker's credential: {:?}: {}",
-            status.code(),
-            status.message()
-        ),
-        None => Ok(()),
-    }
+    refused.map_or(Ok(()), credential_refused)
+}
+
+/// The error a worker stops with when the engine refuses its credential
+/// (no key, a revoked, expired or wrong-role key), logged as it is made.
+fn credential_refused(status: tonic::Status) -> anyhow::Result<()> {
+    tracing::error!(
+        code = ?status.code(),
+        error = %status.message(),
+        "the engine refuses this worker's credential (--api-key, BELAY_API_KEY); stopping"
+    );
+    anyhow::bail!(
+        "the engine refused the worker's credential: {:?}: {}",
+        status.code(),
+        status.message()
+    )
 }
 
 /// What the tasks share.
