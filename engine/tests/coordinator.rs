@@ -16,19 +16,16 @@ use belay_engine::store::{Store, StoreError};
 use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use serde_json::json;
 
-const TOOLS: &str = r#"TOOLS:
-  create(email: string) -> {id: string}
-    description: "create"
-    type: http
-    endpoint: "/create"
-    permission: crm.write
-    repeat_safety: reconcile
-"#;
-const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
-
 async fn setup(backend: Backend) -> (TestDb, Arc<Coordinator>, String) {
     let db = TestDb::create(backend, "belay_c").await;
-    let coord = common::coordinator(db.store(4).await, &["t"], TOOLS, AGENT, &["crm.write"]).await;
+    let coord = common::coordinator(
+        db.store(4).await,
+        &["t"],
+        common::CREATE_TOOL,
+        common::CREATE_AGENT,
+        &["crm.write"],
+    )
+    .await;
     let (run, created) = coord
         .start_run(StartRun {
             tenant: "t".into(),
@@ -284,11 +281,11 @@ async fn registering_older_content_again_makes_it_current_and_moving_a_file_is_n
                 .expect("register")
         }
     };
-    let b = AGENT.replace("model: m", "model: m2");
+    let b = common::CREATE_AGENT.replace("model: m", "model: m2");
     let v2 = register(&b, "x.yaml").await;
     assert_eq!((v2[0].0.version, v2[0].1), (2, true));
     // A again: unchanged content, but current again.
-    let again = register(AGENT, "x.yaml").await;
+    let again = register(common::CREATE_AGENT, "x.yaml").await;
     assert_eq!((again[0].0.version, again[0].1), (1, false));
     let latest = coord
         .store()
@@ -298,7 +295,11 @@ async fn registering_older_content_again_makes_it_current_and_moving_a_file_is_n
         .expect("row");
     assert_eq!(latest.version, 1);
     // The same content from another path (or after a comment line) is the same version.
-    let moved = register(&format!("# a comment\n{AGENT}"), "elsewhere/renamed.yaml").await;
+    let moved = register(
+        &format!("# a comment\n{}", common::CREATE_AGENT),
+        "elsewhere/renamed.yaml",
+    )
+    .await;
     assert_eq!((moved[0].0.version, moved[0].1), (1, false));
     db.drop().await;
 }

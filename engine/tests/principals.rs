@@ -19,16 +19,6 @@ use uuid::Uuid;
 /// A lowercase hex SHA-256 (of `"test"`).
 const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
-const TOOLS: &str = r#"TOOLS:
-  create(email: string) -> {id: string}
-    description: "create"
-    type: http
-    endpoint: "/create"
-    permission: crm.write
-    repeat_safety: reconcile
-"#;
-const AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
-
 /// An API key `key_id` of `principal` (role `client`, every tenant, never
 /// expiring).
 fn api_key(key_id: &str, principal: &str) -> NewPrincipal {
@@ -379,7 +369,14 @@ async fn the_database_refuses_a_row_its_checks_forbid(backend: Backend) {
 
 async fn a_claim_limited_to_tenants_sees_only_their_tasks(backend: Backend) {
     let (db, store) = open(backend).await;
-    let coord = common::coordinator(store.clone(), &["a", "b"], TOOLS, AGENT, &["crm.write"]).await;
+    let coord = common::coordinator(
+        store.clone(),
+        &["a", "b"],
+        common::CREATE_TOOL,
+        common::CREATE_AGENT,
+        &["crm.write"],
+    )
+    .await;
     let mut runs = Vec::new();
     for tenant in ["a", "b"] {
         let (run, created) = coord

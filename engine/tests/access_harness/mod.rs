@@ -23,15 +23,6 @@ use crate::common::{Backend, TestDb};
 /// The configured admin token of the fixture's engine.
 pub const ROOT_TOKEN: &str = "root-token-0123456789abcdef";
 
-const TOOLS: &str = r#"TOOLS:
-  create(email: string) -> {id: string}
-    description: "create"
-    type: http
-    endpoint: "/create"
-    permission: crm.write
-    repeat_safety: reconcile
-"#;
-const YAML: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
 /// A workflow that waits for an approval (grant `ops.approve`), then a
 /// signal.
 pub const APPROVAL: &str = r#"kind: workflow
@@ -389,7 +380,7 @@ impl Fixture {
                 tenant,
                 files: vec![v1::DefinitionFile {
                     path: "x.yaml".into(),
-                    content: YAML.into(),
+                    content: crate::common::CREATE_AGENT.into(),
                 }],
             }
             .encode_to_vec(),
@@ -675,11 +666,11 @@ async fn seed(coord: &Coordinator) -> (String, String, u32) {
                 vec![
                     SourceFile {
                         path: "x.tools.abl".into(),
-                        content: TOOLS.into(),
+                        content: crate::common::CREATE_TOOL.into(),
                     },
                     SourceFile {
                         path: "x.yaml".into(),
-                        content: YAML.into(),
+                        content: crate::common::CREATE_AGENT.into(),
                     },
                     SourceFile {
                         path: "early.yaml".into(),
@@ -716,62 +707,14 @@ async fn seed(coord: &Coordinator) -> (String, String, u32) {
 
 /// Every row of every table but the migrations', sorted.
 async fn snapshot(db: &TestDb) -> BTreeMap<String, Vec<String>> {
+    let raw = db.raw().await;
     let mut out = BTreeMap::new();
-    match db.backend {
-        Backend::Postgres => {
-            let pool = sqlx::PgPool::connect(&db.url).await.expect("pool");
-            let tables: Vec<(String,)> = sqlx::query_as(
-                "SELECT table_name::text FROM information_schema.tables
-                 WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations'",
-            )
-            .fetch_all(&pool)
-            .await
-            .expect("tables");
-            for (t,) in tables {
-                let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "SELECT to_jsonb(x)::text FROM {t} x"
-                )))
-                .fetch_all(&pool)
-                .await
-                .expect("rows");
-                let mut rows: Vec<String> = rows.into_iter().map(|r| r.0).collect();
-                rows.sort();
-                out.insert(t, rows);
-            }
-            pool.close().await;
-        }
-        Backend::Sqlite => {
-            let pool = sqlx::SqlitePool::connect(&db.url).await.expect("pool");
-            let tables: Vec<(String,)> = sqlx::query_as(
-                "SELECT name FROM sqlite_master WHERE type = 'table'
-                 AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
-            )
-            .fetch_all(&pool)
-            .await
-            .expect("tables");
-            for (t,) in tables {
-                let columns: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "SELECT name FROM pragma_table_info('{t}') ORDER BY cid"
-                )))
-                .fetch_all(&pool)
-                .await
-                .expect("columns");
-                let quoted: Vec<String> =
-                    columns.iter().map(|(c,)| format!("quote({c})")).collect();
-                let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "SELECT json_array({}) FROM {t}",
-                    quoted.join(", ")
-                )))
-                .fetch_all(&pool)
-                .await
-                .expect("rows");
-                let mut rows: Vec<String> = rows.into_iter().map(|r| r.0).collect();
-                rows.sort();
-                out.insert(t, rows);
-            }
-            pool.close().await;
-        }
+    for table in raw.tables().await {
+        let mut rows = raw.dump(&table, "1").await;
+        rows.sort();
+        out.insert(table, rows);
     }
+    raw.close().await;
     out
 }
 

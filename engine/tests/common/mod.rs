@@ -166,6 +166,19 @@ impl TestDb {
     }
 }
 
+/// One `reconcile` HTTP tool, `create` (permission `crm.write`): the
+/// fixture of tests that need a run with a tool.
+pub const CREATE_TOOL: &str = r#"TOOLS:
+  create(email: string) -> {id: string}
+    description: "create"
+    type: http
+    endpoint: "/create"
+    permission: crm.write
+    repeat_safety: reconcile
+"#;
+/// An agent `a` that may call `create`, and a workflow `w` of that agent.
+pub const CREATE_AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
+
 /// A coordinator on `store` (60 s leases, a sweep a second) with, for each
 /// of `tenants`, `tools` (a `.tools.abl`) and `yaml` (agents and workflows)
 /// registered and `grants` granted to the tenant.
@@ -348,6 +361,27 @@ impl Raw {
                 rows.into_iter().map(|r| r.0).collect()
             }
         }
+    }
+
+    /// The names of every table but sqlx's migration record.
+    pub async fn tables(&self) -> Vec<String> {
+        let rows: Vec<(String,)> = match self {
+            Raw::Pg(pool) => sqlx::query_as(
+                "SELECT table_name::text FROM information_schema.tables
+                 WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations'",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("tables"),
+            Raw::Lite(pool) => sqlx::query_as(
+                "SELECT name FROM sqlite_master WHERE type = 'table'
+                 AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("tables"),
+        };
+        rows.into_iter().map(|r| r.0).collect()
     }
 
     /// Close the connections.
