@@ -35,6 +35,7 @@ macro_rules! out {
 }
 
 mod dev;
+mod health;
 mod keys;
 
 use std::path::PathBuf;
@@ -96,6 +97,10 @@ enum Command {
     /// Run an engine (gRPC API, admin endpoint) and a worker in one process,
     /// on a SQLite file by default; stops on Ctrl-C or SIGTERM.
     Dev(Box<dev::DevArgs>),
+    /// Probe an engine's gRPC health (or, with --url, an HTTP readiness
+    /// route such as a worker's /readyz): exit 0 when serving, 1 otherwise.
+    /// The container images' HEALTHCHECK.
+    Health(health::HealthArgs),
     #[command(flatten)]
     Client(Cmd),
 }
@@ -642,6 +647,10 @@ async fn watch(client: &Client, run_id: &str, after: u64, as_json: bool) -> Resu
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let command = match cli.command {
         Command::Dev(args) => return dev::run(*args, cli.admin_token, cli.api_key).await,
+        Command::Health(args) => {
+            let (_, conn) = engine_client(&cli.engine_url, None, cli.ca_file, &cli.tenant)?;
+            return health::run(args, &conn).await;
+        }
         Command::Client(command) => command,
     };
     let (client, conn) = engine_client(&cli.engine_url, cli.api_key, cli.ca_file, &cli.tenant)?;

@@ -1,0 +1,119 @@
+{{/*
+Names and labels, as `helm create` makes them, plus the component parts.
+*/}}
+{{- define "belay.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's prefix of resource names (at most 63 characters; the
+components add at most "-migrations", so it is cut at 52).
+*/}}
+{{- define "belay.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "belay.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "belay.labels" -}}
+helm.sh/chart: {{ include "belay.chart" . }}
+{{ include "belay.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "belay.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "belay.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selector labels of one component: include with (list $ "engine"). */}}
+{{- define "belay.componentSelectorLabels" -}}
+{{ include "belay.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "belay.componentLabels" -}}
+{{ include "belay.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "belay.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "belay.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret the pods read: the user's, or the chart's. */}}
+{{- define "belay.secretName" -}}
+{{- default (printf "%s-secrets" (include "belay.fullname" .)) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* image: include with (list $ .Values.engine.image). */}}
+{{- define "belay.image" -}}
+{{- $root := index . 0 }}
+{{- $image := index . 1 }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+
+{{/* The engine's gRPC URL as workers and the health probe reach it. */}}
+{{- define "belay.engineUrl" -}}
+{{- printf "%s://%s-engine:50051" (ternary "https" "http" .Values.engine.tls.enabled) (include "belay.fullname" .) }}
+{{- end }}
+
+{{/* An env entry from the Secret: include with (list $ "NAME" "keyField" optional). */}}
+{{- define "belay.secretEnv" -}}
+{{- $root := index . 0 }}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "belay.secretName" $root }}
+      key: {{ index $root.Values.secrets.keys (index . 2) }}
+      optional: {{ index . 3 }}
+{{- end }}
+
+{{/* The database URL is required: in a Secret of yours, or as a value. */}}
+{{- define "belay.checkSecrets" -}}
+{{- if and (not .Values.secrets.existingSecret) (not .Values.secrets.databaseUrl) }}
+{{- fail "secrets.databaseUrl is empty: give the PostgreSQL URL (postgres://USER:PASSWORD@HOST:5432/DB) or secrets.existingSecret" }}
+{{- end }}
+{{- if and .Values.engine.tls.enabled (not .Values.engine.tls.existingSecret) }}
+{{- fail "engine.tls.enabled needs engine.tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt" }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes of the TLS Secret and a writable /tmp. */}}
+{{- define "belay.volumes" -}}
+- name: tmp
+  emptyDir: {}
+{{- if .Values.engine.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ .Values.engine.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "belay.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.engine.tls.enabled }}
+- name: tls
+  mountPath: /etc/belay/tls
+  readOnly: true
+{{- end }}
+{{- end }}
