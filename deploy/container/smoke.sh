@@ -80,8 +80,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Four free ports on 127.0.0.1: gRPC, admin, worker health, and a spare.
-read -r grpc_port admin_port health_port _ < <(python3 - <<'EOF'
+# Four free ports on 127.0.0.1: gRPC, admin, worker health, callbacks (the
+# workflow's `kyc_check` is `type: async_webhook`).
+read -r grpc_port admin_port health_port callback_port < <(python3 - <<'EOF'
 import socket
 socks = [socket.socket() for _ in range(4)]
 for s in socks:
@@ -115,7 +116,7 @@ cat >"$work/engine.env" <<EOF
 DATABASE_URL=$database_url
 BELAY_LISTEN=127.0.0.1:$grpc_port
 BELAY_ADMIN_LISTEN=127.0.0.1:$admin_port
-BELAY_CALLBACK_LISTEN=
+BELAY_CALLBACK_LISTEN=127.0.0.1:$callback_port
 BELAY_ENGINE_URL=$engine_url
 BELAY_ADMIN_TOKENS=smoke:$token
 EOF
@@ -123,9 +124,12 @@ podman run --rm --network host --env-file "$work/engine.env" "$engine_image" mig
   >"$logs/smoke-migrate.log" 2>&1 || { cat "$logs/smoke-migrate.log" >&2; exit 1; }
 phase "migrations (belay-engine migrate container)"
 
-podman run -d --name "$engine" --network host --env-file "$work/engine.env" "$engine_image" >/dev/null
+podman run -d --name "$engine" --health-interval=disable --network host --env-file "$work/engine.env" "$engine_image" >/dev/null
 
-# Waits until the container's own HEALTHCHECK passes (60 s at most).
+# Waits until the container's own HEALTHCHECK passes (60 s at most). The
+# containers run with --health-interval=disable: podman's timers need
+# systemd, which a CI container lacks; `podman healthcheck run` runs the
+# image's check all the same.
 await_healthy() { # CONTAINER
   local deadline=$((SECONDS + 60))
   until podman healthcheck run "$1" >/dev/null 2>&1; do
@@ -152,7 +156,7 @@ BELAY_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8
 BELAY_WORKER_HEALTH_LISTEN=127.0.0.1:$health_port
 BELAY_HEALTH_URL=http://127.0.0.1:$health_port/readyz
 EOF
-podman run -d --name "$worker" --network host --env-file "$work/worker.env" "$worker_image" >/dev/null
+podman run -d --name "$worker" --health-interval=disable --network host --env-file "$work/worker.env" "$worker_image" >/dev/null
 await_healthy "$worker"
 phase "worker healthy (belay health: /readyz 200)"
 
