@@ -44,7 +44,10 @@ pub async fn run(args: HealthArgs, options: &ConnectOptions) -> anyhow::Result<(
     };
     match tokio::time::timeout(args.timeout, probe).await {
         Ok(result) => result,
-        Err(_) => bail!("no answer within {}", humantime::format_duration(args.timeout)),
+        Err(_) => bail!(
+            "no answer within {}",
+            humantime::format_duration(args.timeout)
+        ),
     }
 }
 

@@ -63,7 +63,10 @@ async fn belay_health_says_serving_for_an_engine_and_fails_naming_a_dead_url() -
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    ensure!(stdout.trim() == format!("{url}: SERVING"), "printed {stdout:?}");
+    ensure!(
+        stdout.trim() == format!("{url}: SERVING"),
+        "printed {stdout:?}"
+    );
 
     let dead = format!("http://127.0.0.1:{}", free_port()?);
     let line = unhealthy(&health(&["--engine-url", &dead, "--timeout", "2s"]).await?)?;
@@ -100,10 +103,16 @@ async fn belay_health_url_follows_a_workers_readyz() -> Result<()> {
             break line;
         }
         ensure!(line.contains(&readyz), "{line}");
-        ensure!(tokio::time::Instant::now() < deadline, "never answered: {line}");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "never answered: {line}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    ensure!(line.contains("reason"), "the 503's reason is printed: {line}");
+    ensure!(
+        line.contains("reason"),
+        "the 503's reason is printed: {line}"
+    );
     drop(lonely);
 
     // A worker of the env's engine: ready once its first claim is answered.
@@ -119,7 +128,10 @@ async fn belay_health_url_follows_a_workers_readyz() -> Result<()> {
         let out = health(&["--url", &readyz]).await?;
         if out.status.success() {
             let stdout = String::from_utf8_lossy(&out.stdout);
-            ensure!(stdout.trim() == format!("{readyz}: 200 OK"), "printed {stdout:?}");
+            ensure!(
+                stdout.trim() == format!("{readyz}: 200 OK"),
+                "printed {stdout:?}"
+            );
             return Ok(());
         }
         ensure!(
