@@ -6,9 +6,9 @@
 
 #[cfg(feature = "grpc")]
 pub mod connect;
+pub mod pools;
 #[cfg(feature = "grpc")]
 pub mod signal;
-pub mod pools;
 pub mod wire;
 
 /// Generated messages, clients and servers of package `belay.v1`

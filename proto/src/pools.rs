@@ -142,13 +142,17 @@ fn normalize(mut tags: Vec<String>) -> Vec<String> {
     tags
 }
 
+/// A function from a name to its tag ([`mcp_tag`], …).
+#[cfg(feature = "grpc")]
+type TagOf = fn(&str) -> String;
+
 /// The tags of a worker's capabilities (sorted, no duplicates). Errors: a
 /// name that cannot be a tag (empty, or with a control character or
 /// whitespace), or a pool name [`check_pool_name`] refuses, naming the field.
 #[cfg(feature = "grpc")]
 pub fn capability_tags(caps: &crate::v1::WorkerCapabilities) -> Result<Vec<String>, String> {
     let mut tags = Vec::new();
-    let lists: [(&str, &[String], fn(&str) -> String); 4] = [
+    let lists: [(&str, &[String], TagOf); 4] = [
         ("mcp_servers", &caps.mcp_servers, mcp_tag),
         ("model_providers", &caps.model_providers, model_provider_tag),
         ("sandbox_runtimes", &caps.sandbox_runtimes, sandbox_tag),
@@ -156,7 +160,10 @@ pub fn capability_tags(caps: &crate::v1::WorkerCapabilities) -> Result<Vec<Strin
     ];
     for (field, names, tag) in lists {
         for name in names {
-            if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            if name.is_empty()
+                || name.len() > 256
+                || name.chars().any(|c| c.is_control() || c.is_whitespace())
+            {
                 return Err(format!(
                     "`capabilities.{field}` holds {name:?}: a name must be 1 to 256 characters without whitespace"
                 ));
@@ -231,7 +238,11 @@ mod tests {
             assert!(check_pool_name(bad).is_err(), "{bad}");
         }
         let long = "a".repeat(64);
-        assert!(check_pool_name(&long).unwrap_err().contains("longer than 63"));
+        assert!(
+            check_pool_name(&long)
+                .expect_err("refused")
+                .contains("longer than 63")
+        );
     }
 
     #[test]
@@ -255,18 +266,31 @@ mod tests {
             pool: "gpu".into(),
         };
         assert_eq!(
-            capability_tags(&caps).unwrap(),
-            ["http_base_url", "mcp:time", "model_provider:openai", "pool:gpu"]
+            capability_tags(&caps).expect("valid"),
+            [
+                "http_base_url",
+                "mcp:time",
+                "model_provider:openai",
+                "pool:gpu"
+            ]
         );
         let bad = crate::v1::WorkerCapabilities {
             mcp_servers: vec!["a b".into()],
             ..caps.clone()
         };
-        assert!(capability_tags(&bad).unwrap_err().contains("capabilities.mcp_servers"));
+        assert!(
+            capability_tags(&bad)
+                .expect_err("refused")
+                .contains("capabilities.mcp_servers")
+        );
         let bad = crate::v1::WorkerCapabilities {
             pool: "GPU".into(),
             ..caps
         };
-        assert!(capability_tags(&bad).unwrap_err().contains("capabilities.pool"));
+        assert!(
+            capability_tags(&bad)
+                .expect_err("refused")
+                .contains("capabilities.pool")
+        );
     }
 }

@@ -25,7 +25,8 @@ use belay_proto::v1::worker_service_client::WorkerServiceClient;
 use belay_proto::v1::{
     ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, DispatchToolCallResponse,
     FailTaskRequest, FailureClass, HeartbeatRequest, LeaseStatus, McpToolListing,
-    ReportMcpToolsRequest, RequestToolInputRequest, SecretValue, Task, TaskLease, WorkerCapabilities,
+    ReportMcpToolsRequest, RequestToolInputRequest, SecretValue, Task, TaskLease,
+    WorkerCapabilities,
 };
 
 use crate::placeholders::SecretValues;

@@ -90,7 +90,6 @@ pub use results::{
 };
 pub use runs::{MAX_SIGNAL_BYTES, StartRun};
 
-
 pub use pools::LIVE_LEASES;
 pub use uncertain::UncertainFilter;
 

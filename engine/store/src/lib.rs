@@ -126,8 +126,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
+pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};
 pub use rows::{
     ClaimedTask, DefinitionRow, EventRow, ExpiredLease, McpPinTask, McpToolDefinitionRow,

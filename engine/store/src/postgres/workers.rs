@@ -7,6 +7,12 @@ use super::Pg;
 use crate::pools::{LiveWorker, ReadyTask};
 use crate::rows::StoreError;
 
+/// A `workers` row: id, capabilities, tenants.
+type WorkerRow = (String, Option<Vec<String>>, Option<Vec<String>>);
+
+/// A ready task: id, run, tenant, kind, requires.
+type ReadyRow = (Uuid, Uuid, String, String, Vec<String>);
+
 impl Pg {
     /// [`crate::Store::record_worker`].
     pub(crate) async fn record_worker(
@@ -31,7 +37,7 @@ impl Pg {
 
     /// [`crate::Store::live_workers`].
     pub(crate) async fn live_workers(&self, live_ms: i64) -> Result<Vec<LiveWorker>, StoreError> {
-        let rows: Vec<(String, Option<Vec<String>>, Option<Vec<String>>)> = sqlx::query_as(
+        let rows: Vec<WorkerRow> = sqlx::query_as(
             "SELECT worker_id, capabilities, tenants FROM workers
              WHERE last_claim_at > belay_now() - make_interval(secs => $1::float8 / 1000.0)
              ORDER BY worker_id",
@@ -58,7 +64,7 @@ impl Pg {
         live_ms: i64,
         limit: i64,
     ) -> Result<Vec<ReadyTask>, StoreError> {
-        let rows: Vec<(Uuid, Uuid, String, String, Vec<String>)> = sqlx::query_as(concat!(
+        let rows: Vec<ReadyRow> = sqlx::query_as(concat!(
             "WITH live AS MATERIALIZED (
                  SELECT capabilities, tenants FROM workers
                  WHERE last_claim_at > belay_now() - make_interval(secs => $2::float8 / 1000.0))

@@ -12,8 +12,9 @@ use crate::rows::StoreError;
 /// A stored JSON array of strings (`None` stays `None`).
 fn strings(json: Option<String>, column: &str) -> Result<Option<Vec<String>>, StoreError> {
     json.map(|j| {
-        serde_json::from_str(&j)
-            .map_err(|e| StoreError::Corrupt(format!("`{column}` is not a JSON array of strings: {e}")))
+        serde_json::from_str(&j).map_err(|e| {
+            StoreError::Corrupt(format!("`{column}` is not a JSON array of strings: {e}"))
+        })
     })
     .transpose()
 }
