@@ -682,3 +682,18 @@ fn loops_that_neither_wait_nor_work_are_refused() {
         assert_eq!(out.errors, vec![], "{breaker}");
     }
 }
+
+#[test]
+fn an_agent_names_a_provider_and_a_pool_checked_where_they_are() {
+    let out = parse(&agent("provider: anthropic\npool: gpu\n"));
+    assert_eq!(out.errors, vec![]);
+    assert_eq!(out.agents[0].provider.as_deref(), Some("anthropic"));
+    assert_eq!(out.agents[0].pool.as_deref(), Some("gpu"));
+    assert_eq!(
+        errors(&agent("provider: claude\npool: \"a b\"\n")),
+        [
+            "5:11: unknown `provider: claude` (expected `openai` or `anthropic`)",
+            "6:7: pool name `a b` must be lower case letters, digits, `-` and `_`, starting with a letter"
+        ]
+    );
+}
