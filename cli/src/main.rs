@@ -568,6 +568,29 @@ fn print_run(r: &Run, as_json: bool) {
     outln!("created   {}  updated {}", r.created_at, r.updated_at);
 }
 
+/// `belay run get`: the run, then each ready task no live worker can take
+/// (`unclaimable <kind> <task id>: <reason>`; in JSON, `unclaimable`).
+async fn print_run_detail(client: &Client, run_id: &str, as_json: bool) -> Result<(), SdkError> {
+    let (run, unclaimable) = client.get_run_detail(run_id).await?;
+    if as_json {
+        let mut v = run_json(&run);
+        v["unclaimable"] = unclaimable
+            .iter()
+            .map(|t| {
+                json!({"task_id": t.task_id, "kind": t.kind, "requires": t.requires,
+                       "missing": t.missing, "reason": t.reason})
+            })
+            .collect();
+        outln!("{v}");
+        return Ok(());
+    }
+    print_run(&run, false);
+    for t in &unclaimable {
+        outln!("unclaimable {} {}: {}", t.kind, t.task_id, t.reason);
+    }
+    Ok(())
+}
+
 fn read_input(input: &str) -> Result<Value, SdkError> {
     read_json(input, "--input")
 }
@@ -906,7 +929,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 print_run(&client.get_run(&r.run_id).await?, as_json);
             }
         }
-        Cmd::Run(RunCmd::Get { run_id }) => print_run(&client.get_run(&run_id).await?, as_json),
+        Cmd::Run(RunCmd::Get { run_id }) => print_run_detail(&client, &run_id, as_json).await?,
         Cmd::Run(RunCmd::List {
             status,
             page_size,

@@ -56,6 +56,17 @@ fn ts(t: &chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
+/// A ready task no live worker can take, as `GetRun` shows it.
+fn unclaimable_msg(t: crate::store::UnclaimableTask) -> v1::UnclaimableTask {
+    v1::UnclaimableTask {
+        task_id: t.task_id.to_string(),
+        kind: t.kind,
+        requires: t.requires,
+        missing: t.missing,
+        reason: t.reason,
+    }
+}
+
 fn run_msg(r: RunRow) -> v1::Run {
     v1::Run {
         run_id: r.run_id.to_string(),
@@ -208,8 +219,11 @@ impl RunService for Api {
             .coord
             .get_run(&p.tenant_for(&r.tenant)?, &r.run_id)
             .await?;
+        // The run is the caller's tenant's (get_run checked): so are its tasks.
+        let unclaimable = self.coord.unclaimable_tasks(Some(run.run_id)).await?;
         Ok(Response::new(v1::GetRunResponse {
             run: Some(run_msg(run)),
+            unclaimable: unclaimable.into_iter().map(unclaimable_msg).collect(),
         }))
     }
 
@@ -597,14 +611,22 @@ impl WorkerService for Api {
         let p = principal(&req)?;
         let r = req.into_inner();
         let lease_ms = self.coord.lease_ms();
+        // Tags, not the message, go to the store; a worker that sends none
+        // (older than worker pools) claims any task, as before.
+        let capabilities = r
+            .capabilities
+            .as_ref()
+            .map(belay_proto::pools::capability_tags)
+            .transpose()
+            .map_err(CoordinatorError::InvalidArgument)?;
+        let tenants = p.tenants.to_stored();
+        let filter = crate::store::ClaimFilter {
+            tenants: tenants.as_deref(),
+            capabilities: capabilities.as_deref(),
+        };
         let tasks = self
             .coord
-            .claim_for(
-                &worker_id(&p, &r.worker_id),
-                r.max_tasks,
-                r.wait_ms,
-                p.tenants.to_stored().as_deref(),
-            )
+            .claim_matching(&worker_id(&p, &r.worker_id), r.max_tasks, r.wait_ms, filter)
             .await?;
         // A long poll outlives its authentication: a key revoked while it
         // waited gets nothing. What it claimed stays leased to it, never

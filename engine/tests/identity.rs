@@ -321,6 +321,7 @@ async fn a_revoked_worker_key_stops_at_its_next_claim(backend: Backend) {
                 worker_id: "w9".into(),
                 max_tasks: 4,
                 wait_ms: 0,
+                capabilities: None,
             },
             key,
         )

@@ -348,6 +348,7 @@ async fn a_failed_transition_writes_nothing(backend: Backend) {
         idempotency_key: format!("k/{call_id}"),
         repeat_safety: None,
         runs_while_paused: false,
+        requires: Vec::new(),
     };
     let (a, b) = (schedule("dup"), schedule("dup"));
     let err = env
@@ -449,6 +450,7 @@ async fn concurrent_claims_hand_each_ready_task_to_exactly_one_worker(backend: B
                                 idempotency_key: format!("{run}/{prefix}{i}"),
                                 repeat_safety: None,
                                 runs_while_paused: while_paused,
+                                requires: Vec::new(),
                             })
                             .collect(),
                     })

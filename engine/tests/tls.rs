@@ -502,6 +502,7 @@ async fn a_client_certificate_proves_the_principal_that_names_its_subject() {
                 worker_id: "w1".into(),
                 max_tasks: 1,
                 wait_ms: 0,
+                capabilities: None,
             })
             .await
     };

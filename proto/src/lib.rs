@@ -1,10 +1,12 @@
 //! Belay's wire contract: the gRPC package `belay.v1` generated from
 //! `proto/belay/v1/belay.proto`, and the JSON documents ([`wire`]) that travel
 //! inside its `*_json` fields between engine and workers; and [`connect`],
-//! the one way clients reach an engine (TLS, API key; feature `grpc`).
+//! the one way clients reach an engine (TLS, API key; feature `grpc`); and
+//! [`pools`], the tags of a task's requirements and a worker's capabilities.
 
 #[cfg(feature = "grpc")]
 pub mod connect;
+pub mod pools;
 #[cfg(feature = "grpc")]
 pub mod signal;
 pub mod wire;

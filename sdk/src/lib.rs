@@ -17,7 +17,7 @@ use serde_json::Value;
 
 pub use belay_proto::connect::{AuthChannel, ConnectError, ConnectOptions};
 
-pub use belay_proto::v1::{Definition, Run, RunEvent};
+pub use belay_proto::v1::{Definition, Run, RunEvent, UnclaimableTask};
 
 /// Largest gRPC message the client sends or accepts, bytes (64 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -284,6 +284,15 @@ impl Client {
 
     /// One run.
     pub async fn get_run(&self, run_id: &str) -> Result<Run, SdkError> {
+        Ok(self.get_run_detail(run_id).await?.0)
+    }
+
+    /// One run, with its ready tasks that no live worker can take (worker
+    /// pools: each says which requirement no live worker has).
+    pub async fn get_run_detail(
+        &self,
+        run_id: &str,
+    ) -> Result<(Run, Vec<UnclaimableTask>), SdkError> {
         let resp = self
             .runs
             .clone()
@@ -293,9 +302,10 @@ impl Client {
             })
             .await?
             .into_inner();
-        Ok(resp
+        let run = resp
             .run
-            .ok_or_else(|| tonic::Status::internal("GetRun returned no run"))?)
+            .ok_or_else(|| tonic::Status::internal("GetRun returned no run"))?;
+        Ok((run, resp.unclaimable))
     }
 
     /// A page of runs; returns the runs and the next page token ("" on the last page).

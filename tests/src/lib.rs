@@ -717,16 +717,24 @@ impl Env {
         engine: usize,
         mcp_config: &Value,
     ) -> Result<usize> {
+        self.start_worker_with_mcp_and(engine, mcp_config, &[])
+            .await
+    }
+
+    /// [`Env::start_worker_with_mcp`] with `extra` flags (e.g. `--pool`).
+    pub async fn start_worker_with_mcp_and(
+        &mut self,
+        engine: usize,
+        mcp_config: &Value,
+        extra: &[&str],
+    ) -> Result<usize> {
         let dir = std::env::temp_dir().join("belay-test-logs");
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(format!("mcp-{}.json", uuid::Uuid::new_v4().simple()));
         std::fs::write(&path, serde_json::to_vec_pretty(mcp_config)?)?;
-        self.spawn_worker(
-            engine,
-            &["--mcp-config".into(), path.display().to_string()],
-            &[],
-        )
-        .await
+        let mut args = vec!["--mcp-config".to_owned(), path.display().to_string()];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        self.spawn_worker(engine, &args, &[]).await
     }
 
     /// A worker on engine `engine` with the example's model and CRM, plus

@@ -27,8 +27,8 @@ const LONG_FILES: &[(&str, usize)] = &[
 /// with their length as a ceiling, as [`LONG_FILES`].
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("cli/src/main.rs::run", 307),
-    ("engine/definitions/src/abl/tool.rs::parse_tool", 530),
-    ("engine/definitions/src/abl/read_props.rs::read_props", 488),
+    ("engine/definitions/src/abl/tool.rs::parse_tool", 531),
+    ("engine/definitions/src/abl/read_props.rs::read_props", 496),
     (
         "engine/definitions/src/abl/parameters.rs::finish_source",
         270,
@@ -39,18 +39,18 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/machine/src/decide.rs::decide", 387),
     (
         "engine/machine/src/step/proposal.rs::check_and_schedule",
-        284,
+        287,
     ),
-    ("engine/machine/src/step/failure.rs::on_failure", 283),
+    ("engine/machine/src/step/failure.rs::on_failure", 287),
     ("engine/machine/src/step/graph.rs::try_start_node", 204),
     ("engine/src/admin/openapi.rs::schemas", 284),
     (
         "engine/store/src/postgres/write_decision.rs::write_decision",
-        456,
+        460,
     ),
     (
         "engine/store/src/sqlite/write_decision.rs::write_decision",
-        465,
+        467,
     ),
     ("sdk/src/lib.rs::timeline_line", 267),
 ];

@@ -191,6 +191,11 @@ pub struct WorkerConfig {
     /// Where the sandbox runtimes are and the default limits of `type:
     /// sandbox` tools (`--sandbox-*` flags). Added for issue 4.
     pub sandbox: crate::sandbox_tool::SandboxConfig,
+    /// The worker pool this worker serves (`--pool`, `BELAY_WORKER_POOL`):
+    /// it also claims the tasks of tools and agents that name it
+    /// (`pool:`). `None`: only tasks that name no pool. Added for worker
+    /// pools (issue 21).
+    pub pool: Option<String>,
 }
 
 impl WorkerConfig {
@@ -212,6 +217,7 @@ impl WorkerConfig {
             tls_profiles: Default::default(),
             health: crate::health::HealthState::default(),
             sandbox: Default::default(),
+            pool: None,
         }
     }
 

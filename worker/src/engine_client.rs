@@ -26,6 +26,7 @@ use belay_proto::v1::{
     ClaimTasksRequest, CompleteTaskRequest, DispatchToolCallRequest, DispatchToolCallResponse,
     FailTaskRequest, FailureClass, HeartbeatRequest, LeaseStatus, McpToolListing,
     ReportMcpToolsRequest, RequestToolInputRequest, SecretValue, Task, TaskLease,
+    WorkerCapabilities,
 };
 
 use crate::placeholders::SecretValues;
@@ -121,6 +122,10 @@ pub struct EngineClient {
     client: WorkerServiceClient<AuthChannel>,
     worker_id: String,
     retry: RetryPolicy,
+    /// Sent with every claim ([`EngineClient::with_capabilities`]); `None`:
+    /// none, so the engine hands out any task (as to a worker older than
+    /// worker pools).
+    capabilities: Option<WorkerCapabilities>,
 }
 
 impl EngineClient {
@@ -161,6 +166,7 @@ impl EngineClient {
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES),
             worker_id: worker_id.into(),
             retry: RetryPolicy::default(),
+            capabilities: None,
         })
     }
 
@@ -168,6 +174,19 @@ impl EngineClient {
     pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
+    }
+
+    /// The same client, claiming only the tasks `capabilities` cover (the
+    /// engine matches each task's requirements against them:
+    /// `belay_proto::pools`).
+    pub fn with_capabilities(mut self, capabilities: WorkerCapabilities) -> Self {
+        self.capabilities = Some(capabilities);
+        self
+    }
+
+    /// The capabilities sent with every claim, if any.
+    pub fn capabilities(&self) -> Option<&WorkerCapabilities> {
+        self.capabilities.as_ref()
     }
 
     /// This worker's id, sent in every request.
@@ -182,6 +201,7 @@ impl EngineClient {
             worker_id: self.worker_id.clone(),
             max_tasks: max_tasks.clamp(1, 64),
             wait_ms: wait_ms.min(30_000),
+            capabilities: self.capabilities.clone(),
         });
         request.set_timeout(Duration::from_millis(
             u64::from(wait_ms) + CLAIM_EXTRA_TIMEOUT_MS,

@@ -10,6 +10,8 @@
 //! - [`engine_client`]: the gRPC client, with backoff for reports
 //!   ([`EngineClient`]).
 //! - [`runner`]: the claim / heartbeat / perform / report loop ([`run`]).
+//! - [`capabilities`]: what the worker tells the engine it can run, sent
+//!   with every claim (worker pools).
 //! - [`config`]: the settings, [`WorkerConfig`].
 //! - [`placeholders`]: `{{config.NAME}}` values ([`placeholders::ConfigValues`])
 //!   and their one resolver, for HTTP tools and MCP servers.
@@ -273,6 +275,7 @@
 //! completion it gets is in that call's reported usage.
 //!
 
+pub mod capabilities;
 pub mod config;
 pub mod engine_client;
 pub mod health;

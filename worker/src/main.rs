@@ -116,6 +116,11 @@ struct Args {
     list_mcp_resources: Option<String>,
     #[command(flatten)]
     sandbox: belay_worker::sandbox_tool::SandboxArgs,
+    /// The worker pool this worker serves: it claims the tasks of tools
+    /// and agents with `pool: NAME` as well as those naming no pool.
+    /// Lower-case letters, digits, `-` and `_`. Empty: no pool.
+    #[arg(long, env = "BELAY_WORKER_POOL")]
+    pool: Option<String>,
 }
 
 /// `--list-mcp-resources SERVER`: connects to that server only and prints
@@ -229,6 +234,7 @@ async fn main() -> anyhow::Result<()> {
         tls_profiles,
         health: belay_worker::health::HealthState::default(),
         sandbox: args.sandbox.into_config(),
+        pool: args.pool.filter(|p| !p.is_empty()),
     };
     // The health endpoint outlives the claim loop's shutdown (it says
     // "stopping") and ends with the process.

@@ -113,6 +113,12 @@ pub async fn run_with_engine(
     let health = config.health.clone();
     health.set_worker_id(engine.worker_id());
     let sandbox = SandboxTools::start(config.sandbox.clone()).await;
+    let engine = match engine.capabilities() {
+        Some(_) => engine,
+        None => engine.with_capabilities(
+            crate::capabilities::of(&config, &sandbox).map_err(anyhow::Error::msg)?,
+        ),
+    };
     let ctx = Arc::new(Ctx {
         engine,
         model,

@@ -329,6 +329,24 @@ impl SandboxTools {
         }
     }
 
+    /// The runtimes this worker can run (each found, with bwrap and
+    /// prlimit): what it tells the engine it has.
+    pub fn runtimes(&self) -> Vec<SandboxRuntime> {
+        [SandboxRuntime::Javascript, SandboxRuntime::Python]
+            .into_iter()
+            .filter(|r| {
+                self.check(&SandboxBinding {
+                    runtime: *r,
+                    code: String::new(),
+                    params: Vec::new(),
+                    timeout_ms: None,
+                    memory_mb: None,
+                })
+                .is_ok()
+            })
+            .collect()
+    }
+
     /// Whether this worker can run `binding` (its runtime, bwrap and
     /// prlimit were found), checked before dispatch.
     pub fn check(&self, binding: &SandboxBinding) -> Result<(), SandboxError> {

@@ -517,6 +517,11 @@ pub struct ToolDef {
     /// string argument). Only on `reconcile` tools. Added after v0.1.
     #[serde(default)]
     pub reconcile_with: Option<String>,
+    /// `pool:`: the worker pool its calls go to (only workers started with
+    /// `--pool <name>` claim them; `belay_proto::pools`). `None`: any
+    /// worker. Added for worker pools (issue 21).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// `type:` and its binding properties.
     pub binding: ToolBindingDef,
     /// `scrub_secrets:` (default `true`): secrets in the tool's results
@@ -917,6 +922,16 @@ pub struct AgentDef {
     pub name: String,
     /// Provider model name.
     pub model: String,
+    /// `provider:`: the model API its calls need (`openai` or `anthropic`;
+    /// only workers speaking it claim them). `None`: any worker. Added for
+    /// worker pools (issue 21).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// `pool:`: the worker pool its model calls go to (its tool calls go
+    /// where each tool's own `pool:` says). `None`: any worker. Added for
+    /// worker pools (issue 21).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// System instructions.
     pub instructions: String,
     /// Names of tools the agent may propose (the node's list).

@@ -424,7 +424,7 @@ fn every_error_of_every_file_in_order() {
             // `broken` has errors of its own but is declared, so the
             // agent listing it gets no extra error; `ghost` does.
             "z.yaml:5:22: unknown tool `ghost`: not declared in this bundle nor registered",
-            "z.yaml:6:1: unknown key `extra` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction)",
+            "z.yaml:6:1: unknown key `extra` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction, provider, pool)",
             "z.yaml:9:7: agent `a` is already declared at z.yaml:2",
             "a.tools.abl:1:1: this file appears twice in the bundle",
             "b.tools.abl:2:3: tool `dup` is already declared at a.tools.abl:2",

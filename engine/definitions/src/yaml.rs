@@ -45,6 +45,8 @@ const AGENT_KEYS: &[&str] = &[
     "on_tool_failure",
     "output_schema",
     "pii_redaction",
+    "provider",
+    "pool",
 ];
 const WORKFLOW_KEYS: &[&str] = &["kind", "name", "input_schema", "start", "nodes", "budget"];
 const AGENT_NODE_KEYS: &[&str] = &["id", "type", "agent", "input", "grants", "next"];
@@ -681,6 +683,10 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         .get("pii_redaction")
         .map(|n| parse_pii_redaction(n, cx))
         .unwrap_or_default();
+    let provider = map
+        .get_present("provider")
+        .and_then(|n| agent_provider(n, cx));
+    let pool = map.get_present("pool").and_then(|n| pool_name(n, cx));
     map.finish("an agent", AGENT_KEYS, cx);
     cx.out.tool_refs.extend(tools.iter().cloned());
     if !imports.is_empty() {
@@ -697,6 +703,8 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
     cx.out.agents.push(AgentDef {
         name: name_at.name,
         model,
+        provider,
+        pool,
         instructions,
         tools: tools.into_iter().map(|n| n.name).collect(),
         grants: grants.into_iter().map(|n| n.name).collect(),
@@ -715,6 +723,38 @@ fn parse_agent(doc: &Node, mut map: MapView<'_>, cx: &mut Cx<'_>) {
         source_file: cx.file.to_string(),
         source_line: pos(doc).0,
     });
+}
+
+/// An agent's `provider:`: one of [`belay_proto::pools::MODEL_PROVIDERS`].
+fn agent_provider(node: &Node, cx: &mut Cx<'_>) -> Option<String> {
+    let s = string(node, "provider", cx)?;
+    if belay_proto::pools::MODEL_PROVIDERS.contains(&s.as_str()) {
+        return Some(s);
+    }
+    cx.error_at(
+        node,
+        format!(
+            "unknown `provider: {s}` (expected {})",
+            belay_proto::pools::MODEL_PROVIDERS
+                .iter()
+                .map(|p| format!("`{p}`"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    );
+    None
+}
+
+/// A `pool:` ([`belay_proto::pools::check_pool_name`]).
+fn pool_name(node: &Node, cx: &mut Cx<'_>) -> Option<String> {
+    let s = string(node, "pool", cx)?;
+    match belay_proto::pools::check_pool_name(&s) {
+        Ok(()) => Some(s),
+        Err(m) => {
+            cx.error_at(node, m);
+            None
+        }
+    }
 }
 
 /// An agent's `pii_redaction:`: `true` (every kind), `false` (off), or a

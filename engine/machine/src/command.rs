@@ -87,6 +87,10 @@ pub enum Command {
         repeat_safety: Option<RepeatSafety>,
         /// Claimable while the run is paused (reconcile probes).
         runs_while_paused: bool,
+        /// What a worker needs to claim it: the tags of
+        /// `belay_proto::pools` (sorted; empty: any worker). Added for
+        /// worker pools (issue 21).
+        requires: Vec<String>,
     },
     /// Give a task a new spec, with a new idempotency key (an operator's
     /// retry of a call that surely did nothing) or the same one (a

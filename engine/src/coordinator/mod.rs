@@ -76,6 +76,7 @@ use crate::vault::VaultKey;
 
 mod background;
 mod dispatch;
+mod pools;
 mod registry;
 mod results;
 mod runs;
@@ -88,7 +89,8 @@ pub use results::{
     CALLBACK_PATH_PREFIX, CallbackOutcome, MAX_CALLBACK_BYTES, callback_token_sha256,
 };
 pub use runs::{MAX_SIGNAL_BYTES, StartRun};
-use tasks::NothingClaimable;
+
+pub use pools::LIVE_LEASES;
 pub use uncertain::UncertainFilter;
 
 /// Most bytes accepted in a run input or a task result.
@@ -243,8 +245,12 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     tasks_ready: Notify,
     /// What the last claim that left nothing claimable saw, so the next
-    /// claim can skip its statement ([`NothingClaimable`]).
-    nothing_claimable: std::sync::Mutex<Option<NothingClaimable>>,
+    /// claim can skip its statement ([`tasks::NothingClaimable`]), by the
+    /// capability tags it claimed with (`None`: none named).
+    nothing_claimable: std::sync::Mutex<tasks::Memos>,
+    /// When each worker's claim was last written to `workers`
+    /// ([`pools::SeenWorkers`]).
+    workers_seen: std::sync::Mutex<pools::SeenWorkers>,
     run_events: broadcast::Sender<Uuid>,
     /// Outbox rows were written (here or by another replica).
     outbox_ready: Notify,
@@ -356,7 +362,8 @@ impl Coordinator {
             store,
             config,
             tasks_ready: Notify::new(),
-            nothing_claimable: std::sync::Mutex::new(None),
+            nothing_claimable: std::sync::Mutex::new(Default::default()),
+            workers_seen: std::sync::Mutex::new(Default::default()),
             outbox_ready: Notify::new(),
             run_events,
             callback_base_url: std::sync::OnceLock::new(),

@@ -2,10 +2,19 @@
 //! heartbeats, and the fencing every change of a task passes (the attempt,
 //! and the worker holding the lease).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{Coordinator, CoordinatorError, parse_uuid, require};
-use crate::store::{ClaimedTask, TaskRow};
+use crate::store::{ClaimFilter, ClaimedTask, TaskRow};
+
+/// The [`NothingClaimable`] memos of claims of every tenant, one per set of
+/// capability tags claimed with (`None`: a claim naming none).
+pub(super) type Memos = HashMap<Option<Vec<String>>, NothingClaimable>;
+
+/// Most memos kept: a deployment has a few kinds of workers; past this the
+/// map is cleared rather than grown.
+const MAX_MEMOS: usize = 64;
 
 /// How long a claim that found nothing claimable spares the claims after
 /// it their statement, when no wake-up came in between
@@ -66,6 +75,26 @@ impl Coordinator {
         wait_ms: u32,
         tenants: Option<&[String]>,
     ) -> Result<Vec<ClaimedTask>, CoordinatorError> {
+        let filter = ClaimFilter {
+            tenants,
+            capabilities: None,
+        };
+        self.claim_matching(worker_id, max, wait_ms, filter).await
+    }
+
+    /// [`Coordinator::claim_for`] of the tasks `filter` admits: with
+    /// capabilities (the tags of `belay_proto::pools`), only tasks whose
+    /// every requirement is among them. Each claim also notes the worker as
+    /// live, with its capabilities and tenants (`Store::record_worker`, at
+    /// most every half lease).
+    pub async fn claim_matching(
+        &self,
+        worker_id: &str,
+        max: u32,
+        wait_ms: u32,
+        filter: ClaimFilter<'_>,
+    ) -> Result<Vec<ClaimedTask>, CoordinatorError> {
+        let tenants = filter.tenants;
         require("worker_id", worker_id)?;
         if !(1..=64).contains(&max) {
             return Err(CoordinatorError::InvalidArgument(format!(
@@ -84,12 +113,15 @@ impl Coordinator {
             let notified = self.tasks_ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            self.note_worker(worker_id, filter).await?;
             let seq = self.store.tasks_wake_seq();
             let started = tokio::time::Instant::now();
-            // The memo describes every tenant's tasks: a claim limited to
-            // some tenants neither reads nor writes it.
+            // A memo describes every tenant's tasks a set of capabilities
+            // admits: a claim limited to some tenants neither reads nor
+            // writes one.
+            let memo_key = filter.capabilities.map(<[String]>::to_vec);
             let memo = if tenants.is_none() {
-                *self.memo()
+                self.memo().get(&memo_key).copied()
             } else {
                 None
             };
@@ -99,18 +131,18 @@ impl Coordinator {
                 None => {
                     let claimed = self
                         .store
-                        .claim_tasks_or_next(
+                        .claim_matching_or_next(
                             worker_id,
                             max as i64,
                             self.config.lease_ms as i64,
-                            tenants,
+                            filter,
                         )
                         .await;
                     let (tasks, next_ready_ms) = match claimed {
                         Ok(c) => c,
                         Err(e) => {
                             if tenants.is_none() {
-                                *self.memo() = None;
+                                self.memo().remove(&memo_key);
                             }
                             return Err(e.into());
                         }
@@ -118,11 +150,22 @@ impl Coordinator {
                     let next_ready = next_ready_ms
                         .map(|ms| started + Duration::from_millis(ms.max(0) as u64 + 5));
                     if tenants.is_none() {
-                        *self.memo() = (tasks.len() < max as usize).then_some(NothingClaimable {
-                            seq,
-                            at: started,
-                            next_ready,
-                        });
+                        let mut memos = self.memo();
+                        if tasks.len() < max as usize {
+                            if memos.len() >= MAX_MEMOS {
+                                memos.clear();
+                            }
+                            memos.insert(
+                                memo_key,
+                                NothingClaimable {
+                                    seq,
+                                    at: started,
+                                    next_ready,
+                                },
+                            );
+                        } else {
+                            memos.remove(&memo_key);
+                        }
                     }
                     if tasks.len() as u32 == max {
                         // A full batch: more may be ready; let the next claimer look.
@@ -153,7 +196,7 @@ impl Coordinator {
         }
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, Option<NothingClaimable>> {
+    fn memo(&self) -> std::sync::MutexGuard<'_, Memos> {
         // A plain value: a panic while it is held cannot leave it half-written.
         self.nothing_claimable
             .lock()

@@ -114,6 +114,7 @@
 //! `Command::DropRunSecrets` deletes the run's rows. `Store::run_secrets`
 //! lists a run's rows without values (tests, operators).
 
+mod pools;
 mod postgres;
 mod principals;
 mod rows;
@@ -125,6 +126,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};
 pub use rows::{
@@ -560,7 +562,11 @@ impl Store {
         lease_ms: i64,
         tenants: Option<&[String]>,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
-        on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms, tenants).await)
+        let filter = ClaimFilter {
+            tenants,
+            capabilities: None,
+        };
+        on_backend!(self, b => b.claim_tasks(worker_id, max, lease_ms, filter).await)
     }
 
     /// A count that grows whenever tasks may have become claimable in this
@@ -588,7 +594,69 @@ impl Store {
         lease_ms: i64,
         tenants: Option<&[String]>,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
-        on_backend!(self, b => b.claim_tasks_or_next(worker_id, max, lease_ms, tenants).await)
+        let filter = ClaimFilter {
+            tenants,
+            capabilities: None,
+        };
+        self.claim_matching_or_next(worker_id, max, lease_ms, filter)
+            .await
+    }
+
+    /// [`Store::claim_tasks_or_next`] of the tasks `filter` admits: of its
+    /// tenants, and (with capabilities) only tasks whose every requirement
+    /// (`tasks.requires`, the tags of `belay_proto::pools`) is among them;
+    /// the estimate of the next ready task looks at the same tasks.
+    pub async fn claim_matching_or_next(
+        &self,
+        worker_id: &str,
+        max: i64,
+        lease_ms: i64,
+        filter: ClaimFilter<'_>,
+    ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
+        on_backend!(self, b => b.claim_tasks_or_next(worker_id, max, lease_ms, filter).await)
+    }
+
+    /// Note that `worker_id` claimed now (by the engine's clock), with
+    /// these capability tags (`None`: it named none, so it takes any task)
+    /// and for these tenants (`None`: every tenant): one upsert of its
+    /// `workers` row. The coordinator calls it at most every half lease per
+    /// worker.
+    pub async fn record_worker(
+        &self,
+        worker_id: &str,
+        capabilities: Option<&[String]>,
+        tenants: Option<&[String]>,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, b => b.record_worker(worker_id, capabilities, tenants).await)
+    }
+
+    /// The workers whose last claim is less than `live_ms` old by the
+    /// engine's clock, by worker id.
+    pub async fn live_workers(&self, live_ms: i64) -> Result<Vec<LiveWorker>, StoreError> {
+        on_backend!(self, b => b.live_workers(live_ms).await)
+    }
+
+    /// The ready tasks (of run `run_id`, or of every run) that no worker
+    /// live within `live_ms` can take: none that serves the task's tenant
+    /// has every one of its requirements (a worker that named no
+    /// capabilities has them all). Tasks of runs that admit no claim now
+    /// (paused, ended) are left out; tasks waiting out a retry delay are
+    /// in. In claim order, at most `limit`; each with what is missing and
+    /// why. One statement over the ready tasks and the live workers (a
+    /// scan of the ready tasks when `run_id` is `None`: for a gauge read
+    /// every few seconds, not for a hot path).
+    pub async fn unclaimable_tasks(
+        &self,
+        run_id: Option<Uuid>,
+        live_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<UnclaimableTask>, StoreError> {
+        let ready = on_backend!(self, b => b.unclaimable_ready(run_id, live_ms, limit).await)?;
+        if ready.is_empty() {
+            return Ok(Vec::new());
+        }
+        let live = self.live_workers(live_ms).await?;
+        Ok(ready.into_iter().map(|t| t.unclaimable(&live)).collect())
     }
 
     /// Extend the leases a worker still holds (not yet expired, same

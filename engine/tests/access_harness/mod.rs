@@ -399,6 +399,7 @@ impl Fixture {
                 worker_id,
                 max_tasks: 8,
                 wait_ms: 0,
+                capabilities: None,
             }
             .encode_to_vec(),
             "Heartbeat" => v1::HeartbeatRequest {
@@ -499,6 +500,13 @@ impl Fixture {
             worker_id: "wb".into(),
             max_tasks: 8,
             wait_ms: 0,
+            // Capabilities that cover the other tenant's tasks (worker
+            // pools) do not widen the key's tenants.
+            capabilities: Some(v1::WorkerCapabilities {
+                model_providers: vec!["openai".into()],
+                http_base_url: true,
+                ..Default::default()
+            }),
         });
         req.metadata_mut().insert(
             "authorization",

@@ -84,6 +84,8 @@ pub(super) struct Props<'b> {
     pub(super) permission: Option<String>,
     pub(super) repeat_safety: Option<RepeatSafety>,
     pub(super) reconcile_with: Option<NameAt>,
+    /// `pool:`: the worker pool its calls go to.
+    pub(super) pool: Option<String>,
     /// `scrub_secrets: false` (None: the default, true).
     pub(super) scrub_secrets: Option<bool>,
     /// `pii_access:` (`abl/pii.rs`), with the line and column of its value.

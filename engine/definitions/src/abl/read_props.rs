@@ -275,6 +275,14 @@ pub(super) fn read_props<'b>(
                     }
                 }
             }
+            "pool" => {
+                if let Some(s) = scalar(child, &kv, cx) {
+                    match belay_proto::pools::check_pool_name(&s) {
+                        Ok(()) => props.pool = Some(s),
+                        Err(m) => cx.error(line.no, kv.value_col, m),
+                    }
+                }
+            }
             "strict" => {
                 if keyword(child, &kv, &[("true", true), ("false", false)], cx) == Some(true) {
                     props.strict = Some((line.no, kv.value_col));

@@ -785,3 +785,16 @@ fn input_schema_validates_arguments() {
         ]
     );
 }
+
+#[test]
+fn a_tool_names_a_pool_and_a_bad_one_is_refused_where_it_is() {
+    let t = one_tool(&tool_with("ping() -> boolean", "    pool: eu-gpu\n"));
+    assert_eq!(t.pool.as_deref(), Some("eu-gpu"));
+    assert_eq!(one_tool(&tool_with("ping() -> boolean", "")).pool, None);
+    assert_eq!(
+        errors(&tool_with("ping() -> boolean", "    pool: GPU\n")),
+        [
+            "7:11: pool name `GPU` must be lower case letters, digits, `-` and `_`, starting with a letter"
+        ]
+    );
+}

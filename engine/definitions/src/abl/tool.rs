@@ -143,7 +143,7 @@ pub(super) fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>
     check_mcp_props(&props, &name, line, cx);
     sandbox::check(&props, signature.as_ref(), &name, line, cx);
     if props.binding_type == Some(BindingType::Workflow) {
-        for key in ["rate_limit", "circuit_breaker"] {
+        for key in ["rate_limit", "circuit_breaker", "pool"] {
             if props.present.contains(key) {
                 cx.error(
                     line.no,
@@ -488,6 +488,7 @@ pub(super) fn parse_tool(block: &Block, defaults: &FileDefaults, cx: &mut Cx<'_>
         scrub_secrets: props.scrub_secrets.unwrap_or(true),
         pii_access: props.pii_access.map(|(a, _, _)| a).unwrap_or_default(),
         reconcile_with: props.reconcile_with.map(|p| p.name),
+        pool: props.pool,
         binding,
         confirmation: None,
         injected: injected.into_iter().map(|(i, _)| i).collect(),

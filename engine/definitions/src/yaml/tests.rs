@@ -64,6 +64,8 @@ max_output_tokens: 1024
         vec![AgentDef {
             name: "onboarding_agent".into(),
             model: "scripted-onboarding".into(),
+            provider: None,
+            pool: None,
             instructions: "You onboard new customers.\n".into(),
             tools: vec![
                 "lookup_customer".into(),
@@ -353,7 +355,7 @@ fn agent_value_errors() {
             "16:22: `max_tool_attempts` must be a whole number, written without a decimal point",
             "17:3: unknown key `max_tool_retries` in `limits` (expected one of: max_argument_bytes, max_result_bytes, max_model_attempts, max_tool_attempts)",
             "18:20: `max_output_tokens` must be a whole number of at least 1, found \"lots\"",
-            "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction)",
+            "19:1: unknown key `colour` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction, provider, pool)",
         ]
     );
     assert_eq!(
@@ -601,7 +603,7 @@ fn non_string_keys() {
     assert_eq!(
         errors(&agent("1: b\n")),
         vec![
-            "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction)"
+            "5:1: unknown key `1` in an agent (expected one of: kind, name, model, instructions, tools, grants, loop, budget, limits, max_output_tokens, pricing, max_identical_calls, on_tool_failure, output_schema, pii_redaction, provider, pool)"
         ]
     );
 }
@@ -679,4 +681,19 @@ fn loops_that_neither_wait_nor_work_are_refused() {
         )));
         assert_eq!(out.errors, vec![], "{breaker}");
     }
+}
+
+#[test]
+fn an_agent_names_a_provider_and_a_pool_checked_where_they_are() {
+    let out = parse(&agent("provider: anthropic\npool: gpu\n"));
+    assert_eq!(out.errors, vec![]);
+    assert_eq!(out.agents[0].provider.as_deref(), Some("anthropic"));
+    assert_eq!(out.agents[0].pool.as_deref(), Some("gpu"));
+    assert_eq!(
+        errors(&agent("provider: claude\npool: \"a b\"\n")),
+        [
+            "5:11: unknown `provider: claude` (expected `openai` or `anthropic`)",
+            "6:7: pool name `a b` must be lower case letters, digits, `-` and `_`, starting with a letter"
+        ]
+    );
 }

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Failure, Step, tool_spec};
+use super::{Failure, Step, ToolTask, tool_spec};
 use crate::command::{Command, TaskEnd, TaskKind};
 use crate::error::MachineError;
 use crate::event::{Event, FailureClass, ProbeOutcome, ResolvedVia};
@@ -284,7 +284,10 @@ impl Step {
                 });
                 match probe {
                     Some((probe, arguments, variant)) => {
-                        let spec = tool_spec(&probe, &arguments, &key, variant.as_deref())?;
+                        let ToolTask { spec, requires } = ToolTask::new(
+                            &probe,
+                            tool_spec(&probe, &arguments, &key, variant.as_deref())?,
+                        )?;
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
                             probe_call_id: probe_call_id.clone(),
@@ -299,6 +302,7 @@ impl Step {
                             idempotency_key: key,
                             repeat_safety: Some(RepeatSafety::Idempotent),
                             runs_while_paused: true,
+                            requires,
                         });
                         pause_reason =
                             format!("{pause_reason}; looking it up with `{}`", probe.def.name);

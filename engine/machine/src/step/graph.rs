@@ -5,7 +5,7 @@
 use belay_proto::wire::{ChatMessage, ModelCallSpec, ToolSchema};
 use serde_json::{Value, json};
 
-use super::{Step, fill_defaults, tool_spec};
+use super::{Step, ToolTask, fill_defaults, tool_spec};
 use crate::command::{Command, TaskKind};
 use crate::error::MachineError;
 use crate::event::{Event, Stop, TimerPurpose, TimerSpec};
@@ -199,6 +199,10 @@ impl Step {
                         idempotency_key: key,
                         repeat_safety: None,
                         runs_while_paused: false,
+                        requires: belay_proto::pools::model_call_requirements(
+                            agent.pool.as_deref(),
+                            agent.provider.as_deref(),
+                        ),
                     });
                     return Ok(());
                 }
@@ -577,7 +581,10 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(tool_spec(tool, &arguments, &key, variant.as_deref())?),
+            None => Some(ToolTask::new(
+                tool,
+                tool_spec(tool, &arguments, &key, variant.as_deref())?,
+            )?),
             Some(_) => None,
         };
         let repeat_safety = tool.def.repeat_safety;

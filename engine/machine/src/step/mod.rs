@@ -327,6 +327,33 @@ impl Step {
     }
 }
 
+/// A worker's task of a tool call, ready to schedule: its spec, and what a
+/// worker needs to run it ([`belay_proto::pools`]).
+pub(crate) struct ToolTask {
+    /// The `ToolCallSpec` as JSON.
+    pub(crate) spec: Value,
+    /// The task's requirements.
+    pub(crate) requires: Vec<String>,
+}
+
+impl ToolTask {
+    /// The task of `spec` (made by [`tool_spec`] for `tool`): its
+    /// requirements are those of the binding it sends (the chosen request
+    /// variant's) and the tool's `pool:`.
+    pub(crate) fn new(tool: &Pinned<ToolDef>, spec: Value) -> Result<Self, MachineError> {
+        let binding: ToolBinding = spec
+            .get("binding")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| MachineError::InvalidPlan(format!("tool spec binding: {e}")))?
+            .ok_or_else(|| MachineError::InvalidPlan("tool spec without a binding".into()))?;
+        let requires =
+            belay_proto::pools::tool_call_requirements(&binding, tool.def.pool.as_deref());
+        Ok(Self { spec, requires })
+    }
+}
+
 /// The task spec of a call of `tool` with `arguments`, sending the request
 /// of its `request_variants:` item `variant` (`None`: the tool's own).
 pub(crate) fn tool_spec(

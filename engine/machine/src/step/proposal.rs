@@ -5,7 +5,7 @@
 use belay_proto::wire::ToolUse;
 use serde_json::Value;
 
-use super::{Step, fill_defaults, tool_spec};
+use super::{Step, ToolTask, fill_defaults, tool_spec};
 use crate::command::{Command, TaskKind};
 use crate::error::MachineError;
 use crate::event::{Event, Stop};
@@ -275,11 +275,14 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(self.with_sampling(
-                tool_spec(tool, &arguments, &key, variant.as_deref())?,
-                &node_id,
-                &tool.def,
-            )),
+            None => Some(ToolTask::new(
+                tool,
+                self.with_sampling(
+                    tool_spec(tool, &arguments, &key, variant.as_deref())?,
+                    &node_id,
+                    &tool.def,
+                ),
+            )?),
             Some(_) => None,
         };
         let repeat_safety = tool.def.repeat_safety;
@@ -350,11 +353,11 @@ impl Step {
         call_id: &str,
         key: String,
         repeat_safety: RepeatSafety,
-        spec: Option<Value>,
+        spec: Option<ToolTask>,
         child: Option<(ToolBindingDef, Value)>,
     ) {
         match (spec, child) {
-            (Some(spec), _) => {
+            (Some(ToolTask { spec, requires }), _) => {
                 if let Some(key) = self.cache_key_of(call_id) {
                     self.command(Command::LookupToolCache {
                         call_id: call_id.to_owned(),
@@ -368,6 +371,7 @@ impl Step {
                     idempotency_key: key,
                     repeat_safety: Some(repeat_safety),
                     runs_while_paused: false,
+                    requires,
                 })
             }
             (None, Some((binding, arguments))) => {
@@ -536,11 +540,14 @@ impl Step {
         let child = matches!(tool.def.binding, ToolBindingDef::Workflow { .. })
             .then(|| (tool.def.binding.clone(), arguments.clone()));
         let spec = match child {
-            None => Some(self.with_sampling(
-                tool_spec(tool, &arguments, &key, variant.as_deref())?,
-                &call.node,
-                &tool.def,
-            )),
+            None => Some(ToolTask::new(
+                tool,
+                self.with_sampling(
+                    tool_spec(tool, &arguments, &key, variant.as_deref())?,
+                    &call.node,
+                    &tool.def,
+                ),
+            )?),
             Some(_) => None,
         };
         self.launch_call(&call.node, &call_id, key, call.repeat_safety, spec, child);

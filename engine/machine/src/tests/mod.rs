@@ -109,6 +109,7 @@ fn tool(
             // Any value: most tests here are about the loop, not the type.
             output_schema: json!({}),
             permission: permission.into(),
+            pool: None,
             repeat_safety,
             repeat_safety_from_server: false,
             scrub_secrets: true,
@@ -209,6 +210,8 @@ fn plan(opts: &Opts) -> RunPlan {
     let agent = AgentDef {
         name: "onboarder".into(),
         model: "m".into(),
+        provider: None,
+        pool: None,
         instructions: "be careful".into(),
         tools: vec!["lookup".into(), "create".into(), "wipe".into()],
         grants: vec!["crm.read".into(), "crm.write".into(), "ops.danger".into()],

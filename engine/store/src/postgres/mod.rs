@@ -72,6 +72,7 @@ mod tool_calls;
 mod transition;
 mod uncertain;
 pub(crate) mod wakes;
+mod workers;
 mod write_decision;
 
 /// The PostgreSQL backend of [`Store`](crate::Store); cheap to clone.

@@ -7,6 +7,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::Pg;
+use crate::pools::ClaimFilter;
 use crate::rows::{ClaimedTask, ExpiredLease, StoreError};
 
 impl Pg {
@@ -16,10 +17,10 @@ impl Pg {
         worker_id: &str,
         max: i64,
         lease_ms: i64,
-        tenants: Option<&[String]>,
+        filter: ClaimFilter<'_>,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
         Ok(self
-            .claim_tasks_or_next(worker_id, max, lease_ms, tenants)
+            .claim_tasks_or_next(worker_id, max, lease_ms, filter)
             .await?
             .0)
     }
@@ -31,14 +32,16 @@ impl Pg {
     /// claimable (as [`Pg::next_ready_in_ms`], leaving out the tasks just
     /// claimed, which the statement's snapshot still sees ready), in the
     /// same statement: the coordinator then knows how long nothing is
-    /// claimable (`NothingClaimable`). `tenants` (`None`: any) limits both
-    /// to the tasks of those tenants.
+    /// claimable (`NothingClaimable`). `filter` limits both to the tasks
+    /// of its tenants whose `requires` its capabilities cover (`<@`,
+    /// checked on the rows `tasks_ready` yields, so the order and SKIP
+    /// LOCKED are as before).
     pub(crate) async fn claim_tasks_or_next(
         &self,
         worker_id: &str,
         max: i64,
         lease_ms: i64,
-        tenants: Option<&[String]>,
+        filter: ClaimFilter<'_>,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
         let rows: Vec<ClaimOrNext> = sqlx::query_as(concat!(
             "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
@@ -46,6 +49,7 @@ impl Pg {
                  SELECT t.task_id FROM tasks t
                  WHERE t.status = 'ready' AND t.available_at <= (SELECT now FROM clock)
                    AND ($4::text[] IS NULL OR t.tenant = ANY($4))
+                   AND ($5::text[] IS NULL OR t.requires <@ $5)
                    AND ",
             run_admits_task!(),
             "
@@ -68,7 +72,8 @@ impl Pg {
                     (SELECT (EXTRACT(EPOCH FROM (t.available_at - (SELECT now FROM clock))) * 1000)::float8
                      FROM tasks t
                      WHERE t.status = 'ready' AND t.task_id NOT IN (SELECT task_id FROM claimed)
-                       AND ($4::text[] IS NULL OR t.tenant = ANY($4)) AND ",
+                       AND ($4::text[] IS NULL OR t.tenant = ANY($4))
+                       AND ($5::text[] IS NULL OR t.requires <@ $5) AND ",
             run_admits_task!(),
             "
                      ORDER BY t.available_at, t.task_id LIMIT 1)
@@ -77,7 +82,8 @@ impl Pg {
         .bind(worker_id)
         .bind(max)
         .bind(lease_ms as f64)
-        .bind(tenants)
+        .bind(filter.tenants)
+        .bind(filter.capabilities)
         .fetch_all(&self.pool)
         .await?;
         let mut tasks = Vec::with_capacity(rows.len());

@@ -40,6 +40,9 @@ struct TaskWrites<'a> {
     schedule_keys: Vec<&'a str>,
     schedule_safety: Vec<Option<&'static str>>,
     schedule_paused: Vec<bool>,
+    /// Each task's `requires`, as a JSON array (UNNEST cannot take an
+    /// array of arrays of different lengths).
+    schedule_requires: Vec<Value>,
     /// The update of the transition's own locked task (at most one: the
     /// calls are distinct), as `(task_id, write)`: by primary key, a scalar
     /// parameter.
@@ -75,8 +78,10 @@ impl<'a> TaskWrites<'a> {
                     idempotency_key,
                     repeat_safety,
                     runs_while_paused,
+                    requires,
                 } => {
                     w.schedule_ids.push(Uuid::now_v7());
+                    w.schedule_requires.push(Value::from(requires.clone()));
                     w.schedule_calls.push(call_id);
                     w.schedule_kinds.push(kind.as_str());
                     w.schedule_specs.push(spec);
@@ -155,19 +160,21 @@ impl TaskWrites<'_> {
             sql += &format!(
                 ", sched AS (
                  INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key,
-                                    repeat_safety, runs_while_paused, available_at, created_at, updated_at)
-                 SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, clock.now, clock.now, clock.now
+                                    repeat_safety, runs_while_paused, requires, available_at, created_at, updated_at)
+                 SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, ARRAY(SELECT jsonb_array_elements_text(rq)),
+                        clock.now, clock.now, clock.now
                  FROM UNNEST(${}::uuid[], ${}::text[], ${}::text[], ${}::jsonb[], ${}::text[], ${}::text[],
-                             ${}::bool[]) AS n(id, c, k, sp, ik, rs, rp), clock)",
+                             ${}::bool[], ${}::jsonb[]) AS n(id, c, k, sp, ik, rs, rp, rq), clock)",
                 n + 1,
                 n + 2,
                 n + 3,
                 n + 4,
                 n + 5,
                 n + 6,
-                n + 7
+                n + 7,
+                n + 8
             );
-            n += 7;
+            n += 8;
         }
         if let Some((_, write)) = self.own {
             let (id, value) = (n + 1, n + 2);
@@ -289,7 +296,8 @@ pub(super) async fn write_decision(
                 .bind(&w.schedule_specs)
                 .bind(&w.schedule_keys)
                 .bind(&w.schedule_safety)
-                .bind(&w.schedule_paused);
+                .bind(&w.schedule_paused)
+                .bind(&w.schedule_requires);
         }
         if let Some((task_id, write)) = w.own {
             query = query.bind(task_id);
@@ -316,10 +324,12 @@ pub(super) async fn write_decision(
                 idempotency_key,
                 repeat_safety,
                 runs_while_paused,
+                requires,
             } => {
                 sqlx::query(
-                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety, runs_while_paused)
-                     VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8, $9)",
+                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
+                                        runs_while_paused, requires)
+                     VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8, $9, $10)",
                 )
                 .bind(Uuid::now_v7())
                 .bind(run_id)
@@ -330,6 +340,7 @@ pub(super) async fn write_decision(
                 .bind(idempotency_key)
                 .bind(repeat_safety.map(|r| r.as_str()))
                 .bind(runs_while_paused)
+                .bind(requires)
                 .execute(&mut **tx)
                 .await?;
             }
@@ -692,6 +703,7 @@ mod tests {
             idempotency_key: format!("key-{call}"),
             repeat_safety: None,
             runs_while_paused: false,
+            requires: Vec::new(),
         }
     }
 

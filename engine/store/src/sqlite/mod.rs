@@ -54,6 +54,7 @@ mod tool_calls;
 mod transition;
 mod uncertain;
 mod wakes;
+mod workers;
 mod write_decision;
 
 /// SQL for "now" in the stored time format (`YYYY-MM-DDTHH:MM:SS.SSSZ`).

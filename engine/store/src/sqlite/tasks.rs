@@ -9,12 +9,23 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{CLOCK, Lite, NOW, now_plus_ms};
+use crate::pools::ClaimFilter;
 use crate::rows::{ClaimedTask, ExpiredLease, StoreError};
 
 /// SQL: whether task `t`'s tenant is in the JSON array bound as `?N`
 /// (NULL: any tenant). The list is a bound value, never SQL text.
 fn tenant_in_list(param: u8) -> String {
     format!("(?{param} IS NULL OR t.tenant IN (SELECT value FROM json_each(?{param})))")
+}
+
+/// SQL: whether every requirement of task `t` is in the JSON array of
+/// capability tags bound as `?N` (NULL: a claim without capabilities,
+/// which takes any task).
+fn covered_by(param: u8) -> String {
+    format!(
+        "(?{param} IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(t.requires) q
+                                          WHERE q.value NOT IN (SELECT value FROM json_each(?{param}))))"
+    )
 }
 
 /// The bound value of [`tenant_in_list`]: the tenants as a JSON array.
@@ -28,7 +39,7 @@ impl Lite {
         worker_id: &str,
         max: i64,
         lease_ms: i64,
-        tenants: Option<&[String]>,
+        filter: ClaimFilter<'_>,
     ) -> Result<Vec<ClaimedTask>, StoreError> {
         // One statement on the one writer: no two claims see the same row.
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -37,18 +48,20 @@ impl Lite {
              WHERE task_id IN (
                  SELECT t.task_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
                  WHERE t.status = 'ready' AND t.available_at <= {NOW}
-                   AND {tenant_in_list}
+                   AND {tenant_in_list} AND {covered}
                    AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT ?2)
              RETURNING task_id, run_id, tenant, kind, attempt, spec, idempotency_key",
             lease = now_plus_ms(3),
             tenant_in_list = tenant_in_list(4),
+            covered = covered_by(5),
         )))
         .bind(worker_id)
         .bind(max)
         .bind(lease_ms as f64)
-        .bind(tenant_list(tenants))
+        .bind(tenant_list(filter.tenants))
+        .bind(tenant_list(filter.capabilities))
         .fetch_all(&self.write)
         .await?)
     }
@@ -99,29 +112,31 @@ impl Lite {
         worker_id: &str,
         max: i64,
         lease_ms: i64,
-        tenants: Option<&[String]>,
+        filter: ClaimFilter<'_>,
     ) -> Result<(Vec<ClaimedTask>, Option<i64>), StoreError> {
-        let tasks = self.claim_tasks(worker_id, max, lease_ms, tenants).await?;
+        let tasks = self.claim_tasks(worker_id, max, lease_ms, filter).await?;
         if tasks.len() as i64 >= max {
             return Ok((tasks, None));
         }
-        Ok((tasks, self.next_ready_of(tenants).await?))
+        Ok((tasks, self.next_ready_of(filter).await?))
     }
 
     pub(crate) async fn next_ready_in_ms(&self) -> Result<Option<i64>, StoreError> {
-        self.next_ready_of(None).await
+        self.next_ready_of(ClaimFilter::default()).await
     }
 
-    /// [`Lite::next_ready_in_ms`] of the tasks of `tenants` (`None`: any).
-    async fn next_ready_of(&self, tenants: Option<&[String]>) -> Result<Option<i64>, StoreError> {
+    /// [`Lite::next_ready_in_ms`] of the tasks `filter` admits.
+    async fn next_ready_of(&self, filter: ClaimFilter<'_>) -> Result<Option<i64>, StoreError> {
         let row: Option<(Option<f64>,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT (julianday(MIN(t.available_at)) - julianday('now', {CLOCK})) * 86400000.0
              FROM tasks t JOIN runs r ON r.run_id = t.run_id
-             WHERE t.status = 'ready' AND {tenant_in_list}
+             WHERE t.status = 'ready' AND {tenant_in_list} AND {covered}
                AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))",
             tenant_in_list = tenant_in_list(1),
+            covered = covered_by(2),
         )))
-        .bind(tenant_list(tenants))
+        .bind(tenant_list(filter.tenants))
+        .bind(tenant_list(filter.capabilities))
         .fetch_optional(&self.read)
         .await?;
         Ok(row.and_then(|r| r.0).map(|ms| ms.max(0.0) as i64))

@@ -58,11 +58,12 @@ pub(super) async fn write_decision(
                 idempotency_key,
                 repeat_safety,
                 runs_while_paused,
+                requires,
             } => {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
-                         runs_while_paused, available_at, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9, {NOW}, {NOW}, {NOW})"
+                         runs_while_paused, requires, available_at, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9, ?10, {NOW}, {NOW}, {NOW})"
                 )))
                 .bind(Uuid::now_v7())
                 .bind(run_id)
@@ -73,6 +74,7 @@ pub(super) async fn write_decision(
                 .bind(idempotency_key)
                 .bind(repeat_safety.map(|r| r.as_str()))
                 .bind(runs_while_paused)
+                .bind(Value::from(requires.clone()))
                 .execute(&mut **tx)
                 .await?;
                 wakes.tasks = true;
