@@ -439,6 +439,11 @@ impl Proc {
         Ok(())
     }
 
+    /// The process id (`None` once it has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// The admin URL an engine printed (empty for other processes).
     pub fn admin_url(&self) -> &str {
         self.urls.get(1).map(String::as_str).unwrap_or("")
@@ -1151,45 +1156,55 @@ pub fn dispatch_counts(events: &[Value]) -> std::collections::BTreeMap<String, u
 /// test binary (it installs into a cache outside the clone and prints
 /// `export NAME=PATH` lines).
 pub fn mcp_server(var: &str) -> Result<String> {
-    static PATHS: std::sync::OnceLock<
-        std::result::Result<std::collections::BTreeMap<String, String>, String>,
-    > = std::sync::OnceLock::new();
-    let path = match std::env::var(var) {
-        Ok(path) if !path.is_empty() => path,
-        _ => {
-            let paths = PATHS.get_or_init(|| {
-                let script = repo_root().join(".ci/mcp-servers.sh");
-                let out = std::process::Command::new("bash")
-                    .arg(&script)
-                    .stderr(Stdio::inherit())
-                    .output()
-                    .map_err(|e| format!("running {}: {e}", script.display()))?;
-                if !out.status.success() {
-                    return Err(format!("{} failed ({})", script.display(), out.status));
-                }
-                let mut paths = std::collections::BTreeMap::new();
-                for line in String::from_utf8_lossy(&out.stdout).lines() {
-                    if let Some((name, value)) =
-                        line.strip_prefix("export ").and_then(|l| l.split_once('='))
-                    {
-                        paths.insert(name.to_owned(), value.to_owned());
-                    }
-                }
-                Ok(paths)
-            });
-            match paths {
-                Ok(paths) => paths
-                    .get(var)
-                    .cloned()
-                    .ok_or_else(|| anyhow!(".ci/mcp-servers.sh printed no {var}"))?,
-                Err(e) => bail!(
-                    "{var} is not set and the MCP servers could not be installed: {e} (npm and python3 are needed)"
-                ),
-            }
-        }
-    };
+    let path = ci_env(".ci/mcp-servers.sh", var)
+        .with_context(|| format!("{var}: the MCP servers (npm and python3 are needed)"))?;
     if !Path::new(&path).exists() {
         bail!("{var}={path} does not exist: run `eval \"$(.ci/mcp-servers.sh)\"`");
     }
     Ok(path)
+}
+
+/// The value of `var`: from the environment (`.ci/run` sets it), else from
+/// the `export NAME=VALUE` lines `script` (under the repository root, an
+/// idempotent installer such as `.ci/mcp-servers.sh` or `.ci/clients.sh`)
+/// prints, running it once per test binary and script.
+pub fn ci_env(script: &str, var: &str) -> Result<String> {
+    type Exports = std::result::Result<std::collections::BTreeMap<String, String>, String>;
+    static RUNS: std::sync::Mutex<std::collections::BTreeMap<String, Exports>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    if let Ok(value) = std::env::var(var)
+        && !value.is_empty()
+    {
+        return Ok(value);
+    }
+    let mut runs = RUNS.lock().map_err(|_| anyhow!("a test panicked while {script} ran"))?;
+    let exports = runs
+        .entry(script.to_owned())
+        .or_insert_with(|| run_exports(&repo_root().join(script)));
+    match exports {
+        Ok(exports) => exports
+            .get(var)
+            .cloned()
+            .ok_or_else(|| anyhow!("{script} printed no {var}")),
+        Err(e) => bail!("{var} is not set and {script} failed: {e}"),
+    }
+}
+
+/// Run an installer script and collect the `export NAME=VALUE` lines it prints.
+fn run_exports(
+    script: &Path,
+) -> std::result::Result<std::collections::BTreeMap<String, String>, String> {
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect())
 }

@@ -1,0 +1,93 @@
+/**
+ * Errors of the client: one class per gRPC status code an engine answers
+ * with, each carrying the code and Belay's message, and ConfigError for
+ * options that cannot work.
+ * @module
+ */
+import { Code, ConnectError } from "@connectrpc/connect";
+
+/** A call the engine refused or could not serve. */
+export class BelayError extends Error {
+  /** The gRPC status code (`Code.NotFound` is 5, as in gRPC). */
+  readonly code: Code;
+  /** The engine's message: it names what is wrong (the run, the field, the grant). */
+  readonly rawMessage: string;
+  /** The RPC, e.g. `belay.v1.RunService/StartRun`. */
+  readonly method: string;
+
+  constructor(code: Code, rawMessage: string, method: string) {
+    super(`${codeName(code)} (${method}): ${rawMessage}`);
+    this.name = new.target.name;
+    this.code = code;
+    this.rawMessage = rawMessage;
+    this.method = method;
+  }
+
+  /** The code as gRPC spells it: `NOT_FOUND`, `PERMISSION_DENIED`, … */
+  get codeName(): string {
+    return codeName(this.code);
+  }
+}
+
+/** `INVALID_ARGUMENT`: bad input (a schema mismatch, an unknown node). */
+export class InvalidArgument extends BelayError {}
+/** `NOT_FOUND`: no such run or workflow for this tenant. */
+export class NotFound extends BelayError {}
+/** `ALREADY_EXISTS`. */
+export class AlreadyExists extends BelayError {}
+/** `PERMISSION_DENIED`: the key's role, tenants or grants do not admit the call. */
+export class PermissionDenied extends BelayError {}
+/** `UNAUTHENTICATED`: no key, or a malformed, revoked or expired one. */
+export class Unauthenticated extends BelayError {}
+/** `FAILED_PRECONDITION`: the run is not in a state for the call. */
+export class FailedPrecondition extends BelayError {}
+/** `ABORTED`: a conflicting decision came first (an approval decided twice). */
+export class Aborted extends BelayError {}
+/** `RESOURCE_EXHAUSTED`: a limit was reached. */
+export class ResourceExhausted extends BelayError {}
+/** `UNAVAILABLE`: the engine could not be reached (after the retries of the policy). */
+export class Unavailable extends BelayError {}
+/** `DEADLINE_EXCEEDED`: the call, or a `wait`, ran out of time. */
+export class DeadlineExceeded extends BelayError {}
+/** `INTERNAL`: the engine failed (its log has the detail). */
+export class Internal extends BelayError {}
+
+/** Options that cannot work (a bad URL, TLS files with `http://`, a missing file). */
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ConfigError";
+  }
+}
+
+const BY_CODE = new Map<Code, new (code: Code, message: string, method: string) => BelayError>([
+  [Code.InvalidArgument, InvalidArgument],
+  [Code.NotFound, NotFound],
+  [Code.AlreadyExists, AlreadyExists],
+  [Code.PermissionDenied, PermissionDenied],
+  [Code.Unauthenticated, Unauthenticated],
+  [Code.FailedPrecondition, FailedPrecondition],
+  [Code.Aborted, Aborted],
+  [Code.ResourceExhausted, ResourceExhausted],
+  [Code.Unavailable, Unavailable],
+  [Code.DeadlineExceeded, DeadlineExceeded],
+  [Code.Internal, Internal],
+]);
+
+/** The gRPC name of a code (`Code.PermissionDenied` → `PERMISSION_DENIED`). */
+export function codeName(code: Code): string {
+  return (Code[code] ?? "UNKNOWN").replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
+}
+
+/** The exception for a status: its class by code, BelayError for the others. */
+export function errorFromStatus(code: Code, message: string, method: string): BelayError {
+  const Class = BY_CODE.get(code) ?? BelayError;
+  return new Class(code, message, method);
+}
+
+/** The exception for anything a call threw (a ConnectError, or a transport failure). */
+export function errorFromCall(error: unknown, method: string): BelayError {
+  if (error instanceof BelayError) return error;
+  const e = ConnectError.from(error);
+  return errorFromStatus(e.code, e.rawMessage, method);
+}

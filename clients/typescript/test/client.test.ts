@@ -1,0 +1,151 @@
+/**
+ * The TypeScript client against a real engine and worker: every call, a
+ * watch that outlives an engine restart, the error mapping, the README's
+ * example as written.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { randomUUID } from "node:crypto";
+import { dirname, join } from "node:path";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+
+import {
+  BelayClient,
+  Code,
+  ConfigError,
+  DeadlineExceeded,
+  FailedPrecondition,
+  InvalidArgument,
+  NotFound,
+  PermissionDenied,
+  Unauthenticated,
+  Unavailable,
+  type RunEvent,
+} from "../src/index.js";
+import { GRANTS, admin, customer, env, killEngine, newEngine } from "./harness.js";
+
+function gapless(events: RunEvent[]): void {
+  assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => i + 1));
+}
+
+async function until(belay: BelayClient, runId: string, kind: string): Promise<RunEvent> {
+  for await (const event of belay.watch(runId, 0, { timeoutMs: 60_000 })) if (event.kind === kind) return event;
+  throw new Error(`run ${runId} ended without ${kind}`);
+}
+
+test("start is idempotent, wait returns the finished run, events and lists page", async () => {
+  const belay = admin();
+  const key = `express-${randomUUID()}`;
+  const started = await belay.startRun("onboarding_express", customer("express"), { idempotencyKey: key, callerGrants: GRANTS });
+  assert.ok(started.created);
+  const again = await belay.startRun("onboarding_express", customer("other"), { idempotencyKey: key, callerGrants: GRANTS });
+  assert.equal(again.created, false);
+  assert.equal(again.run.runId, started.run.runId);
+  const done = await belay.wait(started.run.runId, 60_000);
+  assert.equal(done.status, "completed", done.statusReason);
+  assert.match(String((done.output as { account_id: string }).account_id), /^acct_/);
+  const events = await belay.events(done.runId);
+  gapless(events);
+  assert.equal(events.at(-1)?.kind, "run_completed");
+  assert.deepEqual((await belay.events(done.runId, 2, 3)).map((e) => e.seq), [3, 4, 5]);
+  const page = await belay.listRuns({ status: "completed", pageSize: 500 });
+  assert.ok(page.runs.some((r) => r.runId === done.runId));
+});
+
+test("watch, signal and approve outlive an engine restart", async () => {
+  const belay = admin();
+  const { run } = await belay.startRun("onboarding", customer("watch"), { callerGrants: GRANTS });
+  const seen: RunEvent[] = [];
+  let killed = 0;
+  for await (const event of belay.watch(run.runId)) {
+    seen.push(event);
+    if (event.kind === "wait_started" && killed === 0) {
+      killed = killEngine();
+      const first = await belay.signal(run.runId, "documents_received", { files: ["passport.pdf"] }, { signalId: "docs-1" });
+      assert.equal(first.duplicate, false);
+      const second = await belay.signal(run.runId, "documents_received", { files: ["passport.pdf"] }, { signalId: "docs-1" });
+      assert.equal(second.duplicate, true);
+    } else if (event.kind === "approval_requested") {
+      await belay.approve(run.runId, "approve", { approver: "grace", approverGrants: ["onboarding.approve"], reason: "KYC clear" });
+    }
+  }
+  assert.notEqual(await newEngine(killed), killed);
+  gapless(seen);
+  assert.equal(seen.at(-1)?.kind, "run_completed");
+  assert.deepEqual(seen.map((e) => e.seq), (await belay.events(run.runId)).map((e) => e.seq));
+  const done = await belay.getRun(run.runId);
+  assert.equal(done.status, "completed");
+  assert.equal((done.output as { plan: string }).plan, "pro");
+});
+
+test("pause, resume, cancel, decline and a wait that times out", async () => {
+  const belay = admin();
+  const { run } = await belay.startRun("onboarding", customer("pause"), { callerGrants: GRANTS });
+  await until(belay, run.runId, "wait_started");
+  await assert.rejects(belay.wait(run.runId, 500), (e: unknown) => e instanceof DeadlineExceeded && e.code === Code.DeadlineExceeded && /waiting/.test(e.rawMessage));
+  assert.equal((await belay.pause(run.runId, "maintenance", "ops")).status, "paused");
+  assert.equal((await belay.resume(run.runId, "done", "ops")).status, "waiting");
+  assert.equal((await belay.cancel(run.runId, "withdrawn")).status, "cancelled");
+  assert.equal((await belay.wait(run.runId, 10_000)).status, "cancelled");
+  await assert.rejects(belay.cancel(run.runId), FailedPrecondition);
+
+  const declined = (await belay.startRun("onboarding", customer("decline"), { callerGrants: GRANTS })).run;
+  for await (const event of belay.watch(declined.runId, 0, { timeoutMs: 60_000 })) {
+    if (event.kind === "wait_started") await belay.signal(declined.runId, "documents_received", { files: ["a.pdf"] });
+    if (event.kind === "approval_requested") await belay.decline(declined.runId, "approve", { approverGrants: ["onboarding.approve"], reason: "no" });
+  }
+  const failed = await belay.getRun(declined.runId);
+  assert.equal(failed.status, "failed");
+  assert.match(failed.statusReason, /declined/);
+});
+
+test("definitions, grants and tool input", async () => {
+  const belay = admin();
+  const registered = await belay.registerPaths([env("BELAY_TEST_DEFINITIONS")]);
+  assert.ok(registered.some((d) => d.kind === "workflow" && d.name === "onboarding"));
+  assert.ok(registered.every((d) => !d.created));
+  const workflows = await belay.listDefinitions("workflow");
+  assert.ok(workflows.every((d) => d.kind === "workflow"));
+  assert.deepEqual(await belay.setTenantGrants(GRANTS), GRANTS);
+  assert.deepEqual((await belay.getTenantGrants()).sort(), [...GRANTS].sort());
+  await assert.rejects(belay.registerBundle({ "broken.yaml": "kind: workflow\nname: [\n" }), (e: unknown) => e instanceof InvalidArgument && e.rawMessage.includes("broken.yaml"));
+  const { run } = await belay.startRun("onboarding", customer("input"), { callerGrants: GRANTS });
+  await until(belay, run.runId, "wait_started");
+  await assert.rejects(belay.provideToolInput(run.runId, "intake.t1", { action: "accept", content: {} }), (e: unknown) => e instanceof FailedPrecondition || e instanceof InvalidArgument);
+  await belay.cancel(run.runId);
+});
+
+test("errors carry the gRPC code and the engine's message", async () => {
+  const url = env("BELAY_ENGINE_URL");
+  const tenant = env("BELAY_TENANT");
+  const bad = new BelayClient({ url, apiKey: "belay_nope_nope", tenant, retry: { maxAttempts: 1, initialBackoffMs: 0, maxBackoffMs: 0 } });
+  await assert.rejects(bad.listRuns(), (e: unknown) => e instanceof Unauthenticated && e.code === Code.Unauthenticated && e.codeName === "UNAUTHENTICATED" && e.method === "belay.v1.RunService/ListRuns" && e.rawMessage.length > 0);
+  const plain = new BelayClient({ url, apiKey: env("BELAY_TEST_CLIENT_KEY"), tenant });
+  await assert.rejects(plain.setTenantGrants(["crm.read"]), PermissionDenied);
+  await assert.rejects(new BelayClient({ url, apiKey: env("BELAY_TEST_CLIENT_KEY"), tenant: "globex" }).listRuns(), PermissionDenied);
+  const belay = admin();
+  await assert.rejects(belay.getRun(randomUUID()), NotFound);
+  await assert.rejects(belay.startRun("nope", {}), (e: unknown) => e instanceof NotFound && e.rawMessage.includes("workflow `nope` not found"));
+  await assert.rejects(belay.startRun("onboarding", { name: "no email" }), (e: unknown) => e instanceof InvalidArgument && e.rawMessage.includes("input schema"));
+});
+
+test("options are checked, and UNAVAILABLE is retried then raised", async () => {
+  assert.throws(() => new BelayClient({ url: "http://127.0.0.1:1", caFile: "ca.pem" }), (e: unknown) => e instanceof ConfigError && /plaintext http/.test(e.message));
+  assert.throws(() => new BelayClient({ url: "grpc://127.0.0.1:1" }), ConfigError);
+  assert.throws(() => new BelayClient({ url: "https://127.0.0.1:1", caFile: "/nonexistent/ca.pem" }), /reading the CA file/);
+  assert.throws(() => new BelayClient({ url: "https://127.0.0.1:1", clientCert: "c.pem" }), /go together/);
+  const nowhere = new BelayClient({ url: "http://127.0.0.1:1", retry: { maxAttempts: 3, initialBackoffMs: 100, maxBackoffMs: 100 } });
+  await assert.rejects(nowhere.getRun("x"), (e: unknown) => e instanceof Unavailable && e.code === Code.Unavailable);
+});
+
+test("the README's example runs as written", async () => {
+  const example = join(dirname(fileURLToPath(import.meta.url)), "..", "examples", "onboarding.js");
+  const { stdout } = await promisify(execFile)(process.execPath, [example], { env: process.env, timeout: 120_000 });
+  const lines = stdout.trim().split("\n");
+  assert.match(lines[0] ?? "", /^1 /);
+  assert.ok(lines.some((l) => l.endsWith(" approval_requested")));
+  assert.match(lines.at(-1) ?? "", /^completed \{/);
+});
