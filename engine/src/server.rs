@@ -199,7 +199,10 @@ impl Engine {
             None => None,
         };
         let auth = Authenticator::new(store.clone(), options.tokens);
-        let coord = Coordinator::new(store, options.coordinator);
+        let coord = Coordinator::new(
+            crate::telemetry::record_node_spans(store),
+            options.coordinator,
+        );
         if let Some(key) = options.vault_key {
             coord
                 .use_vault_key(key)

@@ -7,6 +7,9 @@
 pub mod connect;
 #[cfg(feature = "grpc")]
 pub mod signal;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
+pub mod trace;
 pub mod wire;
 
 /// Generated messages, clients and servers of package `belay.v1`
