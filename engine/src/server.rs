@@ -332,6 +332,8 @@ impl Engine {
         for handle in background {
             handle.abort();
         }
+        // The spans of the last nodes read their start from the store.
+        crate::telemetry::flush_node_spans().await;
         coord.store().close().await;
         failed.map_or(Ok(()), Err)
     }

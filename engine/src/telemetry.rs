@@ -8,12 +8,13 @@
 //! model and tool call spans are its children. Processes, exporter and
 //! log format: [`belay_proto::telemetry`].
 
+use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use belay_proto::telemetry::{self, SpanRecord};
 use belay_proto::trace::TraceContext;
 use belay_store::{Applied, EndedNode, Store};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 /// Node spans waiting for their start time; more are dropped (and
@@ -65,6 +66,31 @@ pub fn incoming_trace(metadata: &tonic::metadata::MetadataMap) -> Option<TraceCo
     }
 }
 
+/// What the node span writer is handed.
+#[derive(Debug)]
+enum Item {
+    /// A node visit to make a span of.
+    Ended(Box<Ended>),
+    /// Answer once every item queued before is recorded.
+    Flush(oneshot::Sender<()>),
+}
+
+/// The writer's queue, once [`record_node_spans`] started it.
+static QUEUED: OnceLock<mpsc::Sender<Item>> = OnceLock::new();
+
+/// Wait until the node spans of every transition committed so far are
+/// handed to the exporter (the engine's shutdown, before the store
+/// closes). Nothing when spans are not exported.
+pub async fn flush_node_spans() {
+    let Some(tx) = QUEUED.get() else {
+        return;
+    };
+    let (done, flushed) = oneshot::channel();
+    if tx.send(Item::Flush(done)).await.is_ok() {
+        let _ = flushed.await;
+    }
+}
+
 /// One ended node visit of a traced run, waiting for its start time.
 #[derive(Debug)]
 struct Ended {
@@ -85,25 +111,29 @@ pub fn record_node_spans(store: Store) -> Store {
     if !telemetry::exporting() {
         return store;
     }
-    let (tx, rx) = mpsc::channel::<Ended>(QUEUE);
-    tokio::spawn(node_span_writer(store.clone(), rx));
+    let tx = QUEUED.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Item>(QUEUE);
+        tokio::spawn(node_span_writer(store.clone(), rx));
+        tx
+    });
+    let tx = tx.clone();
     store.on_commit(move |applied: &Applied| queue_ended(&tx, applied))
 }
 
 /// Queue the node visits `applied` ended.
-fn queue_ended(tx: &mpsc::Sender<Ended>, applied: &Applied) {
+fn queue_ended(tx: &mpsc::Sender<Item>, applied: &Applied) {
     let Some(trace) = &applied.trace else {
         return;
     };
     for node in &applied.ended_nodes {
-        let ended = Ended {
+        let ended = Item::Ended(Box::new(Ended {
             run_id: applied.run_id,
             tenant: applied.tenant.clone(),
             trace: trace.clone(),
             node: node.clone(),
             end: applied.now.into(),
             run_status: applied.status,
-        };
+        }));
         if tx.try_send(ended).is_err() {
             tracing::warn!(run_id = %applied.run_id, node = %node.node, "node span dropped: too many queued");
         }
@@ -111,8 +141,15 @@ fn queue_ended(tx: &mpsc::Sender<Ended>, applied: &Applied) {
 }
 
 /// Make the span of each queued node visit, its start read from the store.
-async fn node_span_writer(store: Store, mut rx: mpsc::Receiver<Ended>) {
-    while let Some(ended) = rx.recv().await {
+async fn node_span_writer(store: Store, mut rx: mpsc::Receiver<Item>) {
+    while let Some(item) = rx.recv().await {
+        let ended = match item {
+            Item::Ended(ended) => *ended,
+            Item::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
         let after = ended.node.started_seq.saturating_sub(1) as i64;
         let start = match store.list_events(ended.run_id, after, 1).await {
             Ok(rows) => rows

@@ -923,8 +923,6 @@ async fn report_complete_vaulted(
     vaulted: Vec<(String, String)>,
     sampling: Option<belay_proto::wire::SamplingUsage>,
 ) {
-    // Inside the call's span: it ends failed.
-    crate::telemetry::record_failure(&tracing::Span::current());
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
@@ -973,6 +971,8 @@ async fn report_failure_sampled(
     status_code: Option<u16>,
     sampling: Option<belay_proto::wire::SamplingUsage>,
 ) {
+    // Inside the call's span: it ends failed.
+    crate::telemetry::record_failure(&tracing::Span::current());
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx

@@ -54,7 +54,7 @@ pub fn model_call_span(
         gen_ai.operation.name = "chat",
         gen_ai.provider.name = provider_name(provider),
         gen_ai.request.model = %spec.model,
-        gen_ai.request.max_tokens = spec.max_output_tokens,
+        gen_ai.request.max_tokens = spec.max_output_tokens.map(i64::from),
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
@@ -62,7 +62,7 @@ pub fn model_call_span(
         belay.run_id = %task.run_id,
         belay.tenant = %task.tenant,
         belay.call_id = call_id(task, spec.trace.as_ref()),
-        belay.attempt = task.attempt,
+        belay.attempt = i64::from(task.attempt),
     );
     if let Some(trace) = &spec.trace {
         telemetry::set_parent(&span, &trace.context);
@@ -72,11 +72,23 @@ pub fn model_call_span(
 
 /// Put a model answer's token usage and finish reason on its span.
 pub fn record_usage(span: &tracing::Span, result: &ModelCallResult) {
-    span.record("gen_ai.usage.input_tokens", result.usage.input_tokens);
-    span.record("gen_ai.usage.output_tokens", result.usage.output_tokens);
+    // As i64: tracing-opentelemetry exports a u64 as text.
+    span.record(
+        "gen_ai.usage.input_tokens",
+        clamp(result.usage.input_tokens),
+    );
+    span.record(
+        "gen_ai.usage.output_tokens",
+        clamp(result.usage.output_tokens),
+    );
     if let Some(reason) = &result.finish_reason {
         span.record("gen_ai.response.finish_reasons", reason.as_str());
     }
+}
+
+/// `n` as an OpenTelemetry integer (i64), saturating.
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Mark `span` failed (`otel.status_code` `ERROR`); the error itself is in
@@ -115,8 +127,8 @@ pub fn tool_call_span(task: &Task, spec: &ToolCallSpec) -> tracing::Span {
         belay.run_id = %task.run_id,
         belay.tenant = %task.tenant,
         belay.call_id = call,
-        belay.attempt = task.attempt,
-        belay.tool.version = spec.tool_version,
+        belay.attempt = i64::from(task.attempt),
+        belay.tool.version = i64::from(spec.tool_version),
         belay.tool.binding = binding_kind(&spec.binding),
         belay.repeat_safety = repeat_safety,
     );
