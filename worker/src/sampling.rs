@@ -130,6 +130,7 @@ mod tests {
                 ],
                 tools: Vec::new(),
                 max_output_tokens: Some(7),
+                trace: None,
             }
         );
         assert_eq!(stop_reason("length"), "maxTokens");
