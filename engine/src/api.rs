@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use tracing::Instrument;
 
 use belay_proto::v1::{
     self,
@@ -191,17 +192,22 @@ impl RunService for Api {
         req: Request<v1::StartRunRequest>,
     ) -> Result<Response<v1::StartRunResponse>, Status> {
         let p = principal(&req)?;
+        let tenant = p.tenant_for(&req.get_ref().tenant)?;
+        let (span, trace) =
+            crate::telemetry::start_run_span(req.metadata(), &tenant, &req.get_ref().workflow);
         let r = req.into_inner();
+        let start = StartRun {
+            tenant,
+            workflow: r.workflow,
+            input_json: r.input_json,
+            idempotency_key: r.idempotency_key,
+            caller: p.actor(&r.caller)?,
+            caller_grants: p.narrow_grants(&r.caller_grants)?,
+        };
         let (run, created) = self
             .coord
-            .start_run(StartRun {
-                tenant: p.tenant_for(&r.tenant)?,
-                workflow: r.workflow,
-                input_json: r.input_json,
-                idempotency_key: r.idempotency_key,
-                caller: p.actor(&r.caller)?,
-                caller_grants: p.narrow_grants(&r.caller_grants)?,
-            })
+            .start_run_in_trace(start, trace)
+            .instrument(span)
             .await?;
         Ok(Response::new(v1::StartRunResponse {
             run: Some(run_msg(run)),

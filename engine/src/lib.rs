@@ -53,5 +53,6 @@ pub mod mcp_pins;
 pub mod mcp_server;
 pub mod notify;
 pub mod server;
+pub mod telemetry;
 pub mod tls;
 pub mod vault;

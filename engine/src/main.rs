@@ -13,6 +13,7 @@ use belay_engine::server::{
 use belay_engine::store::Store;
 use belay_engine::tls::TlsSettings;
 use belay_engine::vault::VaultKey;
+use belay_proto::telemetry::{Telemetry, TelemetryOptions};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -32,9 +33,24 @@ struct Cli {
     )]
     database_url: String,
     #[command(flatten)]
+    telemetry: TelemetryArgs,
+    #[command(flatten)]
     serve: ServeArgs,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// Logs and traces (README "Traces and logs").
+#[derive(clap::Args)]
+struct TelemetryArgs {
+    /// Log lines on stderr: `text` or `json` (one JSON object a line).
+    #[arg(long, env = "BELAY_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: belay_proto::telemetry::LogFormat,
+    /// OTLP/gRPC endpoint spans are exported to (`http://collector:4317`);
+    /// unset or empty: no traces. The service name is `OTEL_SERVICE_NAME`,
+    /// default `belay-engine`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -199,15 +215,21 @@ fn main() -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn async_main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    let telemetry = Telemetry::init(TelemetryOptions {
+        default_service_name: "belay-engine",
+        log_format: cli.telemetry.log_format,
+        default_filter: "info,sqlx=warn".to_owned(),
+        otlp_endpoint: cli.telemetry.otlp_endpoint.clone(),
+    })
+    .context("--log-format / --otlp-endpoint")?;
+    let result = run(cli).await;
+    // The last spans (a run's final node) go out before the process ends.
+    telemetry.shutdown().await;
+    result
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Migrate) => {
             let store = Store::connect(&cli.database_url, 2)

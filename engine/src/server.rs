@@ -199,7 +199,10 @@ impl Engine {
             None => None,
         };
         let auth = Authenticator::new(store.clone(), options.tokens);
-        let coord = Coordinator::new(store, options.coordinator);
+        let coord = Coordinator::new(
+            crate::telemetry::record_node_spans(store),
+            options.coordinator,
+        );
         if let Some(key) = options.vault_key {
             coord
                 .use_vault_key(key)
@@ -329,6 +332,8 @@ impl Engine {
         for handle in background {
             handle.abort();
         }
+        // The spans of the last nodes read their start from the store.
+        crate::telemetry::flush_node_spans().await;
         coord.store().close().await;
         failed.map_or(Ok(()), Err)
     }

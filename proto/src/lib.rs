@@ -9,6 +9,9 @@ pub mod connect;
 pub mod pools;
 #[cfg(feature = "grpc")]
 pub mod signal;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
+pub mod trace;
 pub mod wire;
 
 /// Generated messages, clients and servers of package `belay.v1`

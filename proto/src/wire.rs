@@ -127,6 +127,11 @@ pub struct ModelCallSpec {
     /// Upper bound on output tokens, if the agent sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// The run's trace, with the span of the call's node as the parent:
+    /// the parent of the worker's span of this call. Set by the engine on
+    /// every task of a traced run. Added for issue 21 (traces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::CallTrace>,
 }
 
 /// Token usage of one model call, in tokens.
@@ -629,6 +634,11 @@ pub struct ToolCallSpec {
     /// Added for MCP sampling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingGrant>,
+    /// As [`ModelCallSpec::trace`]: the parent of the worker's span of
+    /// this call, which outbound requests carry on as `traceparent`.
+    /// Added for issue 21 (traces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::CallTrace>,
 }
 
 /// What an MCP server may ask of the run's model during one tool call

@@ -398,6 +398,23 @@ impl PreparedRequest {
         Ok(())
     }
 
+    /// Send the W3C trace context `trace` with the request (`traceparent`,
+    /// and `tracestate` when it has one), replacing any the tool's own
+    /// headers set.
+    pub fn set_trace(&mut self, trace: &belay_proto::trace::TraceContext) {
+        if let Ok(value) = HeaderValue::from_str(&trace.traceparent) {
+            self.headers
+                .insert(HeaderName::from_static("traceparent"), value);
+        }
+        self.headers.remove("tracestate");
+        if !trace.tracestate.is_empty()
+            && let Ok(value) = HeaderValue::from_str(&trace.tracestate)
+        {
+            self.headers
+                .insert(HeaderName::from_static("tracestate"), value);
+        }
+    }
+
     /// Whether the request waits for a callback URL ([`Self::set_callback_url`]).
     pub fn wants_callback_url(&self) -> bool {
         self.callback_url_field.is_some()

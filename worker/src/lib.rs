@@ -150,6 +150,10 @@
 //! results as `tool_result` blocks (`is_error` when the engine's text starts
 //! with `error:`), `max_tokens` defaulting to 4096, `stop_reason` mapped to the
 //! engine's finish reasons (`max_tokens` → `length`).
+//! `telemetry.rs`: the spans of model and tool calls (GenAI semantic
+//! conventions), children of their node's span from the spec's
+//! `trace`, and the `traceparent` outbound HTTP requests and MCP `_meta`
+//! carry.
 //! `sampling.rs`: `ModelSampler`, the `mcp::Sampler` of granted MCP sampling
 //! requests: one `ModelClient::call` (the request's system prompt and text
 //! messages, no tools, `max_output_tokens` the capped `maxTokens`), the
@@ -291,6 +295,7 @@ pub mod runner;
 pub mod sampling;
 pub mod sandbox_tool;
 pub mod ssrf;
+pub mod telemetry;
 pub mod untraced;
 
 pub use config::{EngineAuth, ModelProvider, ModelProviderConfig, WorkerConfig};

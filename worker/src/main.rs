@@ -1,8 +1,9 @@
 //! `belay-worker`: runs one worker process until SIGTERM or Ctrl-C.
 //!
-//! Logs go to stderr; `RUST_LOG` filters them (default
-//! [`belay_worker::config::DEFAULT_LOG_FILTER`]: `info`, rmcp's per-message
-//! service logs at `error`).
+//! Logs go to stderr, as text or JSON lines (`--log-format`); `RUST_LOG`
+//! filters them (default [`belay_worker::config::DEFAULT_LOG_FILTER`]:
+//! `info`, rmcp's per-message service logs at `error`). Spans go to
+//! `--otlp-endpoint` (`OTEL_EXPORTER_OTLP_ENDPOINT`) when set.
 
 use belay_worker::config::{
     DEFAULT_CLAIM_WAIT_MS, DEFAULT_CONCURRENCY, DEFAULT_ENGINE_URL, DEFAULT_LOG_FILTER,
@@ -12,11 +13,11 @@ use belay_worker::mcp::McpConfig;
 use belay_worker::placeholders::ConfigValues;
 use belay_worker::ssrf::AllowPrivateNetworkArgs;
 use belay_worker::{ModelProviderConfig, WorkerConfig};
-use std::io::IsTerminal as _;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
+use belay_proto::telemetry::{Telemetry, TelemetryOptions};
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 /// An address to listen on, or none (an empty value).
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +122,14 @@ struct Args {
     /// Lower-case letters, digits, `-` and `_`. Empty: no pool.
     #[arg(long, env = "BELAY_WORKER_POOL")]
     pool: Option<String>,
+    /// Log lines on stderr: `text` or `json` (one JSON object a line).
+    #[arg(long, env = "BELAY_LOG_FORMAT", default_value = "text")]
+    log_format: belay_proto::telemetry::LogFormat,
+    /// OTLP/gRPC endpoint spans are exported to (`http://collector:4317`);
+    /// unset or empty: no traces. The service name is `OTEL_SERVICE_NAME`,
+    /// default `belay-worker`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 /// `--list-mcp-resources SERVER`: connects to that server only and prints
@@ -173,15 +182,21 @@ fn flag_or_env(flag: Option<String>, vars: &[&str]) -> Option<String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let telemetry = Telemetry::init(TelemetryOptions {
+        default_service_name: "belay-worker",
+        log_format: args.log_format,
+        default_filter: DEFAULT_LOG_FILTER.to_owned(),
+        otlp_endpoint: args.otlp_endpoint.clone(),
+    })
+    .context("--log-format / --otlp-endpoint")?;
+    let result = work(args).await;
+    // The spans of the last calls go out before the process ends.
+    telemetry.shutdown().await;
+    result
+}
 
+/// The worker process after logging is set up.
+async fn work(args: Args) -> anyhow::Result<()> {
     let worker_id = args
         .worker_id
         .filter(|id| !id.is_empty())

@@ -511,6 +511,7 @@ impl McpTools {
             input,
             cancel: None,
             sampling,
+            trace: crate::telemetry::outbound(&tracing::Span::current(), spec.trace.as_ref()),
         };
         let outcome = client.call_tool(request).await;
         if let CallOutcome::Refused(CallRefusal::DefinitionChanged { .. }) = &outcome {

@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use anyhow::Context as _;
 use belay_proto::v1::{FailureClass, LeaseStatus, Task, TaskLease};
@@ -539,7 +540,19 @@ async fn perform_model_call(ctx: &Ctx, task: &Task) {
             return report_failure(ctx, task, FailureClass::Rejected, error).await;
         }
     };
-    match ctx.model.call(&spec).await {
+    let span = crate::telemetry::model_call_span(task, &spec, ctx.model.provider());
+    report_model_call(ctx, task, &spec, &span)
+        .instrument(span.clone())
+        .await;
+}
+
+/// Call the model and report its answer (inside the call's `span`).
+async fn report_model_call(ctx: &Ctx, task: &Task, spec: &ModelCallSpec, span: &tracing::Span) {
+    let answer = ctx.model.call(spec).await;
+    if let Ok(result) = &answer {
+        crate::telemetry::record_usage(span, result);
+    }
+    match answer {
         Ok(result) => match serde_json::to_string(&result) {
             Ok(json) => report_complete(ctx, task, json).await,
             Err(e) => {
@@ -559,15 +572,28 @@ async fn perform_model_call(ctx: &Ctx, task: &Task) {
 }
 
 async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
-    let task_id = &task.task_id;
-    let attempt = task.attempt;
-    let mut spec: ToolCallSpec = match serde_json::from_str(&task.spec_json) {
+    let spec: ToolCallSpec = match serde_json::from_str(&task.spec_json) {
         Ok(spec) => spec,
         Err(e) => {
             let error = format!("invalid tool_call spec: {e}");
             return report_failure(ctx, task, FailureClass::Rejected, error).await;
         }
     };
+    let span = crate::telemetry::tool_call_span(task, &spec);
+    perform_tool_spec(ctx, task, spec, dispatched)
+        .instrument(span)
+        .await;
+}
+
+/// Perform a tool call of `spec` (inside the call's span).
+async fn perform_tool_spec(
+    ctx: &Ctx,
+    task: &Task,
+    mut spec: ToolCallSpec,
+    dispatched: &AtomicBool,
+) {
+    let task_id = &task.task_id;
+    let attempt = task.attempt;
     // `source: config` parameters: resolved here, before dispatch, so a
     // value this worker lacks is NOT_SENT (naming only the placeholder).
     let filled = match crate::placeholders::resolve_arguments(
@@ -638,6 +664,10 @@ async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
         if let Err(e) = injected {
             return report_failure(ctx, task, FailureClass::NotSent, e.to_string()).await;
         }
+    }
+    if let Some(trace) = crate::telemetry::outbound(&tracing::Span::current(), spec.trace.as_ref())
+    {
+        request.set_trace(&trace);
     }
     tracing::info!(
         %task_id, attempt, tool = %spec.tool, variant = spec.variant.as_deref().unwrap_or("-"),
@@ -947,6 +977,8 @@ async fn report_failure_sampled(
     status_code: Option<u16>,
     sampling: Option<belay_proto::wire::SamplingUsage>,
 ) {
+    // Inside the call's span: it ends failed.
+    crate::telemetry::record_failure(&tracing::Span::current());
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx

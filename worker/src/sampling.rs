@@ -52,6 +52,8 @@ pub fn model_spec(request: &SamplingRequest) -> ModelCallSpec {
         messages: system.chain(messages).collect(),
         tools: Vec::new(),
         max_output_tokens: Some(request.max_tokens),
+        // Inside the tool call's span already (no task of its own).
+        trace: None,
     }
 }
 
@@ -128,6 +130,7 @@ mod tests {
                 ],
                 tools: Vec::new(),
                 max_output_tokens: Some(7),
+                trace: None,
             }
         );
         assert_eq!(stop_reason("length"), "maxTokens");

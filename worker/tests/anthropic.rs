@@ -57,6 +57,7 @@ fn spec() -> ModelCallSpec {
         ],
         tools: vec![common::lookup_tool()],
         max_output_tokens: Some(256),
+        trace: None,
     }
 }
 
@@ -147,6 +148,7 @@ fn request_without_limit_tools_or_system_text_uses_the_defaults() {
         ],
         tools: vec![],
         max_output_tokens: None,
+        trace: None,
     };
     assert_eq!(
         build_request(&spec),

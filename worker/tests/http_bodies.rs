@@ -116,6 +116,7 @@ fn spec(
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     }
 }
 

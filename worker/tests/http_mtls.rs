@@ -199,6 +199,7 @@ fn spec(endpoint: &str, profile: Option<&str>) -> ToolCallSpec {
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     }
 }
 

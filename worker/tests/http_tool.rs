@@ -91,6 +91,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     }
 }
 
@@ -350,6 +351,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     }
 }
 

@@ -1164,6 +1164,7 @@ async fn call_through(
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     };
     let mut dispatched = false;
     let report = tools
@@ -1928,6 +1929,7 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
             result_secrets: Vec::new(),
             variant: None,
             sampling,
+            trace: None,
         };
         belay_proto::v1::Task {
             task_id: id.into(),
@@ -3073,6 +3075,7 @@ async fn read_through(
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     };
     let mut dispatched = false;
     let report = tools

@@ -39,6 +39,7 @@ fn spec() -> ModelCallSpec {
         ],
         tools: vec![common::lookup_tool()],
         max_output_tokens: Some(256),
+        trace: None,
     }
 }
 

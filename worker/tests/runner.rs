@@ -88,6 +88,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         result_secrets: Vec::new(),
         variant: None,
         sampling: None,
+        trace: None,
     };
     Task {
         task_id: task_id.into(),
@@ -479,6 +480,7 @@ async fn model_call_result_is_reported() {
         }],
         tools: vec![],
         max_output_tokens: None,
+        trace: None,
     };
     engine.push(model_task("m1", 2, serde_json::to_string(&spec).unwrap()));
     let worker = Worker::start(&engine, |c| c.model.base_url = model_base);

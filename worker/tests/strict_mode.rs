@@ -40,6 +40,7 @@ fn spec() -> ModelCallSpec {
             common::lookup_tool(),
         ],
         max_output_tokens: Some(64),
+        trace: None,
     }
 }
 

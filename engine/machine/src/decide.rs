@@ -30,6 +30,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             tenant_grants,
             input,
             plan,
+            trace,
         } => {
             if m.state.status != RunStatus::New {
                 return Err(m.wrong_status("start"));
@@ -55,6 +56,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 input,
                 plan,
                 deadline: deadline.clone(),
+                trace,
             });
             if let Some(timer) = deadline {
                 m.command(Command::ScheduleTimer(timer));

@@ -153,6 +153,11 @@ pub enum Event {
         /// `budget:` has `max_wall_time`. Added after v0.1.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline: Option<TimerSpec>,
+        /// The run's W3C trace context: the parent of every span of the
+        /// run, in any engine or worker process. Added for issue 21
+        /// (traces); absent: not traced.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trace: Option<belay_proto::trace::TraceContext>,
     },
     /// A node began.
     NodeStarted {

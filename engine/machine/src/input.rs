@@ -30,6 +30,10 @@ pub enum Input {
         input: Value,
         /// Pinned definitions.
         plan: Box<RunPlan>,
+        /// The W3C trace context the run is started in (the caller's
+        /// `traceparent`, or a new trace the engine made); `None`: not
+        /// traced.
+        trace: Option<belay_proto::trace::TraceContext>,
     },
     /// A worker reported a model result.
     ModelCallCompleted {

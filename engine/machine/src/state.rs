@@ -499,6 +499,11 @@ pub struct RunState {
     /// nothing a replay computes depends on it. `None`: no time is known
     /// (such a parameter then has no value).
     pub now: Option<chrono::DateTime<chrono::Utc>>,
+    /// The run's W3C trace context (`RunStarted.trace`).
+    pub trace: Option<belay_proto::trace::TraceContext>,
+    /// Seq of the latest `NodeStarted` (0 before the first): where the
+    /// open node's span begins.
+    pub node_started_seq: u64,
 }
 
 impl Default for RunState {
@@ -530,6 +535,8 @@ impl Default for RunState {
             totals: RunTotals::default(),
             deadline: None,
             now: None,
+            trace: None,
+            node_started_seq: 0,
         }
     }
 }
@@ -606,9 +613,10 @@ impl RunState {
                 input,
                 plan,
                 deadline,
-                ..
+                trace,
             } => {
                 self.deadline = deadline.clone();
+                self.trace = trace.clone();
                 self.run_id = run_id.clone();
                 self.tenant = tenant.clone();
                 self.caller = caller.clone();
@@ -623,6 +631,7 @@ impl RunState {
                 input,
                 deadline,
             } => {
+                self.node_started_seq = self.last_seq;
                 let visit = {
                     let v = self.visits.entry(node.clone()).or_insert(0);
                     *v += 1;

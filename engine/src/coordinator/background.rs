@@ -301,6 +301,14 @@ impl Coordinator {
                     tenant_grants,
                     input: input.clone(),
                     plan: Box::new(plan),
+                    // A child run is in its parent's trace, below the
+                    // span of the node that started it.
+                    trace: parent_state.trace.as_ref().map(|trace| {
+                        trace.for_node(
+                            &parent_state.run_id,
+                            belay_proto::trace::visit_of(&call_id),
+                        )
+                    }),
                 },
             )?;
             self.store

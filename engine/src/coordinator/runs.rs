@@ -38,6 +38,18 @@ pub struct StartRun {
 impl Coordinator {
     /// Start a run, or return the run its idempotency key already names.
     pub async fn start_run(&self, req: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
+        self.start_run_in_trace(req, None).await
+    }
+
+    /// [`Coordinator::start_run`] in the W3C trace `trace` (the
+    /// `StartRun` request's span, [`crate::telemetry`]): persisted on
+    /// `RunStarted`, the parent of every span of the run. A run its key
+    /// already names keeps its own trace.
+    pub async fn start_run_in_trace(
+        &self,
+        req: StartRun,
+        trace: Option<belay_proto::trace::TraceContext>,
+    ) -> Result<(RunRow, bool), CoordinatorError> {
         require("tenant", &req.tenant)?;
         require("workflow", &req.workflow)?;
         require("idempotency_key", &req.idempotency_key)?;
@@ -87,6 +99,7 @@ impl Coordinator {
                 tenant_grants,
                 input: input.clone(),
                 plan: Box::new(plan),
+                trace,
             },
         )?;
         let (row, created) = self

@@ -138,7 +138,7 @@ pub use tool_calls::{
     ToolCallConfirmation, ToolCallDecision, ToolCallOutcome, ToolCallQuery, ToolCallRecord,
     ToolCallRefusal,
 };
-pub use transition::{Applied, STATE_CACHE_RUNS, TransitionError, Wake};
+pub use transition::{Applied, EndedNode, STATE_CACHE_RUNS, TransitionError, Wake};
 
 use belay_machine::gates::{GateRow, GateVerdict};
 use belay_machine::{Decision, RunState};
@@ -163,6 +163,19 @@ enum Backend {
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Backend,
+    observer: Option<CommitObserver>,
+}
+
+/// What [`Store::on_commit`] calls with every committed transition: it
+/// runs on the committing task, after the commit, so it must not block
+/// (hand the work to a channel).
+#[derive(Clone)]
+pub struct CommitObserver(std::sync::Arc<dyn Fn(&Applied) + Send + Sync>);
+
+impl std::fmt::Debug for CommitObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitObserver")
+    }
 }
 
 /// Call the same method on whichever backend the store was opened on.
@@ -196,7 +209,30 @@ impl Store {
                 url.split(':').next().unwrap_or_default()
             )));
         };
-        Ok(Store { backend })
+        Ok(Store {
+            backend,
+            observer: None,
+        })
+    }
+
+    /// This store, calling `observe` after every committed transition
+    /// ([`Store::transition`] and its task forms) with what it applied
+    /// (the engine's node spans, `belay_engine::telemetry`). Clones made
+    /// afterwards share it; earlier ones do not.
+    pub fn on_commit(mut self, observe: impl Fn(&Applied) + Send + Sync + 'static) -> Store {
+        self.observer = Some(CommitObserver(std::sync::Arc::new(observe)));
+        self
+    }
+
+    /// Hand a committed transition to the observer, if any.
+    fn observed<E>(
+        &self,
+        applied: Result<Applied, TransitionError<E>>,
+    ) -> Result<Applied, TransitionError<E>> {
+        if let (Ok(applied), Some(observer)) = (&applied, &self.observer) {
+            (observer.0)(applied);
+        }
+        applied
     }
 
     /// Which database this store is on.
@@ -460,7 +496,8 @@ impl Store {
     {
         let target = Target::Run(run_id, task_id);
         let decide = decide_once(decide);
-        on_backend!(self, b => b.transition_at(target, decide).await)
+        let applied = on_backend!(self, b => b.transition_at(target, decide).await);
+        self.observed(applied)
     }
 
     /// [`Store::transition`] for the run a task belongs to, found and locked
@@ -475,7 +512,8 @@ impl Store {
     {
         let target = Target::Task(task_id);
         let decide = decide_once(decide);
-        on_backend!(self, b => b.transition_at(target, decide).await)
+        let applied = on_backend!(self, b => b.transition_at(target, decide).await);
+        self.observed(applied)
     }
 
     /// [`Store::transition_task`] for a dispatch, which may pass a tool's
@@ -499,7 +537,8 @@ impl Store {
             move |state: &RunState, task: Option<&TaskRow>, verdict: Option<&GateVerdict>| {
                 decide(state, task, verdict).map_err(TransitionError::Refused)
             };
-        on_backend!(self, b => b.transition_at(target, decide).await)
+        let applied = on_backend!(self, b => b.transition_at(target, decide).await);
+        self.observed(applied)
     }
 
     /// The rows of a run's secret vault, by key, without their values

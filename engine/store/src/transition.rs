@@ -14,7 +14,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use belay_machine::gates::{Circuit, GateRow, GateVerdict, ToolGates};
-use belay_machine::{Decision, RunState};
+use belay_machine::{Decision, Event, RunState};
 
 #[cfg(doc)]
 use crate::Store;
@@ -44,6 +44,71 @@ pub struct Applied {
     /// read from the run's vault (sealed; the coordinator opens them).
     /// Empty for every other transition.
     pub secrets: Vec<belay_machine::SealedSecret>,
+    /// The run.
+    pub run_id: Uuid,
+    /// The run's tenant.
+    pub tenant: String,
+    /// The run's trace context (`RunStarted.trace`); `None`: not traced.
+    pub trace: Option<belay_proto::trace::TraceContext>,
+    /// The database's clock at the transition.
+    pub now: DateTime<Utc>,
+    /// The node visits this transition ended, in order (traced runs only:
+    /// empty when `trace` is `None`). For their spans.
+    pub ended_nodes: Vec<EndedNode>,
+}
+
+/// A node visit a transition ended (completed, or cut short by the run's
+/// end), as the engine's span of it needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedNode {
+    /// Node id.
+    pub node: String,
+    /// The visit's prefix (`<node>` or `<node>~<n>`).
+    pub visit: String,
+    /// Seq of its `NodeStarted` event (its span's start time is that
+    /// event's `recorded_at`).
+    pub started_seq: u64,
+    /// `NodeCompleted` ended it; otherwise the run ended (failed,
+    /// cancelled) with the node open.
+    pub completed: bool,
+}
+
+/// The open node visit of `state` (id, prefix), if any and the run is not
+/// over.
+fn open_visit(state: &RunState) -> Option<(String, String)> {
+    if state.status.is_terminal() {
+        return None;
+    }
+    match (&state.node, &state.step) {
+        (Some(n), _) => Some((n.id.clone(), n.prefix.clone())),
+        (None, Some(s)) => Some((s.id.clone(), s.prefix.clone())),
+        (None, None) => None,
+    }
+}
+
+/// Fold `events` into `state`, and for a traced run name the node visits
+/// they end ([`Applied::ended_nodes`]).
+pub(crate) fn apply_events(state: &mut RunState, events: &[Event]) -> Vec<EndedNode> {
+    let mut ended = Vec::new();
+    for event in events {
+        let before = if state.trace.is_some() {
+            open_visit(state).map(|v| (v, state.node_started_seq))
+        } else {
+            None
+        };
+        state.apply(event);
+        if let Some(((node, visit), started_seq)) = before
+            && open_visit(state).is_none_or(|(_, now)| now != visit)
+        {
+            ended.push(EndedNode {
+                node,
+                visit,
+                started_seq,
+                completed: matches!(event, Event::NodeCompleted { .. }),
+            });
+        }
+    }
+    ended
 }
 
 /// A bounded map of run states; when full, an arbitrary entry is dropped.

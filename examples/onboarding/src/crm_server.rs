@@ -118,6 +118,10 @@ pub struct RecordedRequest {
     pub fault: Option<FaultAction>,
     /// The HTTP status answered; `None` for a hung request.
     pub status: Option<u16>,
+    /// The W3C `traceparent` header, if present and valid text (the
+    /// trace tests check the worker's propagation with it).
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 /// An account created by `POST /accounts`.
@@ -501,6 +505,7 @@ impl CrmState {
         method: &Method,
         path: &str,
         key: Result<Option<String>, ()>,
+        traceparent: Option<String>,
         body: &Result<Bytes, BytesRejection>,
     ) -> (Option<FaultAction>, Reply) {
         let recorded_body = match body {
@@ -568,6 +573,7 @@ impl CrmState {
                 body: recorded_body,
                 fault,
                 status,
+                traceparent,
             });
             (seq, fault, reply)
         };
@@ -1237,7 +1243,11 @@ async fn service(
             _ => Err(()),
         },
     };
-    let (fault, reply) = ctx.state.process(&method, path, key, &body);
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (fault, reply) = ctx.state.process(&method, path, key, traceparent, &body);
     // Callbacks go out while the answer is on its way, as with a real
     // provider: one may arrive before the answer does.
     spawn_callbacks(&ctx, ctx.state.take_callbacks(false));

@@ -49,6 +49,11 @@ pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 /// `_meta` key carrying [`CallRequest::idempotency_key`] to the server.
 pub const IDEMPOTENCY_META_KEY: &str = "io.belay/idempotency-key";
+/// `_meta` key of a call's W3C `traceparent` (the MCP convention for trace
+/// context in `_meta`, [`CallRequest::trace`]).
+pub const TRACEPARENT_META_KEY: &str = "traceparent";
+/// `_meta` key of a call's W3C `tracestate`, when it has one.
+pub const TRACESTATE_META_KEY: &str = "tracestate";
 
 /// A connection to one MCP server, by logical name.
 ///
@@ -467,6 +472,10 @@ pub struct CallRequest {
     /// such request is refused. Read [`SamplingSession::usage`] after the
     /// call for what was used.
     pub sampling: Option<Arc<SamplingSession>>,
+    /// The W3C trace context of the call (the worker's tool-call span),
+    /// sent in `_meta` as `traceparent` and `tracestate` (the MCP
+    /// convention), so the server's spans join the run's trace.
+    pub trace: Option<belay_proto::trace::TraceContext>,
 }
 
 impl CallRequest {
@@ -485,6 +494,7 @@ impl CallRequest {
             input: None,
             cancel: None,
             sampling: None,
+            trace: None,
         }
     }
 }

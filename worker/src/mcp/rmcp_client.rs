@@ -80,7 +80,8 @@ use super::schema::{self, CompiledTool, RawTool};
 use super::{
     BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
     ElicitationAnswer, IDEMPOTENCY_META_KEY, InputNeeded, InputVia, McpClient, McpError, McpEvent,
-    ReadRequest, RefusedTool, ResourceListing, ServerStatus, result,
+    ReadRequest, RefusedTool, ResourceListing, ServerStatus, TRACEPARENT_META_KEY,
+    TRACESTATE_META_KEY, result,
 };
 use crate::oauth_discovery::{AuthorizationError, Challenge, Discovered};
 
@@ -2206,6 +2207,18 @@ impl Shared {
             meta.0
                 .0
                 .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key.clone()));
+        }
+        if let Some(trace) = &request.trace {
+            meta.0.0.insert(
+                TRACEPARENT_META_KEY.into(),
+                Value::String(trace.traceparent.clone()),
+            );
+            if !trace.tracestate.is_empty() {
+                meta.0.0.insert(
+                    TRACESTATE_META_KEY.into(),
+                    Value::String(trace.tracestate.clone()),
+                );
+            }
         }
         let mut params = CallToolRequestParams::new(request.tool.clone())
             .with_arguments(request.arguments.clone());

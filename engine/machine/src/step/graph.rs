@@ -177,6 +177,7 @@ impl Step {
                         messages,
                         tools,
                         max_output_tokens: agent.max_output_tokens,
+                        trace: None,
                     };
                     let spec = serde_json::to_value(&spec)
                         .map_err(|e| MachineError::InvalidPlan(format!("model spec: {e}")))?;

@@ -237,7 +237,35 @@ impl Step {
         })
     }
 
-    pub(crate) fn command(&mut self, command: Command) {
+    pub(crate) fn command(&mut self, mut command: Command) {
+        // Every task of a traced run carries the run's trace with its
+        // node's span as the parent, whoever scheduled it.
+        if let Some(trace) = &self.state.trace {
+            match &mut command {
+                Command::ScheduleTask {
+                    call_id,
+                    spec,
+                    repeat_safety,
+                    ..
+                } => {
+                    let safety = repeat_safety
+                        .as_ref()
+                        .map(|r| r.as_str())
+                        .unwrap_or_default();
+                    add_trace(spec, trace, &self.state.run_id, call_id, safety);
+                }
+                Command::RekeyTask { call_id, spec, .. } => {
+                    let safety = self
+                        .state
+                        .tool_calls
+                        .get(call_id.as_str())
+                        .map(|c| c.repeat_safety.as_str())
+                        .unwrap_or_default();
+                    add_trace(spec, trace, &self.state.run_id, call_id, safety);
+                }
+                _ => {}
+            }
+        }
         self.out.commands.push(command);
     }
 
@@ -453,6 +481,7 @@ pub(crate) fn tool_spec(
             .collect(),
         variant: variant.map(str::to_owned),
         sampling: None,
+        trace: None,
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }
@@ -469,5 +498,26 @@ fn fill_defaults(map: &mut Map<String, Value>, schema: &Value) {
         {
             map.insert(name.clone(), default.clone());
         }
+    }
+}
+
+/// Put `trace`, with the span of the node visit `call_id` belongs to as
+/// the parent, into a task spec (its `trace` field:
+/// [`ToolCallSpec::trace`], [`belay_proto::wire::ModelCallSpec::trace`]).
+fn add_trace(
+    spec: &mut Value,
+    trace: &belay_proto::trace::TraceContext,
+    run_id: &str,
+    call_id: &str,
+    repeat_safety: &str,
+) {
+    let visit = belay_proto::trace::visit_of(call_id);
+    let call = belay_proto::trace::CallTrace {
+        context: trace.for_node(run_id, visit),
+        call_id: call_id.to_owned(),
+        repeat_safety: repeat_safety.to_owned(),
+    };
+    if let (Some(map), Ok(value)) = (spec.as_object_mut(), serde_json::to_value(call)) {
+        map.insert("trace".to_owned(), value);
     }
 }

@@ -478,6 +478,7 @@ fn start_at(plan: RunPlan, now: DateTime<Utc>) -> (Run, Decision) {
         tenant_grants: vec!["crm.write".into()],
         input: json!({}),
         plan: Box::new(plan),
+        trace: None,
     });
     (run, d)
 }

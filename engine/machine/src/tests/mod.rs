@@ -289,6 +289,7 @@ impl Run {
             tenant_grants: vec!["crm.read".into(), "crm.write".into(), "ops.danger".into()],
             input: json!({"email": "a@example.com"}),
             plan: Box::new(plan(&opts)),
+            trace: None,
         });
         (run, d)
     }
@@ -413,6 +414,7 @@ impl Run {
             tenant_grants: vec!["crm.write".into()],
             input,
             plan: Box::new(plan),
+            trace: None,
         });
         (run, d)
     }

@@ -132,6 +132,7 @@ impl Run {
             tenant_grants: vec!["crm.read".into()],
             input: json!({}),
             plan: Box::new(plan(workflow)),
+            trace: None,
         });
         run
     }

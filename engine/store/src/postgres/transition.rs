@@ -118,9 +118,7 @@ impl Pg {
         };
         let decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
         let mut after = state;
-        for event in &decision.events {
-            after.apply(event);
-        }
+        let ended_nodes = crate::transition::apply_events(&mut after, &decision.events);
         let mut wakes = write_decision(
             &mut tx,
             run_id,
@@ -140,6 +138,11 @@ impl Pg {
             events: decision.events.len(),
             status: after.status.as_str(),
             secrets,
+            run_id,
+            tenant,
+            trace: after.trace.clone(),
+            now: row.now,
+            ended_nodes,
         };
         // Only a committed state may be cached.
         self.cache().put(run_id, after);

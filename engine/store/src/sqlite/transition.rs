@@ -132,9 +132,7 @@ impl Lite {
         };
         let decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
         let mut after = state;
-        for event in &decision.events {
-            after.apply(event);
-        }
+        let ended_nodes = crate::transition::apply_events(&mut after, &decision.events);
         let mut wakes =
             write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
         tx.commit().await.map_err(StoreError::from)?;
@@ -145,6 +143,11 @@ impl Lite {
             events: decision.events.len(),
             status: after.status.as_str(),
             secrets,
+            run_id,
+            tenant,
+            trace: after.trace.clone(),
+            now,
+            ended_nodes,
         };
         self.cache().put(run_id, after);
         Ok(applied)
