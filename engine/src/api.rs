@@ -193,8 +193,13 @@ impl RunService for Api {
     ) -> Result<Response<v1::StartRunResponse>, Status> {
         let p = principal(&req)?;
         let tenant = p.tenant_for(&req.get_ref().tenant)?;
-        let (span, trace) =
-            crate::telemetry::start_run_span(req.metadata(), &tenant, &req.get_ref().workflow);
+        let header = |name: &str| req.metadata().get(name).and_then(|v| v.to_str().ok());
+        let (span, trace) = crate::telemetry::start_run_span(
+            header("traceparent"),
+            header("tracestate"),
+            &tenant,
+            &req.get_ref().workflow,
+        );
         let r = req.into_inner();
         let start = StartRun {
             tenant,

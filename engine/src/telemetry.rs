@@ -27,11 +27,13 @@ const QUEUE: usize = 4096;
 /// debug log). With spans exported the run's context names this span;
 /// without, it is the caller's context as received (`None` without one).
 pub fn start_run_span(
-    metadata: &tonic::metadata::MetadataMap,
+    traceparent: Option<&str>,
+    tracestate: Option<&str>,
     tenant: &str,
     workflow: &str,
 ) -> (tracing::Span, Option<TraceContext>) {
-    let incoming = incoming_trace(metadata);
+    let incoming =
+        traceparent.and_then(|parent| incoming_trace(parent, tracestate.unwrap_or_default()));
     let span = tracing::info_span!(
         "StartRun",
         otel.name = "belay.v1.RunService/StartRun",
@@ -50,13 +52,8 @@ pub fn start_run_span(
 }
 
 /// The W3C trace context of a request's `traceparent` and `tracestate`
-/// metadata, if present and well-formed.
-pub fn incoming_trace(metadata: &tonic::metadata::MetadataMap) -> Option<TraceContext> {
-    let parent = metadata.get("traceparent")?.to_str().ok()?;
-    let state = metadata
-        .get("tracestate")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+/// values, if well-formed.
+pub fn incoming_trace(parent: &str, state: &str) -> Option<TraceContext> {
     match TraceContext::parse(parent, state) {
         Ok(trace) => Some(trace),
         Err(e) => {

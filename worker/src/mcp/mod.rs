@@ -497,6 +497,19 @@ impl CallRequest {
             trace: None,
         }
     }
+
+    /// The `_meta` entries of [`CallRequest::trace`]: `traceparent`, and
+    /// `tracestate` when it has one.
+    pub fn trace_meta(&self) -> Vec<(&'static str, String)> {
+        let Some(trace) = &self.trace else {
+            return Vec::new();
+        };
+        let mut meta = vec![(TRACEPARENT_META_KEY, trace.traceparent.clone())];
+        if !trace.tracestate.is_empty() {
+            meta.push((TRACESTATE_META_KEY, trace.tracestate.clone()));
+        }
+        meta
+    }
 }
 
 /// What one call may ask of the run's model (`ToolCallSpec.sampling`),

@@ -80,8 +80,7 @@ use super::schema::{self, CompiledTool, RawTool};
 use super::{
     BoxFuture, CallOutcome, CallRefusal, CallRequest, Discovery, ElicitationAction,
     ElicitationAnswer, IDEMPOTENCY_META_KEY, InputNeeded, InputVia, McpClient, McpError, McpEvent,
-    ReadRequest, RefusedTool, ResourceListing, ServerStatus, TRACEPARENT_META_KEY,
-    TRACESTATE_META_KEY, result,
+    ReadRequest, RefusedTool, ResourceListing, ServerStatus, result,
 };
 use crate::oauth_discovery::{AuthorizationError, Challenge, Discovered};
 
@@ -2208,17 +2207,8 @@ impl Shared {
                 .0
                 .insert(IDEMPOTENCY_META_KEY.into(), Value::String(key.clone()));
         }
-        if let Some(trace) = &request.trace {
-            meta.0.0.insert(
-                TRACEPARENT_META_KEY.into(),
-                Value::String(trace.traceparent.clone()),
-            );
-            if !trace.tracestate.is_empty() {
-                meta.0.0.insert(
-                    TRACESTATE_META_KEY.into(),
-                    Value::String(trace.tracestate.clone()),
-                );
-            }
+        for (key, value) in request.trace_meta() {
+            meta.0.0.insert(key.into(), Value::String(value));
         }
         let mut params = CallToolRequestParams::new(request.tool.clone())
             .with_arguments(request.arguments.clone());

@@ -26,6 +26,7 @@ mod pii;
 mod retry;
 mod sampling;
 mod strict;
+mod trace;
 mod untraced;
 mod variant;
 mod workflow;
