@@ -82,8 +82,7 @@ impl Coordinator {
         };
         let mut detail: Option<String> = None;
         let mut applied = false;
-        self.store
-            .transition(run_id, None, |state, _| {
+        self.transition(run_id, None, |state, _| {
                 let d = machine::decide(
                     state,
                     Input::Callback {
@@ -173,8 +172,13 @@ impl Coordinator {
         let mut value = json_arg("result_json", result_json)?;
         let task = parse_uuid("task_id", task_id)?;
         let vault = self.vault.get();
-        self.store
-            .transition_task(task, |state, row| {
+        // The model provider a worker names in a model call's result
+        // (`belay_proto::wire::MODEL_PROVIDER_FIELD`), for the metrics.
+        let provider = value
+            .get(belay_proto::wire::MODEL_PROVIDER_FIELD)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        self.transition_task(task, provider.as_deref(), |state, row| {
                 let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
                 let is_tool = row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL;
                 let current = row.status == "leased" && row.attempt as u32 == attempt;
@@ -329,8 +333,7 @@ impl Coordinator {
         require("worker_id", worker_id)?;
         let task = parse_uuid("task_id", task_id)?;
         let error = machine::normalize::truncate_str(error, 16 * 1024).to_owned();
-        self.store
-            .transition_task(task, |state, row| {
+        self.transition_task(task, None, |state, row| {
                 let row = fenced(row, attempt, Some(worker_id))?;
                 if row.status != "leased" {
                     return Err(CoordinatorError::FailedPrecondition(format!(
@@ -388,8 +391,7 @@ impl Coordinator {
         check_text("request_state", request_state, MAX_JSON_BYTES)?;
         let requests = json_arg("requests_json", requests_json)?;
         let task = parse_uuid("task_id", task_id)?;
-        self.store
-            .transition_task(task, |state, row| {
+        self.transition_task(task, None, |state, row| {
                 let row = leased_tool_call(row, attempt, worker_id)?;
                 let asked = Input::ToolInputRequested {
                     call_id: row.call_id.clone(),

@@ -106,6 +106,7 @@ impl Coordinator {
             // Another request with this key won the race.
             return self.same_request(row, &req).await.map(|run| (run, false));
         }
+        self.record_created(&decision);
         tracing::info!(%run_id, tenant = %req.tenant, workflow = %req.workflow, "run started");
         Ok((row, created))
     }
@@ -336,7 +337,6 @@ impl Coordinator {
             sent_by: sent_by.to_owned(),
         };
         let applied = self
-            .store
             .transition(run.run_id, None, |state, _| {
                 machine::decide(state, input).map_err(CoordinatorError::from)
             })
@@ -387,8 +387,7 @@ impl Coordinator {
             grants: approver_grants.to_vec(),
             reason: reason.to_owned(),
         };
-        self.store
-            .transition(run.run_id, None, |state, _| {
+        self.transition(run.run_id, None, |state, _| {
                 machine::decide(state, input).map_err(CoordinatorError::from)
             })
             .await?;
@@ -406,8 +405,7 @@ impl Coordinator {
         what: &'static str,
     ) -> Result<RunRow, CoordinatorError> {
         let run = self.get_run(tenant, run_id).await?;
-        self.store
-            .transition(run.run_id, None, |state, _| {
+        self.transition(run.run_id, None, |state, _| {
                 machine::decide(state, input).map_err(CoordinatorError::from)
             })
             .await?;

@@ -161,8 +161,7 @@ impl Coordinator {
             reason.to_owned(),
             record.call_id.clone(),
         );
-        self.store
-            .transition(record.run_id, Some(record.task_id), |state, _| {
+        self.transition(record.run_id, Some(record.task_id), |state, _| {
                 machine::decide(
                     state,
                     Input::ResolveUncertain {

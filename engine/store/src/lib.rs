@@ -114,6 +114,8 @@
 //! `Command::DropRunSecrets` deletes the run's rows. `Store::run_secrets`
 //! lists a run's rows without values (tests, operators).
 
+mod db_errors;
+mod gauges;
 mod postgres;
 mod principals;
 mod rows;
@@ -125,6 +127,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
+pub use gauges::{GaugeCounts, PoolConnections};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};
 pub use rows::{
@@ -195,6 +199,19 @@ impl Store {
             )));
         };
         Ok(Store { backend })
+    }
+
+    /// The figures of the engine's database gauges: ready tasks by kind,
+    /// open uncertain outcomes by tenant, paused and waiting runs by
+    /// reason ([`GaugeCounts`]), in one statement. The same on every
+    /// engine of a database. Errors: [`StoreError::Database`].
+    pub async fn gauge_counts(&self) -> Result<GaugeCounts, StoreError> {
+        on_backend!(self, b => b.gauge_counts().await)
+    }
+
+    /// Connections of this process's pool(s), idle and in use; no statement.
+    pub fn pool_connections(&self) -> PoolConnections {
+        on_backend!(self, b => b.pool_connections())
     }
 
     /// Which database this store is on.
