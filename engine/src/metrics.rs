@@ -230,14 +230,12 @@ impl EngineMetrics {
 
 /// A recorder whose `_seconds` histograms have [`SECONDS_BUCKETS`].
 fn build_recorder() -> PrometheusRecorder {
-    let builder = PrometheusBuilder::new();
-    match builder
-        .clone()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+    
+    match PrometheusBuilder::new().set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
     {
         Ok(b) => b.build_recorder(),
         // Only refused for an empty bucket list, which this is not.
-        Err(_) => builder.build_recorder(),
+        Err(_) => PrometheusBuilder::new().build_recorder(),
     }
 }
 

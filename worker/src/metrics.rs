@@ -67,14 +67,11 @@ impl std::fmt::Debug for WorkerMetrics {
 
 impl Default for WorkerMetrics {
     fn default() -> Self {
-        let builder = PrometheusBuilder::new();
-        let recorder = match builder
-            .clone()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        let recorder = match PrometheusBuilder::new().set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
         {
             Ok(b) => b.build_recorder(),
             // Only refused for an empty bucket list, which this is not.
-            Err(_) => builder.build_recorder(),
+            Err(_) => PrometheusBuilder::new().build_recorder(),
         };
         for (name, help) in HELP {
             if name.ends_with("_total") {

@@ -118,11 +118,6 @@ pub struct ModelClient {
 }
 
 impl ModelClient {
-    /// The provider this client speaks to.
-    pub fn provider(&self) -> ModelProvider {
-        self.provider
-    }
-
     /// A client for `config`. Fails only if the HTTP client cannot be built
     /// (e.g. no TLS roots).
     pub fn new(config: &ModelProviderConfig) -> Result<Self, ModelError> {
