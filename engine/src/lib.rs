@@ -51,9 +51,9 @@ pub mod coordinator;
 pub mod error_code;
 pub mod expr_sandbox;
 pub mod mcp_pins;
-pub mod metrics;
 #[cfg(feature = "mcp-server")]
 pub mod mcp_server;
+pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod tls;

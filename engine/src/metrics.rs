@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 pub use observe::{Observed, observe};
 
@@ -92,21 +94,48 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 /// Every metric with its help text, in the order they are described.
 const HELP: &[(&str, &str)] = &[
     (RUNS_STARTED, "Runs created, by tenant and workflow."),
-    (RUNS_ENDED, "Runs that reached a final status (completed, failed, cancelled)."),
+    (
+        RUNS_ENDED,
+        "Runs that reached a final status (completed, failed, cancelled).",
+    ),
     (STEPS, "Results of task attempts, by kind and outcome."),
-    (STEP_DURATION, "Seconds from a task attempt becoming ready to its result recorded."),
-    (DISPATCH_LATENCY, "Seconds from a task becoming ready to a worker claiming it."),
-    (TASKS_READY, "Ready, unclaimed tasks claimable now (database-wide: take max across engines)."),
-    (LEASES_EXPIRED, "Task leases that expired before the worker reported."),
-    (UNCERTAIN_OPEN, "Open uncertain outcomes (database-wide), by tenant."),
+    (
+        STEP_DURATION,
+        "Seconds from a task attempt becoming ready to its result recorded.",
+    ),
+    (
+        DISPATCH_LATENCY,
+        "Seconds from a task becoming ready to a worker claiming it.",
+    ),
+    (
+        TASKS_READY,
+        "Ready, unclaimed tasks claimable now (database-wide: take max across engines).",
+    ),
+    (
+        LEASES_EXPIRED,
+        "Task leases that expired before the worker reported.",
+    ),
+    (
+        UNCERTAIN_OPEN,
+        "Open uncertain outcomes (database-wide), by tenant.",
+    ),
     (RUNS_PAUSED, "Paused runs (database-wide), by reason."),
     (RUNS_WAITING, "Waiting runs (database-wide), by reason."),
-    (MODEL_TOKENS, "Model tokens as providers reported them, by direction."),
+    (
+        MODEL_TOKENS,
+        "Model tokens as providers reported them, by direction.",
+    ),
     (TOOL_CALLS, "Tool calls ended, by tool and outcome."),
-    (DB_POOL, "Connections of this engine's database pool, by state."),
+    (
+        DB_POOL,
+        "Connections of this engine's database pool, by state.",
+    ),
     (DB_ERRORS, "Database errors this process met, by class."),
     (TASK_CLAIMS, "Claim requests answered, by result."),
-    (DB_GAUGE_ERRORS, "Scrapes whose database gauges could not be read."),
+    (
+        DB_GAUGE_ERRORS,
+        "Scrapes whose database gauges could not be read.",
+    ),
 ];
 
 /// Help text of [`MODEL_COST`] (rendered by this module: see
@@ -164,12 +193,16 @@ impl EngineMetrics {
 
     /// The counter `name` with `labels`.
     pub(crate) fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
-        self.inner.recorder.register_counter(&key(name, labels), &METADATA)
+        self.inner
+            .recorder
+            .register_counter(&key(name, labels), &METADATA)
     }
 
     /// The gauge `name` with `labels`.
     pub(crate) fn gauge(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Gauge {
-        self.inner.recorder.register_gauge(&key(name, labels), &METADATA)
+        self.inner
+            .recorder
+            .register_gauge(&key(name, labels), &METADATA)
     }
 
     /// The histogram `name` with `labels`.
@@ -189,7 +222,9 @@ impl EngineMetrics {
             return;
         }
         if let Ok(mut cost) = self.inner.cost.lock() {
-            *cost.entry((provider.to_owned(), model.to_owned())).or_default() += usd;
+            *cost
+                .entry((provider.to_owned(), model.to_owned()))
+                .or_default() += usd;
         }
     }
 
@@ -197,10 +232,14 @@ impl EngineMetrics {
     /// latency (`waited_ms`, ready to claimed).
     pub fn claimed(&self, tasks: &[crate::store::ClaimedTask]) {
         let result = if tasks.is_empty() { "empty" } else { "claimed" };
-        self.counter(TASK_CLAIMS, &[("result", result)]).increment(1);
+        self.counter(TASK_CLAIMS, &[("result", result)])
+            .increment(1);
         for task in tasks {
-            self.histogram(DISPATCH_LATENCY, &[("kind", observe::kind_label(&task.kind))])
-                .record(task.waited_ms / 1000.0);
+            self.histogram(
+                DISPATCH_LATENCY,
+                &[("kind", observe::kind_label(&task.kind))],
+            )
+            .record(task.waited_ms / 1000.0);
         }
     }
 
@@ -230,8 +269,8 @@ impl EngineMetrics {
 
 /// A recorder whose `_seconds` histograms have [`SECONDS_BUCKETS`].
 fn build_recorder() -> PrometheusRecorder {
-    
-    match PrometheusBuilder::new().set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+    match PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
     {
         Ok(b) => b.build_recorder(),
         // Only refused for an empty bucket list, which this is not.
@@ -301,15 +340,28 @@ mod tests {
         m.add_cost("openai", "gpt \"4\"", 0.5);
         m.add_cost("openai", "free", 0.0);
         let mut text = m.inner.handle.render();
-        render_float_counter(&mut text, MODEL_COST, MODEL_COST_HELP, &m.inner.cost.lock().map(|c| c.clone()).unwrap_or_default());
-        assert!(text.contains("# TYPE belay_runs_started_total counter"), "{text}");
+        render_float_counter(
+            &mut text,
+            MODEL_COST,
+            MODEL_COST_HELP,
+            &m.inner.cost.lock().map(|c| c.clone()).unwrap_or_default(),
+        );
+        assert!(
+            text.contains("# TYPE belay_runs_started_total counter"),
+            "{text}"
+        );
         assert!(
             text.contains(r#"belay_runs_started_total{tenant="acme",workflow="onboard"} 2"#),
             "{text}"
         );
-        assert!(text.contains(r#"belay_tasks_ready{kind="tool_call"} 3"#), "{text}");
         assert!(
-            text.contains(r#"belay_model_cost_usd_total{provider="openai",model="gpt \"4\""} 0.75"#),
+            text.contains(r#"belay_tasks_ready{kind="tool_call"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"belay_model_cost_usd_total{provider="openai",model="gpt \"4\""} 0.75"#
+            ),
             "{text}"
         );
         assert!(!text.contains("free"), "a zero cost adds no series: {text}");

@@ -51,17 +51,35 @@ fn proposal() -> String {
 async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     let db = TestDb::create(backend, "belay_metrics").await;
     let store = db.store(4).await;
-    let coord = common::coordinator(store.clone(), &["t"], CREATE_TOOL, CREATE_AGENT, &["crm.write"]).await;
+    let coord = common::coordinator(
+        store.clone(),
+        &["t"],
+        CREATE_TOOL,
+        CREATE_AGENT,
+        &["crm.write"],
+    )
+    .await;
     for key in ["k1", "k2"] {
         coord.start_run(start("t", key)).await.expect("start");
     }
     let counts = store.gauge_counts().await.expect("gauges");
     assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 2)]);
     let text = coord.metrics().render(&store).await;
-    assert_eq!(sample(&text, r#"belay_tasks_ready{kind="model_call"}"#), Some(2.0), "{text}");
-    assert_eq!(sample(&text, r#"belay_tasks_ready{kind="tool_call"}"#), Some(0.0), "{text}");
     assert_eq!(
-        sample(&text, r#"belay_runs_started_total{tenant="t",workflow="w"}"#),
+        sample(&text, r#"belay_tasks_ready{kind="model_call"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"belay_tasks_ready{kind="tool_call"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"belay_runs_started_total{tenant="t",workflow="w"}"#
+        ),
         Some(2.0),
         "{text}"
     );
@@ -69,10 +87,19 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     let claimed = coord.claim("w1", 1, 0).await.expect("claim");
     assert_eq!(claimed.len(), 1);
     let counts = store.gauge_counts().await.expect("gauges");
-    assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 1)], "a claimed task is no backlog");
+    assert_eq!(
+        counts.tasks_ready,
+        vec![("model_call".to_owned(), 1)],
+        "a claimed task is no backlog"
+    );
     let task = &claimed[0];
     coord
-        .complete("w1", &task.task_id.to_string(), task.attempt as u32, &proposal())
+        .complete(
+            "w1",
+            &task.task_id.to_string(),
+            task.attempt as u32,
+            &proposal(),
+        )
         .await
         .expect("complete");
     let counts = store.gauge_counts().await.expect("gauges");
@@ -84,11 +111,26 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     // The counters right away (the database gauges are cached for a second).
     let text = coord.metrics().render(&store).await;
     for (series, want) in [
-        (r#"belay_steps_total{kind="model_call",outcome="succeeded"}"#, 1.0),
-        (r#"belay_model_tokens_total{provider="openai",model="m",direction="input"}"#, 7.0),
-        (r#"belay_model_tokens_total{provider="openai",model="m",direction="output"}"#, 3.0),
-        (r#"belay_step_duration_seconds_count{kind="model_call"}"#, 1.0),
-        (r#"belay_dispatch_latency_seconds_count{kind="model_call"}"#, 1.0),
+        (
+            r#"belay_steps_total{kind="model_call",outcome="succeeded"}"#,
+            1.0,
+        ),
+        (
+            r#"belay_model_tokens_total{provider="openai",model="m",direction="input"}"#,
+            7.0,
+        ),
+        (
+            r#"belay_model_tokens_total{provider="openai",model="m",direction="output"}"#,
+            3.0,
+        ),
+        (
+            r#"belay_step_duration_seconds_count{kind="model_call"}"#,
+            1.0,
+        ),
+        (
+            r#"belay_dispatch_latency_seconds_count{kind="model_call"}"#,
+            1.0,
+        ),
         (r#"belay_task_claims_total{result="claimed"}"#, 1.0),
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
@@ -100,7 +142,14 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
 async fn paused_runs_are_counted_by_reason(backend: Backend) {
     let db = TestDb::create(backend, "belay_metrics").await;
     let store = db.store(4).await;
-    let coord = common::coordinator(store.clone(), &["t", "u"], CREATE_TOOL, CREATE_AGENT, &["crm.write"]).await;
+    let coord = common::coordinator(
+        store.clone(),
+        &["t", "u"],
+        CREATE_TOOL,
+        CREATE_AGENT,
+        &["crm.write"],
+    )
+    .await;
     let (run, _) = coord.start_run(start("t", "k1")).await.expect("start");
     coord.start_run(start("u", "k2")).await.expect("start");
     coord
@@ -114,7 +163,11 @@ async fn paused_runs_are_counted_by_reason(backend: Backend) {
     // The paused run's model call is held: only the other run's is backlog.
     assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 1)]);
     let text = coord.metrics().render(&store).await;
-    assert_eq!(sample(&text, r#"belay_runs_paused{reason="operator"}"#), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, r#"belay_runs_paused{reason="operator"}"#),
+        Some(1.0),
+        "{text}"
+    );
     store.close().await;
     db.drop().await;
 }

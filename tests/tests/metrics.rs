@@ -33,7 +33,12 @@ fn tools() -> Result<(String, String)> {
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
-    ensure!(out.status.success(), "{} failed ({})", script.display(), out.status);
+    ensure!(
+        out.status.success(),
+        "{} failed ({})",
+        script.display(),
+        out.status
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let var = |name: &str| {
         text.lines()
@@ -82,8 +87,14 @@ impl Prometheus {
         let port = free_port()?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = tokio::process::Command::new(binary)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::null())
             .stderr(log)
@@ -108,14 +119,21 @@ impl Prometheus {
             if ok.is_ok_and(|r| r.status().is_success()) {
                 return Ok(());
             }
-            ensure!(tokio::time::Instant::now() < deadline, "Prometheus did not start");
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "Prometheus did not start"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     /// Waits until the targets of `jobs` are up with a scrape that started
     /// at or after `after` (Prometheus's `lastScrape`, RFC 3339).
-    async fn scraped_after(&self, jobs: &[&str], after: chrono::DateTime<chrono::Utc>) -> Result<()> {
+    async fn scraped_after(
+        &self,
+        jobs: &[&str],
+        after: chrono::DateTime<chrono::Utc>,
+    ) -> Result<()> {
         let deadline = tokio::time::Instant::now() + T;
         loop {
             let v: Value = self
@@ -125,9 +143,14 @@ impl Prometheus {
                 .await?
                 .json()
                 .await?;
-            let targets = v["data"]["activeTargets"].as_array().cloned().unwrap_or_default();
+            let targets = v["data"]["activeTargets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             let fresh = targets.iter().filter(|t| {
-                let last = t["lastScrape"].as_str().and_then(|s| s.parse::<chrono::DateTime<chrono::Utc>>().ok());
+                let last = t["lastScrape"]
+                    .as_str()
+                    .and_then(|s| s.parse::<chrono::DateTime<chrono::Utc>>().ok());
                 let job = t["labels"]["job"].as_str().unwrap_or_default();
                 jobs.contains(&job) && t["health"] == "up" && last.is_some_and(|l| l >= after)
             });
@@ -154,9 +177,13 @@ impl Prometheus {
             .await?;
         ensure!(v["status"] == "success", "query {q}: {v}");
         let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
-        ensure!(result.len() == 1, "query {q}: expected one series, got {result:?}");
+        ensure!(
+            result.len() == 1,
+            "query {q}: expected one series, got {result:?}"
+        );
         let text = result[0]["value"][1].as_str().unwrap_or_default();
-        text.parse().with_context(|| format!("query {q}: value {text:?}"))
+        text.parse()
+            .with_context(|| format!("query {q}: value {text:?}"))
     }
 }
 
@@ -177,13 +204,18 @@ async fn promtool_check(promtool: &str, what: &str, text: &str) -> Result<()> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    ensure!(out.status.success() && said.trim().is_empty(), "promtool on {what}: {said}\n{text}");
+    ensure!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool on {what}: {said}\n{text}"
+    );
     Ok(())
 }
 
 /// `host:port` of an `http://host:port` URL.
 fn host_port(url: &str) -> String {
-    url.trim_start_matches("http://").trim_end_matches('/').to_owned()
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
 }
 
 async fn get_text(url: &str) -> Result<String> {
@@ -198,7 +230,12 @@ async fn get_text(url: &str) -> Result<String> {
 async fn complete_runs(env: &Env, first: usize, n: usize) -> Result<()> {
     for i in first..first + n {
         let run = env
-            .start_onboarding(0, "onboarding_express", &format!("m{i}@example.com"), &format!("m{i}"))
+            .start_onboarding(
+                0,
+                "onboarding_express",
+                &format!("m{i}@example.com"),
+                &format!("m{i}"),
+            )
             .await?;
         env.wait_for(0, &run, "run_completed", T).await?;
     }
@@ -221,19 +258,42 @@ async fn prometheus_scrapes_what_the_workload_did() -> Result<()> {
 
     // A backlog before any worker: two ready model calls.
     for i in 0..2 {
-        env.start_onboarding(0, "onboarding_express", &format!("b{i}@example.com"), &format!("b{i}"))
-            .await?;
+        env.start_onboarding(
+            0,
+            "onboarding_express",
+            &format!("b{i}@example.com"),
+            &format!("b{i}"),
+        )
+        .await?;
     }
     // The engine reads the database gauges at most once a second.
-    prom.scraped_after(&["engine"], chrono::Utc::now() + chrono::Duration::milliseconds(1100)).await?;
-    assert_eq!(prom.value(r#"max(belay_tasks_ready{kind="model_call"})"#).await?, 2.0);
-    assert_eq!(prom.value(r#"belay_tasks_ready{kind="tool_call"}"#).await?, 0.0);
+    prom.scraped_after(
+        &["engine"],
+        chrono::Utc::now() + chrono::Duration::milliseconds(1100),
+    )
+    .await?;
+    assert_eq!(
+        prom.value(r#"max(belay_tasks_ready{kind="model_call"})"#)
+            .await?,
+        2.0
+    );
+    assert_eq!(
+        prom.value(r#"belay_tasks_ready{kind="tool_call"}"#).await?,
+        0.0
+    );
 
-    env.start_worker_with_args(0, &["--health-listen".into(), format!("127.0.0.1:{worker_port}")])
-        .await?;
+    env.start_worker_with_args(
+        0,
+        &["--health-listen".into(), format!("127.0.0.1:{worker_port}")],
+    )
+    .await?;
     complete_runs(&env, 0, 1).await?;
     wait_all_completed(&env.client(0)?, 3).await?;
-    prom.scraped_after(&["engine", "worker"], chrono::Utc::now() + chrono::Duration::milliseconds(1100)).await?;
+    prom.scraped_after(
+        &["engine", "worker"],
+        chrono::Utc::now() + chrono::Duration::milliseconds(1100),
+    )
+    .await?;
     assert_workload_figures(&prom, 3).await?;
 
     for (what, url) in [("engine", &engine_metrics), ("worker", &worker_metrics)] {
@@ -253,7 +313,10 @@ async fn wait_all_completed(client: &belay_sdk::Client, n: usize) -> Result<()> 
         if done >= n {
             return Ok(());
         }
-        ensure!(tokio::time::Instant::now() < deadline, "{done} of {n} runs completed");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{done} of {n} runs completed"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -288,7 +351,11 @@ async fn assert_workload_figures(prom: &Prometheus, runs: usize) -> Result<()> {
     for (q, want) in cases {
         assert_eq!(prom.value(&q).await?, want, "{q}");
     }
-    ensure!(prom.value(r#"belay_worker_claims_total{result="claimed"}"#).await? >= 1.0);
+    ensure!(
+        prom.value(r#"belay_worker_claims_total{result="claimed"}"#)
+            .await?
+            >= 1.0
+    );
     ensure!(prom.value(r#"sum(belay_db_pool_connections)"#).await? >= 1.0);
     Ok(())
 }
@@ -301,7 +368,10 @@ async fn metrics_are_public_while_the_admin_routes_are_not() -> Result<()> {
     let admin = env.engines[0].admin_url().to_owned();
     let text = get_text(&format!("{admin}/metrics")).await?;
     assert!(text.contains("# TYPE belay_tasks_ready gauge"), "{text}");
-    for path in ["/admin/v1/keys", "/admin/v1/tenants/acme/uncertain-outcomes"] {
+    for path in [
+        "/admin/v1/keys",
+        "/admin/v1/tenants/acme/uncertain-outcomes",
+    ] {
         let status = reqwest::get(format!("{admin}{path}")).await?.status();
         assert_eq!(status.as_u16(), 401, "{path} without a credential");
     }

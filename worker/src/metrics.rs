@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use metrics::{Key, Label, Metadata, Recorder};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 /// `belay_worker_slots{state}` gauge: task slots (`--concurrency`), `busy`
 /// (a task running) or `free`.
@@ -39,7 +41,10 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 const HELP: &[(&str, &str)] = &[
     (SLOTS, "Task slots of this worker, by state (busy, free)."),
     (TASKS, "Tasks performed, by kind and report outcome."),
-    (TASK_DURATION, "Seconds from a task claimed to its report answered."),
+    (
+        TASK_DURATION,
+        "Seconds from a task claimed to its report answered.",
+    ),
     (CLAIMS, "Claim requests, by result."),
 ];
 
@@ -67,7 +72,8 @@ impl std::fmt::Debug for WorkerMetrics {
 
 impl Default for WorkerMetrics {
     fn default() -> Self {
-        let recorder = match PrometheusBuilder::new().set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        let recorder = match PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
         {
             Ok(b) => b.build_recorder(),
             // Only refused for an empty bucket list, which this is not.
@@ -156,14 +162,21 @@ impl WorkerMetrics {
 
     /// A task of `kind` was reported with `outcome` (see [`TASKS`]).
     pub(crate) fn task(&self, kind: &str, outcome: &'static str) {
-        self.counter(TASKS, &[("kind", kind_label(kind)), ("outcome", outcome)], 1);
+        self.counter(
+            TASKS,
+            &[("kind", kind_label(kind)), ("outcome", outcome)],
+            1,
+        );
     }
 
     /// A task of `kind` took `elapsed`, claimed to reported.
     pub(crate) fn task_duration(&self, kind: &str, elapsed: Duration) {
         self.inner
             .recorder
-            .register_histogram(&key(TASK_DURATION, &[("kind", kind_label(kind))]), &METADATA)
+            .register_histogram(
+                &key(TASK_DURATION, &[("kind", kind_label(kind))]),
+                &METADATA,
+            )
             .record(elapsed.as_secs_f64());
     }
 

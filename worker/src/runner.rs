@@ -177,20 +177,7 @@ pub async fn run_with_engine(
             () = &mut shutdown => break,
             claimed = ctx.engine.claim_tasks(max_tasks, wait_ms) => claimed,
         };
-        ctx.metrics.claim(match &claimed {
-            Ok(tasks) if tasks.is_empty() => "empty",
-            Ok(_) => "claimed",
-            Err(s) if matches!(s.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
-                "refused"
-            }
-            Err(_) => "error",
-        });
-        match &claimed {
-            Ok(_) => health.claim_succeeded(),
-            Err(status) => {
-                health.claim_failed(format!("{:?}: {}", status.code(), status.message()))
-            }
-        }
+        note_claim(&ctx, &health, &claimed);
         match claimed {
             Ok(claimed) => {
                 if let Some(since) = outage_since.take() {
@@ -289,6 +276,24 @@ pub async fn run_with_engine(
     }
     tracing::info!("worker stopped");
     refused.map_or(Ok(()), credential_refused)
+}
+
+/// Tells the health state and the metrics how a claim went.
+fn note_claim(
+    ctx: &Ctx,
+    health: &crate::health::HealthState,
+    claimed: &Result<Vec<Task>, tonic::Status>,
+) {
+    ctx.metrics.claim(match claimed {
+        Ok(tasks) if tasks.is_empty() => "empty",
+        Ok(_) => "claimed",
+        Err(s) if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) => "refused",
+        Err(_) => "error",
+    });
+    match claimed {
+        Ok(_) => health.claim_succeeded(),
+        Err(status) => health.claim_failed(format!("{:?}: {}", status.code(), status.message())),
+    }
 }
 
 /// The error a worker stops with when the engine refuses its credential
@@ -436,7 +441,9 @@ fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: Owned
         task_ctx.metrics.slot(true);
         perform_task(&task_ctx, &task, &task_dispatched).await;
         task_ctx.metrics.slot(false);
-        task_ctx.metrics.task_duration(&task.kind, started.elapsed());
+        task_ctx
+            .metrics
+            .task_duration(&task.kind, started.elapsed());
     });
     leases.insert(
         key,

@@ -341,9 +341,9 @@ impl Coordinator {
                     error: Some(format!("the child run could not start: {e}")),
                 };
                 self.transition(row.run_id, None, |state, _| {
-                        machine::decide(state, input).map_err(CoordinatorError::from)
-                    })
-                    .await?;
+                    machine::decide(state, input).map_err(CoordinatorError::from)
+                })
+                .await?;
                 Ok(())
             }
             Err(e) => Err(e),
@@ -378,9 +378,9 @@ impl Coordinator {
             error: p.get("error").and_then(Value::as_str).map(str::to_owned),
         };
         self.transition(parent, None, |state, _| {
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         Ok(())
     }
 

@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use uuid::Uuid;
 
 use super::Coordinator;
-use crate::machine::{Decision, RunState};
 use crate::machine::gates::GateVerdict;
+use crate::machine::{Decision, RunState};
 use crate::metrics::{Observed, observe};
 use crate::store::{Applied, TaskRow, TransitionError};
 
@@ -28,10 +28,10 @@ impl Capture {
         provider: Option<&str>,
         decision: &Result<Decision, E>,
     ) {
-        if let Ok(d) = decision {
-            if let Ok(mut slot) = self.0.lock() {
-                *slot = Some(observe(state, task, &d.events, provider));
-            }
+        if let Ok(d) = decision
+            && let Ok(mut slot) = self.0.lock()
+        {
+            *slot = Some(observe(state, task, &d.events, provider));
         }
     }
 

@@ -388,9 +388,9 @@ impl Coordinator {
             reason: reason.to_owned(),
         };
         self.transition(run.run_id, None, |state, _| {
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(run_id = %run.run_id, node, approve, approver, "approval decided");
         self.get_run(tenant, run_id).await
     }
@@ -406,9 +406,9 @@ impl Coordinator {
     ) -> Result<RunRow, CoordinatorError> {
         let run = self.get_run(tenant, run_id).await?;
         self.transition(run.run_id, None, |state, _| {
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(run_id = %run.run_id, "{what}");
         self.get_run(tenant, run_id).await
     }

@@ -50,8 +50,10 @@ impl DbGauges {
     /// [`REFRESH_EVERY`] ago; sets the pool and error figures every time.
     pub(super) async fn refresh(&self, m: &EngineMetrics, store: &Store) {
         let pool = store.pool_connections();
-        m.gauge(DB_POOL, &[("state", "idle")]).set(f64::from(pool.idle));
-        m.gauge(DB_POOL, &[("state", "in_use")]).set(f64::from(pool.in_use));
+        m.gauge(DB_POOL, &[("state", "idle")])
+            .set(f64::from(pool.idle));
+        m.gauge(DB_POOL, &[("state", "in_use")])
+            .set(f64::from(pool.in_use));
         let mut state = self.state.lock().await;
         if state.read_at.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
             set_errors(m);
@@ -104,6 +106,7 @@ fn set_gauge(
 /// Sets `belay_db_errors_total` from the store's process-wide counts.
 fn set_errors(m: &EngineMetrics) {
     for (class, count) in crate::store::db_error_counts() {
-        m.counter(DB_ERRORS, &[("operation", class)]).absolute(count);
+        m.counter(DB_ERRORS, &[("operation", class)])
+            .absolute(count);
     }
 }

@@ -144,19 +144,22 @@ pub fn observe(
                     .plan
                     .as_ref()
                     .is_some_and(|p| p.tools.contains_key(tool));
-                let tool = if known { tool.clone() } else { "unknown".into() };
+                let tool = if known {
+                    tool.clone()
+                } else {
+                    "unknown".into()
+                };
                 out.tool_calls.push((tool, "refused"));
             }
             _ => {}
         }
     }
-    if let Some(task) = task {
-        if outcomes.contains_key(task.call_id.as_str()) {
-            if let (Some(now), Some(ready)) = (state.now, task.available_at) {
-                let secs = (now - ready).num_milliseconds().max(0) as f64 / 1000.0;
-                out.step_duration = Some((kind_label(&task.kind), secs));
-            }
-        }
+    if let Some(task) = task
+        && outcomes.contains_key(task.call_id.as_str())
+        && let (Some(now), Some(ready)) = (state.now, task.available_at)
+    {
+        let secs = (now - ready).num_milliseconds().max(0) as f64 / 1000.0;
+        out.step_duration = Some((kind_label(&task.kind), secs));
     }
     out.steps = outcomes
         .into_iter()
@@ -179,7 +182,11 @@ fn set_outcome<'a>(
 
 /// `(tenant, workflow, status)` of a run that ended: from the state, or,
 /// for a run that starts and ends in one decision, its `RunStarted`.
-fn ended(state: &RunState, events: &[Event], status: &'static str) -> (String, String, &'static str) {
+fn ended(
+    state: &RunState,
+    events: &[Event],
+    status: &'static str,
+) -> (String, String, &'static str) {
     if let Some(plan) = &state.plan {
         return (state.tenant.clone(), plan.workflow.def.name.clone(), status);
     }
@@ -223,7 +230,9 @@ fn model_tokens(
     usage: &belay_proto::wire::Usage,
 ) -> (String, String, u64, u64, f64) {
     let agent = state.current_agent();
-    let model = agent.map(|a| a.model.clone()).unwrap_or_else(|| "unknown".into());
+    let model = agent
+        .map(|a| a.model.clone())
+        .unwrap_or_else(|| "unknown".into());
     let cost = agent
         .and_then(|a| a.pricing.as_ref())
         .map(|p| p.cost_usd(usage.input_tokens, usage.output_tokens))
@@ -252,7 +261,11 @@ impl Observed {
         if let Some((tenant, workflow, status)) = &self.run_ended {
             m.counter(
                 RUNS_ENDED,
-                &[("tenant", tenant), ("workflow", workflow), ("status", status)],
+                &[
+                    ("tenant", tenant),
+                    ("workflow", workflow),
+                    ("status", status),
+                ],
             )
             .increment(1);
         }
@@ -267,9 +280,16 @@ impl Observed {
             m.counter(LEASES_EXPIRED, &[("kind", kind)]).increment(1);
         }
         for (provider, model, input, output, cost) in &self.tokens {
-            let labels = |d| [("provider", provider.as_str()), ("model", model.as_str()), ("direction", d)];
+            let labels = |d| {
+                [
+                    ("provider", provider.as_str()),
+                    ("model", model.as_str()),
+                    ("direction", d),
+                ]
+            };
             m.counter(MODEL_TOKENS, &labels("input")).increment(*input);
-            m.counter(MODEL_TOKENS, &labels("output")).increment(*output);
+            m.counter(MODEL_TOKENS, &labels("output"))
+                .increment(*output);
             m.add_cost(provider, model, *cost);
         }
         for (tool, outcome) in &self.tool_calls {

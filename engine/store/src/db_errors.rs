@@ -72,7 +72,10 @@ mod tests {
         count(&sqlx::Error::RowNotFound);
         let after = db_error_counts();
         let grew = |name: &str| {
-            let i = DB_ERROR_CLASSES.iter().position(|c| *c == name).unwrap_or(99);
+            let i = DB_ERROR_CLASSES
+                .iter()
+                .position(|c| *c == name)
+                .unwrap_or(99);
             after[i].1 - before[i].1
         };
         // Other tests of this process may count errors concurrently:

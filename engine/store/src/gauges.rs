@@ -9,8 +9,7 @@
 /// `runs.status_reason`: `uncertain_outcome` when an uncertain outcome holds
 /// it (`RunState::refresh_pause` writes `uncertain outcome: …`), else
 /// `operator`.
-pub(crate) const PAUSED_REASON_SQL: &str =
-    "CASE WHEN status_reason LIKE 'uncertain outcome:%' THEN 'uncertain_outcome' ELSE 'operator' END";
+pub(crate) const PAUSED_REASON_SQL: &str = "CASE WHEN status_reason LIKE 'uncertain outcome:%' THEN 'uncertain_outcome' ELSE 'operator' END";
 
 /// SQL (both dialects): the reason label of a waiting run from
 /// `runs.status_reason`, as `RunState::waiting_reason` words it: one of
