@@ -2,9 +2,11 @@
 //! operators. It lists, shows and resolves uncertain outcomes, pauses,
 //! resumes and cancels runs, lists MCP tool definitions and accepts
 //! changed ones ([`crate::mcp_pins`]), and lists the tool calls of a
-//! tenant's runs for audit ([`crate::audit`]). Every route but the OpenAPI document
-//! ([`OPENAPI_PATH`]) needs a bearer token ([`AdminAuth`]); tenants are named
-//! in the path (`/admin/v1/tenants/{tenant}/...`).
+//! tenant's runs for audit ([`crate::audit`]), and serves the engine's
+//! Prometheus metrics ([`METRICS_PATH`]). Every route but the public ones
+//! ([`PUBLIC_ROUTES`]: the OpenAPI document and the metrics) needs a bearer
+//! token ([`AdminAuth`]); tenants are named in the path
+//! (`/admin/v1/tenants/{tenant}/...`).
 //!
 //! Errors are JSON, `{"error": {"code", "message", "details"}}` (see
 //! [`AdminError`]; the status codes are listed in [`AdminError::status`]).
@@ -83,10 +85,21 @@ pub const MCP_TOOL_ACCEPT_PATH: &str =
 /// `GET`: a page of the tool calls the tenant's runs proposed (audit).
 pub const TOOL_CALLS_PATH: &str = "/admin/v1/tenants/{tenant}/tool-calls";
 
+/// The engine's Prometheus metrics, text exposition format
+/// ([`crate::metrics`]). Public, like a health check: Prometheus scrapes
+/// without a credential (keep the admin port off the internet, or allow
+/// only the scraper to reach it).
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The routes anyone may call, without a credential: the OpenAPI document
+/// and the metrics. Every other route of [`ROUTES`] needs a principal.
+pub const PUBLIC_ROUTES: &[&str] = &[OPENAPI_PATH, METRICS_PATH];
+
 /// Every route the router serves, as `(method, path template)`; the OpenAPI
 /// document describes exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", OPENAPI_PATH),
+    ("GET", METRICS_PATH),
     ("GET", UNCERTAIN_LIST_PATH),
     ("GET", UNCERTAIN_PATH),
     ("POST", UNCERTAIN_RESOLVE_PATH),
@@ -628,6 +641,19 @@ async fn openapi_doc() -> Json<Value> {
     Json(openapi::document())
 }
 
+/// `GET /metrics`: the engine's metrics (database gauges read at most once
+/// a second), as Prometheus's text format 0.0.4.
+async fn metrics(State(state): State<AppState>) -> impl axum::response::IntoResponse {
+    let text = state.coord.metrics().render(state.coord.store()).await;
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+}
+
 async fn list_uncertain(
     State(state): State<AppState>,
     AdminPath(tenant): AdminPath<String>,
@@ -887,6 +913,7 @@ pub fn router(coord: Arc<Coordinator>, auth: Authenticator) -> Router {
         ));
     Router::new()
         .route(OPENAPI_PATH, get(openapi_doc))
+        .route(METRICS_PATH, get(metrics))
         .merge(tenant_routes)
         .merge(key_routes)
         .fallback(no_route)

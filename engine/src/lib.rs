@@ -25,6 +25,8 @@
 //! - [`notify`]: webhook delivery of operator notifications.
 //! - [`mcp_pins`]: pinning of MCP tool definitions (reports, trust on first
 //!   use, operator acceptance).
+//! - [`metrics`]: the Prometheus metrics (`GET /metrics` of the admin
+//!   endpoint): names, recording of committed decisions, database gauges.
 //! - [`server`]: the one way an engine process is put together
 //!   ([`server::EngineOptions`], [`server::Engine::serve`]) and the stop signal.
 //! - [`tls`]: TLS of the listeners (rustls; certificate reload, optional
@@ -51,6 +53,7 @@ pub mod expr_sandbox;
 pub mod mcp_pins;
 #[cfg(feature = "mcp-server")]
 pub mod mcp_server;
+pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod telemetry;

@@ -145,6 +145,13 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
+/// The field of a `model_call` result (`CompleteTask.result_json`) in which
+/// the worker names the provider it called (`openai`, `anthropic`), beside
+/// the fields of [`ModelCallResult`]: only the engine's metrics read it
+/// (`belay_model_tokens_total{provider}`); an engine ignores it otherwise
+/// and a result without it is counted as provider `unknown`.
+pub const MODEL_PROVIDER_FIELD: &str = "provider";
+
 /// Result of a `model_call` task, reported in `CompleteTask.result_json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelCallResult {

@@ -714,6 +714,16 @@ impl Env {
         self.spawn_worker(engine, &[], env).await
     }
 
+    /// Start a worker connected to engine `engine` with `extra` flags
+    /// (e.g. `--health-listen 127.0.0.1:PORT`).
+    pub async fn start_worker_with_args(
+        &mut self,
+        engine: usize,
+        extra: &[String],
+    ) -> Result<usize> {
+        self.spawn_worker(engine, extra, &[]).await
+    }
+
     /// Start a worker connected to engine `engine` whose MCP servers are
     /// `mcp_config` (the `--mcp-config` JSON document, written to a file
     /// next to the test logs).

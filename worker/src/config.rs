@@ -50,6 +50,15 @@ pub enum ModelProvider {
 }
 
 impl ModelProvider {
+    /// The provider's name, as `--model-provider` spells it (`openai`,
+    /// `anthropic`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+
     /// The base URL used when none is configured:
     /// [`DEFAULT_MODEL_BASE_URL`] or [`DEFAULT_ANTHROPIC_BASE_URL`].
     pub fn default_base_url(self) -> &'static str {

@@ -11,6 +11,8 @@
 //!   probe takes the pod out of a Service's endpoints; nothing routes to a
 //!   worker (it pulls its work), so readiness is for operators and rollouts
 //!   (`kubectl rollout status` waits for it).
+//! - `GET /metrics`: the worker's Prometheus metrics ([`crate::metrics`]),
+//!   text format 0.0.4. Public, like the probes.
 //!
 //! The claim loop ([`crate::runner`]) writes the state; [`serve`] reads it.
 //! Tests await [`HealthState::wait_for`] instead of polling.
@@ -26,6 +28,8 @@ use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 use serde_json::json;
 use tokio::sync::watch;
+
+use crate::metrics::WorkerMetrics;
 
 /// What the worker knows of its readiness.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +56,8 @@ pub struct HealthState {
     tx: Arc<watch::Sender<Readiness>>,
     /// The worker id, shown in `/readyz`.
     worker_id: Arc<Mutex<String>>,
+    /// The worker's metrics, served at `/metrics`.
+    metrics: WorkerMetrics,
 }
 
 impl Default for HealthState {
@@ -59,6 +65,7 @@ impl Default for HealthState {
         HealthState {
             tx: Arc::new(watch::channel(Readiness::Starting).0),
             worker_id: Arc::default(),
+            metrics: WorkerMetrics::default(),
         }
     }
 }
@@ -73,6 +80,11 @@ impl PartialEq for HealthState {
 impl Eq for HealthState {}
 
 impl HealthState {
+    /// The worker's metrics (what `/metrics` serves).
+    pub fn metrics(&self) -> &WorkerMetrics {
+        &self.metrics
+    }
+
     /// The current readiness.
     pub fn get(&self) -> Readiness {
         self.tx.borrow().clone()
@@ -135,7 +147,7 @@ impl HealthState {
     }
 }
 
-/// Serves `/livez` and `/readyz` of `state` on `listener` until `shutdown`
+/// Serves `/livez`, `/readyz` and `/metrics` of `state` on `listener` until `shutdown`
 /// resolves. Errors: the listener's.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -145,6 +157,7 @@ pub async fn serve(
     let router = Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(state);
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
@@ -156,6 +169,16 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--health-listen): {e}"))
+}
+
+async fn metrics(State(state): State<HealthState>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
 }
 
 async fn readyz(State(state): State<HealthState>) -> impl IntoResponse {

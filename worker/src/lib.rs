@@ -135,7 +135,9 @@
 //! outcome and the start of shutdown into `WorkerConfig.health`.
 //! `health.rs`: the worker's readiness (`HealthState`, a `watch` channel:
 //! starting, ready, engine unreachable since/why, stopping) and the axum
-//! server of `--health-listen` (`/livez`, `/readyz`) for a pod's probes.
+//! server of `--health-listen` (`/livez`, `/readyz`, `/metrics`) for a pod's
+//! probes and Prometheus. `metrics.rs`: the worker's Prometheus metrics
+//! (`WorkerMetrics`, held by `HealthState`; slots, tasks, claims).
 //! `model.rs`: `ModelClient`, one HTTP client for both providers: sending,
 //! timeouts, the API-key header and the failure class of every status and
 //! transport error (429, and Anthropic's 529 overloaded, are `not_sent`; other
@@ -287,6 +289,7 @@ pub mod http_tool;
 mod http_util;
 pub mod mcp;
 pub mod mcp_tool;
+pub mod metrics;
 pub mod model;
 pub mod oauth2;
 pub mod oauth_discovery;

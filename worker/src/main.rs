@@ -257,7 +257,7 @@ async fn work(args: Args) -> anyhow::Result<()> {
         let listener = belay_worker::health::bind(addr).await?;
         // The bound address: with port 0, the one the system chose.
         let bound = listener.local_addr().unwrap_or(addr);
-        tracing::info!(addr = %bound, "health endpoint listening (/livez, /readyz)");
+        tracing::info!(addr = %bound, "health endpoint listening (/livez, /readyz, /metrics)");
         let state = config.health.clone();
         tokio::spawn(async move {
             if let Err(e) =

@@ -128,8 +128,10 @@ pub async fn run_with_engine(
         sandbox,
         leases: Mutex::new(HashMap::new()),
         lease_added: Notify::new(),
+        metrics: health.metrics().clone(),
     });
     let concurrency = config.concurrency.clamp(1, Semaphore::MAX_PERMITS);
+    ctx.metrics.set_capacity(concurrency);
     tracing::info!(
         worker_id = ctx.engine.worker_id(),
         engine_url = %config.engine_url,
@@ -182,12 +184,7 @@ pub async fn run_with_engine(
             () = &mut shutdown => break,
             claimed = ctx.engine.claim_tasks(max_tasks, wait_ms) => claimed,
         };
-        match &claimed {
-            Ok(_) => health.claim_succeeded(),
-            Err(status) => {
-                health.claim_failed(format!("{:?}: {}", status.code(), status.message()))
-            }
-        }
+        note_claim(&ctx, &health, &claimed);
         match claimed {
             Ok(claimed) => {
                 if let Some(since) = outage_since.take() {
@@ -288,6 +285,24 @@ pub async fn run_with_engine(
     refused.map_or(Ok(()), credential_refused)
 }
 
+/// Tells the health state and the metrics how a claim went.
+fn note_claim(
+    ctx: &Ctx,
+    health: &crate::health::HealthState,
+    claimed: &Result<Vec<Task>, tonic::Status>,
+) {
+    ctx.metrics.claim(match claimed {
+        Ok(tasks) if tasks.is_empty() => "empty",
+        Ok(_) => "claimed",
+        Err(s) if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) => "refused",
+        Err(_) => "error",
+    });
+    match claimed {
+        Ok(_) => health.claim_succeeded(),
+        Err(status) => health.claim_failed(format!("{:?}: {}", status.code(), status.message())),
+    }
+}
+
 /// The error a worker stops with when the engine refuses its credential
 /// (no key, a revoked, expired or wrong-role key), logged as it is made.
 fn credential_refused(status: tonic::Status) -> anyhow::Result<()> {
@@ -316,6 +331,8 @@ struct Ctx {
     leases: Mutex<HashMap<LeaseKey, HeldLease>>,
     /// Wakes the heartbeat loop when a lease is added (it may be the shortest).
     lease_added: Notify,
+    /// The worker's metrics (served by the health listener).
+    metrics: crate::metrics::WorkerMetrics,
 }
 
 type LeaseKey = (String, u32);
@@ -427,7 +444,13 @@ fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: Owned
     let abort = tasks.spawn(async move {
         let _permit = permit;
         let _guard = guard;
+        let started = Instant::now();
+        task_ctx.metrics.slot(true);
         perform_task(&task_ctx, &task, &task_dispatched).await;
+        task_ctx.metrics.slot(false);
+        task_ctx
+            .metrics
+            .task_duration(&task.kind, started.elapsed());
     });
     leases.insert(
         key,
@@ -553,7 +576,7 @@ async fn report_model_call(ctx: &Ctx, task: &Task, spec: &ModelCallSpec, span: &
         crate::telemetry::record_usage(span, result);
     }
     match answer {
-        Ok(result) => match serde_json::to_string(&result) {
+        Ok(result) => match result_with_provider(&result, ctx.model.provider()) {
             Ok(json) => report_complete(ctx, task, json).await,
             Err(e) => {
                 let error = format!("cannot encode the model result: {e}");
@@ -569,6 +592,23 @@ async fn report_model_call(ctx: &Ctx, task: &Task, spec: &ModelCallSpec, span: &
             report_failure(ctx, task, class, e.to_string()).await;
         }
     }
+}
+
+/// A model call's result as JSON, with the provider named beside its
+/// fields ([`belay_proto::wire::MODEL_PROVIDER_FIELD`], for the engine's
+/// metrics).
+fn result_with_provider(
+    result: &belay_proto::wire::ModelCallResult,
+    provider: crate::config::ModelProvider,
+) -> Result<String, serde_json::Error> {
+    let mut value = serde_json::to_value(result)?;
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert(
+            belay_proto::wire::MODEL_PROVIDER_FIELD.to_owned(),
+            provider.as_str().into(),
+        );
+    }
+    serde_json::to_string(&value)
 }
 
 async fn perform_tool_call(ctx: &Ctx, task: &Task, dispatched: &AtomicBool) {
@@ -936,7 +976,10 @@ async fn report_complete_vaulted(
         .report_complete_sampled(task_id, attempt, result_json, vaulted, sampling)
         .await
     {
-        Ok(()) => tracing::info!(%task_id, attempt, "task completed"),
+        Ok(()) => {
+            ctx.metrics.task(&task.kind, "succeeded");
+            tracing::info!(%task_id, attempt, "task completed")
+        }
         // The engine will never accept this result (too large: OUT_OF_RANGE
         // is tonic's message-size refusal; or not valid for it); say so now rather than leave the task to lease expiry. The
         // effect did happen, so the class is MAY_HAVE_ACTED.
@@ -951,7 +994,10 @@ async fn report_complete_vaulted(
             report_failure_sampled(ctx, task, FailureClass::MayHaveActed, error, None, sampling)
                 .await;
         }
-        Err(status) => log_report_refused("CompleteTask", task, &status),
+        Err(status) => {
+            ctx.metrics.task(&task.kind, "report_refused");
+            log_report_refused("CompleteTask", task, &status)
+        }
     }
 }
 
@@ -987,9 +1033,23 @@ async fn report_failure_sampled(
         .await
     {
         Ok(()) => {
+            ctx.metrics.task(&task.kind, failure_outcome(class));
             tracing::info!(%task_id, attempt, class = class.as_str_name(), "task failure reported")
         }
-        Err(status) => log_report_refused("FailTask", task, &status),
+        Err(status) => {
+            ctx.metrics.task(&task.kind, "report_refused");
+            log_report_refused("FailTask", task, &status)
+        }
+    }
+}
+
+/// The `outcome` label of a reported failure class.
+fn failure_outcome(class: FailureClass) -> &'static str {
+    match class {
+        FailureClass::NotSent => "not_sent",
+        FailureClass::MayHaveActed => "may_have_acted",
+        FailureClass::Rejected => "rejected",
+        _ => "failed",
     }
 }
 

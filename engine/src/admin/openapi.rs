@@ -472,6 +472,13 @@ pub fn document() -> Value {
         "security": [],
         "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}},
     }}));
+    paths.insert(super::METRICS_PATH.into(), json!({"get": {
+        "operationId": "getMetrics",
+        "summary": "The engine's Prometheus metrics (text exposition format 0.0.4). Public: Prometheus scrapes without a credential.",
+        "tags": ["meta"],
+        "security": [],
+        "responses": {"200": {"description": "The metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    }}));
     paths.insert(UNCERTAIN_LIST_PATH.into(), json!({"get": {
         "operationId": "listUncertainOutcomes",
         "summary": "A page of a tenant's uncertain outcomes, newest first.",

@@ -52,6 +52,8 @@ impl Coordinator {
                 let mut purged_at: Option<tokio::time::Instant> = None;
                 loop {
                     tick.tick().await;
+                    // Histogram samples into buckets, scraped or not.
+                    this.metrics.upkeep();
                     if let Err(e) = this.sweep_expired_leases().await {
                         tracing::warn!(error = %e, "lease sweep failed");
                     }
@@ -105,7 +107,6 @@ impl Coordinator {
         for lease in expired {
             let attempt = lease.attempt as u32;
             let result = self
-                .store
                 .transition(lease.run_id, Some(lease.task_id), |state, row| {
                     let row = fenced(row, attempt, None)?;
                     if row.status != "leased" || !row.lease_expired {
@@ -162,7 +163,6 @@ impl Coordinator {
                 overdue_ms: u64::try_from(overdue_ms).unwrap_or(0),
             };
             match self
-                .store
                 .transition(run_id, None, |state, _| {
                     machine::decide(state, input).map_err(CoordinatorError::from)
                 })
@@ -311,7 +311,8 @@ impl Coordinator {
                     }),
                 },
             )?;
-            self.store
+            let (_, created) = self
+                .store
                 .create_child_run(
                     child_run_id,
                     &tenant,
@@ -324,6 +325,9 @@ impl Coordinator {
                     (row.run_id, &call_id),
                 )
                 .await?;
+            if created {
+                self.record_created(&decision);
+            }
             Ok::<_, CoordinatorError>(())
         }
         .await;
@@ -344,11 +348,10 @@ impl Coordinator {
                     output: None,
                     error: Some(format!("the child run could not start: {e}")),
                 };
-                self.store
-                    .transition(row.run_id, None, |state, _| {
-                        machine::decide(state, input).map_err(CoordinatorError::from)
-                    })
-                    .await?;
+                self.transition(row.run_id, None, |state, _| {
+                    machine::decide(state, input).map_err(CoordinatorError::from)
+                })
+                .await?;
                 Ok(())
             }
             Err(e) => Err(e),
@@ -382,11 +385,10 @@ impl Coordinator {
             output: p.get("output").cloned().filter(|v| !v.is_null()),
             error: p.get("error").and_then(Value::as_str).map(str::to_owned),
         };
-        self.store
-            .transition(parent, None, |state, _| {
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+        self.transition(parent, None, |state, _| {
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         Ok(())
     }
 
@@ -409,7 +411,6 @@ impl Coordinator {
             .unwrap_or("its parent cancelled it")
             .to_owned();
         let result = self
-            .store
             .transition(child, None, |state, _| {
                 machine::decide(state, Input::Cancel { reason }).map_err(CoordinatorError::from)
             })

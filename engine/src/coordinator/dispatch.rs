@@ -80,7 +80,6 @@ impl Coordinator {
         let mut run_id: Option<Uuid> = None;
         let has_vault = self.has_vault_key();
         let applied = self
-            .store
             .transition_task_gated(task, |state, row, verdict| {
                 let row = leased_tool_call(row, attempt, worker_id)?;
                 if row.lease_expired {

@@ -16,6 +16,8 @@
 //! - `uncertain.rs`: listing and resolving uncertain outcomes.
 //! - `tasks.rs`: claims and heartbeats (a worker's leases), and the fencing
 //!   every change of a task passes.
+//! - `observed.rs`: the store's transitions, each recording its committed
+//!   decision in the engine's metrics.
 //! - `dispatch.rs`: letting a tool call's side effect start (its gates, the
 //!   secret vault, the callback token).
 //! - `results.rs`: what comes back from a call: results, failures, a tool's
@@ -77,6 +79,7 @@ use crate::vault::VaultKey;
 mod background;
 mod dispatch;
 mod pools;
+mod observed;
 mod registry;
 mod results;
 mod runs;
@@ -260,6 +263,8 @@ pub struct Coordinator {
     /// The key of the runs' secret vaults (`RESULT_SECRETS`); unset: a
     /// producer tool is refused at dispatch.
     vault: std::sync::OnceLock<VaultKey>,
+    /// This engine's metrics (`/metrics`), recorded by `observed.rs`.
+    metrics: crate::metrics::EngineMetrics,
 }
 
 /// A value as it may be echoed in an error: at most 64 bytes.
@@ -368,6 +373,7 @@ impl Coordinator {
             run_events,
             callback_base_url: std::sync::OnceLock::new(),
             vault: std::sync::OnceLock::new(),
+            metrics: crate::metrics::EngineMetrics::new(),
         })
     }
 

@@ -82,36 +82,33 @@ impl Coordinator {
         };
         let mut detail: Option<String> = None;
         let mut applied = false;
-        self.store
-            .transition(run_id, None, |state, _| {
-                let d = machine::decide(
-                    state,
-                    Input::Callback {
-                        token_sha256: token_sha256.clone(),
-                        payload,
-                    },
+        self.transition(run_id, None, |state, _| {
+            let d = machine::decide(
+                state,
+                Input::Callback {
+                    token_sha256: token_sha256.clone(),
+                    payload,
+                },
+            )
+            .map_err(CoordinatorError::from)?;
+            applied = d.events.iter().any(|e| {
+                matches!(
+                    e,
+                    machine::Event::ToolCallCompleted { .. }
+                        | machine::Event::UncertainOutcomeResolved { .. }
                 )
-                .map_err(CoordinatorError::from)?;
-                applied = d.events.iter().any(|e| {
-                    matches!(
-                        e,
-                        machine::Event::ToolCallCompleted { .. }
-                            | machine::Event::UncertainOutcomeResolved { .. }
-                    )
-                });
-                detail = if d.events.is_empty() {
-                    Some("this callback token was used before; nothing changed".to_owned())
-                } else {
-                    d.events.iter().find_map(|e| match e {
-                        machine::Event::LateResultRecorded { discrepancy, .. } => {
-                            discrepancy.clone()
-                        }
-                        _ => None,
-                    })
-                };
-                Ok(d)
-            })
-            .await?;
+            });
+            detail = if d.events.is_empty() {
+                Some("this callback token was used before; nothing changed".to_owned())
+            } else {
+                d.events.iter().find_map(|e| match e {
+                    machine::Event::LateResultRecorded { discrepancy, .. } => discrepancy.clone(),
+                    _ => None,
+                })
+            };
+            Ok(d)
+        })
+        .await?;
         tracing::info!(%run_id, applied, "callback received");
         Ok(CallbackOutcome {
             run_id,
@@ -173,8 +170,13 @@ impl Coordinator {
         let mut value = json_arg("result_json", result_json)?;
         let task = parse_uuid("task_id", task_id)?;
         let vault = self.vault.get();
-        self.store
-            .transition_task(task, |state, row| {
+        // The model provider a worker names in a model call's result
+        // (`belay_proto::wire::MODEL_PROVIDER_FIELD`), for the metrics.
+        let provider = value
+            .get(belay_proto::wire::MODEL_PROVIDER_FIELD)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        self.transition_task(task, provider.as_deref(), |state, row| {
                 let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
                 let is_tool = row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL;
                 let current = row.status == "leased" && row.attempt as u32 == attempt;
@@ -329,31 +331,30 @@ impl Coordinator {
         require("worker_id", worker_id)?;
         let task = parse_uuid("task_id", task_id)?;
         let error = machine::normalize::truncate_str(error, 16 * 1024).to_owned();
-        self.store
-            .transition_task(task, |state, row| {
-                let row = fenced(row, attempt, Some(worker_id))?;
-                if row.status != "leased" {
-                    return Err(CoordinatorError::FailedPrecondition(format!(
-                        "task {task_id} is {}, not leased",
-                        row.status
-                    )));
-                }
-                let failed = Input::TaskFailed {
-                    call_id: row.call_id.clone(),
-                    attempt,
-                    error,
-                    class,
-                    dispatched: row.dispatched,
-                    status_code,
-                };
-                let input = if row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL {
-                    with_sampling(failed, sampling)
-                } else {
-                    failed
-                };
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+        self.transition_task(task, None, |state, row| {
+            let row = fenced(row, attempt, Some(worker_id))?;
+            if row.status != "leased" {
+                return Err(CoordinatorError::FailedPrecondition(format!(
+                    "task {task_id} is {}, not leased",
+                    row.status
+                )));
+            }
+            let failed = Input::TaskFailed {
+                call_id: row.call_id.clone(),
+                attempt,
+                error,
+                class,
+                dispatched: row.dispatched,
+                status_code,
+            };
+            let input = if row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL {
+                with_sampling(failed, sampling)
+            } else {
+                failed
+            };
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(%task, attempt, worker_id, ?class, "task failed");
         Ok(())
     }
@@ -388,21 +389,19 @@ impl Coordinator {
         check_text("request_state", request_state, MAX_JSON_BYTES)?;
         let requests = json_arg("requests_json", requests_json)?;
         let task = parse_uuid("task_id", task_id)?;
-        self.store
-            .transition_task(task, |state, row| {
-                let row = leased_tool_call(row, attempt, worker_id)?;
-                let asked = Input::ToolInputRequested {
-                    call_id: row.call_id.clone(),
-                    attempt,
-                    via: via.to_owned(),
-                    requests,
-                    request_state: (!request_state.is_empty()).then(|| request_state.to_owned()),
-                    may_have_acted,
-                };
-                machine::decide(state, with_sampling(asked, sampling))
-                    .map_err(CoordinatorError::from)
-            })
-            .await?;
+        self.transition_task(task, None, |state, row| {
+            let row = leased_tool_call(row, attempt, worker_id)?;
+            let asked = Input::ToolInputRequested {
+                call_id: row.call_id.clone(),
+                attempt,
+                via: via.to_owned(),
+                requests,
+                request_state: (!request_state.is_empty()).then(|| request_state.to_owned()),
+                may_have_acted,
+            };
+            machine::decide(state, with_sampling(asked, sampling)).map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(%task, attempt, worker_id, via, "tool asked for input");
         Ok(())
     }

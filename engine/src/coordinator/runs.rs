@@ -119,6 +119,7 @@ impl Coordinator {
             // Another request with this key won the race.
             return self.same_request(row, &req).await.map(|run| (run, false));
         }
+        self.record_created(&decision);
         tracing::info!(%run_id, tenant = %req.tenant, workflow = %req.workflow, "run started");
         Ok((row, created))
     }
@@ -349,7 +350,6 @@ impl Coordinator {
             sent_by: sent_by.to_owned(),
         };
         let applied = self
-            .store
             .transition(run.run_id, None, |state, _| {
                 machine::decide(state, input).map_err(CoordinatorError::from)
             })
@@ -400,11 +400,10 @@ impl Coordinator {
             grants: approver_grants.to_vec(),
             reason: reason.to_owned(),
         };
-        self.store
-            .transition(run.run_id, None, |state, _| {
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+        self.transition(run.run_id, None, |state, _| {
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(run_id = %run.run_id, node, approve, approver, "approval decided");
         self.get_run(tenant, run_id).await
     }
@@ -419,11 +418,10 @@ impl Coordinator {
         what: &'static str,
     ) -> Result<RunRow, CoordinatorError> {
         let run = self.get_run(tenant, run_id).await?;
-        self.store
-            .transition(run.run_id, None, |state, _| {
-                machine::decide(state, input).map_err(CoordinatorError::from)
-            })
-            .await?;
+        self.transition(run.run_id, None, |state, _| {
+            machine::decide(state, input).map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(run_id = %run.run_id, "{what}");
         self.get_run(tenant, run_id).await
     }

@@ -172,6 +172,7 @@ impl Coordinator {
                         self.tasks_ready.notify_one();
                     }
                     if !tasks.is_empty() {
+                        self.metrics.claimed(&tasks);
                         for t in &tasks {
                             tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task claimed");
                         }
@@ -182,6 +183,7 @@ impl Coordinator {
             };
             let now = tokio::time::Instant::now();
             if now >= deadline {
+                self.metrics.claimed(&[]);
                 return Ok(Vec::new());
             }
             // Wake on NOTIFY, on the earliest delayed retry, or at the

@@ -161,20 +161,19 @@ impl Coordinator {
             reason.to_owned(),
             record.call_id.clone(),
         );
-        self.store
-            .transition(record.run_id, Some(record.task_id), |state, _| {
-                machine::decide(
-                    state,
-                    Input::ResolveUncertain {
-                        call_id,
-                        resolution,
-                        resolved_by: by,
-                        reason: why,
-                    },
-                )
-                .map_err(CoordinatorError::from)
-            })
-            .await?;
+        self.transition(record.run_id, Some(record.task_id), |state, _| {
+            machine::decide(
+                state,
+                Input::ResolveUncertain {
+                    call_id,
+                    resolution,
+                    resolved_by: by,
+                    reason: why,
+                },
+            )
+            .map_err(CoordinatorError::from)
+        })
+        .await?;
         tracing::info!(uncertain_id = %record.uncertain_id, run_id = %record.run_id, resolved_by, "uncertain outcome resolved");
         self.get_uncertain(tenant, id).await
     }

@@ -115,6 +115,8 @@
 //! lists a run's rows without values (tests, operators).
 
 mod pools;
+mod db_errors;
+mod gauges;
 mod postgres;
 mod principals;
 mod rows;
@@ -127,6 +129,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
+pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
+pub use gauges::{GaugeCounts, PoolConnections};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};
 pub use rows::{
@@ -233,6 +237,19 @@ impl Store {
             (observer.0)(applied);
         }
         applied
+    }
+
+    /// The figures of the engine's database gauges: ready tasks by kind,
+    /// open uncertain outcomes by tenant, paused and waiting runs by
+    /// reason ([`GaugeCounts`]), in one statement. The same on every
+    /// engine of a database. Errors: [`StoreError::Database`].
+    pub async fn gauge_counts(&self) -> Result<GaugeCounts, StoreError> {
+        on_backend!(self, b => b.gauge_counts().await)
+    }
+
+    /// Connections of this process's pool(s), idle and in use; no statement.
+    pub fn pool_connections(&self) -> PoolConnections {
+        on_backend!(self, b => b.pool_connections())
     }
 
     /// Which database this store is on.

@@ -20,7 +20,7 @@ use crate::Store;
 pub enum StoreError {
     /// The database failed or is unreachable.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
     /// Migrations failed.
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -39,6 +39,14 @@ pub enum StoreError {
     /// held by another engine process, an unusable path).
     #[error("{0}")]
     Config(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    /// Counted by class for the engine's metrics ([`crate::db_error_counts`]).
+    fn from(e: sqlx::Error) -> Self {
+        crate::db_errors::count(&e);
+        StoreError::Database(e)
+    }
 }
 
 impl StoreError {
@@ -139,6 +147,10 @@ pub struct TaskRow {
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Whether the lease has expired by the database clock.
     pub lease_expired: bool,
+    /// When the current attempt became ready (claimable): the task's
+    /// creation, or the end of a retry's backoff. With the transition's
+    /// `RunState::now` it gives a step's latency, ready to recorded.
+    pub available_at: Option<DateTime<Utc>>,
     /// The grants the run's tenant holds as of the transition's lock
     /// statement (empty for a tenant never configured), read in that same
     /// statement for a dispatch ([`Store::transition_task_gated`]), so the
@@ -165,6 +177,9 @@ pub struct ClaimedTask {
     pub spec: Value,
     /// Idempotency key.
     pub idempotency_key: String,
+    /// How long the task had been ready (claimable) when this claim took
+    /// it, ms by the database clock: the dispatch latency.
+    pub waited_ms: f64,
 }
 
 /// A definition as stored.

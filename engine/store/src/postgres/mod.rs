@@ -59,6 +59,7 @@ macro_rules! lease_holds {
 
 mod definitions;
 mod gates;
+mod gauges;
 mod mcp_tools;
 mod notifications;
 mod outbox;

@@ -61,12 +61,13 @@ impl Pg {
                         lease_expires_at = clock.now + make_interval(secs => $3::float8 / 1000.0),
                         dispatched = false, updated_at = clock.now
                  FROM picked, clock WHERE t.task_id = picked.task_id
-                 RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key)
-             SELECT task_id, run_id, tenant, kind, attempt, spec, idempotency_key,
+                 RETURNING t.task_id, t.run_id, t.tenant, t.kind, t.attempt, t.spec, t.idempotency_key,
+                           (EXTRACT(EPOCH FROM (clock.now - t.available_at)) * 1000)::float8 AS waited_ms)
+             SELECT task_id, run_id, tenant, kind, attempt, spec, idempotency_key, waited_ms,
                     NULL::float8 AS next_ready_ms
              FROM claimed
              UNION ALL
-             SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                     -- ORDER BY + LIMIT 1, not MIN(): PostgreSQL turns MIN
                     -- over a join into reading every ready task and run.
                     (SELECT (EXTRACT(EPOCH FROM (t.available_at - (SELECT now FROM clock))) * 1000)::float8
@@ -235,6 +236,7 @@ struct ClaimOrNext {
     attempt: Option<i32>,
     spec: Option<Value>,
     idempotency_key: Option<String>,
+    waited_ms: Option<f64>,
     next_ready_ms: Option<f64>,
 }
 
@@ -248,6 +250,7 @@ impl ClaimOrNext {
             attempt: self.attempt?,
             spec: self.spec.clone()?,
             idempotency_key: self.idempotency_key.clone()?,
+            waited_ms: self.waited_ms.unwrap_or(0.0).max(0.0),
         })
     }
 }

@@ -52,11 +52,11 @@ impl Pg {
                  FOR UPDATE)
              SELECT r.run_id, r.tenant, r.last_seq, (SELECT now FROM clock) AS now,
                     t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
-                    t.dispatched_at, t.lease_expired,
+                    t.dispatched_at, t.lease_expired, t.available_at,
                     CASE WHEN $3 THEN (SELECT grants FROM tenants WHERE tenant = r.tenant) END AS tenant_grants
              FROM r LEFT JOIN LATERAL (
                  SELECT t.task_id, t.call_id, t.kind, t.status, t.attempt, t.worker_id, t.dispatched,
-                        t.dispatched_at,
+                        t.dispatched_at, t.available_at,
                         (t.lease_expires_at IS NOT NULL AND NOT ",
             lease_holds!("(SELECT now FROM clock)"),
             ") AS lease_expired
@@ -178,6 +178,7 @@ struct LockedRow {
     dispatched: Option<bool>,
     dispatched_at: Option<chrono::DateTime<chrono::Utc>>,
     lease_expired: Option<bool>,
+    available_at: Option<chrono::DateTime<chrono::Utc>>,
     tenant_grants: Option<Vec<String>>,
 }
 
@@ -195,6 +196,7 @@ impl LockedRow {
             dispatched: self.dispatched?,
             dispatched_at: self.dispatched_at,
             lease_expired: self.lease_expired?,
+            available_at: self.available_at,
             tenant_grants: self.tenant_grants.clone().unwrap_or_default(),
         })
     }

@@ -41,6 +41,7 @@ use crate::transition::{STATE_CACHE_RUNS, StateCache, TasksWakeSeq, Wake};
 
 mod definitions;
 mod gates;
+mod gauges;
 mod mcp_tools;
 mod notifications;
 mod outbox;

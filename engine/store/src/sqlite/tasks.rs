@@ -52,7 +52,8 @@ impl Lite {
                    AND (r.status IN ('running', 'waiting') OR (r.status = 'paused' AND t.runs_while_paused))
                  ORDER BY t.available_at, t.task_id
                  LIMIT ?2)
-             RETURNING task_id, run_id, tenant, kind, attempt, spec, idempotency_key",
+             RETURNING task_id, run_id, tenant, kind, attempt, spec, idempotency_key,
+                       MAX(0.0, (julianday({NOW}) - julianday(available_at)) * 86400000.0) AS waited_ms",
             lease = now_plus_ms(3),
             tenant_in_list = tenant_in_list(4),
             covered = covered_by(5),

@@ -73,7 +73,7 @@ impl Lite {
             Some(task_id) => {
                 let row: Option<TaskRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                     "SELECT task_id, run_id, call_id, kind, status, attempt, worker_id, dispatched, dispatched_at,
-                            (lease_expires_at IS NOT NULL AND lease_expires_at <= {NOW}) AS lease_expired
+                            available_at, (lease_expires_at IS NOT NULL AND lease_expires_at <= {NOW}) AS lease_expired
                      FROM tasks WHERE task_id = ?1 AND run_id = ?2"
                 )))
                 .bind(task_id)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs Prometheus and promtool (Debian package `prometheus`, 2.42 on
+# bookworm), which the metrics test (tests/tests/metrics.rs) runs against the
+# engine's and worker's `/metrics`, and prints the environment the test
+# reads. Idempotent: a second run installs nothing. The package starts no
+# daemon here (no systemd); the test runs its own on 127.0.0.1.
+#
+#   eval "$(.ci/prometheus.sh)"      # then: cargo nextest run --test metrics
+#
+# Everything but the `export` lines goes to stderr.
+set -euo pipefail
+
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  command -v apt-get >/dev/null 2>&1 || { echo "apt-get is needed to install prometheus" >&2; exit 1; }
+  echo "installing prometheus (and promtool) from Debian" >&2
+  # Without starting its service: the test runs its own server.
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2; then
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
+  fi
+fi
+
+printf 'export BELAY_PROMETHEUS=%q\n' "$(command -v prometheus)"
+printf 'export BELAY_PROMTOOL=%q\n' "$(command -v promtool)"

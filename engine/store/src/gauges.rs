@@ -1,0 +1,71 @@
+//! The figures behind the engine's database gauges (`/metrics`): the backlog
+//! of ready tasks, open uncertain outcomes, and paused and waiting runs by
+//! reason. The statements are in the backends (`postgres/gauges.rs`,
+//! `sqlite/gauges.rs`); both classify a run's free-text `status_reason`
+//! with the same SQL ([`PAUSED_REASON_SQL`], [`WAITING_REASON_SQL`]), so a
+//! label never carries a run's own ids and its values are bounded.
+
+/// SQL (both dialects): the reason label of a paused run from
+/// `runs.status_reason`: `uncertain_outcome` when an uncertain outcome holds
+/// it (`RunState::refresh_pause` writes `uncertain outcome: …`), else
+/// `operator`.
+pub(crate) const PAUSED_REASON_SQL: &str = "CASE WHEN status_reason LIKE 'uncertain outcome:%' THEN 'uncertain_outcome' ELSE 'operator' END";
+
+/// SQL (both dialects): the reason label of a waiting run from
+/// `runs.status_reason`, as `RunState::waiting_reason` words it: one of
+/// `confirmation`, `input`, `callback`, `child_run`, `approval`, `signal`,
+/// `timer`, else `other`.
+pub(crate) const WAITING_REASON_SQL: &str = "CASE
+    WHEN status_reason LIKE '% waits for a confirmation %' THEN 'confirmation'
+    WHEN status_reason LIKE '% waits for input %' THEN 'input'
+    WHEN status_reason LIKE '% waits for its callback%' THEN 'callback'
+    WHEN status_reason LIKE '% waits for child run %' THEN 'child_run'
+    WHEN status_reason LIKE '% waits for an approval %' THEN 'approval'
+    WHEN status_reason LIKE '% waits for signal %' THEN 'signal'
+    WHEN status_reason LIKE '% waits for a timer%' THEN 'timer'
+    ELSE 'other' END";
+
+/// The database's figures for the gauges, each a list of `(label value,
+/// count)` pairs; a label value with no rows is absent (the engine shows it
+/// as 0 once it has seen it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GaugeCounts {
+    /// Ready, unclaimed tasks that are claimable now (their backoff is
+    /// over and their run admits tasks), by kind (`model_call`,
+    /// `tool_call`): the backlog workers have not taken yet.
+    pub tasks_ready: Vec<(String, i64)>,
+    /// Open uncertain outcomes, by tenant.
+    pub uncertain_open: Vec<(String, i64)>,
+    /// Paused runs, by reason ([`PAUSED_REASON_SQL`]).
+    pub runs_paused: Vec<(String, i64)>,
+    /// Waiting runs, by reason ([`WAITING_REASON_SQL`]).
+    pub runs_waiting: Vec<(String, i64)>,
+}
+
+/// Connections of the store's pools (for SQLite, its writer and readers
+/// together).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolConnections {
+    /// Open and idle.
+    pub idle: u32,
+    /// Open and handed out.
+    pub in_use: u32,
+}
+
+/// `(gauge, label value, count)` rows of a backend's statement into
+/// [`GaugeCounts`], in label order. A row of an unknown gauge is ignored.
+pub(crate) fn sort_counts(mut rows: Vec<(String, String, i64)>) -> GaugeCounts {
+    rows.sort();
+    let mut out = GaugeCounts::default();
+    for (gauge, label, count) in rows {
+        let list = match gauge.as_str() {
+            "ready" => &mut out.tasks_ready,
+            "uncertain" => &mut out.uncertain_open,
+            "paused" => &mut out.runs_paused,
+            "waiting" => &mut out.runs_waiting,
+            _ => continue,
+        };
+        list.push((label, count));
+    }
+    out
+}
