@@ -78,8 +78,8 @@ use crate::vault::VaultKey;
 
 mod background;
 mod dispatch;
-mod pools;
 mod observed;
+mod pools;
 mod registry;
 mod results;
 mod runs;

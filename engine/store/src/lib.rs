@@ -114,9 +114,9 @@
 //! `Command::DropRunSecrets` deletes the run's rows. `Store::run_secrets`
 //! lists a run's rows without values (tests, operators).
 
-mod pools;
 mod db_errors;
 mod gauges;
+mod pools;
 mod postgres;
 mod principals;
 mod rows;
@@ -128,9 +128,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
 pub use gauges::{GaugeCounts, PoolConnections};
+pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};
 pub use rows::{
