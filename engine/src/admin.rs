@@ -644,7 +644,11 @@ async fn openapi_doc() -> Json<Value> {
 /// `GET /metrics`: the engine's metrics (database gauges read at most once
 /// a second), as Prometheus's text format 0.0.4.
 async fn metrics(State(state): State<AppState>) -> impl axum::response::IntoResponse {
-    let text = state.coord.metrics().render(state.coord.store()).await;
+    let text = state
+        .coord
+        .metrics()
+        .render(state.coord.store(), state.coord.live_window_ms())
+        .await;
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -48,6 +48,10 @@ pub const DISPATCH_LATENCY: &str = "belay_dispatch_latency_seconds";
 /// (the database's figure, the same on every engine: take `max` across
 /// engines, not `sum`).
 pub const TASKS_READY: &str = "belay_tasks_ready";
+/// `belay_tasks_unclaimable{kind}` gauge: ready tasks no live worker can
+/// take (their requirements are covered by no live worker's capabilities;
+/// database-wide, at most 1,000 counted: take `max` across engines).
+pub const TASKS_UNCLAIMABLE: &str = "belay_tasks_unclaimable";
 /// `belay_leases_expired_total{kind}`: leases that ran out before the worker
 /// reported (this engine's sweeper judged them).
 pub const LEASES_EXPIRED: &str = "belay_leases_expired_total";
@@ -110,6 +114,10 @@ const HELP: &[(&str, &str)] = &[
     (
         TASKS_READY,
         "Ready, unclaimed tasks claimable now (database-wide: take max across engines).",
+    ),
+    (
+        TASKS_UNCLAIMABLE,
+        "Ready tasks no live worker can take (database-wide: take max across engines).",
     ),
     (
         LEASES_EXPIRED,
@@ -250,9 +258,11 @@ impl EngineMetrics {
 
     /// The text exposition of every metric: the database gauges read
     /// first when older than a second (`store`'s figures; the previous ones
-    /// when the read fails, counted in [`DB_GAUGE_ERRORS`]).
-    pub async fn render(&self, store: &crate::store::Store) -> String {
-        self.inner.db.refresh(self, store).await;
+    /// when the read fails, counted in [`DB_GAUGE_ERRORS`]); a worker is
+    /// live for `live_window_ms` after its last claim (for
+    /// [`TASKS_UNCLAIMABLE`]).
+    pub async fn render(&self, store: &crate::store::Store, live_window_ms: i64) -> String {
+        self.inner.db.refresh(self, store, live_window_ms).await;
         let mut text = self.inner.handle.render();
         if let Ok(cost) = self.inner.cost.lock() {
             render_float_counter(&mut text, MODEL_COST, MODEL_COST_HELP, &cost);

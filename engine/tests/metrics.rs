@@ -64,7 +64,7 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     }
     let counts = store.gauge_counts().await.expect("gauges");
     assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 2)]);
-    let text = coord.metrics().render(&store).await;
+    let text = coord.metrics().render(&store, coord.live_window_ms()).await;
     assert_eq!(
         sample(&text, r#"belay_tasks_ready{kind="model_call"}"#),
         Some(2.0),
@@ -109,7 +109,7 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     );
 
     // The counters right away (the database gauges are cached for a second).
-    let text = coord.metrics().render(&store).await;
+    let text = coord.metrics().render(&store, coord.live_window_ms()).await;
     for (series, want) in [
         (
             r#"belay_steps_total{kind="model_call",outcome="succeeded"}"#,
@@ -162,7 +162,7 @@ async fn paused_runs_are_counted_by_reason(backend: Backend) {
     assert!(counts.uncertain_open.is_empty(), "{counts:?}");
     // The paused run's model call is held: only the other run's is backlog.
     assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 1)]);
-    let text = coord.metrics().render(&store).await;
+    let text = coord.metrics().render(&store, coord.live_window_ms()).await;
     assert_eq!(
         sample(&text, r#"belay_runs_paused{reason="operator"}"#),
         Some(1.0),

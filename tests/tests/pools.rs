@@ -105,6 +105,7 @@ async fn each_task_goes_to_a_capable_worker_and_a_pool_waits_for_its_worker(
     ensure!(task.requires == ["mcp:everything", "pool:gpu"], "{task:?}");
     ensure!(task.missing == ["pool:gpu"], "{task:?}");
     ensure!(task.reason == "no live worker has pool:gpu", "{task:?}");
+    ensure!(unclaimable_gauge(&env).await? == 1.0);
     // No worker took it meanwhile (the two have polled since).
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let events = env.events(&gpu).await?;
@@ -123,7 +124,30 @@ async fn each_task_goes_to_a_capable_worker_and_a_pool_waits_for_its_worker(
     completed_by(&env, &gpu, "worker2").await?;
     let (_, unclaimable) = env.client(0)?.get_run_detail(&gpu).await?;
     ensure!(unclaimable.is_empty(), "{unclaimable:?}");
+    // The gauge is read from the database at most once a second: poll
+    // until a fresh reading shows the task gone (5 s at most).
+    let mut gauge = unclaimable_gauge(&env).await?;
+    for _ in 0..50 {
+        if gauge == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        gauge = unclaimable_gauge(&env).await?;
+    }
+    ensure!(gauge == 0.0, "belay_tasks_unclaimable stayed {gauge}");
     Ok(())
+}
+
+/// `belay_tasks_unclaimable{kind="tool_call"}` on engine 0's `/metrics`.
+async fn unclaimable_gauge(env: &Env) -> anyhow::Result<f64> {
+    let url = format!("{}/metrics", env.engines[0].admin_url());
+    let text = reqwest::get(&url).await?.error_for_status()?.text().await?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("belay_tasks_unclaimable{kind=\"tool_call\"}"))
+        .ok_or_else(|| anyhow::anyhow!("no belay_tasks_unclaimable in {text}"))?;
+    let value = line.rsplit(' ').next().unwrap_or_default();
+    Ok(value.parse()?)
 }
 
 /// `--pool` is checked before the worker starts.

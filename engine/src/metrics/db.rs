@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use super::{
     DB_ERRORS, DB_GAUGE_ERRORS, DB_POOL, EngineMetrics, RUNS_PAUSED, RUNS_WAITING, TASKS_READY,
-    UNCERTAIN_OPEN,
+    TASKS_UNCLAIMABLE, UNCERTAIN_OPEN,
 };
 use crate::store::Store;
 
@@ -33,13 +33,14 @@ struct State {
     /// When the gauges were last read.
     read_at: Option<Instant>,
     /// Label values set so far, by gauge.
-    seen: [BTreeSet<String>; 4],
+    seen: [BTreeSet<String>; 5],
 }
 
 /// The gauges of `GaugeCounts`, in the order of `State::seen`, with their
 /// label name.
-const GAUGES: [(&str, &str); 4] = [
+const GAUGES: [(&str, &str); 5] = [
     (TASKS_READY, "kind"),
+    (TASKS_UNCLAIMABLE, "kind"),
     (UNCERTAIN_OPEN, "tenant"),
     (RUNS_PAUSED, "reason"),
     (RUNS_WAITING, "reason"),
@@ -48,7 +49,8 @@ const GAUGES: [(&str, &str); 4] = [
 impl DbGauges {
     /// Reads the database gauges into `m` unless read less than
     /// [`REFRESH_EVERY`] ago; sets the pool and error figures every time.
-    pub(super) async fn refresh(&self, m: &EngineMetrics, store: &Store) {
+    /// A worker is live for `live_window_ms` after its last claim.
+    pub(super) async fn refresh(&self, m: &EngineMetrics, store: &Store, live_window_ms: i64) {
         let pool = store.pool_connections();
         m.gauge(DB_POOL, &[("state", "idle")])
             .set(f64::from(pool.idle));
@@ -59,11 +61,19 @@ impl DbGauges {
             set_errors(m);
             return;
         }
-        match store.gauge_counts().await {
-            Ok(counts) => {
+        let read = async {
+            let counts = store.gauge_counts().await?;
+            let unclaimable = store
+                .unclaimable_tasks(None, live_window_ms, UNCLAIMABLE_COUNTED)
+                .await?;
+            Ok::<_, crate::store::StoreError>((counts, by_kind(&unclaimable)))
+        };
+        match read.await {
+            Ok((counts, unclaimable)) => {
                 state.read_at = Some(Instant::now());
                 let lists = [
                     counts.tasks_ready,
+                    unclaimable,
                     counts.uncertain_open,
                     counts.runs_paused,
                     counts.runs_waiting,
@@ -81,6 +91,18 @@ impl DbGauges {
     }
 }
 
+/// At most this many unclaimable tasks are counted per reading.
+const UNCLAIMABLE_COUNTED: i64 = 1_000;
+
+/// Unclaimable tasks counted by kind.
+fn by_kind(tasks: &[crate::store::UnclaimableTask]) -> Vec<(String, i64)> {
+    let mut counts = std::collections::BTreeMap::<String, i64>::new();
+    for task in tasks {
+        *counts.entry(task.kind.clone()).or_default() += 1;
+    }
+    counts.into_iter().collect()
+}
+
 /// Sets gauge `name` to `list`, and to 0 for label values seen before but
 /// absent now. `tasks_ready` always has both kinds.
 fn set_gauge(
@@ -89,7 +111,7 @@ fn set_gauge(
     seen: &mut BTreeSet<String>,
     list: Vec<(String, i64)>,
 ) {
-    if name == TASKS_READY {
+    if name == TASKS_READY || name == TASKS_UNCLAIMABLE {
         seen.extend(["model_call".to_owned(), "tool_call".to_owned()]);
     }
     let mut zero: BTreeSet<String> = seen.clone();
