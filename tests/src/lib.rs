@@ -1169,7 +1169,9 @@ pub fn ci_env(script: &str, var: &str) -> Result<String> {
     {
         return Ok(value);
     }
-    let mut runs = RUNS.lock().map_err(|_| anyhow!("a test panicked while {script} ran"))?;
+    let mut runs = RUNS
+        .lock()
+        .map_err(|_| anyhow!("a test panicked while {script} ran"))?;
     let exports = runs
         .entry(script.to_owned())
         .or_insert_with(|| run_exports(&repo_root().join(script)));

@@ -37,7 +37,7 @@ async fn python_suite(backend: DbBackend) -> Result<()> {
 async fn typescript_suite(backend: DbBackend) -> Result<()> {
     let mut suite = Command::new("node");
     suite
-        .args(["--test", "--test-concurrency=1", "dist/test/"])
+        .args(["--test", "--test-concurrency=1", "dist/test/client.test.js"])
         .current_dir(typescript()?);
     run_suite(backend, "node --test", suite).await
 }
@@ -50,7 +50,10 @@ async fn run_suite(backend: DbBackend, name: &str, mut suite: Command) -> Result
     let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     env.start_worker(0).await?;
     let client_key = env.create_key("client-suite", "client", &["acme"]).await?;
-    let pid_file = std::env::temp_dir().join(format!("belay-engine-{}.pid", uuid::Uuid::new_v4().simple()));
+    let pid_file = std::env::temp_dir().join(format!(
+        "belay-engine-{}.pid",
+        uuid::Uuid::new_v4().simple()
+    ));
     write_pid(&env, &pid_file)?;
     suite
         .env("BELAY_ENGINE_URL", &env.engines[0].url)
@@ -58,7 +61,10 @@ async fn run_suite(backend: DbBackend, name: &str, mut suite: Command) -> Result
         .env("BELAY_TENANT", &env.tenant)
         .env("BELAY_TEST_CLIENT_KEY", client_key)
         .env("BELAY_TEST_ENGINE_PID_FILE", &pid_file)
-        .env("BELAY_TEST_DEFINITIONS", repo_root().join("examples/onboarding/definitions"))
+        .env(
+            "BELAY_TEST_DEFINITIONS",
+            repo_root().join("examples/onboarding/definitions"),
+        )
         .stdin(Stdio::null())
         .kill_on_drop(true);
     let mut child = suite.spawn().with_context(|| format!("starting {name}"))?;
@@ -74,7 +80,10 @@ async fn run_suite(backend: DbBackend, name: &str, mut suite: Command) -> Result
     };
     let _ = std::fs::remove_file(&pid_file);
     env.stop().await?;
-    ensure!(status.success(), "{name} failed ({status}); its output is above");
+    ensure!(
+        status.success(),
+        "{name} failed ({status}); its output is above"
+    );
     Ok(())
 }
 
@@ -110,13 +119,28 @@ async fn check(program: &str, args: &[&str], dir: &Path) -> Result<()> {
 async fn python_client_passes_mypy_strict() -> Result<()> {
     let dir = repo_root().join("clients/python");
     // The installed package (with its generated modules), then the suite and the example.
-    check(&python()?, &["-m", "mypy", "--strict", "-p", "belay_client"], &dir).await?;
-    check(&python()?, &["-m", "mypy", "--strict", "tests", "examples"], &dir).await
+    check(
+        &python()?,
+        &["-m", "mypy", "--strict", "-p", "belay_client"],
+        &dir,
+    )
+    .await?;
+    check(
+        &python()?,
+        &["-m", "mypy", "--strict", "tests", "examples"],
+        &dir,
+    )
+    .await
 }
 
 #[tokio::test]
 async fn typescript_client_passes_tsc() -> Result<()> {
-    check("node_modules/.bin/tsc", &["--noEmit", "-p", "tsconfig.json"], &typescript()?).await
+    check(
+        "node_modules/.bin/tsc",
+        &["--noEmit", "-p", "tsconfig.json"],
+        &typescript()?,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -153,7 +177,10 @@ fn the_readme_shows_the_example_scripts_verbatim() -> Result<()> {
             fence.trim()
         );
         let lines = script.lines().count();
-        ensure!(lines <= 25, "{file} has {lines} lines: the README promises about 20");
+        ensure!(
+            lines <= 25,
+            "{file} has {lines} lines: the README promises about 20"
+        );
     }
     Ok(())
 }

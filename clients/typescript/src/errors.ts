@@ -85,9 +85,37 @@ export function errorFromStatus(code: Code, message: string, method: string): Be
   return new Class(code, message, method);
 }
 
-/** The exception for anything a call threw (a ConnectError, or a transport failure). */
+// Node errors of a connection that broke under a call: connect-node reports
+// them as ABORTED (a client hanging up, on a server), but for a client they
+// mean the engine went away (a restart), which gRPC calls UNAVAILABLE.
+const CONNECTION_LOST = new Set([
+  "ECONNRESET",
+  "EPIPE",
+  "ERR_STREAM_DESTROYED",
+  "ERR_HTTP2_INVALID_STREAM",
+  "ERR_HTTP2_STREAM_ERROR",
+  "ERR_HTTP2_SESSION_ERROR",
+  "ERR_HTTP2_GOAWAY_SESSION",
+]);
+
+function connectionLost(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && CONNECTION_LOST.has(code)) return true;
+  }
+  return false;
+}
+
+/**
+ * The exception for anything a call threw (a ConnectError, or a transport
+ * failure). A connection lost under the call is `Unavailable` (retried),
+ * whatever code the transport gave it; an engine's own `ABORTED` stays.
+ */
 export function errorFromCall(error: unknown, method: string): BelayError {
   if (error instanceof BelayError) return error;
   const e = ConnectError.from(error);
+  if (e.code !== Code.Unavailable && e.cause !== undefined && connectionLost(e.cause)) {
+    return new Unavailable(Code.Unavailable, e.rawMessage, method);
+  }
   return errorFromStatus(e.code, e.rawMessage, method);
 }

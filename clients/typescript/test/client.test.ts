@@ -41,9 +41,13 @@ test("start is idempotent, wait returns the finished run, events and lists page"
   const key = `express-${randomUUID()}`;
   const started = await belay.startRun("onboarding_express", customer("express"), { idempotencyKey: key, callerGrants: GRANTS });
   assert.ok(started.created);
-  const again = await belay.startRun("onboarding_express", customer("other"), { idempotencyKey: key, callerGrants: GRANTS });
+  const again = await belay.startRun("onboarding_express", started.run.input, { idempotencyKey: key, callerGrants: GRANTS });
   assert.equal(again.created, false);
   assert.equal(again.run.runId, started.run.runId);
+  await assert.rejects(
+    belay.startRun("onboarding_express", customer("other"), { idempotencyKey: key, callerGrants: GRANTS }),
+    (e: unknown) => e instanceof FailedPrecondition && e.rawMessage.includes(started.run.runId),
+  );
   const done = await belay.wait(started.run.runId, 60_000);
   assert.equal(done.status, "completed", done.statusReason);
   assert.match(String((done.output as { account_id: string }).account_id), /^acct_/);
