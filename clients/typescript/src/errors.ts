@@ -109,12 +109,15 @@ function connectionLost(error: unknown): boolean {
 /**
  * The exception for anything a call threw (a ConnectError, or a transport
  * failure). A connection lost under the call is `Unavailable` (retried),
- * whatever code the transport gave it; an engine's own `ABORTED` stays.
+ * whatever code the transport gave it: ABORTED for a reset, CANCELED for a
+ * stream the dying engine closed, when the client itself did not cancel
+ * (`cancelledHere`). An engine's own `ABORTED` stays.
  */
-export function errorFromCall(error: unknown, method: string): BelayError {
+export function errorFromCall(error: unknown, method: string, cancelledHere = false): BelayError {
   if (error instanceof BelayError) return error;
   const e = ConnectError.from(error);
-  if (e.code !== Code.Unavailable && e.cause !== undefined && connectionLost(e.cause)) {
+  const lost = e.cause !== undefined && connectionLost(e.cause);
+  if (e.code !== Code.Unavailable && (lost || (e.code === Code.Canceled && !cancelledHere))) {
     return new Unavailable(Code.Unavailable, e.rawMessage, method);
   }
   return errorFromStatus(e.code, e.rawMessage, method);
