@@ -37,7 +37,7 @@ async fn python_suite(backend: DbBackend) -> Result<()> {
 async fn typescript_suite(backend: DbBackend) -> Result<()> {
     let mut suite = Command::new("node");
     suite
-        .args(["--test", "--test-concurrency=1", "dist/test/"])
+        .args(["--test", "--test-concurrency=1", "dist/test/client.test.js"])
         .current_dir(typescript()?);
     run_suite(backend, "node --test", suite).await
 }

@@ -42,8 +42,10 @@ def test_start_is_idempotent_and_wait_returns_the_finished_run(client: Client) -
     key = f"express-{uuid.uuid4()}"
     started = client.start_run("onboarding_express", customer("express"), idempotency_key=key, caller_grants=GRANTS)
     assert started.created and started.run.workflow == "onboarding_express"
-    again = client.start_run("onboarding_express", customer("other"), idempotency_key=key, caller_grants=GRANTS)
+    again = client.start_run("onboarding_express", started.run.input, idempotency_key=key, caller_grants=GRANTS)
     assert not again.created and again.run.run_id == started.run.run_id
+    with pytest.raises(FailedPrecondition, match=started.run.run_id):  # the key, with other input
+        client.start_run("onboarding_express", customer("other"), idempotency_key=key, caller_grants=GRANTS)
 
     done = client.wait(started.run.run_id, timeout=60)
     assert done.status == "completed", done.status_reason

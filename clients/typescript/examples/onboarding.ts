@@ -17,3 +17,4 @@ for await (const event of belay.watch(run.runId)) { // resumes by itself if the 
 }
 const done = await belay.getRun(run.runId);
 console.log(done.status, JSON.stringify(done.output));
+belay.close();

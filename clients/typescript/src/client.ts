@@ -109,6 +109,11 @@ export class BelayClient {
     return new BelayClient({ ...envOptions(), ...overrides });
   }
 
+  /** Close the connection: open calls and watches end, later calls reconnect. */
+  close(): void {
+    this.#o.sessions.abort();
+  }
+
   async #call<T>(method: string, call: (options: { timeoutMs: number }) => Promise<T>): Promise<T> {
     return withRetries(this.#o.retry, async () => {
       try {
@@ -211,7 +216,7 @@ export class BelayClient {
       const options = timeoutMs === undefined ? { signal: abort.signal } : { signal: abort.signal, timeoutMs };
       for await (const message of this.#runs.watchRun(request, options)) yield eventFrom(message);
     } catch (e) {
-      throw errorFromCall(e, WATCH);
+      throw errorFromCall(e, WATCH, abort.signal.aborted);
     } finally {
       abort.abort();
     }

@@ -85,9 +85,40 @@ export function errorFromStatus(code: Code, message: string, method: string): Be
   return new Class(code, message, method);
 }
 
-/** The exception for anything a call threw (a ConnectError, or a transport failure). */
-export function errorFromCall(error: unknown, method: string): BelayError {
+// Node errors of a connection that broke under a call: connect-node reports
+// them as ABORTED (a client hanging up, on a server), but for a client they
+// mean the engine went away (a restart), which gRPC calls UNAVAILABLE.
+const CONNECTION_LOST = new Set([
+  "ECONNRESET",
+  "EPIPE",
+  "ERR_STREAM_DESTROYED",
+  "ERR_HTTP2_INVALID_STREAM",
+  "ERR_HTTP2_STREAM_ERROR",
+  "ERR_HTTP2_SESSION_ERROR",
+  "ERR_HTTP2_GOAWAY_SESSION",
+]);
+
+function connectionLost(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && CONNECTION_LOST.has(code)) return true;
+  }
+  return false;
+}
+
+/**
+ * The exception for anything a call threw (a ConnectError, or a transport
+ * failure). A connection lost under the call is `Unavailable` (retried),
+ * whatever code the transport gave it: ABORTED for a reset, CANCELED for a
+ * stream the dying engine closed, when the client itself did not cancel
+ * (`cancelledHere`). An engine's own `ABORTED` stays.
+ */
+export function errorFromCall(error: unknown, method: string, cancelledHere = false): BelayError {
   if (error instanceof BelayError) return error;
   const e = ConnectError.from(error);
+  const lost = e.cause !== undefined && connectionLost(e.cause);
+  if (e.code !== Code.Unavailable && (lost || (e.code === Code.Canceled && !cancelledHere))) {
+    return new Unavailable(Code.Unavailable, e.rawMessage, method);
+  }
   return errorFromStatus(e.code, e.rawMessage, method);
 }

@@ -9,7 +9,7 @@ import { readFileSync } from "node:fs";
 import type { SecureClientSessionOptions } from "node:http2";
 
 import type { Interceptor, Transport } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 
 import { ConfigError } from "./errors.js";
 import { DEFAULT_RETRY, type RetryPolicy } from "./retry.js";
@@ -55,6 +55,8 @@ export function envOptions(env: NodeJS.ProcessEnv = process.env): ClientOptions 
 /** Options checked and filled in. */
 export interface Resolved {
   transport: Transport;
+  /** The HTTP/2 connection, closed by `BelayClient.close`. */
+  sessions: Http2SessionManager;
   tenant: string;
   timeoutMs: number;
   retry: RetryPolicy;
@@ -120,9 +122,13 @@ export function resolve(options: ClientOptions): Resolved {
       return next(req);
     });
   }
-  const transport = createGrpcTransport({ baseUrl: parsed.origin, interceptors, nodeOptions });
+  // Idle connections close after 30 s (connect-node's default is 15 min),
+  // so a process that forgot `close()` still exits.
+  const sessions = new Http2SessionManager(parsed.origin, { idleConnectionTimeoutMs: 30_000 }, nodeOptions);
+  const transport = createGrpcTransport({ baseUrl: parsed.origin, interceptors, sessionManager: sessions });
   return {
     transport,
+    sessions,
     tenant: options.tenant ?? "",
     timeoutMs: options.timeoutMs ?? 30_000,
     retry: options.retry ?? DEFAULT_RETRY,

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { dirname, join } from "node:path";
-import { test } from "node:test";
+import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
@@ -25,7 +25,9 @@ import {
   Unavailable,
   type RunEvent,
 } from "../src/index.js";
-import { GRANTS, admin, customer, env, killEngine, newEngine } from "./harness.js";
+import { GRANTS, admin, closeAll, customer, env, killEngine, newEngine, track } from "./harness.js";
+
+after(closeAll);
 
 function gapless(events: RunEvent[]): void {
   assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => i + 1));
@@ -41,9 +43,13 @@ test("start is idempotent, wait returns the finished run, events and lists page"
   const key = `express-${randomUUID()}`;
   const started = await belay.startRun("onboarding_express", customer("express"), { idempotencyKey: key, callerGrants: GRANTS });
   assert.ok(started.created);
-  const again = await belay.startRun("onboarding_express", customer("other"), { idempotencyKey: key, callerGrants: GRANTS });
+  const again = await belay.startRun("onboarding_express", started.run.input, { idempotencyKey: key, callerGrants: GRANTS });
   assert.equal(again.created, false);
   assert.equal(again.run.runId, started.run.runId);
+  await assert.rejects(
+    belay.startRun("onboarding_express", customer("other"), { idempotencyKey: key, callerGrants: GRANTS }),
+    (e: unknown) => e instanceof FailedPrecondition && e.rawMessage.includes(started.run.runId),
+  );
   const done = await belay.wait(started.run.runId, 60_000);
   assert.equal(done.status, "completed", done.statusReason);
   assert.match(String((done.output as { account_id: string }).account_id), /^acct_/);
@@ -121,11 +127,11 @@ test("definitions, grants and tool input", async () => {
 test("errors carry the gRPC code and the engine's message", async () => {
   const url = env("BELAY_ENGINE_URL");
   const tenant = env("BELAY_TENANT");
-  const bad = new BelayClient({ url, apiKey: "belay_nope_nope", tenant, retry: { maxAttempts: 1, initialBackoffMs: 0, maxBackoffMs: 0 } });
+  const bad = track(new BelayClient({ url, apiKey: "belay_nope_nope", tenant, retry: { maxAttempts: 1, initialBackoffMs: 0, maxBackoffMs: 0 } }));
   await assert.rejects(bad.listRuns(), (e: unknown) => e instanceof Unauthenticated && e.code === Code.Unauthenticated && e.codeName === "UNAUTHENTICATED" && e.method === "belay.v1.RunService/ListRuns" && e.rawMessage.length > 0);
-  const plain = new BelayClient({ url, apiKey: env("BELAY_TEST_CLIENT_KEY"), tenant });
+  const plain = track(new BelayClient({ url, apiKey: env("BELAY_TEST_CLIENT_KEY"), tenant }));
   await assert.rejects(plain.setTenantGrants(["crm.read"]), PermissionDenied);
-  await assert.rejects(new BelayClient({ url, apiKey: env("BELAY_TEST_CLIENT_KEY"), tenant: "globex" }).listRuns(), PermissionDenied);
+  await assert.rejects(track(new BelayClient({ url, apiKey: env("BELAY_TEST_CLIENT_KEY"), tenant: "globex" })).listRuns(), PermissionDenied);
   const belay = admin();
   await assert.rejects(belay.getRun(randomUUID()), NotFound);
   await assert.rejects(belay.startRun("nope", {}), (e: unknown) => e instanceof NotFound && e.rawMessage.includes("workflow `nope` not found"));
@@ -137,7 +143,7 @@ test("options are checked, and UNAVAILABLE is retried then raised", async () => 
   assert.throws(() => new BelayClient({ url: "grpc://127.0.0.1:1" }), ConfigError);
   assert.throws(() => new BelayClient({ url: "https://127.0.0.1:1", caFile: "/nonexistent/ca.pem" }), /reading the CA file/);
   assert.throws(() => new BelayClient({ url: "https://127.0.0.1:1", clientCert: "c.pem" }), /go together/);
-  const nowhere = new BelayClient({ url: "http://127.0.0.1:1", retry: { maxAttempts: 3, initialBackoffMs: 100, maxBackoffMs: 100 } });
+  const nowhere = track(new BelayClient({ url: "http://127.0.0.1:1", retry: { maxAttempts: 3, initialBackoffMs: 100, maxBackoffMs: 100 } }));
   await assert.rejects(nowhere.getRun("x"), (e: unknown) => e instanceof Unavailable && e.code === Code.Unavailable);
 });
 

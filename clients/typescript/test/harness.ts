@@ -24,9 +24,22 @@ export function env(name: string): string {
   return value;
 }
 
+const open: BelayClient[] = [];
+
+/** Keep `client` to be closed by `closeAll` (after the suite). */
+export function track(client: BelayClient): BelayClient {
+  open.push(client);
+  return client;
+}
+
+/** Close every tracked client, so the test process exits at once. */
+export function closeAll(): void {
+  for (const client of open.splice(0)) client.close();
+}
+
 /** An admin client of the test tenant. */
 export function admin(): BelayClient {
-  return BelayClient.fromEnv({ retry: PATIENT });
+  return track(BelayClient.fromEnv({ retry: PATIENT }));
 }
 
 function enginePid(): number {

@@ -20,7 +20,7 @@ class RetryPolicy:
 
     ``max_attempts`` counts the first try; delays grow from
     ``initial_backoff`` seconds, doubling, up to ``max_backoff`` seconds
-    (each with random jitter); nothing more is tried after ``max_elapsed``
+    (each with random jitter of up to ``initial_backoff``); nothing more is tried after ``max_elapsed``
     seconds. ``RetryPolicy(max_attempts=1)`` disables retries. A watch
     applies the policy to each reconnection, counting from its last event.
     """
@@ -44,7 +44,10 @@ class RetryPolicy:
     def _kwargs(self) -> dict[str, object]:
         return {
             "stop": tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_after_delay(self.max_elapsed),
-            "wait": tenacity.wait_exponential_jitter(initial=self.initial_backoff, max=self.max_backoff),
+            # initial_backoff * 2**n plus up to initial_backoff of jitter, capped.
+            "wait": tenacity.wait_exponential_jitter(
+                multiplier=self.initial_backoff, max=self.max_backoff, jitter=self.initial_backoff
+            ),
             "retry": tenacity.retry_if_exception(_is_unavailable),
             "reraise": True,
         }
