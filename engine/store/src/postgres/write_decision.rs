@@ -758,14 +758,14 @@ mod tests {
             .expect("hot path")
             .statement();
         assert!(
-            sql.contains("sched AS") && sql.contains("$11::uuid[]") && sql.contains("$17::bool[]")
+            sql.contains("sched AS") && sql.contains("$11::uuid[]") && sql.contains("$18::jsonb[]")
         );
         assert!(
             sql.contains("ends AS")
-                && sql.contains("t.task_id = $18::uuid")
-                && sql.contains("status = $19::text")
+                && sql.contains("t.task_id = $19::uuid")
+                && sql.contains("status = $20::text")
         );
-        assert!(!sql.contains("retry AS") && !sql.contains("disp AS") && !sql.contains("$20"));
+        assert!(!sql.contains("retry AS") && !sql.contains("disp AS") && !sql.contains("$21"));
         // The own task is found by a scalar key, never `= ANY(array)` (a
         // generic plan took a sequential scan for it).
         assert!(!sql.contains("ANY("), "{sql}");
