@@ -3,7 +3,8 @@
 //! resumes and cancels runs, lists MCP tool definitions and accepts
 //! changed ones ([`crate::mcp_pins`]), and lists the tool calls of a
 //! tenant's runs for audit ([`crate::audit`]), and serves the engine's
-//! Prometheus metrics ([`METRICS_PATH`]). Every route but the public ones
+//! Prometheus metrics ([`METRICS_PATH`]) and, beside its JSON routes, the
+//! operator console's pages ([`crate::console`]). Every route but the public ones
 //! ([`PUBLIC_ROUTES`]: the OpenAPI document and the metrics) needs a bearer
 //! token ([`AdminAuth`]); tenants are named in the path
 //! (`/admin/v1/tenants/{tenant}/...`).
@@ -373,7 +374,7 @@ struct AppState {
 }
 
 /// The roles the tenant routes admit: operating a tenant.
-const OPERATE: &[Role] = &[Role::Operator, Role::Admin];
+pub(crate) const OPERATE: &[Role] = &[Role::Operator, Role::Admin];
 
 /// Authenticate a request (401 without a credential that proves a
 /// principal), before anything else of it is looked at. The credentials
@@ -888,8 +889,17 @@ async fn wrong_method(req: Request) -> AdminError {
 
 /// The admin router: every route of [`ROUTES`], bodies limited to
 /// [`MAX_BODY_BYTES`], tenant routes behind `auth`, unknown routes and
-/// methods answered with the JSON error shape (404, 405).
+/// methods answered with the JSON error shape (404, 405); with the
+/// operator console ([`crate::console`]) beside them, its cookies not
+/// `Secure` (see [`router_for`]).
 pub fn router(coord: Arc<Coordinator>, auth: Authenticator) -> Router {
+    router_for(coord, auth, false)
+}
+
+/// [`router`] for a listener that serves TLS when `tls`: the console's
+/// session cookies are then `Secure`.
+pub fn router_for(coord: Arc<Coordinator>, auth: Authenticator, tls: bool) -> Router {
+    let console = crate::console::router(Arc::clone(&coord), auth.clone(), tls);
     let state = AppState { coord, auth };
     let tenant_routes = Router::new()
         .route(UNCERTAIN_LIST_PATH, get(list_uncertain))
@@ -924,6 +934,7 @@ pub fn router(coord: Arc<Coordinator>, auth: Authenticator) -> Router {
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+        .merge(console)
 }
 
 /// Serve the admin endpoint on `listener` (a `TcpListener`, or a

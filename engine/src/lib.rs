@@ -20,6 +20,9 @@
 //!   the authentication layer.
 //! - [`admin`]: the admin HTTP endpoint (uncertain outcomes, run controls,
 //!   the tool-call audit).
+//! - [`console`]: the operator console, HTML pages on the admin listener
+//!   (runs, a run's graph and timeline, uncertain outcomes, approvals,
+//!   definitions), with the admin endpoint's keys and roles.
 //! - [`audit`]: the audit of tool calls, derived from the runs' events.
 //! - [`callbacks`]: the callback HTTP endpoint of `type: async_webhook` tools.
 //! - [`notify`]: webhook delivery of operator notifications.
@@ -47,6 +50,7 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod callbacks;
+pub mod console;
 pub mod coordinator;
 pub mod error_code;
 pub mod expr_sandbox;

@@ -397,7 +397,7 @@ fn spawn_endpoints(
     set.spawn(async move { ("the gRPC API", api.await.map_err(|e| format!("{e:#}"))) });
     let callbacks_on_admin = matches!(listeners.callbacks, Some(CallbackListener::OnAdmin));
     if let Some(listener) = listeners.admin {
-        let mut router = admin::router(Arc::clone(coord), auth.clone());
+        let mut router = admin::router_for(Arc::clone(coord), auth.clone(), tls.is_some());
         if callbacks_on_admin {
             router = router.merge(crate::callbacks::routes(Arc::clone(coord)));
         }

@@ -21,7 +21,9 @@
 //! same names in both, so that a method's two versions sit at the same
 //! relative path (`postgres/tasks.rs` beside `sqlite/tasks.rs`);
 //! `tool_calls.rs` the audit of tool calls; `principals.rs` the rows of
-//! callers' credentials.
+//! callers' credentials; `run_search.rs` the query of the operator
+//! console's run list ([`RunSearch`]: filters, keyset page, counts by
+//! status; `run_search.rs` in each backend).
 //!
 //! # In detail (moved from ARCHITECTURE.md)
 //!
@@ -120,6 +122,7 @@ mod pools;
 mod postgres;
 mod principals;
 mod rows;
+mod run_search;
 mod sqlite;
 mod tool_calls;
 mod transition;
@@ -138,6 +141,7 @@ pub use rows::{
     McpToolListingIn, McpToolPinRow, NotificationRow, NotificationStatus, OutboxRow, RunRow,
     RunSecretRow, StoreError, TaskRow, ToolCacheRow, UncertainQuery, UncertainRow,
 };
+pub use run_search::RunSearch;
 pub use tool_calls::{
     ToolCallConfirmation, ToolCallDecision, ToolCallOutcome, ToolCallQuery, ToolCallRecord,
     ToolCallRefusal,
@@ -487,6 +491,22 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<RunRow>, StoreError> {
         on_backend!(self, b => b.list_runs(tenant, status, after, limit).await)
+    }
+
+    /// A page of a tenant's runs matching `q` (the operator console's run
+    /// list), newest first, keyset-paged by `(created_at, run_id)`.
+    pub async fn search_runs(&self, q: &RunSearch<'_>) -> Result<Vec<RunRow>, StoreError> {
+        on_backend!(self, b => b.search_runs(q).await)
+    }
+
+    /// How many of a tenant's runs match `q`, its status and page aside,
+    /// by status (`(status, count)` in status order; absent statuses have
+    /// no entry).
+    pub async fn count_runs_by_status(
+        &self,
+        q: &RunSearch<'_>,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        on_backend!(self, b => b.count_runs_by_status(q).await)
     }
 
     /// Events of a run with `seq > after_seq`, at most `limit`, in seq order.

@@ -64,6 +64,7 @@ mod mcp_tools;
 mod notifications;
 mod outbox;
 mod principals;
+mod run_search;
 mod runs;
 mod tasks;
 mod tenants;

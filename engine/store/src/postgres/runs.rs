@@ -12,7 +12,7 @@ use super::write_decision::write_decision;
 use crate::rows::{EventRow, RunRow, StoreError};
 use belay_machine::{Decision, RunState};
 
-const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
+pub(super) const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
 
 impl Pg {
     /// The run with this idempotency key, if any.

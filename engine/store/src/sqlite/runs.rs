@@ -13,7 +13,7 @@ use super::{Lite, NOW, keyset};
 use crate::rows::{EventRow, RunRow, StoreError};
 use belay_machine::{Decision, RunState};
 
-const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
+pub(super) const RUN_COLUMNS: &str = "run_id, tenant, workflow, workflow_version, status, status_reason, input, output, idempotency_key, caller, last_seq, created_at, updated_at";
 
 impl Lite {
     pub(crate) async fn run_by_idempotency_key(
