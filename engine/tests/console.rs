@@ -658,7 +658,55 @@ async fn an_operator_sees_the_pages_and_resolves_from_the_form(backend: Backend)
     env.finish().await;
 }
 
+/// Behind a TLS listener (`admin::router_for(…, true)`, as `Engine::serve`
+/// builds it when the engine serves TLS) the cookies are `Secure`.
+async fn cookies_are_secure_behind_tls(backend: Backend) {
+    let env = Env::new(backend).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let auth = belay_engine::auth::Authenticator::new(
+        env.coord.store().clone(),
+        belay_engine::admin::AdminAuth::parse(TOKENS).expect("tokens"),
+    );
+    let app = belay_engine::admin::router_for(Arc::clone(&env.coord), auth, true);
+    tokio::spawn(belay_engine::tls::serve_http(
+        listener,
+        app,
+        std::future::pending(),
+    ));
+    let response = env
+        .http
+        .get(format!("http://{addr}{}", console::LOGIN_PATH))
+        .send()
+        .await
+        .expect("login page");
+    let set = response
+        .headers()
+        .get(SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        set.starts_with(console::LOGIN_COOKIE) && set.contains("; Secure"),
+        "{set}"
+    );
+    let csp = response
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    env.finish().await;
+}
+
 on_both_backends!(
+    cookies_are_secure_behind_tls,
     every_route_refuses_the_wrong_principal,
     the_run_list_filters_counts_and_pages,
     an_operator_sees_the_pages_and_resolves_from_the_form,

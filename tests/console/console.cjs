@@ -61,7 +61,7 @@ async function axe(page, name) {
       .join("\n");
     throw new Error(`axe-core on ${name}:\n${text}`);
   }
-  ok(`${name}: no serious or critical accessibility violations (${result.violations.length} minor)`);
+  ok(`${name}: axe-core passed ${result.passes.length} rules; no serious or critical violation (${result.violations.length} minor)`);
 }
 
 async function shot(page, name) {
@@ -178,6 +178,12 @@ async function operatorResolves(page) {
   await page.locator('[data-status="completed"]').waitFor({ timeout: 30000 });
   ok("the resolved run completes (seen by the page's live update)");
   await shot(page, "run-completed");
+  const call = page.locator('[data-call="intake.t2"]');
+  const callText = await call.textContent();
+  expect(callText.includes("reconcile") && callText.includes(`${LOST}/intake.t2`) && callText.includes("lease expired") && callText.includes("uncertain_outcome_resolved"), "the timeline shows the call's repeat safety, key, attempts and resolution");
+  await page.locator("#h-timeline").scrollIntoViewIfNeeded();
+  await page.evaluate(() => window.scrollBy(0, document.querySelector("#h-timeline").getBoundingClientRect().top - 10));
+  await shot(page, "run-timeline");
 }
 
 async function csrfRefused(page) {
@@ -238,7 +244,9 @@ async function definitions(page) {
   expect(text.includes("create_account(email: string") && text.includes("-> {account_id: string}"), "the tool's signature");
   expect(text.includes("crm.write") && text.includes("reconcile") && text.includes("find_account_by_key"), "the tool's permission and repeat safety");
   await page.locator("details#wf-onboarding-1 > summary").click();
+  expect(await page.locator('details#wf-onboarding-1 g.g-node[data-node="approve"]').count() === 1, "a workflow's graph");
   await axe(page, "definitions");
+  await page.evaluate(() => window.scrollTo(0, 0));
   await shot(page, "definitions");
 }
 

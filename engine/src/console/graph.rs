@@ -197,7 +197,7 @@ pub(crate) fn svg(wf: &WorkflowDef, marks: &RunMarks, id: &str) -> String {
             tx = x + 8,
             ty1 = y + 18,
             ty2 = y + 34,
-            kind = esc(&super::page::cut(&kind_text(n), 20)),
+            kind = esc(&super::page::cut(&kind_text(n), 18)),
         );
     }
     out.push_str("</svg>");
