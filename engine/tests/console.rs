@@ -5,7 +5,9 @@
 //! a principal of another tenant and a role the route does not admit; every
 //! form without this session's CSRF token is refused with 403 and changes
 //! nothing; the run list's filters, counts and pages; the pages an
-//! operator sees, and an uncertain outcome resolved through the form.
+//! operator sees, and an uncertain outcome resolved through the form; a
+//! tool call's confirmation decided (with an edit) through the form; and
+//! `Secure` cookies behind TLS.
 //! (The real browser, with a real engine, worker and CRM, is
 //! `tests/tests/console.rs`.)
 
@@ -658,6 +660,120 @@ async fn an_operator_sees_the_pages_and_resolves_from_the_form(backend: Backend)
     env.finish().await;
 }
 
+const CONFIRMED_TOOL: &str = r#"TOOLS:
+  pay(amount: number, recipient: string) -> {payment_id: string}
+    description: "Execute a payment"
+    type: http
+    endpoint: "/payments"
+    permission: crm.write
+    repeat_safety: idempotent
+    confirmation:
+      require: always
+      immutable_params: [recipient]
+"#;
+
+const CONFIRMED_FLOW: &str = "kind: workflow\nname: payout\nnodes:\n  - {id: pay, type: tool, tool: pay, args: {amount: 120, recipient: \"acct_9\"}, grants: [crm.write]}\n";
+
+/// A tool call waiting for its confirmation is on the page of what waits
+/// on people with its exact arguments; an approver without the grant is
+/// shown no form and refused; one with it approves an edit, which is what
+/// the call then sends.
+async fn a_confirmation_is_decided_from_the_page(backend: Backend) {
+    let env = Env::new(backend).await;
+    let files = vec![
+        belay_engine::definitions::SourceFile {
+            path: "pay.tools.abl".into(),
+            content: CONFIRMED_TOOL.into(),
+        },
+        belay_engine::definitions::SourceFile {
+            path: "payout.yaml".into(),
+            content: CONFIRMED_FLOW.into(),
+        },
+    ];
+    env.coord
+        .register_bundle("acme", files)
+        .await
+        .expect("register");
+    let (run, _) = env
+        .coord
+        .start_run(StartRun {
+            tenant: "acme".into(),
+            workflow: "payout".into(),
+            input_json: "{}".into(),
+            idempotency_key: "pay1".into(),
+            caller: "c".into(),
+            caller_grants: vec!["crm.write".into()],
+        })
+        .await
+        .expect("start");
+    assert_eq!(run.status, "waiting");
+    let without = env.key("nogrant", "approver", "acme", &[]).await;
+    let with = env.key("payer", "approver", "acme", &["crm.write"]).await;
+    let s = env.sign_in(&without, "acme").await;
+    let (status, page, _) = env.get(Some(&s.cookie), "/console/t/acme/approvals").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains(r#"data-waiting="confirmation""#)
+            && page.contains("Confirm pay (call pay.t1)"),
+        "{page}"
+    );
+    assert!(
+        page.contains("&#34;recipient&#34;: &#34;acct_9&#34;"),
+        "the exact arguments: {page}"
+    );
+    assert!(
+        !page.contains("/approvals/pay.t1/decide"),
+        "no form without the grant"
+    );
+    let path = format!(
+        "/console/t/acme/runs/{}/approvals/pay.t1/decide",
+        run.run_id
+    );
+    let edited = r#"{"amount": 100, "recipient": "acct_9"}"#;
+    let form = |csrf: &str| {
+        vec![
+            ("decision".to_owned(), "approve".to_owned()),
+            ("reason".to_owned(), "ok".to_owned()),
+            ("subject".to_owned(), edited.to_owned()),
+            ("csrf".to_owned(), csrf.to_owned()),
+        ]
+    };
+    let fields = form(&s.csrf);
+    let refs: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (status, body) = env.post(Some(&s.cookie), &path, &refs).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let s = env.sign_in(&with, "acme").await;
+    let (_, page, _) = env.get(Some(&s.cookie), "/console/t/acme/approvals").await;
+    assert!(
+        page.contains("/approvals/pay.t1/decide"),
+        "a form for the holder of the grant"
+    );
+    let fields = form(&s.csrf);
+    let refs: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (status, body) = env.post(Some(&s.cookie), &path, &refs).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let tasks = env.coord.claim("w1", 4, 0).await.expect("claim");
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(
+        tasks[0].spec["arguments"],
+        json!({"amount": 100, "recipient": "acct_9"})
+    );
+    let (_, page, _) = env
+        .get(Some(&s.cookie), "/console/t/acme/approvals?notice=approved")
+        .await;
+    assert!(
+        page.contains("Approved.") && !page.contains("pay.t1"),
+        "{page}"
+    );
+    env.finish().await;
+}
+
 /// Behind a TLS listener (`admin::router_for(…, true)`, as `Engine::serve`
 /// builds it when the engine serves TLS) the cookies are `Secure`.
 async fn cookies_are_secure_behind_tls(backend: Backend) {
@@ -706,6 +822,7 @@ async fn cookies_are_secure_behind_tls(backend: Backend) {
 }
 
 on_both_backends!(
+    a_confirmation_is_decided_from_the_page,
     cookies_are_secure_behind_tls,
     every_route_refuses_the_wrong_principal,
     the_run_list_filters_counts_and_pages,
