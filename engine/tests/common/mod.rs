@@ -18,7 +18,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use belay_engine::admin::{self, AdminAuth};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
+use belay_engine::coordinator::{ApprovalDecision, Coordinator, CoordinatorConfig, StartRun};
 use belay_engine::definitions::SourceFile;
 use belay_engine::store::{ClaimedTask, Store};
 use sqlx::Row;
@@ -178,6 +178,54 @@ pub const CREATE_TOOL: &str = r#"TOOLS:
 "#;
 /// An agent `a` that may call `create`, and a workflow `w` of that agent.
 pub const CREATE_AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
+
+/// A decision of `node` (no request id: the node's only request).
+pub fn decision(
+    node: &str,
+    approve: bool,
+    edit: &str,
+    by: &str,
+    grants: &[String],
+    reason: &str,
+) -> ApprovalDecision {
+    ApprovalDecision {
+        node: node.to_owned(),
+        approve,
+        edited_subject_json: edit.to_owned(),
+        approver: by.to_owned(),
+        approver_grants: grants.to_vec(),
+        reason: reason.to_owned(),
+        ..ApprovalDecision::default()
+    }
+}
+
+/// A fresh database of `backend` (named `prefix_…`) with [`coordinator`]
+/// for tenant `t` ([`CREATE_TOOL`], [`CREATE_AGENT`], `crm.write`) and a
+/// started run of workflow `w`; returns the run id.
+pub async fn create_run(backend: Backend, prefix: &str) -> (TestDb, Arc<Coordinator>, String) {
+    let db = TestDb::create(backend, prefix).await;
+    let coord = coordinator(
+        db.store(4).await,
+        &["t"],
+        CREATE_TOOL,
+        CREATE_AGENT,
+        &["crm.write"],
+    )
+    .await;
+    let (run, created) = coord
+        .start_run(StartRun {
+            tenant: "t".into(),
+            workflow: "w".into(),
+            input_json: "{}".into(),
+            idempotency_key: "k".into(),
+            caller: "c".into(),
+            caller_grants: vec!["crm.write".into()],
+        })
+        .await
+        .expect("start");
+    assert!(created);
+    (db, coord, run.run_id.to_string())
+}
 
 /// A coordinator on `store` (60 s leases, a sweep a second) with, for each
 /// of `tenants`, `tools` (a `.tools.abl`) and `yaml` (agents and workflows)
