@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use belay_engine::coordinator::Coordinator;
 use belay_engine::store::FleetReset;
-use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 
 /// The common test coordinator's lease, ms.
 const LEASE_MS: i64 = 60_000;
@@ -24,38 +23,13 @@ async fn setup(backend: Backend) -> (TestDb, Arc<Coordinator>, String) {
     common::create_run(backend, "belay_outage").await
 }
 
-/// The model proposes `create`; returns the create call's task, claimed
-/// and dispatched by worker `w1`.
-async fn dispatched_create(coord: &Coordinator) -> String {
-    let model = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
-    let answer = ModelCallResult {
-        content: None,
-        tool_calls: vec![ToolUse {
-            id: "tu".into(),
-            name: "create".into(),
-            arguments: r#"{"email":"e"}"#.into(),
-        }],
-        usage: Usage::default(),
-        finish_reason: None,
-    };
-    let answer = serde_json::to_string(&answer).expect("json");
-    coord
-        .complete("w1", &model.task_id.to_string(), 1, &answer)
-        .await
-        .expect("complete");
-    let task = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
-    let id = task.task_id.to_string();
-    coord.dispatch("w1", &id, 1).await.expect("dispatch");
-    id
-}
-
 /// The fleet is up (its first record, before any lease: no grace); the
 /// create call is dispatched; then every engine is down for two leases
 /// while the worker goes on, and an engine starts: the fleet was silent.
 async fn dispatched_create_then_outage(coord: &Coordinator) -> String {
     let store = coord.store();
     store.fleet_alive(FleetReset::No).await.expect("alive");
-    let task = dispatched_create(coord).await;
+    let task = common::dispatched_create(coord).await;
     store.advance_clock(2 * LEASE_MS).await.expect("clock");
     store
         .fleet_alive(FleetReset::IfSilentFor(coord.outage_gap_ms()))
@@ -134,7 +108,7 @@ async fn a_fleet_that_was_never_silent_judges_expired_leases_at_once(backend: Ba
     let (db, coord, run_id) = setup(backend).await;
     let store = coord.store().clone();
     store.fleet_alive(FleetReset::No).await.expect("alive");
-    let task = dispatched_create(&coord).await;
+    let task = common::dispatched_create(&coord).await;
     // The worker stopped heartbeating while engines ran (it froze): its
     // lease is judged at the next sweep, and not revived by a late heartbeat.
     store.expire_task_timers(None).await.expect("expire");
@@ -159,7 +133,7 @@ async fn an_engine_that_could_not_reach_the_database_begins_a_grace(backend: Bac
     let (db, coord, _run_id) = setup(backend).await;
     let store = coord.store().clone();
     store.fleet_alive(FleetReset::No).await.expect("alive");
-    let _task = dispatched_create(&coord).await;
+    let _task = common::dispatched_create(&coord).await;
     store.expire_task_timers(None).await.expect("expire");
     // A running engine whose own ticks failed for longer than the gap.
     store.fleet_alive(FleetReset::Now).await.expect("alive");

@@ -21,6 +21,7 @@ use belay_engine::admin::{self, AdminAuth};
 use belay_engine::coordinator::{ApprovalDecision, Coordinator, CoordinatorConfig, StartRun};
 use belay_engine::definitions::SourceFile;
 use belay_engine::store::{ClaimedTask, Store};
+use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -225,6 +226,31 @@ pub async fn create_run(backend: Backend, prefix: &str) -> (TestDb, Arc<Coordina
         .expect("start");
     assert!(created);
     (db, coord, run.run_id.to_string())
+}
+
+/// The model proposes `create`; returns the create call's task, claimed
+/// and dispatched by worker `w1`.
+pub async fn dispatched_create(coord: &Coordinator) -> String {
+    let model = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let answer = ModelCallResult {
+        content: None,
+        tool_calls: vec![ToolUse {
+            id: "tu".into(),
+            name: "create".into(),
+            arguments: r#"{"email":"e"}"#.into(),
+        }],
+        usage: Usage::default(),
+        finish_reason: None,
+    };
+    let answer = serde_json::to_string(&answer).expect("json");
+    coord
+        .complete("w1", &model.task_id.to_string(), 1, &answer)
+        .await
+        .expect("complete");
+    let task = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let id = task.task_id.to_string();
+    coord.dispatch("w1", &id, 1).await.expect("dispatch");
+    id
 }
 
 /// A coordinator on `store` (60 s leases, a sweep a second) with, for each
