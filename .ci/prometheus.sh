@@ -10,14 +10,12 @@
 # Everything but the `export` lines goes to stderr.
 set -euo pipefail
 
+# shellcheck source=lib/install.sh
+source "$(dirname "$0")/lib/install.sh"
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-  command -v apt-get >/dev/null 2>&1 || { echo "apt-get is needed to install prometheus" >&2; exit 1; }
-  echo "installing prometheus (and promtool) from Debian" >&2
-  # Without starting its service: the test runs its own server.
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2; then
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
-  fi
+  # Without starting its service (--no-install-recommends; no systemd
+  # here): the test runs its own server.
+  apt_install prometheus
 fi
 
 printf 'export BELAY_PROMETHEUS=%q\n' "$(command -v prometheus)"

@@ -347,6 +347,10 @@ enum RunCmd {
         /// Who answers (recorded; default: $BELAY_OPERATOR, else $USER).
         #[arg(long = "by", value_name = "WHO")]
         by: Option<String>,
+        /// The question answered (`<call_id>.input<n>`, listed by `belay run
+        /// get`): needed once the call has asked more than once.
+        #[arg(long = "request", value_name = "ID")]
+        request: Option<String>,
     },
     /// Lift an operator pause (a run with open uncertain outcomes stays paused).
     Resume {
@@ -374,6 +378,12 @@ struct DecisionArgs {
     /// node's `approver_grant`.
     #[arg(long = "grant", value_name = "G")]
     grants: Vec<String>,
+    /// The request decided (`belay run get` lists the open ones, e.g.
+    /// `review~2.approval`): needed once a loop has visited the node more
+    /// than once, and safe to repeat (the same decision again changes
+    /// nothing).
+    #[arg(long = "request", value_name = "ID")]
+    request: Option<String>,
 }
 
 /// Who the CLI acts as for run controls: `--operator`, else
@@ -569,11 +579,21 @@ fn print_run(r: &Run, as_json: bool) {
 }
 
 /// `belay run get`: the run, then each ready task no live worker can take
-/// (`unclaimable <kind> <task id>: <reason>`; in JSON, `unclaimable`).
+/// (`unclaimable <kind> <task id>: <reason>`; in JSON, `unclaimable`), then
+/// each request waiting for a person (`waiting <kind> <request id> of
+/// <node or call>`; in JSON, `open_requests`).
 async fn print_run_detail(client: &Client, run_id: &str, as_json: bool) -> Result<(), SdkError> {
     let (run, unclaimable) = client.get_run_detail(run_id).await?;
+    let requests = client.open_requests(run_id).await?;
     if as_json {
         let mut v = run_json(&run);
+        v["open_requests"] = requests
+            .iter()
+            .map(|r| {
+                json!({"request_id": r.request_id, "kind": r.kind, "node": r.node,
+                       "call_id": r.call_id, "approver_grant": r.approver_grant})
+            })
+            .collect();
         v["unclaimable"] = unclaimable
             .iter()
             .map(|t| {
@@ -587,6 +607,23 @@ async fn print_run_detail(client: &Client, run_id: &str, as_json: bool) -> Resul
     print_run(&run, false);
     for t in &unclaimable {
         outln!("unclaimable {} {}: {}", t.kind, t.task_id, t.reason);
+    }
+    for r in &requests {
+        let who = if r.approver_grant.is_empty() {
+            String::new()
+        } else {
+            format!(" (needs {})", r.approver_grant)
+        };
+        outln!(
+            "waiting   {} {} of {}{who}",
+            r.kind,
+            r.request_id,
+            if r.call_id.is_empty() {
+                &r.node
+            } else {
+                &r.call_id
+            }
+        );
     }
     Ok(())
 }
@@ -824,20 +861,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             print_run(&r, as_json);
         }
-        Cmd::Run(RunCmd::Answer {
-            run_id,
-            call_id,
-            answer,
-            by,
-        }) => {
-            let answer = read_json(&answer, "ANSWER")?;
-            let r = client
-                .provide_tool_input(&run_id, &call_id, &answer, &operator_name(by))
-                .await?;
-            if !as_json {
-                outln!("answered call {call_id}");
-            }
-            print_run(&r, as_json);
+        Cmd::Run(answer @ RunCmd::Answer { .. }) => {
+            answer_question(&client, answer, as_json).await?
         }
         Cmd::Definitions(DefCmd::Register { paths }) => {
             let defs = client.register_paths(&paths).await?;
@@ -979,6 +1004,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `belay run answer`: `ProvideToolInput` for a tool's question.
+async fn answer_question(client: &Client, cmd: RunCmd, as_json: bool) -> Result<(), SdkError> {
+    let RunCmd::Answer {
+        run_id,
+        call_id,
+        answer,
+        by,
+        request,
+    } = cmd
+    else {
+        return Ok(());
+    };
+    let answer = read_json(&answer, "ANSWER")?;
+    let request = request.unwrap_or_default();
+    let (r, duplicate) = client
+        .answer_request(&run_id, &call_id, &request, &answer, &operator_name(by))
+        .await?;
+    if duplicate {
+        eprintln!("call {call_id} had already been given this answer; nothing changed");
+    }
+    if !as_json {
+        outln!("answered call {call_id}");
+    }
+    print_run(&r, as_json);
+    Ok(())
+}
+
 /// `DecideApproval` for `belay run approve` / `decline`.
 async fn decide(
     client: &Client,
@@ -988,17 +1040,35 @@ async fn decide(
     edit: Option<&Value>,
     decision: DecisionArgs,
 ) -> Result<Run, SdkError> {
-    client
-        .decide_approval(
+    let approver = operator_name(decision.approver);
+    let Some(request) = decision.request else {
+        return client
+            .decide_approval(
+                run_id,
+                node,
+                approve,
+                edit,
+                &approver,
+                decision.grants,
+                &decision.reason,
+            )
+            .await;
+    };
+    let (run, duplicate) = client
+        .decide_request(
             run_id,
-            node,
+            &request,
             approve,
             edit,
-            &operator_name(decision.approver),
+            &approver,
             decision.grants,
             &decision.reason,
         )
-        .await
+        .await?;
+    if duplicate {
+        eprintln!("request {request} was already decided this way; nothing changed");
+    }
+    Ok(run)
 }
 
 /// A random-enough key for CLI-started runs (time + pid), without pulling in

@@ -25,7 +25,7 @@ mod auth_layer;
 pub use auth_layer::{AuthLayer, AuthService, principal};
 
 use crate::auth::Authenticator;
-use crate::coordinator::{Coordinator, CoordinatorError, StartRun};
+use crate::coordinator::{ApprovalDecision, Coordinator, CoordinatorError, StartRun};
 use crate::definitions::SourceFile;
 use crate::machine::FailureClass;
 use crate::store::{DefinitionRow, EventRow, RunRow};
@@ -232,9 +232,11 @@ impl RunService for Api {
             .await?;
         // The run is the caller's tenant's (get_run checked): so are its tasks.
         let unclaimable = self.coord.unclaimable_tasks(Some(run.run_id)).await?;
+        let open = self.coord.open_requests(run.run_id).await?;
         Ok(Response::new(v1::GetRunResponse {
             run: Some(run_msg(run)),
             unclaimable: unclaimable.into_iter().map(unclaimable_msg).collect(),
+            open_requests: open.into_iter().map(open_request_msg).collect(),
         }))
     }
 
@@ -458,21 +460,22 @@ impl RunService for Api {
     ) -> Result<Response<v1::DecideApprovalResponse>, Status> {
         let p = principal(&req)?;
         let r = req.into_inner();
-        let run = self
+        let decision = ApprovalDecision {
+            approver: p.actor(&r.approver)?,
+            approver_grants: p.narrow_grants(&r.approver_grants)?,
+            node: r.node,
+            request_id: r.request_id,
+            approve: r.approve,
+            edited_subject_json: r.edited_subject_json,
+            reason: r.reason,
+        };
+        let (run, duplicate) = self
             .coord
-            .decide_approval(
-                &p.tenant_for(&r.tenant)?,
-                &r.run_id,
-                &r.node,
-                r.approve,
-                &r.edited_subject_json,
-                &p.actor(&r.approver)?,
-                &p.narrow_grants(&r.approver_grants)?,
-                &r.reason,
-            )
+            .decide_approval(&p.tenant_for(&r.tenant)?, &r.run_id, decision)
             .await?;
         Ok(Response::new(v1::DecideApprovalResponse {
             run: Some(run_msg(run)),
+            duplicate,
         }))
     }
 
@@ -482,18 +485,20 @@ impl RunService for Api {
     ) -> Result<Response<v1::ProvideToolInputResponse>, Status> {
         let p = principal(&req)?;
         let r = req.into_inner();
-        let run = self
+        let (run, duplicate) = self
             .coord
             .provide_tool_input(
                 &p.tenant_for(&r.tenant)?,
                 &r.run_id,
                 &r.call_id,
+                &r.request_id,
                 &r.answer_json,
                 &p.actor(&r.by)?,
             )
             .await?;
         Ok(Response::new(v1::ProvideToolInputResponse {
             run: Some(run_msg(run)),
+            duplicate,
         }))
     }
 }
@@ -983,3 +988,14 @@ impl tonic::transport::server::Connected for crate::tls::Connection {
 
 /// How long a graceful shutdown may wait for open streams.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An open request for a person, as `GetRunResponse.open_requests` carries it.
+fn open_request_msg(r: belay_machine::requests::OpenRequest) -> v1::OpenRequest {
+    v1::OpenRequest {
+        request_id: r.request_id,
+        kind: r.kind.as_str().to_owned(),
+        node: r.node,
+        call_id: r.call_id,
+        approver_grant: r.approver_grant,
+    }
+}

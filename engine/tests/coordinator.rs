@@ -17,28 +17,7 @@ use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use serde_json::json;
 
 async fn setup(backend: Backend) -> (TestDb, Arc<Coordinator>, String) {
-    let db = TestDb::create(backend, "belay_c").await;
-    let coord = common::coordinator(
-        db.store(4).await,
-        &["t"],
-        common::CREATE_TOOL,
-        common::CREATE_AGENT,
-        &["crm.write"],
-    )
-    .await;
-    let (run, created) = coord
-        .start_run(StartRun {
-            tenant: "t".into(),
-            workflow: "w".into(),
-            input_json: "{}".into(),
-            idempotency_key: "k".into(),
-            caller: "c".into(),
-            caller_grants: vec!["crm.write".into()],
-        })
-        .await
-        .expect("start");
-    assert!(created);
-    (db, coord, run.run_id.to_string())
+    common::create_run(backend, "belay_c").await
 }
 
 async fn expire_leases(coord: &Coordinator) {

@@ -169,6 +169,7 @@ async fn an_approval_needs_the_approvers_own_grant(backend: Backend) {
         approver: String::new(),
         approver_grants: grants.iter().map(|g| (*g).to_owned()).collect(),
         reason: "ok".into(),
+        ..Default::default()
     };
     // The fixture's approver holds crm.write only: claiming ops.approve in
     // the request is widening, and without it the node's grant is missing.

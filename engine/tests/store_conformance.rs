@@ -531,7 +531,7 @@ async fn a_stale_attempt_cannot_change_a_task(backend: Backend) {
         .remove(0);
     assert_eq!(first.attempt, 1);
     assert_eq!(env.store.expire_task_timers(None).await.expect("expire"), 1);
-    let expired = env.store.expired_leases(10).await.expect("expired");
+    let expired = env.store.expired_leases(10, 60_000).await.expect("expired");
     assert_eq!(expired.len(), 1);
     assert_eq!(
         (expired[0].task_id, expired[0].run_id, expired[0].attempt),
@@ -689,7 +689,7 @@ async fn heartbeat_extends_only_the_callers_unexpired_leases(backend: Backend) {
     );
     let expired = || async {
         env.store
-            .expired_leases(10)
+            .expired_leases(10, 60_000)
             .await
             .expect("expired")
             .into_iter()
@@ -752,14 +752,14 @@ async fn expired_leases_come_oldest_first(backend: Backend) {
         .collect();
     let got: Vec<(Uuid, Uuid, i32)> = env
         .store
-        .expired_leases(10)
+        .expired_leases(10, 60_000)
         .await
         .expect("expired")
         .into_iter()
         .map(|l| (l.task_id, l.run_id, l.attempt))
         .collect();
     assert_eq!(got, want);
-    let two = env.store.expired_leases(2).await.expect("expired");
+    let two = env.store.expired_leases(2, 60_000).await.expect("expired");
     assert_eq!(
         two.iter().map(|l| l.task_id).collect::<Vec<_>>(),
         vec![want[0].0, want[1].0]

@@ -5,7 +5,7 @@
 //! do), and the admin router is served in-process.
 
 mod common;
-use common::{Backend, TestDb, claim_of, percent};
+use common::{Backend, TestDb, claim_of, decision, percent};
 
 use std::sync::Arc;
 
@@ -237,14 +237,17 @@ async fn the_audit_shows_every_proposed_call_of_a_tenant(backend: Backend) {
         .decide_approval(
             "acme",
             &a.to_string(),
-            "n.t3",
-            true,
-            r#"{"amount":7}"#,
-            "bob",
-            &["crm.write".to_owned()],
-            "fine",
+            decision(
+                "n.t3",
+                true,
+                r#"{"amount":7}"#,
+                "bob",
+                &["crm.write".to_owned()],
+                "fine",
+            ),
         )
         .await
+        .map(|(run, _)| run)
         .expect("approve");
     let task = claim_of(&env.coord, "w1", a, "tool_call")
         .await

@@ -11,7 +11,7 @@
 //! which checks that those loops do it within a bounded wait.
 
 mod common;
-use common::{Backend, Raw, TestDb};
+use common::{Backend, Raw, TestDb, decision};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,14 +258,10 @@ async fn a_signal_sent_before_its_wait_is_kept_and_taken_at_once(backend: Backen
         .decide_approval(
             TENANT,
             &r.run_id.to_string(),
-            "approve",
-            true,
-            "",
-            "grace",
-            &["ops.approve".into()],
-            "ok",
+            decision("approve", true, "", "grace", &["ops.approve".into()], "ok"),
         )
         .await
+        .map(|(run, _)| run)
         .expect("decide");
     assert_eq!(done.status, "completed");
     assert_eq!(
@@ -748,9 +744,12 @@ async fn an_approval_needs_the_grant_is_decided_once_and_the_next_node_sees_the_
             let edit = edit.map(|e| e.to_string()).unwrap_or_default();
             coord
                 .decide_approval(
-                    TENANT, &id, "approve", approve, &edit, by, &grants, "checked",
+                    TENANT,
+                    &id,
+                    decision("approve", approve, &edit, by, &grants, "checked"),
                 )
                 .await
+                .map(|(run, _)| run)
         }
     };
     let starter = json!({"email": "a@x.io", "plan": "starter"});
@@ -787,8 +786,9 @@ async fn an_approval_needs_the_grant_is_decided_once_and_the_next_node_sees_the_
         "{err:?}"
     );
     let err = coord
-        .decide_approval(TENANT, &id, "create", true, "", "grace", &[], "")
+        .decide_approval(TENANT, &id, decision("create", true, "", "grace", &[], ""))
         .await
+        .map(|(run, _)| run)
         .expect_err("not an approval that waits");
     assert!(
         matches!(err, CoordinatorError::FailedPrecondition(_)),
@@ -799,14 +799,17 @@ async fn an_approval_needs_the_grant_is_decided_once_and_the_next_node_sees_the_
         .decide_approval(
             TENANT,
             &id,
-            "aprove",
-            true,
-            "",
-            "grace",
-            &["onboarding.approve".into()],
-            "",
+            decision(
+                "aprove",
+                true,
+                "",
+                "grace",
+                &["onboarding.approve".into()],
+                "",
+            ),
         )
         .await
+        .map(|(run, _)| run)
         .expect_err("misspelt node");
     assert!(
         matches!(&err, CoordinatorError::InvalidArgument(m)
@@ -827,14 +830,17 @@ async fn an_approval_needs_the_grant_is_decided_once_and_the_next_node_sees_the_
         .decide_approval(
             TENANT,
             &fixed.run_id.to_string(),
-            "approve",
-            true,
-            r#"{"x": 2}"#,
-            "grace",
-            &["ok.go".into()],
-            "",
+            decision(
+                "approve",
+                true,
+                r#"{"x": 2}"#,
+                "grace",
+                &["ok.go".into()],
+                "",
+            ),
         )
         .await
+        .map(|(run, _)| run)
         .expect_err("no edits allowed");
     assert!(
         matches!(&err, CoordinatorError::PermissionDenied(m) if m.contains("does not allow edits")),
@@ -888,8 +894,11 @@ async fn an_approval_needs_the_grant_is_decided_once_and_the_next_node_sees_the_
         done.output,
         Some(json!({"account": "acct_1", "approved": starter}))
     );
-    // After the end, a second decision is still told who decided first.
-    let late = decide(true, None, "grace", &["onboarding.approve"]).await;
+    // After the end, the same decision again (a retry) is answered with
+    // the recorded one; a different one is still told who decided first.
+    let again = decide(true, None, "grace", &["onboarding.approve"]).await;
+    assert!(again.is_ok(), "{again:?}");
+    let late = decide(false, None, "bob", &["onboarding.approve"]).await;
     assert!(
         matches!(&late, Err(CoordinatorError::Conflict(m)) if m.contains("approved by grace")),
         "{late:?}"
@@ -1696,14 +1705,17 @@ async fn a_confirmed_tool_call_waits_for_a_decision_and_runs_the_approved_argume
         .decide_approval(
             TENANT,
             &id,
-            "pay.t1",
-            true,
-            r#"{"amount": 120, "recipient": "x"}"#,
-            "ana",
-            &["crm.write".into()],
-            "ok",
+            decision(
+                "pay.t1",
+                true,
+                r#"{"amount": 120, "recipient": "x"}"#,
+                "ana",
+                &["crm.write".into()],
+                "ok",
+            ),
         )
         .await
+        .map(|(run, _)| run)
         .expect_err("immutable");
     assert!(
         matches!(refused, CoordinatorError::Unprocessable { .. }),
@@ -1713,14 +1725,17 @@ async fn a_confirmed_tool_call_waits_for_a_decision_and_runs_the_approved_argume
         .decide_approval(
             TENANT,
             &id,
-            "pay.t1",
-            true,
-            r#"{"amount": 100, "recipient": "acct_9"}"#,
-            "ana",
-            &["crm.write".into()],
-            "ok",
+            decision(
+                "pay.t1",
+                true,
+                r#"{"amount": 100, "recipient": "acct_9"}"#,
+                "ana",
+                &["crm.write".into()],
+                "ok",
+            ),
         )
         .await
+        .map(|(run, _)| run)
         .expect("approve");
     let tasks = coord.claim("w1", 4, 0).await.expect("claim");
     assert_eq!(tasks.len(), 1);
@@ -1732,14 +1747,10 @@ async fn a_confirmed_tool_call_waits_for_a_decision_and_runs_the_approved_argume
         .decide_approval(
             TENANT,
             &id,
-            "pay.t1",
-            false,
-            "",
-            "bob",
-            &["crm.write".into()],
-            "no",
+            decision("pay.t1", false, "", "bob", &["crm.write".into()], "no"),
         )
         .await
+        .map(|(run, _)| run)
         .expect_err("second decision");
     assert!(matches!(again, CoordinatorError::Conflict(_)), "{again:?}");
     assert_eq!(

@@ -293,15 +293,7 @@ impl Client {
         &self,
         run_id: &str,
     ) -> Result<(Run, Vec<UnclaimableTask>), SdkError> {
-        let resp = self
-            .runs
-            .clone()
-            .get_run(v1::GetRunRequest {
-                tenant: self.tenant.clone(),
-                run_id: run_id.to_owned(),
-            })
-            .await?
-            .into_inner();
+        let resp = self.get_run_response(run_id).await?;
         let run = resp
             .run
             .ok_or_else(|| tonic::Status::internal("GetRun returned no run"))?;
@@ -503,24 +495,89 @@ impl Client {
         approver_grants: Vec<String>,
         reason: &str,
     ) -> Result<Run, SdkError> {
+        let req = v1::DecideApprovalRequest {
+            node: node.to_owned(),
+            approve,
+            edited_subject_json: edited_subject.map(Value::to_string).unwrap_or_default(),
+            approver: approver.to_owned(),
+            approver_grants,
+            reason: reason.to_owned(),
+            ..Default::default()
+        };
+        Ok(self.decide(run_id, req).await?.0)
+    }
+
+    /// Decide request `request_id` of run `run_id` (an `OpenRequest.request_id`
+    /// from [`Client::open_requests`], or the `request_id` of its
+    /// `approval_requested` event): the way to decide an approval node a
+    /// loop visits more than once, and safe to retry after a lost reply.
+    /// Returns the run and whether the request had already been decided
+    /// this way (`true`: a retry, nothing changed). Otherwise as
+    /// [`Client::decide_approval`]; a decision that differs from the one
+    /// recorded is `ABORTED`, naming it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn decide_request(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        approve: bool,
+        edited_subject: Option<&Value>,
+        approver: &str,
+        approver_grants: Vec<String>,
+        reason: &str,
+    ) -> Result<(Run, bool), SdkError> {
+        let req = v1::DecideApprovalRequest {
+            request_id: request_id.to_owned(),
+            approve,
+            edited_subject_json: edited_subject.map(Value::to_string).unwrap_or_default(),
+            approver: approver.to_owned(),
+            approver_grants,
+            reason: reason.to_owned(),
+            ..Default::default()
+        };
+        self.decide(run_id, req).await
+    }
+
+    /// `DecideApproval` for run `run_id` of this client's tenant.
+    async fn decide(
+        &self,
+        run_id: &str,
+        req: v1::DecideApprovalRequest,
+    ) -> Result<(Run, bool), SdkError> {
         let resp = self
             .runs
             .clone()
             .decide_approval(v1::DecideApprovalRequest {
                 tenant: self.tenant.clone(),
                 run_id: run_id.to_owned(),
-                node: node.to_owned(),
-                approve,
-                edited_subject_json: edited_subject.map(Value::to_string).unwrap_or_default(),
-                approver: approver.to_owned(),
-                approver_grants,
-                reason: reason.to_owned(),
+                ..req
             })
             .await?
             .into_inner();
-        Ok(resp
+        let run = resp
             .run
-            .ok_or_else(|| tonic::Status::internal("DecideApproval returned no run"))?)
+            .ok_or_else(|| tonic::Status::internal("DecideApproval returned no run"))?;
+        Ok((run, resp.duplicate))
+    }
+
+    /// The requests for a person run `run_id` holds open (approvals,
+    /// confirmations, tools' questions), each with the request id a
+    /// decision or answer names (`GetRun`'s `open_requests`).
+    pub async fn open_requests(&self, run_id: &str) -> Result<Vec<v1::OpenRequest>, SdkError> {
+        Ok(self.get_run_response(run_id).await?.open_requests)
+    }
+
+    /// `GetRun` for run `run_id` of this client's tenant, whole.
+    async fn get_run_response(&self, run_id: &str) -> Result<v1::GetRunResponse, SdkError> {
+        let resp = self
+            .runs
+            .clone()
+            .get_run(v1::GetRunRequest {
+                tenant: self.tenant.clone(),
+                run_id: run_id.to_owned(),
+            })
+            .await?;
+        Ok(resp.into_inner())
     }
 
     /// Answer a tool's question to a person (`ProvideToolInput`): the call
@@ -541,6 +598,27 @@ impl Client {
         answer: &Value,
         by: &str,
     ) -> Result<Run, SdkError> {
+        Ok(self
+            .answer_request(run_id, call_id, "", answer, by)
+            .await?
+            .0)
+    }
+
+    /// Answer question `request_id` (`<call_id>.input<n>`; empty: the
+    /// call's only question) of call `call_id`: the way to answer a call
+    /// that asks more than once, and safe to retry after a lost reply.
+    /// Returns the run and whether the question had already been answered
+    /// with this answer (`true`: a retry, nothing changed); a different
+    /// answer to an answered question is `ABORTED`. Otherwise as
+    /// [`Client::provide_tool_input`].
+    pub async fn answer_request(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        request_id: &str,
+        answer: &Value,
+        by: &str,
+    ) -> Result<(Run, bool), SdkError> {
         let resp = self
             .runs
             .clone()
@@ -548,14 +626,16 @@ impl Client {
                 tenant: self.tenant.clone(),
                 run_id: run_id.to_owned(),
                 call_id: call_id.to_owned(),
+                request_id: request_id.to_owned(),
                 answer_json: answer.to_string(),
                 by: by.to_owned(),
             })
             .await?
             .into_inner();
-        Ok(resp
+        let run = resp
             .run
-            .ok_or_else(|| tonic::Status::internal("ProvideToolInput returned no run"))?)
+            .ok_or_else(|| tonic::Status::internal("ProvideToolInput returned no run"))?;
+        Ok((run, resp.duplicate))
     }
 
     /// Cancel a run.

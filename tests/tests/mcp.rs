@@ -860,13 +860,24 @@ async fn a_tool_asking_for_input_waits_durably_for_the_answer(backend: DbBackend
         .provide_tool_input(&run, &call, &answer, "ada")
         .await?;
     ensure!(answered.status == "running", "{answered:?}");
-    // A second answer is refused: the call no longer waits.
+    // The same answer again (a retry after a lost reply) is answered with
+    // the recorded one and changes nothing; a different one is refused,
+    // naming the first (issue 22).
+    let (_, duplicate) = client
+        .answer_request(&run, &call, "", &answer, "ada")
+        .await?;
+    ensure!(duplicate, "a retried answer is a duplicate");
+    let other = json!({"action": "decline"});
+    let refused = client.provide_tool_input(&run, &call, &other, "bob").await;
+    let message = format!(
+        "{:?}",
+        refused
+            .err()
+            .ok_or_else(|| anyhow!("a second, different answer was accepted"))?
+    );
     ensure!(
-        client
-            .provide_tool_input(&run, &call, &answer, "ada")
-            .await
-            .is_err(),
-        "answered twice"
+        message.contains("Aborted") && message.contains("ada"),
+        "{message}"
     );
     env.start_worker_with_mcp(0, &config).await?;
     let output = completed(&env, &run).await?;

@@ -39,6 +39,9 @@ scripted-sandbox:
 async fn an_agent_calls_javascript_and_python_code_tools_and_the_run_completes(
     backend: DbBackend,
 ) -> Result<()> {
+    // Installs bubblewrap when it is missing, or fails here naming it
+    // (not after the call bounces off a worker that cannot run it).
+    belay_tests::ci_env(".ci/sandbox-tools.sh", "BELAY_BWRAP")?;
     let mut env = Env::start_on(backend, EngineOpts::default()).await?;
     // This test's model script, in place of the example's.
     let dir = std::env::temp_dir().join("belay-test-logs");

@@ -302,8 +302,9 @@ pub struct SandboxTools {
 impl SandboxTools {
     /// Finds bwrap, prlimit and the two runtimes (asking each runtime for
     /// its real executable, so a launcher like a pyenv shim is looked
-    /// through). One that is missing is logged, and the tools that need it
-    /// fail `NOT_SENT` naming it; the worker runs on.
+    /// through). One that is missing is logged (at info: a warning comes
+    /// only when a call needs it), and the tools that need it fail
+    /// `NOT_SENT` naming it; the worker runs on.
     pub async fn start(config: SandboxConfig) -> Self {
         let bwrap = find_program(&config.bwrap);
         let prlimit = find_program(&config.prlimit);
@@ -315,8 +316,10 @@ impl SandboxTools {
             ("node", node.as_ref().err()),
             ("python", python.as_ref().err()),
         ] {
+            // Not a warning: most workers run no sandbox tool. A call of
+            // one that cannot run here warns (`run`).
             if let Some(reason) = missing {
-                tracing::warn!(what, %reason, "sandbox tools that need it will fail");
+                tracing::info!(what, %reason, "sandbox tools that need it cannot run on this worker");
             }
         }
         Self {
@@ -374,9 +377,12 @@ impl SandboxTools {
         arguments: &Value,
     ) -> Result<Value, SandboxError> {
         let name = binding.runtime.as_str();
-        let unavailable = |reason: &String| SandboxError::Unavailable {
-            runtime: name,
-            reason: reason.clone(),
+        let unavailable = |reason: &String| {
+            tracing::warn!(runtime = name, %reason, "a sandbox tool was called but cannot run on this worker");
+            SandboxError::Unavailable {
+                runtime: name,
+                reason: reason.clone(),
+            }
         };
         let runtime = match binding.runtime {
             SandboxRuntime::Javascript => &self.node,

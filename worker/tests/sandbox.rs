@@ -3,8 +3,8 @@
 //! the isolation (network, files, environment, a fresh working directory
 //! per call), the limits (timeout, memory) and every typed error.
 //!
-//! Needs `bwrap`, `prlimit`, `node` and `python3` (`.ci/run` installs
-//! bubblewrap when it is missing).
+//! Needs `bwrap`, `prlimit`, `node` and `python3`: `.ci/sandbox-tools.sh`
+//! installs bubblewrap when it is missing (the tests run it themselves).
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::io::Write as _;
@@ -17,7 +17,43 @@ use serde_json::{Value, json};
 
 use SandboxRuntime::{Javascript as Js, Python as Py};
 
+/// `bwrap` is there: installed by `.ci/sandbox-tools.sh` (once per test
+/// binary) when it is missing, so the README's test command works on a
+/// fresh machine; panics at once, naming what is missing, otherwise.
+fn require_bwrap() {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let found = || {
+        std::process::Command::new("bwrap")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let result = DONE.get_or_init(|| {
+        if found() {
+            return Ok(());
+        }
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/sandbox-tools.sh");
+        let status = std::process::Command::new("bash")
+            .arg(&script)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if status.success() && found() {
+            return Ok(());
+        }
+        Err(format!(
+            "bwrap (Debian package bubblewrap) is not installed and {} could not install it ({status}); \
+             install it with `apt-get install -y bubblewrap`",
+            script.display()
+        ))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 async fn tools() -> SandboxTools {
+    require_bwrap();
     let tools = SandboxTools::start(SandboxConfig::default()).await;
     for runtime in [Js, Py] {
         tools

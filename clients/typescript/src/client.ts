@@ -48,6 +48,11 @@ export interface DecisionOptions {
   approverGrants?: string[];
   /** With `approve`, where the node allows edits: the subject as approved. */
   editedSubject?: Json;
+  /**
+   * The request decided (`GetRun`'s `openRequests`, e.g. `review~2.approval`): needed once a loop
+   * visited the node twice, and safe to retry (the same decision again changes nothing).
+   */
+  requestId?: string;
 }
 
 function json(value: unknown, what: string): string {
@@ -287,6 +292,7 @@ export class BelayClient {
       approver: options.approver ?? "",
       approverGrants: options.approverGrants ?? [],
       reason: options.reason ?? "",
+      requestId: options.requestId ?? "",
     };
     return runFrom((await this.#call(m, (o) => this.#runs.decideApproval(request, o))).run, m);
   }
@@ -312,9 +318,9 @@ export class BelayClient {
   }
 
   /** Answer a tool's question to a person (`tool_call_input_requested`). */
-  async provideToolInput(runId: string, callId: string, answer: Json, by = ""): Promise<Run> {
+  async provideToolInput(runId: string, callId: string, answer: Json, by = "", requestId = ""): Promise<Run> {
     const m = "belay.v1.RunService/ProvideToolInput";
-    const request = { tenant: this.tenant, runId, callId, answerJson: json(answer, "the answer"), by };
+    const request = { tenant: this.tenant, runId, callId, answerJson: json(answer, "the answer"), by, requestId };
     return runFrom((await this.#call(m, (o) => this.#runs.provideToolInput(request, o))).run, m);
   }
 

@@ -7,6 +7,7 @@ use crate::error::MachineError;
 use crate::event::{Event, FailureClass, ResolvedVia, TimerPurpose, TimerSpec};
 use crate::input::{Input, Resolution};
 use crate::state::{RunState, RunStatus};
+use crate::step::Verdict;
 use crate::{
     RUN_DEADLINE_TIMER, gates, sampling, state,
     step::{Failure, Step},
@@ -185,11 +186,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         }
         Input::ProvideToolInput {
             call_id,
+            request,
             answer,
             by,
         } => {
-            m.require_active("input")?;
-            m.on_input_provided(call_id, answer, by)?;
+            m.on_answer(call_id, request, answer, by)?;
         }
         Input::ToolCallSampled { usage, report } => {
             return sampling::decide_sampled(state, usage, *report);
@@ -223,9 +224,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             result,
             worker_id,
         } => {
-            // A result that arrives after a cancel is still what happened:
-            // it is kept (and resolves an open uncertain outcome).
-            if m.state.status != RunStatus::Cancelled {
+            // A result that arrives after the run ended (completed, failed,
+            // cancelled) is still what happened at the tool: it is kept,
+            // never applied (and resolves an open uncertain outcome); issue
+            // 22. Only a run not yet started refuses it.
+            if !m.state.status.is_terminal() {
                 m.require_active("late result")?;
             }
             m.on_late_result(call_id, attempt, result, worker_id)?;
@@ -373,29 +376,21 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         }
         Input::DecideApproval {
             node,
+            request,
             approve,
             edited_subject,
             by,
             grants,
             reason,
         } => {
-            // A call id names a tool call's confirmation; anything else a node.
-            let call = m.state.tool_calls.get(&node).cloned();
-            match call {
-                Some(c) if c.awaiting_confirmation.is_some() => {
-                    m.on_confirmation(node, approve, edited_subject, by, grants, reason)?
-                }
-                Some(c) if c.confirmed.is_some() => {
-                    let (first_by, approved, seq) = c.confirmed.unwrap_or_default();
-                    return Err(MachineError::AlreadyDecided {
-                        node,
-                        by: first_by,
-                        approved,
-                        seq,
-                    });
-                }
-                _ => m.on_decision(node, approve, edited_subject, by, grants, reason)?,
-            }
+            let verdict = Verdict {
+                approve,
+                edited_subject,
+                by,
+                grants,
+                reason,
+            };
+            m.on_decide(node, request, verdict)?;
         }
     }
     m.stop_on_tool_failure()?;

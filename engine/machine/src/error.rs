@@ -78,17 +78,25 @@ pub enum MachineError {
         /// Name sent now.
         name: String,
     },
-    /// An approval that was already decided.
-    #[error("node `{node}` was already {} by {by} (event {seq})", if *.approved { "approved" } else { "declined" })]
+    /// A request (an approval, a confirmation, a tool's question) that was
+    /// already decided, differently from the decision sent now (the same
+    /// decision sent again is answered with the recorded one).
+    #[error("request `{request}` of `{node}` was already {} by {by} (event {seq}); this {} differs and is not applied",
+        if *.answer { "answered" } else if *.approved { "approved" } else { "declined" },
+        if *.answer { "answer" } else { "decision" })]
     AlreadyDecided {
-        /// Node id.
+        /// Node id, or the call id of a confirmation or question.
         node: String,
+        /// The request decided.
+        request: String,
         /// Who decided.
         by: String,
         /// Approved or declined.
         approved: bool,
         /// Seq of the decision event.
         seq: u64,
+        /// Whether it was an answer to a tool's question (not a decision).
+        answer: bool,
     },
     /// An approver's edit does not match the node's `edits_schema`.
     #[error("the edited subject does not match the `edits_schema` of node `{node}`: {}", .errors.join("; "))]
@@ -128,5 +136,35 @@ pub enum MachineError {
         workflow: String,
         /// Its approval nodes, in file order.
         approvals: Vec<String>,
+    },
+    /// A decision or answer that names no request, for a node or call that
+    /// has had several: which one it decides cannot be known (a retry of an
+    /// earlier one must never decide a later one), so it must name it.
+    #[error(
+        "`{subject}` has had {} requests ({}); name the one this decides (`request_id`){}",
+        .requests.len(),
+        .requests.join(", "),
+        match .open { Some(r) => format!("; the open one is `{r}`"), None => String::new() }
+    )]
+    RequestRequired {
+        /// Node id or call id.
+        subject: String,
+        /// Its requests, oldest first.
+        requests: Vec<String>,
+        /// The one open now, if any.
+        open: Option<String>,
+    },
+    /// A decision or answer naming a request that `subject` never made.
+    #[error(
+        "`{subject}` made no request `{request}`{}",
+        if .requests.is_empty() { String::new() } else { format!(" (its requests: {})", .requests.join(", ")) }
+    )]
+    NoSuchRequest {
+        /// Node id or call id.
+        subject: String,
+        /// The request named.
+        request: String,
+        /// Its requests, oldest first.
+        requests: Vec<String>,
     },
 }

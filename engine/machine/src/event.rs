@@ -358,6 +358,11 @@ pub enum Event {
     ToolCallInputRequested {
         /// Call id.
         call_id: String,
+        /// This request's id (`<call_id>.input<n>` for the call's n-th
+        /// question), which an answer names. Empty in events written
+        /// before issue 22: the fold derives it.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        request_id: String,
         /// The attempt that asked.
         attempt: u32,
         /// How the server asked: `input_required` (MCP 2026-07-28),
@@ -376,6 +381,10 @@ pub enum Event {
     ToolCallInputProvided {
         /// Call id.
         call_id: String,
+        /// The request answered. Empty in events written before issue 22:
+        /// the call's open request.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        request_id: String,
         /// Who answered.
         by: String,
         /// The answer as given (checked against what was asked).
@@ -679,6 +688,11 @@ pub enum Event {
     ApprovalRequested {
         /// Node id.
         node: String,
+        /// This request's id (`<node>.approval`, `<node>~<n>.approval` on
+        /// the n-th visit of the node in a loop), which a decision names.
+        /// Empty in events written before issue 22: the fold derives it.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        request_id: String,
         /// Exactly what is to be approved.
         subject: Value,
         /// A question for the approver.
@@ -731,6 +745,10 @@ pub enum Event {
     ApprovalDecided {
         /// Node id.
         node: String,
+        /// The request decided (see [`Event::ApprovalRequested`]). Empty in
+        /// events written before issue 22: the node's latest request.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        request_id: String,
         /// Approved or not.
         approved: bool,
         /// Who decided.

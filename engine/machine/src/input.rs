@@ -237,6 +237,10 @@ pub enum Input {
     ProvideToolInput {
         /// Call id.
         call_id: String,
+        /// The question answered (`<call_id>.input<n>`, from its
+        /// `tool_call_input_requested` event). `None`: the call's open
+        /// question, accepted only while the call has asked once (issue 22).
+        request: Option<String>,
         /// The answer: `{"action": "accept"|"decline"|"cancel", "content"?:
         /// {...}}` for `elicitation` and `url_elicitation_required`,
         /// `{"responses": {<key>: <answer>}}` for `input_required`.
@@ -262,8 +266,12 @@ pub enum Input {
     },
     /// A person decides an approval node.
     DecideApproval {
-        /// Node id.
+        /// Node id, or a call id for a tool call's confirmation.
         node: String,
+        /// The request decided (`<node>.approval`, `<node>~<n>.approval`,
+        /// or a confirmation's call id). `None`: the node's request,
+        /// accepted only while the node has been requested once (issue 22).
+        request: Option<String>,
         /// Approve or decline.
         approve: bool,
         /// The subject as the approver edited it (only where allowed).

@@ -207,6 +207,7 @@ pub mod gates;
 pub mod normalize;
 pub mod pii;
 pub mod plan;
+pub mod requests;
 pub mod scrub;
 pub mod state;
 pub mod untraced;

@@ -159,6 +159,11 @@ pub struct ToolCallState {
     /// Questions answered so far, and what the repeated call carries
     /// (`ToolCallSpec.input`; `null` before the first answer).
     pub input_rounds: u32,
+    /// Every question the call asked, oldest first, with its answer once
+    /// given: an answer names the question it answers, so a retried answer
+    /// to an earlier question is told apart from one to the open question.
+    /// Added for issue 22.
+    pub input_requests: Vec<HumanRequest>,
     /// See `input_rounds`.
     pub input: Value,
     /// The `request_variants:` item the call sends (from
@@ -178,12 +183,38 @@ pub struct AwaitingInput {
     pub requests: Value,
     /// Opaque server state to echo.
     pub request_state: Option<String>,
+    /// The question's request id (`<call_id>.input<n>`).
+    pub request_id: String,
+}
+
+/// A request for a person's decision or answer (an approval node's
+/// request, a tool's question), and the answer once given. Added for issue
+/// 22: answers name their request, and a retried answer is answered with
+/// the recorded one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HumanRequest {
+    /// The request's id.
+    pub request_id: String,
+    /// The answer, once given.
+    pub answered: Option<Decided>,
+}
+
+/// The request id of an `approval` node's visit with call-id prefix
+/// `prefix` (`<node>` or `<node>~<n>`): `<prefix>.approval`.
+pub fn approval_request_id(prefix: &str) -> String {
+    format!("{prefix}.approval")
+}
+
+/// The request id of call `call_id`'s `n`-th question (from 1):
+/// `<call_id>.input<n>`.
+pub fn input_request_id(call_id: &str, n: usize) -> String {
+    format!("{call_id}.input{n}")
 }
 
 impl ToolCallState {
     /// Why this open call holds the run `waiting`, if it does: a
     /// confirmation, a callback, or a sync child run (in that order).
-    fn outside_wait_reason(&self, call_id: &str) -> Option<String> {
+    pub(crate) fn outside_wait_reason(&self, call_id: &str) -> Option<String> {
         if self.status != CallStatus::Open {
             return None;
         }
@@ -261,6 +292,7 @@ impl ToolCallState {
             confirmed: None,
             awaiting_input: None,
             input_rounds: 0,
+            input_requests: Vec::new(),
             input: Value::Null,
             variant: None,
         }
@@ -371,6 +403,8 @@ pub enum StepKind {
         allow_edits: bool,
         /// Timeout timer.
         timer: Option<TimerSpec>,
+        /// The request's id ([`approval_request_id`]).
+        request_id: String,
     },
 }
 
@@ -406,15 +440,38 @@ impl DeliveredSignal {
     }
 }
 
-/// A decided approval, for refusing a second decision.
+/// A person's recorded decision (an approval, a confirmation) or answer
+/// (a tool's question), for answering a retry with it and refusing a
+/// different second one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decided {
     /// Who.
     pub by: String,
-    /// Approved or not.
+    /// Approved or not (`true` for an answer to a question).
     pub approved: bool,
     /// Seq of the decision event.
     pub seq: u64,
+    /// SHA-256 of what was decided with it (the subject as approved, or
+    /// the answer), so that a retry carrying the same is recognised.
+    pub content_sha256: [u8; 32],
+}
+
+impl Decided {
+    /// A decision by `by` at `seq`, with its content `content`.
+    pub fn new(by: &str, approved: bool, seq: u64, content: &Value) -> Decided {
+        Decided {
+            by: by.to_owned(),
+            approved,
+            seq,
+            content_sha256: content_sha256(content),
+        }
+    }
+}
+
+/// SHA-256 of `value`'s JSON text (serde_json's, keys in map order).
+pub fn content_sha256(value: &Value) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(value.to_string().as_bytes()).into()
 }
 
 /// What a run used so far (all nodes), from its events.
@@ -480,8 +537,11 @@ pub struct RunState {
     /// Every signal delivered, by its id: what it was, so that the same
     /// id sent again is told apart from a retry.
     pub signal_ids: BTreeMap<String, DeliveredSignal>,
-    /// Approvals decided, by node id (latest visit).
-    pub decided: BTreeMap<String, Decided>,
+    /// Every request of each `approval` node, by node id, oldest first,
+    /// with its decision once made (issue 22: a decision names its
+    /// request, so a retried decision of an earlier visit is never applied
+    /// to a later one).
+    pub approvals: BTreeMap<String, Vec<HumanRequest>>,
     /// Every accepted tool call by call id.
     pub tool_calls: imbl::OrdMap<String, ToolCallState>,
     /// Final output once completed.
@@ -527,7 +587,7 @@ impl Default for RunState {
             chosen_next: None,
             signals: Vec::new(),
             signal_ids: BTreeMap::new(),
-            decided: BTreeMap::new(),
+            approvals: BTreeMap::new(),
             tool_calls: imbl::OrdMap::new(),
             output: None,
             operator_paused: None,
@@ -863,33 +923,8 @@ impl RunState {
                 }
                 self.refresh_waiting();
             }
-            Event::ToolCallInputRequested {
-                call_id,
-                attempt,
-                via,
-                requests,
-                request_state,
-            } => {
-                if let Some(call) = self.tool_calls.get_mut(call_id) {
-                    call.awaiting_input = Some(AwaitingInput {
-                        attempt: *attempt,
-                        via: via.clone(),
-                        requests: requests.clone(),
-                        request_state: request_state.clone(),
-                    });
-                    call.dispatched_attempt = None;
-                    if let Some(reason) = call.outside_wait_reason(call_id) {
-                        self.set_waiting(reason);
-                    }
-                }
-            }
-            Event::ToolCallInputProvided { call_id, input, .. } => {
-                if let Some(call) = self.tool_calls.get_mut(call_id) {
-                    call.awaiting_input = None;
-                    call.input_rounds += 1;
-                    call.input = input.clone();
-                }
-                self.refresh_waiting();
+            Event::ToolCallInputRequested { .. } | Event::ToolCallInputProvided { .. } => {
+                self.apply_request_event(event)
             }
             Event::ToolCallAccepted { call_id, timer, .. } => {
                 if let Some(call) = self.tool_calls.get_mut(call_id) {
@@ -1172,28 +1207,7 @@ impl RunState {
                 self.set_waiting(format!("node `{node}` waits for {}", what.join(" or ")));
             }
             Event::TimerFired { .. } => {}
-            Event::ApprovalRequested {
-                node,
-                subject,
-                approver_grant,
-                allow_edits,
-                timer,
-                ..
-            } => {
-                if let Some(step) = self.step.as_mut()
-                    && &step.id == node
-                {
-                    step.kind = StepKind::Approval {
-                        subject: subject.clone(),
-                        approver_grant: approver_grant.clone(),
-                        allow_edits: *allow_edits,
-                        timer: timer.clone(),
-                    };
-                }
-                self.set_waiting(format!(
-                    "node `{node}` waits for an approval by a holder of `{approver_grant}`"
-                ));
-            }
+            Event::ApprovalRequested { .. } => self.apply_request_event(event),
             Event::ChildRunStarted {
                 node,
                 call_id,
@@ -1234,18 +1248,7 @@ impl RunState {
                 }
             }
             Event::ChildRunFinished { .. } => {}
-            Event::ApprovalDecided {
-                node, approved, by, ..
-            } => {
-                self.decided.insert(
-                    node.clone(),
-                    Decided {
-                        by: by.clone(),
-                        approved: *approved,
-                        seq: self.last_seq,
-                    },
-                );
-            }
+            Event::ApprovalDecided { .. } => self.apply_request_event(event),
             Event::RunCompleted { output } => {
                 self.status = RunStatus::Completed;
                 self.status_reason.clear();
@@ -1425,7 +1428,7 @@ impl RunState {
     }
 
     /// Enter `waiting` (unless paused: the pause shows until it is lifted).
-    fn set_waiting(&mut self, reason: String) {
+    pub(crate) fn set_waiting(&mut self, reason: String) {
         if self.status == RunStatus::Running {
             self.status = RunStatus::Waiting;
             self.status_reason = reason;
@@ -1448,7 +1451,7 @@ impl RunState {
 
     /// A waiting run whose wait may have ended: still waiting (with the
     /// current reason) or running again.
-    fn refresh_waiting(&mut self) {
+    pub(crate) fn refresh_waiting(&mut self) {
         if self.status == RunStatus::Waiting {
             match self.waiting_reason() {
                 Some(reason) => self.status_reason = reason,
@@ -1498,8 +1501,12 @@ impl RunState {
                         .join(" or ")
                 }
             )),
-            StepKind::Approval { approver_grant, .. } => Some(format!(
-                "node `{}` waits for an approval by a holder of `{approver_grant}`",
+            StepKind::Approval {
+                approver_grant,
+                request_id,
+                ..
+            } => Some(format!(
+                "node `{}` waits for an approval (request `{request_id}`) by a holder of `{approver_grant}`",
                 step.id
             )),
             StepKind::Child { child_run_id, .. } => Some(format!(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::fleet::Reach;
 use super::tasks::fenced;
 use super::{Coordinator, CoordinatorError};
 use crate::definitions;
@@ -50,10 +51,17 @@ impl Coordinator {
                 ));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut purged_at: Option<tokio::time::Instant> = None;
+                let mut reach = Reach::starting();
                 loop {
                     tick.tick().await;
                     // Histogram samples into buckets, scraped or not.
                     this.metrics.upkeep();
+                    // Before judging leases: an outage gives workers a
+                    // lease length to re-assert theirs (`fleet.rs`).
+                    if let Err(e) = this.record_fleet_alive(&mut reach).await {
+                        tracing::warn!(error = %e, "recording the fleet's liveness failed");
+                        continue;
+                    }
                     if let Err(e) = this.sweep_expired_leases().await {
                         tracing::warn!(error = %e, "lease sweep failed");
                     }
@@ -100,9 +108,11 @@ impl Coordinator {
         vec![listen, sweep, outbox]
     }
 
-    /// Judge every expired lease once. Returns how many were handled.
+    /// Judge every expired lease once (none during the fleet's grace
+    /// after an outage: `fleet.rs`). Returns how many were handled.
     pub async fn sweep_expired_leases(&self) -> Result<usize, CoordinatorError> {
-        let expired = self.store.expired_leases(100).await?;
+        let grace_ms = crate::store::fleet_grace_ms(self.config.lease_ms as i64);
+        let expired = self.store.expired_leases(100, grace_ms).await?;
         let mut handled = 0;
         for lease in expired {
             let attempt = lease.attempt as u32;

@@ -78,6 +78,7 @@ use crate::vault::VaultKey;
 
 mod background;
 mod dispatch;
+mod fleet;
 mod observed;
 mod pools;
 mod registry;
@@ -91,7 +92,7 @@ pub use dispatch::Dispatched;
 pub use results::{
     CALLBACK_PATH_PREFIX, CallbackOutcome, MAX_CALLBACK_BYTES, callback_token_sha256,
 };
-pub use runs::{MAX_SIGNAL_BYTES, StartRun};
+pub use runs::{ApprovalDecision, MAX_SIGNAL_BYTES, StartRun};
 
 pub use pools::LIVE_LEASES;
 pub use uncertain::UncertainFilter;
@@ -165,7 +166,11 @@ impl From<MachineError> for CoordinatorError {
                 errors,
             },
             MachineError::InvalidSignal(msg) => CoordinatorError::InvalidArgument(msg),
-            MachineError::NoSuchNode { .. } => CoordinatorError::InvalidArgument(e.to_string()),
+            MachineError::NoSuchNode { .. }
+            | MachineError::RequestRequired { .. }
+            | MachineError::NoSuchRequest { .. } => {
+                CoordinatorError::InvalidArgument(e.to_string())
+            }
             MachineError::InvalidEdit { node, errors } => CoordinatorError::Unprocessable {
                 message: format!(
                     "the edited subject does not match the `edits_schema` of node `{node}`"

@@ -406,32 +406,47 @@ impl Coordinator {
         Ok(())
     }
 
-    /// A person answers a tool's question (`RunService.ProvideToolInput`).
+    /// A person answers a tool's question (`RunService.ProvideToolInput`):
+    /// question `request_id` of call `call_id` (empty: its only one).
+    /// Returns the run afterwards and whether the question had already been
+    /// answered with this answer (a retry: nothing changed).
     ///
     /// Errors: `NotFound` for an unknown run; `InvalidArgument` for a bad
-    /// call id, `by` or JSON; `Unprocessable` listing each problem when the
-    /// answer does not fit the question; `FailedPrecondition` when the call
+    /// call id, request id, `by` or JSON, or no `request_id` for a call that
+    /// asked several times; `Unprocessable` listing each problem when the
+    /// answer does not fit the question; `Conflict` for a different answer
+    /// to a question already answered; `FailedPrecondition` when the call
     /// does not wait for input or the run ended.
     pub async fn provide_tool_input(
         &self,
         tenant: &str,
         run_id: &str,
         call_id: &str,
+        request_id: &str,
         answer_json: &str,
         by: &str,
-    ) -> Result<RunRow, CoordinatorError> {
+    ) -> Result<(RunRow, bool), CoordinatorError> {
         require("call_id", call_id)?;
         check_text("call_id", call_id, MAX_ID_BYTES)?;
+        check_text("request_id", request_id, MAX_ID_BYTES)?;
         require("by", by)?;
         check_text("by", by, MAX_ID_BYTES)?;
         let answer = json_arg("answer_json", answer_json)?;
         let input = Input::ProvideToolInput {
             call_id: call_id.to_owned(),
+            request: (!request_id.is_empty()).then(|| request_id.to_owned()),
             answer,
             by: by.to_owned(),
         };
-        self.control_run(tenant, run_id, input, "tool input provided")
-            .await
+        let run = self.get_run(tenant, run_id).await?;
+        let applied = self
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, input).map_err(CoordinatorError::from)
+            })
+            .await?;
+        let duplicate = applied.events == 0;
+        tracing::info!(run_id = %run.run_id, call_id, request_id, duplicate, "tool input provided");
+        Ok((self.get_run(tenant, run_id).await?, duplicate))
     }
 }
 

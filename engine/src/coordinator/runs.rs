@@ -359,53 +359,67 @@ impl Coordinator {
         Ok((self.get_run(tenant, run_id).await?, duplicate))
     }
 
-    /// Decide an approval node.
+    /// Decide an approval node's request (or a tool call's confirmation);
+    /// returns the run afterwards and whether the decision had already been
+    /// recorded (a retry: nothing changed).
     ///
     /// Errors: `PermissionDenied` without the node's `approver_grant` (or an
-    /// edit where none is allowed), `Conflict` for a second decision,
-    /// `FailedPrecondition` when the node is not waiting, `Unprocessable` for
-    /// an edit that does not match `edits_schema`, `InvalidArgument` ("no
-    /// such node") for a node the run's workflow does not have.
-    #[allow(clippy::too_many_arguments)]
+    /// edit where none is allowed), `Conflict` for a second decision that
+    /// differs from the first, `FailedPrecondition` when the node is not
+    /// waiting, `Unprocessable` for an edit that does not match
+    /// `edits_schema`, `InvalidArgument` ("no such node", no such request,
+    /// or no `request_id` for a node requested several times).
     pub async fn decide_approval(
         &self,
         tenant: &str,
         run_id: &str,
-        node: &str,
-        approve: bool,
-        edited_subject_json: &str,
-        approver: &str,
-        approver_grants: &[String],
-        reason: &str,
-    ) -> Result<RunRow, CoordinatorError> {
-        require("node", node)?;
-        check_text("node", node, MAX_ID_BYTES)?;
-        require("approver", approver)?;
-        check_text("approver", approver, MAX_ID_BYTES)?;
-        check_text("reason", reason, MAX_TEXT_BYTES)?;
-        for g in approver_grants {
+        d: ApprovalDecision,
+    ) -> Result<(RunRow, bool), CoordinatorError> {
+        if d.node.is_empty() && d.request_id.is_empty() {
+            require("node", &d.node)?;
+        }
+        check_text("node", &d.node, MAX_ID_BYTES)?;
+        check_text("request_id", &d.request_id, MAX_ID_BYTES)?;
+        require("approver", &d.approver)?;
+        check_text("approver", &d.approver, MAX_ID_BYTES)?;
+        check_text("reason", &d.reason, MAX_TEXT_BYTES)?;
+        for g in &d.approver_grants {
             check_text("approver_grants", g, MAX_ID_BYTES)?;
         }
-        let edited_subject = if edited_subject_json.trim().is_empty() {
+        let edited_subject = if d.edited_subject_json.trim().is_empty() {
             None
         } else {
-            Some(json_arg("edited_subject_json", edited_subject_json)?)
+            Some(json_arg("edited_subject_json", &d.edited_subject_json)?)
         };
         let run = self.get_run(tenant, run_id).await?;
         let input = Input::DecideApproval {
-            node: node.to_owned(),
-            approve,
+            node: d.node.clone(),
+            request: (!d.request_id.is_empty()).then(|| d.request_id.clone()),
+            approve: d.approve,
             edited_subject,
-            by: approver.to_owned(),
-            grants: approver_grants.to_vec(),
-            reason: reason.to_owned(),
+            by: d.approver.clone(),
+            grants: d.approver_grants,
+            reason: d.reason,
         };
-        self.transition(run.run_id, None, |state, _| {
-            machine::decide(state, input).map_err(CoordinatorError::from)
-        })
-        .await?;
-        tracing::info!(run_id = %run.run_id, node, approve, approver, "approval decided");
-        self.get_run(tenant, run_id).await
+        let applied = self
+            .transition(run.run_id, None, |state, _| {
+                machine::decide(state, input).map_err(CoordinatorError::from)
+            })
+            .await?;
+        let duplicate = applied.events == 0;
+        tracing::info!(run_id = %run.run_id, node = d.node, request = d.request_id, approve = d.approve, approver = d.approver, duplicate, "approval decided");
+        Ok((self.get_run(tenant, run_id).await?, duplicate))
+    }
+
+    /// The requests for a person that run `run_id` holds open (from its
+    /// folded events). The caller has checked the run's tenant
+    /// ([`Coordinator::get_run`]).
+    pub async fn open_requests(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Vec<belay_machine::requests::OpenRequest>, CoordinatorError> {
+        let state = self.store.run_state(run_id).await?;
+        Ok(belay_machine::requests::open_requests(&state))
     }
 
     /// Apply an operator's control input to a run of `tenant`; returns the
@@ -480,4 +494,26 @@ impl Coordinator {
         grants.dedup();
         Ok(grants)
     }
+}
+
+/// A person's decision of an approval node's request (or a tool call's
+/// confirmation), as `RunService.DecideApproval` carries it.
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalDecision {
+    /// The node (or the call id of a confirmation); may be empty when
+    /// `request_id` is given.
+    pub node: String,
+    /// The request decided; empty: the node's only request.
+    pub request_id: String,
+    /// Approve or decline.
+    pub approve: bool,
+    /// With `approve`, where allowed: the subject as edited (JSON); empty:
+    /// as requested.
+    pub edited_subject_json: String,
+    /// Who decides.
+    pub approver: String,
+    /// Their permissions.
+    pub approver_grants: Vec<String>,
+    /// Why.
+    pub reason: String,
 }

@@ -117,6 +117,7 @@
 //! lists a run's rows without values (tests, operators).
 
 mod db_errors;
+mod fleet;
 mod gauges;
 mod pools;
 mod postgres;
@@ -132,6 +133,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
+pub use fleet::{FLEET_GRACE_MIN_MS, FleetReset, fleet_grace_ms};
 pub use gauges::{GaugeCounts, PoolConnections};
 pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
@@ -736,8 +738,10 @@ impl Store {
     }
 
     /// Extend the leases a worker still holds (not yet expired, same
-    /// attempt) to at least `lease_ms` from now (a heartbeat never
-    /// shortens a lease). Returns the `(task_id, attempt)` pairs extended.
+    /// attempt; during the fleet's grace after an outage also one that
+    /// expired but was not judged yet, see [`Store::fleet_alive`]) to at
+    /// least `lease_ms` from now (a heartbeat never shortens a lease).
+    /// Returns the `(task_id, attempt)` pairs extended.
     /// PostgreSQL writes the extension to `task_heartbeats`, not to the
     /// task's row (liveness off the hot table); SQLite to the row.
     pub async fn heartbeat(
@@ -749,9 +753,29 @@ impl Store {
         on_backend!(self, b => b.heartbeat(worker_id, leases, lease_ms).await)
     }
 
-    /// Leases that have expired by the database clock, oldest first.
-    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
-        on_backend!(self, b => b.expired_leases(limit).await)
+    /// Leases that have expired by the database clock, oldest first; none
+    /// while the fleet is in its grace after an outage: less than
+    /// `grace_ms` (a lease length) since it began hearing workers again
+    /// ([`Store::fleet_alive`]), so each worker had a whole lease to
+    /// re-assert its leases before any is judged.
+    pub async fn expired_leases(
+        &self,
+        limit: i64,
+        grace_ms: i64,
+    ) -> Result<Vec<ExpiredLease>, StoreError> {
+        on_backend!(self, b => b.expired_leases(limit, grace_ms).await)
+    }
+
+    /// Record that an engine reaches the database now (`fleet_liveness`;
+    /// issue 22), and whether the fleet's stretch of hearing workers begins
+    /// again now: [`FleetReset::IfSilentFor`] when no engine recorded this
+    /// for that long (an engine starting after a fleet outage),
+    /// [`FleetReset::Now`] when this engine itself could not reach the
+    /// database for a while. While that stretch is younger than a lease, a
+    /// heartbeat re-asserts a lease that expired meanwhile and no lease is
+    /// judged expired ([`Store::expired_leases`]).
+    pub async fn fleet_alive(&self, reset: FleetReset) -> Result<(), StoreError> {
+        on_backend!(self, b => b.fleet_alive(reset).await)
     }
 
     /// Earliest time a `ready` task becomes claimable, in ms from now (0 if

@@ -18,9 +18,10 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use belay_engine::admin::{self, AdminAuth};
-use belay_engine::coordinator::{Coordinator, CoordinatorConfig};
+use belay_engine::coordinator::{ApprovalDecision, Coordinator, CoordinatorConfig, StartRun};
 use belay_engine::definitions::SourceFile;
 use belay_engine::store::{ClaimedTask, Store};
+use belay_proto::wire::{ModelCallResult, ToolUse, Usage};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -178,6 +179,79 @@ pub const CREATE_TOOL: &str = r#"TOOLS:
 "#;
 /// An agent `a` that may call `create`, and a workflow `w` of that agent.
 pub const CREATE_AGENT: &str = "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [create]\ngrants: [crm.write]\n---\nkind: workflow\nname: w\nnodes:\n  - id: n\n    type: agent\n    agent: a\n";
+
+/// A decision of `node` (no request id: the node's only request).
+pub fn decision(
+    node: &str,
+    approve: bool,
+    edit: &str,
+    by: &str,
+    grants: &[String],
+    reason: &str,
+) -> ApprovalDecision {
+    ApprovalDecision {
+        node: node.to_owned(),
+        approve,
+        edited_subject_json: edit.to_owned(),
+        approver: by.to_owned(),
+        approver_grants: grants.to_vec(),
+        reason: reason.to_owned(),
+        ..ApprovalDecision::default()
+    }
+}
+
+/// A fresh database of `backend` (named `prefix_…`) with [`coordinator`]
+/// for tenant `t` ([`CREATE_TOOL`], [`CREATE_AGENT`], `crm.write`) and a
+/// started run of workflow `w`; returns the run id.
+pub async fn create_run(backend: Backend, prefix: &str) -> (TestDb, Arc<Coordinator>, String) {
+    let db = TestDb::create(backend, prefix).await;
+    let coord = coordinator(
+        db.store(4).await,
+        &["t"],
+        CREATE_TOOL,
+        CREATE_AGENT,
+        &["crm.write"],
+    )
+    .await;
+    let (run, created) = coord
+        .start_run(StartRun {
+            tenant: "t".into(),
+            workflow: "w".into(),
+            input_json: "{}".into(),
+            idempotency_key: "k".into(),
+            caller: "c".into(),
+            caller_grants: vec!["crm.write".into()],
+        })
+        .await
+        .expect("start");
+    assert!(created);
+    (db, coord, run.run_id.to_string())
+}
+
+/// The model proposes `create`; returns the create call's task, claimed
+/// and dispatched by worker `w1`.
+pub async fn dispatched_create(coord: &Coordinator) -> String {
+    let model = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let answer = ModelCallResult {
+        content: None,
+        tool_calls: vec![ToolUse {
+            id: "tu".into(),
+            name: "create".into(),
+            arguments: r#"{"email":"e"}"#.into(),
+        }],
+        usage: Usage::default(),
+        finish_reason: None,
+    };
+    let answer = serde_json::to_string(&answer).expect("json");
+    coord
+        .complete("w1", &model.task_id.to_string(), 1, &answer)
+        .await
+        .expect("complete");
+    let task = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let id = task.task_id.to_string();
+    coord.dispatch("w1", &id, 1).await.expect("dispatch");
+    id
+}
 
 /// A coordinator on `store` (60 s leases, a sweep a second) with, for each
 /// of `tenants`, `tools` (a `.tools.abl`) and `yaml` (agents and workflows)

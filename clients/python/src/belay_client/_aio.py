@@ -191,18 +191,28 @@ class AsyncClient:
         approver: str = "",
         approver_grants: Iterable[str] = (),
         edited_subject: Any = None,
+        request_id: str = "",
     ) -> Run:
         """See :meth:`Client.approve`."""
         request = _rpc.decide_approval(
-            self.tenant, run_id, node, True, edited_subject, approver, approver_grants, reason
+            self.tenant, run_id, node, True, edited_subject, approver, approver_grants, reason, request_id
         )
         return Run.from_pb((await self._call(_rpc.DECIDE_APPROVAL, request)).run)
 
     async def decline(
-        self, run_id: str, node: str, *, reason: str = "", approver: str = "", approver_grants: Iterable[str] = ()
+                self,
+        run_id: str,
+        node: str,
+        *,
+        reason: str = "",
+        approver: str = "",
+        approver_grants: Iterable[str] = (),
+        request_id: str = "",
     ) -> Run:
         """See :meth:`Client.decline`."""
-        request = _rpc.decide_approval(self.tenant, run_id, node, False, None, approver, approver_grants, reason)
+        request = _rpc.decide_approval(
+            self.tenant, run_id, node, False, None, approver, approver_grants, reason, request_id
+        )
         return Run.from_pb((await self._call(_rpc.DECIDE_APPROVAL, request)).run)
 
     async def cancel(self, run_id: str, reason: str = "") -> Run:
@@ -220,9 +230,11 @@ class AsyncClient:
         request = pb.ResumeRunRequest(tenant=self.tenant, run_id=run_id, operator=operator, reason=reason)
         return Run.from_pb((await self._call(_rpc.RESUME_RUN, request)).run)
 
-    async def provide_tool_input(self, run_id: str, call_id: str, answer: Any, *, by: str = "") -> Run:
+    async def provide_tool_input(
+        self, run_id: str, call_id: str, answer: Any, *, by: str = "", request_id: str = ""
+    ) -> Run:
         """See :meth:`Client.provide_tool_input`."""
-        request = _rpc.provide_tool_input(self.tenant, run_id, call_id, answer, by)
+        request = _rpc.provide_tool_input(self.tenant, run_id, call_id, answer, by, request_id)
         return Run.from_pb((await self._call(_rpc.PROVIDE_TOOL_INPUT, request)).run)
 
     async def register_bundle(self, files: Mapping[str, str]) -> list[Definition]:

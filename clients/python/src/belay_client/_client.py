@@ -237,20 +237,33 @@ class Client:
         approver: str = "",
         approver_grants: Iterable[str] = (),
         edited_subject: Any = None,
+        request_id: str = "",
     ) -> Run:
         """Approve the waiting ``approval`` node ``node``, optionally with an
-        edited subject (JSON; the node must allow edits). ``PermissionDenied``
-        without the node's ``approver_grant``, ``Aborted`` when already decided."""
+        edited subject (JSON; the node must allow edits). ``request_id`` names
+        the request decided (``GetRun``'s ``open_requests``; needed once a loop
+        visited the node twice, and safe to retry: the same decision again
+        changes nothing). ``PermissionDenied`` without the node's
+        ``approver_grant``, ``Aborted`` when already decided differently."""
         request = _rpc.decide_approval(
-            self.tenant, run_id, node, True, edited_subject, approver, approver_grants, reason
+            self.tenant, run_id, node, True, edited_subject, approver, approver_grants, reason, request_id
         )
         return Run.from_pb(self._call(_rpc.DECIDE_APPROVAL, request).run)
 
     def decline(
-        self, run_id: str, node: str, *, reason: str = "", approver: str = "", approver_grants: Iterable[str] = ()
+                self,
+        run_id: str,
+        node: str,
+        *,
+        reason: str = "",
+        approver: str = "",
+        approver_grants: Iterable[str] = (),
+        request_id: str = "",
     ) -> Run:
         """Decline the waiting ``approval`` node ``node`` (errors as :meth:`approve`)."""
-        request = _rpc.decide_approval(self.tenant, run_id, node, False, None, approver, approver_grants, reason)
+        request = _rpc.decide_approval(
+            self.tenant, run_id, node, False, None, approver, approver_grants, reason, request_id
+        )
         return Run.from_pb(self._call(_rpc.DECIDE_APPROVAL, request).run)
 
     def cancel(self, run_id: str, reason: str = "") -> Run:
@@ -268,9 +281,11 @@ class Client:
         request = pb.ResumeRunRequest(tenant=self.tenant, run_id=run_id, operator=operator, reason=reason)
         return Run.from_pb(self._call(_rpc.RESUME_RUN, request).run)
 
-    def provide_tool_input(self, run_id: str, call_id: str, answer: Any, *, by: str = "") -> Run:
+    def provide_tool_input(
+        self, run_id: str, call_id: str, answer: Any, *, by: str = "", request_id: str = ""
+    ) -> Run:
         """Answer a tool's question to a person (``tool_call_input_requested``)."""
-        request = _rpc.provide_tool_input(self.tenant, run_id, call_id, answer, by)
+        request = _rpc.provide_tool_input(self.tenant, run_id, call_id, answer, by, request_id)
         return Run.from_pb(self._call(_rpc.PROVIDE_TOOL_INPUT, request).run)
 
     # DefinitionService and TenantService (operators)

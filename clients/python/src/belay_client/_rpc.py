@@ -101,8 +101,9 @@ def decide_approval(
     approver: str,
     approver_grants: Iterable[str],
     reason: str,
+    request_id: str = "",
 ) -> pb.DecideApprovalRequest:
-    """A DecideApproval request."""
+    """A DecideApproval request (``request_id``: the request decided, see ``GetRun``'s ``open_requests``)."""
     return pb.DecideApprovalRequest(
         tenant=tenant,
         run_id=run_id,
@@ -112,6 +113,7 @@ def decide_approval(
         approver=approver,
         approver_grants=list(approver_grants),
         reason=reason,
+        request_id=request_id,
     )
 
 
@@ -123,8 +125,15 @@ def register_bundle(tenant: str, files: Mapping[str, str]) -> pb.RegisterBundleR
     )
 
 
-def provide_tool_input(tenant: str, run_id: str, call_id: str, answer: Any, by: str) -> pb.ProvideToolInputRequest:
-    """A ProvideToolInput request."""
+def provide_tool_input(
+    tenant: str, run_id: str, call_id: str, answer: Any, by: str, request_id: str = ""
+) -> pb.ProvideToolInputRequest:
+    """A ProvideToolInput request (``request_id``: the question answered, ``<call_id>.input<n>``)."""
     return pb.ProvideToolInputRequest(
-        tenant=tenant, run_id=run_id, call_id=call_id, answer_json=dumps(answer, "the answer"), by=by
+        tenant=tenant,
+        run_id=run_id,
+        call_id=call_id,
+        answer_json=dumps(answer, "the answer"),
+        by=by,
+        request_id=request_id,
     )

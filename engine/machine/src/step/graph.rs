@@ -332,6 +332,7 @@ impl Step {
                 });
                 self.emit(Event::ApprovalRequested {
                     node: id.to_owned(),
+                    request_id: state::approval_request_id(&prefix),
                     subject,
                     prompt,
                     approver_grant: approval.approver_grant.clone(),

@@ -12,7 +12,8 @@
 //! - `uncertain`: uncertain outcomes, probes that find, late results;
 //! - `graph`: `advance` and the nodes of the workflow;
 //! - `child`: child runs;
-//! - `wait`: waits, signals, timers, deadlines, approvals.
+//! - `wait`: waits, signals, timers, deadlines, approvals;
+//! - `decision`: which request a person's decision or answer decides.
 //!
 //! Other parts of `impl Step` live beside the features they serve
 //! (`sampling.rs`, `vault.rs`).
@@ -30,6 +31,8 @@ use crate::{inject, process, state, variants};
 use belay_definitions::model::{ToolBindingDef, ToolDef};
 
 mod child;
+mod decision;
+pub(crate) use decision::Verdict;
 mod dispatch;
 mod failure;
 mod graph;

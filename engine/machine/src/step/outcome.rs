@@ -256,6 +256,7 @@ impl Step {
         }
         self.emit(Event::ToolCallInputRequested {
             call_id: call_id.clone(),
+            request_id: state::input_request_id(&call_id, call.input_requests.len() + 1),
             attempt,
             via: via.clone(),
             requests,
@@ -285,14 +286,19 @@ impl Step {
     pub(crate) fn on_input_provided(
         &mut self,
         call_id: String,
+        request_id: String,
         answer: Value,
         by: String,
     ) -> Result<(), MachineError> {
         let call = self.require_open_tool_call(&call_id)?.clone();
-        let Some(asked) = call.awaiting_input.clone() else {
+        let Some(asked) = call
+            .awaiting_input
+            .clone()
+            .filter(|a| a.request_id == request_id)
+        else {
             return Err(MachineError::CallNotOpen {
                 call_id,
-                detail: "it does not wait for input".into(),
+                detail: format!("it does not wait for input `{request_id}`"),
             });
         };
         let answer = normalize::strip_nul_value(answer);
@@ -304,6 +310,7 @@ impl Step {
         let spec = self.spec_again(&call, &tool, &input)?;
         self.emit(Event::ToolCallInputProvided {
             call_id: call_id.clone(),
+            request_id,
             by,
             answer,
             input,

@@ -353,10 +353,17 @@ impl Step {
                 )
             }
             // Still open (being retried): the first result wins.
-            CallStatus::Open => self.on_tool_result(call_id, attempt, result),
-            CallStatus::Completed | CallStatus::Failed | CallStatus::Cancelled => {
-                let cancelled = (call.status == CallStatus::Cancelled).then(|| {
-                    format!("attempt {attempt} reported a result after the run was cancelled; it is kept here, not applied")
+            CallStatus::Open if !self.state.status.is_terminal() => {
+                self.on_tool_result(call_id, attempt, result)
+            }
+            CallStatus::Open
+            | CallStatus::Completed
+            | CallStatus::Failed
+            | CallStatus::Cancelled => {
+                let ended = self.state.status.is_terminal() || call.status == CallStatus::Cancelled;
+                let cancelled = ended.then(|| {
+                    let what = if self.state.status.is_terminal() { self.state.status.as_str() } else { "cancelled" };
+                    format!("attempt {attempt} reported a result after the run was {what}; it is kept here, not applied")
                 });
                 let discrepancy = call.resolution.as_ref().map(|(via, kind, resolved)| {
                     let agrees = *kind == ResolutionKind::Succeeded && resolved.as_ref() == Some(&result);

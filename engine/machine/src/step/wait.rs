@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use super::Step;
+use super::decision::Verdict;
 use crate::command::Command;
 use crate::error::MachineError;
 use crate::event::{Event, Stop, TimerPurpose, TimerSpec};
@@ -541,46 +542,23 @@ impl Step {
         Ok(())
     }
 
-    /// A person's decision on the approval node `node`.
+    /// A person's decision on request `request_id` of the approval node
+    /// `node` (resolved by `decision.rs`: the request is the node's and
+    /// not yet decided). `verdict` is checked against the node: the
+    /// approver's grant, edits only where allowed and valid.
     pub(crate) fn on_decision(
         &mut self,
         node: String,
-        approve: bool,
-        edited_subject: Option<Value>,
-        by: String,
-        grants: Vec<String>,
-        reason: String,
+        request_id: String,
+        verdict: Verdict,
     ) -> Result<(), MachineError> {
-        // A misspelt node is named as such, whatever the run is doing.
-        if let Ok(plan) = self.plan()
-            && !plan.workflow.def.nodes.iter().any(|n| n.id == node)
-        {
-            return Err(MachineError::NoSuchNode {
-                node,
-                workflow: plan.workflow.def.name.clone(),
-                approvals: plan
-                    .workflow
-                    .def
-                    .nodes
-                    .iter()
-                    .filter(|n| matches!(n.kind, NodeKind::Approval(_)))
-                    .map(|n| n.id.clone())
-                    .collect(),
-            });
-        }
-        if self.state.status.is_terminal() || self.state.status == RunStatus::New {
-            // A second decision is told about the first, even after the run
-            // has ended; any other decision on an ended run is refused.
-            if let Some(d) = self.state.decided.get(&node) {
-                return Err(MachineError::AlreadyDecided {
-                    node,
-                    by: d.by.clone(),
-                    approved: d.approved,
-                    seq: d.seq,
-                });
-            }
-            return Err(self.wrong_status(&format!("decide node `{node}`")));
-        }
+        let Verdict {
+            approve,
+            edited_subject,
+            by,
+            grants,
+            reason,
+        } = verdict;
         let waiting = self
             .state
             .step
@@ -592,7 +570,8 @@ impl Step {
                     approver_grant,
                     allow_edits,
                     timer,
-                } => Some((
+                    request_id: open,
+                } if *open == request_id => Some((
                     subject.clone(),
                     approver_grant.clone(),
                     *allow_edits,
@@ -601,21 +580,11 @@ impl Step {
                 _ => None,
             });
         let Some((subject, approver_grant, allow_edits, timer)) = waiting else {
-            // A second decision is told about the first, even after the
-            // run has ended.
-            if let Some(d) = self.state.decided.get(&node) {
-                return Err(MachineError::AlreadyDecided {
-                    node,
-                    by: d.by.clone(),
-                    approved: d.approved,
-                    seq: d.seq,
-                });
-            }
             if self.state.status.is_terminal() || self.state.status == RunStatus::New {
                 return Err(self.wrong_status(&format!("decide node `{node}`")));
             }
             return Err(MachineError::NotWaiting(format!(
-                "node `{node}` is not waiting for a decision"
+                "request `{request_id}` of node `{node}` is not waiting for a decision"
             )));
         };
         if !grants.contains(&approver_grant) {
@@ -662,6 +631,7 @@ impl Step {
         };
         self.emit(Event::ApprovalDecided {
             node: node.clone(),
+            request_id,
             approved: approve,
             by: by.clone(),
             reason: reason.clone(),

@@ -398,6 +398,7 @@ nodes:
             .is_err()
     );
     let d = run.step(Input::DecideApproval {
+        request: None,
         node: "fx.t1".into(),
         approve: true,
         edited_subject: None,
@@ -516,6 +517,7 @@ fn a_runtime_time_is_the_transitions_time_recorded_in_the_arguments() {
     let (mut run, _) = start_at(plan.clone(), now);
     run.state.now = Some(at(1_764_756_930_123)); // a day later
     let d = run.step(Input::DecideApproval {
+        request: None,
         node: "r.t1".into(),
         approve: true,
         edited_subject: Some(json!({"kind": "weekly"})),

@@ -358,6 +358,7 @@ fn an_approvers_edit_recomputes_the_parameters_the_definition_fills_in() {
         run.state.status_reason
     );
     let confirm = |edit: Value| Input::DecideApproval {
+        request: None,
         node: "pay.t1".into(),
         approve: true,
         edited_subject: Some(edit),

@@ -200,6 +200,7 @@ fn an_approvers_edit_chooses_the_variant_again_and_the_decision_records_it() {
     assert_eq!(scheduled_variant(&d), Some(Some("eu".to_owned())));
     assert!(scheduled_specs(&d).is_empty(), "waits for the decision");
     let d = run.step(Input::DecideApproval {
+        request: None,
         node: "intake.t1".into(),
         approve: true,
         edited_subject: Some(json!({"email": "ada@example.com", "plan": "starter"})),

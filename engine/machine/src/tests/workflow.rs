@@ -12,6 +12,7 @@ use super::{Run, plan_files};
 use crate::*;
 
 mod children;
+mod decisions;
 mod webhook;
 
 const TOOLS: &str = r#"TOOLS:
@@ -340,6 +341,7 @@ nodes:
 
 fn decide_input(approve: bool, edit: Option<Value>, grants: &[&str]) -> Input {
     Input::DecideApproval {
+        request: None,
         node: "approve".into(),
         approve,
         edited_subject: edit,
@@ -405,6 +407,7 @@ nodes:
 "#;
     let (mut run, _) = Run::start_workflow(wf, json!({}));
     run.step(Input::DecideApproval {
+        request: None,
         node: "approve".into(),
         approve: true,
         edited_subject: None,
@@ -415,6 +418,7 @@ nodes:
     let second = decide(
         &run.state,
         Input::DecideApproval {
+            request: None,
             node: "approve".into(),
             approve: false,
             edited_subject: None,
@@ -431,6 +435,7 @@ nodes:
     let (mut run, _) = Run::start_workflow(wf, json!({}));
     assert!(matches!(
         run.try_step(Input::DecideApproval {
+            request: None,
             node: "approve".into(),
             approve: true,
             edited_subject: Some(json!("y")),
@@ -707,6 +712,7 @@ nodes:
 
 fn confirm(edit: Option<Value>, approve: bool, grants: &[&str]) -> Input {
     Input::DecideApproval {
+        request: None,
         node: "pay.t1".into(),
         approve,
         edited_subject: edit,
@@ -863,6 +869,7 @@ nodes:
     assert_eq!(run.history_kinds().last(), Some(&"confirmation_requested"));
     assert_eq!(run.state.status, RunStatus::Waiting);
     let d = run.step(Input::DecideApproval {
+        request: None,
         node: "wipe.t1".into(),
         approve: true,
         edited_subject: None,

@@ -57,7 +57,22 @@ macro_rules! lease_holds {
     };
 }
 
+/// SQL: whether the fleet is in its grace after an outage (see
+/// `fleet.rs`): it began hearing workers again less than the ms in
+/// parameter `$N` ago (a lease length).
+macro_rules! fleet_in_grace {
+    ($ms:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM fleet_liveness f WHERE f.id = 1
+                AND f.up_since > belay_now() - make_interval(secs => ",
+            $ms,
+            "::float8 / 1000.0))"
+        )
+    };
+}
+
 mod definitions;
+mod fleet;
 mod gates;
 mod gauges;
 mod mcp_tools;

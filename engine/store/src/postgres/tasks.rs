@@ -120,9 +120,11 @@ impl Pg {
              FROM UNNEST($2::uuid[], $3::int4[]) AS l(task_id, attempt)
              CROSS JOIN LATERAL (SELECT * FROM tasks t WHERE t.task_id = l.task_id) t
              WHERE t.attempt = l.attempt AND t.status = 'leased' AND t.worker_id = $1
-               AND ",
+               AND (",
             lease_holds!("belay_now()"),
-            "
+            " OR ",
+            fleet_in_grace!("$5"),
+            ")
              ON CONFLICT (task_id) DO UPDATE SET attempt = EXCLUDED.attempt, lease_until = EXCLUDED.lease_until
                 WHERE h.attempt <= EXCLUDED.attempt
              RETURNING h.task_id, h.attempt"
@@ -131,20 +133,29 @@ impl Pg {
         .bind(&ids)
         .bind(&attempts)
         .bind(lease_ms as f64)
+        .bind(crate::fleet_grace_ms(lease_ms) as f64)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
     }
 
-    /// Leases that have expired by the database clock, oldest first.
-    pub(crate) async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+    /// Leases that have expired by the database clock, oldest first; none
+    /// while the fleet is in its grace after an outage (`grace_ms`).
+    pub(crate) async fn expired_leases(
+        &self,
+        limit: i64,
+        grace_ms: i64,
+    ) -> Result<Vec<ExpiredLease>, StoreError> {
         Ok(sqlx::query_as(concat!(
             "SELECT t.task_id, t.run_id, t.attempt FROM tasks t
              WHERE t.status = 'leased' AND t.lease_expires_at <= belay_now() AND NOT ",
             lease_holds!("belay_now()"),
+            " AND NOT ",
+            fleet_in_grace!("$2"),
             " ORDER BY t.lease_expires_at LIMIT $1"
         ))
         .bind(limit)
+        .bind(grace_ms as f64)
         .fetch_all(&self.pool)
         .await?)
     }

@@ -40,6 +40,7 @@ use crate::rows::StoreError;
 use crate::transition::{STATE_CACHE_RUNS, StateCache, TasksWakeSeq, Wake};
 
 mod definitions;
+mod fleet;
 mod gates;
 mod gauges;
 mod mcp_tools;
@@ -70,6 +71,16 @@ const CLOCK: &str = "COALESCE((SELECT printf('%+.3f seconds', offset_ms / 1000.0
 fn now_plus_ms(param: u8) -> String {
     format!(
         "strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('%+.3f seconds', ?{param} / 1000.0))"
+    )
+}
+
+/// SQL: whether the fleet is in its grace after an outage (see
+/// `fleet.rs`): it began hearing workers again less than the ms in bound
+/// parameter `?N` ago.
+fn fleet_in_grace(param: u8) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM fleet_liveness f WHERE f.id = 1 AND f.up_since > \
+         strftime('%Y-%m-%dT%H:%M:%fZ','now', {CLOCK}, printf('%+.3f seconds', -?{param} / 1000.0)))"
     )
 }
 

@@ -8,7 +8,7 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{CLOCK, Lite, NOW, now_plus_ms};
+use super::{CLOCK, Lite, NOW, fleet_in_grace, now_plus_ms};
 use crate::pools::ClaimFilter;
 use crate::rows::{ClaimedTask, ExpiredLease, StoreError};
 
@@ -79,14 +79,16 @@ impl Lite {
             let row: Option<(Uuid, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "UPDATE tasks SET lease_expires_at = MAX(lease_expires_at, {lease})
                  WHERE task_id = ?1 AND attempt = ?2 AND status = 'leased'
-                   AND worker_id = ?4 AND lease_expires_at > {NOW}
+                   AND worker_id = ?4 AND (lease_expires_at > {NOW} OR {grace})
                  RETURNING task_id, attempt",
-                lease = now_plus_ms(3)
+                lease = now_plus_ms(3),
+                grace = fleet_in_grace(5)
             )))
             .bind(task_id)
             .bind(attempt)
             .bind(lease_ms as f64)
             .bind(worker_id)
+            .bind(crate::fleet_grace_ms(lease_ms) as f64)
             .fetch_optional(&mut *tx)
             .await?;
             out.extend(row);
@@ -95,13 +97,19 @@ impl Lite {
         Ok(out)
     }
 
-    pub(crate) async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+    pub(crate) async fn expired_leases(
+        &self,
+        limit: i64,
+        grace_ms: i64,
+    ) -> Result<Vec<ExpiredLease>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT task_id, run_id, attempt FROM tasks
-             WHERE status = 'leased' AND lease_expires_at <= {NOW}
-             ORDER BY lease_expires_at LIMIT ?1"
+             WHERE status = 'leased' AND lease_expires_at <= {NOW} AND NOT {grace}
+             ORDER BY lease_expires_at LIMIT ?1",
+            grace = fleet_in_grace(2)
         )))
         .bind(limit)
+        .bind(grace_ms as f64)
         .fetch_all(&self.read)
         .await?)
     }

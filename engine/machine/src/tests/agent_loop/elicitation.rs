@@ -49,6 +49,7 @@ fn an_elicitation_waits_durably_and_the_answer_repeats_the_call_with_it() {
 
     // An answer that does not fit the form is refused, and changes nothing.
     let provide = |answer: Value| Input::ProvideToolInput {
+        request: None,
         call_id: "intake.t1".into(),
         answer,
         by: "ada".into(),
@@ -107,17 +108,46 @@ fn an_elicitation_waits_durably_and_the_answer_repeats_the_call_with_it() {
         call_id: "intake.t1".into(),
         delay_ms: 0
     }));
-    // Answering twice is refused: the call no longer waits.
+    // The same answer again (a retry after a lost reply) is answered with
+    // the recorded one and changes nothing; a different one is refused,
+    // naming the first (issue 22).
+    let d = run.step(provide(answer.clone()));
+    assert!(d.events.is_empty() && d.commands.is_empty(), "{d:?}");
     assert!(matches!(
-        decide(&run.state, provide(answer.clone())),
-        Err(MachineError::CallNotOpen { .. })
+        decide(&run.state, provide(json!({"action": "decline"}))),
+        Err(MachineError::AlreadyDecided { request, .. }) if request == "intake.t1.input1"
     ));
 
     // A second question of the repeated call: the next repeat carries both answers.
     dispatch(&mut run, "intake.t1", 2);
-    run.step(ask("intake.t1", 2, "elicitation", name_form(), true));
+    let d = run.step(ask("intake.t1", 2, "elicitation", name_form(), true));
+    assert!(matches!(
+        &d.events[0],
+        Event::ToolCallInputRequested { request_id, .. } if request_id == "intake.t1.input2"
+    ));
     let second = json!({"action": "decline"});
-    let d = run.step(provide(second.clone()));
+    // Now an answer must name its question: a retry of the first answer
+    // would otherwise answer the second.
+    assert!(matches!(
+        decide(&run.state, provide(answer.clone())),
+        Err(MachineError::RequestRequired { open: Some(open), .. }) if open == "intake.t1.input2"
+    ));
+    let d = run.step(Input::ProvideToolInput {
+        request: Some("intake.t1.input1".into()),
+        call_id: "intake.t1".into(),
+        answer: answer.clone(),
+        by: "ada".into(),
+    });
+    assert!(
+        d.events.is_empty(),
+        "a retry of the first answer changes nothing: {d:?}"
+    );
+    let d = run.step(Input::ProvideToolInput {
+        request: Some("intake.t1.input2".into()),
+        call_id: "intake.t1".into(),
+        answer: second.clone(),
+        by: "ada".into(),
+    });
     let input = d.events.iter().find_map(|e| match e {
         Event::ToolCallInputProvided { input, .. } => Some(input.clone()),
         _ => None,
@@ -186,6 +216,7 @@ fn a_call_that_may_have_acted_waits_only_when_repeating_it_is_safe() {
     let bad = decide(
         &run.state,
         Input::ProvideToolInput {
+            request: None,
             call_id: "intake.t1".into(),
             answer: json!({"responses": {"other": {"action": "cancel"}}}),
             by: "ada".into(),
@@ -208,6 +239,7 @@ fn a_call_that_may_have_acted_waits_only_when_repeating_it_is_safe() {
     }
     let responses = json!({"who": {"action": "accept", "content": {"name": "Ada"}}});
     let d = run.step(Input::ProvideToolInput {
+        request: None,
         call_id: "intake.t1".into(),
         answer: json!({"responses": responses}),
         by: "ada".into(),
@@ -238,6 +270,7 @@ fn a_tool_asking_for_ever_fails_and_an_operator_can_fail_a_waiting_call() {
             false,
         ));
         let d = run.step(Input::ProvideToolInput {
+            request: Some(format!("intake.t1.input{round}")),
             call_id: "intake.t1".into(),
             answer: json!({"action": "accept"}),
             by: "ada".into(),

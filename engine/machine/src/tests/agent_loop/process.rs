@@ -297,6 +297,7 @@ fn an_approvers_edit_is_processed_again_and_may_not_write_a_computed_parameter()
     });
     run.model("intake.m1", &[("lookup", r#"{"email":"a@x"}"#)], None);
     let decide_with = |edit: Value| Input::DecideApproval {
+        request: None,
         node: "intake.t1".into(),
         approve: true,
         edited_subject: Some(edit),

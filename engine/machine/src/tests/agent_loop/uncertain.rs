@@ -2,9 +2,9 @@
 //! is not safe): the operator's resolution, probes, late results, and the
 //! operator pause.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::tool_results;
+use super::{dispatch, tool_results};
 use crate::tests::{Opts, Run};
 use crate::*;
 
@@ -616,4 +616,51 @@ fn a_probe_result_is_cut_to_what_the_tool_declares() {
         secrets: Vec::new(),
     });
     assert_eq!(tool_results(&run), [r#"{"account_id":"acc_1"}"#]);
+}
+
+#[test]
+fn a_late_result_that_arrives_after_the_run_ended_is_kept_in_its_history() {
+    // Issue 22: attempt 1 lost its lease, attempt 2 completed the call and
+    // the run completed; attempt 1's result, reported now, is what really
+    // happened at the tool: it is recorded, not refused, and not applied.
+    let (mut run, _) = Run::start(Opts::default());
+    run.model("intake.m1", &[("lookup", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    run.step(Input::LeaseExpired {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        dispatched: true,
+    });
+    dispatch(&mut run, "intake.t1", 2);
+    run.step(Input::ToolCallCompleted {
+        call_id: "intake.t1".into(),
+        attempt: 2,
+        result: json!("second"),
+        secrets: Vec::new(),
+    });
+    run.model("intake.m2", &[], Some("done"));
+    assert_eq!(run.state.status, RunStatus::Completed);
+    let d = run.step(Input::LateToolResult {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        result: json!("first"),
+        worker_id: "w".into(),
+    });
+    assert_eq!(Run::kinds(&d), ["late_result_recorded"]);
+    assert!(
+        matches!(&d.events[0], Event::LateResultRecorded { attempt: 1, result, discrepancy: Some(m), .. }
+            if result == &json!("first") && m.contains("after the run was completed")),
+        "{:?}",
+        d.events
+    );
+    assert_eq!(run.state.status, RunStatus::Completed);
+    let completed: Vec<&Value> = run
+        .history
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCallCompleted { result, .. } => Some(result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(completed, [&json!("second")], "never applied");
 }
