@@ -17,6 +17,7 @@ use super::page::{self, ConsoleForm, Layout, pretty, redirect, run_url, seg, whe
 use super::session::Viewer;
 use crate::admin::{AdminPath, AdminQuery};
 use crate::auth::{Principal, Role};
+use crate::coordinator::ApprovalDecision;
 use crate::machine::{RunState, StepKind};
 use crate::store::{RunRow, RunSearch};
 
@@ -39,6 +40,8 @@ struct Waiting {
     workflow: String,
     /// The node (approval) or call id (confirmation, input).
     target: String,
+    /// The request decided or answered (empty: a confirmation's only one).
+    request_id: String,
     title: String,
     prompt: Option<String>,
     subject: String,
@@ -84,6 +87,7 @@ async fn approval(
         subject,
         approver_grant,
         allow_edits,
+        request_id,
         ..
     } = &step.kind
     else {
@@ -102,6 +106,7 @@ async fn approval(
         run_id: run.run_id.to_string(),
         workflow: run.workflow.clone(),
         target: step.id.clone(),
+        request_id: request_id.clone(),
         title: format!("Approval {}", step.id),
         prompt: asked
             .map(|e| &e.payload["prompt"])
@@ -129,6 +134,7 @@ fn calls(viewer: &Viewer, run: &RunRow, folded: &RunState) -> Vec<Waiting> {
             run_url: url.clone(),
             workflow: run.workflow.clone(),
             target: call_id.clone(),
+            request_id: String::new(),
             title,
             prompt: None,
             subject,
@@ -159,6 +165,7 @@ fn calls(viewer: &Viewer, run: &RunRow, folded: &RunState) -> Vec<Waiting> {
                 format!("{url}/calls/{}/input", seg(call_id)),
             );
             w.allow_edits = false;
+            w.request_id = input.request_id.clone();
             out.push(w);
         }
     }
@@ -206,6 +213,9 @@ pub(crate) async fn page(
 pub(crate) struct DecideForm {
     decision: String,
     reason: String,
+    /// The request decided (empty: the node's only one).
+    #[serde(default)]
+    request_id: String,
     /// The subject as edited (or as shown, unedited).
     #[serde(default)]
     subject: Option<String>,
@@ -261,18 +271,18 @@ pub(crate) async fn decide(
 ) -> Result<Response, ConsoleError> {
     let approve = f.approves()?;
     let p = &viewer.principal;
+    let decision = ApprovalDecision {
+        node,
+        request_id: f.request_id.trim().to_owned(),
+        approve,
+        edited_subject_json: f.edited()?,
+        approver: p.actor("")?,
+        approver_grants: p.narrow_grants(&[])?,
+        reason: page::reason(&f.reason)?,
+    };
     state
         .coord
-        .decide_approval(
-            &viewer.tenant,
-            &run_id,
-            &node,
-            approve,
-            &f.edited()?,
-            &p.actor("")?,
-            &p.narrow_grants(&[])?,
-            &page::reason(&f.reason)?,
-        )
+        .decide_approval(&viewer.tenant, &run_id, decision)
         .await?;
     let notice = if approve { "approved" } else { "declined" };
     Ok(redirect(&format!(
@@ -285,6 +295,9 @@ pub(crate) async fn decide(
 #[derive(Debug, Deserialize)]
 pub(crate) struct AnswerForm {
     answer: String,
+    /// The question answered (empty: the call's only one).
+    #[serde(default)]
+    request_id: String,
 }
 
 /// `POST …/calls/{call_id}/input`.
@@ -300,6 +313,7 @@ pub(crate) async fn answer(
             &viewer.tenant,
             &run_id,
             &call_id,
+            f.request_id.trim(),
             &f.answer,
             &viewer.principal.actor("")?,
         )
@@ -319,6 +333,7 @@ mod tests {
         let f = |subject: &str| DecideForm {
             decision: "approve".into(),
             reason: "ok".into(),
+            request_id: String::new(),
             subject: Some(subject.into()),
             original: Some("{\"plan\": \"pro\"}".into()),
         };
