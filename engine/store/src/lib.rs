@@ -121,6 +121,7 @@ mod pools;
 mod postgres;
 mod principals;
 mod rows;
+pub mod schema;
 mod sqlite;
 mod tool_calls;
 mod transition;
