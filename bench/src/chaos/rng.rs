@@ -1,6 +1,7 @@
 //! The harness's one source of randomness: SplitMix64, seeded by `--seed`,
-//! so that the same seed draws the same fault schedule and the same slow
-//! answers (the processes' timing still varies from run to run).
+//! so that the same seed draws the same fault schedule; slow answers are a
+//! [`hash`] of the seed and the request (the processes' timing, and the
+//! run ids the engines mint, still vary from run to run).
 
 /// A SplitMix64 generator (Steele, Lea and Flood, 2014): small, fast and
 /// good enough to pick faults; not for anything secret.
