@@ -88,6 +88,12 @@ check everything --set metrics.serviceMonitor.enabled=true --set networkPolicy.e
   --set worker.podDisruptionBudget.enabled=true --set engine.tls.enabled=true \
   --set engine.tls.existingSecret=tls
 
+# `helm test` must reach the engine's gRPC port through the NetworkPolicy.
+"$helm" template belay "$chart" --set networkPolicy.enabled=true --show-only templates/networkpolicy.yaml |
+  grep -q 'app.kubernetes.io/component: test' ||
+  { echo "the engine NetworkPolicy does not admit the helm test pod" >&2; exit 1; }
+echo "chart: the engine NetworkPolicy admits the helm test pod"
+
 # refused WHAT EXPECTED [helm flags]: rendering must fail naming EXPECTED.
 refused() {
   local what="$1" expected="$2"

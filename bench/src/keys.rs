@@ -47,15 +47,23 @@ impl std::fmt::Debug for BenchKeys {
 /// Errors: the database unreachable, a migration failing, or the keys
 /// refused.
 pub async fn mint(database_url: &str) -> Result<BenchKeys> {
+    mint_for(database_url, workload::TENANT, workload::PERMISSION).await
+}
+
+/// [`mint`] for another tenant and permission (the chaos harness's): the
+/// operator key serves `tenant` only, holding `permission`.
+///
+/// Errors: as [`mint`].
+pub async fn mint_for(database_url: &str, tenant: &str, permission: &str) -> Result<BenchKeys> {
     let store = Store::connect(database_url, 1)
         .await
         .context("connecting to the bench database to make its API keys")?;
-    let keys = mint_on(&store).await;
+    let keys = mint_on(&store, tenant, permission).await;
     store.close().await;
     keys
 }
 
-async fn mint_on(store: &Store) -> Result<BenchKeys> {
+async fn mint_on(store: &Store, tenant: &str, permission: &str) -> Result<BenchKeys> {
     store
         .migrate()
         .await
@@ -64,8 +72,8 @@ async fn mint_on(store: &Store) -> Result<BenchKeys> {
         store,
         OPERATOR_PRINCIPAL,
         Role::Operator,
-        Tenants::Only(vec![workload::TENANT.to_owned()]),
-        vec![workload::PERMISSION.to_owned()],
+        Tenants::Only(vec![tenant.to_owned()]),
+        vec![permission.to_owned()],
         MADE_BY,
     )
     .await

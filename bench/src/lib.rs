@@ -15,7 +15,12 @@
 //!   [`keys`] (the API keys every call carries), [`fleet`] (engines and
 //!   workers, as processes or in-process), [`pg`] (database, counters,
 //!   latencies, ceiling).
+//!
+//! The crate also holds the chaos harness `belay-chaos` ([`chaos`], issue
+//! 22): real engine and worker processes under SIGKILLs, PostgreSQL restarts
+//! and broken connections, and the invariants checked afterwards.
 
+pub mod chaos;
 pub mod cpu;
 pub mod fake;
 pub mod fleet;

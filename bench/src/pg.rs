@@ -38,7 +38,15 @@ impl BenchDatabase {
     ///
     /// Errors: the server is unreachable or refuses `CREATE DATABASE`.
     pub async fn create(server_url: &str) -> Result<BenchDatabase> {
-        let name = format!("belay_bench_{}", uuid::Uuid::new_v4().simple());
+        BenchDatabase::create_named(server_url, "belay_bench").await
+    }
+
+    /// Creates a fresh, empty database `<prefix>_<uuid>` on the server of
+    /// `server_url` (`prefix`: lower-case letters, digits and `_`).
+    ///
+    /// Errors: the server is unreachable or refuses `CREATE DATABASE`.
+    pub async fn create_named(server_url: &str, prefix: &str) -> Result<BenchDatabase> {
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
         let url = with_database(server_url, &name)?;
         let mut admin = PgConnection::connect(server_url).await.with_context(|| {
             format!("connecting to PostgreSQL at {server_url} (is it running?)")

@@ -881,16 +881,7 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<RunServiceServer<Api>>().await;
-    health_reporter
-        .set_serving::<DefinitionServiceServer<Api>>()
-        .await;
-    health_reporter
-        .set_serving::<TenantServiceServer<Api>>()
-        .await;
-    health_reporter
-        .set_serving::<WorkerServiceServer<Api>>()
-        .await;
+    set_health(&health_reporter, true).await;
     // Health follows the database: without it the engine can do nothing, so
     // load balancers and readiness probes should look elsewhere.
     let health_task = {
@@ -906,19 +897,7 @@ pub async fn serve(
                 if ok != serving {
                     serving = ok;
                     tracing::warn!(serving, "database health changed");
-                    if ok {
-                        reporter.set_serving::<RunServiceServer<Api>>().await;
-                        reporter.set_serving::<DefinitionServiceServer<Api>>().await;
-                        reporter.set_serving::<TenantServiceServer<Api>>().await;
-                        reporter.set_serving::<WorkerServiceServer<Api>>().await;
-                    } else {
-                        reporter.set_not_serving::<RunServiceServer<Api>>().await;
-                        reporter
-                            .set_not_serving::<DefinitionServiceServer<Api>>()
-                            .await;
-                        reporter.set_not_serving::<TenantServiceServer<Api>>().await;
-                        reporter.set_not_serving::<WorkerServiceServer<Api>>().await;
-                    }
+                    set_health(&reporter, ok).await;
                 }
             }
         })
@@ -997,5 +976,26 @@ fn open_request_msg(r: belay_machine::requests::OpenRequest) -> v1::OpenRequest 
         node: r.node,
         call_id: r.call_id,
         approver_grant: r.approver_grant,
+    }
+}
+
+/// Set every service's health, and the server's as a whole (the empty
+/// service name, which the kubelet's gRPC probe, `belay health` and the
+/// images' HEALTHCHECK ask about), to serving or not.
+async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+    use tonic_health::ServingStatus;
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for service in [
+        "",
+        <RunServiceServer<Api> as tonic::server::NamedService>::NAME,
+        <DefinitionServiceServer<Api> as tonic::server::NamedService>::NAME,
+        <TenantServiceServer<Api> as tonic::server::NamedService>::NAME,
+        <WorkerServiceServer<Api> as tonic::server::NamedService>::NAME,
+    ] {
+        reporter.set_service_status(service, status).await;
     }
 }

@@ -44,9 +44,11 @@ pub const STEP_DURATION: &str = "belay_step_duration_seconds";
 /// `belay_dispatch_latency_seconds{kind}` histogram: from a task becoming
 /// ready to a worker claiming it.
 pub const DISPATCH_LATENCY: &str = "belay_dispatch_latency_seconds";
-/// `belay_tasks_ready{kind}` gauge: ready, unclaimed tasks claimable now
-/// (the database's figure, the same on every engine: take `max` across
-/// engines, not `sum`).
+/// `belay_tasks_ready{kind}` gauge: ready, unclaimed tasks claimable now,
+/// less those needing a capability no live worker has (counted in
+/// `belay_tasks_unclaimable`), so an autoscaler on this adds no workers
+/// for them; with no live worker every ready task counts. The database's
+/// figure, the same on every engine: take `max` across engines, not `sum`.
 pub const TASKS_READY: &str = "belay_tasks_ready";
 /// `belay_tasks_unclaimable{kind}` gauge: ready tasks no live worker can
 /// take (their requirements are covered by no live worker's capabilities;

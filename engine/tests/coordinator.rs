@@ -468,33 +468,43 @@ async fn health_follows_the_database(backend: Backend) {
         .await
         .expect("connect");
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let mut watch = health
-        .watch(tonic_health::pb::HealthCheckRequest {
-            service: "belay.v1.WorkerService".into(),
-        })
-        .await
-        .expect("watch")
-        .into_inner();
+    // A service, and the server as a whole (the empty name: what the
+    // kubelet's gRPC probe and `belay health` ask).
+    let mut watches = Vec::new();
+    for service in ["belay.v1.WorkerService", ""] {
+        let watch = health
+            .watch(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        watches.push(watch);
+    }
     use tonic_health::pb::health_check_response::ServingStatus;
-    let first = tokio::time::timeout(std::time::Duration::from_secs(10), watch.message())
-        .await
-        .expect("first status within 10 s")
-        .expect("status")
-        .expect("some");
-    assert_eq!(first.status, ServingStatus::Serving as i32);
+    for watch in &mut watches {
+        let first = tokio::time::timeout(std::time::Duration::from_secs(10), watch.message())
+            .await
+            .expect("first status within 10 s")
+            .expect("status")
+            .expect("some");
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+    }
     // The database goes away (here: the engine's pool is closed).
     coord.store().close().await;
-    let next = tokio::time::timeout(std::time::Duration::from_secs(20), watch.message())
-        .await
-        .expect("a status change within 20 s")
-        .expect("status")
-        .expect("some");
-    assert_eq!(next.status, ServingStatus::NotServing as i32);
+    for watch in &mut watches {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(20), watch.message())
+            .await
+            .expect("a status change within 20 s")
+            .expect("status")
+            .expect("some");
+        assert_eq!(next.status, ServingStatus::NotServing as i32);
+    }
     // Shutdown ends even with the health watch still open (bounded grace).
     let _ = stop_tx.send(());
     let stopped = tokio::time::timeout(std::time::Duration::from_secs(15), server).await;
     assert!(stopped.is_ok(), "the server did not stop within the grace");
-    drop(watch);
+    drop(watches);
     db.drop().await;
 }
 

@@ -106,6 +106,10 @@ async fn each_task_goes_to_a_capable_worker_and_a_pool_waits_for_its_worker(
     ensure!(task.missing == ["pool:gpu"], "{task:?}");
     ensure!(task.reason == "no live worker has pool:gpu", "{task:?}");
     ensure!(unclaimable_gauge(&env).await? == 1.0);
+    // The autoscaler's backlog leaves it out: more workers like the live
+    // ones would not take it either.
+    let ready = gauge(&env, "belay_tasks_ready{kind=\"tool_call\"}").await?;
+    ensure!(ready == 0.0, "belay_tasks_ready counts a task no worker can take: {ready}");
     // No worker took it meanwhile (the two have polled since).
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let events = env.events(&gpu).await?;
@@ -140,12 +144,17 @@ async fn each_task_goes_to_a_capable_worker_and_a_pool_waits_for_its_worker(
 
 /// `belay_tasks_unclaimable{kind="tool_call"}` on engine 0's `/metrics`.
 async fn unclaimable_gauge(env: &Env) -> anyhow::Result<f64> {
+    gauge(env, "belay_tasks_unclaimable{kind=\"tool_call\"}").await
+}
+
+/// The value of `series` (name and labels, as exposed) on engine 0's `/metrics`.
+async fn gauge(env: &Env, series: &str) -> anyhow::Result<f64> {
     let url = format!("{}/metrics", env.engines[0].admin_url());
     let text = reqwest::get(&url).await?.error_for_status()?.text().await?;
     let line = text
         .lines()
-        .find(|l| l.starts_with("belay_tasks_unclaimable{kind=\"tool_call\"}"))
-        .ok_or_else(|| anyhow::anyhow!("no belay_tasks_unclaimable in {text}"))?;
+        .find(|l| l.starts_with(series))
+        .ok_or_else(|| anyhow::anyhow!("no {series} in {text}"))?;
     let value = line.rsplit(' ').next().unwrap_or_default();
     Ok(value.parse()?)
 }

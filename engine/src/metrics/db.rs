@@ -66,13 +66,24 @@ impl DbGauges {
             let unclaimable = store
                 .unclaimable_tasks(None, live_window_ms, UNCLAIMABLE_COUNTED)
                 .await?;
-            Ok::<_, crate::store::StoreError>((counts, by_kind(&unclaimable)))
+            // Tasks a requirement of which no live worker has: more
+            // workers like the live ones would not take them either.
+            let missing: Vec<_> = unclaimable
+                .iter()
+                .filter(|t| !t.missing.is_empty())
+                .cloned()
+                .collect();
+            Ok::<_, crate::store::StoreError>((counts, by_kind(&unclaimable), by_kind(&missing)))
         };
         match read.await {
-            Ok((counts, unclaimable)) => {
+            Ok((counts, unclaimable, missing)) => {
                 state.read_at = Some(Instant::now());
                 let lists = [
-                    counts.tasks_ready,
+                    // What workers can take: the autoscaler scales on it,
+                    // and must not add workers for tasks that need what no
+                    // live worker has (with no live worker at all, every
+                    // ready task counts: a first worker takes it).
+                    claimable(counts.tasks_ready, &missing),
                     unclaimable,
                     counts.uncertain_open,
                     counts.runs_paused,
@@ -93,6 +104,21 @@ impl DbGauges {
 
 /// At most this many unclaimable tasks are counted per reading.
 const UNCLAIMABLE_COUNTED: i64 = 1_000;
+
+/// Ready tasks by kind (`ready`) less `cannot` (by kind), at least 0.
+fn claimable(ready: Vec<(String, i64)>, cannot: &[(String, i64)]) -> Vec<(String, i64)> {
+    ready
+        .into_iter()
+        .map(|(kind, n)| {
+            let less: i64 = cannot
+                .iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, c)| *c)
+                .sum();
+            (kind, (n - less).max(0))
+        })
+        .collect()
+}
 
 /// Unclaimable tasks counted by kind.
 fn by_kind(tasks: &[crate::store::UnclaimableTask]) -> Vec<(String, i64)> {

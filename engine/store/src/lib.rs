@@ -124,6 +124,7 @@ mod postgres;
 mod principals;
 mod rows;
 mod run_search;
+pub mod schema;
 mod sqlite;
 mod tool_calls;
 mod transition;

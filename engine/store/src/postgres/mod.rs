@@ -81,6 +81,7 @@ mod outbox;
 mod principals;
 mod run_search;
 mod runs;
+mod schema;
 mod tasks;
 mod tenants;
 mod timers;
@@ -166,9 +167,24 @@ impl Pg {
 
     /// Apply pending migrations from `migrations/` (embedded at build time).
     pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("../../migrations/postgres")
-            .run(&self.pool)
-            .await?;
+        let mut migrator = sqlx::migrate!("../../migrations/postgres");
+        let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+        let (applied, oldest) = self.schema_versions().await?;
+        if let crate::schema::SchemaFit::BesideNewer {
+            newest_known,
+            newest_applied,
+        } = crate::schema::judge(&known, &applied, oldest)?
+        {
+            tracing::info!(
+                newest_known,
+                newest_applied,
+                "the database has migrations of a newer release; running beside them (schema_compat)"
+            );
+        }
+        // Migrations of a newer release this engine does not know are
+        // expected during a rolling upgrade (`schema.rs`).
+        migrator.set_ignore_missing(true);
+        migrator.run(&self.pool).await?;
         Ok(())
     }
 

@@ -49,6 +49,7 @@ mod outbox;
 mod principals;
 mod run_search;
 mod runs;
+mod schema;
 mod tasks;
 mod tenants;
 mod timers;
@@ -186,9 +187,24 @@ impl Lite {
     }
 
     pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("../../migrations/sqlite")
-            .run(&self.write)
-            .await?;
+        let mut migrator = sqlx::migrate!("../../migrations/sqlite");
+        let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+        let (applied, oldest) = self.schema_versions().await?;
+        if let crate::schema::SchemaFit::BesideNewer {
+            newest_known,
+            newest_applied,
+        } = crate::schema::judge(&known, &applied, oldest)?
+        {
+            tracing::info!(
+                newest_known,
+                newest_applied,
+                "the database has migrations of a newer release; running beside them (schema_compat)"
+            );
+        }
+        // Migrations of a newer release this engine does not know are
+        // expected during a rolling upgrade (`schema.rs`).
+        migrator.set_ignore_missing(true);
+        migrator.run(&self.write).await?;
         Ok(())
     }
 
