@@ -109,7 +109,10 @@ async fn each_task_goes_to_a_capable_worker_and_a_pool_waits_for_its_worker(
     // The autoscaler's backlog leaves it out: more workers like the live
     // ones would not take it either.
     let ready = gauge(&env, "belay_tasks_ready{kind=\"tool_call\"}").await?;
-    ensure!(ready == 0.0, "belay_tasks_ready counts a task no worker can take: {ready}");
+    ensure!(
+        ready == 0.0,
+        "belay_tasks_ready counts a task no worker can take: {ready}"
+    );
     // No worker took it meanwhile (the two have polled since).
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let events = env.events(&gpu).await?;
