@@ -8,7 +8,7 @@ use crate::event::{Event, FailureClass, ResolvedVia, TimerPurpose, TimerSpec};
 use crate::input::{Input, Resolution};
 use crate::state::{RunState, RunStatus};
 use crate::{
-    RUN_DEADLINE_TIMER, gates, sampling, state,
+    RUN_DEADLINE_TIMER, gates, mcp_report, sampling, state,
     step::{Failure, Step},
 };
 
@@ -149,6 +149,7 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                 call_id,
                 attempt: call.dispatched_attempt.unwrap_or(0),
                 error: format!("failed by operator {by}: {reason}"),
+                kind: None,
             });
         }
         Input::ToolCallCompleted {
@@ -193,6 +194,13 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         }
         Input::ToolCallSampled { usage, report } => {
             return sampling::decide_sampled(state, usage, *report);
+        }
+        Input::McpReported {
+            definition_hash,
+            kind,
+            report,
+        } => {
+            return mcp_report::decide_reported(state, definition_hash, kind, *report);
         }
         Input::TaskFailed {
             call_id,

@@ -1067,6 +1067,7 @@ impl RunState {
             }
             Event::ReconcileProbeFinished { .. }
             | Event::LateResultRecorded { .. }
+            | Event::McpDefinitionChecked { .. }
             | Event::SecretsVaulted { .. } => {}
             Event::ToolCallProcessed {
                 call_id,

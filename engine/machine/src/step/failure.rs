@@ -213,6 +213,7 @@ impl Step {
                 will_retry: matches!(next, Next::Retry),
                 status_code,
                 retry_delay_ms,
+                kind: None,
             });
         }
         match next {
@@ -225,6 +226,7 @@ impl Step {
                     call_id: call_id.clone(),
                     attempt,
                     error: message,
+                    kind: None,
                 });
                 self.command(Command::EndTask {
                     call_id,
@@ -412,6 +414,7 @@ impl Step {
                 will_retry: retry,
                 status_code,
                 retry_delay_ms,
+                kind: None,
             });
         }
         if retry {
@@ -425,6 +428,7 @@ impl Step {
             call_id: probe_call_id.clone(),
             attempt,
             error: error.clone(),
+            kind: None,
         });
         self.command(Command::EndTask {
             call_id: probe_call_id.clone(),

@@ -416,6 +416,7 @@ impl Step {
                 call_id,
                 attempt,
                 error,
+                kind: None,
             });
             return Ok(());
         }
