@@ -37,7 +37,7 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
         "engine/machine/src/step/proposal.rs::check_and_schedule",
         287,
     ),
-    ("engine/machine/src/step/failure.rs::on_failure", 287),
+    ("engine/machine/src/step/failure.rs::on_failure", 284),
     ("engine/machine/src/step/graph.rs::try_start_node", 204),
     ("engine/src/admin/openapi.rs::schemas", 284),
     (

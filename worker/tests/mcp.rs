@@ -848,12 +848,15 @@ async fn bad_configurations_are_typed_errors() {
         other => panic!("{:?}", other.map(|c| c.status())),
     }
 
-    // A process that exits at once never completes the handshake.
+    // A process that exits at once never completes the handshake, and
+    // says how it exited.
     let exits = resolve("exits", McpServerConfig::stdio("true", vec![]), &[]);
-    assert!(matches!(
-        mcp::connect(exits).await.map(|c| c.status()),
-        Err(McpError::Connect { .. })
-    ));
+    let outcome = mcp::connect(exits).await.map(|c| c.status());
+    assert!(
+        matches!(&outcome, Err(McpError::Exited { status, stderr, .. })
+            if status == "exit status: 0" && stderr.is_empty()),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]

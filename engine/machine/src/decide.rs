@@ -12,6 +12,23 @@ use crate::{
     step::{Failure, Step},
 };
 
+/// A report wrapped with what came beside it: sampling usage
+/// (`sampling::decide_sampled`), what an MCP call adds
+/// (`mcp_report::decide_reported`).
+fn decide_wrapped(state: &RunState, input: Input) -> Result<Decision, MachineError> {
+    match input {
+        Input::ToolCallSampled { usage, report } => sampling::decide_sampled(state, usage, *report),
+        Input::McpReported {
+            definition_hash,
+            kind,
+            report,
+        } => mcp_report::decide_reported(state, definition_hash, kind, *report),
+        _ => Err(MachineError::InvalidPlan(
+            "only sampling usage and MCP reports wrap a report".into(),
+        )),
+    }
+}
+
 /// Decide what happens for `input` given the run's `state`.
 pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> {
     let mut m = Step {
@@ -145,12 +162,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                     reason: format!("its parent's call was failed by {by}: {reason}"),
                 });
             }
-            m.emit(Event::ToolCallFailed {
+            m.emit(Event::tool_call_failed(
                 call_id,
-                attempt: call.dispatched_attempt.unwrap_or(0),
-                error: format!("failed by operator {by}: {reason}"),
-                kind: None,
-            });
+                call.dispatched_attempt.unwrap_or(0),
+                format!("failed by operator {by}: {reason}"),
+            ));
         }
         Input::ToolCallCompleted {
             call_id,
@@ -192,15 +208,8 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
             m.require_active("input")?;
             m.on_input_provided(call_id, answer, by)?;
         }
-        Input::ToolCallSampled { usage, report } => {
-            return sampling::decide_sampled(state, usage, *report);
-        }
-        Input::McpReported {
-            definition_hash,
-            kind,
-            report,
-        } => {
-            return mcp_report::decide_reported(state, definition_hash, kind, *report);
+        wrapped @ (Input::ToolCallSampled { .. } | Input::McpReported { .. }) => {
+            return decide_wrapped(state, wrapped);
         }
         Input::TaskFailed {
             call_id,

@@ -881,6 +881,19 @@ impl Event {
     }
 }
 
+impl Event {
+    /// A [`Event::ToolCallFailed`] of no particular kind (see
+    /// [`crate::mcp_report`] for the kind of an MCP call's failure).
+    pub(crate) fn tool_call_failed(call_id: String, attempt: u32, error: String) -> Event {
+        Event::ToolCallFailed {
+            call_id,
+            attempt,
+            error,
+            kind: None,
+        }
+    }
+}
+
 /// Why a run was stopped by a budget or a stop condition of the agent loop
 /// (`run_failed.stop`), so operators and code can tell "out of budget" from
 /// a failure without reading the message.

@@ -1067,7 +1067,6 @@ impl RunState {
             }
             Event::ReconcileProbeFinished { .. }
             | Event::LateResultRecorded { .. }
-            | Event::McpDefinitionChecked { .. }
             | Event::SecretsVaulted { .. } => {}
             Event::ToolCallProcessed {
                 call_id,
@@ -1172,7 +1171,7 @@ impl RunState {
                 }
                 self.set_waiting(format!("node `{node}` waits for {}", what.join(" or ")));
             }
-            Event::TimerFired { .. } => {}
+            Event::TimerFired { .. } | Event::McpDefinitionChecked { .. } => {}
             Event::ApprovalRequested {
                 node,
                 subject,

@@ -222,12 +222,7 @@ impl Step {
                 self.command(Command::RetryTask { call_id, delay_ms })
             }
             Next::Fail(message) => {
-                self.emit(Event::ToolCallFailed {
-                    call_id: call_id.clone(),
-                    attempt,
-                    error: message,
-                    kind: None,
-                });
+                self.emit(Event::tool_call_failed(call_id.clone(), attempt, message));
                 self.command(Command::EndTask {
                     call_id,
                     end: TaskEnd::Failed,
