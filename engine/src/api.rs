@@ -618,6 +618,33 @@ fn failure_class(raw: i32) -> Result<FailureClass, Status> {
     }
 }
 
+/// What a worker added to an MCP call's report: the definition hash (at
+/// most 128 bytes: `sha256:` and 64 hex digits) and the kind of failure.
+fn mcp_report(definition_hash: &str, kind: i32) -> Result<crate::coordinator::McpReport, Status> {
+    if definition_hash.len() > 128 {
+        return Err(Status::invalid_argument(
+            "`mcp_definition_hash` is longer than 128 bytes",
+        ));
+    }
+    let kind = match v1::ToolFailureKind::try_from(kind) {
+        Ok(v1::ToolFailureKind::Unspecified) => None,
+        Ok(v1::ToolFailureKind::ToolError) => Some(crate::machine::ToolFailureKind::ToolError),
+        Ok(v1::ToolFailureKind::ProtocolError) => {
+            Some(crate::machine::ToolFailureKind::ProtocolError)
+        }
+        Ok(v1::ToolFailureKind::Transport) => Some(crate::machine::ToolFailureKind::Transport),
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown failure kind {kind}"
+            )));
+        }
+    };
+    Ok(crate::coordinator::McpReport {
+        definition_hash: Some(definition_hash.to_owned()).filter(|h| !h.is_empty()),
+        kind,
+    })
+}
+
 #[tonic::async_trait]
 impl WorkerService for Api {
     async fn claim_tasks(
@@ -787,6 +814,10 @@ impl WorkerService for Api {
                 &r.result_json,
                 secrets,
                 r.sampling_usage.map(sampling_usage),
+                mcp_report(
+                    &r.mcp_definition_hash,
+                    v1::ToolFailureKind::Unspecified as i32,
+                )?,
             )
             .await?;
         Ok(Response::new(v1::CompleteTaskResponse {}))
@@ -810,6 +841,7 @@ impl WorkerService for Api {
                 class,
                 status_code,
                 r.sampling_usage.map(sampling_usage),
+                mcp_report(&r.mcp_definition_hash, r.failure_kind)?,
             )
             .await?;
         Ok(Response::new(v1::FailTaskResponse {}))

@@ -637,7 +637,164 @@ async fn a_grant_withdrawn_after_the_proposal_refuses_the_dispatch(backend: Back
     env.finish().await;
 }
 
+/// The three kinds of MCP failure (the tool's `isError`, a JSON-RPC error,
+/// the transport) stay apart in the events and the audit, and each
+/// attempt's event says which definition it was checked against. A
+/// JSON-RPC error the worker reports as `may_have_acted` is retried by an
+/// `idempotent` tool's repeat safety (issue 22).
+async fn mcp_failure_kinds_and_the_checked_definition_are_in_the_events_and_the_audit(
+    backend: Backend,
+) {
+    use belay_engine::coordinator::McpReport;
+    use belay_engine::machine::{FailureClass, ToolFailureKind};
+    let env = Env::new(backend).await;
+    let a = hash('a');
+    env.coord
+        .report_mcp_tools(
+            "w1",
+            "everything",
+            "2025-11-25",
+            vec![report("echo", &a, "v1")],
+        )
+        .await
+        .expect("report");
+    let dispatched = |task: Uuid| {
+        let coord = env.coord.clone();
+        let a = a.clone();
+        async move {
+            let pinned = coord
+                .pin_mcp_for_dispatch("w1", &task.to_string(), 1, &a)
+                .await
+                .expect("pin");
+            coord
+                .dispatch("w1", &task.to_string(), 1)
+                .await
+                .expect("dispatch");
+            pinned
+        }
+    };
+    let reported = |kind| McpReport {
+        definition_hash: Some(a.clone()),
+        kind: Some(kind),
+    };
+    let events = |run: Uuid| {
+        let coord = env.coord.clone();
+        async move {
+            coord
+                .list_events("acme", &run.to_string(), 0, 100)
+                .await
+                .expect("events")
+        }
+    };
+
+    // A JSON-RPC error (-32603) of an idempotent tool: retried.
+    let (run, task) = env.tool_call("acme", "kinds-1", "echo", "w1").await;
+    assert_eq!(dispatched(task).await, a);
+    env.coord
+        .fail_sampled(
+            "w1",
+            &task.to_string(),
+            1,
+            "MCP tool `echo` of server `everything` answered with a JSON-RPC error -32603",
+            FailureClass::MayHaveActed,
+            None,
+            None,
+            reported(ToolFailureKind::ProtocolError),
+        )
+        .await
+        .expect("fail");
+    let history = events(run).await;
+    let kinds: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
+    let checked = kinds
+        .iter()
+        .position(|k| *k == "mcp_definition_checked")
+        .expect("mcp_definition_checked");
+    assert_eq!(
+        kinds.get(checked + 1),
+        Some(&"tool_call_attempt_failed"),
+        "{kinds:?}"
+    );
+    assert_eq!(history[checked].payload["definition_hash"], a);
+    assert_eq!(history[checked].payload["attempt"], 1);
+    let failed = &history[checked + 1].payload;
+    assert_eq!(failed["kind"], "protocol_error", "{failed}");
+    assert_eq!(failed["will_retry"], true, "{failed}");
+    assert!(!kinds.contains(&"tool_call_failed"), "{kinds:?}");
+
+    // The tool's own error (`isError`): a definite answer, the call fails.
+    let (run, task) = env.tool_call("acme", "kinds-2", "echo", "w1").await;
+    dispatched(task).await;
+    env.coord
+        .fail_sampled(
+            "w1",
+            &task.to_string(),
+            1,
+            "MCP tool `echo` of server `everything` reported an error: no",
+            FailureClass::Rejected,
+            None,
+            None,
+            reported(ToolFailureKind::ToolError),
+        )
+        .await
+        .expect("fail");
+    let history = events(run).await;
+    let failed = history
+        .iter()
+        .find(|e| e.kind == "tool_call_failed")
+        .expect("tool_call_failed");
+    assert_eq!(failed.payload["kind"], "tool_error", "{}", failed.payload);
+    let (status, body) = env
+        .get(
+            OPS,
+            &format!("/admin/v1/tenants/acme/tool-calls?run_id={run}"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["items"][0]["outcome"], "failed", "{body}");
+    assert_eq!(body["items"][0]["error_kind"], "tool_error", "{body}");
+
+    // A result: its attempt's definition is recorded before it.
+    let (run, task) = env.tool_call("acme", "kinds-3", "echo", "w1").await;
+    dispatched(task).await;
+    env.coord
+        .complete_sampled(
+            "w1",
+            &task.to_string(),
+            1,
+            r#"[{"type":"text","text":"Echo: hi"}]"#,
+            Vec::new(),
+            None,
+            McpReport {
+                definition_hash: Some(a.clone()),
+                kind: None,
+            },
+        )
+        .await
+        .expect("complete");
+    let history = events(run).await;
+    let kinds: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
+    let checked = kinds
+        .iter()
+        .position(|k| *k == "mcp_definition_checked")
+        .expect("mcp_definition_checked");
+    assert_eq!(
+        kinds.get(checked + 1),
+        Some(&"tool_call_completed"),
+        "{kinds:?}"
+    );
+    let (_, body) = env
+        .get(
+            OPS,
+            &format!("/admin/v1/tenants/acme/tool-calls?run_id={run}"),
+        )
+        .await;
+    assert_eq!(body["items"][0]["outcome"], "completed", "{body}");
+    assert!(body["items"][0].get("error_kind").is_none(), "{body}");
+    env.finish().await;
+}
+
 on_both_backends!(
+    mcp_failure_kinds_and_the_checked_definition_are_in_the_events_and_the_audit,
     reports_record_each_definition_once_and_refuse_bad_listings,
     the_first_dispatch_pins_and_a_changed_definition_waits_for_an_operator,
     a_refused_definition_cannot_be_accepted,

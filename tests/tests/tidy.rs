@@ -17,11 +17,7 @@ const MAX_FN_LINES: usize = 200;
 /// Source files over [`MAX_FILE_LINES`] today, with their length as a
 /// ceiling: one may shrink (then lower its figure, or drop it once it is
 /// under the limit), never grow, and no file may join the list.
-const LONG_FILES: &[(&str, usize)] = &[
-    // The MCP client: rmcp's transports, sessions, and the answers of a
-    // server. To split by concern as the store's backends were.
-    ("worker/src/mcp/rmcp_client.rs", 2_832),
-];
+const LONG_FILES: &[(&str, usize)] = &[];
 
 /// Functions outside tests over [`MAX_FN_LINES`] today (`path::name`),
 /// with their length as a ceiling, as [`LONG_FILES`].
@@ -41,7 +37,7 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
         "engine/machine/src/step/proposal.rs::check_and_schedule",
         287,
     ),
-    ("engine/machine/src/step/failure.rs::on_failure", 287),
+    ("engine/machine/src/step/failure.rs::on_failure", 284),
     ("engine/machine/src/step/graph.rs::try_start_node", 205),
     ("engine/src/admin/openapi.rs::schemas", 284),
     (

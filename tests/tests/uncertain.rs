@@ -316,7 +316,72 @@ async fn a_call_that_is_uncertain_twice_gets_two_records_and_the_run_goes_on(
     env.stop().await
 }
 
+/// Issue 22, item 9: a worker stopped with SIGTERM while its dispatched
+/// create still runs, past its shutdown grace period, reports the call at
+/// once (`may_have_acted`), so the engine judges it now (the reconcile
+/// probe finds the account) rather than when the worker's lease (60 s
+/// here) runs out.
+async fn a_worker_stopped_past_its_grace_period_reports_the_call_it_abandons(
+    backend: DbBackend,
+) -> Result<()> {
+    let mut env = Env::start_on(
+        backend,
+        EngineOpts {
+            lease_ms: 60_000,
+            ..EngineOpts::default()
+        },
+    )
+    .await?;
+    // The create takes effect, then its answer never comes.
+    env.crm_fault("/accounts", "hang_after_effect", 1).await?;
+    let worker = env
+        .start_worker_with_args(0, &["--shutdown-grace-ms".into(), "300".into()])
+        .await?;
+    let run_id = env
+        .start_onboarding(0, "onboarding_express", "sigterm@example.com", "p9")
+        .await?;
+    env.crm_wait("/accounts", 1).await?;
+    let stopped = std::time::Instant::now();
+    env.workers[worker].signal(Signal::SIGTERM)?;
+    let status =
+        tokio::time::timeout(Duration::from_secs(15), env.workers[worker].wait()).await??;
+    assert!(status.success(), "the worker exited with {status}");
+    // Judged well within the lease: the attempt failed, may have acted.
+    env.wait_for(
+        0,
+        &run_id,
+        "tool_call_attempt_failed",
+        Duration::from_secs(20),
+    )
+    .await?;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(30),
+        "judged after {:?}, not at once",
+        stopped.elapsed()
+    );
+    let events = env.events(&run_id).await?;
+    let failed = of_kind(&events, "tool_call_attempt_failed");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["class"], "may_have_acted", "{}", failed[0]);
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("shutdown grace period (300 ms)")),
+        "{}",
+        failed[0]
+    );
+    // A worker that comes back finishes the run: the probe finds the account.
+    env.start_worker(0).await?;
+    env.wait_for(0, &run_id, "run_completed", T).await?;
+    assert_eq!(
+        env.crm_state().await?["accounts"].as_array().map(Vec::len),
+        Some(1)
+    );
+    env.stop().await
+}
+
 belay_tests::on_both_backends!(
+    a_worker_stopped_past_its_grace_period_reports_the_call_it_abandons,
     a_probe_that_finds_the_lost_account_resolves_it_and_the_run_completes,
     a_probe_that_finds_nothing_retries_the_call_with_the_same_key,
     a_late_result_from_the_worker_that_lost_its_lease_resolves_the_outcome,

@@ -33,7 +33,8 @@ use crate::placeholders::SecretValues;
 use belay_proto::connect::{AuthChannel, ConnectError, ConnectOptions};
 use tonic::{Code, Status};
 
-/// Deadline of one unary call (dispatch, complete, fail, heartbeat), in ms.
+/// Deadline of one unary call (dispatch, complete, fail), in ms; a
+/// heartbeat's comes from the lease ([`EngineClient::heartbeat`]).
 const CALL_TIMEOUT_MS: u64 = 10_000;
 /// Extra deadline of `ClaimTasks` on top of its long-poll wait, in ms.
 const CLAIM_EXTRA_TIMEOUT_MS: u64 = 10_000;
@@ -95,6 +96,35 @@ impl From<DispatchToolCallResponse> for Dispatch {
             mcp_pinned_hash: r.mcp_pinned_hash,
             secrets: SecretValues::new(r.secrets.into_iter().map(|s| (s.key, s.value)).collect()),
         }
+    }
+}
+
+/// What a `type: mcp` call adds to its result or failure report (recorded
+/// in its events, for the audit): the definition hash it was checked
+/// against, and which of the three kinds of MCP failure ended it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct McpReport {
+    /// The pinned definition hash the dispatch returned.
+    pub definition_hash: Option<String>,
+    /// The kind of failure (`None` for a result, or a call refused before
+    /// it was sent).
+    pub kind: Option<crate::mcp::ToolFailureKind>,
+}
+
+impl McpReport {
+    fn hash(&self) -> String {
+        self.definition_hash.clone().unwrap_or_default()
+    }
+
+    fn kind(&self) -> i32 {
+        use crate::mcp::ToolFailureKind as K;
+        use belay_proto::v1::ToolFailureKind as P;
+        (match self.kind {
+            None => P::Unspecified,
+            Some(K::ToolError) => P::ToolError,
+            Some(K::ProtocolError) => P::ProtocolError,
+            Some(K::Transport) => P::Transport,
+        }) as i32
     }
 }
 
@@ -210,14 +240,20 @@ impl EngineClient {
         Ok(response.into_inner().tasks)
     }
 
-    /// One `Heartbeat` for `leases`; the status of each lease, `held: false`
-    /// for lost ones. No retry.
-    pub async fn heartbeat(&self, leases: Vec<TaskLease>) -> Result<Vec<LeaseStatus>, Status> {
+    /// One `Heartbeat` for `leases`, with `deadline` (the runner derives it
+    /// from the shortest lease, so a stalled heartbeat fails before the
+    /// lease runs out); the status of each lease, `held: false` for lost
+    /// ones. No retry.
+    pub async fn heartbeat(
+        &self,
+        leases: Vec<TaskLease>,
+        deadline: Duration,
+    ) -> Result<Vec<LeaseStatus>, Status> {
         let mut request = tonic::Request::new(HeartbeatRequest {
             worker_id: self.worker_id.clone(),
             leases,
         });
-        request.set_timeout(Duration::from_millis(CALL_TIMEOUT_MS));
+        request.set_timeout(deadline);
         let response = self.client.clone().heartbeat(request).await?;
         Ok(response.into_inner().leases)
     }
@@ -321,13 +357,21 @@ impl EngineClient {
         result_json: String,
         vaulted: Vec<(String, String)>,
     ) -> Result<(), Status> {
-        self.report_complete_sampled(task_id, attempt, result_json, vaulted, None)
-            .await
+        self.report_complete_sampled(
+            task_id,
+            attempt,
+            result_json,
+            vaulted,
+            None,
+            &McpReport::default(),
+        )
+        .await
     }
 
     /// [`EngineClient::report_complete_vaulted`] with the model completions
     /// an MCP server asked for during the call (`sampling`), which the
-    /// engine charges to the run's budgets.
+    /// engine charges to the run's budgets, and what an MCP call adds
+    /// (`mcp`: its definition hash).
     pub async fn report_complete_sampled(
         &self,
         task_id: &str,
@@ -335,6 +379,7 @@ impl EngineClient {
         result_json: String,
         vaulted: Vec<(String, String)>,
         sampling: Option<belay_proto::wire::SamplingUsage>,
+        mcp: &McpReport,
     ) -> Result<(), Status> {
         let request = CompleteTaskRequest {
             worker_id: self.worker_id.clone(),
@@ -346,6 +391,7 @@ impl EngineClient {
                 .map(|(key, value)| SecretValue { key, value })
                 .collect(),
             sampling_usage: sampling.map(sampling_usage),
+            mcp_definition_hash: mcp.hash(),
         };
         self.retrying("CompleteTask", task_id, attempt, |mut client| {
             let request = request.clone();
@@ -364,13 +410,23 @@ impl EngineClient {
         class: FailureClass,
         status_code: Option<u16>,
     ) -> Result<(), Status> {
-        self.report_failure_sampled(task_id, attempt, error, class, status_code, None)
-            .await
+        self.report_failure_sampled(
+            task_id,
+            attempt,
+            error,
+            class,
+            status_code,
+            None,
+            &McpReport::default(),
+        )
+        .await
     }
 
     /// [`EngineClient::report_failure`] with the model completions an MCP
     /// server asked for before the call failed (`sampling`), charged all
-    /// the same.
+    /// the same, and what an MCP call adds (`mcp`: its definition hash and
+    /// kind of failure).
+    #[allow(clippy::too_many_arguments)]
     pub async fn report_failure_sampled(
         &self,
         task_id: &str,
@@ -379,6 +435,7 @@ impl EngineClient {
         class: FailureClass,
         status_code: Option<u16>,
         sampling: Option<belay_proto::wire::SamplingUsage>,
+        mcp: &McpReport,
     ) -> Result<(), Status> {
         let request = FailTaskRequest {
             worker_id: self.worker_id.clone(),
@@ -388,6 +445,8 @@ impl EngineClient {
             class: class as i32,
             status_code: status_code.map(u32::from).unwrap_or(0),
             sampling_usage: sampling.map(sampling_usage),
+            failure_kind: mcp.kind(),
+            mcp_definition_hash: mcp.hash(),
         };
         self.retrying("FailTask", task_id, attempt, |mut client| {
             let request = request.clone();

@@ -29,6 +29,9 @@
 //!   ([`sandbox_tool::SandboxTools`]): inline JavaScript or Python run by
 //!   Node.js or CPython under bubblewrap, with no network, no host files,
 //!   a cleared environment and memory and time limits.
+//! - [`json_text`]: JSON text from outside made decodable where that needs
+//!   no guess (lone surrogate escapes and bytes that are not UTF-8 become
+//!   U+FFFD), for MCP servers' lines and model providers' answers.
 //! - [`sampling`]: an MCP server's `sampling/createMessage` during a
 //!   granted call, made with the worker's model client
 //!   ([`sampling::ModelSampler`]).
@@ -151,7 +154,11 @@
 //! calls as `tool_use` blocks with the stored arguments parsed into `input`,
 //! results as `tool_result` blocks (`is_error` when the engine's text starts
 //! with `error:`), `max_tokens` defaulting to 4096, `stop_reason` mapped to the
-//! engine's finish reasons (`max_tokens` → `length`).
+//! engine's finish reasons (`max_tokens` → `length`). Both adapters: an answer
+//! with tool calls that used the whole output-token limit sent is `length`
+//! whatever the provider said (`model::mark_cut_off`: its last call was cut
+//! off, and the engine runs none of a cut-off turn's calls); OpenAI sends a
+//! stored call whose arguments are not a JSON object back as `{}`.
 //! `telemetry.rs`: the spans of model and tool calls (GenAI semantic
 //! conventions), children of their node's span from the spec's
 //! `trace`, and the `traceparent` outbound HTTP requests and MCP `_meta`
@@ -225,7 +232,8 @@
 //! pinned `McpToolDefinition` (sha256 of the canonical definition) or a
 //! `SchemaRefusal` (non-object schema, remote `$ref`, unknown dialect, too
 //! large/deep, invalid); `result.rs` cuts results to the caller's byte limit;
-//! `rmcp_client.rs` is the only file that imports `rmcp` (pinned `=3.11.0`): it
+//! `rmcp_client.rs` and its files (`rmcp_client/stdio.rs`, `http.rs`,
+//! `handler.rs`) are the only ones that import `rmcp` (pinned `=3.11.0`): it
 //! speaks 2026-07-28 and falls back to 2025-11-25, supervises the connection (a
 //! stdio server that dies is restarted with `backon` backoff; its stderr goes to
 //! `tracing`, its environment is only `PATH`-like basics plus `env`), and
@@ -233,8 +241,10 @@
 //! `input_required`, an older server's `elicitation/create` answered `cancel`, or
 //! error -32042), `Refused` (checked before sending: unknown tool, refused schema,
 //! definition hash changed, invalid arguments or headers), `Disconnected` (not
-//! sent), `LostAfterSend` (may have acted), `Rejected` (JSON-RPC error),
-//! `Malformed`, `Cancelled`, `Timeout`, `SamplingRefused` (a
+//! sent), `LostAfterSend` (may have acted), `Rejected` (JSON-RPC error: `MAY_HAVE_ACTED` unless its code says
+//! the request was refused before it ran), `Malformed`, `Undecodable` (an
+//! answer that arrived but cannot be decoded even with its text repaired:
+//! `REJECTED`, never retried as lost), `Cancelled`, `Timeout`, `SamplingRefused` (a
 //! `sampling/createMessage` Belay did not give, and a call that then fails, or
 //! an `input_required` holding a sampling request, ends so). Sampling: the
 //! `sampling` capability is declared on every connection; a request is judged
@@ -268,7 +278,13 @@
 //! connection (a new session is made; rmcp's own silent re-initialisation is
 //! off), and a broken SSE stream is resumed at most three times before the
 //! call counts as lost. Whether a request was sent is known exactly: a marker in the request's `_meta` (stripped before it leaves) lets
-//! the transport wrapper record when it was written; HTTP POSTs use fresh
+//! the transport wrapper record when it was written (stdio: `rmcp_client/stdio.rs`
+//! writes each line under its call's slot lock, so a call that ends before its
+//! line was written whole is abandoned and provably not sent; the session is then
+//! torn down and the server restarted: it is not reading its stdin); a stdio
+//! server's lines are decoded there too (lone surrogates and bytes that are not
+//! UTF-8 repaired with U+FFFD, `json_text.rs`), and a server that exits before the
+//! handshake is `McpError::Exited` with its exit status and last stderr lines; HTTP POSTs use fresh
 //! connections so a refused connection proves nothing was sent. Tested in
 //! `worker/tests/mcp.rs` against real servers installed by `.ci/mcp-servers.sh`
 //! (`@modelcontextprotocol/server-everything` over stdio and HTTP,
@@ -287,6 +303,7 @@ pub mod engine_client;
 pub mod health;
 pub mod http_tool;
 mod http_util;
+pub mod json_text;
 pub mod mcp;
 pub mod mcp_tool;
 pub mod metrics;

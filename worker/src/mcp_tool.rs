@@ -86,6 +86,10 @@ pub enum McpCallReport {
         class: FailureClass,
         /// What happened, for the model (server text included is data).
         error: String,
+        /// Which of the three kinds of MCP failure it is (the tool's own
+        /// answer, the protocol's, the transport's); `None` for a call
+        /// refused before it was sent.
+        kind: Option<mcp::ToolFailureKind>,
     },
     /// `RequestToolInput`: the tool asked a person for input mid-call.
     NeedsInput(mcp::InputNeeded),
@@ -97,7 +101,19 @@ fn fail(class: FailureClass, error: impl Into<String>) -> McpCallReport {
     McpCallReport::Fail {
         class,
         error: error.into(),
+        kind: None,
     }
+}
+
+/// What the dispatch of an MCP call allowed, for `on_dispatched`
+/// ([`McpTools::call`], [`McpTools::read`]).
+#[derive(Debug)]
+pub struct Dispatched<'a> {
+    /// The vault values the call may read (`SECRET_ACCESS`).
+    pub secrets: &'a crate::placeholders::SecretValues,
+    /// The hash of the tool definition the call is checked against (the
+    /// tenant's pin); `None` for a resource read.
+    pub definition_hash: Option<&'a str>,
 }
 
 /// One server's state.
@@ -373,7 +389,8 @@ impl McpTools {
     /// report. `on_dispatched` runs once the engine allowed the call to act,
     /// with the vault values the dispatch handed out (for the call's
     /// `{{_secret.KEY}}` headers; the caller keeps them out of what it
-    /// reports).
+    /// reports) and the pinned definition hash the call is checked
+    /// against (reported with the outcome, recorded in its events).
     ///
     /// `sampling`: the call's grant (`spec.sampling`) with the sampler that
     /// makes its completions; read its usage after the call.
@@ -383,7 +400,7 @@ impl McpTools {
         spec: &ToolCallSpec,
         binding: &McpBinding,
         sampling: Option<Arc<mcp::SamplingSession>>,
-        on_dispatched: impl FnOnce(&crate::placeholders::SecretValues),
+        on_dispatched: impl FnOnce(&Dispatched<'_>),
     ) -> McpCallReport {
         let server = binding.server.as_str();
         let tool = binding.server_tool.as_str();
@@ -486,7 +503,10 @@ impl McpTools {
                 return McpCallReport::NotDispatched;
             }
         };
-        on_dispatched(&secrets);
+        on_dispatched(&Dispatched {
+            secrets: &secrets,
+            definition_hash: Some(&pinned).filter(|p| !p.is_empty()).map(String::as_str),
+        });
         if pinned.is_empty() {
             return fail(
                 FailureClass::Rejected,
@@ -537,7 +557,7 @@ impl McpTools {
         task: &Task,
         spec: &ToolCallSpec,
         binding: &McpResourceBinding,
-        on_dispatched: impl FnOnce(&crate::placeholders::SecretValues),
+        on_dispatched: impl FnOnce(&Dispatched<'_>),
     ) -> McpCallReport {
         let server = binding.server.as_str();
         let client = match self.slot(server, |s| (s.client.clone(), s.last_error.clone())) {
@@ -586,7 +606,10 @@ impl McpTools {
                 return McpCallReport::NotDispatched;
             }
         };
-        on_dispatched(&secrets);
+        on_dispatched(&Dispatched {
+            secrets: &secrets,
+            definition_hash: None,
+        });
         tracing::info!(
             task_id = %task.task_id, attempt = task.attempt, server, %uri,
             "MCP resource read dispatched"
@@ -640,6 +663,15 @@ impl McpTools {
 
 /// The failure or result an outcome is reported as.
 fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> McpCallReport {
+    let kind = mcp::failure_kind(&outcome);
+    match failure_of(server, tool, tenant, outcome) {
+        McpCallReport::Fail { class, error, .. } => McpCallReport::Fail { class, error, kind },
+        other => other,
+    }
+}
+
+/// [`report_of`] without the kind.
+fn failure_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> McpCallReport {
     let class = outcome.failure_class();
     let named = format!("MCP tool `{tool}` of server `{server}`");
     match outcome {
@@ -680,16 +712,32 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
             ),
         ),
         CallOutcome::Rejected { code, message, .. } => fail(
-            FailureClass::Rejected,
-            format!(
-                "{named} refused the call (JSON-RPC error {code}): {}",
-                cut(&message, MAX_ERROR_TEXT_BYTES)
-            ),
+            class.unwrap_or(FailureClass::MayHaveActed),
+            if mcp::refused_before_running(code) {
+                format!(
+                    "{named} refused the call before running it (JSON-RPC error {code}): {}",
+                    cut(&message, MAX_ERROR_TEXT_BYTES)
+                )
+            } else {
+                format!(
+                    "{named} answered with a JSON-RPC error {code}, a protocol error rather than the tool's own answer; \
+                     it may have acted: {}",
+                    cut(&message, MAX_ERROR_TEXT_BYTES)
+                )
+            },
         ),
         CallOutcome::Malformed { reason } => fail(
             FailureClass::MayHaveActed,
             format!(
                 "{named} answered with something unusable: {}",
+                cut(&reason, MAX_ERROR_TEXT_BYTES)
+            ),
+        ),
+        CallOutcome::Undecodable { reason } => fail(
+            FailureClass::Rejected,
+            format!(
+                "{named} answered, but its answer cannot be decoded ({}); \
+                 not tried again: the same answer would come back",
                 cut(&reason, MAX_ERROR_TEXT_BYTES)
             ),
         ),
@@ -708,16 +756,19 @@ fn report_of(server: &str, tool: &str, tenant: &str, outcome: CallOutcome) -> Mc
                 reason.as_deref().unwrap_or("no reason given")
             ),
         ),
-        CallOutcome::Timeout { timeout_ms, sent } => fail(
+        CallOutcome::Timeout {
+            timeout_ms,
+            sent,
+            detail,
+        } => fail(
             class.unwrap_or(FailureClass::MayHaveActed),
-            format!(
-                "{named}: no answer within {timeout_ms} ms{}",
-                if sent {
-                    " after the call was sent"
-                } else {
-                    " (not sent)"
+            match (sent, detail) {
+                (_, Some(detail)) => format!("{named}: no answer within {timeout_ms} ms: {detail}"),
+                (true, None) => {
+                    format!("{named}: no answer within {timeout_ms} ms after the call was sent")
                 }
-            ),
+                (false, None) => format!("{named}: no answer within {timeout_ms} ms (not sent)"),
+            },
         ),
         CallOutcome::SamplingRefused { detail, .. } => fail(
             FailureClass::Rejected,
@@ -850,7 +901,7 @@ mod tests {
 
     #[test]
     fn failures_carry_their_class_and_say_what_happened() {
-        let McpCallReport::Fail { class, error } = report(CallOutcome::ToolError(ToolResult {
+        let McpCallReport::Fail { class, error, .. } = report(CallOutcome::ToolError(ToolResult {
             content: vec![json!({"type": "text", "text": "no such city"})],
             ..ToolResult::default()
         })) else {
@@ -859,7 +910,7 @@ mod tests {
         assert_eq!(class, FailureClass::Rejected);
         assert!(error.contains("reported an error: no such city"), "{error}");
 
-        let McpCallReport::Fail { class, error } = report(CallOutcome::LostAfterSend {
+        let McpCallReport::Fail { class, error, .. } = report(CallOutcome::LostAfterSend {
             reason: "server exited".into(),
         }) else {
             panic!()
@@ -867,7 +918,7 @@ mod tests {
         assert_eq!(class, FailureClass::MayHaveActed);
         assert!(error.contains("may have acted"), "{error}");
 
-        let McpCallReport::Fail { class, error } =
+        let McpCallReport::Fail { class, error, .. } =
             report(CallOutcome::Refused(CallRefusal::DefinitionChanged {
                 tool: "t".into(),
                 expected: "sha256:aa".into(),
@@ -918,7 +969,8 @@ mod tests {
         assert!(matches!(
             report(CallOutcome::Timeout {
                 timeout_ms: 5,
-                sent: true
+                sent: true,
+                detail: None,
             }),
             McpCallReport::Fail {
                 class: FailureClass::MayHaveActed,

@@ -181,10 +181,18 @@ impl ModelClient {
             Err(e) => format!("<error body unreadable: {}>", error_chain(&e)).into(),
         };
         if status.is_success() {
-            return match self.provider {
-                ModelProvider::OpenAi => openai::parse_response(&bytes),
-                ModelProvider::Anthropic => anthropic::parse_response(&bytes),
+            let (mut result, limit) = match self.provider {
+                ModelProvider::OpenAi => (openai::parse_response(&bytes)?, spec.max_output_tokens),
+                ModelProvider::Anthropic => (
+                    anthropic::parse_response(&bytes)?,
+                    Some(
+                        spec.max_output_tokens
+                            .unwrap_or(anthropic::DEFAULT_MAX_TOKENS),
+                    ),
+                ),
             };
+            mark_cut_off(&mut result, limit);
+            return Ok(result);
         }
         let message = format!(
             "{}: {}",
@@ -257,14 +265,47 @@ impl ModelClient {
     }
 }
 
+/// The finish reason of an answer that holds tool calls and used the whole
+/// output-token limit sent with the request (`limit`): `length`, whatever
+/// the provider said. Its last tool call was cut off (some compatible
+/// servers say `tool_calls` all the same, and close the cut-off JSON), and
+/// the engine runs no tool call of a cut-off turn. Without a known limit
+/// (OpenAI with no `max_output_tokens`) the provider's word stands.
+pub fn mark_cut_off(result: &mut ModelCallResult, limit: Option<u32>) {
+    let Some(limit) = limit else {
+        return;
+    };
+    let used_all = result.usage.output_tokens >= u64::from(limit);
+    if !used_all || result.tool_calls.is_empty() || result.finish_reason.as_deref() == Some(CUT_OFF)
+    {
+        return;
+    }
+    tracing::warn!(
+        output_tokens = result.usage.output_tokens,
+        limit,
+        finish_reason = result.finish_reason.as_deref().unwrap_or("-"),
+        "the model used its whole output-token limit in a turn with tool calls: treated as cut off (`length`)"
+    );
+    result.finish_reason = Some(CUT_OFF.to_owned());
+}
+
+/// The engine's finish reason of a turn cut off by the token limit.
+const CUT_OFF: &str = "length";
+
 /// A 2xx body as JSON, or [`ModelError::InvalidResponse`] quoting it
-/// (truncated).
+/// (truncated). Text that is not Unicode (a lone surrogate escape, bytes
+/// that are not UTF-8) is replaced with U+FFFD first
+/// ([`crate::json_text::repair`]), as everywhere text enters.
 fn parse_json_body(body: &[u8]) -> Result<Value, ModelError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ModelError::InvalidResponse(format!(
-            "body is not JSON ({e}): {}",
-            truncate_text(&String::from_utf8_lossy(body))
-        ))
+    serde_json::from_slice(body).or_else(|e| {
+        let repaired =
+            crate::json_text::repair(body).and_then(|(text, _)| serde_json::from_slice(&text).ok());
+        repaired.ok_or_else(|| {
+            ModelError::InvalidResponse(format!(
+                "body is not JSON ({e}): {}",
+                truncate_text(&String::from_utf8_lossy(body))
+            ))
+        })
     })
 }
 

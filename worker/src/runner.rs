@@ -30,8 +30,15 @@
 //!   it. Neither kind of value is logged, and what a tool answers is
 //!   reported with them redacted.
 //! - On shutdown the claim loop stops, in-flight tasks get a grace period to
-//!   finish and report (heartbeats continue meanwhile), the rest are dropped
-//!   and their leases expire.
+//!   finish and report (heartbeats continue meanwhile); the rest are
+//!   stopped and each is reported as failed at once, so the engine judges
+//!   it now rather than when its lease runs out: `NOT_SENT` for a tool call
+//!   not yet dispatched, `MAY_HAVE_ACTED` for a dispatched one and for a
+//!   model call (its request may be with the provider). A task that was
+//!   already reporting its outcome is left to that report (or its lease).
+//! - Each heartbeat's RPC deadline is a third of the shortest lease held
+//!   (at most 10 s), so one stalled heartbeat cannot outlive a short lease:
+//!   it fails and the next one goes out while the lease still holds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,7 +58,7 @@ use tokio::time::Instant;
 use tonic::Code;
 
 use crate::config::WorkerConfig;
-use crate::engine_client::{EngineClient, log_dispatch_refused};
+use crate::engine_client::{EngineClient, McpReport, log_dispatch_refused};
 use crate::http_tool::HttpToolClient;
 use crate::mcp_tool::{McpCallReport, McpTools};
 use crate::model::ModelClient;
@@ -73,6 +80,12 @@ const HEARTBEAT_RETRY_MAX_MS: u64 = 2_000;
 const MIN_HEARTBEAT_PERIOD_MS: u64 = 50;
 /// Lease assumed when the engine sends `lease_ms: 0`, in ms.
 const FALLBACK_LEASE_MS: u64 = 30_000;
+/// Longest deadline of one `Heartbeat` RPC, in ms (with a lease of 30 s or
+/// more; shorter leases get a third of theirs).
+const MAX_HEARTBEAT_DEADLINE_MS: u64 = 10_000;
+/// How long the failure reports of tasks abandoned at shutdown are retried
+/// for, in total, ms: the worker is stopping.
+const ABANDONED_REPORT_RETRY_MS: u64 = 3_000;
 
 /// Runs a worker until `shutdown` resolves, then drains in-flight tasks for up
 /// to `config.shutdown_grace_ms` and returns.
@@ -260,20 +273,7 @@ pub async fn run_with_engine(
         in_flight = tasks.len(),
         "shutting down: stopped claiming, waiting for in-flight tasks"
     );
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let drained = tokio::time::timeout(grace, async {
-        while let Some(joined) = tasks.join_next().await {
-            log_join(joined);
-        }
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            abandoned = tasks.len(),
-            "shutdown grace period over; abandoning tasks (their leases will expire)"
-        );
-        tasks.shutdown().await;
-    }
+    drain(&ctx, &mut tasks, config.shutdown_grace_ms).await;
     let _ = stop_heartbeats.send(());
     if let Err(e) = heartbeats.await {
         tracing::error!(error = %e, "heartbeat loop ended abnormally");
@@ -283,6 +283,27 @@ pub async fn run_with_engine(
     }
     tracing::info!("worker stopped");
     refused.map_or(Ok(()), credential_refused)
+}
+
+/// Waits up to `grace_ms` for the tasks in flight to finish; then stops
+/// the rest and reports each ([`report_abandoned`]).
+async fn drain(ctx: &Ctx, tasks: &mut JoinSet<()>, grace_ms: u64) {
+    let grace = Duration::from_millis(grace_ms);
+    let drained = tokio::time::timeout(grace, async {
+        while let Some(joined) = tasks.join_next().await {
+            log_join(joined);
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            abandoned = tasks.len(),
+            "shutdown grace period over; stopping the tasks still running and reporting them"
+        );
+        let abandoned = ctx.held();
+        tasks.shutdown().await;
+        report_abandoned(ctx, abandoned, grace_ms).await;
+    }
 }
 
 /// Tells the health state and the metrics how a claim went.
@@ -338,6 +359,9 @@ struct Ctx {
 type LeaseKey = (String, u32);
 
 struct HeldLease {
+    /// The task's run and kind, for a report at shutdown.
+    run_id: String,
+    kind: String,
     /// Lease length the engine last gave, in ms.
     lease_ms: u64,
     /// When the last successful heartbeat (or the claim) was sent; the engine
@@ -347,6 +371,15 @@ struct HeldLease {
     abort: AbortHandle,
     /// Set once the engine allowed a tool call's side effect to start.
     dispatched: Arc<AtomicBool>,
+    /// Set once the task started reporting its outcome.
+    reporting: Arc<AtomicBool>,
+}
+
+/// A task still running when the shutdown grace period ended.
+struct Abandoned {
+    task: Task,
+    dispatched: Arc<AtomicBool>,
+    reporting: Arc<AtomicBool>,
 }
 
 impl Ctx {
@@ -354,6 +387,42 @@ impl Ctx {
         // A panic while holding the lock leaves the map consistent (every
         // operation on it is a single insert/remove/update).
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks `task` as reporting its outcome (a stop at shutdown then
+    /// leaves it to that report).
+    fn reporting(&self, task: &Task) {
+        if let Some(held) = self.leases().get(&(task.task_id.clone(), task.attempt)) {
+            held.reporting.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The tasks whose leases are held now.
+    fn held(&self) -> Vec<Abandoned> {
+        self.leases()
+            .iter()
+            .map(|((task_id, attempt), held)| Abandoned {
+                task: Task {
+                    task_id: task_id.clone(),
+                    attempt: *attempt,
+                    run_id: held.run_id.clone(),
+                    kind: held.kind.clone(),
+                    ..Task::default()
+                },
+                dispatched: Arc::clone(&held.dispatched),
+                reporting: Arc::clone(&held.reporting),
+            })
+            .collect()
+    }
+
+    /// The deadline of the next `Heartbeat` RPC: a third of the shortest
+    /// lease held, at most [`MAX_HEARTBEAT_DEADLINE_MS`], so a heartbeat
+    /// that stalls fails while the lease still holds and the next one has
+    /// time to renew it.
+    fn heartbeat_deadline(&self) -> Duration {
+        let shortest = self.leases().values().map(|l| l.lease_ms).min();
+        heartbeat_period(shortest.unwrap_or(FALLBACK_LEASE_MS))
+            .min(Duration::from_millis(MAX_HEARTBEAT_DEADLINE_MS))
     }
 
     /// When the next heartbeat is due: a third of each lease after its last
@@ -441,6 +510,7 @@ fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: Owned
     let task_ctx = Arc::clone(ctx);
     let dispatched = Arc::new(AtomicBool::new(false));
     let task_dispatched = Arc::clone(&dispatched);
+    let (run_id, kind) = (task.run_id.clone(), task.kind.clone());
     let abort = tasks.spawn(async move {
         let _permit = permit;
         let _guard = guard;
@@ -455,14 +525,66 @@ fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: Owned
     leases.insert(
         key,
         HeldLease {
+            run_id,
+            kind,
             lease_ms,
             renewed_at: Instant::now(),
             abort,
             dispatched,
+            reporting: Arc::new(AtomicBool::new(false)),
         },
     );
     drop(leases);
     ctx.lease_added.notify_one();
+}
+
+/// Reports each task stopped at the end of the shutdown grace period as
+/// failed (unless it was already reporting its outcome), so the engine
+/// judges it at once instead of when its lease expires: a tool call not
+/// dispatched was not sent; a dispatched one, or a model call, may have
+/// acted. The reports are retried only briefly: the worker is stopping.
+async fn report_abandoned(ctx: &Ctx, abandoned: Vec<Abandoned>, grace_ms: u64) {
+    let engine = ctx.engine.clone().with_retry_policy(crate::RetryPolicy {
+        min_delay_ms: 50,
+        max_delay_ms: 500,
+        total_delay_ms: ABANDONED_REPORT_RETRY_MS,
+    });
+    for stopped in abandoned {
+        if stopped.reporting.load(Ordering::SeqCst) {
+            continue;
+        }
+        let task = &stopped.task;
+        let dispatched = stopped.dispatched.load(Ordering::SeqCst);
+        let (class, what) = match (task.kind.as_str(), dispatched) {
+            (TASK_KIND_TOOL_CALL, false) => (
+                FailureClass::NotSent,
+                "before its tool call was dispatched: nothing was sent",
+            ),
+            (TASK_KIND_TOOL_CALL, true) => (
+                FailureClass::MayHaveActed,
+                "after its tool call was dispatched: the tool may have acted",
+            ),
+            _ => (
+                FailureClass::MayHaveActed,
+                "while its request may have been with the model provider",
+            ),
+        };
+        let error = format!(
+            "worker `{}` stopped this task when its shutdown grace period ({grace_ms} ms) ended, {what}",
+            engine.worker_id()
+        );
+        let (task_id, attempt) = (&task.task_id, task.attempt);
+        match engine
+            .report_failure(task_id, attempt, error, class, None)
+            .await
+        {
+            Ok(()) => tracing::info!(
+                %task_id, attempt, run_id = %task.run_id, class = class.as_str_name(),
+                "task stopped at shutdown reported"
+            ),
+            Err(status) => log_report_refused("FailTask", task, &status),
+        }
+    }
 }
 
 fn log_join(joined: Result<(), JoinError>) {
@@ -500,10 +622,11 @@ async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: oneshot::Receiver<()>) {
             continue;
         }
         let sent_at = Instant::now();
+        let deadline = ctx.heartbeat_deadline();
         let answer = tokio::select! {
             biased;
             _ = &mut stop => return,
-            answer = ctx.engine.heartbeat(sent.clone()) => answer,
+            answer = ctx.engine.heartbeat(sent.clone(), deadline) => answer,
         };
         match answer {
             Ok(statuses) => {
@@ -527,7 +650,8 @@ async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: oneshot::Receiver<()>) {
                     );
                     failing_since = Some(Instant::now());
                 }
-                not_before = Some(Instant::now() + retry_delay);
+                // Never wait longer than a deadline: the lease is short.
+                not_before = Some(Instant::now() + retry_delay.min(deadline));
                 retry_delay = (retry_delay * 2).min(Duration::from_millis(HEARTBEAT_RETRY_MAX_MS));
             }
         }
@@ -751,10 +875,12 @@ async fn perform_mcp_call(
         let sampler = crate::sampling::ModelSampler::new(ctx.model.clone());
         Arc::new(crate::mcp::SamplingSession::new(grant, Arc::new(sampler)))
     });
+    let mut definition_hash = None;
     let report = mcp
-        .call(task, spec, binding, sampling.clone(), |secrets| {
+        .call(task, spec, binding, sampling.clone(), |d| {
             dispatched.store(true, Ordering::SeqCst);
-            redact.secrets = secrets.values();
+            redact.secrets = d.secrets.values();
+            definition_hash = d.definition_hash.map(str::to_owned);
         })
         .await;
     // A completion the server started before the call ended (it timed
@@ -766,7 +892,14 @@ async fn perform_mcp_call(
         }
         None => None,
     };
-    report_mcp(ctx, task, spec, report, redact, used).await;
+    let reported = Reported {
+        sampling: used,
+        mcp: McpReport {
+            definition_hash,
+            kind: None,
+        },
+    };
+    report_mcp(ctx, task, spec, report, redact, reported).await;
 }
 
 /// Performs a `type: mcp` tool with `resource:`: reads the resource through
@@ -787,25 +920,33 @@ async fn perform_mcp_read(
         return report_failure(ctx, task, FailureClass::NotSent, error).await;
     };
     let report = mcp
-        .read(task, spec, binding, |secrets| {
+        .read(task, spec, binding, |d| {
             dispatched.store(true, Ordering::SeqCst);
-            redact.secrets = secrets.values();
+            redact.secrets = d.secrets.values();
         })
         .await;
-    report_mcp(ctx, task, spec, report, redact, None).await;
+    report_mcp(ctx, task, spec, report, redact, Reported::default()).await;
 }
 
-/// Reports what an MCP call or read came to, with the model completions
-/// its server asked for (`sampling`), if any.
+/// What a tool call's report carries beside its result or failure: the
+/// model completions its MCP server asked for, and what an MCP call adds
+/// (its definition hash, its kind of failure).
+#[derive(Debug, Default)]
+struct Reported {
+    sampling: Option<belay_proto::wire::SamplingUsage>,
+    mcp: McpReport,
+}
+
+/// Reports what an MCP call or read came to, with what `reported` adds.
 async fn report_mcp(
     ctx: &Ctx,
     task: &Task,
     spec: &ToolCallSpec,
     report: McpCallReport,
     redact: &mut Redactions,
-    sampling: Option<belay_proto::wire::SamplingUsage>,
+    mut reported: Reported,
 ) {
-    if let Some(used) = &sampling {
+    if let Some(used) = &reported.sampling {
         tracing::info!(
             task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
             requests = used.requests, input_tokens = used.input_tokens,
@@ -814,7 +955,7 @@ async fn report_mcp(
     }
     match report {
         McpCallReport::Complete(json) => match serde_json::from_str::<serde_json::Value>(&json) {
-            Ok(value) => report_result_sampled(ctx, task, spec, value, redact, sampling).await,
+            Ok(value) => report_result_sampled(ctx, task, spec, value, redact, reported).await,
             // Never happens (the text is a value's); fail rather than risk
             // reporting a value meant for the vault.
             Err(e) => {
@@ -825,25 +966,27 @@ async fn report_mcp(
                     FailureClass::MayHaveActed,
                     error,
                     None,
-                    sampling,
+                    reported,
                 )
                 .await;
             }
         },
-        McpCallReport::Fail { class, error } => {
+        McpCallReport::Fail { class, error, kind } => {
             let error = redact.apply(error);
             tracing::warn!(
                 task_id = %task.task_id, attempt = task.attempt, tool = %spec.tool,
-                class = class.as_str_name(), %error, "MCP tool call failed"
+                class = class.as_str_name(), ?kind, %error, "MCP tool call failed"
             );
-            report_failure_sampled(ctx, task, class, error, None, sampling).await;
+            reported.mcp.kind = kind;
+            report_failure_sampled(ctx, task, class, error, None, reported).await;
         }
         McpCallReport::NeedsInput(needed) => {
             let task_id = &task.task_id;
             let attempt = task.attempt;
+            ctx.reporting(task);
             match ctx
                 .engine
-                .report_needs_input(task_id, attempt, &needed, sampling)
+                .report_needs_input(task_id, attempt, &needed, reported.sampling)
                 .await
             {
                 Ok(()) => tracing::info!(
@@ -925,17 +1068,18 @@ async fn report_result(
     value: serde_json::Value,
     redact: &Redactions,
 ) {
-    report_result_sampled(ctx, task, spec, value, redact, None).await
+    report_result_sampled(ctx, task, spec, value, redact, Reported::default()).await
 }
 
-/// [`report_result`] with an MCP server's sampling usage.
+/// [`report_result`] with what `reported` adds (an MCP server's sampling
+/// usage, an MCP call's definition hash).
 async fn report_result_sampled(
     ctx: &Ctx,
     task: &Task,
     spec: &ToolCallSpec,
     mut value: serde_json::Value,
     redact: &Redactions,
-    sampling: Option<belay_proto::wire::SamplingUsage>,
+    reported: Reported,
 ) {
     let vaulted: Vec<(String, String)> = spec
         .result_secrets
@@ -955,11 +1099,11 @@ async fn report_result_sampled(
             "result fields taken out for the run's secret vault"
         );
     }
-    report_complete_vaulted(ctx, task, text, vaulted, sampling).await
+    report_complete_vaulted(ctx, task, text, vaulted, reported).await
 }
 
 async fn report_complete(ctx: &Ctx, task: &Task, result_json: String) {
-    report_complete_vaulted(ctx, task, result_json, Vec::new(), None).await
+    report_complete_vaulted(ctx, task, result_json, Vec::new(), Reported::default()).await
 }
 
 async fn report_complete_vaulted(
@@ -967,13 +1111,21 @@ async fn report_complete_vaulted(
     task: &Task,
     result_json: String,
     vaulted: Vec<(String, String)>,
-    sampling: Option<belay_proto::wire::SamplingUsage>,
+    reported: Reported,
 ) {
+    ctx.reporting(task);
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
         .engine
-        .report_complete_sampled(task_id, attempt, result_json, vaulted, sampling)
+        .report_complete_sampled(
+            task_id,
+            attempt,
+            result_json,
+            vaulted,
+            reported.sampling,
+            &reported.mcp,
+        )
         .await
     {
         Ok(()) => {
@@ -991,7 +1143,7 @@ async fn report_complete_vaulted(
             let error = format!("the engine refused the result: {}", status.message());
             // The completions an MCP server got are charged with the
             // failure, as they would have been with the result.
-            report_failure_sampled(ctx, task, FailureClass::MayHaveActed, error, None, sampling)
+            report_failure_sampled(ctx, task, FailureClass::MayHaveActed, error, None, reported)
                 .await;
         }
         Err(status) => {
@@ -1012,7 +1164,7 @@ async fn report_failure_with_status(
     error: String,
     status_code: Option<u16>,
 ) {
-    report_failure_sampled(ctx, task, class, error, status_code, None).await
+    report_failure_sampled(ctx, task, class, error, status_code, Reported::default()).await
 }
 
 async fn report_failure_sampled(
@@ -1021,15 +1173,24 @@ async fn report_failure_sampled(
     class: FailureClass,
     error: String,
     status_code: Option<u16>,
-    sampling: Option<belay_proto::wire::SamplingUsage>,
+    reported: Reported,
 ) {
     // Inside the call's span: it ends failed.
     crate::telemetry::record_failure(&tracing::Span::current());
+    ctx.reporting(task);
     let task_id = &task.task_id;
     let attempt = task.attempt;
     match ctx
         .engine
-        .report_failure_sampled(task_id, attempt, error, class, status_code, sampling)
+        .report_failure_sampled(
+            task_id,
+            attempt,
+            error,
+            class,
+            status_code,
+            reported.sampling,
+            &reported.mcp,
+        )
         .await
     {
         Ok(()) => {

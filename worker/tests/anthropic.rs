@@ -354,3 +354,29 @@ async fn provider_statuses_are_classified() {
         );
     }
 }
+
+/// Issue 22, item 8: an answer that used the whole output-token limit the
+/// adapter sent (here the default 4096, as the spec sets none) holds a
+/// cut-off last call, whatever `stop_reason` says: it is `length`, so the
+/// engine runs none of its calls.
+#[tokio::test]
+async fn an_answer_that_used_the_whole_limit_is_cut_off_whatever_its_stop_reason() {
+    let mut answer = two_calls_answer();
+    answer["usage"]["output_tokens"] = json!(4096);
+    let (addr, _) = common::recording_server("/v1/messages", answer).await;
+    let client = client(format!("http://{addr}/v1/"), None, 5_000);
+    let mut spec = spec();
+    spec.max_output_tokens = None;
+    let result = client.call(&spec).await.unwrap();
+    assert_eq!(result.finish_reason.as_deref(), Some("length"));
+    // Under the limit, the provider's word stands.
+    let (addr, _) = common::recording_server("/v1/messages", two_calls_answer()).await;
+    let client = common::model_client(
+        ModelProvider::Anthropic,
+        format!("http://{addr}/v1/"),
+        None,
+        5_000,
+    );
+    let result = client.call(&spec).await.unwrap();
+    assert_eq!(result.finish_reason.as_deref(), Some("tool_calls"));
+}

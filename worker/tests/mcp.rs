@@ -503,7 +503,8 @@ async fn cancelled_and_timed_out_calls_are_typed() {
         outcome,
         CallOutcome::Timeout {
             timeout_ms: 300,
-            sent: true
+            sent: true,
+            detail: None,
         }
     );
     assert_eq!(outcome.failure_class(), Some(FailureClass::MayHaveActed));
@@ -847,12 +848,15 @@ async fn bad_configurations_are_typed_errors() {
         other => panic!("{:?}", other.map(|c| c.status())),
     }
 
-    // A process that exits at once never completes the handshake.
+    // A process that exits at once never completes the handshake, and
+    // says how it exited.
     let exits = resolve("exits", McpServerConfig::stdio("true", vec![]), &[]);
-    assert!(matches!(
-        mcp::connect(exits).await.map(|c| c.status()),
-        Err(McpError::Connect { .. })
-    ));
+    let outcome = mcp::connect(exits).await.map(|c| c.status());
+    assert!(
+        matches!(&outcome, Err(McpError::Exited { status, stderr, .. })
+            if status == "exit status: 0" && stderr.is_empty()),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]
@@ -1177,7 +1181,7 @@ async fn call_through(
 async fn a_server_this_worker_lacks_is_not_sent_so_another_worker_may_serve_it() {
     let (engine, tools) = mcp_tools(vec![]).await;
     let (report, dispatched) = call_through(&tools, "elsewhere", "echo", json!({})).await;
-    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error, .. } = report else {
         panic!("{report:?}");
     };
     assert_eq!(class, FailureClass::NotSent);
@@ -1200,7 +1204,7 @@ async fn arguments_the_input_schema_refuses_are_rejected_before_dispatch() {
     // `timezone` is a required string.
     let (report, dispatched) =
         call_through(&tools, "time", "get_current_time", json!({"timezone": 5})).await;
-    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error, .. } = report else {
         panic!("{report:?}");
     };
     assert_eq!(class, FailureClass::Rejected);
@@ -1374,7 +1378,7 @@ async fn a_server_asking_for_sampling_without_a_grant_is_refused_with_an_mcp_err
     // Through the worker's tool path: reported as REJECTED, naming why.
     let (_engine, tools) = mcp_tools(vec![("sampler", sampling_server(true))]).await;
     let (report, dispatched) = call_through(&tools, "sampler", "ask", json!({"prompt": "x"})).await;
-    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error, .. } = report else {
         panic!("{report:?}");
     };
     assert!(dispatched);
@@ -1996,6 +2000,14 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
     );
     assert_eq!(failed.sampling_usage, None);
     assert_eq!(recorded.lock().unwrap().len(), 1);
+    // Each report names the definition the call was checked against (the
+    // pin the dispatch returned), and a failure its kind: the tool's own.
+    assert!(done.mcp_definition_hash.starts_with("sha256:"), "{done:?}");
+    assert_eq!(failed.mcp_definition_hash, done.mcp_definition_hash);
+    assert_eq!(
+        failed.failure_kind,
+        belay_proto::v1::ToolFailureKind::ToolError as i32
+    );
 
     // A result the engine refuses: the failure reported instead carries
     // what the completion used, so it is charged all the same.
@@ -3110,7 +3122,7 @@ async fn a_resource_tool_fills_its_uri_template_and_reports_the_contents() {
     // An argument the template needs but the call lacks: refused before
     // dispatch, naming it.
     let (report, dispatched) = read_through(&tools, "everything", template, json!({})).await;
-    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error, .. } = report else {
         panic!("{report:?}");
     };
     assert_eq!(class, FailureClass::Rejected);
@@ -3124,7 +3136,7 @@ async fn a_resource_tool_fills_its_uri_template_and_reports_the_contents() {
         json!({"id": "x y"}),
     )
     .await;
-    let belay_worker::mcp_tool::McpCallReport::Fail { class, error } = report else {
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error, .. } = report else {
         panic!("{report:?}");
     };
     assert_eq!(class, FailureClass::Rejected);
@@ -3196,4 +3208,352 @@ async fn the_worker_lists_a_servers_resources_for_an_operator() {
         String::from_utf8_lossy(&out.stderr)
     );
     let _ = std::fs::remove_file(&config);
+}
+
+/// A plain JSON-RPC stdio server (Python, no SDK) speaking 2025-11-25,
+/// written into the test's temp dir: `body` handles one `tools/call`
+/// (`name`, `args`, `mid` in scope; `send`, `raw` to answer), after the
+/// common `initialize` / `tools/list` handling. Every line it reads is
+/// appended to `<script>.seen` (its length and method), so a test can tell
+/// what the server received. `tools` are listed with a `text` argument.
+fn raw_server(
+    tag: &str,
+    tools: &[&str],
+    before_loop: &str,
+    body: &str,
+) -> (McpServerConfig, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("belay-mcp-{tag}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("server.py");
+    let seen = dir.join("seen");
+    let tools = tools
+        .iter()
+        .map(|t| format!("{t:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let indented: String = body.lines().map(|l| format!("        {l}\n")).collect();
+    let source = format!(
+        r#"import json, os, sys, time
+SEEN = {seen:?}
+FLAG = {flag:?}
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def raw(text):
+    sys.stdout.write(text + "\n"); sys.stdout.flush()
+schema = {{"type": "object", "properties": {{"text": {{"type": "string"}}}}}}
+tools = [{{"name": n, "description": n, "inputSchema": schema}} for n in ({tools},)]
+{before_loop}
+for line in sys.stdin:
+    m = json.loads(line)
+    method, mid = m.get("method"), m.get("id")
+    with open(SEEN, "a") as f:
+        f.write(f"{{len(line)}} {{method}}\n")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({{"jsonrpc": "2.0", "id": mid, "result": {{"protocolVersion": "2025-11-25",
+              "capabilities": {{"tools": {{}}}}, "serverInfo": {{"name": "raw", "version": "1"}}}}}})
+    elif method == "tools/list":
+        send({{"jsonrpc": "2.0", "id": mid, "result": {{"tools": tools}}}})
+        after_list()
+    elif method == "tools/call":
+        name, args = m["params"]["name"], m["params"].get("arguments", {{}})
+{indented}    else:
+        send({{"jsonrpc": "2.0", "id": mid, "error": {{"code": -32601, "message": "unknown"}}}})
+"#,
+        seen = seen.display().to_string(),
+        flag = dir.join("flag").display().to_string(),
+    );
+    std::fs::write(&script, source).unwrap();
+    let mut server = McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    );
+    server.set_restart_delays(50, 1_000);
+    (server, seen)
+}
+
+/// A request line longer than 1000 bytes the server read (`seen` file).
+fn read_a_long_line(seen: &std::path::Path) -> bool {
+    std::fs::read_to_string(seen)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').next().and_then(|n| n.parse::<usize>().ok()) > Some(1000))
+}
+
+/// Issue 22, item 1: a stdio server that stops reading its stdin (its
+/// first process, right after listing its tools). A 1 MB request cannot be
+/// written whole (the pipe fills): the call ends at its timeout as not
+/// sent (provably: the server read none of it), and the session is torn
+/// down and the server restarted before the next call, which the new
+/// process answers at once.
+#[tokio::test]
+async fn a_request_a_wedged_stdio_server_cannot_take_is_not_sent_and_the_server_is_restarted() {
+    let (server, seen) = raw_server(
+        "wedged",
+        &["echo"],
+        "def after_list():\n    if not os.path.exists(FLAG):\n        open(FLAG, \"w\").close()\n        time.sleep(3600)",
+        "send({\"jsonrpc\": \"2.0\", \"id\": mid, \"result\": {\"content\": [{\"type\": \"text\", \"text\": args.get(\"text\", \"\")[:10]}]}})",
+    );
+    let client = mcp::connect(resolve("wedged", server, &[])).await.unwrap();
+    client.list_tools().await.unwrap();
+    let mut big = CallRequest::new("echo", args(json!({"text": "x".repeat(1 << 20)})));
+    big.timeout_ms = 1_500;
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(big))
+        .await
+        .unwrap();
+    let CallOutcome::Timeout {
+        sent: false,
+        detail: Some(detail),
+        ..
+    } = &outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert!(detail.contains("not reading its stdin"), "{detail}");
+    assert_eq!(outcome.failure_class(), Some(FailureClass::NotSent));
+    // The next call goes to the restarted server, within its timeout.
+    let mut small = CallRequest::new("echo", args(json!({"text": "hello"})));
+    small.timeout_ms = 15_000;
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(small))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&outcome), "hello", "{outcome:?}");
+    assert!(client.status().generation >= 2, "{:?}", client.status());
+    assert!(!read_a_long_line(&seen), "the server read the big request");
+    client.shutdown().await;
+}
+
+/// Issue 22, item 1: a stdio server that exits before answering
+/// `initialize` says that it exited, with its exit status and its last
+/// stderr lines, and a call through the worker fails `NOT_SENT` saying so.
+#[tokio::test]
+async fn a_stdio_server_that_exits_before_the_handshake_says_how_it_exited() {
+    let dir = std::env::temp_dir().join(format!("belay-mcp-exits-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("server.py");
+    std::fs::write(
+        &script,
+        "import sys\nsys.stderr.write(\"starting\\n\")\nsys.stderr.write(\"fatal: MY_API_KEY is not set\\n\")\nsys.exit(3)\n",
+    )
+    .unwrap();
+    let mut server = McpServerConfig::stdio(
+        installed("BELAY_MCP_PYTHON"),
+        vec![script.display().to_string()],
+    );
+    server.set_restart_delays(50, 1_000);
+    let err = match mcp::connect(resolve("exits", server.clone(), &[])).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected to a server that exits"),
+    };
+    let McpError::Exited { status, stderr, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(status, "exit status: 3");
+    assert_eq!(
+        stderr,
+        &[
+            "starting".to_owned(),
+            "fatal: MY_API_KEY is not set".to_owned()
+        ]
+    );
+    assert!(
+        err.to_string()
+            .contains("exited (exit status: 3) before completing the MCP handshake"),
+        "{err}"
+    );
+    let (_engine, tools) = mcp_tools(vec![("exits", server)]).await;
+    let (report, dispatched) = call_through(&tools, "exits", "echo", json!({})).await;
+    let belay_worker::mcp_tool::McpCallReport::Fail { class, error, .. } = report else {
+        panic!("{report:?}");
+    };
+    assert_eq!(class, FailureClass::NotSent);
+    assert!(!dispatched);
+    assert!(
+        error.contains("exited (exit status: 3)") && error.contains("MY_API_KEY is not set"),
+        "{error}"
+    );
+    tools.shutdown().await;
+}
+
+/// Issue 22, items 4 and 7: what a server answers, kept apart. A lone
+/// surrogate escape is replaced with U+FFFD and the answer read; an answer
+/// that cannot be decoded fails its call at once, definitely (never
+/// waiting for its timeout, never retried as lost), and the connection
+/// stays usable; a JSON-RPC error is the protocol's answer (repeat safety
+/// decides, unless it refused the request before running it), `isError`
+/// the tool's own.
+#[tokio::test]
+async fn answers_are_repaired_undecodable_protocol_errors_or_tool_errors() {
+    let (server, _) = raw_server(
+        "odd",
+        &[
+            "surrogate",
+            "garbled",
+            "rpc_error",
+            "bad_params",
+            "tool_error",
+        ],
+        "def after_list():\n    pass",
+        r#"if name == "surrogate":
+    send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "x\ud83dy"}]}})
+elif name == "garbled":
+    raw('{"jsonrpc":"2.0","id":' + json.dumps(mid) + ',"result":{"content":[{"type":"text","text":"cut')
+elif name == "rpc_error":
+    send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32603, "message": "database unavailable"}})
+elif name == "bad_params":
+    send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "bad text"}})
+else:
+    send({"jsonrpc": "2.0", "id": mid, "result": {"isError": True, "content": [{"type": "text", "text": "no such city"}]}})"#,
+    );
+    let client = mcp::connect(resolve("odd", server.clone(), &[]))
+        .await
+        .unwrap();
+    let call = |tool: &str| {
+        let mut call = CallRequest::new(tool, Map::new());
+        // Far longer than the test may take: nothing may wait for it.
+        call.timeout_ms = 3_600_000;
+        call
+    };
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(call("surrogate")))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&outcome), "x\u{FFFD}y", "{outcome:?}");
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(call("garbled")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, CallOutcome::Undecodable { reason } if reason.contains("EOF")),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    assert_eq!(
+        mcp::failure_kind(&outcome),
+        Some(mcp::ToolFailureKind::ProtocolError)
+    );
+    let outcome = client.call_tool(call("rpc_error")).await;
+    assert!(
+        matches!(&outcome, CallOutcome::Rejected { code: -32603, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::MayHaveActed));
+    let outcome = client.call_tool(call("bad_params")).await;
+    assert_eq!(
+        outcome.failure_class(),
+        Some(FailureClass::Rejected),
+        "{outcome:?}"
+    );
+    let outcome = client.call_tool(call("tool_error")).await;
+    assert!(matches!(outcome, CallOutcome::ToolError(_)), "{outcome:?}");
+    assert_eq!(
+        mcp::failure_kind(&outcome),
+        Some(mcp::ToolFailureKind::ToolError)
+    );
+    // Still the first connection: nothing was lost.
+    assert_eq!(client.status().generation, 1);
+    client.shutdown().await;
+
+    // Through the worker, each report carries its kind.
+    let (_engine, tools) = mcp_tools(vec![("odd", server)]).await;
+    for (tool, class, kind) in [
+        (
+            "rpc_error",
+            FailureClass::MayHaveActed,
+            mcp::ToolFailureKind::ProtocolError,
+        ),
+        (
+            "garbled",
+            FailureClass::Rejected,
+            mcp::ToolFailureKind::ProtocolError,
+        ),
+        (
+            "tool_error",
+            FailureClass::Rejected,
+            mcp::ToolFailureKind::ToolError,
+        ),
+    ] {
+        let (report, dispatched) = call_through(&tools, "odd", tool, json!({})).await;
+        assert!(dispatched);
+        assert!(
+            matches!(&report, belay_worker::mcp_tool::McpCallReport::Fail { class: c, kind: Some(k), .. } if *c == class && *k == kind),
+            "{tool}: {report:?}"
+        );
+    }
+    tools.shutdown().await;
+}
+
+/// A pass-through proxy in front of `upstream` that answers a `tools/call`
+/// of `echo` with the message `garble` with a cut-off JSON body (status
+/// 200, `application/json`), as a server whose answer broke would.
+async fn garbling_proxy(upstream: String) -> String {
+    let client = reqwest::Client::new();
+    let router = axum::Router::new().route(
+        "/mcp",
+        axum::routing::any(
+            move |method: axum::http::Method,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| {
+                let (client, upstream) = (client.clone(), upstream.clone());
+                async move {
+                    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    if request["params"]["arguments"]["message"] == "garble" {
+                        let text = format!(
+                            r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"cut"#,
+                            request["id"]
+                        );
+                        return axum::http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/json")
+                            .body(axum::body::Body::from(text))
+                            .unwrap();
+                    }
+                    let mut forwarded = client.request(method, &upstream).body(body);
+                    for (name, value) in &headers {
+                        if name != "host" && name != "content-length" {
+                            forwarded = forwarded.header(name, value);
+                        }
+                    }
+                    let response = forwarded.send().await.unwrap();
+                    let mut builder = axum::http::Response::builder().status(response.status());
+                    for (name, value) in response.headers() {
+                        if name != "content-length" && name != "transfer-encoding" {
+                            builder = builder.header(name, value);
+                        }
+                    }
+                    let bytes = response.bytes().await.unwrap_or_default();
+                    builder.body(axum::body::Body::from(bytes)).unwrap()
+                }
+            },
+        ),
+    );
+    format!("http://{}/mcp", common::serve(router).await)
+}
+
+/// Issue 22, item 7, over Streamable HTTP: an answer that arrived but is
+/// not a JSON-RPC message fails its call at once as undecodable (a
+/// definite failure), not as an answer lost after sending.
+#[tokio::test]
+async fn an_undecodable_http_answer_fails_its_call_at_once_not_as_lost() {
+    let everything = everything_http().await;
+    let url = garbling_proxy(everything.url.clone()).await;
+    let client = mcp::connect(resolve("garbled", McpServerConfig::http(url), &[]))
+        .await
+        .unwrap();
+    let mut call = CallRequest::new("echo", args(json!({"message": "garble"})));
+    call.timeout_ms = 3_600_000;
+    let outcome = tokio::time::timeout(GUARD, client.call_tool(call))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, CallOutcome::Undecodable { reason } if reason.contains("could not parse")),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    // The session is still good.
+    let outcome = client
+        .call_tool(CallRequest::new("echo", args(json!({"message": "fine"}))))
+        .await;
+    assert!(text_of(&outcome).contains("fine"), "{outcome:?}");
+    client.shutdown().await;
+    everything.kill().await;
 }

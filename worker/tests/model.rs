@@ -324,3 +324,70 @@ async fn transport_failures_are_classified_for_both_providers() {
         }
     }
 }
+
+/// Issue 22, item 8: a tool call cut off by the token limit. Its answer
+/// used the whole `max_tokens` the adapter sent, and the provider (an
+/// OpenAI-compatible server that closed the JSON) says `tool_calls`: it
+/// is `length` all the same, so the engine runs none of its calls. And a
+/// stored call whose arguments do not parse goes back in the transcript as
+/// `{}`, never as the unparseable text (several providers answer every
+/// later request with 400).
+#[tokio::test]
+async fn a_call_cut_off_by_the_token_limit_is_length_and_never_sent_back_unparseable() {
+    let answer = json!({
+        "choices": [{
+            "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_9", "type": "function",
+                 "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}}
+            ]},
+            "finish_reason": "tool_calls",
+        }],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 256},
+    });
+    let (addr, _) = common::recording_server("/v1/chat/completions", answer.clone()).await;
+    let result = client(format!("http://{addr}/v1"), None, 5_000)
+        .call(&spec())
+        .await
+        .unwrap();
+    assert_eq!(result.finish_reason.as_deref(), Some("length"));
+    // One token short of the limit: as the provider says.
+    let mut under = answer;
+    under["usage"]["completion_tokens"] = json!(255);
+    let (addr, _) = common::recording_server("/v1/chat/completions", under).await;
+    let result = client(format!("http://{addr}/v1"), None, 5_000)
+        .call(&spec())
+        .await
+        .unwrap();
+    assert_eq!(result.finish_reason.as_deref(), Some("tool_calls"));
+
+    let mut cut = spec();
+    cut.messages[2] = ChatMessage::Assistant {
+        content: None,
+        tool_calls: vec![
+            ToolUse {
+                id: "call_1".into(),
+                name: "lookup".into(),
+                arguments: "{\"q\":\"x".into(),
+            },
+            ToolUse {
+                id: "call_2".into(),
+                name: "lookup".into(),
+                arguments: "{\"q\":\"y\"}".into(),
+            },
+        ],
+    };
+    let body = build_request(&cut);
+    let calls = &body["messages"][2]["tool_calls"];
+    assert_eq!(calls[0]["function"]["arguments"], "{}");
+    assert_eq!(calls[1]["function"]["arguments"], "{\"q\":\"y\"}");
+}
+
+/// A 2xx body with a lone surrogate escape is read, the surrogate replaced
+/// with U+FFFD (DESIGN's normalisation at the boundary), not refused as
+/// unreadable.
+#[test]
+fn a_lone_surrogate_in_an_answer_becomes_the_replacement_character() {
+    let body = br#"{"choices":[{"message":{"role":"assistant","content":"x\ud83dy"},"finish_reason":"stop"}]}"#;
+    let result = parse_response(body).unwrap();
+    assert_eq!(result.content.as_deref(), Some("x\u{FFFD}y"));
+}

@@ -619,6 +619,107 @@ async fn shutdown_waits_for_in_flight_tasks() {
     assert_eq!(done.result_json, "\"finished\"");
 }
 
+/// A tool server whose `/hang` never answers; `arrived` fires when a
+/// request reaches it.
+async fn hanging_tool_server() -> (String, Arc<tokio::sync::Notify>) {
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let seen = arrived.clone();
+    let router = Router::new().route(
+        "/hang",
+        post(move || {
+            seen.notify_one();
+            std::future::pending::<&'static str>()
+        }),
+    );
+    (format!("http://{}", common::serve(router).await), arrived)
+}
+
+/// Issue 22, item 9: the heartbeat RPC's deadline comes from the lease.
+/// With a 1.5 s lease and an engine that never answers the first
+/// heartbeat, the next one goes out before the lease has run out (with a
+/// fixed 10 s deadline it would wait 10 s, long after the lease expired
+/// and the call was handed to another worker).
+#[tokio::test]
+async fn a_stalled_heartbeat_gives_way_to_the_next_before_a_short_lease_runs_out() {
+    let log = Log::default();
+    let (tools, arrived) = hanging_tool_server().await;
+    let engine = FakeEngine::start(log.clone()).await;
+    let seen = {
+        let mut state = engine.state.lock().unwrap();
+        state.stall_heartbeats = 1;
+        state.heartbeat_seen.clone()
+    };
+    let mut task = tool_task("t1", 1, format!("{tools}/hang"), "POST");
+    task.lease_ms = 1_500;
+    engine.push(task);
+    // The tool never answers: stop without waiting for it.
+    let worker = Worker::start(&engine, |c| c.shutdown_grace_ms = 100);
+    guard(arrived.notified()).await;
+    guard(seen.notified()).await;
+    tokio::time::timeout(std::time::Duration::from_millis(5_000), seen.notified())
+        .await
+        .expect("a second heartbeat after the stalled one");
+    let at = engine.state.lock().unwrap().heartbeat_at.clone();
+    let gap = at[1] - at[0];
+    assert!(
+        gap < std::time::Duration::from_millis(1_500),
+        "the next heartbeat came {gap:?} after the stalled one, past the 1.5 s lease"
+    );
+    worker.stop().await;
+}
+
+/// Issue 22, item 9: a worker stopped while tasks still run past its
+/// grace period reports each at once, by where it was (a dispatched call
+/// may have acted, one whose dispatch never came back was not sent),
+/// rather than leaving the engine to wait out the lease.
+#[tokio::test]
+async fn tasks_stopped_at_the_end_of_the_grace_period_are_reported_by_where_they_were() {
+    let log = Log::default();
+    let (tools, arrived) = hanging_tool_server().await;
+    let mut engine = FakeEngine::start(log.clone()).await;
+    let stalled = {
+        let mut state = engine.state.lock().unwrap();
+        state.stall_dispatch.insert("t2".into());
+        state.dispatch_stalled.clone()
+    };
+    engine.push(tool_task("t1", 1, format!("{tools}/hang"), "POST"));
+    engine.push(tool_task("t2", 1, format!("{tools}/hang"), "POST"));
+    let worker = Worker::start(&engine, |c| c.shutdown_grace_ms = 300);
+    guard(arrived.notified()).await;
+    guard(stalled.notified()).await;
+    worker.stop().await;
+    let mut failed = std::collections::BTreeMap::new();
+    for report in engine.pending_reports() {
+        let Report::Fail(f) = report else {
+            panic!("{report:?}");
+        };
+        failed.insert(f.task_id.clone(), f);
+    }
+    let class = |id: &str| FailureClass::try_from(failed[id].class).unwrap();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert_eq!(class("t1"), FailureClass::MayHaveActed);
+    assert!(
+        failed["t1"]
+            .error
+            .contains("after its tool call was dispatched"),
+        "{}",
+        failed["t1"].error
+    );
+    assert_eq!(class("t2"), FailureClass::NotSent);
+    assert!(
+        failed["t2"].error.contains("nothing was sent"),
+        "{}",
+        failed["t2"].error
+    );
+    assert!(
+        failed["t2"]
+            .error
+            .contains("shutdown grace period (300 ms)"),
+        "{}",
+        failed["t2"].error
+    );
+}
+
 #[tokio::test]
 async fn worker_started_before_the_engine_claims_once_it_is_up() {
     let log = Log::default();

@@ -9,9 +9,26 @@ use crate::input::{Input, Resolution};
 use crate::state::{RunState, RunStatus};
 use crate::step::Verdict;
 use crate::{
-    RUN_DEADLINE_TIMER, gates, sampling, state,
+    RUN_DEADLINE_TIMER, gates, mcp_report, sampling, state,
     step::{Failure, Step},
 };
+
+/// A report wrapped with what came beside it: sampling usage
+/// (`sampling::decide_sampled`), what an MCP call adds
+/// (`mcp_report::decide_reported`).
+fn decide_wrapped(state: &RunState, input: Input) -> Result<Decision, MachineError> {
+    match input {
+        Input::ToolCallSampled { usage, report } => sampling::decide_sampled(state, usage, *report),
+        Input::McpReported {
+            definition_hash,
+            kind,
+            report,
+        } => mcp_report::decide_reported(state, definition_hash, kind, *report),
+        _ => Err(MachineError::InvalidPlan(
+            "only sampling usage and MCP reports wrap a report".into(),
+        )),
+    }
+}
 
 /// Decide what happens for `input` given the run's `state`.
 pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> {
@@ -146,11 +163,11 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
                     reason: format!("its parent's call was failed by {by}: {reason}"),
                 });
             }
-            m.emit(Event::ToolCallFailed {
+            m.emit(Event::tool_call_failed(
                 call_id,
-                attempt: call.dispatched_attempt.unwrap_or(0),
-                error: format!("failed by operator {by}: {reason}"),
-            });
+                call.dispatched_attempt.unwrap_or(0),
+                format!("failed by operator {by}: {reason}"),
+            ));
         }
         Input::ToolCallCompleted {
             call_id,
@@ -192,8 +209,8 @@ pub fn decide(state: &RunState, input: Input) -> Result<Decision, MachineError> 
         } => {
             m.on_answer(call_id, request, answer, by)?;
         }
-        Input::ToolCallSampled { usage, report } => {
-            return sampling::decide_sampled(state, usage, *report);
+        wrapped @ (Input::ToolCallSampled { .. } | Input::McpReported { .. }) => {
+            return decide_wrapped(state, wrapped);
         }
         Input::TaskFailed {
             call_id,

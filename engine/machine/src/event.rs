@@ -28,6 +28,21 @@ pub enum FailureClass {
     Rejected,
 }
 
+/// Which of three kinds of failure ended an attempt of a `type: mcp` call
+/// (mirror of proto `ToolFailureKind`): the tool's own answer, the
+/// protocol's, or the transport's. Added for issue 22.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFailureKind {
+    /// The tool ran and reported failure (`isError: true`).
+    ToolError,
+    /// The server answered with a JSON-RPC error, or with an answer that
+    /// is not a usable result (malformed, undecodable, too large).
+    ProtocolError,
+    /// No answer: not sent, lost after sending, timed out, cancelled.
+    Transport,
+}
+
 /// How an uncertain outcome was resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -420,6 +435,11 @@ pub enum Event {
         /// Added after v0.1.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_delay_ms: Option<u64>,
+        /// For a `type: mcp` call: which kind of failure it was (the tool's
+        /// `isError`, a JSON-RPC error, the transport), as the worker
+        /// reported it. Added for issue 22.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<ToolFailureKind>,
     },
     /// Right before the event that records an attempt's result, failure or
     /// question for a person (`tool_call_completed`,
@@ -463,6 +483,24 @@ pub enum Event {
         attempt: u32,
         /// Message for the model.
         error: String,
+        /// For a `type: mcp` call whose last attempt's failure ended it:
+        /// which kind of failure that was (see
+        /// [`Event::ToolCallAttemptFailed`]). Added for issue 22.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<ToolFailureKind>,
+    },
+    /// Right before the event that records an attempt's result or failure
+    /// (in the same transition): the `type: mcp` call of that attempt was
+    /// checked against, and sent with, this tool definition (the tenant's
+    /// pin the dispatch returned), as the worker reported. Added for issue
+    /// 22.
+    McpDefinitionChecked {
+        /// Call id.
+        call_id: String,
+        /// The attempt.
+        attempt: u32,
+        /// `sha256:<hex>` of the canonical definition.
+        definition_hash: String,
     },
     /// Right after a call's [`Event::ToolCallCompleted`] (or
     /// [`Event::ToolCallFailed`]): the tool's `on_result.set` (or
@@ -830,6 +868,7 @@ impl Event {
             Event::ToolCallSampled { .. } => "tool_call_sampled",
             Event::ToolCallCompleted { .. } => "tool_call_completed",
             Event::ToolCallFailed { .. } => "tool_call_failed",
+            Event::McpDefinitionChecked { .. } => "mcp_definition_checked",
             Event::ToolVarsSet { .. } => "tool_vars_set",
             Event::SecretsVaulted { .. } => "secrets_vaulted",
             Event::ToolCallProcessed { .. } => "tool_call_processed",
@@ -856,6 +895,19 @@ impl Event {
             Event::RunCancelled { .. } => "run_cancelled",
             Event::FinalAnswerRefused { .. } => "final_answer_refused",
             Event::PiiTokensIssued { .. } => "pii_tokens_issued",
+        }
+    }
+}
+
+impl Event {
+    /// A [`Event::ToolCallFailed`] of no particular kind (see
+    /// [`crate::mcp_report`] for the kind of an MCP call's failure).
+    pub(crate) fn tool_call_failed(call_id: String, attempt: u32, error: String) -> Event {
+        Event::ToolCallFailed {
+            call_id,
+            attempt,
+            error,
+            kind: None,
         }
     }
 }

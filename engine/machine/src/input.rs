@@ -119,6 +119,20 @@ pub enum Input {
         /// The attempt's result or failure.
         report: Box<Input>,
     },
+    /// A `type: mcp` call's result or failure (`report`, possibly inside
+    /// an [`Input::ToolCallSampled`]) with what the worker adds: the
+    /// definition hash the call was checked against (recorded as
+    /// `mcp_definition_checked` before it) and the kind of its failure (set
+    /// on the `tool_call_attempt_failed` and `tool_call_failed` it leads
+    /// to). Added for issue 22.
+    McpReported {
+        /// The pinned definition hash, if the worker reported one.
+        definition_hash: Option<String>,
+        /// The kind of failure, for a failure.
+        kind: Option<crate::event::ToolFailureKind>,
+        /// The attempt's result or failure.
+        report: Box<Input>,
+    },
     /// A worker reported a failure (model or tool call).
     TaskFailed {
         /// Call id.

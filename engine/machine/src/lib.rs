@@ -53,6 +53,10 @@
 //! decision; the fold, `RunState::charge_sampling`, adds the tokens and
 //! cost to the run's totals and to the node whose call it is, so
 //! `out_of_budget` counts them; `tests/sampling.rs`),
+//! `mcp_report.rs` (`Input::McpReported`: an MCP call's definition hash,
+//! recorded as `mcp_definition_checked` before the attempt's result or
+//! failure, and its kind of failure, set on `tool_call_attempt_failed` and
+//! `tool_call_failed`),
 //! `variants.rs` (which `request_variants:` item a call sends: chosen once,
 //! by evaluating each `when` over the arguments in the transition that
 //! schedules the call or approves an edit; the name goes into
@@ -218,6 +222,7 @@ mod decide;
 mod error;
 mod inject;
 mod input;
+mod mcp_report;
 mod process;
 mod sampling;
 mod step;
@@ -228,6 +233,7 @@ pub use decide::decide;
 pub use error::MachineError;
 pub use event::{
     Event, FailureClass, ProbeOutcome, ResolutionKind, ResolvedVia, Stop, TimerPurpose, TimerSpec,
+    ToolFailureKind,
 };
 pub use input::{Input, Resolution};
 pub use plan::{Pinned, RunPlan};

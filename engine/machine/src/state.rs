@@ -1206,7 +1206,7 @@ impl RunState {
                 }
                 self.set_waiting(format!("node `{node}` waits for {}", what.join(" or ")));
             }
-            Event::TimerFired { .. } => {}
+            Event::TimerFired { .. } | Event::McpDefinitionChecked { .. } => {}
             Event::ApprovalRequested { .. } => self.apply_request_event(event),
             Event::ChildRunStarted {
                 node,

@@ -368,7 +368,25 @@ fn schemas() -> Value {
             "next_page_token": {"type": ["string", "null"], "description": "`null` on the last page."},
         }
     }));
-    Value::Object(with_key_schemas(map))
+    Value::Object(with_key_schemas(with_error_kind(map)))
+}
+
+/// `map` with the `error_kind` of a `ToolCall` (issue 22).
+fn with_error_kind(mut map: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+    if let Some(Value::Object(properties)) = map
+        .get_mut("ToolCall")
+        .and_then(|t| t.get_mut("properties"))
+    {
+        properties.insert(
+            "error_kind".into(),
+            json!({
+                "type": "string",
+                "enum": ["tool_error", "protocol_error", "transport"],
+                "description": "A failed `type: mcp` call: which kind of failure ended it. `tool_error`: the tool ran and reported failure (`isError: true`); `protocol_error`: the server answered with a JSON-RPC error or an answer that is not a usable result; `transport`: no answer (not sent, lost, timed out). Absent for other calls."
+            }),
+        );
+    }
+    map
 }
 
 /// `map` with the schemas of the key routes.

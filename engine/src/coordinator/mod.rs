@@ -90,7 +90,7 @@ mod uncertain;
 pub use background::{MAX_CHILD_DEPTH, OUTBOX_LEASE_MS};
 pub use dispatch::Dispatched;
 pub use results::{
-    CALLBACK_PATH_PREFIX, CallbackOutcome, MAX_CALLBACK_BYTES, callback_token_sha256,
+    CALLBACK_PATH_PREFIX, CallbackOutcome, MAX_CALLBACK_BYTES, McpReport, callback_token_sha256,
 };
 pub use runs::{ApprovalDecision, MAX_SIGNAL_BYTES, StartRun};
 

@@ -147,8 +147,16 @@ impl Coordinator {
         result_json: &str,
         secrets: Vec<(String, SecretText)>,
     ) -> Result<(), CoordinatorError> {
-        self.complete_sampled(worker_id, task_id, attempt, result_json, secrets, None)
-            .await
+        self.complete_sampled(
+            worker_id,
+            task_id,
+            attempt,
+            result_json,
+            secrets,
+            None,
+            McpReport::default(),
+        )
+        .await
     }
 
     /// [`Coordinator::complete_with_secrets`] with the model completions
@@ -156,7 +164,9 @@ impl Coordinator {
     /// `CompleteTaskRequest.sampling_usage`): recorded as
     /// `tool_call_sampled` in the transition that records the result, and
     /// charged to the budgets (`machine/sampling.rs`). Usage reported with
-    /// a late result, or for a model call, is not charged (logged).
+    /// a late result, or for a model call, is not charged (logged). `mcp`:
+    /// what a `type: mcp` call adds ([`McpReport`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn complete_sampled(
         &self,
         worker_id: &str,
@@ -165,6 +175,7 @@ impl Coordinator {
         result_json: &str,
         secrets: Vec<(String, SecretText)>,
         sampling: Option<SamplingUsage>,
+        mcp: McpReport,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         let mut value = json_arg("result_json", result_json)?;
@@ -288,7 +299,7 @@ impl Coordinator {
                     }
                 };
                 let input = if is_tool {
-                    with_sampling(input, sampling)
+                    with_mcp(with_sampling(input, sampling), mcp.clone())
                 } else {
                     input
                 };
@@ -309,14 +320,24 @@ impl Coordinator {
         class: FailureClass,
         status_code: Option<u16>,
     ) -> Result<(), CoordinatorError> {
-        self.fail_sampled(worker_id, task_id, attempt, error, class, status_code, None)
-            .await
+        self.fail_sampled(
+            worker_id,
+            task_id,
+            attempt,
+            error,
+            class,
+            status_code,
+            None,
+            McpReport::default(),
+        )
+        .await
     }
 
     /// [`Coordinator::fail`] with the model completions the tool's MCP
     /// server asked for before the attempt failed (`sampling`,
     /// `FailTaskRequest.sampling_usage`), charged as with a result
-    /// ([`Coordinator::complete_sampled`]).
+    /// ([`Coordinator::complete_sampled`]), and what a `type: mcp` call
+    /// adds (`mcp`: its definition hash and kind of failure).
     #[allow(clippy::too_many_arguments)]
     pub async fn fail_sampled(
         &self,
@@ -327,6 +348,7 @@ impl Coordinator {
         class: FailureClass,
         status_code: Option<u16>,
         sampling: Option<SamplingUsage>,
+        mcp: McpReport,
     ) -> Result<(), CoordinatorError> {
         require("worker_id", worker_id)?;
         let task = parse_uuid("task_id", task_id)?;
@@ -348,7 +370,7 @@ impl Coordinator {
                 status_code,
             };
             let input = if row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL {
-                with_sampling(failed, sampling)
+                with_mcp(with_sampling(failed, sampling), mcp.clone())
             } else {
                 failed
             };
@@ -461,6 +483,32 @@ fn with_sampling(report: Input, usage: Option<SamplingUsage>) -> Input {
             report: Box::new(report),
         },
         None => report,
+    }
+}
+
+/// What a worker adds to the report of a `type: mcp` call's attempt
+/// (`CompleteTaskRequest.mcp_definition_hash`,
+/// `FailTaskRequest.failure_kind` and `mcp_definition_hash`): recorded as
+/// `mcp_definition_checked` and as the `kind` of the failure events
+/// (`machine/mcp_report.rs`). Added for issue 22.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct McpReport {
+    /// The definition hash the call was checked against.
+    pub definition_hash: Option<String>,
+    /// The kind of its failure.
+    pub kind: Option<machine::ToolFailureKind>,
+}
+
+/// `report` with what an MCP call's worker added ([`Input::McpReported`]),
+/// when it added anything.
+fn with_mcp(report: Input, mcp: McpReport) -> Input {
+    if mcp == McpReport::default() {
+        return report;
+    }
+    Input::McpReported {
+        definition_hash: mcp.definition_hash,
+        kind: mcp.kind,
+        report: Box::new(report),
     }
 }
 

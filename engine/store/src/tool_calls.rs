@@ -130,6 +130,11 @@ pub struct ToolCallRecord {
     /// What the model or workflow was told of a failed call (a refused
     /// call's refusal reason).
     pub error: Option<String>,
+    /// For a failed `type: mcp` call: which kind of failure ended it (the
+    /// tool's own `isError`, a JSON-RPC error, the transport), from its
+    /// `tool_call_failed`. Added for issue 22.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<belay_machine::ToolFailureKind>,
     /// When it was proposed (the proposal event, database clock).
     pub proposed_at: DateTime<Utc>,
     /// When it completed or failed (a refused call: when it was refused).
@@ -244,6 +249,7 @@ impl ToolCallEvents {
             result: None,
             cached: None,
             error: None,
+            error_kind: None,
             proposed_at: self.proposed_at,
             ended_at: None,
         };
@@ -320,7 +326,10 @@ impl ToolCallEvents {
                 record.cached = cached;
                 (ToolCallOutcome::Completed, Some(result), None)
             }
-            Event::ToolCallFailed { error, .. } => (ToolCallOutcome::Failed, None, Some(error)),
+            Event::ToolCallFailed { error, kind, .. } => {
+                record.error_kind = kind;
+                (ToolCallOutcome::Failed, None, Some(error))
+            }
             Event::UncertainOutcomeRecorded { .. } => (ToolCallOutcome::Uncertain, None, None),
             Event::UncertainOutcomeResolved {
                 resolution,

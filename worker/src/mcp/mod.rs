@@ -215,6 +215,17 @@ pub async fn connect(server: ResolvedServer) -> Result<Arc<dyn McpClient>, McpEr
     Ok(Arc::new(client))
 }
 
+/// What the client makes of `line`, one line a stdio server writes: a
+/// message (its text repaired with U+FFFD where it is not Unicode), a tool
+/// result finished as a call's outcome would be (against a tool whose
+/// output schema asks for `{"n": integer}`, cut to 1 KiB), an error
+/// answer's outcome, an answer that cannot be decoded, a request, or a
+/// line that is skipped; as text. Pure; for the fuzz target of MCP messages
+/// and for tests.
+pub fn check_server_line(line: &[u8]) -> String {
+    rmcp_client::check_line(line)
+}
+
 /// One [`McpClient`] per configured server.
 #[derive(Clone, Default)]
 pub struct McpServers {
@@ -298,6 +309,22 @@ pub enum McpError {
         /// What failed, naming the URL (boxed: it is large and rare).
         error: Box<crate::oauth_discovery::AuthorizationError>,
     },
+    /// A stdio server exited before completing the handshake: its exit
+    /// status and last stderr lines say why (a missing API key, a bad
+    /// argument, a crash).
+    #[error(
+        "MCP server `{server}` exited ({status}) before completing the MCP handshake; its last stderr lines: {}",
+        stderr_text(stderr)
+    )]
+    Exited {
+        /// Server name.
+        server: String,
+        /// The exit status, e.g. `exit status: 3` or `signal: 9 (SIGKILL)`.
+        status: String,
+        /// Its last stderr lines (at most 10, each cut to 512 bytes),
+        /// oldest first; untrusted text.
+        stderr: Vec<String>,
+    },
     /// No live connection within the connect timeout.
     #[error("MCP server `{server}` is not connected: {reason}")]
     Disconnected {
@@ -320,6 +347,18 @@ pub enum McpError {
         /// Server name.
         server: String,
     },
+}
+
+/// A server's stderr lines in an error message: quoted, joined by ` | `.
+fn stderr_text(lines: &[String]) -> String {
+    if lines.is_empty() {
+        return "(none)".to_owned();
+    }
+    lines
+        .iter()
+        .map(|l| format!("{l:?}"))
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// A tool's behaviour hints (MCP `annotations`). Untrusted: they matter only
@@ -879,6 +918,15 @@ pub enum CallOutcome {
         /// What is wrong.
         reason: String,
     },
+    /// The server's answer arrived but cannot be decoded (stdio: a line
+    /// that is not JSON even after text that is not Unicode was replaced
+    /// with U+FFFD, e.g. cut off, yet names the call's request id). A
+    /// definite, deterministic failure: the same answer would come again,
+    /// so it is never retried as if it had been lost.
+    Undecodable {
+        /// Why it cannot be decoded (the decoder's error).
+        reason: String,
+    },
     /// The server's answer was larger than a stdio message may be (64 MiB),
     /// so it could not be read: the tool acted, its result is lost.
     AnswerTooLarge {
@@ -897,8 +945,14 @@ pub enum CallOutcome {
     Timeout {
         /// The timeout, in ms.
         timeout_ms: u64,
-        /// Whether the request had been handed to the transport.
+        /// Whether the request may have reached the server (stdio: written
+        /// whole; HTTP: handed to the transport).
         sent: bool,
+        /// Why, when more is known: a stdio request that could not be
+        /// written whole (the server is not reading its stdin, and is
+        /// restarted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
     },
     /// The server asked for a completion (`sampling/createMessage`) that
     /// Belay did not give, and the call failed for it: the server's request
@@ -931,9 +985,10 @@ impl CallOutcome {
             Self::Ok(_) | Self::ToolError(_) => true,
             Self::NeedsInput(n) => n.may_have_acted,
             Self::Refused(_) | Self::Disconnected { .. } | Self::Rejected { .. } => false,
-            Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
-                true
-            }
+            Self::LostAfterSend { .. }
+            | Self::Malformed { .. }
+            | Self::Undecodable { .. }
+            | Self::AnswerTooLarge { .. } => true,
             Self::Cancelled { sent, .. } | Self::Timeout { sent, .. } => *sent,
             Self::SamplingRefused { may_have_acted, .. } => *may_have_acted,
         }
@@ -941,17 +996,27 @@ impl CallOutcome {
 
     /// The failure class to report in `FailTask`; `None` for `Ok` (report a
     /// result) and `NeedsInput` (the engine waits for the user).
-    /// `ToolError` and `Rejected` are definite answers (`REJECTED`);
-    /// `Refused` too, since repeating changes nothing.
+    /// `ToolError` (`isError`, the tool's own answer), `Undecodable` and
+    /// `Refused` are definite answers (`REJECTED`): repeating changes
+    /// nothing. A JSON-RPC error (`Rejected`) is the protocol's answer, not
+    /// the tool's: one that says the request was refused before anything
+    /// ran ([`refused_before_running`]) is `REJECTED`, any other (-32603
+    /// internal error, a server's own code) `MAY_HAVE_ACTED`, so the tool's
+    /// repeat safety decides (an `idempotent` tool is tried again, a
+    /// `reconcile` one becomes an uncertain outcome).
     pub fn failure_class(&self) -> Option<FailureClass> {
         match self {
             Self::Ok(_) | Self::NeedsInput(_) => None,
             Self::Disconnected { .. } | Self::Refused(CallRefusal::MissingConfigValue { .. }) => {
                 Some(FailureClass::NotSent)
             }
+            Self::Rejected { code, .. } if !refused_before_running(*code) => {
+                Some(FailureClass::MayHaveActed)
+            }
             Self::ToolError(_)
             | Self::Rejected { .. }
             | Self::Refused(_)
+            | Self::Undecodable { .. }
             | Self::SamplingRefused { .. } => Some(FailureClass::Rejected),
             Self::LostAfterSend { .. } | Self::Malformed { .. } | Self::AnswerTooLarge { .. } => {
                 Some(FailureClass::MayHaveActed)
@@ -963,6 +1028,49 @@ impl CallOutcome {
             }),
         }
     }
+}
+
+/// Whether a JSON-RPC error code says the server refused the request
+/// before handling it (JSON-RPC 2.0's parse error -32700, invalid request
+/// -32600, method not found -32601, invalid params -32602: MCP answers an
+/// unknown tool or invalid arguments so), so the tool did not run.
+pub fn refused_before_running(code: i32) -> bool {
+    matches!(code, -32700 | -32600 | -32601 | -32602)
+}
+
+/// Which of the three kinds of MCP failure an outcome is, for the events
+/// and the audit (`ToolCallFailed.kind`): the tool's own answer, the
+/// protocol's, or the transport's. `None` for a success, a question for a
+/// person, and a call Belay refused before sending (not an answer of the
+/// server's).
+pub fn failure_kind(outcome: &CallOutcome) -> Option<ToolFailureKind> {
+    match outcome {
+        CallOutcome::Ok(_) | CallOutcome::NeedsInput(_) | CallOutcome::Refused(_) => None,
+        CallOutcome::ToolError(_) | CallOutcome::SamplingRefused { .. } => {
+            Some(ToolFailureKind::ToolError)
+        }
+        CallOutcome::Rejected { .. }
+        | CallOutcome::Malformed { .. }
+        | CallOutcome::Undecodable { .. }
+        | CallOutcome::AnswerTooLarge { .. } => Some(ToolFailureKind::ProtocolError),
+        CallOutcome::Disconnected { .. }
+        | CallOutcome::LostAfterSend { .. }
+        | CallOutcome::Cancelled { .. }
+        | CallOutcome::Timeout { .. } => Some(ToolFailureKind::Transport),
+    }
+}
+
+/// The three kinds of MCP failure ([`failure_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFailureKind {
+    /// The tool ran and reported failure (`isError: true`).
+    ToolError,
+    /// The server answered with a JSON-RPC error, or with an answer that
+    /// is not a usable result (malformed, undecodable, too large).
+    ProtocolError,
+    /// No answer: not sent, lost after sending, timed out, cancelled.
+    Transport,
 }
 
 /// What the server asks the user for.
@@ -1373,8 +1481,46 @@ mod tests {
         let timeout = CallOutcome::Timeout {
             timeout_ms: 1,
             sent: false,
+            detail: None,
         };
         assert_eq!(timeout.failure_class(), Some(FailureClass::NotSent));
+        // A JSON-RPC error is the protocol's answer: repeat safety decides,
+        // unless it says the request was refused before anything ran.
+        let rpc = |code| CallOutcome::Rejected {
+            code,
+            message: "m".into(),
+            data: None,
+        };
+        assert_eq!(
+            rpc(-32603).failure_class(),
+            Some(FailureClass::MayHaveActed)
+        );
+        assert_eq!(
+            rpc(-32000).failure_class(),
+            Some(FailureClass::MayHaveActed)
+        );
+        for code in [-32700, -32600, -32601, -32602] {
+            assert_eq!(
+                rpc(code).failure_class(),
+                Some(FailureClass::Rejected),
+                "{code}"
+            );
+        }
+        let undecodable = CallOutcome::Undecodable { reason: "x".into() };
+        assert_eq!(undecodable.failure_class(), Some(FailureClass::Rejected));
+        // Three kinds: the tool's answer, the protocol's, the transport's.
+        assert_eq!(failure_kind(&err), Some(ToolFailureKind::ToolError));
+        assert_eq!(
+            failure_kind(&rpc(-32603)),
+            Some(ToolFailureKind::ProtocolError)
+        );
+        assert_eq!(
+            failure_kind(&undecodable),
+            Some(ToolFailureKind::ProtocolError)
+        );
+        assert_eq!(failure_kind(&lost), Some(ToolFailureKind::Transport));
+        assert_eq!(failure_kind(&timeout), Some(ToolFailureKind::Transport));
+        assert_eq!(failure_kind(&CallOutcome::Ok(ToolResult::default())), None);
         assert_eq!(CallOutcome::Ok(ToolResult::default()).failure_class(), None);
         let json = serde_json::to_value(&lost).unwrap();
         assert_eq!(json["outcome"], "lost_after_send");

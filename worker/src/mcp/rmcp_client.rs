@@ -27,11 +27,24 @@
 //!   tool may have acted; a repeat may succeed).
 //! - the supervisor task: waits for the connection to end, then reconnects
 //!   (restarting a stdio server) with exponential backoff (`backon`).
+//!
+//! Files: `rmcp_client/stdio.rs` (the stdio transport: lines written whole
+//! or provably not sent, answers decoded or failed at once, a server's exit
+//! told), `rmcp_client/http.rs` (the Streamable HTTP backend and OAuth),
+//! `rmcp_client/handler.rs` (the server's requests and notifications).
+
+mod handler;
+mod http;
+mod stdio;
+
+use handler::Handler;
+use http::{HeaderClient, HeaderMap, OAuth, OAuthState, http_not_sent};
+pub(crate) use stdio::MAX_STDIO_MESSAGE_BYTES;
+use stdio::StdioProcess;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::error::Error as StdError;
 use std::future::Future;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -61,7 +74,6 @@ use rmcp::service::{
     ClientCacheConfig, ClientLifecycleMode, ClientServiceExt as _, InboundStreamOrigin,
     NotificationContext, RequestContext, RoleClient, RunningService,
 };
-use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
@@ -69,8 +81,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::transport::{StreamableHttpClientTransport, Transport};
 use rmcp::{ClientHandler, ErrorData, ServiceError};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, BufReader, ReadBuf};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::config::{
@@ -105,19 +116,10 @@ const SAMPLING_NO_GRANT: &str = "sampling/createMessage refused: this tool call 
 /// Largest sampling request Belay sends to the model: the bytes of the
 /// system prompt and every message's text.
 const MAX_SAMPLING_PROMPT_BYTES: usize = 1024 * 1024;
-/// Longest stderr line logged at once, in bytes; longer lines are split.
-const MAX_STDERR_LINE: u64 = 8 * 1024;
-/// Longest message a stdio server may send, in bytes (one JSON-RPC line).
-/// rmcp discards a longer line; [`LineWatch`] sees it and the call it
-/// answers ends at once as [`CallOutcome::AnswerTooLarge`]. Results are
-/// truncated to the call's size limit after they are read, so this only
-/// bounds the memory one message may take.
-pub(crate) const MAX_STDIO_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
-/// How much of a line's start is kept to find its JSON-RPC `id`.
-const LINE_HEAD_BYTES: usize = 512;
-/// Private JSON-RPC error code of the error put in place of a discarded
-/// oversized answer (never sent by a server: the slot's flag decides).
-const ANSWER_TOO_LARGE_CODE: i32 = -32_099;
+/// Why a stdio call ended unsent when its request could not be written
+/// whole in time.
+const WEDGED: &str = "its request could not be written whole before the call ended (the server is not reading its stdin), \
+     so it was not sent; the server is restarted";
 /// Connect timeout of the HTTP backend, in ms.
 const HTTP_CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// How often a broken SSE stream (a call's answer, or the server's own
@@ -143,13 +145,29 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 enum SendState {
     /// Given to rmcp, not yet to the transport.
     Queued,
-    /// The transport has it (writing or POSTing).
+    /// The transport has it: stdio, being written (not whole yet); HTTP,
+    /// being POSTed (the server may be handling it).
     Handed,
-    /// The transport finished sending it.
+    /// The transport finished sending it (stdio: the pipe took its last
+    /// byte).
     Written,
     /// The transport failed to send it; `not_sent` when provably nothing
     /// reached the server.
     WriteFailed { not_sent: bool },
+    /// The call ended (its timeout, a cancellation, a lost connection)
+    /// before the request was sent (stdio: written whole), and it never
+    /// will be: provably not sent. See [`Calls::settle`].
+    Abandoned,
+}
+
+/// What [`Calls::settle`] found.
+struct Settled {
+    /// Whether the request may have reached the server.
+    sent: bool,
+    /// Stdio: the connection on which the request was left unwritten (a
+    /// write stuck on a full pipe: the server is not reading its stdin),
+    /// which must be torn down before anything else is sent on it.
+    wedged: Option<u64>,
 }
 
 struct CallSlot {
@@ -167,6 +185,8 @@ struct CallSlot {
     unattributed_elicitation: bool,
     /// The answer was longer than [`MAX_STDIO_MESSAGE_BYTES`] and discarded.
     too_large: bool,
+    /// The answer arrived but cannot be decoded (stdio): why.
+    undecodable: Option<String>,
     /// The server sent `sampling/createMessage` during this call and was
     /// refused (no grant, grant used up, invalid request); a model that
     /// failed a granted completion does not count: the tool's own outcome
@@ -205,21 +225,77 @@ impl Calls {
             .map_or(SendState::Queued, |s| s.state.clone())
     }
 
-    /// Marks the call of `marker` as handed to the transport of `generation`.
-    fn handed(&self, marker: u64, generation: u64, id: RequestId, progress: Option<Value>) {
-        if let Some(slot) = lock(&self.slots).get_mut(&marker) {
-            slot.state = SendState::Handed;
-            slot.generation = generation;
-            slot.request_id = Some(id);
-            slot.progress_token = progress;
+    /// Marks the call of `marker` as handed to the transport of
+    /// `generation`; `false` (hand nothing over) once it is abandoned.
+    fn handed(&self, marker: u64, generation: u64, id: RequestId, progress: Option<Value>) -> bool {
+        let mut slots = lock(&self.slots);
+        let Some(slot) = slots.get_mut(&marker) else {
+            return true;
+        };
+        if slot.state == SendState::Abandoned {
+            return false;
         }
+        slot.state = SendState::Handed;
+        slot.generation = generation;
+        slot.request_id = Some(id);
+        slot.progress_token = progress;
+        true
     }
 
-    fn sent(&self, marker: u64, outcome: SendState) -> Option<String> {
+    /// Records how the transport of `generation` ended sending the call of
+    /// `marker` (unless the call has moved on: abandoned, or handed to
+    /// another connection). Returns its label when it was written.
+    fn sent(&self, marker: u64, generation: u64, outcome: SendState) -> Option<String> {
         let mut slots = lock(&self.slots);
         let slot = slots.get_mut(&marker)?;
+        let current = slot.generation == generation
+            && matches!(slot.state, SendState::Handed | SendState::Written);
+        if !current {
+            return None;
+        }
         slot.state = outcome;
-        Some(slot.label.clone())
+        (slot.state == SendState::Written).then(|| slot.label.clone())
+    }
+
+    /// Decides, once and for all, whether the call of `marker` was sent,
+    /// for an outcome that ends it without an answer (timeout,
+    /// cancellation, a lost connection). A request not yet handed over, or
+    /// (stdio) not yet written whole, is marked abandoned under the slot
+    /// lock the stdio writer takes for every write, so it is never sent
+    /// afterwards: not sent, exactly. Over HTTP a request being POSTed may
+    /// be handled by the server: sent.
+    fn settle(&self, marker: u64, stdio: bool) -> Settled {
+        let mut slots = lock(&self.slots);
+        let Some(slot) = slots.get_mut(&marker) else {
+            return Settled {
+                sent: false,
+                wedged: None,
+            };
+        };
+        let (sent, wedged) = match slot.state {
+            SendState::Written => (true, None),
+            SendState::WriteFailed { not_sent } => (!not_sent, None),
+            SendState::Abandoned => (false, None),
+            SendState::Queued => {
+                slot.state = SendState::Abandoned;
+                (false, None)
+            }
+            SendState::Handed if stdio => {
+                slot.state = SendState::Abandoned;
+                (false, Some(slot.generation))
+            }
+            SendState::Handed => (true, None),
+        };
+        Settled { sent, wedged }
+    }
+
+    /// A call that was provably not sent goes out again on the next
+    /// connection: its slot is queued again.
+    fn requeue(&self, marker: u64) {
+        if let Some(slot) = lock(&self.slots).get_mut(&marker) {
+            slot.state = SendState::Queued;
+            slot.request_id = None;
+        }
     }
 
     fn by_request_id(&self, generation: u64, id: &RequestId) -> Option<u64> {
@@ -301,22 +377,51 @@ impl Drop for SlotGuard<'_> {
 /// Whether a transport's send error proves that nothing reached the server.
 type NotSentFn<E> = fn(&E) -> bool;
 
-struct Tracked<T: Transport<RoleClient>> {
+/// A transport that takes the marker of the `tools/call` it sends, so that
+/// it can record itself when the request was sent whole (stdio: under the
+/// slot lock, see `stdio.rs`).
+trait MarkedTransport: Transport<RoleClient> {
+    /// Sends `item`; `marker`: the call it carries, if it is one.
+    fn send_marked(
+        &mut self,
+        item: ClientJsonRpcMessage,
+        marker: Option<u64>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static;
+}
+
+impl MarkedTransport for StreamableHttpClientTransport<HeaderClient> {
+    fn send_marked(
+        &mut self,
+        item: ClientJsonRpcMessage,
+        _marker: Option<u64>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.send(item)
+    }
+}
+
+struct Tracked<T: MarkedTransport> {
     inner: T,
     calls: Arc<Calls>,
     events: broadcast::Sender<McpEvent>,
     generation: u64,
     not_sent: NotSentFn<T::Error>,
-    /// Stdio: the JSON-RPC ids (when found) of lines [`LineWatch`] saw grow
-    /// past [`MAX_STDIO_MESSAGE_BYTES`], which rmcp discards.
-    oversized: Option<mpsc::UnboundedReceiver<Option<RequestId>>>,
 }
 
-impl<T: Transport<RoleClient>> Tracked<T> {
+/// What [`Tracked::take_marker`] found in a message.
+enum Marked {
+    /// Not a call.
+    No,
+    /// The call of this marker, handed over now.
+    Call(u64),
+    /// A call that has ended unsent: it must not be sent.
+    Abandoned(u64),
+}
+
+impl<T: MarkedTransport> Tracked<T> {
     /// Strips the marker of a `tools/call` request and records it as handed.
-    fn take_marker(&self, item: &mut ClientJsonRpcMessage) -> Option<u64> {
+    fn take_marker(&self, item: &mut ClientJsonRpcMessage) -> Marked {
         let JsonRpcMessage::Request(request) = item else {
-            return None;
+            return Marked::No;
         };
         // rmcp keeps the progress token in the request's extensions and
         // merges it into `_meta` when it serializes.
@@ -326,29 +431,52 @@ impl<T: Transport<RoleClient>> Tracked<T> {
             .get_progress_token()
             .and_then(|token| serde_json::to_value(token).ok());
         let ClientRequest::CallToolRequest(call) = &mut request.request else {
-            return None;
+            return Marked::No;
         };
-        let meta = call.params.meta.as_mut()?;
-        let marker = meta.0.0.remove(MARKER_KEY)?.as_u64()?;
-        self.calls
-            .handed(marker, self.generation, request.id.clone(), progress);
-        Some(marker)
+        let Some(meta) = call.params.meta.as_mut() else {
+            return Marked::No;
+        };
+        let Some(marker) = meta.0.0.remove(MARKER_KEY).and_then(|m| m.as_u64()) else {
+            return Marked::No;
+        };
+        if self
+            .calls
+            .handed(marker, self.generation, request.id.clone(), progress)
+        {
+            Marked::Call(marker)
+        } else {
+            Marked::Abandoned(marker)
+        }
     }
 }
 
-impl<T: Transport<RoleClient>> Transport<RoleClient> for Tracked<T> {
+impl<T: MarkedTransport> Transport<RoleClient> for Tracked<T> {
     type Error = T::Error;
 
     fn send(
         &mut self,
         mut item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let marker = self.take_marker(&mut item);
-        let sending = self.inner.send(item);
+        let (marker, sending) = match self.take_marker(&mut item) {
+            Marked::No => (None, Some(self.inner.send_marked(item, None))),
+            Marked::Call(marker) => (
+                Some(marker),
+                Some(self.inner.send_marked(item, Some(marker))),
+            ),
+            Marked::Abandoned(marker) => {
+                // Its call has ended as not sent; nobody waits for it.
+                tracing::debug!(marker, "request of an abandoned call not sent");
+                (None, None)
+            }
+        };
         let calls = self.calls.clone();
         let events = self.events.clone();
         let not_sent = self.not_sent;
+        let generation = self.generation;
         async move {
+            let Some(sending) = sending else {
+                return Ok(());
+            };
             let result = sending.await;
             if let Some(marker) = marker {
                 let state = match &result {
@@ -357,10 +485,7 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Tracked<T> {
                         not_sent: not_sent(e),
                     },
                 };
-                let written = state == SendState::Written;
-                if let Some(label) = calls.sent(marker, state)
-                    && written
-                {
+                if let Some(label) = calls.sent(marker, generation, state) {
                     let _ = events.send(McpEvent::RequestWritten { call: label });
                 }
             }
@@ -368,1081 +493,12 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Tracked<T> {
         }
     }
 
-    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
-        loop {
-            let Some(oversized) = self.oversized.as_mut() else {
-                return self.inner.receive().await;
-            };
-            // rmcp's line reader is cancellation safe (its own service
-            // loop polls it inside a `select!`), so a discarded answer
-            // can be reported while it is still skipping the rest of it.
-            let id = tokio::select! {
-                biased;
-                Some(id) = oversized.recv() => id,
-                message = self.inner.receive() => return message,
-            };
-            if let Some(message) = self.too_large(id) {
-                return Some(message);
-            }
-        }
+    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
+        self.inner.receive()
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
-    }
-}
-
-impl<T: Transport<RoleClient>> Tracked<T> {
-    /// An error answer to the call whose answer was discarded as too large
-    /// (found by the line's `id`, else the only call in flight), so that it
-    /// ends now rather than at its timeout; `None` when no call is known.
-    fn too_large(&self, id: Option<RequestId>) -> Option<ServerJsonRpcMessage> {
-        let marker = match &id {
-            Some(id) => self.calls.by_request_id(self.generation, id),
-            None => self.calls.single_in_flight(self.generation),
-        };
-        let Some(marker) = marker else {
-            tracing::error!(
-                ?id,
-                max_bytes = MAX_STDIO_MESSAGE_BYTES,
-                "an MCP server sent a message too large to read, answering no known call; discarded"
-            );
-            return None;
-        };
-        let mut slots = lock(&self.calls.slots);
-        let slot = slots.get_mut(&marker)?;
-        let id = slot.request_id.clone()?;
-        slot.too_large = true;
-        Some(ServerJsonRpcMessage::error(
-            ErrorData::new(
-                rmcp::model::ErrorCode(ANSWER_TOO_LARGE_CODE),
-                format!("the answer is larger than {MAX_STDIO_MESSAGE_BYTES} bytes"),
-                None,
-            ),
-            Some(id),
-        ))
-    }
-}
-
-/// A stdio server's stdout, watched for lines longer than
-/// [`MAX_STDIO_MESSAGE_BYTES`] (the limit given to rmcp's line reader, which
-/// drops such a line without telling anyone). For each, the `id` found at
-/// the line's start (if any) is sent on `oversized`.
-struct LineWatch<R> {
-    inner: R,
-    /// Bytes of the current line so far (without its newline).
-    len: usize,
-    head: Vec<u8>,
-    reported: bool,
-    oversized: mpsc::UnboundedSender<Option<RequestId>>,
-}
-
-impl<R> LineWatch<R> {
-    fn new(inner: R, oversized: mpsc::UnboundedSender<Option<RequestId>>) -> Self {
-        Self {
-            inner,
-            len: 0,
-            head: Vec::new(),
-            reported: false,
-            oversized,
-        }
-    }
-
-    fn saw(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            let newline = bytes.iter().position(|b| *b == b'\n');
-            let part = &bytes[..newline.unwrap_or(bytes.len())];
-            let room = LINE_HEAD_BYTES.saturating_sub(self.head.len());
-            self.head.extend_from_slice(&part[..part.len().min(room)]);
-            self.len = self.len.saturating_add(part.len());
-            // rmcp drops a line when it and its newline exceed the limit.
-            if !self.reported && self.len >= MAX_STDIO_MESSAGE_BYTES {
-                self.reported = true;
-                let _ = self.oversized.send(id_in_head(&self.head));
-            }
-            match newline {
-                Some(at) => {
-                    self.len = 0;
-                    self.head.clear();
-                    self.reported = false;
-                    bytes = &bytes[at + 1..];
-                }
-                None => bytes = &[],
-            }
-        }
-    }
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for LineWatch<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Ok(())) = &polled {
-            let this = &mut *self;
-            this.saw(&buf.filled()[before..]);
-        }
-        polled
-    }
-}
-
-/// The top-level `"id"` of a JSON-RPC message from the start of its line,
-/// when it is there (a number, or a string without escapes).
-fn id_in_head(head: &[u8]) -> Option<RequestId> {
-    let skip_ws = |mut i: usize| {
-        while head.get(i).is_some_and(u8::is_ascii_whitespace) {
-            i += 1;
-        }
-        i
-    };
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < head.len() {
-        match head[i] {
-            b'"' => {
-                let start = i + 1;
-                i = start;
-                while *head.get(i)? != b'"' {
-                    i += if head[i] == b'\\' { 2 } else { 1 };
-                }
-                let key = &head[start..i];
-                i += 1;
-                if depth == 1 && key == b"id" {
-                    let colon = skip_ws(i);
-                    if head.get(colon) != Some(&b':') {
-                        continue;
-                    }
-                    let value = skip_ws(colon + 1);
-                    if head.get(value) == Some(&b'"') {
-                        let end = value + 1 + head[value + 1..].iter().position(|b| *b == b'"')?;
-                        let text = std::str::from_utf8(&head[value + 1..end]).ok()?;
-                        if text.contains('\\') {
-                            return None;
-                        }
-                        return Some(RequestId::String(text.into()));
-                    }
-                    let end = value
-                        + head[value..]
-                            .iter()
-                            .position(|b| !(b.is_ascii_digit() || *b == b'-'))?;
-                    let number = std::str::from_utf8(&head[value..end]).ok()?.parse().ok()?;
-                    return Some(RequestId::Number(number));
-                }
-                continue;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        i += 1;
-    }
-    None
-}
-
-/// A stdio server process and rmcp's line transport over its pipes (with
-/// [`MAX_STDIO_MESSAGE_BYTES`] and [`LineWatch`]). The process is killed
-/// when this is dropped (`kill_on_drop`); `close` first closes its stdin
-/// and lets it exit for a moment.
-struct StdioProcess {
-    child: tokio::process::Child,
-    transport: AsyncRwTransport<
-        RoleClient,
-        LineWatch<tokio::process::ChildStdout>,
-        tokio::process::ChildStdin,
-    >,
-}
-
-/// How long a closed stdio server may take to exit before it is killed.
-const STDIO_EXIT_WAIT: Duration = Duration::from_secs(3);
-
-impl StdioProcess {
-    fn spawn(
-        mut cmd: tokio::process::Command,
-    ) -> std::io::Result<(
-        Self,
-        tokio::process::ChildStderr,
-        mpsc::UnboundedReceiver<Option<RequestId>>,
-    )> {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn()?;
-        let missing = || std::io::Error::other("a pipe of the child process is missing");
-        let stdin = child.stdin.take().ok_or_else(missing)?;
-        let stdout = child.stdout.take().ok_or_else(missing)?;
-        let stderr = child.stderr.take().ok_or_else(missing)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let transport = AsyncRwTransport::new(LineWatch::new(stdout, tx), stdin)
-            .with_max_line_length(MAX_STDIO_MESSAGE_BYTES);
-        Ok((Self { child, transport }, stderr, rx))
-    }
-}
-
-impl Transport<RoleClient> for StdioProcess {
-    type Error = std::io::Error;
-
-    fn send(
-        &mut self,
-        item: ClientJsonRpcMessage,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.transport.send(item)
-    }
-
-    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
-        self.transport.receive()
-    }
-
-    async fn close(&mut self) -> Result<(), Self::Error> {
-        self.transport.close().await?;
-        if tokio::time::timeout(STDIO_EXIT_WAIT, self.child.wait())
-            .await
-            .is_err()
-        {
-            self.child.kill().await?;
-        }
-        Ok(())
-    }
-}
-
-/// A failed write to a server's stdin means its read end is closed: the
-/// server cannot have read the request (a partial line is not a request).
-fn stdio_not_sent(_: &std::io::Error) -> bool {
-    true
-}
-
-/// HTTP: provably not processed when the connection was never made, the
-/// request never built, or the server refused it before handling it.
-fn http_not_sent(error: &StreamableHttpError<reqwest::Error>) -> bool {
-    match error {
-        StreamableHttpError::Client(e) => e.is_connect() || e.is_builder(),
-        StreamableHttpError::HttpStatus(status) => status.status == 429,
-        // 401/403: refused before it was handled (or, with `oauth`, no
-        // token could be had and nothing was sent).
-        StreamableHttpError::SessionExpired
-        | StreamableHttpError::ReservedHeaderConflict(_)
-        | StreamableHttpError::AuthRequired(_)
-        | StreamableHttpError::InsufficientScope(_) => true,
-        _ => false,
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Streamable HTTP backend with per-call headers.
-
-#[derive(Clone)]
-struct HeaderClient {
-    inner: reqwest::Client,
-    calls: Arc<Calls>,
-    generation: u64,
-    /// Cancelled when the server no longer knows this connection's session:
-    /// the supervisor then re-makes the connection (see [`HeaderClient::answered`]).
-    lost: CancellationToken,
-    /// Bearer tokens for a server configured with `oauth`.
-    oauth: Option<Arc<OAuth>>,
-}
-
-/// Bearer tokens of one server configured with `oauth` (client-credentials
-/// grant, RFC 6749 §4.4, with the server's canonical URI as RFC 8707
-/// `resource`): from its configured token endpoint, or from the one
-/// discovered from its 401 answer ([`crate::oauth_discovery`]). Tokens and
-/// the discovered endpoint outlive a connection (they are in [`Shared`]).
-struct OAuth {
-    config: ResolvedOAuth,
-    /// The MCP endpoint: the protected resource.
-    resource: reqwest::Url,
-    tokens: Arc<crate::oauth2::TokenCache>,
-    /// For a configured token endpoint (the operator's choice, as the
-    /// server's URL is: not subject to the address policy).
-    http: reqwest::Client,
-    /// Through the worker's address policy: every discovery fetch and a
-    /// discovered token endpoint (both chosen by the server).
-    discovery: crate::oauth_discovery::Discovery,
-    state: Arc<OAuthState>,
-}
-
-/// What one server's [`OAuth`] keeps across connections.
-#[derive(Default)]
-struct OAuthState {
-    /// The discovered token endpoint and the challenge it came from; one
-    /// discovery at a time.
-    found: tokio::sync::Mutex<Found>,
-    /// Why the latest token could not be had: a handshake that failed for
-    /// it reports this rather than rmcp's bare "auth required".
-    failure: Mutex<Option<AuthorizationError>>,
-}
-
-#[derive(Default)]
-struct Found {
-    endpoint: Option<Arc<Discovered>>,
-    challenge: Option<Challenge>,
-}
-
-/// Where tokens come from.
-#[derive(Clone)]
-enum Grant {
-    /// `oauth.token_url`.
-    Configured(reqwest::Url),
-    /// Found by discovery.
-    Discovered(Arc<Discovered>),
-}
-
-impl Grant {
-    /// The token endpoint.
-    fn token_url(&self) -> &reqwest::Url {
-        match self {
-            Self::Configured(url) => url,
-            Self::Discovered(found) => &found.token_url,
-        }
-    }
-}
-
-/// How long a token request may take, in ms.
-const OAUTH_TOKEN_TIMEOUT_MS: u64 = 10_000;
-
-/// When the server refused a request's credentials (401): its `Bearer`
-/// challenge, if it sent one. `None`: not a 401.
-fn refusal<T>(
-    result: &Result<T, StreamableHttpError<reqwest::Error>>,
-) -> Option<Option<Challenge>> {
-    match result {
-        // rmcp reports a 401 with a `WWW-Authenticate` header as
-        // `AuthRequired`, and one without in an unexpected-response error.
-        Err(StreamableHttpError::AuthRequired(e)) => {
-            Some(Challenge::parse(&e.www_authenticate_header))
-        }
-        Err(StreamableHttpError::UnexpectedServerResponse(message))
-            if message.starts_with("HTTP 401") =>
-        {
-            Some(None)
-        }
-        _ => None,
-    }
-}
-
-/// A token that could not be had, or a fresh one the server refused, as a
-/// transport error (a 401: the server handled nothing).
-fn no_token(error: &AuthorizationError) -> StreamableHttpError<reqwest::Error> {
-    let message = match error {
-        AuthorizationError::TokenRefused { .. } => error.to_string(),
-        _ => format!("no OAuth access token: {error}"),
-    };
-    StreamableHttpError::AuthRequired(
-        rmcp::transport::streamable_http_client::AuthRequiredError::new(message),
-    )
-}
-
-impl OAuth {
-    /// The credentials of a token request from `grant`.
-    fn creds(&self, grant: &Grant) -> crate::oauth2::ClientCredentials {
-        let (token_url, scopes, resource, auth) = match grant {
-            Grant::Configured(url) => (
-                url.clone(),
-                self.config.scopes.clone(),
-                crate::oauth_discovery::canonical_resource(&self.resource),
-                crate::oauth2::ClientAuth::Basic,
-            ),
-            Grant::Discovered(found) => (
-                found.token_url.clone(),
-                found.scopes.clone(),
-                found.resource.clone(),
-                found.auth,
-            ),
-        };
-        crate::oauth2::ClientCredentials {
-            token_url,
-            client_id: self.config.client_id.clone(),
-            client_secret: self.config.client_secret.clone(),
-            scopes,
-            resource: Some(resource),
-            auth,
-        }
-    }
-
-    /// The grant known now: the configured endpoint, or one discovered
-    /// earlier. `None`: to be discovered.
-    async fn known(&self) -> Option<Grant> {
-        match &self.config.token_url {
-            Some(url) => Some(Grant::Configured(url.clone())),
-            None => self
-                .state
-                .found
-                .lock()
-                .await
-                .endpoint
-                .clone()
-                .map(Grant::Discovered),
-        }
-    }
-
-    /// Discovers the token endpoint, with `challenge` (else the last one
-    /// seen), unless another request already did (or already replaced
-    /// `stale`): then that one.
-    async fn discover(
-        &self,
-        challenge: Option<Challenge>,
-        stale: Option<&Arc<Discovered>>,
-    ) -> Result<Grant, AuthorizationError> {
-        let mut found = self.state.found.lock().await;
-        if let Some(current) = &found.endpoint
-            && stale.is_none_or(|stale| !Arc::ptr_eq(stale, current))
-        {
-            return Ok(Grant::Discovered(current.clone()));
-        }
-        if challenge.is_some() {
-            found.challenge = challenge;
-        }
-        let discovered = self
-            .discovery
-            .discover(
-                &self.resource,
-                found.challenge.as_ref(),
-                &self.config.scopes,
-            )
-            .await?;
-        tracing::info!(
-            resource = discovered.resource,
-            resource_metadata = %discovered.resource_metadata_url,
-            issuer = discovered.issuer,
-            token_endpoint = %discovered.token_url,
-            scopes = discovered.scopes,
-            "MCP server's OAuth token endpoint discovered"
-        );
-        let discovered = Arc::new(discovered);
-        found.endpoint = Some(discovered.clone());
-        Ok(Grant::Discovered(discovered))
-    }
-
-    /// A token from `grant` (a new one if the cached one is `rejected`).
-    async fn token(
-        &self,
-        grant: &Grant,
-        rejected: Option<&str>,
-    ) -> Result<String, AuthorizationError> {
-        let creds = self.creds(grant);
-        let http = match grant {
-            Grant::Configured(_) => &self.http,
-            Grant::Discovered(_) => {
-                self.discovery.check(&creds.token_url).map_err(|refused| {
-                    crate::oauth2::TokenError {
-                        token_url: creds.token_url.to_string(),
-                        message: refused.to_string(),
-                        refused: Some(refused),
-                        too_large: None,
-                    }
-                })?;
-                self.discovery.http()
-            }
-        };
-        let timeout = Duration::from_millis(OAUTH_TOKEN_TIMEOUT_MS);
-        let token = match rejected {
-            None => self.tokens.token(http, &creds, timeout).await,
-            Some(rejected) => {
-                self.tokens
-                    .refresh_after_rejection(http, &creds, rejected, timeout)
-                    .await
-            }
-        };
-        Ok(token?)
-    }
-
-    /// [`OAuth::token`]; when a discovered endpoint fails, it is discovered
-    /// again once (`rediscovered` says whether that chance is used up).
-    async fn token_or_rediscover(
-        &self,
-        grant: &mut Grant,
-        rejected: Option<&str>,
-        rediscovered: &mut bool,
-    ) -> Result<String, AuthorizationError> {
-        match self.token(grant, rejected).await {
-            Ok(token) => Ok(token),
-            Err(error) => {
-                let Grant::Discovered(stale) = grant.clone() else {
-                    return Err(error);
-                };
-                if *rediscovered {
-                    return Err(error);
-                }
-                tracing::info!(
-                    %error,
-                    "the discovered token endpoint failed: discovering it again"
-                );
-                *rediscovered = true;
-                *grant = self.discover(None, Some(&stale)).await?;
-                self.token(grant, rejected).await
-            }
-        }
-    }
-
-    /// Records why no token could be had, as the transport error.
-    fn failed(&self, error: AuthorizationError) -> StreamableHttpError<reqwest::Error> {
-        let refused = no_token(&error);
-        *lock(&self.state.failure) = Some(error);
-        refused
-    }
-
-    /// `result`, unless it is a 401 to the fresh token from `grant`: then
-    /// [`AuthorizationError::TokenRefused`], recorded as [`OAuth::failed`]
-    /// does, so that a handshake refused for it says so.
-    fn unless_refused<T>(
-        &self,
-        grant: &Grant,
-        result: Result<T, StreamableHttpError<reqwest::Error>>,
-    ) -> Result<T, StreamableHttpError<reqwest::Error>> {
-        let Some(challenge) = refusal(&result) else {
-            return result;
-        };
-        let error = AuthorizationError::TokenRefused {
-            resource: self.resource.to_string(),
-            token_url: grant.token_url().to_string(),
-            challenge_error: challenge
-                .and_then(|c| c.error)
-                .map(|e| e.chars().take(64).collect()),
-        };
-        tracing::warn!(%error, "MCP server refused a fresh access token");
-        Err(self.failed(error))
-    }
-
-    /// Runs `send` with a bearer token (see [`HeaderClient::authorized`]).
-    async fn authorized<T, F, Fut>(&self, send: F) -> Result<T, StreamableHttpError<reqwest::Error>>
-    where
-        F: Fn(Option<String>) -> Fut,
-        Fut: Future<Output = Result<T, StreamableHttpError<reqwest::Error>>>,
-    {
-        let mut rediscovered = false;
-        let mut grant = match self.known().await {
-            Some(grant) => grant,
-            None => {
-                // Nothing known yet: the server's 401 says where to look
-                // (MCP authorization, "Authorization Server Discovery").
-                let result = send(None).await;
-                let Some(challenge) = refusal(&result) else {
-                    return result;
-                };
-                rediscovered = true;
-                self.discover(challenge, None)
-                    .await
-                    .map_err(|e| self.failed(e))?
-            }
-        };
-        let token = self
-            .token_or_rediscover(&mut grant, None, &mut rediscovered)
-            .await
-            .map_err(|e| self.failed(e))?;
-        let result = send(Some(token.clone())).await;
-        if refusal(&result).is_none() {
-            return result;
-        }
-        tracing::info!(
-            token_url = grant.token_url().as_str(),
-            "MCP server answered 401: fetching a new access token"
-        );
-        let token = self
-            .token_or_rediscover(&mut grant, Some(&token), &mut rediscovered)
-            .await
-            .map_err(|e| self.failed(e))?;
-        let result = send(Some(token.clone())).await;
-        let Some(challenge) = refusal(&result) else {
-            return result;
-        };
-        let Grant::Discovered(stale) = &grant else {
-            return self.unless_refused(&grant, result);
-        };
-        if rediscovered {
-            return self.unless_refused(&grant, result);
-        }
-        // A fresh token refused too: the server may have moved to another
-        // authorization server.
-        tracing::info!(
-            "MCP server refused a fresh access token: discovering the token endpoint again"
-        );
-        let stale = stale.clone();
-        grant = self
-            .discover(challenge, Some(&stale))
-            .await
-            .map_err(|e| self.failed(e))?;
-        let token = self
-            .token(&grant, Some(&token))
-            .await
-            .map_err(|e| self.failed(e))?;
-        let result = send(Some(token)).await;
-        self.unless_refused(&grant, result)
-    }
-}
-
-impl HeaderClient {
-    /// Runs `send` with the bearer token of a server configured with
-    /// `oauth` (else with `auth_header` as rmcp gave it): the cached token,
-    /// and once more with a new one when the server answers 401. Without a
-    /// token endpoint yet, the request goes without a token first, and a
-    /// 401 starts discovery; a discovered endpoint that fails, or whose
-    /// fresh token is refused again, is discovered again once. A 401 is
-    /// the server refusing before handling the request, so sending it again
-    /// cannot repeat an effect.
-    async fn authorized<T, F, Fut>(
-        &self,
-        auth_header: Option<String>,
-        send: F,
-    ) -> Result<T, StreamableHttpError<reqwest::Error>>
-    where
-        F: Fn(Option<String>) -> Fut,
-        Fut: Future<Output = Result<T, StreamableHttpError<reqwest::Error>>>,
-    {
-        match &self.oauth {
-            None => send(auth_header).await,
-            Some(oauth) => oauth.authorized(send).await,
-        }
-    }
-}
-
-type HeaderMap = HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>;
-
-impl HeaderClient {
-    /// What a POST's answer means for the request it carried.
-    ///
-    /// A JSON-RPC error without an `id` answering a request is the server
-    /// refusing that request before handling it (it could not read it, or
-    /// does not know the session). rmcp cannot match it to the request, which
-    /// would then wait for its whole timeout; so with a session attached and
-    /// an error about the session (some servers answer an unknown session
-    /// with 400 rather than the 404 the specification asks for) it becomes
-    /// `SessionExpired`, and otherwise it is given the request's id. A
-    /// `SessionExpired` (either way) marks the connection lost: rmcp's own
-    /// re-initialisation is off, because it would repeat a call on a new
-    /// session without the definition check of a re-made connection.
-    fn answered(
-        &self,
-        message_id: Option<RequestId>,
-        session_attached: bool,
-        result: PostResult,
-    ) -> PostResult {
-        let result = match (result, message_id) {
-            (
-                Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(mut error), session)),
-                Some(id),
-            ) if error.id.is_none() => {
-                let about_session = error.error.message.to_ascii_lowercase().contains("session");
-                if session_attached && about_session {
-                    Err(StreamableHttpError::SessionExpired)
-                } else {
-                    error.id = Some(id);
-                    Ok(StreamableHttpPostResponse::Json(
-                        JsonRpcMessage::Error(error),
-                        session,
-                    ))
-                }
-            }
-            (result, _) => result,
-        };
-        if matches!(result, Err(StreamableHttpError::SessionExpired)) {
-            self.lost.cancel();
-        }
-        result
-    }
-
-    fn headers_for(&self, message: &ClientJsonRpcMessage, mut headers: HeaderMap) -> HeaderMap {
-        if let JsonRpcMessage::Request(request) = message
-            && let Some(marker) = self.calls.by_request_id(self.generation, &request.id)
-            && let Some(slot) = lock(&self.calls.slots).get(&marker)
-        {
-            headers.extend(slot.headers.iter().cloned());
-        }
-        headers
-    }
-}
-
-type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
-
-/// The id of a request message (`None` for notifications and answers).
-fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
-    match message {
-        JsonRpcMessage::Request(request) => Some(request.id.clone()),
-        _ => None,
-    }
-}
-
-impl StreamableHttpClient for HeaderClient {
-    type Error = reqwest::Error;
-
-    fn post_message(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HeaderMap,
-    ) -> impl Future<Output = PostResult> + Send + '_ {
-        let headers = self.headers_for(&message, custom_headers);
-        let (id, attached) = (request_id(&message), session_id.is_some());
-        async move {
-            let result = self
-                .authorized(auth_header, |auth| {
-                    self.inner.post_message(
-                        uri.clone(),
-                        message.clone(),
-                        session_id.clone(),
-                        auth,
-                        headers.clone(),
-                    )
-                })
-                .await;
-            self.answered(id, attached, result)
-        }
-    }
-
-    fn post_message_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HeaderMap,
-        max_sse_event_size: usize,
-    ) -> impl Future<Output = PostResult> + Send + '_ {
-        let headers = self.headers_for(&message, custom_headers);
-        let (id, attached) = (request_id(&message), session_id.is_some());
-        async move {
-            let result = self
-                .authorized(auth_header, |auth| {
-                    self.inner.post_message_with_max_sse_event_size(
-                        uri.clone(),
-                        message.clone(),
-                        session_id.clone(),
-                        auth,
-                        headers.clone(),
-                        max_sse_event_size,
-                    )
-                })
-                .await;
-            self.answered(id, attached, result)
-        }
-    }
-
-    fn post_message_with_response_limits(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HeaderMap,
-        limits: StreamableHttpResponseLimits,
-    ) -> impl Future<Output = PostResult> + Send + '_ {
-        let headers = self.headers_for(&message, custom_headers);
-        let (id, attached) = (request_id(&message), session_id.is_some());
-        async move {
-            let result = self
-                .authorized(auth_header, |auth| {
-                    self.inner.post_message_with_response_limits(
-                        uri.clone(),
-                        message.clone(),
-                        session_id.clone(),
-                        auth,
-                        headers.clone(),
-                        limits,
-                    )
-                })
-                .await;
-            self.answered(id, attached, result)
-        }
-    }
-
-    fn delete_session(
-        &self,
-        uri: Arc<str>,
-        session_id: Arc<str>,
-        auth_header: Option<String>,
-        custom_headers: HeaderMap,
-    ) -> impl Future<Output = Result<(), StreamableHttpError<reqwest::Error>>> + Send + '_ {
-        self.authorized(auth_header, move |auth| {
-            self.inner.delete_session(
-                uri.clone(),
-                session_id.clone(),
-                auth,
-                custom_headers.clone(),
-            )
-        })
-    }
-
-    fn get_stream(
-        &self,
-        uri: Arc<str>,
-        session_id: Option<Arc<str>>,
-        last_event_id: Option<String>,
-        auth_header: Option<String>,
-        custom_headers: HeaderMap,
-    ) -> impl Future<
-        Output = Result<
-            futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
-            StreamableHttpError<reqwest::Error>,
-        >,
-    > + Send
-    + '_ {
-        self.authorized(auth_header, move |auth| {
-            self.inner.get_stream(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                auth,
-                custom_headers.clone(),
-            )
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Client handler.
-
-struct Handler {
-    shared: Arc<Shared>,
-    generation: u64,
-}
-
-impl Handler {
-    fn info() -> ClientConfig {
-        let mut capabilities = ClientCapabilities::default();
-        let mut elicitation = ElicitationCapability::default();
-        elicitation.form = Some(FormElicitationCapability::default());
-        elicitation.url = Some(UrlElicitationCapability::default());
-        capabilities.elicitation = Some(elicitation);
-        // Declared on every connection (connections are shared by calls);
-        // each request is judged by the grant of the call that asked.
-        #[allow(deprecated)]
-        {
-            capabilities.sampling = Some(SamplingCapability::default());
-        }
-        ClientConfig::new(
-            capabilities,
-            Implementation::new("belay-worker", env!("CARGO_PKG_VERSION")),
-        )
-    }
-
-    /// The call an `elicitation/create` belongs to: by the request stream it
-    /// came on (HTTP), else the only call in flight.
-    fn call_of(&self, context: &RequestContext<RoleClient>) -> Option<u64> {
-        if let Some(InboundStreamOrigin::OutboundRequest(id)) =
-            context.extensions.get::<InboundStreamOrigin>()
-            && let Some(marker) = self.shared.calls.by_request_id(self.generation, id)
-        {
-            return Some(marker);
-        }
-        self.shared.calls.single_in_flight(self.generation)
-    }
-
-    /// The call a `sampling/createMessage` belongs to: by the request
-    /// stream it came on (HTTP), else the only call in flight if it has
-    /// been the only call on this client since it started. Otherwise
-    /// (stdio with calls that overlapped, or a request after its call
-    /// ended while another runs) no call can be told for sure to have
-    /// asked, and none is charged.
-    fn sampling_call_of(&self, context: &RequestContext<RoleClient>) -> Option<u64> {
-        if let Some(InboundStreamOrigin::OutboundRequest(id)) =
-            context.extensions.get::<InboundStreamOrigin>()
-            && let Some(marker) = self.shared.calls.by_request_id(self.generation, id)
-        {
-            return Some(marker);
-        }
-        self.shared.calls.sole_in_flight(self.generation)
-    }
-}
-
-impl ClientHandler for Handler {
-    fn get_info(&self) -> ClientConfig {
-        Self::info()
-    }
-
-    async fn create_elicitation(
-        &self,
-        request: ElicitRequestParams,
-        context: RequestContext<RoleClient>,
-    ) -> Result<ElicitResult, ErrorData> {
-        let server = &self.shared.server.name;
-        let Some(marker) = self.call_of(&context) else {
-            // Every call that might have asked is told, so none reports an
-            // answer shaped by a question nobody saw as a success.
-            let mut slots = lock(&self.shared.calls.slots);
-            for slot in slots.values_mut().filter(|s| {
-                s.generation == self.generation
-                    && matches!(s.state, SendState::Handed | SendState::Written)
-            }) {
-                slot.unattributed_elicitation = true;
-            }
-            tracing::warn!(
-                server,
-                "elicitation/create while several calls are in flight: cannot tell which asked; answered cancel"
-            );
-            return Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel));
-        };
-        let mut slots = lock(&self.shared.calls.slots);
-        let Some(slot) = slots.get_mut(&marker) else {
-            return Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel));
-        };
-        let asked = serde_json::to_value(&request).unwrap_or(Value::Null);
-        let fits = slot.answers.front().is_some_and(|a| a.answers(&asked));
-        if fits && let Some(answer) = slot.answers.pop_front() {
-            let action = match answer.action {
-                ElicitationAction::Accept => rmcp::model::ElicitationAction::Accept,
-                ElicitationAction::Decline => rmcp::model::ElicitationAction::Decline,
-                ElicitationAction::Cancel => rmcp::model::ElicitationAction::Cancel,
-            };
-            let mut result = ElicitResult::new(action);
-            if let Some(content) = answer.content {
-                result = result.with_content(content);
-            }
-            tracing::info!(
-                server,
-                call = slot.label,
-                "elicitation answered from the call's answers"
-            );
-            return Ok(result);
-        }
-        let requests = asked;
-        tracing::info!(
-            server,
-            call = slot.label,
-            "elicitation/create: the call needs input"
-        );
-        // The first request is what the user must answer first; later ones
-        // (after our cancel) are not kept.
-        if slot.needs_input.is_none() {
-            slot.needs_input = Some(InputNeeded {
-                via: InputVia::Elicitation,
-                requests,
-                request_state: None,
-                may_have_acted: true,
-            });
-        }
-        Ok(ElicitResult::new(rmcp::model::ElicitationAction::Cancel))
-    }
-
-    /// A completion the server asks for during a call: made through the
-    /// call's grant ([`CallRequest::sampling`]), at most its
-    /// `max_requests`, each capped at its `max_tokens` and what is left of
-    /// its `max_total_tokens`, a prompt within what is left of its
-    /// `max_input_tokens`, text only; anything else is refused with a
-    /// JSON-RPC error saying why, and the call is marked so that a failure
-    /// that follows ends as [`CallOutcome::SamplingRefused`]. A request no
-    /// call can be tied to for sure marks none, and a model that failed
-    /// (-32603) marks the call so that a failure that follows ends as
-    /// [`CallOutcome::LostAfterSend`]. The first error answer of a call
-    /// is logged at warn, the rest at debug.
-    #[allow(deprecated)]
-    async fn create_message(
-        &self,
-        params: CreateMessageRequestParams,
-        context: RequestContext<RoleClient>,
-    ) -> Result<CreateMessageResult, ErrorData> {
-        let server = &self.shared.server.name;
-        let Some(marker) = self.sampling_call_of(&context) else {
-            // No call is marked: one that did not ask would have its own
-            // error reworded as a refused completion. A call that did ask
-            // and fails for the refusal keeps its own outcome.
-            let before = self
-                .shared
-                .calls
-                .unattributed_sampling
-                .fetch_add(1, Ordering::Relaxed);
-            if before == 0 {
-                tracing::warn!(
-                    server,
-                    "sampling/createMessage that no call in flight can be told for sure to have asked: refused"
-                );
-            } else {
-                tracing::debug!(
-                    server,
-                    refused = before + 1,
-                    "sampling/createMessage that no call in flight can be told for sure to have asked: refused"
-                );
-            }
-            return Err(ErrorData::new(
-                rmcp::model::ErrorCode(SAMPLING_REFUSED),
-                "sampling/createMessage refused: Belay cannot tell for sure which tool call asked for it \
-                 (none is in flight, or calls overlapped on this connection, whose requests carry no origin), \
-                 so no grant applies",
-                None,
-            ));
-        };
-        let (label, session) = lock(&self.shared.calls.slots)
-            .get(&marker)
-            .map(|s| (s.label.clone(), s.sampling.clone()))
-            .unwrap_or_default();
-        let answer = match session {
-            None => Err((SAMPLING_REFUSED, SAMPLING_NO_GRANT.to_owned())),
-            Some(session) => sample(&session, params).await,
-        };
-        match answer {
-            Ok(result) => {
-                tracing::info!(
-                    server,
-                    call = label,
-                    "sampling/createMessage answered by the run's model"
-                );
-                Ok(result)
-            }
-            Err((code, message)) => {
-                let errors = lock(&self.shared.calls.slots)
-                    .get_mut(&marker)
-                    .map_or(1, |slot| {
-                        // A model that failed is not a refusal: a failure
-                        // that follows may be retried (`LostAfterSend`).
-                        if code == SAMPLING_FAILED {
-                            slot.sampling_model_failed = Some(message.clone());
-                        } else {
-                            slot.sampling_refused = true;
-                        }
-                        slot.sampling_errors = slot.sampling_errors.saturating_add(1);
-                        slot.sampling_errors
-                    });
-                if errors == 1 {
-                    tracing::warn!(server, call = label, code, "{message}");
-                } else {
-                    tracing::debug!(server, call = label, code, errors, "{message}");
-                }
-                Err(ErrorData::new(rmcp::model::ErrorCode(code), message, None))
-            }
-        }
-    }
-
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        tracing::info!(server = self.shared.server.name, "tools/list_changed");
-        self.shared.changes.send_modify(|seq| *seq += 1);
-        let _ = self.shared.events.send(McpEvent::ToolsChanged);
-    }
-
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let token = serde_json::to_value(&params.progress_token).unwrap_or(Value::Null);
-        if let Some(call) = self.shared.calls.label_by_progress(&token) {
-            let _ = self.shared.events.send(McpEvent::Progress {
-                call,
-                progress: params.progress,
-                total: params.total,
-                message: params.message,
-            });
-        }
-    }
-
-    #[allow(deprecated)]
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let server = &self.shared.server.name;
-        let data = params.data.to_string();
-        match params.level {
-            LoggingLevel::Debug => tracing::debug!(server, logger = params.logger, "{data}"),
-            LoggingLevel::Info | LoggingLevel::Notice => {
-                tracing::info!(server, logger = params.logger, "{data}");
-            }
-            LoggingLevel::Warning => tracing::warn!(server, logger = params.logger, "{data}"),
-            _ => tracing::error!(server, logger = params.logger, "{data}"),
-        }
     }
 }
 
@@ -1455,8 +511,11 @@ struct Live {
     pid: Option<u32>,
     protocol_version: String,
     /// Cancelled when the connection is known to be lost before rmcp noticed
-    /// (HTTP: the server forgot the session).
+    /// (HTTP: the server forgot the session; stdio: a request could not be
+    /// written whole within its call's timeout).
     lost: CancellationToken,
+    /// Stdio: how the process ended, once it has.
+    exit: Option<Arc<stdio::Exit>>,
 }
 
 #[derive(Clone)]
@@ -1577,54 +636,15 @@ async fn connect_once(
         generation,
     };
     let timeout = Duration::from_millis(shared.server.common.connect_timeout_ms);
-    // Cancelled (HTTP) when the server forgot the session: ends the connection.
+    // Cancelled when the connection is known to be lost before rmcp
+    // notices (HTTP: the server forgot the session; stdio: a request could
+    // not be written whole): ends the connection.
     let lost = CancellationToken::new();
+    let mut exit = None;
     let (running, pid) = match &shared.server.transport {
-        ResolvedTransport::Stdio {
-            command,
-            args,
-            env,
-            inherit_env,
-            cwd,
-        } => {
-            let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).env_clear().kill_on_drop(true);
-            for key in super::config::INHERITED_ENV
-                .iter()
-                .copied()
-                .chain(inherit_env.iter().map(String::as_str))
-            {
-                if let Some(value) = std::env::var_os(key) {
-                    cmd.env(key, value);
-                }
-            }
-            cmd.envs(env);
-            if let Some(dir) = cwd {
-                cmd.current_dir(dir);
-            }
-            let (process, stderr, oversized) =
-                StdioProcess::spawn(cmd).map_err(|e| McpError::Spawn {
-                    server: name.clone(),
-                    command: command.clone(),
-                    message: e.to_string(),
-                })?;
-            let pid = process.child.id();
-            tokio::spawn(log_stderr(name.clone(), pid, stderr));
-            let transport = Tracked {
-                inner: process,
-                calls: shared.calls.clone(),
-                events: shared.events.clone(),
-                generation,
-                not_sent: stdio_not_sent,
-                oversized: Some(oversized),
-            };
-            let running = tokio::time::timeout(
-                timeout,
-                handler.serve_with_lifecycle(transport, lifecycle()),
-            )
-            .await
-            .map_err(|_| connect_failed(format!("no handshake within {} ms", timeout.as_millis())))?
-            .map_err(|e| connect_failed(error_chain(&e)))?;
+        ResolvedTransport::Stdio { .. } => {
+            let (running, pid, ended) = connect_stdio(shared, generation, handler, timeout).await?;
+            exit = Some(ended);
             (running, pid)
         }
         ResolvedTransport::Http {
@@ -1708,7 +728,6 @@ async fn connect_once(
                 events: shared.events.clone(),
                 generation,
                 not_sent: http_not_sent,
-                oversized: None,
             };
             let running = tokio::time::timeout(
                 timeout,
@@ -1744,29 +763,107 @@ async fn connect_once(
         pid,
         protocol_version,
         lost,
+        exit,
     });
     Ok((live, running))
 }
 
-/// Logs a stdio server's stderr line by line, so it never mixes with the
-/// protocol on stdout.
-async fn log_stderr(server: String, pid: Option<u32>, stderr: tokio::process::ChildStderr) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match (&mut reader)
-            .take(MAX_STDERR_LINE)
-            .read_until(b'\n', &mut line)
-            .await
-        {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let text = String::from_utf8_lossy(&line);
-                tracing::info!(target: "belay_worker::mcp::stderr", server, pid, "{}", text.trim_end());
-            }
+/// A failed write to a server's stdin left at most part of a line: no
+/// request.
+fn stdio_not_sent(_: &std::io::Error) -> bool {
+    true
+}
+
+/// Starts a stdio server and performs the handshake. A server that exits
+/// before completing it is [`McpError::Exited`], with its exit status and
+/// last stderr lines.
+async fn connect_stdio(
+    shared: &Arc<Shared>,
+    generation: u64,
+    handler: Handler,
+    timeout: Duration,
+) -> Result<(Running, Option<u32>, Arc<stdio::Exit>), McpError> {
+    let name = shared.server.name.clone();
+    let ResolvedTransport::Stdio {
+        command,
+        args,
+        env,
+        inherit_env,
+        cwd,
+    } = &shared.server.transport
+    else {
+        return Err(McpError::Connect {
+            server: name,
+            message: "not a stdio server".into(),
+        });
+    };
+    let mut cmd = tokio::process::Command::new(command);
+    cmd.args(args).env_clear().kill_on_drop(true);
+    for key in super::config::INHERITED_ENV
+        .iter()
+        .copied()
+        .chain(inherit_env.iter().map(String::as_str))
+    {
+        if let Some(value) = std::env::var_os(key) {
+            cmd.env(key, value);
         }
     }
+    cmd.envs(env);
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let spawned =
+        StdioProcess::spawn(cmd, &name, shared.calls.clone(), generation).map_err(|e| {
+            McpError::Spawn {
+                server: name.clone(),
+                command: command.clone(),
+                message: e.to_string(),
+            }
+        })?;
+    let transport = Tracked {
+        inner: spawned.process,
+        calls: shared.calls.clone(),
+        events: shared.events.clone(),
+        generation,
+        not_sent: stdio_not_sent,
+    };
+    let connect_failed = |message: String| McpError::Connect {
+        server: name.clone(),
+        message,
+    };
+    let handshake = tokio::time::timeout(
+        timeout,
+        handler.serve_with_lifecycle(transport, lifecycle()),
+    )
+    .await
+    .map_err(|_| connect_failed(format!("no handshake within {} ms", timeout.as_millis())))?;
+    match handshake {
+        Ok(running) => Ok((running, spawned.pid, spawned.exit)),
+        Err(e) => {
+            let Some(status) = spawned.exit.wait(Duration::from_secs(1)).await else {
+                return Err(connect_failed(error_chain(&e)));
+            };
+            // Its stderr ends with it: read to the end before telling.
+            let _ = tokio::time::timeout(Duration::from_secs(1), spawned.stderr).await;
+            Err(McpError::Exited {
+                server: name.clone(),
+                status,
+                stderr: spawned.exit.stderr(),
+            })
+        }
+    }
+}
+
+/// A server's last stderr lines for a message: quoted, joined by ` | `.
+fn stderr_lines(lines: &[String]) -> String {
+    if lines.is_empty() {
+        return "(none)".to_owned();
+    }
+    lines
+        .iter()
+        .map(|l| format!("{l:?}"))
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// Waits for the connection to end, then re-makes it, until shutdown.
@@ -1803,10 +900,18 @@ async fn supervise(shared: Arc<Shared>, mut live: Arc<Live>, mut running: Runnin
                 return;
             }
         };
-        let reason = match quit {
+        let mut reason = match quit {
             Ok(reason) => format!("connection ended ({reason:?})"),
             Err(e) => format!("connection task failed: {e}"),
         };
+        if let Some(exit) = &live.exit
+            && let Some(status) = exit.status()
+        {
+            reason = format!(
+                "{reason}: the server exited ({status}); its last stderr lines: {}",
+                stderr_lines(&exit.stderr())
+            );
+        }
         tracing::warn!(
             server,
             generation = live.generation,
@@ -1864,7 +969,9 @@ impl Shared {
         let mut rx = self.state.subscribe();
         loop {
             let reason = match &*rx.borrow_and_update() {
-                ConnState::Up(live) if !live.peer.is_transport_closed() => {
+                ConnState::Up(live)
+                    if !live.peer.is_transport_closed() && !live.lost.is_cancelled() =>
+                {
                     return Ok(live.clone());
                 }
                 ConnState::Closed => {
@@ -2070,6 +1177,7 @@ impl Shared {
                 needs_input: None,
                 unattributed_elicitation: false,
                 too_large: false,
+                undecodable: None,
                 sampling_refused: false,
                 sampling_model_failed: None,
                 sampling_errors: 0,
@@ -2084,15 +1192,46 @@ impl Shared {
         };
         tokio::select! {
             outcome = self.checked_call(&request, marker) => outcome,
-            () = tokio::time::sleep(timeout) => CallOutcome::Timeout {
-                timeout_ms: request.timeout_ms,
-                sent: handed(&self.calls.state(marker)),
-            },
-            () = cancel.cancelled() => CallOutcome::Cancelled {
-                sent: handed(&self.calls.state(marker)),
-                reason: Some("cancelled by the caller".into()),
-            },
+            () = tokio::time::sleep(timeout) => {
+                let settled = self.settle(marker);
+                CallOutcome::Timeout {
+                    timeout_ms: request.timeout_ms,
+                    sent: settled.sent,
+                    detail: settled.wedged.map(|_| WEDGED.to_owned()),
+                }
+            }
+            () = cancel.cancelled() => {
+                let settled = self.settle(marker);
+                CallOutcome::Cancelled {
+                    sent: settled.sent,
+                    reason: Some(match settled.wedged {
+                        Some(_) => format!("cancelled by the caller; {WEDGED}"),
+                        None => "cancelled by the caller".into(),
+                    }),
+                }
+            }
         }
+    }
+
+    /// [`Calls::settle`] for this client's transport; a stdio connection
+    /// on which the request was left unwritten is torn down (the server is
+    /// not reading its stdin: every later request would wait behind this
+    /// one), and the supervisor starts the server again.
+    fn settle(&self, marker: u64) -> Settled {
+        let settled = self.calls.settle(marker, self.is_stdio());
+        if let Some(generation) = settled.wedged
+            && let ConnState::Up(live) = &*self.state.borrow()
+            && live.generation == generation
+            && !live.lost.is_cancelled()
+        {
+            tracing::warn!(
+                server = self.server.name,
+                generation,
+                "an MCP server is not reading its stdin: a request could not be written whole before its call ended; restarting the server"
+            );
+            live.lost.cancel();
+        }
+        settled
     }
 
     /// Checks against the catalog, then sends (see [`McpClient::call_tool`]).
@@ -2125,16 +1264,21 @@ impl Shared {
             let outcome = self.send_call(&live, request, marker, &tool).await;
             // Nothing was sent and the connection is gone: the request can
             // go to the next connection, which the supervisor is making.
-            let state = self.calls.state(marker);
             // (HTTP: only once the connection is known to be lost, so the
             // next one is a new session, checked against its own listing.)
-            let retry = state == SendState::Queued
-                || (!handed(&state) && (self.is_stdio() || live.lost.is_cancelled()));
+            let retry = match self.calls.state(marker) {
+                SendState::Queued | SendState::Abandoned => true,
+                SendState::WriteFailed { not_sent: true } => {
+                    self.is_stdio() || live.lost.is_cancelled()
+                }
+                _ => false,
+            };
             if let CallOutcome::Disconnected { .. } = &outcome
                 && retry
                 && tokio::time::Instant::now() < deadline
             {
                 self.wait_past(&live, deadline).await;
+                self.calls.requeue(marker);
                 continue;
             }
             return outcome;
@@ -2226,13 +1370,14 @@ impl Shared {
             params.request_state = input.request_state.clone();
         }
         let response = live.peer.call_tool_once(params).await;
-        let (needs_input, too_large, unattributed, sampling_refused, model_failed) =
+        let (needs_input, too_large, undecodable, unattributed, sampling_refused, model_failed) =
             lock(&self.calls.slots)
                 .get_mut(&marker)
                 .map(|s| {
                     (
                         s.needs_input.take(),
                         s.too_large,
+                        s.undecodable.take(),
                         s.unattributed_elicitation,
                         s.sampling_refused,
                         s.sampling_model_failed.take(),
@@ -2243,6 +1388,9 @@ impl Shared {
             return CallOutcome::AnswerTooLarge {
                 limit_bytes: u64::try_from(MAX_STDIO_MESSAGE_BYTES).unwrap_or(u64::MAX),
             };
+        }
+        if let Some(reason) = undecodable {
+            return CallOutcome::Undecodable { reason };
         }
         if let Some(needed) = needs_input {
             // We answered the server's elicitation with `cancel`; whatever it
@@ -2290,7 +1438,14 @@ impl Shared {
             Ok(_) => CallOutcome::Malformed {
                 reason: "the server's answer to tools/call is of an unknown kind".into(),
             },
-            Err(e) => classify(e, &self.calls.state(marker)),
+            Err(e) => {
+                let sent = match &e {
+                    // An answer: it was sent.
+                    ServiceError::McpError(_) => true,
+                    _ => self.settle(marker).sent,
+                };
+                classify(e, sent)
+            }
         };
         match outcome {
             // The server recovered from the refusal: its result stands.
@@ -2323,115 +1478,12 @@ impl Shared {
     }
 }
 
-/// One granted completion: the request checked and capped, a completion
-/// of the grant taken, the model called once, its tokens recorded. The
-/// error is a JSON-RPC code and a message for the server.
-#[allow(deprecated)]
-async fn sample(
-    session: &super::SamplingSession,
-    params: CreateMessageRequestParams,
-) -> Result<CreateMessageResult, (i32, String)> {
-    let (mut request, prompt_bytes) =
-        sampling_request(session.grant(), params).map_err(|m| (SAMPLING_INVALID, m))?;
-    let completion = session
-        .reserve(request.max_tokens, prompt_bytes)
-        .map_err(|m| (SAMPLING_REFUSED, m))?;
-    request.max_tokens = completion.max_tokens();
-    let answer = session.sampler().complete(request).await.map_err(|m| {
-        (
-            SAMPLING_FAILED,
-            format!("sampling/createMessage failed: {m}"),
-        )
-    })?;
-    completion.record(answer.input_tokens, answer.output_tokens);
-    let mut result =
-        CreateMessageResult::new(SamplingMessage::assistant_text(answer.text), answer.model);
-    if let Some(reason) = answer.stop_reason {
-        result = result.with_stop_reason(reason);
-    }
-    Ok(result)
-}
-
-/// A server's `sampling/createMessage` as a [`super::SamplingRequest`]:
-/// text messages only (an image, audio, a tool use or result is refused),
-/// no tools (Belay declares no `sampling.tools`), `maxTokens` capped by the
-/// grant's `max_tokens` (the session caps it further to what is left of
-/// the grant); `includeContext`, `temperature`, `stopSequences`,
-/// `metadata` and `modelPreferences` are not used (the grant's model
-/// answers). Also returns the prompt's size in bytes (system prompt and
-/// messages' text).
-#[allow(deprecated)]
-fn sampling_request(
-    grant: &super::SamplingGrant,
-    params: CreateMessageRequestParams,
-) -> Result<(super::SamplingRequest, usize), String> {
-    if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(
-            "sampling/createMessage with `tools` is not offered: Belay declares no `sampling.tools` capability"
-                .into(),
-        );
-    }
-    if params.messages.is_empty() {
-        return Err("sampling/createMessage has no messages".into());
-    }
-    if params.max_tokens == 0 {
-        return Err("sampling/createMessage: `maxTokens` must be at least 1".into());
-    }
-    let mut bytes = params.system_prompt.as_ref().map_or(0, String::len);
-    let mut messages = Vec::with_capacity(params.messages.len());
-    for (i, message) in params.messages.into_iter().enumerate() {
-        let mut texts = Vec::new();
-        for block in message.content.into_vec() {
-            let kind = match block {
-                SamplingMessageContentBlock::Text(text) => {
-                    texts.push(text.text);
-                    continue;
-                }
-                SamplingMessageContentBlock::Image(_) => "an image",
-                SamplingMessageContentBlock::Audio(_) => "audio",
-                SamplingMessageContentBlock::ToolUse(_) => "a tool use",
-                SamplingMessageContentBlock::ToolResult(_) => "a tool result",
-                _ => "content of an unknown type",
-            };
-            return Err(format!(
-                "sampling/createMessage: message {i} holds {kind}; Belay's sampling takes text only"
-            ));
-        }
-        let text = texts.join("\n\n");
-        bytes = bytes.saturating_add(text.len());
-        messages.push(super::SamplingText {
-            assistant: message.role == Role::Assistant,
-            text,
-        });
-    }
-    if bytes > MAX_SAMPLING_PROMPT_BYTES {
-        return Err(format!(
-            "sampling/createMessage: the prompt is {bytes} bytes, more than Belay sends to a model ({MAX_SAMPLING_PROMPT_BYTES})"
-        ));
-    }
-    Ok((
-        super::SamplingRequest {
-            model: grant.model.clone(),
-            system_prompt: params.system_prompt,
-            messages,
-            max_tokens: params.max_tokens.min(grant.max_tokens),
-        },
-        bytes,
-    ))
-}
-
-fn handed(state: &SendState) -> bool {
-    !matches!(
-        state,
-        SendState::Queued | SendState::WriteFailed { not_sent: true }
-    )
-}
-
-/// Maps an rmcp error to an outcome, using what the transport saw.
-fn classify(error: ServiceError, state: &SendState) -> CallOutcome {
+/// Maps an rmcp error to an outcome, using whether the request may have
+/// reached the server (`sent`, from [`Calls::settle`]).
+fn classify(error: ServiceError, sent: bool) -> CallOutcome {
     let reason = error_chain(&error);
     let lost = |reason: String| {
-        if handed(state) {
+        if sent {
             CallOutcome::LostAfterSend { reason }
         } else {
             CallOutcome::Disconnected { reason }
@@ -2457,13 +1509,11 @@ fn classify(error: ServiceError, state: &SendState) -> CallOutcome {
         ServiceError::UnexpectedResponse => CallOutcome::Malformed {
             reason: "the server's answer to tools/call is not a tool result".into(),
         },
-        ServiceError::Cancelled { reason } => CallOutcome::Cancelled {
-            sent: handed(state),
-            reason,
-        },
+        ServiceError::Cancelled { reason } => CallOutcome::Cancelled { sent, reason },
         ServiceError::Timeout { timeout } => CallOutcome::Timeout {
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            sent: handed(state),
+            sent,
+            detail: None,
         },
         _ => lost(reason),
     }
@@ -2509,6 +1559,50 @@ fn finish(result: CallToolResult, tool: &CompiledTool, max_bytes: usize) -> Call
         result.structured_content,
         max_bytes,
     ))
+}
+
+/// What the client makes of one line a stdio server writes (see
+/// [`super::check_server_line`]).
+pub(crate) fn check_line(line: &[u8]) -> String {
+    static TOOL: std::sync::OnceLock<Option<CompiledTool>> = std::sync::OnceLock::new();
+    let tool = TOOL.get_or_init(|| {
+        schema::map_tool(&RawTool {
+            name: "t".into(),
+            title: None,
+            description: None,
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: Some(serde_json::json!({
+                "type": "object",
+                "properties": {"n": {"type": "integer"}},
+                "required": ["n"],
+            })),
+            annotations: None,
+        })
+        .ok()
+    });
+    let decoded = match stdio::decode_line(line) {
+        stdio::Decoded::Message(message, _) => Ok(*message),
+        other => Err(other),
+    };
+    match decoded {
+        Ok(JsonRpcMessage::Response(response)) => {
+            let result = serde_json::to_value(&response.result)
+                .ok()
+                .and_then(|v| serde_json::from_value::<CallToolResult>(v).ok());
+            match (result, tool) {
+                (Some(result), Some(tool)) => format!("{:?}", finish(result, tool, 1024)),
+                _ => "response".into(),
+            }
+        }
+        Ok(JsonRpcMessage::Error(e)) => {
+            format!("{:?}", classify(ServiceError::McpError(e.error), true))
+        }
+        Ok(_) | Err(stdio::Decoded::Message(..)) => "message".into(),
+        Err(stdio::Decoded::Skip) => "skip".into(),
+        Err(stdio::Decoded::Request { .. }) => "request".into(),
+        Err(stdio::Decoded::Answer { reason, .. }) => format!("undecodable answer: {reason}"),
+        Err(stdio::Decoded::Unknown { reason }) => format!("unknown: {reason}"),
+    }
 }
 
 /// The error and its sources joined with `": "`.
@@ -2603,7 +1697,7 @@ impl Shared {
                             .into(),
                 },
                 // Sent or not, a read changed nothing.
-                Err(e) => classify(e, &SendState::Written),
+                Err(e) => classify(e, true),
             }
         };
         match tokio::time::timeout(timeout, reading).await {
@@ -2611,6 +1705,7 @@ impl Shared {
             Err(_) => CallOutcome::Timeout {
                 timeout_ms: request.timeout_ms,
                 sent: true,
+                detail: None,
             },
         }
     }
@@ -2693,140 +1788,5 @@ impl McpClient for RmcpClient {
                 let _ = handle.await;
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A server's `sampling/createMessage` params, as it sends them.
-    #[allow(deprecated)]
-    fn asked(params: Value) -> CreateMessageRequestParams {
-        serde_json::from_value(params).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn a_sampling_request_becomes_text_capped_by_the_grant_or_a_reason() {
-        let grant = crate::mcp::SamplingGrant {
-            model: "m".into(),
-            max_requests: 1,
-            max_tokens: 40,
-            max_total_tokens: None,
-            max_input_tokens: None,
-        };
-        let text = |t: &str| serde_json::json!({"type": "text", "text": t});
-        let request = sampling_request(
-            &grant,
-            asked(serde_json::json!({
-                "messages": [
-                    {"role": "user", "content": [text("a"), text("b")]},
-                    {"role": "assistant", "content": text("c")},
-                ],
-                "systemPrompt": "s",
-                "maxTokens": 100,
-                "temperature": 0.5,
-                "includeContext": "thisServer",
-            })),
-        );
-        // The prompt's bytes: "s", "a\n\nb" and "c".
-        assert_eq!(
-            request,
-            Ok((
-                crate::mcp::SamplingRequest {
-                    model: "m".into(),
-                    system_prompt: Some("s".into()),
-                    messages: vec![
-                        crate::mcp::SamplingText {
-                            assistant: false,
-                            text: "a\n\nb".into(),
-                        },
-                        crate::mcp::SamplingText {
-                            assistant: true,
-                            text: "c".into(),
-                        },
-                    ],
-                    max_tokens: 40,
-                },
-                6
-            ))
-        );
-        // Below the grant, the server's own bound stands.
-        let small = sampling_request(
-            &grant,
-            asked(
-                serde_json::json!({"messages": [{"role": "user", "content": text("a")}], "maxTokens": 7}),
-            ),
-        );
-        assert_eq!(small.map(|(r, _)| r.max_tokens), Ok(7));
-
-        let refused = |params: Value| match sampling_request(&grant, asked(params)) {
-            Err(reason) => reason,
-            Ok(request) => panic!("not refused: {request:?}"),
-        };
-        let image = serde_json::json!({"type": "image", "data": "AAAA", "mimeType": "image/png"});
-        assert_eq!(
-            refused(serde_json::json!({"messages": [
-                {"role": "user", "content": text("look")},
-                {"role": "user", "content": [text("at"), image]},
-            ], "maxTokens": 5})),
-            "sampling/createMessage: message 1 holds an image; Belay's sampling takes text only"
-        );
-        let audio = serde_json::json!({"type": "audio", "data": "AAAA", "mimeType": "audio/wav"});
-        assert!(
-            refused(serde_json::json!({"messages": [{"role": "user", "content": audio}], "maxTokens": 5}))
-                .contains("message 0 holds audio")
-        );
-        assert!(
-            refused(serde_json::json!({
-                "messages": [{"role": "user", "content": text("x")}],
-                "maxTokens": 5,
-                "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
-            }))
-            .contains("`tools` is not offered")
-        );
-        assert!(
-            refused(serde_json::json!({"messages": [], "maxTokens": 5})).contains("no messages")
-        );
-        assert!(
-            refused(serde_json::json!({"messages": [{"role": "user", "content": text("x")}], "maxTokens": 0}))
-                .contains("at least 1")
-        );
-        let huge = "x".repeat(MAX_SAMPLING_PROMPT_BYTES + 1);
-        assert!(
-            refused(serde_json::json!({"messages": [{"role": "user", "content": text(&huge)}], "maxTokens": 5}))
-                .contains("more than Belay sends to a model")
-        );
-    }
-
-    #[test]
-    fn the_id_of_an_oversized_line_is_read_from_its_start() {
-        let id = |head: &str| id_in_head(head.as_bytes());
-        assert_eq!(
-            id(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"text":"xx"#),
-            Some(RequestId::Number(7))
-        );
-        assert_eq!(
-            id(r#"{"id" : "a-1", "jsonrpc":"2.0","result":{"#),
-            Some(RequestId::String("a-1".into()))
-        );
-        // Only the top-level `id` counts; a cut-off head has none.
-        assert_eq!(
-            id(r#"{"jsonrpc":"2.0","result":{"id":3,"content":[{"text":"xx"#),
-            None
-        );
-        assert_eq!(id(r#"{"jsonrpc":"2.0","result":{"text":"\"id\":4"#), None);
-        assert_eq!(id(r#"{"jsonrpc":"2.0","id":12"#), None);
-    }
-
-    #[tokio::test]
-    async fn a_line_past_the_limit_is_reported_once_with_its_id() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut watch = LineWatch::new(&b""[..], tx);
-        watch.saw(br#"{"jsonrpc":"2.0","id":5,"result":"#);
-        watch.saw(&vec![b'x'; MAX_STDIO_MESSAGE_BYTES]);
-        watch.saw(b"more\n{\"jsonrpc\":\"2.0\",\"id\":6}\n");
-        assert_eq!(rx.try_recv().ok(), Some(Some(RequestId::Number(5))));
-        assert!(rx.try_recv().is_err());
     }
 }

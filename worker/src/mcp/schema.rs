@@ -213,6 +213,13 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
+/// [`map_tool`] without the validators: the pinned definition of a listed
+/// tool, or why it cannot be one (with the hash of what was refused). Pure;
+/// for the fuzz target of MCP messages and for tests.
+pub fn check_tool(tool: &RawTool) -> Result<McpToolDefinition, (String, SchemaRefusal)> {
+    map_tool(tool).map(|compiled| compiled.definition)
+}
+
 /// Maps a listed tool to a pinned definition, or says why it cannot be one.
 /// `Err` carries the hash too, so an operator can see which definition was
 /// refused.

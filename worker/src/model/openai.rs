@@ -2,7 +2,9 @@
 //! [`ModelCallResult`] of a 2xx answer's `choices[0]`.
 //!
 //! Format: the OpenAI API reference, "Create chat completion"
-//! (`POST /v1/chat/completions`). Pure mapping: no I/O.
+//! (`POST /v1/chat/completions`). Pure mapping: no I/O. A stored tool
+//! call whose arguments are not a JSON object goes back as `{}`, never as
+//! the unparseable text (as the Anthropic adapter does).
 
 use belay_proto::wire::{ChatMessage, ModelCallResult, ModelCallSpec, ToolUse, Usage};
 use serde_json::{Map, Value, json};
@@ -66,7 +68,7 @@ fn message_json(message: &ChatMessage) -> Value {
                         json!({
                             "id": c.id,
                             "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
+                            "function": {"name": c.name, "arguments": sent_arguments(&c.arguments)},
                         })
                     })
                     .collect();
@@ -78,6 +80,19 @@ fn message_json(message: &ChatMessage) -> Value {
             tool_call_id,
             content,
         } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
+    }
+}
+
+/// A stored tool call's `arguments` as sent back in the transcript: the
+/// model's text when it is a JSON object, else `{}`. Text that does not
+/// parse (a call cut off by the token limit) makes several providers answer
+/// every later request of the run with 400; the engine has already
+/// answered such a call with an `error:` result saying what was wrong, and
+/// the events keep the model's text.
+fn sent_arguments(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(_)) => arguments.to_owned(),
+        _ => "{}".to_owned(),
     }
 }
 

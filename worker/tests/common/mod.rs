@@ -182,6 +182,17 @@ pub struct EngineState {
     pub claims: Vec<ClaimTasksRequest>,
     /// Notified (one permit) each time a heartbeat answer says a lease is lost.
     pub lost_told: std::sync::Arc<tokio::sync::Notify>,
+    /// Leave this many heartbeats unanswered for ever (an engine that
+    /// stalls), counted from the first.
+    pub stall_heartbeats: u32,
+    /// When each heartbeat arrived (stalled ones too).
+    pub heartbeat_at: Vec<tokio::time::Instant>,
+    /// Notified (one permit) each time a heartbeat arrives.
+    pub heartbeat_seen: std::sync::Arc<tokio::sync::Notify>,
+    /// Task ids whose dispatch is never answered.
+    pub stall_dispatch: HashSet<String>,
+    /// Notified (one permit) when a dispatch of `stall_dispatch` arrives.
+    pub dispatch_stalled: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Handle of a running fake engine.
@@ -305,6 +316,17 @@ impl WorkerService for FakeService {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let request = request.into_inner();
+        let stall = {
+            let mut state = self.state.lock().unwrap();
+            state.heartbeat_at.push(tokio::time::Instant::now());
+            state.heartbeat_seen.notify_one();
+            let stall = state.stall_heartbeats > 0;
+            state.stall_heartbeats = state.stall_heartbeats.saturating_sub(1);
+            stall
+        };
+        if stall {
+            std::future::pending::<()>().await;
+        }
         let mut state = self.state.lock().unwrap();
         let leases: Vec<LeaseStatus> = request
             .leases
@@ -328,6 +350,19 @@ impl WorkerService for FakeService {
         request: Request<DispatchToolCallRequest>,
     ) -> Result<Response<DispatchToolCallResponse>, Status> {
         let request = request.into_inner();
+        let stall = {
+            let state = self.state.lock().unwrap();
+            let stall = state.stall_dispatch.contains(&request.task_id);
+            if stall {
+                state.dispatch_stalled.notify_one();
+            }
+            stall
+        };
+        if stall {
+            self.log
+                .push(format!("dispatch {} stalled", request.task_id));
+            std::future::pending::<()>().await;
+        }
         let mut state = self.state.lock().unwrap();
         let refused = state.refuse_dispatch.contains(&request.task_id);
         self.log.push(format!(

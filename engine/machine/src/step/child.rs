@@ -158,6 +158,7 @@ impl Step {
                         "child run {child_run_id} {status}: {}",
                         error.unwrap_or_else(|| status.clone())
                     ),
+                    kind: None,
                 });
             }
             return Ok(());

@@ -213,6 +213,7 @@ impl Step {
                 will_retry: matches!(next, Next::Retry),
                 status_code,
                 retry_delay_ms,
+                kind: None,
             });
         }
         match next {
@@ -221,11 +222,7 @@ impl Step {
                 self.command(Command::RetryTask { call_id, delay_ms })
             }
             Next::Fail(message) => {
-                self.emit(Event::ToolCallFailed {
-                    call_id: call_id.clone(),
-                    attempt,
-                    error: message,
-                });
+                self.emit(Event::tool_call_failed(call_id.clone(), attempt, message));
                 self.command(Command::EndTask {
                     call_id,
                     end: TaskEnd::Failed,
@@ -412,6 +409,7 @@ impl Step {
                 will_retry: retry,
                 status_code,
                 retry_delay_ms,
+                kind: None,
             });
         }
         if retry {
@@ -425,6 +423,7 @@ impl Step {
             call_id: probe_call_id.clone(),
             attempt,
             error: error.clone(),
+            kind: None,
         });
         self.command(Command::EndTask {
             call_id: probe_call_id.clone(),

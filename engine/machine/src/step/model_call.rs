@@ -42,7 +42,13 @@ impl Step {
             })
             .collect();
         let finish_reason = result.finish_reason.map(|r| normalize::strip_nul(&r));
-        let cut_off = finish_reason.as_deref() == Some("length");
+        // Cut off by the output token limit: so the provider says, or the
+        // answer used the whole limit the agent sets (some providers say
+        // `tool_calls` of a turn whose last call was cut off).
+        let limit = self.current_agent_def().and_then(|a| a.max_output_tokens);
+        let cut_off = finish_reason.as_deref() == Some("length")
+            || (!tool_calls.is_empty()
+                && limit.is_some_and(|l| result.usage.output_tokens >= u64::from(l)));
         self.emit(Event::ModelCallCompleted {
             call_id: call_id.clone(),
             attempt,
@@ -79,7 +85,7 @@ impl Step {
                 self.refuse(
                     &tool_use,
                     "truncated",
-                    "the turn was cut off by the output token limit (finish_reason `length`), so its tool calls are not executed; propose them again in a shorter answer".into(),
+                    "the turn was cut off by the output token limit (it used the whole limit, or finish_reason `length`), so its tool calls are not executed; propose them again in a shorter answer".into(),
                 );
             } else if one_call {
                 self.refuse(

@@ -533,6 +533,7 @@ impl Step {
                 } else {
                     format!("the user declined (decided by {by}): {reason}")
                 },
+                kind: None,
             });
             return Ok(());
         }

@@ -417,6 +417,7 @@ impl Step {
                 call_id,
                 attempt,
                 error,
+                kind: None,
             });
             return Ok(());
         }

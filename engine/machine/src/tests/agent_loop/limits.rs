@@ -149,6 +149,66 @@ fn a_turn_cut_off_by_the_token_limit_never_runs_its_tool_calls() {
 }
 
 #[test]
+fn a_turn_that_used_the_whole_output_limit_runs_no_tool_call_whatever_its_finish_reason() {
+    let opts = Opts {
+        edit: Some(|p| {
+            if let Some(a) = p.agents.get_mut("onboarder") {
+                a.def.max_output_tokens = Some(50);
+            }
+        }),
+        ..Opts::default()
+    };
+    let answer = |output_tokens| ModelCallResult {
+        content: None,
+        // Whole JSON (a compatible server closed it), but the call was cut
+        // off before its optional fields.
+        tool_calls: vec![ToolUse {
+            id: "a".into(),
+            name: "lookup".into(),
+            arguments: r#"{"email":"x@y.z"}"#.into(),
+        }],
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens,
+        },
+        finish_reason: Some("tool_calls".into()),
+    };
+    let (mut run, _) = Run::start(Opts {
+        edit: opts.edit,
+        ..Opts::default()
+    });
+    let d = run.step(Input::ModelCallCompleted {
+        call_id: "intake.m1".into(),
+        attempt: 1,
+        result: answer(50),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        [
+            "model_call_completed",
+            "tool_call_refused",
+            "model_call_scheduled"
+        ]
+    );
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallRefused { check, .. } if check == "truncated"))
+    );
+    // One token under the limit: the call runs.
+    let (mut run, _) = Run::start(opts);
+    let d = run.step(Input::ModelCallCompleted {
+        call_id: "intake.m1".into(),
+        attempt: 1,
+        result: answer(49),
+    });
+    assert_eq!(
+        Run::kinds(&d),
+        ["model_call_completed", "tool_call_scheduled"]
+    );
+}
+
+#[test]
 fn exactly_one_call_refuses_a_tool_call_and_stops() {
     let opts = Opts {
         edit: Some(|p| {
