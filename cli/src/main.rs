@@ -583,8 +583,11 @@ fn print_run(r: &Run, as_json: bool) {
 /// each request waiting for a person (`waiting <kind> <request id> of
 /// <node or call>`; in JSON, `open_requests`).
 async fn print_run_detail(client: &Client, run_id: &str, as_json: bool) -> Result<(), SdkError> {
-    let (run, unclaimable) = client.get_run_detail(run_id).await?;
-    let requests = client.open_requests(run_id).await?;
+    let detail = client.get_run_response(run_id).await?;
+    let run = detail
+        .run
+        .ok_or_else(|| tonic::Status::internal("GetRun returned no run"))?;
+    let (unclaimable, requests) = (detail.unclaimable, detail.open_requests);
     if as_json {
         let mut v = run_json(&run);
         v["open_requests"] = requests

@@ -567,8 +567,9 @@ impl Client {
         Ok(self.get_run_response(run_id).await?.open_requests)
     }
 
-    /// `GetRun` for run `run_id` of this client's tenant, whole.
-    async fn get_run_response(&self, run_id: &str) -> Result<v1::GetRunResponse, SdkError> {
+    /// `GetRun` for run `run_id` of this client's tenant, whole: the run,
+    /// its unclaimable tasks and its open requests in one call.
+    pub async fn get_run_response(&self, run_id: &str) -> Result<v1::GetRunResponse, SdkError> {
         let resp = self
             .runs
             .clone()

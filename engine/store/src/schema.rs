@@ -63,6 +63,27 @@ pub fn judge(
     }
 }
 
+/// [`judge`], logging when the engine runs beside a newer release's
+/// migrations; what both backends' `migrate` call before migrating.
+pub fn check(
+    known: &[i64],
+    applied: &[i64],
+    oldest_compatible: Option<i64>,
+) -> Result<(), StoreError> {
+    if let SchemaFit::BesideNewer {
+        newest_known,
+        newest_applied,
+    } = judge(known, applied, oldest_compatible)?
+    {
+        tracing::info!(
+            newest_known,
+            newest_applied,
+            "the database has migrations of a newer release; running beside them (schema_compat)"
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

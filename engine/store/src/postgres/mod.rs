@@ -170,17 +170,7 @@ impl Pg {
         let mut migrator = sqlx::migrate!("../../migrations/postgres");
         let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
         let (applied, oldest) = self.schema_versions().await?;
-        if let crate::schema::SchemaFit::BesideNewer {
-            newest_known,
-            newest_applied,
-        } = crate::schema::judge(&known, &applied, oldest)?
-        {
-            tracing::info!(
-                newest_known,
-                newest_applied,
-                "the database has migrations of a newer release; running beside them (schema_compat)"
-            );
-        }
+        crate::schema::check(&known, &applied, oldest)?;
         // Migrations of a newer release this engine does not know are
         // expected during a rolling upgrade (`schema.rs`).
         migrator.set_ignore_missing(true);
