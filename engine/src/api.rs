@@ -906,10 +906,12 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut stop_seen = stop_rx.clone();
-    let api = Api::new(coord, auth.clone(), stop_rx);
+    let api = Api::new(Arc::clone(&coord), auth.clone(), stop_rx);
     let shutdown = async move {
         shutdown.await;
-        // End open streams first, so the graceful shutdown can finish.
+        // End open streams and long-poll claims first, so the graceful
+        // shutdown can finish.
+        coord.stop_claims();
         let _ = stop_tx.send(true);
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();

@@ -103,6 +103,12 @@ struct ServeArgs {
     /// Database connections.
     #[arg(long, env = "BELAY_DB_CONNECTIONS", default_value_t = 16)]
     db_connections: u32,
+    /// How long to go on trying, at start, a database that cannot be
+    /// reached yet (not listening, starting up, in recovery), e.g. `60s`,
+    /// `2m`; `0s`: exit at once. Any other database error exits at once.
+    #[arg(long, env = "BELAY_DB_STARTUP_WAIT", default_value = "60s",
+          value_parser = humantime::parse_duration)]
+    db_startup_wait: std::time::Duration,
     /// Admin HTTP listen address (keys, uncertain outcomes, run controls);
     /// port 0 picks a free port; empty: not served.
     #[arg(long, env = "BELAY_ADMIN_LISTEN", default_value = "127.0.0.1:50052")]
@@ -328,6 +334,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::start(EngineOptions {
         database_url: database_url.to_owned(),
         db_connections: args.db_connections,
+        db_startup_wait: args.db_startup_wait,
         coordinator: CoordinatorConfig {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,

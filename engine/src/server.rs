@@ -38,6 +38,11 @@ pub struct EngineOptions {
     pub database_url: String,
     /// Size of the store's connection pool.
     pub db_connections: u32,
+    /// How long [`Engine::start`] goes on trying a database that cannot be
+    /// reached yet (not listening, or PostgreSQL starting up or in
+    /// recovery), with exponential backoff from 100 ms to 5 s; zero: fail
+    /// at the first attempt. Any other failure ends the start at once.
+    pub db_startup_wait: Duration,
     /// Leases, sweeps, the tool cache and definition settings.
     pub coordinator: CoordinatorConfig,
     /// Key of the runs' secret vaults; `None`: a tool that needs the vault
@@ -67,6 +72,7 @@ impl EngineOptions {
         EngineOptions {
             database_url: database_url.into(),
             db_connections,
+            db_startup_wait: Duration::ZERO,
             coordinator: CoordinatorConfig::default(),
             vault_key: None,
             callback_base_url: None,
@@ -165,6 +171,44 @@ pub enum ServeError {
     },
 }
 
+/// Connect the store and apply migrations, trying again for up to
+/// `options.db_startup_wait` while the database cannot be reached
+/// ([`StoreError::is_unreachable`]), each retry logged with its error.
+async fn open_store(options: &EngineOptions) -> Result<Store, ServeError> {
+    use backon::{ExponentialBuilder, Retryable};
+    let attempt = || async {
+        let store = Store::connect(&options.database_url, options.db_connections)
+            .await
+            .map_err(ServeError::Connect)?;
+        store.migrate().await.map_err(ServeError::Migrate)?;
+        Ok::<Store, ServeError>(store)
+    };
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_total_delay(Some(options.db_startup_wait))
+        .without_max_times()
+        .with_jitter();
+    attempt
+        .retry(policy)
+        .when(|e| {
+            !options.db_startup_wait.is_zero()
+                && matches!(e, ServeError::Connect(s) | ServeError::Migrate(s) if s.is_unreachable())
+        })
+        .notify(|e, delay| {
+            tracing::warn!(
+                error = %match e {
+                    ServeError::Connect(s) | ServeError::Migrate(s) => format!("{e}: {s}"),
+                    other => other.to_string(),
+                },
+                retry_in_ms = delay.as_millis() as u64,
+                wait_s = options.db_startup_wait.as_secs(),
+                "the database cannot be reached yet; trying again"
+            );
+        })
+        .await
+}
+
 /// A started engine: its store is migrated and its coordinator built.
 pub struct Engine {
     coord: Arc<Coordinator>,
@@ -187,10 +231,7 @@ impl Engine {
             Some(settings) => Some(ServerTls::load(settings).map_err(ServeError::Tls)?),
             None => None,
         };
-        let store = Store::connect(&options.database_url, options.db_connections)
-            .await
-            .map_err(ServeError::Connect)?;
-        store.migrate().await.map_err(ServeError::Migrate)?;
+        let store = open_store(&options).await?;
         let notifier = match &options.webhook {
             Some(w) => Some((
                 Notifier::new(store.clone(), &w.url, &w.secret).map_err(ServeError::Webhook)?,

@@ -88,27 +88,7 @@ impl Env {
 
     /// Sign in with `key` through the login form.
     async fn sign_in(&self, key: &str, tenant: &str) -> Session {
-        let form = self
-            .http
-            .get(format!("{}{}", self.base, console::LOGIN_PATH))
-            .send()
-            .await
-            .expect("login page");
-        let login_cookie = cookie_of(&form, console::LOGIN_COOKIE).expect("login cookie");
-        let token = csrf_of(&form.text().await.expect("text"));
-        let response = self
-            .http
-            .post(format!("{}{}", self.base, console::LOGIN_PATH))
-            .header(COOKIE, format!("{}={login_cookie}", console::LOGIN_COOKIE))
-            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(form_body(&[
-                ("key", key),
-                ("tenant", tenant),
-                ("csrf", &token),
-            ]))
-            .send()
-            .await
-            .expect("login");
+        let response = login_response(self, key, tenant, "").await;
         assert_eq!(response.status(), StatusCode::SEE_OTHER, "signing in");
         let set = response
             .headers()
@@ -821,10 +801,267 @@ async fn cookies_are_secure_behind_tls(backend: Backend) {
     env.finish().await;
 }
 
+/// Whether `cookie` (a `name=value` pair) is signed in: the runs page
+/// answers, rather than sending the browser to the login page.
+async fn signed_in(env: &Env, cookie: &str) -> bool {
+    let (status, body, location) = env.get(Some(cookie), "/console/t/acme/runs").await;
+    match status {
+        StatusCode::OK => true,
+        StatusCode::SEE_OTHER => {
+            let to = location.unwrap_or_default();
+            assert!(to.starts_with("/console/login?next="), "{to}");
+            false
+        }
+        other => panic!("runs page: {other}: {body}"),
+    }
+}
+
+/// The value of a `name=value` cookie pair.
+fn value_of(cookie: &str) -> &str {
+    cookie.split_once('=').map(|(_, v)| v).unwrap_or_default()
+}
+
+async fn sessions_hold_no_key_and_end_on_the_server(backend: Backend) {
+    let env = Env::new(backend).await;
+    let key = env.key("operator", "operator", "acme", &[]).await;
+    let key_id = belay_engine::auth::key::parse(&key).expect("key").key_id;
+    let s = env.sign_in(&key, "acme").await;
+    // The cookie is a random token: not the key, not an encoding of it.
+    let token = value_of(&s.cookie);
+    assert_eq!(token.len(), 64, "{token}");
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+    let secret = key.rsplit('_').next().unwrap_or_default();
+    assert!(!token.contains(secret) && !key.contains(token));
+    // The store keeps the token's hash and the key's id, never the key.
+    let store = env.coord.store();
+    let row = store
+        .console_session(&belay_engine::auth::key::secret_sha256(token))
+        .await
+        .expect("read")
+        .expect("the session is stored");
+    assert_eq!(row.credential, key_id);
+    assert_eq!(row.principal, "operator");
+    assert_eq!(
+        row.csrf, s.csrf,
+        "the page's forms carry the session's token"
+    );
+    assert!(
+        !format!("{row:?}").contains(&row.csrf),
+        "Debug redacts the CSRF token"
+    );
+    assert!(!row.credential_sha256.contains(secret));
+    // A made-up token, and the old cookie format (the key, base64url), are
+    // no sessions.
+    assert!(
+        !signed_in(
+            &env,
+            &format!("{}={}", console::SESSION_COOKIE, "ab".repeat(32))
+        )
+        .await
+    );
+    let old = base64_url(&key);
+    assert!(!signed_in(&env, &format!("{}={old}", console::SESSION_COOKIE)).await);
+    // Signing out ends the session on the server: the same cookie, sent
+    // again (a copy kept by an attacker), is no longer signed in.
+    assert!(signed_in(&env, &s.cookie).await);
+    let (status, _) = env
+        .post(Some(&s.cookie), console::LOGOUT_PATH, &[("csrf", &s.csrf)])
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(!signed_in(&env, &s.cookie).await, "replayed after sign-out");
+    // Signing in again ends the browser's previous session (no fixation).
+    let first = env.sign_in(&key, "acme").await;
+    let second = sign_in_with_cookie(&env, &key, &first.cookie).await;
+    assert!(
+        !signed_in(&env, &first.cookie).await,
+        "the previous session ended"
+    );
+    assert!(signed_in(&env, &second).await);
+    // Revoking the key ends its sessions at their next request.
+    let revoked = env
+        .http
+        .post(format!("{}/admin/v1/keys/{key_id}/revoke", env.base))
+        .bearer_auth(OPS)
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(revoked.status(), StatusCode::OK);
+    assert!(!signed_in(&env, &second).await, "revoked key");
+    let gone = store
+        .console_session(&belay_engine::auth::key::secret_sha256(value_of(&second)))
+        .await
+        .expect("read");
+    assert!(gone.is_none(), "the revoked key's session was ended");
+    // A session ends 12 hours after sign-in, by the engine's clock.
+    let other = env.key("operator2", "operator", "acme", &[]).await;
+    let s = env.sign_in(&other, "acme").await;
+    store
+        .advance_clock(12 * 3600 * 1000 - 1000)
+        .await
+        .expect("clock");
+    assert!(signed_in(&env, &s.cookie).await, "not yet 12 hours");
+    store.advance_clock(2000).await.expect("clock");
+    assert!(!signed_in(&env, &s.cookie).await, "after 12 hours");
+    env.finish().await;
+}
+
+/// The answer to signing in with `key` for `tenant` (may be empty) through
+/// the login form, from a browser that also sends the cookies `previous`
+/// (may be empty).
+async fn login_response(env: &Env, key: &str, tenant: &str, previous: &str) -> reqwest::Response {
+    let form = env
+        .http
+        .get(format!("{}{}", env.base, console::LOGIN_PATH))
+        .send()
+        .await
+        .expect("login page");
+    let login_cookie = cookie_of(&form, console::LOGIN_COOKIE).expect("login cookie");
+    let token = csrf_of(&form.text().await.expect("text"));
+    let mut cookies = format!("{}={login_cookie}", console::LOGIN_COOKIE);
+    if !previous.is_empty() {
+        cookies = format!("{cookies}; {previous}");
+    }
+    env.http
+        .post(format!("{}{}", env.base, console::LOGIN_PATH))
+        .header(COOKIE, cookies)
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("key", key),
+            ("tenant", tenant),
+            ("csrf", &token),
+        ]))
+        .send()
+        .await
+        .expect("login")
+}
+
+/// Sign in with `key` from a browser that has session cookie `previous`;
+/// returns the new session's cookie pair.
+async fn sign_in_with_cookie(env: &Env, key: &str, previous: &str) -> String {
+    let response = login_response(env, key, "acme", previous).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let value = cookie_of(&response, console::SESSION_COOKIE).expect("session cookie");
+    format!("{}={value}", console::SESSION_COOKIE)
+}
+
+async fn a_key_of_several_tenants_chooses_one_and_pages_speak_plainly(backend: Backend) {
+    let env = Env::new(backend).await;
+    let made: Value = env
+        .http
+        .post(format!("{}/admin/v1/keys", env.base))
+        .bearer_auth(OPS)
+        .json(&json!({"principal": "both", "role": "operator", "tenants": ["acme", "other"]}))
+        .send()
+        .await
+        .expect("create key")
+        .json()
+        .await
+        .expect("key json");
+    let key = made["key"].as_str().expect("key").to_owned();
+    // No tenant typed: signed in, sent to the page choosing one.
+    let response = login_response(&env, &key, "", "").await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let to = response
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(to, console::HOME_PATH);
+    let value = cookie_of(&response, console::SESSION_COOKIE).expect("session cookie");
+    let cookie = format!("{}={value}", console::SESSION_COOKIE);
+    let (status, page, _) = env.get(Some(&cookie), console::HOME_PATH).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    for link in [
+        r#"href="/console/t/acme/runs""#,
+        r#"href="/console/t/other/runs""#,
+    ] {
+        assert!(page.contains(link), "{link} in {page}");
+    }
+    let (status, _, location) = env.get(Some(&cookie), "/console?tenant=other").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(location.as_deref(), Some("/console/t/other/runs"));
+    let (status, page, _) = env.get(Some(&cookie), "/console?tenant=nope").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        page.contains("nope") && page.contains("Choose a tenant"),
+        "{page}"
+    );
+    // Each tenant's pages link back to the choice.
+    let (status, page, _) = env.get(Some(&cookie), "/console/t/acme/runs").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains(r#"<a href="/console">switch</a>"#), "{page}");
+    // An address with a parameter the page does not take: an HTML page
+    // naming it, not the admin API's JSON.
+    let response = env
+        .http
+        .get(format!("{}/console/t/acme/runs?bogus=1", env.base))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let kind = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(kind.starts_with("text/html"), "{kind}");
+    let page = response.text().await.unwrap_or_default();
+    assert!(
+        page.contains("query this page does not take") && page.contains("bogus"),
+        "{page}"
+    );
+    let (status, page, _) = env
+        .get(Some(&cookie), "/console/t/acme/runs?page=nonsense")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        page.contains("go back to the first page") && !page.contains("page_token"),
+        "{page}"
+    );
+    // A signal whose payload is not JSON is refused naming the field.
+    let run = env
+        .start("acme", "sig", json!({"email": "s@example.com"}))
+        .await;
+    let (_, page, _) = env
+        .get(Some(&cookie), &format!("/console/t/acme/runs/{run}"))
+        .await;
+    let csrf = csrf_of(&page);
+    let (status, body) = env
+        .post(
+            Some(&cookie),
+            &format!("/console/t/acme/runs/{run}/signal"),
+            &[
+                ("name", "go"),
+                ("signal_id", "s1"),
+                ("payload", "{nope"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body.contains("Payload (JSON): not JSON at line 1"),
+        "{body}"
+    );
+    env.finish().await;
+}
+
+/// `text` in base64url without padding (the cookie format before sessions
+/// were stored).
+fn base64_url(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+}
+
 on_both_backends!(
     a_confirmation_is_decided_from_the_page,
     cookies_are_secure_behind_tls,
     every_route_refuses_the_wrong_principal,
     the_run_list_filters_counts_and_pages,
     an_operator_sees_the_pages_and_resolves_from_the_form,
+    sessions_hold_no_key_and_end_on_the_server,
+    a_key_of_several_tenants_chooses_one_and_pages_speak_plainly,
 );

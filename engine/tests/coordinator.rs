@@ -671,6 +671,40 @@ async fn a_heartbeat_leaves_the_task_row_alone_and_its_extension_goes_when_the_t
     db.drop().await;
 }
 
+/// A long-poll claim answers (empty) as soon as the engine begins to shut
+/// down, instead of holding the graceful shutdown for its `wait_ms`; a
+/// claim that finds a task still gets it, and later claims answer at once.
+async fn a_long_poll_claim_answers_when_the_engine_stops(backend: Backend) {
+    let (db, coord, _run) = setup(backend).await;
+    // The run's first task, so nothing more is ready.
+    let first = coord.claim("w1", 1, 0).await.expect("claim");
+    assert_eq!(first.len(), 1);
+    let waiting = {
+        let coord = Arc::clone(&coord);
+        tokio::spawn(async move { coord.claim("w2", 1, 30_000).await })
+    };
+    // Let the claim look and begin to wait (it re-looks every second, so a
+    // stop before it waits is seen too).
+    tokio::task::yield_now().await;
+    coord.stop_claims();
+    // The guard is far below the claim's 30 s: only a stopped claim answers.
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("the claim answered before its wait_ms")
+        .expect("join")
+        .expect("claim");
+    assert!(answered.is_empty(), "{answered:?}");
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        coord.claim("w2", 1, 30_000),
+    )
+    .await
+    .expect("a claim after the stop answers at once")
+    .expect("claim");
+    assert!(again.is_empty());
+    db.drop().await;
+}
+
 on_both_backends!(
     claims_are_fenced_by_attempt,
     a_reconcile_call_whose_lease_expires_after_dispatch_is_uncertain,
@@ -682,4 +716,5 @@ on_both_backends!(
     one_run_that_cannot_be_judged_does_not_stop_the_sweeper,
     two_replicas_with_their_own_state_caches_agree_with_a_full_fold,
     health_follows_the_database,
+    a_long_poll_claim_answers_when_the_engine_stops,
 );

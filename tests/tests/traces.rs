@@ -363,3 +363,40 @@ async fn a_run_is_one_trace_from_the_callers_span_to_the_tool_requests() -> Resu
     receiver.kill().await?;
     env.stop().await
 }
+
+/// An engine whose OTLP collector cannot be reached says so in its log
+/// (the SDK's `BatchSpanProcessor.ExportError`, through `tracing`),
+/// instead of losing its spans silently. The collector here is a port
+/// nothing listens on; stopping the engine exports what it queued.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_collector_that_cannot_be_reached_is_logged() -> Result<()> {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let endpoint = format!("http://{}", closed.local_addr()?);
+    drop(closed);
+    let mut env = Env::start(EngineOpts::default()).await?;
+    let engine = env
+        .start_engine_with(
+            &[
+                "--otlp-endpoint".into(),
+                endpoint.clone(),
+                "--log-format".into(),
+                "json".into(),
+            ],
+            0,
+        )
+        .await?;
+    env.kill_engine(0).await?;
+    start_traced_run(&env.engines[engine].url).await?;
+    stop(&mut env.engines[engine]).await?;
+    let lines = json_log(&env.engines[engine])?;
+    let failed: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["name"] == "BatchSpanProcessor.ExportError")
+        .collect();
+    ensure!(
+        !failed.is_empty(),
+        "no export error logged; the log: {lines:#?}"
+    );
+    ensure!(failed.iter().all(|l| l["level"] == "ERROR"), "{failed:#?}");
+    env.stop().await
+}

@@ -3484,7 +3484,9 @@ else:
 
 /// A pass-through proxy in front of `upstream` that answers a `tools/call`
 /// of `echo` with the message `garble` with a cut-off JSON body (status
-/// 200, `application/json`), as a server whose answer broke would.
+/// 200, `application/json`), as a server whose answer broke would; with
+/// `garble-sse` the same inside an SSE event, with `surrogate-sse` an SSE
+/// event whose text ends in a lone surrogate escape.
 async fn garbling_proxy(upstream: String) -> String {
     let client = reqwest::Client::new();
     let router = axum::Router::new().route(
@@ -3496,14 +3498,29 @@ async fn garbling_proxy(upstream: String) -> String {
                 let (client, upstream) = (client.clone(), upstream.clone());
                 async move {
                     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    if request["params"]["arguments"]["message"] == "garble" {
-                        let text = format!(
-                            r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"cut"#,
-                            request["id"]
-                        );
+                    let message = request["params"]["arguments"]["message"].clone();
+                    let cut = format!(
+                        r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"cut"#,
+                        request["id"]
+                    );
+                    let lone = format!(
+                        r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"half \ud83d"}}]}}}}"#,
+                        request["id"]
+                    );
+                    let answer = match message.as_str() {
+                        Some("garble") => Some(("application/json", cut)),
+                        Some("garble-sse") => {
+                            Some(("text/event-stream", format!("event: message\ndata: {cut}\n\n")))
+                        }
+                        Some("surrogate-sse") => {
+                            Some(("text/event-stream", format!("event: message\ndata: {lone}\n\n")))
+                        }
+                        _ => None,
+                    };
+                    if let Some((kind, text)) = answer {
                         return axum::http::Response::builder()
                             .status(200)
-                            .header("content-type", "application/json")
+                            .header("content-type", kind)
                             .body(axum::body::Body::from(text))
                             .unwrap();
                     }
@@ -3530,8 +3547,9 @@ async fn garbling_proxy(upstream: String) -> String {
 }
 
 /// Issue 22, item 7, over Streamable HTTP: an answer that arrived but is
-/// not a JSON-RPC message fails its call at once as undecodable (a
-/// definite failure), not as an answer lost after sending.
+/// not a JSON-RPC message, as a JSON body or as an SSE event, fails its
+/// call at once as undecodable (a definite failure), not as an answer lost
+/// after sending; a lone surrogate in an SSE event is repaired.
 #[tokio::test]
 async fn an_undecodable_http_answer_fails_its_call_at_once_not_as_lost() {
     let everything = everything_http().await;
@@ -3539,16 +3557,26 @@ async fn an_undecodable_http_answer_fails_its_call_at_once_not_as_lost() {
     let client = mcp::connect(resolve("garbled", McpServerConfig::http(url), &[]))
         .await
         .unwrap();
-    let mut call = CallRequest::new("echo", args(json!({"message": "garble"})));
+    // A cut-off JSON answer, and the same inside an SSE stream.
+    for message in ["garble", "garble-sse"] {
+        let mut call = CallRequest::new("echo", args(json!({"message": message})));
+        call.timeout_ms = 3_600_000;
+        let outcome = tokio::time::timeout(GUARD, client.call_tool(call))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&outcome, CallOutcome::Undecodable { reason } if reason.contains("could not parse")),
+            "{message}: {outcome:?}"
+        );
+        assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    }
+    // A lone surrogate inside an SSE event is repaired, as on stdio.
+    let mut call = CallRequest::new("echo", args(json!({"message": "surrogate-sse"})));
     call.timeout_ms = 3_600_000;
     let outcome = tokio::time::timeout(GUARD, client.call_tool(call))
         .await
         .unwrap();
-    assert!(
-        matches!(&outcome, CallOutcome::Undecodable { reason } if reason.contains("could not parse")),
-        "{outcome:?}"
-    );
-    assert_eq!(outcome.failure_class(), Some(FailureClass::Rejected));
+    assert!(text_of(&outcome).contains("half \u{fffd}"), "{outcome:?}");
     // The session is still good.
     let outcome = client
         .call_tool(CallRequest::new("echo", args(json!({"message": "fine"}))))

@@ -325,9 +325,18 @@ pub fn child_run_id(run_id: &str, call_id: &str) -> String {
     uuid::Uuid::new_v5(&NAMESPACE, format!("{run_id}/{call_id}").as_bytes()).to_string()
 }
 
-/// `ms` as a human duration (`3days`, `1h 30m`), for status reasons.
+/// `ms` as a human duration (`3 days`, `1h 30m`, `2 months 4 days`), for
+/// status reasons: humantime's format, with a space before a unit that is
+/// a word (humantime writes `3days`).
 pub fn show_ms(ms: u64) -> String {
-    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+    let text = humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
+    text.split(' ')
+        .map(|part| match part.find(|c: char| !c.is_ascii_digit()) {
+            Some(at) if part[at..].len() > 2 => format!("{} {}", &part[..at], &part[at..]),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -113,6 +113,40 @@ impl Authenticator {
         active(row, &format!("API key {key_id}")).map(|_| ())
     }
 
+    /// The principal of a credential that authenticated earlier (a
+    /// console session's): `credential` is a [`Principal::credential`] (a
+    /// key id, `cert:<key id>` or `token:<name>`) and `credential_sha256`
+    /// the lowercase hex SHA-256 of the text presented then. A key is
+    /// looked up again (revoked, expired or deleted ones refused); a
+    /// configured token must still be configured under that name with that
+    /// secret. Errors: [`AuthError::Unauthenticated`] naming why the
+    /// credential no longer proves anyone; [`AuthError::Store`].
+    pub async fn resume(
+        &self,
+        credential: &str,
+        credential_sha256: &str,
+    ) -> Result<Principal, AuthError> {
+        if let Some(name) = credential.strip_prefix("token:") {
+            return self
+                .tokens
+                .by_name(name)
+                .filter(|t| t.has_digest(credential_sha256))
+                .map(|t| t.principal())
+                .ok_or_else(|| {
+                    AuthError::Unauthenticated(format!(
+                        "configured token `{name}` was removed or changed"
+                    ))
+                });
+        }
+        let key_id = credential.strip_prefix("cert:").unwrap_or(credential);
+        let row = self
+            .store
+            .principal_by_key_id(key_id)
+            .await?
+            .ok_or_else(|| AuthError::Unauthenticated(format!("API key {key_id} is gone")))?;
+        active(row, &format!("API key {key_id}"))
+    }
+
     async fn api_key(&self, text: &str) -> Result<Principal, AuthError> {
         let presented = key::parse(text)?;
         let row = self

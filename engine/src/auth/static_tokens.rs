@@ -87,6 +87,12 @@ impl AdminToken {
         &self.tenant
     }
 
+    /// Whether this token's secret has the lowercase hex SHA-256
+    /// `digest_hex` (compared in constant time).
+    pub fn has_digest(&self, digest_hex: &str) -> bool {
+        super::key::constant_time_eq(hex::encode(self.digest).as_bytes(), digest_hex.as_bytes())
+    }
+
     /// Whether this token may act for `tenant`.
     pub fn allows(&self, tenant: &str) -> bool {
         self.tenant == "*" || self.tenant == tenant
@@ -200,6 +206,11 @@ impl AdminAuth {
         })?;
         self.find(presented)
             .ok_or_else(|| AuthError::Unauthenticated("invalid bearer token".into()))
+    }
+
+    /// The token named `name`, if one is configured.
+    pub fn by_name(&self, name: &str) -> Option<&AdminToken> {
+        self.tokens.iter().find(|t| t.name == name)
     }
 
     /// The token whose secret is `presented`, comparing with every token

@@ -13,9 +13,9 @@ use serde_json::Value;
 
 use super::ConsoleState;
 use super::error::ConsoleError;
-use super::page::{self, ConsoleForm, Layout, pretty, redirect, run_url, seg, when};
+use super::page::{self, ConsoleForm, ConsoleQuery, Layout, pretty, redirect, run_url, seg, when};
 use super::session::Viewer;
-use crate::admin::{AdminPath, AdminQuery};
+use crate::admin::AdminPath;
 use crate::auth::{Principal, Role};
 use crate::coordinator::ApprovalDecision;
 use crate::machine::{RunState, StepKind};
@@ -176,7 +176,7 @@ fn calls(viewer: &Viewer, run: &RunRow, folded: &RunState) -> Vec<Waiting> {
 pub(crate) async fn page(
     State(state): State<ConsoleState>,
     Extension(viewer): Extension<Viewer>,
-    AdminQuery(q): AdminQuery<ApprovalsQuery>,
+    ConsoleQuery(q): ConsoleQuery<ApprovalsQuery>,
 ) -> Result<Response, ConsoleError> {
     let runs = state
         .coord

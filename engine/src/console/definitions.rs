@@ -12,10 +12,9 @@ use serde_json::Value;
 use super::ConsoleState;
 use super::error::ConsoleError;
 use super::graph::{self, RunMarks};
-use super::page::{self, Layout};
+use super::page::{self, ConsoleQuery, Layout};
 use super::session::Viewer;
 use super::signature::signature;
-use crate::admin::AdminQuery;
 use crate::definitions::model::WorkflowDef;
 use crate::store::DefinitionRow;
 
@@ -135,7 +134,7 @@ fn workflow(d: &DefinitionRow) -> Workflow {
 pub(crate) async fn page(
     State(state): State<ConsoleState>,
     Extension(viewer): Extension<Viewer>,
-    AdminQuery(q): AdminQuery<DefinitionsQuery>,
+    ConsoleQuery(q): ConsoleQuery<DefinitionsQuery>,
 ) -> Result<Response, ConsoleError> {
     let rows = state
         .coord

@@ -5,17 +5,18 @@
 //! questions waiting on people, and the definitions.
 //!
 //! - Sign-in: an API key (or a configured token) typed into the login page
-//!   becomes a session cookie (`HttpOnly`, `SameSite=Strict`, `Secure`
-//!   under TLS; [`session`]). The cookie carries the credential itself and
-//!   the engine keeps no session state: every request authenticates it
-//!   against the store again, so a revoked key signs its sessions out on
-//!   their next request, on every replica.
+//!   begins a session, a row of the store behind a random token in a
+//!   cookie (`HttpOnly`, `SameSite=Strict`, `Secure` under TLS;
+//!   [`session`]). Neither the cookie nor the row holds the key. Every
+//!   request authenticates the session's key against the store again, so
+//!   a revoked key ends its sessions on their next request, on every
+//!   replica; signing out ends the session on every replica too.
 //! - Authorization: each route borrows the policy of the gRPC method or
 //!   admin route that does the same ([`access`]); pages show only the
 //!   controls the principal may use, and the routes check again.
-//! - CSRF: every form carries a token derived from the session's credential
-//!   (HMAC-SHA256); a form posted without it, or with another, is refused
-//!   with 403 before its handler runs ([`session::guard`]).
+//! - CSRF: every form carries the session's random CSRF token; a form
+//!   posted without it, or with another, is refused with 403 before its
+//!   handler runs ([`session::guard`]).
 //! - Pages: [`runs`] (filters, counts, paging, live updates), [`run`]
 //!   (status and why, the graph from [`graph`], the timeline from
 //!   [`timeline`], controls), [`uncertain`] (queue, verdicts, audit),
@@ -24,7 +25,7 @@
 //!   binary from `engine/templates/console/`; the stylesheet and the one
 //!   script are embedded too ([`assets`]): no CDN, no network.
 //!
-//! Architecture Invariant: no state outside the database; no rule of
+//! Architecture Invariant: no state outside the database (sessions included); no rule of
 //! access of its own; reads and changes go through the same coordinator
 //! and store calls as the admin endpoint and the gRPC API.
 
@@ -39,6 +40,7 @@ mod run;
 mod runs;
 mod session;
 mod signature;
+mod tenants;
 mod timeline;
 mod uncertain;
 
@@ -54,11 +56,12 @@ pub use session::{CSRF_FIELD, LOGIN_COOKIE, SESSION_COOKIE};
 use crate::auth::Authenticator;
 use crate::coordinator::Coordinator;
 
-/// The console's entry: the runs of the principal's tenant, or the login page.
+/// The console's entry: the runs of the principal's tenant, the page
+/// choosing one (a key of several), or the login page.
 pub const HOME_PATH: &str = "/console";
 /// `GET`: the login form; `POST`: sign in with a key.
 pub const LOGIN_PATH: &str = "/console/login";
-/// `POST`: sign out (clears the cookie).
+/// `POST`: sign out (ends the session, clears the cookie).
 pub const LOGOUT_PATH: &str = "/console/logout";
 /// `GET`: the stylesheet.
 pub const CSS_PATH: &str = "/console/assets/console.css";
@@ -158,7 +161,7 @@ pub fn router(coord: Arc<Coordinator>, auth: Authenticator, secure: bool) -> Rou
     };
     let s = &state;
     Router::new()
-        .route(HOME_PATH, get(session::home))
+        .route(HOME_PATH, get(tenants::home))
         .route(LOGIN_PATH, get(session::login_form).post(session::login))
         .route(CSS_PATH, get(assets::css))
         .route(JS_PATH, get(assets::js))

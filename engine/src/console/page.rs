@@ -4,7 +4,8 @@
 //! every console response.
 
 use askama::Template;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -14,6 +15,7 @@ use serde_json::Value;
 use super::access::Abilities;
 use super::error::ConsoleError;
 use super::session::Viewer;
+use crate::auth::Tenants;
 
 /// The layout's data (`templates/console/base.html`).
 #[derive(Debug, Clone)]
@@ -35,6 +37,9 @@ pub(crate) struct Layout {
     pub(crate) notice: Option<&'static str>,
     /// What the principal may do.
     pub(crate) can: Abilities,
+    /// Whether the principal may act for other tenants too (the header
+    /// links to the page choosing one).
+    pub(crate) switch: bool,
 }
 
 impl Layout {
@@ -54,6 +59,7 @@ impl Layout {
             active,
             notice: notice_code.and_then(notice),
             can: Abilities::of(&viewer.principal),
+            switch: !matches!(&viewer.principal.tenants, Tenants::Only(list) if list.len() == 1),
         }
     }
 
@@ -80,6 +86,48 @@ pub(crate) fn notice(code: &str) -> Option<&'static str> {
     })
 }
 
+/// A 400 for a query or form axum could not read: `what` (`why`, its
+/// `prefix` cut and serde's word `words.0` said as `words.1`): `then`.
+fn not_understood(
+    why: &str,
+    prefix: &str,
+    words: (&str, &str),
+    what: &str,
+    then: &str,
+) -> ConsoleError {
+    let why = why
+        .strip_prefix(prefix)
+        .unwrap_or(why)
+        .replace(words.0, words.1);
+    ConsoleError::bad_request(format!("{what} ({why}): {then}"))
+}
+
+/// [`axum::extract::Query`] with rejections as [`ConsoleError`] pages
+/// (400) that say the address is not understood and name the parameter
+/// (unknown, repeated or of the wrong kind), instead of the admin
+/// endpoint's JSON.
+#[derive(Debug)]
+pub(crate) struct ConsoleQuery<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ConsoleQuery<T> {
+    type Rejection = ConsoleError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(v)| ConsoleQuery(v))
+            .map_err(|e| {
+                not_understood(
+                    &e.body_text(),
+                    "Failed to deserialize query string: ",
+                    ("field", "parameter"),
+                    "this page's address has a query this page does not take",
+                    "open the page from the console's links",
+                )
+            })
+    }
+}
+
 /// [`axum::Form`] with rejections as [`ConsoleError`]s (400). Fields a
 /// form has beyond `T`'s (its CSRF token) are ignored.
 #[derive(Debug)]
@@ -92,7 +140,15 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ConsoleForm<T> {
         axum::Form::<T>::from_request(req, state)
             .await
             .map(|axum::Form(v)| ConsoleForm(v))
-            .map_err(|e| ConsoleError::bad_request(format!("invalid form: {}", e.body_text())))
+            .map_err(|e| {
+                not_understood(
+                    &e.body_text(),
+                    "Failed to deserialize form body: ",
+                    ("field", "form field"),
+                    "the form was not understood",
+                    "reload the page and send it again",
+                )
+            })
     }
 }
 

@@ -15,10 +15,10 @@ use uuid::Uuid;
 use super::ConsoleState;
 use super::error::ConsoleError;
 use super::graph::{self, RunMarks};
-use super::page::{self, ConsoleForm, Layout, pretty, redirect, run_url, when};
+use super::page::{self, ConsoleForm, ConsoleQuery, Layout, pretty, redirect, run_url, when};
 use super::session::Viewer;
 use super::timeline::{self, Section};
-use crate::admin::{AdminPath, AdminQuery};
+use crate::admin::AdminPath;
 use crate::coordinator::UncertainFilter;
 use crate::machine::event::TimerSpec;
 use crate::machine::{RunState, StepKind};
@@ -203,7 +203,7 @@ pub(crate) async fn page(
     State(state): State<ConsoleState>,
     Extension(viewer): Extension<Viewer>,
     AdminPath((_, run_id)): AdminPath<(String, String)>,
-    AdminQuery(q): AdminQuery<RunQuery>,
+    ConsoleQuery(q): ConsoleQuery<RunQuery>,
 ) -> Result<Response, ConsoleError> {
     let run = state.coord.get_run(&viewer.tenant, &run_id).await?;
     let status = run.status.clone();
@@ -306,6 +306,26 @@ pub(crate) struct SignalForm {
     payload: String,
 }
 
+impl SignalForm {
+    /// The payload as JSON text (`{}` when left empty). Errors: 400 naming
+    /// the form's field and where the text stops being JSON.
+    fn payload(&self) -> Result<String, ConsoleError> {
+        let text = self.payload.trim();
+        if text.is_empty() {
+            return Ok("{}".to_owned());
+        }
+        serde_json::from_str::<serde_json::Value>(text)
+            .map(|_| text.to_owned())
+            .map_err(|e| {
+                ConsoleError::bad_request(format!(
+                    "Payload (JSON): not JSON at line {}, column {} ({e}); write it as JSON, e.g. {{\"approved\": true}}",
+                    e.line(),
+                    e.column()
+                ))
+            })
+    }
+}
+
 /// `POST …/signal`.
 pub(crate) async fn signal(
     State(state): State<ConsoleState>,
@@ -314,6 +334,7 @@ pub(crate) async fn signal(
     ConsoleForm(f): ConsoleForm<SignalForm>,
 ) -> Result<Response, ConsoleError> {
     let by = viewer.principal.actor("")?;
+    let payload = f.payload()?;
     let (_, duplicate) = state
         .coord
         .signal_run(
@@ -321,7 +342,7 @@ pub(crate) async fn signal(
             &run_id,
             f.name.trim(),
             f.signal_id.trim(),
-            &f.payload,
+            &payload,
             &by,
         )
         .await?;

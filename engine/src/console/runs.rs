@@ -12,9 +12,8 @@ use serde::Deserialize;
 
 use super::ConsoleState;
 use super::error::ConsoleError;
-use super::page::{self, Layout, query_value, run_url, runs_url, when};
+use super::page::{self, ConsoleQuery, Layout, query_value, run_url, runs_url, when};
 use super::session::Viewer;
-use crate::admin::AdminQuery;
 use crate::coordinator::{make_page_token, parse_page_token};
 use crate::store::{RunRow, RunSearch};
 
@@ -188,7 +187,11 @@ fn search<'a>(tenant: &'a str, q: &'a RunsQuery) -> Result<RunSearch<'a>, Consol
         created_from: parse_time("from", RunsQuery::value(&q.from))?,
         created_before: parse_time("to", RunsQuery::value(&q.to))?,
         text: Some(RunsQuery::value(&q.q)).filter(|s| !s.is_empty()),
-        after: parse_page_token(RunsQuery::value(&q.page))?,
+        after: parse_page_token(RunsQuery::value(&q.page)).map_err(|_| {
+            ConsoleError::bad_request(
+                "this page link is not valid (its `page` is not one this console made): go back to the first page",
+            )
+        })?,
         limit: page_size(q)? + 1,
     })
 }
@@ -246,7 +249,7 @@ async fn live(state: &ConsoleState, tenant: &str, q: &RunsQuery) -> Result<RunsL
 pub(crate) async fn page(
     State(state): State<ConsoleState>,
     Extension(viewer): Extension<Viewer>,
-    AdminQuery(q): AdminQuery<RunsQuery>,
+    ConsoleQuery(q): ConsoleQuery<RunsQuery>,
 ) -> Result<Response, ConsoleError> {
     let live = live(&state, &viewer.tenant, &q).await?;
     if q.partial.is_some() {

@@ -1,19 +1,24 @@
-//! Signing in and out, the session cookie, and the guard every console
-//! route but the public ones passes: it authenticates the cookie's
-//! credential against the store (as the admin endpoint authenticates a
-//! bearer header), applies the route's [`Policy`] and the path's tenant,
-//! and refuses a form without the session's CSRF token (403) before its
-//! handler runs.
+//! Signing in and out, the session, and the guard every console route but
+//! the public ones passes: it finds the request's session, authenticates
+//! the session's credential against the store again (as the admin endpoint
+//! authenticates a bearer header), applies the route's [`Policy`] and the
+//! path's tenant, and refuses a form without the session's CSRF token (403)
+//! before its handler runs.
 //!
-//! The cookie holds the credential (base64url), so that no replica needs a
-//! session table: a key revoked or expired signs its sessions out on their
-//! next request. It is `HttpOnly` (no script reads it), `SameSite=Strict`
-//! (no other site's page sends it) and `Secure` under TLS, and lives 12
-//! hours. The CSRF token is HMAC-SHA256 of a fixed label keyed with the
-//! credential: the same on every replica, unknowable without the
-//! credential. The login form has its own token, a random value in a
-//! cookie of the login path (double submit), so no other site can sign a
-//! browser into a session of its choosing.
+//! A session is a row of the store (`console_sessions`; OWASP's Session
+//! Management Cheat Sheet: a server-side session behind a random id). The
+//! cookie holds only a random 256-bit session token, the row only its
+//! SHA-256, the key id it signed in with, and the session's random CSRF
+//! token: neither the cookie nor the database holds the API key. Every
+//! replica reads the same rows; a key revoked or expired ends its sessions
+//! on their next request, signing out deletes the row, and a session ends
+//! 12 hours after sign-in whatever happens. The cookie is `HttpOnly` (no
+//! script reads it), `SameSite=Strict` (no other site's page sends it) and
+//! `Secure` under TLS. Forms carry the session's CSRF token (synchronizer
+//! token). The login form has its own token, a random value in a cookie of
+//! the login path (double submit), so no other site can sign a browser
+//! into a session of its choosing; signing in ends the browser's previous
+//! session (no fixation).
 
 use std::collections::HashMap;
 
@@ -23,29 +28,27 @@ use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use hmac::{Hmac, Mac};
 use serde::Deserialize;
-use sha2::Sha256;
 
 use super::access::{self, Policy};
 use super::error::ConsoleError;
-use super::page::{self, redirect};
+use super::page::{self, ConsoleQuery, redirect};
 use super::{ConsoleState, HOME_PATH, LOGIN_PATH};
-use crate::admin::{AdminError, AdminQuery, MAX_BODY_BYTES};
-use crate::auth::key::constant_time_eq;
+use crate::admin::{AdminError, MAX_BODY_BYTES};
+use crate::auth::key::{constant_time_eq, secret_sha256};
 use crate::auth::{AuthError, Credentials, Principal};
+use crate::store::NewConsoleSession;
 
-/// The session cookie: the signed-in credential, base64url.
+/// The session cookie: the session token, 64 lowercase hex digits.
 pub const SESSION_COOKIE: &str = "belay_console";
 /// The login form's CSRF cookie (path [`LOGIN_PATH`]).
 pub const LOGIN_COOKIE: &str = "belay_console_login";
 /// The form field every console form carries its CSRF token in.
 pub const CSRF_FIELD: &str = "csrf";
-/// How long a session cookie lives, seconds (12 hours).
+/// How long a session lives from sign-in, seconds (12 hours).
 const SESSION_MAX_AGE_S: u32 = 12 * 3600;
-/// The label the CSRF token is the HMAC of.
-const CSRF_LABEL: &[u8] = b"belay-console-csrf-v1";
+/// Random bytes of a session token and of a CSRF token.
+const TOKEN_BYTES: usize = 32;
 
 /// The state of [`guard`]: the console's, and the route's policy.
 #[derive(Debug, Clone)]
@@ -77,15 +80,21 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// The CSRF token of a session whose credential is `credential`.
-pub(crate) fn csrf_token(credential: &str) -> String {
-    // HMAC takes a key of any length.
-    let mut mac = match Hmac::<Sha256>::new_from_slice(credential.as_bytes()) {
-        Ok(mac) => mac,
-        Err(_) => return String::new(),
-    };
-    mac.update(CSRF_LABEL);
-    hex::encode(mac.finalize().into_bytes())
+/// A fresh random token: [`TOKEN_BYTES`] bytes, lowercase hex.
+/// Errors: the system has no randomness (500).
+fn random_token(what: &str) -> Result<String, ConsoleError> {
+    let mut bytes = [0u8; TOKEN_BYTES];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| AdminError::Internal(format!("no randomness for {what}: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// The SHA-256 (the store's key) of the request's session token, `None`
+/// without a well-formed session cookie.
+fn session_id(headers: &HeaderMap) -> Option<String> {
+    cookie(headers, SESSION_COOKIE)
+        .filter(|t| t.len() == 2 * TOKEN_BYTES && t.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(secret_sha256)
 }
 
 /// A `Set-Cookie` value: `HttpOnly`, `SameSite=Strict`, `Secure` when
@@ -98,30 +107,32 @@ fn set_cookie(name: &str, value: &str, path: &str, max_age: u32, secure: bool) -
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("invalid=1"))
 }
 
-/// The principal and credential of the request's session cookie; `None`
-/// without one, or when its credential no longer proves anyone (revoked,
-/// expired, malformed). Errors: the store could not be read.
-async fn signed_in(
+/// The principal and CSRF token of the request's session; `None` without
+/// one, when it ended or expired, or when its credential no longer proves
+/// anyone (revoked, expired, removed: the session is then ended too).
+/// Errors: the store could not be read.
+pub(crate) async fn signed_in(
     state: &ConsoleState,
     headers: &HeaderMap,
 ) -> Result<Option<(Principal, String)>, ConsoleError> {
-    let Some(value) = cookie(headers, SESSION_COOKIE) else {
+    let Some(id) = session_id(headers) else {
         return Ok(None);
     };
-    let Some(credential) = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(value)
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok())
-    else {
+    let store = state.coord.store();
+    let Some(session) = store.console_session(&id).await? else {
         return Ok(None);
     };
-    let credentials = Credentials {
-        bearer: Some(credential.clone()),
-        cert_subject: None,
-    };
-    match state.auth.authenticate(credentials).await {
-        Ok(principal) => Ok(Some((principal, credential))),
-        Err(AuthError::Unauthenticated(_)) => Ok(None),
+    match state
+        .auth
+        .resume(&session.credential, &session.credential_sha256)
+        .await
+    {
+        Ok(principal) => Ok(Some((principal, session.csrf))),
+        Err(AuthError::Unauthenticated(why)) => {
+            tracing::info!(principal = %session.principal, %why, "console session ended");
+            store.end_console_session(&id).await?;
+            Ok(None)
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -136,11 +147,12 @@ pub(crate) async fn guard(
     // Owned, so the future holds no reference to the request (whose body
     // is not `Sync`) while the store is asked.
     let headers = req.headers().clone();
-    let Some((principal, credential)) = signed_in(&g.state, &headers).await? else {
+    let Some((principal, csrf)) = signed_in(&g.state, &headers).await? else {
         if is_post {
-            return Err(
-                AdminError::Unauthorized("sign in first (the session ended)".into()).into(),
-            );
+            return Err(AdminError::Unauthorized(
+                "no console session came with this form: sign in and send it again from the console's page (a form sent from another site carries no session)".into(),
+            )
+            .into());
         }
         let next = req
             .uri()
@@ -166,7 +178,6 @@ pub(crate) async fn guard(
     } else {
         access::authorize(&principal, g.policy, &tenant)?;
     }
-    let csrf = csrf_token(&credential);
     let body = if is_post {
         let bytes = to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
             AdminError::PayloadTooLarge(format!("the form is larger than {MAX_BODY_BYTES} bytes"))
@@ -211,21 +222,6 @@ fn check_csrf(body: &[u8], expected: &str) -> Result<(), ConsoleError> {
     }
 }
 
-/// `GET /console`: the runs of the signed-in principal's tenant, or the
-/// login page (not signed in, or a key of several tenants).
-pub(crate) async fn home(
-    State(state): State<ConsoleState>,
-    headers: HeaderMap,
-) -> Result<Response, ConsoleError> {
-    match signed_in(&state, &headers).await? {
-        Some((principal, _)) => match principal.tenant_for("") {
-            Ok(tenant) => Ok(redirect(&page::runs_url(&tenant))),
-            Err(_) => Ok(redirect(LOGIN_PATH)),
-        },
-        None => Ok(redirect(LOGIN_PATH)),
-    }
-}
-
 /// Query of the login page.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -264,14 +260,10 @@ fn login_page(
     error: Option<String>,
 ) -> Result<Response, ConsoleError> {
     let token = match cookie(headers, LOGIN_COOKIE) {
-        Some(t) if t.len() == 32 && t.chars().all(|c| c.is_ascii_hexdigit()) => t.to_owned(),
-        _ => {
-            let mut bytes = [0u8; 16];
-            getrandom::fill(&mut bytes).map_err(|e| {
-                AdminError::Internal(format!("no randomness for a login token: {e}"))
-            })?;
-            hex::encode(bytes)
+        Some(t) if t.len() == 2 * TOKEN_BYTES && t.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            t.to_owned()
         }
+        _ => random_token("a login token")?,
     };
     let html = LoginPage {
         csrf: token.clone(),
@@ -292,7 +284,7 @@ fn login_page(
 pub(crate) async fn login_form(
     State(state): State<ConsoleState>,
     headers: HeaderMap,
-    AdminQuery(q): AdminQuery<LoginQuery>,
+    ConsoleQuery(q): ConsoleQuery<LoginQuery>,
 ) -> Result<Response, ConsoleError> {
     login_page(
         &state,
@@ -352,7 +344,8 @@ pub(crate) async fn login(
     };
     let tenant = match principal.tenant_for(body.tenant.trim()) {
         Ok(t) => t,
-        Err(AuthError::InvalidArgument(m)) => return again(StatusCode::BAD_REQUEST, m),
+        // A key of several tenants, none typed: choose one after signing in.
+        Err(AuthError::InvalidArgument(_)) => String::new(),
         Err(AuthError::PermissionDenied(m)) => return again(StatusCode::FORBIDDEN, m),
         Err(e) => return Err(e.into()),
     };
@@ -366,12 +359,14 @@ pub(crate) async fn login(
     tracing::info!(principal = %principal.id, tenant, "console sign-in");
     let next = safe_next(&body.next);
     let prefix = format!("/console/t/{}/", page::seg(&tenant));
-    let to = if next.starts_with(&prefix) {
+    let to = if tenant.is_empty() {
+        HOME_PATH.to_owned()
+    } else if next.starts_with(&prefix) {
         next
     } else {
         page::runs_url(&tenant)
     };
-    let value = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(body.key.trim());
+    let value = begin_session(&state, &headers, &principal, body.key.trim()).await?;
     let mut response = redirect(&to);
     let h = response.headers_mut();
     h.append(
@@ -391,14 +386,47 @@ pub(crate) async fn login(
     Ok(response)
 }
 
-/// `POST /console/logout`: clear the session cookie.
-pub(crate) async fn logout(State(state): State<ConsoleState>) -> Response {
+/// Store a new session of `principal`, signed in with credential text
+/// `key`, ending the browser's previous one; returns the cookie's value.
+/// Errors: no randomness, the store could not be written.
+async fn begin_session(
+    state: &ConsoleState,
+    headers: &HeaderMap,
+    principal: &Principal,
+    key: &str,
+) -> Result<String, ConsoleError> {
+    let store = state.coord.store();
+    if let Some(previous) = session_id(headers) {
+        store.end_console_session(&previous).await?;
+    }
+    let token = random_token("a session token")?;
+    store
+        .create_console_session(&NewConsoleSession {
+            id_sha256: secret_sha256(&token),
+            credential: principal.credential.clone(),
+            credential_sha256: secret_sha256(key),
+            principal: principal.id.clone(),
+            csrf: random_token("a CSRF token")?,
+            ttl_ms: i64::from(SESSION_MAX_AGE_S) * 1000,
+        })
+        .await?;
+    Ok(token)
+}
+
+/// `POST /console/logout`: end the session and clear its cookie.
+pub(crate) async fn logout(
+    State(state): State<ConsoleState>,
+    headers: HeaderMap,
+) -> Result<Response, ConsoleError> {
+    if let Some(id) = session_id(&headers) {
+        state.coord.store().end_console_session(&id).await?;
+    }
     let mut response = redirect(LOGIN_PATH);
     response.headers_mut().append(
         header::SET_COOKIE,
         set_cookie(SESSION_COOKIE, "", HOME_PATH, 0, state.secure),
     );
-    response
+    Ok(response)
 }
 
 #[cfg(test)]
@@ -414,9 +442,18 @@ mod tests {
         );
         assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
         assert_eq!(cookie(&headers, "c"), None);
-        let t = csrf_token("belay_k_s");
-        assert_eq!(t.len(), 64);
-        assert_ne!(t, csrf_token("belay_k_t"));
+        // Not a session token: no session is looked up.
+        assert_eq!(session_id(&headers), None);
+        let token = random_token("a test").unwrap_or_default();
+        assert_eq!(token.len(), 64);
+        assert_ne!(Some(token.clone()), random_token("a test").ok());
+        let mut headers = HeaderMap::new();
+        let value = format!("{SESSION_COOKIE}={token}");
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("")),
+        );
+        assert_eq!(session_id(&headers), Some(secret_sha256(&token)));
         let c = set_cookie(SESSION_COOKIE, "v", "/console", 60, true);
         let c = c.to_str().unwrap_or_default();
         for part in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/console"] {
@@ -432,7 +469,7 @@ mod tests {
 
     #[test]
     fn csrf_is_required_and_must_match() {
-        let token = csrf_token("k");
+        let token = "a".repeat(64);
         assert!(check_csrf(format!("a=1&csrf={token}").as_bytes(), &token).is_ok());
         assert!(check_csrf(b"a=1", &token).is_err());
         assert!(check_csrf(b"csrf=nope", &token).is_err());

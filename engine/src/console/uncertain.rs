@@ -16,10 +16,10 @@ use serde_json::Value;
 
 use super::ConsoleState;
 use super::error::ConsoleError;
-use super::page::{self, ConsoleForm, Layout, pretty, redirect, run_url, when};
+use super::page::{self, ConsoleForm, ConsoleQuery, Layout, pretty, redirect, run_url, when};
 use super::session::Viewer;
 use super::signature::type_text;
-use crate::admin::{AdminPath, AdminQuery};
+use crate::admin::AdminPath;
 use crate::coordinator::UncertainFilter;
 use crate::machine::Resolution;
 use crate::store::UncertainRow;
@@ -177,7 +177,7 @@ fn resolved_line(tenant: &str, r: UncertainRow) -> Resolved {
 pub(crate) async fn page(
     State(state): State<ConsoleState>,
     Extension(viewer): Extension<Viewer>,
-    AdminQuery(q): AdminQuery<UncertainQuery>,
+    ConsoleQuery(q): ConsoleQuery<UncertainQuery>,
 ) -> Result<Response, ConsoleError> {
     let tenant = viewer.tenant.clone();
     let list = |status: &str, page_size| UncertainFilter {

@@ -252,6 +252,10 @@ pub struct Coordinator {
     store: Store,
     config: CoordinatorConfig,
     tasks_ready: Notify,
+    /// Set once the engine begins to shut down ([`Coordinator::stop_claims`]):
+    /// long-poll claims answer empty at once instead of holding the
+    /// graceful shutdown for their `wait_ms`.
+    claims_stopped: std::sync::atomic::AtomicBool,
     /// What the last claim that left nothing claimable saw, so the next
     /// claim can skip its statement ([`tasks::NothingClaimable`]), by the
     /// capability tags it claimed with (`None`: none named).
@@ -372,6 +376,7 @@ impl Coordinator {
             store,
             config,
             tasks_ready: Notify::new(),
+            claims_stopped: std::sync::atomic::AtomicBool::new(false),
             nothing_claimable: std::sync::Mutex::new(Default::default()),
             workers_seen: std::sync::Mutex::new(Default::default()),
             outbox_ready: Notify::new(),

@@ -182,7 +182,7 @@ impl Coordinator {
                 }
             };
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if now >= deadline || self.claims_stopped() {
                 self.metrics.claimed(&[]);
                 return Ok(Vec::new());
             }
@@ -196,6 +196,23 @@ impl Coordinator {
             wait = wait.min(Duration::from_secs(1));
             let _ = tokio::time::timeout(wait, notified).await;
         }
+    }
+
+    /// Answer every long-poll claim, now and from now on, once it has
+    /// looked for tasks (a claim that found some still returns them): the
+    /// engine is shutting down, and a worker waiting up to 30 s for work
+    /// would hold the graceful shutdown (and a pod's termination) that long.
+    /// The worker polls again, reaches another engine, or backs off.
+    pub fn stop_claims(&self) {
+        self.claims_stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.tasks_ready.notify_waiters();
+    }
+
+    /// Whether [`Coordinator::stop_claims`] was called.
+    fn claims_stopped(&self) -> bool {
+        self.claims_stopped
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn memo(&self) -> std::sync::MutexGuard<'_, Memos> {

@@ -21,7 +21,8 @@
 //! same names in both, so that a method's two versions sit at the same
 //! relative path (`postgres/tasks.rs` beside `sqlite/tasks.rs`);
 //! `tool_calls.rs` the audit of tool calls; `principals.rs` the rows of
-//! callers' credentials; `run_search.rs` the query of the operator
+//! callers' credentials; `console_sessions.rs` those of console
+//! sign-ins; `run_search.rs` the query of the operator
 //! console's run list ([`RunSearch`]: filters, keyset page, counts by
 //! status; `run_search.rs` in each backend).
 //!
@@ -116,6 +117,7 @@
 //! `Command::DropRunSecrets` deletes the run's rows. `Store::run_secrets`
 //! lists a run's rows without values (tests, operators).
 
+mod console_sessions;
 mod db_errors;
 mod fleet;
 mod gauges;
@@ -133,6 +135,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use console_sessions::{ConsoleSessionRow, NewConsoleSession};
 pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
 pub use fleet::{FLEET_GRACE_MIN_MS, FleetReset, fleet_grace_ms};
 pub use gauges::{GaugeCounts, PoolConnections};
@@ -356,6 +359,34 @@ impl Store {
     /// `key_id`.
     pub async fn revoke_principal(&self, key_id: &str) -> Result<Option<PrincipalRow>, StoreError> {
         on_backend!(self, b => b.revoke_principal(key_id).await)
+    }
+
+    // ---- console sessions ----------------------------------------------
+
+    /// Begin a console session: insert `s` (`created_at` now, `expires_at`
+    /// `s.ttl_ms` from now, by the engine's clock), deleting every session
+    /// that has expired in the same transaction.
+    ///
+    /// Errors: [`StoreError::Database`] when the row cannot be written (a
+    /// session with this `id_sha256` exists: a 256-bit random token was
+    /// drawn twice) or the database fails. Nothing is written on an error.
+    pub async fn create_console_session(&self, s: &NewConsoleSession) -> Result<(), StoreError> {
+        on_backend!(self, b => b.create_console_session(s).await)
+    }
+
+    /// The session whose token has this SHA-256, if it has not expired by
+    /// the engine's clock and was not ended. One indexed statement (every
+    /// console request asks it); SQLite reads on the read pool.
+    pub async fn console_session(
+        &self,
+        id_sha256: &str,
+    ) -> Result<Option<ConsoleSessionRow>, StoreError> {
+        on_backend!(self, b => b.console_session(id_sha256).await)
+    }
+
+    /// End a session (sign-out): delete it. Returns whether it existed.
+    pub async fn end_console_session(&self, id_sha256: &str) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.end_console_session(id_sha256).await)
     }
 
     // ---- definitions ---------------------------------------------------

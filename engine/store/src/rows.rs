@@ -71,6 +71,28 @@ impl StoreError {
         }
     }
 
+    /// Whether the database could not be reached, or is not accepting
+    /// connections yet: an I/O or TLS failure, a pool timeout, or
+    /// PostgreSQL's SQLSTATE class 08 (connection exception) or 57P01–
+    /// 57P03 (shutting down, crash shutdown, "the database system is
+    /// starting up" / in recovery), also inside a failed migration. Such a
+    /// failure may pass by itself (an engine that starts while PostgreSQL
+    /// recovers waits for it); any other error will not.
+    pub fn is_unreachable(&self) -> bool {
+        let e = match self {
+            StoreError::Database(e) => e,
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => e,
+            _ => return false,
+        };
+        match e {
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => true,
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+            _ => false,
+        }
+    }
+
     /// Whether the database refused a value as data (SQLSTATE class 22 or
     /// 54; see [`StoreError::rejected_value_sqlstate`]).
     pub fn is_rejected_value(&self) -> bool {

@@ -447,3 +447,12 @@ fn model_call_ids(d: &Decision) -> Vec<(String, Value)> {
         })
         .collect()
 }
+
+#[test]
+fn durations_in_reasons_read_as_words() {
+    assert_eq!(show_ms(3 * 86_400_000), "3 days");
+    assert_eq!(show_ms(86_400_000), "1 day");
+    assert_eq!(show_ms(5_400_000), "1h 30m");
+    assert_eq!(show_ms(7_200_000), "2h");
+    assert_eq!(show_ms(250), "250ms");
+}

@@ -71,6 +71,7 @@ macro_rules! fleet_in_grace {
     };
 }
 
+mod console_sessions;
 mod definitions;
 mod fleet;
 mod gates;

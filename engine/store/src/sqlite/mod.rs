@@ -39,6 +39,7 @@ use uuid::Uuid;
 use crate::rows::StoreError;
 use crate::transition::{STATE_CACHE_RUNS, StateCache, TasksWakeSeq, Wake};
 
+mod console_sessions;
 mod definitions;
 mod fleet;
 mod gates;

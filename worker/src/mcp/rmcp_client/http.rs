@@ -435,7 +435,20 @@ impl HeaderClient {
             (Err(StreamableHttpError::UnexpectedServerResponse(message)), Some(id))
                 if message.starts_with(UNPARSEABLE_ANSWER) =>
             {
-                Ok(self.undecodable(id, message.into_owned()))
+                Ok(StreamableHttpPostResponse::Json(
+                    undecodable(&self.calls, self.generation, id, message.into_owned()),
+                    None,
+                ))
+            }
+            // The same inside an SSE stream: an event whose data is not a
+            // JSON-RPC message becomes the error answer of the request the
+            // stream answers (rmcp would drop it, and the call would wait
+            // for its timeout and be read as lost).
+            (Ok(StreamableHttpPostResponse::Sse(stream, session)), Some(id)) => {
+                Ok(StreamableHttpPostResponse::Sse(
+                    checked_events(stream, Arc::clone(&self.calls), self.generation, id),
+                    session,
+                ))
             }
             (result, _) => result,
         };
@@ -443,35 +456,6 @@ impl HeaderClient {
             self.lost.cancel();
         }
         result
-    }
-
-    /// An error answer in place of an answer to `id` that cannot be
-    /// decoded; the call it answers (if it is one) is marked so.
-    fn undecodable(&self, id: RequestId, reason: String) -> StreamableHttpPostResponse {
-        let mut reason = reason;
-        if reason.len() > 1024 {
-            let mut end = 1024;
-            while !reason.is_char_boundary(end) {
-                end -= 1;
-            }
-            reason.truncate(end);
-        }
-        if let Some(marker) = self.calls.by_request_id(self.generation, &id)
-            && let Some(slot) = lock(&self.calls.slots).get_mut(&marker)
-        {
-            slot.undecodable = Some(reason.clone());
-        }
-        StreamableHttpPostResponse::Json(
-            JsonRpcMessage::error(
-                ErrorData::new(
-                    rmcp::model::ErrorCode(super::stdio::ANSWER_UNDECODABLE_CODE),
-                    reason,
-                    None,
-                ),
-                Some(id),
-            ),
-            None,
-        )
     }
 
     fn headers_for(&self, message: &ClientJsonRpcMessage, mut headers: HeaderMap) -> HeaderMap {
@@ -493,6 +477,76 @@ fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
         JsonRpcMessage::Request(request) => Some(request.id.clone()),
         _ => None,
     }
+}
+
+/// An error answer in place of an answer to `id` that cannot be decoded
+/// (`reason`, cut to 1 KiB); the call it answers (if it is one) is marked
+/// so, and ends `Undecodable`, not lost.
+fn undecodable(
+    calls: &Calls,
+    generation: u64,
+    id: RequestId,
+    reason: String,
+) -> ServerJsonRpcMessage {
+    let mut reason = reason;
+    if reason.len() > 1024 {
+        let mut end = 1024;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    if let Some(marker) = calls.by_request_id(generation, &id)
+        && let Some(slot) = lock(&calls.slots).get_mut(&marker)
+    {
+        slot.undecodable = Some(reason.clone());
+    }
+    JsonRpcMessage::error(
+        ErrorData::new(
+            rmcp::model::ErrorCode(super::stdio::ANSWER_UNDECODABLE_CODE),
+            reason,
+            None,
+        ),
+        Some(id),
+    )
+}
+
+/// The events of an SSE answer to request `id`: an event whose data is not
+/// a JSON-RPC message is repaired where [`crate::json_text::repair`] can
+/// (lone surrogates, bytes that are not UTF-8), else replaced by
+/// [`undecodable`]'s error answer (its event id and retry kept). Events
+/// without data (keep-alives, retry hints) pass as they are.
+fn checked_events(
+    stream: futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
+    calls: Arc<Calls>,
+    generation: u64,
+    id: RequestId,
+) -> futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>> {
+    use futures_util::StreamExt as _;
+    stream
+        .map(move |event| {
+            let mut sse = event?;
+            let Some(data) = sse.data.as_deref().filter(|d| !d.trim().is_empty()) else {
+                return Ok(sse);
+            };
+            let Err(e) = serde_json::from_str::<ServerJsonRpcMessage>(data) else {
+                return Ok(sse);
+            };
+            // Lone surrogates are repaired as on stdio (`json_text`).
+            let repaired = crate::json_text::repair(data.as_bytes())
+                .and_then(|(text, _)| String::from_utf8(text).ok())
+                .filter(|text| serde_json::from_str::<ServerJsonRpcMessage>(text).is_ok());
+            sse.data = match repaired {
+                Some(text) => Some(text),
+                None => {
+                    let reason = format!("{UNPARSEABLE_ANSWER} in an SSE event: {e}");
+                    let answer = undecodable(&calls, generation, id.clone(), reason);
+                    serde_json::to_string(&answer).ok()
+                }
+            };
+            Ok(sse)
+        })
+        .boxed()
 }
 
 impl StreamableHttpClient for HeaderClient {

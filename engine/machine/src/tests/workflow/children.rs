@@ -113,7 +113,7 @@ fn a_failed_child_takes_on_error_and_a_timeout_cancels_the_child() {
     assert!(
         run.state
             .status_reason
-            .contains("did not finish within 1day"),
+            .contains("did not finish within 1 day"),
         "{}",
         run.state.status_reason
     );
