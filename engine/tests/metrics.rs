@@ -63,15 +63,18 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
         coord.start_run(start("t", key)).await.expect("start");
     }
     let counts = store.gauge_counts().await.expect("gauges");
-    assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 2)]);
+    assert_eq!(
+        counts.tasks_ready,
+        vec![("model_call".to_owned(), String::new(), 2)]
+    );
     let text = coord.metrics().render(&store, coord.live_window_ms()).await;
     assert_eq!(
-        sample(&text, r#"belay_tasks_ready{kind="model_call"}"#),
+        sample(&text, r#"belay_tasks_ready{kind="model_call",pool=""}"#),
         Some(2.0),
         "{text}"
     );
     assert_eq!(
-        sample(&text, r#"belay_tasks_ready{kind="tool_call"}"#),
+        sample(&text, r#"belay_tasks_ready{kind="tool_call",pool=""}"#),
         Some(0.0),
         "{text}"
     );
@@ -89,7 +92,7 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     let counts = store.gauge_counts().await.expect("gauges");
     assert_eq!(
         counts.tasks_ready,
-        vec![("model_call".to_owned(), 1)],
+        vec![("model_call".to_owned(), String::new(), 1)],
         "a claimed task is no backlog"
     );
     let task = &claimed[0];
@@ -105,7 +108,10 @@ async fn backlog_and_step_counters_follow_the_tasks(backend: Backend) {
     let counts = store.gauge_counts().await.expect("gauges");
     assert_eq!(
         counts.tasks_ready,
-        vec![("model_call".to_owned(), 1), ("tool_call".to_owned(), 1)]
+        vec![
+            ("model_call".to_owned(), String::new(), 1),
+            ("tool_call".to_owned(), String::new(), 1)
+        ]
     );
 
     // The counters right away (the database gauges are cached for a second).
@@ -161,7 +167,10 @@ async fn paused_runs_are_counted_by_reason(backend: Backend) {
     assert!(counts.runs_waiting.is_empty(), "{counts:?}");
     assert!(counts.uncertain_open.is_empty(), "{counts:?}");
     // The paused run's model call is held: only the other run's is backlog.
-    assert_eq!(counts.tasks_ready, vec![("model_call".to_owned(), 1)]);
+    assert_eq!(
+        counts.tasks_ready,
+        vec![("model_call".to_owned(), String::new(), 1)]
+    );
     let text = coord.metrics().render(&store, coord.live_window_ms()).await;
     assert_eq!(
         sample(&text, r#"belay_runs_paused{reason="operator"}"#),

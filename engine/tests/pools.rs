@@ -109,6 +109,16 @@ async fn claims_take_only_the_tasks_capabilities_cover(backend: Backend) {
     );
     let g = all.iter().find(|t| t.run_id == run_g).expect("gpu task");
     assert_eq!(g.requires, ["http_base_url", "pool:gpu"]);
+    // The backlog by the pool each task names ("" for none): what each
+    // worker group's autoscaler selects.
+    let counts = store.gauge_counts().await.expect("gauges");
+    assert_eq!(
+        counts.tasks_ready,
+        [
+            ("tool_call".to_owned(), String::new(), 2),
+            ("tool_call".to_owned(), "gpu".to_owned(), 1)
+        ]
+    );
 
     let alpha = strings(&["mcp:alpha", "http_base_url"]);
     let beta = strings(&["mcp:beta", "model_provider:openai"]);
@@ -125,6 +135,18 @@ async fn claims_take_only_the_tasks_capabilities_cover(backend: Backend) {
     );
     assert_eq!(left[0].missing, ["pool:gpu"]);
     assert_eq!(left[0].reason, "no live worker has pool:gpu");
+    // The gpu pool's backlog leaves it out (no live worker has the pool:
+    // more workers like the live ones would not take it), the shown zero
+    // stays a series.
+    let text = coord.metrics().render(&store, coord.live_window_ms()).await;
+    for (series, want) in [
+        (r#"belay_tasks_ready{kind="tool_call",pool="gpu"} "#, "0"),
+        (r#"belay_tasks_ready{kind="tool_call",pool=""} "#, "0"),
+        (r#"belay_tasks_unclaimable{kind="tool_call"} "#, "1"),
+    ] {
+        let value = text.lines().find_map(|l| l.strip_prefix(series));
+        assert_eq!(value, Some(want), "{series} in\n{text}");
+    }
     assert_eq!(
         coord
             .unclaimable_tasks(Some(run_g))

@@ -108,7 +108,7 @@ async fn each_task_goes_to_a_capable_worker_and_a_pool_waits_for_its_worker(
     ensure!(unclaimable_gauge(&env).await? == 1.0);
     // The autoscaler's backlog leaves it out: more workers like the live
     // ones would not take it either.
-    let ready = gauge(&env, "belay_tasks_ready{kind=\"tool_call\"}").await?;
+    let ready = gauge(&env, "belay_tasks_ready{kind=\"tool_call\",pool=\"gpu\"}").await?;
     ensure!(
         ready == 0.0,
         "belay_tasks_ready counts a task no worker can take: {ready}"

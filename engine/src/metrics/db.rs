@@ -32,19 +32,29 @@ pub(super) struct DbGauges {
 struct State {
     /// When the gauges were last read.
     read_at: Option<Instant>,
-    /// Label values set so far, by gauge.
-    seen: [BTreeSet<String>; 5],
+    /// Label values set so far, by gauge of [`GAUGES`].
+    seen: [BTreeSet<Labels>; 5],
 }
 
+/// A series' label values, in the order of its gauge's label names.
+type Labels = Vec<String>;
+
+/// A gauge's figures: label values and a count.
+type Figures = Vec<(Labels, i64)>;
+
 /// The gauges of `GaugeCounts`, in the order of `State::seen`, with their
-/// label name.
-const GAUGES: [(&str, &str); 5] = [
-    (TASKS_READY, "kind"),
-    (TASKS_UNCLAIMABLE, "kind"),
-    (UNCERTAIN_OPEN, "tenant"),
-    (RUNS_PAUSED, "reason"),
-    (RUNS_WAITING, "reason"),
+/// label names.
+const GAUGES: [(&str, &[&str]); 5] = [
+    (TASKS_READY, &["kind", "pool"]),
+    (TASKS_UNCLAIMABLE, &["kind"]),
+    (UNCERTAIN_OPEN, &["tenant"]),
+    (RUNS_PAUSED, &["reason"]),
+    (RUNS_WAITING, &["reason"]),
 ];
+
+/// The task kinds, each always shown in the backlog gauges (0 included;
+/// the ready backlog with pool "").
+const KINDS: [&str; 2] = ["model_call", "tool_call"];
 
 impl DbGauges {
     /// Reads the database gauges into `m` unless read less than
@@ -66,28 +76,27 @@ impl DbGauges {
             let unclaimable = store
                 .unclaimable_tasks(None, live_window_ms, UNCLAIMABLE_COUNTED)
                 .await?;
-            // Tasks a requirement of which no live worker has: more
-            // workers like the live ones would not take them either.
-            let missing: Vec<_> = unclaimable
-                .iter()
-                .filter(|t| !t.missing.is_empty())
-                .cloned()
-                .collect();
-            Ok::<_, crate::store::StoreError>((counts, by_kind(&unclaimable), by_kind(&missing)))
+            Ok::<_, crate::store::StoreError>((counts, unclaimable))
         };
         match read.await {
-            Ok((counts, unclaimable, missing)) => {
+            Ok((counts, unclaimable)) => {
                 state.read_at = Some(Instant::now());
+                // Tasks a requirement of which no live worker has: more
+                // workers like the live ones would not take them either.
+                let missing: Vec<_> = unclaimable
+                    .iter()
+                    .filter(|t| !t.missing.is_empty())
+                    .collect();
                 let lists = [
                     // What workers can take: the autoscaler scales on it,
                     // and must not add workers for tasks that need what no
                     // live worker has (with no live worker at all, every
                     // ready task counts: a first worker takes it).
                     claimable(counts.tasks_ready, &missing),
-                    unclaimable,
-                    counts.uncertain_open,
-                    counts.runs_paused,
-                    counts.runs_waiting,
+                    count_by(&unclaimable, |t| vec![t.kind.clone()]),
+                    one_label(counts.uncertain_open),
+                    one_label(counts.runs_paused),
+                    one_label(counts.runs_waiting),
                 ];
                 for (i, list) in lists.into_iter().enumerate() {
                     set_gauge(m, GAUGES[i], &mut state.seen[i], list);
@@ -105,56 +114,84 @@ impl DbGauges {
 /// At most this many unclaimable tasks are counted per reading.
 const UNCLAIMABLE_COUNTED: i64 = 1_000;
 
-/// Ready tasks by kind (`ready`) less `cannot` (by kind), at least 0.
-fn claimable(ready: Vec<(String, i64)>, cannot: &[(String, i64)]) -> Vec<(String, i64)> {
+/// The ready backlog by `(kind, pool)` less the tasks of `cannot` (by the
+/// same), at least 0.
+fn claimable(
+    ready: Vec<(String, String, i64)>,
+    cannot: &[&crate::store::UnclaimableTask],
+) -> Figures {
+    let less = count_by(cannot, |t| {
+        vec![
+            t.kind.clone(),
+            crate::store::pool_of(&t.requires).to_owned(),
+        ]
+    });
     ready
         .into_iter()
-        .map(|(kind, n)| {
-            let less: i64 = cannot
+        .map(|(kind, pool, n)| {
+            let labels = vec![kind, pool];
+            let minus: i64 = less
                 .iter()
-                .filter(|(k, _)| *k == kind)
+                .filter(|(l, _)| *l == labels)
                 .map(|(_, c)| *c)
                 .sum();
-            (kind, (n - less).max(0))
+            (labels, (n - minus).max(0))
         })
         .collect()
 }
 
-/// Unclaimable tasks counted by kind.
-fn by_kind(tasks: &[crate::store::UnclaimableTask]) -> Vec<(String, i64)> {
-    let mut counts = std::collections::BTreeMap::<String, i64>::new();
+/// `tasks` counted by the label values `labels` gives each.
+fn count_by<T>(tasks: &[T], labels: impl Fn(&T) -> Labels) -> Figures {
+    let mut counts = std::collections::BTreeMap::<Labels, i64>::new();
     for task in tasks {
-        *counts.entry(task.kind.clone()).or_default() += 1;
+        *counts.entry(labels(task)).or_default() += 1;
     }
     counts.into_iter().collect()
 }
 
+/// The figures of a one-label gauge.
+fn one_label(list: Vec<(String, i64)>) -> Figures {
+    list.into_iter().map(|(v, n)| (vec![v], n)).collect()
+}
+
 /// Sets gauge `name` to `list`, and to 0 for label values seen before but
-/// absent now. `tasks_ready` always has both kinds.
+/// absent now. The backlog gauges always have both kinds.
 fn set_gauge(
     m: &EngineMetrics,
-    (name, label): (&'static str, &'static str),
-    seen: &mut BTreeSet<String>,
-    list: Vec<(String, i64)>,
+    (name, names): (&'static str, &[&'static str]),
+    seen: &mut BTreeSet<Labels>,
+    list: Figures,
 ) {
     if name == TASKS_READY || name == TASKS_UNCLAIMABLE {
-        seen.extend(["model_call".to_owned(), "tool_call".to_owned()]);
+        // The kinds with the other labels empty: pool "" (no pool).
+        seen.extend(KINDS.map(|k| {
+            let mut labels = vec![String::new(); names.len()];
+            labels[0] = k.to_owned();
+            labels
+        }));
     }
-    let mut zero: BTreeSet<String> = seen.clone();
-    for (value, count) in list {
-        m.gauge(name, &[(label, &value)]).set(count as f64);
-        zero.remove(&value);
-        seen.insert(value);
+    let set = |values: &Labels, figure: f64| {
+        let labels: Vec<(&'static str, &str)> = names
+            .iter()
+            .zip(values)
+            .map(|(n, v)| (*n, v.as_str()))
+            .collect();
+        m.gauge(name, &labels).set(figure);
+    };
+    let mut zero = seen.clone();
+    for (values, count) in list {
+        set(&values, count as f64);
+        zero.remove(&values);
+        seen.insert(values);
     }
-    for value in zero {
-        m.gauge(name, &[(label, &value)]).set(0.0);
+    for values in zero {
+        set(&values, 0.0);
     }
 }
 
 /// Sets `belay_db_errors_total` from the store's process-wide counts.
 fn set_errors(m: &EngineMetrics) {
     for (class, count) in crate::store::db_error_counts() {
-        m.counter(DB_ERRORS, &[("operation", class)])
-            .absolute(count);
+        m.counter(DB_ERRORS, &[("class", class)]).absolute(count);
     }
 }

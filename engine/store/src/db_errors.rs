@@ -1,5 +1,5 @@
 //! Counts of the database errors this process met, by class, for the
-//! engine's `belay_db_errors_total{operation}`: every `sqlx::Error` that
+//! engine's `belay_db_errors_total{class}`: every `sqlx::Error` that
 //! becomes a [`StoreError::Database`](crate::StoreError::Database) passes
 //! [`count`]. Process-wide (like the pool they come from), lock-free.
 

@@ -138,7 +138,7 @@ use uuid::Uuid;
 pub use console_sessions::{ConsoleSessionRow, NewConsoleSession};
 pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
 pub use fleet::{FLEET_GRACE_MIN_MS, FleetReset, fleet_grace_ms};
-pub use gauges::{GaugeCounts, PoolConnections};
+pub use gauges::{GaugeCounts, POOL_TAG_PREFIX, PoolConnections, pool_of};
 pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};

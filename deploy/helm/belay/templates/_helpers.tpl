@@ -66,7 +66,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* image: include with (list $ .Values.engine.image). */}}
 {{- define "belay.image" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 {{- $image := index . 1 }}
 {{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
 {{- end }}
@@ -78,7 +78,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* An env entry from the Secret: include with (list $ "NAME" "keyField" optional). */}}
 {{- define "belay.secretEnv" -}}
-{{- $root := index . 0 }}
+{{- $root := index . 0 -}}
 - name: {{ index . 1 }}
   valueFrom:
     secretKeyRef:
@@ -97,23 +97,35 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
-{{/* Volumes of the TLS Secret and a writable /tmp. */}}
+{{/*
+Volumes of a pod: a writable /tmp, the TLS Secret, then the pod's own
+extraVolumes. Include with (list $ extraVolumes); belay.volumeMounts the same
+with extraVolumeMounts.
+*/}}
 {{- define "belay.volumes" -}}
+{{- $root := index . 0 -}}
 - name: tmp
   emptyDir: {}
-{{- if .Values.engine.tls.enabled }}
+{{- if $root.Values.engine.tls.enabled }}
 - name: tls
   secret:
-    secretName: {{ .Values.engine.tls.existingSecret }}
+    secretName: {{ $root.Values.engine.tls.existingSecret }}
+{{- end }}
+{{- with index . 1 }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
 {{- define "belay.volumeMounts" -}}
+{{- $root := index . 0 -}}
 - name: tmp
   mountPath: /tmp
-{{- if .Values.engine.tls.enabled }}
+{{- if $root.Values.engine.tls.enabled }}
 - name: tls
   mountPath: /etc/belay/tls
   readOnly: true
+{{- end }}
+{{- with index . 1 }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
