@@ -4,10 +4,25 @@
 # git ref), the last release tag, the merge base with origin/main when this
 # is a branch, else HEAD^ (on main: the commit before the last merge). The
 # base's proto/proto is checked with today's buf.yaml (older commits have
-# none). Needs buf: $BELAY_BUF (from .ci/clients.sh) or `buf` on PATH.
+# none).
+#
+#   .ci/buf.sh                     # finds or installs buf itself
+#   BELAY_BUF=/path/to/buf .ci/buf.sh
+#
+# buf is $BELAY_BUF when set, else `buf` on PATH, else the one
+# .ci/clients.sh installs (npm @bufbuild/buf, a devDependency of
+# clients/typescript; the first run installs the clients' toolchains into
+# ~/.cache/belay-clients, later runs find them there at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-buf="${BELAY_BUF:-buf}"
+if [[ -n "${BELAY_BUF:-}" ]]; then
+  buf="$BELAY_BUF"
+elif command -v buf >/dev/null; then
+  buf=buf
+else
+  echo "buf.sh: BELAY_BUF is not set and buf is not on PATH; getting it from .ci/clients.sh" >&2
+  buf="$(eval "$(.ci/clients.sh)" && printf '%s' "$BELAY_BUF")"
+fi
 
 "$buf" lint proto
 echo "buf lint: clean" >&2

@@ -3,6 +3,11 @@
 //! with pytest, `clients/typescript/test` with node's test runner) run as
 //! child processes that may SIGKILL the engine (its pid is in a file); this
 //! harness then starts it again on the same ports and writes the new pid.
+//! They may also freeze it (SIGSTOP, to show that keepalive pings end a
+//! watch on an engine that stopped answering) and thaw it (SIGCONT); the
+//! harness thaws it once the suite has ended, whatever happened. They get
+//! a test CA (`BELAY_TEST_PKI_DIR`) for the TLS servers they start to
+//! fail handshakes against, and the workflows of `tests/client-fixtures`.
 //! Also: the type checks (`mypy --strict`, `tsc --noEmit`), the README
 //! holding the example scripts verbatim, and `buf lint`/`buf breaking`.
 //!
@@ -13,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, Result, bail, ensure};
+use belay_tests::pki::TestPki;
 use belay_tests::{ADMIN_TOKEN, DbBackend, EngineOpts, Env, ci_env, on_both_backends, repo_root};
+use nix::sys::signal::Signal;
 use tokio::process::Command;
 
 const SCRIPT: &str = ".ci/clients.sh";
@@ -37,7 +44,12 @@ async fn python_suite(backend: DbBackend) -> Result<()> {
 async fn typescript_suite(backend: DbBackend) -> Result<()> {
     let mut suite = Command::new("node");
     suite
-        .args(["--test", "--test-concurrency=1", "dist/test/client.test.js"])
+        .args([
+            "--test",
+            "--test-concurrency=1",
+            "dist/test/client.test.js",
+            "dist/test/resilience.test.js",
+        ])
         .current_dir(typescript()?);
     run_suite(backend, "node --test", suite).await
 }
@@ -48,8 +60,13 @@ on_both_backends!(python_suite, typescript_suite);
 /// whenever the suite kills it, and fail unless the suite passes.
 async fn run_suite(backend: DbBackend, name: &str, mut suite: Command) -> Result<()> {
     let mut env = Env::start_on(backend, EngineOpts::default()).await?;
+    env.client(0)?
+        .register_paths(&[repo_root().join("tests/client-fixtures")])
+        .await?;
     env.start_worker(0).await?;
     let client_key = env.create_key("client-suite", "client", &["acme"]).await?;
+    // Kept until the suite has ended (dropping it removes the files).
+    let pki = TestPki::generate()?;
     let pid_file = std::env::temp_dir().join(format!(
         "belay-engine-{}.pid",
         uuid::Uuid::new_v4().simple()
@@ -61,6 +78,7 @@ async fn run_suite(backend: DbBackend, name: &str, mut suite: Command) -> Result
         .env("BELAY_TENANT", &env.tenant)
         .env("BELAY_TEST_CLIENT_KEY", client_key)
         .env("BELAY_TEST_ENGINE_PID_FILE", &pid_file)
+        .env("BELAY_TEST_PKI_DIR", pki.dir())
         .env(
             "BELAY_TEST_DEFINITIONS",
             repo_root().join("examples/onboarding/definitions"),
@@ -78,6 +96,9 @@ async fn run_suite(backend: DbBackend, name: &str, mut suite: Command) -> Result
             }
         }
     };
+    // A suite that died with the engine frozen leaves it stopped: let it
+    // run, so it stops cleanly (an engine that is running ignores SIGCONT).
+    env.engines[0].signal(Signal::SIGCONT)?;
     let _ = std::fs::remove_file(&pid_file);
     env.stop().await?;
     ensure!(
@@ -145,10 +166,12 @@ async fn typescript_client_passes_tsc() -> Result<()> {
 
 #[tokio::test]
 async fn proto_passes_buf_lint_and_buf_breaking() -> Result<()> {
-    let buf = ci_env(SCRIPT, "BELAY_BUF")?;
+    // Without BELAY_BUF, as a developer runs it: buf.sh finds buf itself
+    // (on PATH, else through .ci/clients.sh, whose cache ci_env fills).
+    ci_env(SCRIPT, "BELAY_BUF")?;
     let out = Command::new("bash")
         .arg(".ci/buf.sh")
-        .env("BELAY_BUF", buf)
+        .env_remove("BELAY_BUF")
         .current_dir(repo_root())
         .output()
         .await?;

@@ -7,15 +7,26 @@ describes in the environment:
 - ``BELAY_TEST_ENGINE_PID_FILE``: the engine's pid; when the suite kills
   the engine, the harness starts it again on the same port and writes the
   new pid there;
-- ``BELAY_TEST_DEFINITIONS``: the onboarding example's definitions.
+- ``BELAY_TEST_DEFINITIONS``: the onboarding example's definitions;
+- ``BELAY_TEST_PKI_DIR``: a test CA's files (``server.pem``,
+  ``server-key.pem`` for 127.0.0.1, ``other-ca.pem``: a CA that issued
+  none of them), for the TLS listeners the suite starts itself.
+
+A test may freeze the engine (SIGSTOP: its connections stay open and
+nothing answers) through the ``freezer`` fixture, which thaws it
+(SIGCONT) when the test ends; the harness thaws it too when the suite ends.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,3 +91,78 @@ async def aclient() -> AsyncIterator[AsyncClient]:
 def definitions() -> Path:
     """The onboarding example's definitions directory."""
     return Path(env("BELAY_TEST_DEFINITIONS"))
+
+
+class Freezer:
+    """Freezes the engine (SIGSTOP) and thaws it (SIGCONT)."""
+
+    def __init__(self) -> None:
+        self._frozen: list[int] = []
+
+    def freeze(self) -> None:
+        """Stop the engine process: its sockets stay open, nothing answers."""
+        pid = engine_pid()
+        os.kill(pid, signal.SIGSTOP)
+        self._frozen.append(pid)
+
+    def thaw(self) -> None:
+        """Let every engine this froze run again."""
+        while self._frozen:
+            os.kill(self._frozen.pop(), signal.SIGCONT)
+
+
+@pytest.fixture
+def freezer() -> Iterator[Freezer]:
+    """A :class:`Freezer` whose engine is thawed when the test ends, whatever happened."""
+    f = Freezer()
+    try:
+        yield f
+    finally:
+        f.thaw()
+
+
+def pki_file(name: str) -> Path:
+    """A file of the harness's test CA (``server.pem``, ``other-ca.pem``, …)."""
+    return Path(env("BELAY_TEST_PKI_DIR")) / name
+
+
+def _answer(conn: socket.socket, tls: ssl.SSLContext | None) -> None:
+    """One connection: a TLS handshake the client refuses, or bytes that are not TLS."""
+    with conn:
+        if tls is None:
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            return
+        try:
+            tls.wrap_socket(conn, server_side=True).close()
+        except (ssl.SSLError, OSError):
+            pass  # the client gave up on our certificate: what the test wants
+
+
+@contextmanager
+def listener(tls: bool) -> Iterator[str]:
+    """An ``https://`` URL on 127.0.0.1 where no engine is: a TLS server with
+    the test CA's certificate (``tls``), or a server that answers a TLS
+    client with plain HTTP/1.1 bytes."""
+    context = None
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki_file("server.pem"), pki_file("server-key.pem"))
+        context.set_alpn_protocols(["h2"])
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # closed: the test is over
+                return
+            _answer(conn, context)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        thread.join(timeout=10)

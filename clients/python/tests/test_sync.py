@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -19,7 +20,9 @@ from belay_client import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
+    InvalidJson,
     NotFound,
+    OpenRequest,
     PermissionDenied,
     RetryPolicy,
     RunEvent,
@@ -143,7 +146,7 @@ def test_errors_carry_the_code_and_the_engines_message(client: Client) -> None:
         with pytest.raises(Unauthenticated) as e:
             bad.list_runs()
     assert e.value.code == grpc.StatusCode.UNAUTHENTICATED and e.value.message
-    assert e.value.method == "/belay.v1.RunService/ListRuns"
+    assert e.value.method == "belay.v1.RunService/ListRuns"  # as the TypeScript client, and the engine's spans
 
     with Client(url, api_key=env("BELAY_TEST_CLIENT_KEY"), tenant=client.tenant) as plain:
         with pytest.raises(PermissionDenied) as denied:
@@ -159,8 +162,63 @@ def test_errors_carry_the_code_and_the_engines_message(client: Client) -> None:
         client.start_run("nope", {})
     with pytest.raises(InvalidArgument, match="input schema"):
         client.start_run("onboarding", {"name": "no email"})
-    with pytest.raises(TypeError, match="the run's input is not a JSON document"):
-        client.start_run("onboarding", {"when": object()})
+    with pytest.raises(NotFound) as no_run:
+        for _ in client.watch(str(uuid.uuid4())):
+            pass
+    assert no_run.value.method == "belay.v1.RunService/WatchRun"
+
+
+def test_arguments_that_are_not_json_are_refused_before_any_call() -> None:
+    # Nothing listens on port 1: a call would be Unavailable. The messages
+    # are the TypeScript client's, word for word (clients/typescript/test).
+    circular: list[object] = []
+    circular.append(circular)
+    with Client("http://127.0.0.1:1", retry=RetryPolicy(max_attempts=1)) as nowhere:
+        refusals: list[tuple[Callable[[], object], str]] = [
+            (lambda: nowhere.start_run("w", {"n": float("nan")}), "the run's input is not JSON: $.n is a number that is not finite (NaN)"),
+            (lambda: nowhere.start_run("w", {"a": [1, {"f": print}]}), "the run's input is not JSON: $.a[1].f is a function"),
+            (lambda: nowhere.start_run("w", {"x y": float("inf")}), 'the run\'s input is not JSON: $["x y"] is a number that is not finite (Infinity)'),
+            (lambda: nowhere.signal("r", "s", {"l": circular}), "the signal's payload is not JSON: $.l[0] is a circular reference"),
+            (lambda: nowhere.approve("r", "n", edited_subject={"when": object()}), "the edited subject is not JSON: $.when is an object of type object"),
+            (lambda: nowhere.provide_tool_input("r", "c", {1: "one"}), "the answer is not JSON: $ is an object with a key that is not a string (1)"),
+        ]
+        for call, message in refusals:
+            with pytest.raises(InvalidJson) as refused:
+                call()
+            assert str(refused.value) == message
+            assert isinstance(refused.value, TypeError)
+        # A string is a JSON string, sent as it is (not parsed as JSON text);
+        # no input is {} (as in TypeScript), so both reach the engine.
+        for value in ("{not json", None):
+            with pytest.raises(Unavailable):
+                nowhere.start_run("w", value)
+
+
+def test_get_run_shows_open_requests_and_unclaimable_tasks(client: Client) -> None:
+    run = client.start_run("onboarding", customer("requests"), caller_grants=GRANTS).run
+    assert client.get_run(run.run_id).open_requests == ()
+    for event in client.watch(run.run_id, timeout=60):
+        if event.kind == "wait_started":
+            client.signal(run.run_id, "documents_received", {"files": ["passport.pdf"]})
+        elif event.kind == "approval_requested":
+            waiting = client.get_run(run.run_id)
+            assert waiting.open_requests == (
+                OpenRequest("approve.approval", "approval", "approve", "", "onboarding.approve"),
+            )
+            assert waiting.unclaimable == ()
+            request = waiting.open_requests[0].request_id
+            client.approve(run.run_id, "approve", approver_grants=["onboarding.approve"], request_id=request)
+    done = client.wait(run.run_id, timeout=30)
+    assert done.status == "completed" and done.open_requests == ()
+
+    # A tool only a worker of pool `nowhere` may call (tests/client-fixtures).
+    stuck = client.start_run("client_unclaimable", {"email": "x@example.com"}, caller_grants=GRANTS).run
+    watch_until(client, stuck.run_id, "tool_call_scheduled")
+    (task,) = client.get_run(stuck.run_id).unclaimable
+    assert task.kind == "tool_call" and task.task_id
+    assert "pool:nowhere" in task.requires and task.missing == ("pool:nowhere",)
+    assert task.reason == "no live worker has pool:nowhere"
+    client.cancel(stuck.run_id)
 
 
 def test_options_are_checked_and_unavailable_is_retried_then_raised() -> None:

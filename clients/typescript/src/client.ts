@@ -12,8 +12,9 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { createClient, type Client } from "@connectrpc/connect";
 
-import { BelayError, ConfigError, DeadlineExceeded, Unavailable, errorFromCall } from "./errors.js";
+import { BelayError, ConfigError, DeadlineExceeded, errorFromCall } from "./errors.js";
 import { DefinitionService, RunService, TenantService } from "./gen/belay/v1/belay_pb.js";
+import { toJson } from "./json.js";
 import {
   type Definition,
   type Json,
@@ -25,9 +26,10 @@ import {
   isFinalEvent,
   isFinalRun,
   runFrom,
+  runFromGetRun,
 } from "./models.js";
 import { type ClientOptions, type Resolved, envOptions, resolve } from "./options.js";
-import { delayMs, shouldResume, withRetries } from "./retry.js";
+import { Reconnects, withRetries } from "./retry.js";
 
 /** Options of `startRun`. */
 export interface StartOptions {
@@ -53,17 +55,6 @@ export interface DecisionOptions {
    * visited the node twice, and safe to retry (the same decision again changes nothing).
    */
   requestId?: string;
-}
-
-function json(value: unknown, what: string): string {
-  let text: string | undefined;
-  try {
-    text = JSON.stringify(value);
-  } catch (e) {
-    throw new TypeError(`${what} is not a JSON document: ${(e as Error).message}`);
-  }
-  if (text === undefined) throw new TypeError(`${what} is not a JSON document`);
-  return text;
 }
 
 const DEFINITION_FILE = /(\.tools\.abl|\.ya?ml)$/;
@@ -130,15 +121,16 @@ export class BelayClient {
   }
 
   /**
-   * Start a run of the latest version of `workflow` with `input` (JSON).
-   * Rejects with `NotFound` for an unknown workflow, `InvalidArgument` for
-   * input its schema refuses.
+   * Start a run of the latest version of `workflow` with `input` (JSON;
+   * `null` or none: `{}`, as in Python). Throws `InvalidJson` before any
+   * call for input JSON cannot hold; rejects with `NotFound` for an unknown
+   * workflow, `InvalidArgument` for input its schema refuses.
    */
   async startRun(workflow: string, input: Json = {}, options: StartOptions = {}): Promise<{ run: Run; created: boolean }> {
     const request = {
       tenant: this.tenant,
       workflow,
-      inputJson: json(input, "the run's input"),
+      inputJson: toJson(input ?? {}, "the run's input"),
       idempotencyKey: options.idempotencyKey ?? randomUUID(),
       caller: options.caller ?? "",
       callerGrants: options.callerGrants ?? [],
@@ -152,7 +144,7 @@ export class BelayClient {
   async getRun(runId: string): Promise<Run> {
     const m = "belay.v1.RunService/GetRun";
     const response = await this.#call(m, (o) => this.#runs.getRun({ tenant: this.tenant, runId }, o));
-    return runFrom(response.run, m);
+    return runFromGetRun(response, m);
   }
 
   /** A page of the tenant's runs, newest first (`pageSize` 1..=500, 0: 50). */
@@ -175,42 +167,41 @@ export class BelayClient {
    * The run's events after `afterSeq`, as they happen, ending after the
    * event that ends the run. When the stream breaks (an engine restart, a
    * dropped connection) it reconnects with the retry policy's backoff from
-   * the last `seq` it yielded: no event is missed or repeated. `timeoutMs`
-   * bounds the whole watch (`DeadlineExceeded`); leaving the loop early
-   * cancels the stream.
+   * the last `seq` it yielded: no event is missed or repeated; after
+   * `maxAttempts` streams or `maxElapsedMs` of failures in a row it throws
+   * the last error (`Unavailable`). An engine that stopped answering is
+   * found by the keepalive pings (`keepaliveMs`). `timeoutMs` bounds the
+   * whole watch (`DeadlineExceeded`); leaving the loop early cancels the
+   * stream.
    */
   async *watch(runId: string, afterSeq = 0, options: { timeoutMs?: number } = {}): AsyncGenerator<RunEvent, void, undefined> {
     const deadline = options.timeoutMs === undefined ? undefined : Date.now() + options.timeoutMs;
+    const reconnects = new Reconnects(this.#o.retry, runId, WATCH);
     let last = afterSeq;
-    let failures = 0;
     for (;;) {
       const remaining = deadline === undefined ? undefined : deadline - Date.now();
       if (remaining !== undefined && remaining <= 0) {
         throw new DeadlineExceeded(4, `watching run ${runId}: no end within ${options.timeoutMs} ms`, WATCH);
       }
+      let delay: number | undefined;
       let progressed = false;
       try {
         for await (const event of this.#stream(runId, last, remaining)) {
           last = event.seq;
-          failures = 0;
           progressed = true;
+          reconnects.progressed();
           yield event;
           if (isFinalEvent(event)) return;
         }
-        if (!progressed) {
-          if (isFinalRun(await this.getRun(runId))) return;
-          failures += 1;
-          if (failures >= this.#o.retry.maxAttempts) {
-            throw new Unavailable(14, `watching run ${runId}: the stream ended ${failures} times in a row without an event`, WATCH);
-          }
-        }
       } catch (e) {
         if (!(e instanceof BelayError)) throw e;
-        if (e instanceof Unavailable && failures >= this.#o.retry.maxAttempts) throw e;
-        failures += 1;
-        if (!shouldResume(e, failures, this.#o.retry)) throw e;
+        delay = reconnects.failed(e);
       }
-      if (failures > 0) await sleep(delayMs(this.#o.retry, failures));
+      if (delay === undefined && !progressed) {
+        if (isFinalRun(await this.getRun(runId))) return;
+        delay = reconnects.endedEmpty();
+      }
+      if (delay !== undefined && delay > 0) await sleep(delay);
     }
   }
 
@@ -264,7 +255,7 @@ export class BelayClient {
       runId,
       name,
       signalId: options.signalId ?? randomUUID(),
-      payloadJson: payload === null ? "" : json(payload, "the signal's payload"),
+      payloadJson: payload === null ? "" : toJson(payload, "the signal's payload"),
       sentBy: options.sentBy ?? "",
     };
     const response = await this.#call(m, (o) => this.#runs.signalRun(request, o));
@@ -288,7 +279,7 @@ export class BelayClient {
       runId,
       node,
       approve,
-      editedSubjectJson: options.editedSubject === undefined ? "" : json(options.editedSubject, "the edited subject"),
+      editedSubjectJson: options.editedSubject === undefined ? "" : toJson(options.editedSubject, "the edited subject"),
       approver: options.approver ?? "",
       approverGrants: options.approverGrants ?? [],
       reason: options.reason ?? "",
@@ -320,7 +311,7 @@ export class BelayClient {
   /** Answer a tool's question to a person (`tool_call_input_requested`). */
   async provideToolInput(runId: string, callId: string, answer: Json, by = "", requestId = ""): Promise<Run> {
     const m = "belay.v1.RunService/ProvideToolInput";
-    const request = { tenant: this.tenant, runId, callId, answerJson: json(answer, "the answer"), by, requestId };
+    const request = { tenant: this.tenant, runId, callId, answerJson: toJson(answer, "the answer"), by, requestId };
     return runFrom((await this.#call(m, (o) => this.#runs.provideToolInput(request, o))).run, m);
   }
 

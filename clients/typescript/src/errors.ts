@@ -12,7 +12,7 @@ export class BelayError extends Error {
   readonly code: Code;
   /** The engine's message: it names what is wrong (the run, the field, the grant). */
   readonly rawMessage: string;
-  /** The RPC, e.g. `belay.v1.RunService/StartRun`. */
+  /** The RPC as `<package>.<Service>/<Method>`, e.g. `belay.v1.RunService/StartRun` (as in Python, and the engine's trace spans). */
   readonly method: string;
 
   constructor(code: Code, rawMessage: string, method: string) {
@@ -60,6 +60,20 @@ export class ConfigError extends Error {
   }
 }
 
+/**
+ * An argument that must be JSON (a run's input, a signal's payload, an
+ * edited subject, an answer) holds a value JSON has not (`undefined`, a
+ * function, a bigint, `NaN`, a `Date`, a `Map`, a cycle). Thrown before
+ * anything is sent; the message names the argument, where the value is
+ * (`$.items[2].when`) and what it is.
+ */
+export class InvalidJson extends TypeError {
+  constructor(message: string) {
+    super(message);
+    this.name = "InvalidJson";
+  }
+}
+
 const BY_CODE = new Map<Code, new (code: Code, message: string, method: string) => BelayError>([
   [Code.InvalidArgument, InvalidArgument],
   [Code.NotFound, NotFound],
@@ -98,12 +112,43 @@ const CONNECTION_LOST = new Set([
   "ERR_HTTP2_GOAWAY_SESSION",
 ]);
 
-function connectionLost(error: unknown): boolean {
+// Node's codes of a certificate the client does not accept (the tls
+// module's list); OpenSSL's own (a handshake alert, a server that speaks
+// no TLS) start with ERR_SSL_, Node's with ERR_TLS_.
+const CERTIFICATE_REFUSED = new Set([
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_DECRYPT_CERT_SIGNATURE",
+  "UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY",
+  "CERT_SIGNATURE_FAILURE",
+  "CERT_NOT_YET_VALID",
+  "CERT_HAS_EXPIRED",
+  "ERROR_IN_CERT_NOT_BEFORE_FIELD",
+  "ERROR_IN_CERT_NOT_AFTER_FIELD",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "CERT_CHAIN_TOO_LONG",
+  "CERT_REVOKED",
+  "INVALID_CA",
+  "PATH_LENGTH_EXCEEDED",
+  "INVALID_PURPOSE",
+  "CERT_UNTRUSTED",
+  "CERT_REJECTED",
+  "HOSTNAME_MISMATCH",
+]);
+
+function tlsFailed(code: string): boolean {
+  return code.startsWith("ERR_SSL_") || code.startsWith("ERR_TLS_") || CERTIFICATE_REFUSED.has(code);
+}
+
+/** The first Node error code in `error`'s cause chain that `matches`, if any. */
+function causeCode(error: unknown, matches: (code: string) => boolean): string | undefined {
   for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && CONNECTION_LOST.has(code)) return true;
+    if (typeof code === "string" && matches(code)) return code;
   }
-  return false;
+  return undefined;
 }
 
 /**
@@ -111,12 +156,20 @@ function connectionLost(error: unknown): boolean {
  * failure). A connection lost under the call is `Unavailable` (retried),
  * whatever code the transport gave it: ABORTED for a reset, CANCELED for a
  * stream the dying engine closed, when the client itself did not cancel
- * (`cancelledHere`). An engine's own `ABORTED` stays.
+ * (`cancelledHere`). A TLS handshake that failed (a certificate the client
+ * does not trust, a server that speaks no TLS), which connect-node reports
+ * as INTERNAL, is `Unavailable` too, as gRPC (and the Python client) has
+ * it. An engine's own `ABORTED` or `INTERNAL` stays.
  */
 export function errorFromCall(error: unknown, method: string, cancelledHere = false): BelayError {
   if (error instanceof BelayError) return error;
   const e = ConnectError.from(error);
-  const lost = e.cause !== undefined && connectionLost(e.cause);
+  const cause = e.cause ?? error;
+  const tls = causeCode(cause, tlsFailed);
+  if (tls !== undefined) {
+    return new Unavailable(Code.Unavailable, `TLS handshake failed (${tls}): ${e.rawMessage}`, method);
+  }
+  const lost = causeCode(cause, (code) => CONNECTION_LOST.has(code)) !== undefined;
   if (e.code !== Code.Unavailable && (lost || (e.code === Code.Canceled && !cancelledHere))) {
     return new Unavailable(Code.Unavailable, e.rawMessage, method);
   }

@@ -14,6 +14,6 @@
 export { BelayClient, type DecisionOptions, type StartOptions } from "./client.js";
 export * from "./errors.js";
 export * from "./models.js";
-export { DEFAULT_URL, envOptions, type ClientOptions } from "./options.js";
+export { DEFAULT_KEEPALIVE_MS, DEFAULT_KEEPALIVE_TIMEOUT_MS, DEFAULT_URL, envOptions, type ClientOptions } from "./options.js";
 export { DEFAULT_RETRY, type RetryPolicy } from "./retry.js";
 export { Code } from "@connectrpc/connect";

@@ -15,10 +15,46 @@ export const FINAL_STATUSES: ReadonlySet<string> = new Set(["completed", "failed
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
 /**
+ * A request for a person that a run holds open (`GetRun`'s
+ * `open_requests`): `requestId` is what `approve`/`decline` or
+ * `provideToolInput` name as `requestId` (`<node>.approval`,
+ * `<node>~<n>.approval` on the n-th visit of a node in a loop, a
+ * confirmation's call id, `<callId>.input<n>`); `kind` is `approval`,
+ * `confirmation` or `tool_input`; `callId` is empty for an approval node;
+ * `approverGrant` is the permission a decider needs (empty for a tool's
+ * question).
+ */
+export interface OpenRequest {
+  requestId: string;
+  kind: string;
+  node: string;
+  callId: string;
+  approverGrant: string;
+}
+
+/**
+ * A ready task of the run that no live worker can take (`GetRun`'s
+ * `unclaimable`): `kind` is `model_call` or `tool_call`; `requires` every
+ * requirement of the task (`mcp:<server>`, `pool:<name>`), `missing` those
+ * no live worker has; `reason` is for people (`no live worker has pool:gpu`).
+ */
+export interface UnclaimableTask {
+  taskId: string;
+  kind: string;
+  requires: string[];
+  missing: string[];
+  reason: string;
+}
+
+/**
  * One run. `status` is `pending`, `running`, `paused`, `waiting`,
  * `completed`, `failed` or `cancelled`; `statusReason` says why a run is
  * paused, waiting, failed or cancelled; `output` is null until it
- * completes. Times are RFC 3339 strings in UTC.
+ * completes. Times are RFC 3339 strings in UTC. `openRequests` (the
+ * approvals, confirmations and tools' questions the run waits for) and
+ * `unclaimable` (its ready tasks no live worker can take) are filled by
+ * `getRun` and `wait`, which ask `GetRun`; the runs other calls answer
+ * with leave them empty.
  */
 export interface Run {
   runId: string;
@@ -34,6 +70,8 @@ export interface Run {
   lastSeq: number;
   createdAt: string;
   updatedAt: string;
+  openRequests: OpenRequest[];
+  unclaimable: UnclaimableTask[];
 }
 
 /**
@@ -81,7 +119,28 @@ export function isFinalEvent(event: RunEvent): boolean {
   return FINAL_EVENT_KINDS.has(event.kind);
 }
 
-/** A Run from the wire (a missing message: the call answered nothing, an engine bug). */
+/** A Run from `GetRun`'s answer: the run with its open requests and unclaimable tasks. */
+export function runFromGetRun(response: pb.GetRunResponse, method: string): Run {
+  return {
+    ...runFrom(response.run, method),
+    openRequests: response.openRequests.map((r) => ({
+      requestId: r.requestId,
+      kind: r.kind,
+      node: r.node,
+      callId: r.callId,
+      approverGrant: r.approverGrant,
+    })),
+    unclaimable: response.unclaimable.map((t) => ({
+      taskId: t.taskId,
+      kind: t.kind,
+      requires: [...t.requires],
+      missing: [...t.missing],
+      reason: t.reason,
+    })),
+  };
+}
+
+/** A Run from the wire (a missing message: the call answered nothing, an engine bug); no open requests or unclaimable tasks: only `GetRun` has them. */
 export function runFrom(run: pb.Run | undefined, method: string): Run {
   if (run === undefined) throw new Error(`${method} answered without a run`);
   return {
@@ -98,6 +157,8 @@ export function runFrom(run: pb.Run | undefined, method: string): Run {
     lastSeq: Number(run.lastSeq),
     createdAt: run.createdAt,
     updatedAt: run.updatedAt,
+    openRequests: [],
+    unclaimable: [],
   };
 }
 

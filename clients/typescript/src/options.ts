@@ -1,21 +1,28 @@
 /**
  * How a client reaches an engine: the URL (`http://` plaintext or
  * `https://` TLS), the trust (a CA file or Node's roots), an optional
- * client certificate (mTLS) and the API key, sent as `authorization:
- * Bearer <key>` with every call, as the Rust SDK does.
+ * client certificate (mTLS), the API key, sent as `authorization:
+ * Bearer <key>` with every call, as the Rust SDK does, and the HTTP/2
+ * keepalive pings that find an engine that stopped answering.
  * @module
  */
 import { readFileSync } from "node:fs";
 import type { SecureClientSessionOptions } from "node:http2";
 
 import type { Interceptor, Transport } from "@connectrpc/connect";
-import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
+import { Http2SessionManager, createGrpcTransport, type Http2SessionOptions } from "@connectrpc/connect-node";
 
 import { ConfigError } from "./errors.js";
 import { DEFAULT_RETRY, type RetryPolicy } from "./retry.js";
 
 /** The engine the CLI and `belay dev` default to. */
 export const DEFAULT_URL = "http://127.0.0.1:50051";
+
+/** Milliseconds between HTTP/2 keepalive pings (`keepaliveMs`). */
+export const DEFAULT_KEEPALIVE_MS = 30_000;
+
+/** Milliseconds a keepalive ping may go unanswered before the connection is dropped (`keepaliveTimeoutMs`). */
+export const DEFAULT_KEEPALIVE_TIMEOUT_MS = 10_000;
 
 /** Options of a client; see `BelayClient`. */
 export interface ClientOptions {
@@ -33,8 +40,17 @@ export interface ClientOptions {
   clientKey?: string;
   /** Bound of each unary call in ms; default 30000. */
   timeoutMs?: number;
-  /** How `UNAVAILABLE` is retried; default `DEFAULT_RETRY`. */
+  /** How `UNAVAILABLE` is retried (a watch's reconnections too); default `DEFAULT_RETRY`. */
   retry?: RetryPolicy;
+  /**
+   * Milliseconds between HTTP/2 pings, default 30000; 0: none. Without
+   * them a call or watch on an engine that froze (a stopped process, a
+   * partitioned host: the TCP connection stays open, nothing answers)
+   * hangs forever; with them it fails `UNAVAILABLE` (and is retried).
+   */
+  keepaliveMs?: number;
+  /** Milliseconds a ping may go unanswered before the connection is dropped; default 10000. */
+  keepaliveTimeoutMs?: number;
 }
 
 /** Options from the environment the CLI reads (`BELAY_ENGINE_URL`, `BELAY_API_KEY`, `BELAY_TENANT`, `BELAY_CA_FILE`, `BELAY_CLIENT_CERT`, `BELAY_CLIENT_KEY`). */
@@ -109,6 +125,28 @@ function tlsOptions(options: ClientOptions, url: string, tls: boolean): SecureCl
   return node;
 }
 
+/**
+ * connect-node's ping options for `options`: pings while a stream is open,
+ * however long no data flows (a watch of a run that waits for days); an
+ * idle connection is checked with a ping before its next request once it
+ * was unused for `keepaliveMs`. (Not `pingIdleConnection`: connect-node
+ * 2.1 then arms a ping on a session `close()` destroyed, which throws.)
+ * The engine (hyper's HTTP/2 server) answers every ping and sends no
+ * `too_many_pings` GOAWAY.
+ */
+function keepalive(options: ClientOptions): Http2SessionOptions {
+  const interval = options.keepaliveMs ?? DEFAULT_KEEPALIVE_MS;
+  const timeout = options.keepaliveTimeoutMs ?? DEFAULT_KEEPALIVE_TIMEOUT_MS;
+  if (!(interval >= 0) || !(timeout > 0)) {
+    throw new ConfigError(`keepaliveMs must be >= 0 (0: no pings) and keepaliveTimeoutMs > 0, not ${interval} and ${timeout}`);
+  }
+  // Idle connections close after 30 s (connect-node's default is 15 min),
+  // so a process that forgot `close()` still exits.
+  const idle = { idleConnectionTimeoutMs: 30_000 };
+  if (interval === 0) return idle;
+  return { ...idle, pingIntervalMs: interval, pingTimeoutMs: timeout };
+}
+
 /** Check `options` and make the gRPC transport; ConfigError for options that cannot work. */
 export function resolve(options: ClientOptions): Resolved {
   const url = options.url ?? DEFAULT_URL;
@@ -122,9 +160,7 @@ export function resolve(options: ClientOptions): Resolved {
       return next(req);
     });
   }
-  // Idle connections close after 30 s (connect-node's default is 15 min),
-  // so a process that forgot `close()` still exits.
-  const sessions = new Http2SessionManager(parsed.origin, { idleConnectionTimeoutMs: 30_000 }, nodeOptions);
+  const sessions = new Http2SessionManager(parsed.origin, keepalive(options), nodeOptions);
   const transport = createGrpcTransport({ baseUrl: parsed.origin, interceptors, sessionManager: sessions });
   return {
     transport,

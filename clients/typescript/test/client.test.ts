@@ -19,6 +19,7 @@ import {
   DeadlineExceeded,
   FailedPrecondition,
   InvalidArgument,
+  InvalidJson,
   NotFound,
   PermissionDenied,
   Unauthenticated,
@@ -136,6 +137,63 @@ test("errors carry the gRPC code and the engine's message", async () => {
   await assert.rejects(belay.getRun(randomUUID()), NotFound);
   await assert.rejects(belay.startRun("nope", {}), (e: unknown) => e instanceof NotFound && e.rawMessage.includes("workflow `nope` not found"));
   await assert.rejects(belay.startRun("onboarding", { name: "no email" }), (e: unknown) => e instanceof InvalidArgument && e.rawMessage.includes("input schema"));
+  const watching = async (): Promise<void> => {
+    for await (const event of belay.watch(randomUUID())) void event;
+  };
+  await assert.rejects(watching(), (e: unknown) => e instanceof NotFound && e.method === "belay.v1.RunService/WatchRun");
+});
+
+test("arguments that are not JSON are refused before any call", async () => {
+  // Nothing listens on port 1: a call would be Unavailable. The messages
+  // are the Python client's, word for word (clients/python/tests/test_sync.py).
+  const nowhere = track(new BelayClient({ url: "http://127.0.0.1:1", retry: { maxAttempts: 1, initialBackoffMs: 0, maxBackoffMs: 0 } }));
+  const circular: unknown[] = [];
+  circular.push(circular);
+  const refusals: [() => Promise<unknown>, string][] = [
+    [() => nowhere.startRun("w", { n: Number.NaN }), "the run's input is not JSON: $.n is a number that is not finite (NaN)"],
+    [() => nowhere.startRun("w", { a: [1, { f: console.log }] } as never), "the run's input is not JSON: $.a[1].f is a function"],
+    [() => nowhere.startRun("w", { "x y": Number.POSITIVE_INFINITY }), 'the run\'s input is not JSON: $["x y"] is a number that is not finite (Infinity)'],
+    [() => nowhere.signal("r", "s", { l: circular } as never), "the signal's payload is not JSON: $.l[0] is a circular reference"],
+    [() => nowhere.approve("r", "n", { editedSubject: { when: new Date(0) } as never }), "the edited subject is not JSON: $.when is an object of type Date"],
+    [() => nowhere.provideToolInput("r", "c", { n: 1n } as never), "the answer is not JSON: $.n is a bigint"],
+    [() => nowhere.startRun("w", { u: undefined } as never), "the run's input is not JSON: $.u is undefined"],
+  ];
+  for (const [call, message] of refusals) {
+    await assert.rejects(call(), (e: unknown) => e instanceof InvalidJson && e instanceof TypeError && e.message === message);
+  }
+  // A string is a JSON string, sent as it is (not parsed as JSON text); no
+  // input (null) is {}, as in Python: both reach the engine.
+  for (const value of ["{not json", null]) await assert.rejects(nowhere.startRun("w", value), Unavailable);
+});
+
+test("getRun shows open requests and unclaimable tasks", async () => {
+  const belay = admin();
+  const { run } = await belay.startRun("onboarding", customer("requests"), { callerGrants: GRANTS });
+  assert.deepEqual((await belay.getRun(run.runId)).openRequests, []);
+  for await (const event of belay.watch(run.runId, 0, { timeoutMs: 60_000 })) {
+    if (event.kind === "wait_started") await belay.signal(run.runId, "documents_received", { files: ["passport.pdf"] });
+    if (event.kind === "approval_requested") {
+      const waiting = await belay.getRun(run.runId);
+      assert.deepEqual(waiting.openRequests, [{ requestId: "approve.approval", kind: "approval", node: "approve", callId: "", approverGrant: "onboarding.approve" }]);
+      assert.deepEqual(waiting.unclaimable, []);
+      await belay.approve(run.runId, "approve", { approverGrants: ["onboarding.approve"], requestId: waiting.openRequests[0]?.requestId ?? "" });
+    }
+  }
+  const done = await belay.wait(run.runId, 30_000);
+  assert.equal(done.status, "completed");
+  assert.deepEqual(done.openRequests, []);
+
+  // A tool only a worker of pool `nowhere` may call (tests/client-fixtures).
+  const stuck = (await belay.startRun("client_unclaimable", { email: "x@example.com" }, { callerGrants: GRANTS })).run;
+  await until(belay, stuck.runId, "tool_call_scheduled");
+  const { unclaimable } = await belay.getRun(stuck.runId);
+  assert.equal(unclaimable.length, 1);
+  const task = unclaimable[0];
+  assert.ok(task !== undefined && task.kind === "tool_call" && task.taskId.length > 0);
+  assert.ok(task.requires.includes("pool:nowhere"));
+  assert.deepEqual(task.missing, ["pool:nowhere"]);
+  assert.equal(task.reason, "no live worker has pool:nowhere");
+  await belay.cancel(stuck.runId);
 });
 
 test("options are checked, and UNAVAILABLE is retried then raised", async () => {

@@ -3,11 +3,19 @@
  * real engine and worker described in the environment (`BELAY_ENGINE_URL`,
  * `BELAY_API_KEY` of an admin, `BELAY_TENANT`, `BELAY_TEST_CLIENT_KEY` of
  * role client, `BELAY_TEST_ENGINE_PID_FILE`: the engine's pid, rewritten
- * when the harness restarts a killed engine, `BELAY_TEST_DEFINITIONS`).
+ * when the harness restarts a killed engine, `BELAY_TEST_DEFINITIONS`,
+ * `BELAY_TEST_PKI_DIR`: a test CA's `server.pem`, `server-key.pem` for
+ * 127.0.0.1 and `other-ca.pem`, a CA that issued none of them). A test
+ * may freeze the engine (SIGSTOP) with `freezeEngine`; `thawEngine`
+ * (SIGCONT) runs after each test that froze it, and the harness thaws it
+ * too when the suite ends.
  * @module
  */
 import { readFileSync } from "node:fs";
+import { type AddressInfo, type Socket, createServer as createTcpServer } from "node:net";
+import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { createServer as createTlsServer } from "node:tls";
 
 import { BelayClient, type RetryPolicy } from "../src/index.js";
 
@@ -67,4 +75,49 @@ export async function newEngine(old: number, timeoutMs = 60_000): Promise<number
 /** A customer with a fresh email. */
 export function customer(tag: string): { email: string; name: string; plan: string } {
   return { email: `${tag}-${Math.random().toString(16).slice(2, 10)}@example.com`, name: "Ada Lovelace", plan: "pro" };
+}
+
+const frozen: number[] = [];
+
+/** Stop the engine process (SIGSTOP): its sockets stay open, nothing answers. */
+export function freezeEngine(): void {
+  const pid = enginePid();
+  process.kill(pid, "SIGSTOP");
+  frozen.push(pid);
+}
+
+/** Let every engine `freezeEngine` stopped run again (SIGCONT). */
+export function thawEngine(): void {
+  for (const pid of frozen.splice(0)) process.kill(pid, "SIGCONT");
+}
+
+/** A file of the harness's test CA (`server.pem`, `other-ca.pem`, …). */
+export function pkiFile(name: string): string {
+  return join(env("BELAY_TEST_PKI_DIR"), name);
+}
+
+/**
+ * An `https://` URL on 127.0.0.1 where no engine is: a TLS server with the
+ * test CA's certificate (`tls`), or a server that answers a TLS client
+ * with plain HTTP/1.1 bytes; `close` stops it.
+ */
+export async function listener(tls: boolean): Promise<{ url: string; close: () => Promise<void> }> {
+  const sockets = new Set<Socket>();
+  const server = tls
+    ? createTlsServer({ cert: readFileSync(pkiFile("server.pem")), key: readFileSync(pkiFile("server-key.pem")), ALPNProtocols: ["h2"] })
+    : createTcpServer((socket) => socket.end("HTTP/1.1 400 Bad Request\r\n\r\n"));
+  server.on("connection", (socket: Socket) => {
+    sockets.add(socket);
+    socket.on("error", () => undefined); // the client gave up on us: what the test wants
+    socket.on("close", () => sockets.delete(socket));
+  });
+  server.on("tlsClientError", () => undefined);
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  const close = (): Promise<void> =>
+    new Promise((resolve) => {
+      for (const socket of sockets) socket.destroy();
+      server.close(() => resolve());
+    });
+  return { url: `https://127.0.0.1:${port}`, close };
 }

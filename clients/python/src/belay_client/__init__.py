@@ -22,13 +22,26 @@ from ._errors import (
     FailedPrecondition,
     Internal,
     InvalidArgument,
+    InvalidJson,
     NotFound,
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
 )
-from ._models import FINAL_EVENT_KINDS, FINAL_STATUSES, Definition, Run, RunEvent, RunPage, SignalResult, StartedRun
+from ._models import (
+    FINAL_EVENT_KINDS,
+    FINAL_STATUSES,
+    Definition,
+    OpenRequest,
+    Run,
+    RunEvent,
+    RunPage,
+    SignalResult,
+    StartedRun,
+    UnclaimableTask,
+)
+from ._options import DEFAULT_KEEPALIVE_TIME, DEFAULT_KEEPALIVE_TIMEOUT
 from ._retry import RetryPolicy
 
 __all__ = [
@@ -38,6 +51,8 @@ __all__ = [
     "BelayError",
     "Client",
     "ConfigError",
+    "DEFAULT_KEEPALIVE_TIME",
+    "DEFAULT_KEEPALIVE_TIMEOUT",
     "DeadlineExceeded",
     "Definition",
     "FINAL_EVENT_KINDS",
@@ -45,7 +60,9 @@ __all__ = [
     "FailedPrecondition",
     "Internal",
     "InvalidArgument",
+    "InvalidJson",
     "NotFound",
+    "OpenRequest",
     "PermissionDenied",
     "ResourceExhausted",
     "RetryPolicy",
@@ -56,4 +73,5 @@ __all__ = [
     "StartedRun",
     "Unauthenticated",
     "Unavailable",
+    "UnclaimableTask",
 ]

@@ -5,7 +5,6 @@ that reconnects from its last ``seq`` when the stream breaks."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
@@ -16,50 +15,27 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from . import _rpc
+from ._base import ClientBase, PathLike
 from ._errors import BelayError, DeadlineExceeded, error_from_rpc
 from ._files import bundle_files
 from ._gen.belay.v1 import belay_pb2 as pb
 from ._models import Definition, Run, RunEvent, RunPage, SignalResult, StartedRun
-from ._options import DEFAULT_URL, endpoint, env_options
-from ._retry import RetryPolicy, check_empty_ends, should_resume
+from ._options import Endpoint
+from ._retry import Reconnects
 
 Resp = TypeVar("Resp", bound=Message)
-PathLike = str | os.PathLike[str]
 
 
-class AsyncClient:
+class AsyncClient(ClientBase[grpc.aio.Channel]):
     """The asyncio twin of :class:`belay_client.Client`: same options, same
     methods (awaited), same errors. Make it inside a running event loop;
     ``await client.close()`` or ``async with`` ends it."""
 
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        *,
-        api_key: str | None = None,
-        tenant: str = "",
-        ca_file: PathLike | None = None,
-        client_cert: PathLike | None = None,
-        client_key: PathLike | None = None,
-        timeout: float = 30.0,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        self._endpoint = endpoint(
-            url, api_key=api_key, ca_file=ca_file, client_cert=client_cert, client_key=client_key
-        )
-        e = self._endpoint
+    def _open(self, e: Endpoint) -> grpc.aio.Channel:
+        """A channel of this client's kind to ``e``."""
         if e.credentials is None:
-            self._channel = grpc.aio.insecure_channel(e.target, options=e.options)
-        else:
-            self._channel = grpc.aio.secure_channel(e.target, e.credentials, options=e.options)
-        self.tenant = tenant
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> AsyncClient:
-        """Configured from the CLI's variables, as :meth:`Client.from_env`."""
-        return cls(**{**env_options(), **overrides})
+            return grpc.aio.insecure_channel(e.target, options=e.options)
+        return grpc.aio.secure_channel(e.target, e.credentials, options=e.options)
 
     async def close(self) -> None:
         """Close the channel (open watches end)."""
@@ -83,7 +59,7 @@ class AsyncClient:
                 response: Resp = await stub(request, metadata=self._endpoint.metadata, timeout=self._timeout)
                 return response
             except grpc.aio.AioRpcError as e:
-                raise error_from_rpc(e, method.path) from None
+                raise error_from_rpc(e, method.name) from None
 
         result: Resp = await self._retry.async_retrying()(once)
         return result
@@ -105,7 +81,7 @@ class AsyncClient:
     async def get_run(self, run_id: str) -> Run:
         """See :meth:`Client.get_run`."""
         response = await self._call(_rpc.GET_RUN, pb.GetRunRequest(tenant=self.tenant, run_id=run_id))
-        return Run.from_pb(response.run)
+        return Run.from_get_run(response)
 
     async def list_runs(self, *, status: str = "", page_size: int = 0, page_token: str = "") -> RunPage:
         """See :meth:`Client.list_runs`."""
@@ -121,29 +97,27 @@ class AsyncClient:
     async def watch(self, run_id: str, after_seq: int = 0, *, timeout: float | None = None) -> AsyncIterator[RunEvent]:
         """See :meth:`Client.watch`: reconnects from the last ``seq`` it yielded."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        last, failures = after_seq, 0
+        last, reconnects = after_seq, Reconnects(self._retry, run_id, _rpc.WATCH_RUN.name)
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded(f"watching run {run_id}: no end within {timeout} s", method=_rpc.WATCH_RUN.path)
-            progressed = False
+                raise DeadlineExceeded(f"watching run {run_id}: no end within {timeout} s", method=_rpc.WATCH_RUN.name)
+            delay, progressed = 0.0, False
             try:
                 async for event in self._stream(run_id, last, remaining):
-                    last, failures, progressed = event.seq, 0, True
+                    last, progressed = event.seq, True
+                    reconnects.progressed()
                     yield event
                     if event.is_final:
                         return
             except BelayError as e:
-                failures += 1
-                if not should_resume(e, failures, self._retry):
-                    raise
+                delay = reconnects.failed(e)
             else:
                 if not progressed:
                     if (await self.get_run(run_id)).is_final:
                         return
-                    failures += 1
-                    check_empty_ends(run_id, failures, self._retry)
-            await asyncio.sleep(self._retry.delay(failures) if failures else 0)
+                    delay = reconnects.ended_empty()
+            await asyncio.sleep(delay)
 
     async def _stream(self, run_id: str, after_seq: int, timeout: float | None) -> AsyncIterator[RunEvent]:
         stub = self._channel.unary_stream(
@@ -155,7 +129,7 @@ class AsyncClient:
             async for message in call:
                 yield RunEvent.from_pb(message)
         except grpc.aio.AioRpcError as e:
-            raise error_from_rpc(e, _rpc.WATCH_RUN.path) from None
+            raise error_from_rpc(e, _rpc.WATCH_RUN.name) from None
         finally:
             call.cancel()
 
@@ -170,7 +144,7 @@ class AsyncClient:
         except DeadlineExceeded:
             status = (await self.get_run(run_id)).status
             raise DeadlineExceeded(
-                f"run {run_id} did not end within {timeout} s (it is {status})", method=_rpc.WATCH_RUN.path
+                f"run {run_id} did not end within {timeout} s (it is {status})", method=_rpc.WATCH_RUN.name
             ) from None
         return await self.get_run(run_id)
 
@@ -200,7 +174,7 @@ class AsyncClient:
         return Run.from_pb((await self._call(_rpc.DECIDE_APPROVAL, request)).run)
 
     async def decline(
-                self,
+        self,
         run_id: str,
         node: str,
         *,

@@ -5,7 +5,6 @@ events that reconnects from its last ``seq`` when the stream breaks."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
@@ -15,18 +14,18 @@ import grpc
 from google.protobuf.message import Message
 
 from . import _rpc
+from ._base import ClientBase, PathLike
 from ._errors import BelayError, DeadlineExceeded, error_from_rpc
 from ._files import bundle_files
 from ._gen.belay.v1 import belay_pb2 as pb
 from ._models import Definition, Run, RunEvent, RunPage, SignalResult, StartedRun
-from ._options import DEFAULT_URL, endpoint, env_options
-from ._retry import RetryPolicy, check_empty_ends, should_resume
+from ._options import Endpoint
+from ._retry import Reconnects
 
 Resp = TypeVar("Resp", bound=Message)
-PathLike = str | os.PathLike[str]
 
 
-class Client:
+class Client(ClientBase[grpc.Channel]):
     """A client of one engine, acting for one tenant.
 
     ``url`` is ``http://host:port`` (plaintext) or ``https://host:port``
@@ -34,43 +33,23 @@ class Client:
     ``client_cert`` and ``client_key`` give a certificate for mTLS).
     ``api_key`` is sent as ``authorization: Bearer <key>`` on every call.
     ``tenant`` empty means the key's only tenant. ``timeout`` bounds each
-    unary call in seconds; ``retry`` says how ``UNAVAILABLE`` is retried.
+    unary call in seconds; ``retry`` says how ``UNAVAILABLE`` is retried
+    (a watch's reconnections too). ``keepalive_time`` is the seconds
+    between HTTP/2 pings (default 30, 0: none) and ``keepalive_timeout``
+    how long one may go unanswered (default 10) before the connection is
+    dropped: a call or watch on an engine that froze then fails
+    ``UNAVAILABLE`` (and is retried) instead of hanging.
 
     Raises :class:`ConfigError` for options that cannot work. Calls raise a
     :class:`BelayError` subclass (``NotFound``, ``PermissionDenied``, …)
     carrying the gRPC code and the engine's message.
     """
 
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        *,
-        api_key: str | None = None,
-        tenant: str = "",
-        ca_file: PathLike | None = None,
-        client_cert: PathLike | None = None,
-        client_key: PathLike | None = None,
-        timeout: float = 30.0,
-        retry: RetryPolicy | None = None,
-    ) -> None:
-        self._endpoint = endpoint(
-            url, api_key=api_key, ca_file=ca_file, client_cert=client_cert, client_key=client_key
-        )
-        e = self._endpoint
+    def _open(self, e: Endpoint) -> grpc.Channel:
+        """A channel of this client's kind to ``e``."""
         if e.credentials is None:
-            self._channel = grpc.insecure_channel(e.target, options=e.options)
-        else:
-            self._channel = grpc.secure_channel(e.target, e.credentials, options=e.options)
-        self.tenant = tenant
-        self._timeout = timeout
-        self._retry = retry or RetryPolicy()
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> Client:
-        """A client configured as the CLI is: ``BELAY_ENGINE_URL``,
-        ``BELAY_API_KEY``, ``BELAY_TENANT``, ``BELAY_CA_FILE``,
-        ``BELAY_CLIENT_CERT``, ``BELAY_CLIENT_KEY``; ``overrides`` win."""
-        return cls(**{**env_options(), **overrides})
+            return grpc.insecure_channel(e.target, options=e.options)
+        return grpc.secure_channel(e.target, e.credentials, options=e.options)
 
     def close(self) -> None:
         """Close the channel (open watches end)."""
@@ -94,7 +73,7 @@ class Client:
                 response: Resp = stub(request, metadata=self._endpoint.metadata, timeout=self._timeout)
                 return response
             except grpc.RpcError as e:
-                raise error_from_rpc(e, method.path) from None
+                raise error_from_rpc(e, method.name) from None
 
         return self._retry.retrying()(once)
 
@@ -123,7 +102,7 @@ class Client:
     def get_run(self, run_id: str) -> Run:
         """One run with its current status (``NotFound`` for another tenant's)."""
         response = self._call(_rpc.GET_RUN, pb.GetRunRequest(tenant=self.tenant, run_id=run_id))
-        return Run.from_pb(response.run)
+        return Run.from_get_run(response)
 
     def list_runs(self, *, status: str = "", page_size: int = 0, page_token: str = "") -> RunPage:
         """A page of the tenant's runs, newest first (``page_size`` 1..=500, 0: 50)."""
@@ -150,36 +129,37 @@ class Client:
         """The run's events after ``after_seq``, as they happen, ending after the
         event that ends the run.
 
-        When the stream breaks (an engine restart, a dropped connection) it
-        reconnects, with the retry policy's backoff, from the last ``seq`` it
-        yielded: no event is missed or repeated. ``timeout`` (seconds) bounds
+        When the stream breaks (an engine restart, a dropped connection, an
+        engine that stopped answering the keepalive pings) it reconnects,
+        with the retry policy's backoff, from the last ``seq`` it yielded: no
+        event is missed or repeated. After ``max_attempts`` streams or
+        ``max_elapsed`` seconds of failures in a row it raises the last
+        error (``Unavailable``). ``timeout`` (seconds) bounds
         the whole watch (``DeadlineExceeded``). Leaving the loop early cancels
         the stream.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        last, failures = after_seq, 0
+        last, reconnects = after_seq, Reconnects(self._retry, run_id, _rpc.WATCH_RUN.name)
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded(f"watching run {run_id}: no end within {timeout} s", method=_rpc.WATCH_RUN.path)
-            progressed = False
+                raise DeadlineExceeded(f"watching run {run_id}: no end within {timeout} s", method=_rpc.WATCH_RUN.name)
+            delay, progressed = 0.0, False
             try:
                 for event in self._stream(run_id, last, remaining):
-                    last, failures, progressed = event.seq, 0, True
+                    last, progressed = event.seq, True
+                    reconnects.progressed()
                     yield event
                     if event.is_final:
                         return
             except BelayError as e:
-                failures += 1
-                if not should_resume(e, failures, self._retry):
-                    raise
+                delay = reconnects.failed(e)
             else:
                 if not progressed:
                     if self.get_run(run_id).is_final:
                         return
-                    failures += 1
-                    check_empty_ends(run_id, failures, self._retry)
-            time.sleep(self._retry.delay(failures) if failures else 0)
+                    delay = reconnects.ended_empty()
+            time.sleep(delay)
 
     def _stream(self, run_id: str, after_seq: int, timeout: float | None) -> Iterator[RunEvent]:
         stub = self._channel.unary_stream(
@@ -191,7 +171,7 @@ class Client:
             for message in call:
                 yield RunEvent.from_pb(message)
         except grpc.RpcError as e:
-            raise error_from_rpc(e, _rpc.WATCH_RUN.path) from None
+            raise error_from_rpc(e, _rpc.WATCH_RUN.name) from None
         finally:
             call.cancel()
 
@@ -211,7 +191,7 @@ class Client:
         except DeadlineExceeded:
             status = self.get_run(run_id).status
             raise DeadlineExceeded(
-                f"run {run_id} did not end within {timeout} s (it is {status})", method=_rpc.WATCH_RUN.path
+                f"run {run_id} did not end within {timeout} s (it is {status})", method=_rpc.WATCH_RUN.name
             ) from None
         return self.get_run(run_id)
 
@@ -251,7 +231,7 @@ class Client:
         return Run.from_pb(self._call(_rpc.DECIDE_APPROVAL, request).run)
 
     def decline(
-                self,
+        self,
         run_id: str,
         node: str,
         *,

@@ -12,7 +12,9 @@ class BelayError(Exception):
 
     ``code`` is the gRPC status code, ``message`` the engine's message (it
     names what is wrong: the run, the field, the missing grant), ``method``
-    the RPC (``/belay.v1.RunService/StartRun``).
+    the RPC as ``<package>.<Service>/<Method>``
+    (``belay.v1.RunService/StartRun``, the form of the engine's trace spans
+    and of the TypeScript client).
     """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
@@ -97,6 +99,14 @@ class Internal(BelayError):
 
 class ConfigError(ValueError):
     """Options that cannot work (a bad URL, TLS files with ``http://``, a missing file)."""
+
+
+class InvalidJson(TypeError):
+    """An argument that must be JSON (a run's input, a signal's payload, an
+    edited subject, an answer) holds a value JSON has not (an object, a
+    set, bytes, a NaN, a key that is not a string, a cycle). Raised before
+    anything is sent; the message names the argument, where the value is
+    (``$.items[2].when``) and what it is."""
 
 
 _BY_CODE: dict[grpc.StatusCode, type[BelayError]] = {

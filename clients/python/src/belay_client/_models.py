@@ -4,7 +4,7 @@ fields of the wire (``*_json``) are decoded here, once."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._gen.belay.v1 import belay_pb2 as pb
@@ -22,6 +22,49 @@ def _json_or_none(text: str) -> Any:
 
 
 @dataclass(frozen=True)
+class OpenRequest:
+    """A request for a person that a run holds open (``GetRun``'s
+    ``open_requests``): ``request_id`` is what ``approve``/``decline`` or
+    ``provide_tool_input`` name as ``request_id`` (``<node>.approval``,
+    ``<node>~<n>.approval`` on the n-th visit of a node in a loop, a
+    confirmation's call id, ``<call_id>.input<n>``); ``kind`` is
+    ``approval``, ``confirmation`` or ``tool_input``; ``call_id`` is empty
+    for an approval node; ``approver_grant`` is the permission a decider
+    needs (empty for a tool's question)."""
+
+    request_id: str
+    kind: str
+    node: str
+    call_id: str
+    approver_grant: str
+
+    @classmethod
+    def from_pb(cls, r: pb.OpenRequest) -> OpenRequest:
+        """From the wire message."""
+        return cls(r.request_id, r.kind, r.node, r.call_id, r.approver_grant)
+
+
+@dataclass(frozen=True)
+class UnclaimableTask:
+    """A ready task of the run that no live worker can take (``GetRun``'s
+    ``unclaimable``): ``kind`` is ``model_call`` or ``tool_call``;
+    ``requires`` every requirement of the task (``mcp:<server>``,
+    ``pool:<name>``), ``missing`` those no live worker has; ``reason`` is
+    for people (``no live worker has pool:gpu``)."""
+
+    task_id: str
+    kind: str
+    requires: tuple[str, ...]
+    missing: tuple[str, ...]
+    reason: str
+
+    @classmethod
+    def from_pb(cls, t: pb.UnclaimableTask) -> UnclaimableTask:
+        """From the wire message."""
+        return cls(t.task_id, t.kind, tuple(t.requires), tuple(t.missing), t.reason)
+
+
+@dataclass(frozen=True)
 class Run:
     """One run, as ``GetRun`` shows it.
 
@@ -30,6 +73,11 @@ class Run:
     run is paused, waiting, failed or cancelled. ``input`` and ``output``
     are the decoded JSON documents (``output`` is ``None`` until the run
     completes). Times are RFC 3339 strings in UTC.
+
+    ``open_requests`` (the approvals, confirmations and tools' questions
+    the run waits for) and ``unclaimable`` (its ready tasks no live worker
+    can take) are filled by ``get_run`` and ``wait``, which ask ``GetRun``;
+    the runs other calls answer with leave them empty.
     """
 
     run_id: str
@@ -45,6 +93,8 @@ class Run:
     last_seq: int
     created_at: str
     updated_at: str
+    open_requests: tuple[OpenRequest, ...] = ()
+    unclaimable: tuple[UnclaimableTask, ...] = ()
 
     @property
     def is_final(self) -> bool:
@@ -52,8 +102,17 @@ class Run:
         return self.status in FINAL_STATUSES
 
     @classmethod
+    def from_get_run(cls, response: pb.GetRunResponse) -> Run:
+        """From ``GetRun``'s answer: the run with its open requests and unclaimable tasks."""
+        return replace(
+            cls.from_pb(response.run),
+            open_requests=tuple(OpenRequest.from_pb(r) for r in response.open_requests),
+            unclaimable=tuple(UnclaimableTask.from_pb(t) for t in response.unclaimable),
+        )
+
+    @classmethod
     def from_pb(cls, run: pb.Run) -> Run:
-        """From the wire message."""
+        """From the wire message (no open requests or unclaimable tasks: only ``GetRun`` has them)."""
         return cls(
             run_id=run.run_id,
             tenant=run.tenant,

@@ -1,7 +1,8 @@
 """How a client reaches an engine: the URL (``http://`` plaintext or
 ``https://`` TLS), the trust (a CA file or the system's roots), an optional
-client certificate (mTLS) and the API key, sent as ``authorization: Bearer
-<key>`` with every call, as the Rust SDK does (``belay_proto::connect``)."""
+client certificate (mTLS), the API key, sent as ``authorization: Bearer
+<key>`` with every call, as the Rust SDK does (``belay_proto::connect``),
+and the HTTP/2 keepalive pings that find an engine that stopped answering."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from ._errors import ConfigError
 
 #: The engine the CLI and ``belay dev`` default to.
 DEFAULT_URL = "http://127.0.0.1:50051"
+
+#: Seconds between HTTP/2 keepalive pings (``keepalive_time``).
+DEFAULT_KEEPALIVE_TIME = 30.0
+
+#: Seconds a keepalive ping may go unanswered before the connection is
+#: dropped and its calls (an open watch too) fail ``UNAVAILABLE``.
+DEFAULT_KEEPALIVE_TIMEOUT = 10.0
 
 # Reconnect quickly after an engine restart (gRPC's default backoff starts
 # at 1 s and grows to 120 s); the retry policy bounds how long calls wait.
@@ -66,6 +74,35 @@ def _target(url: str) -> tuple[str, bool]:
     return f"{host}:{port}", parts.scheme == "https"
 
 
+def keepalive_options(time: float, timeout: float) -> list[tuple[str, Any]]:
+    """gRPC's channel arguments for a ping every ``time`` seconds, answered
+    within ``timeout`` seconds (``time`` 0: no pings).
+
+    Without them a connection to an engine that froze (a stopped process,
+    a partitioned host: the TCP connection stays open, nothing answers)
+    holds a watch forever. The pings go on while no call is open and while
+    no data flows (a watch of a run that waits for days), which gRPC's
+    defaults would stop after two; the engine (hyper's HTTP/2 server)
+    answers every ping and sends no ``too_many_pings`` GOAWAY.
+    """
+    if time < 0 or timeout <= 0:
+        raise ConfigError(
+            f"keepalive_time must be >= 0 (0: no pings) and keepalive_timeout > 0, not {time} and {timeout}"
+        )
+    if time == 0:
+        return []
+    return [
+        ("grpc.keepalive_time_ms", max(1, round(time * 1000))),
+        ("grpc.keepalive_timeout_ms", max(1, round(timeout * 1000))),
+        # grpcio (1.85) times a keepalive ping out by this one (60 s by
+        # default), not by keepalive_timeout_ms: without it a frozen engine
+        # is found after a minute, whatever the timeout says.
+        ("grpc.http2.ping_timeout_ms", max(1, round(timeout * 1000))),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 def endpoint(
     url: str,
     *,
@@ -73,12 +110,14 @@ def endpoint(
     ca_file: str | os.PathLike[str] | None = None,
     client_cert: str | os.PathLike[str] | None = None,
     client_key: str | os.PathLike[str] | None = None,
+    keepalive_time: float = DEFAULT_KEEPALIVE_TIME,
+    keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT,
 ) -> Endpoint:
     """Parse and check the options of a client.
 
     Raises :class:`ConfigError` for a URL that is not ``http(s)://host[:port]``,
     a TLS file with an ``http://`` URL, a certificate without its key (or the
-    reverse), or a file that cannot be read.
+    reverse), a file that cannot be read, or a negative keepalive.
     """
     target, tls = _target(url)
     if not tls:
@@ -100,7 +139,8 @@ def endpoint(
     metadata: tuple[tuple[str, str], ...] = ()
     if api_key:
         metadata = (("authorization", f"Bearer {api_key}"),)
-    return Endpoint(target, credentials, metadata, list(_CHANNEL_OPTIONS))
+    options = _CHANNEL_OPTIONS + keepalive_options(keepalive_time, keepalive_timeout)
+    return Endpoint(target, credentials, metadata, options)
 
 
 def env_options() -> dict[str, Any]:

@@ -7,6 +7,7 @@ once per call, before the first attempt)."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 import tenacity
@@ -22,7 +23,9 @@ class RetryPolicy:
     ``initial_backoff`` seconds, doubling, up to ``max_backoff`` seconds
     (each with random jitter of up to ``initial_backoff``); nothing more is tried after ``max_elapsed``
     seconds. ``RetryPolicy(max_attempts=1)`` disables retries. A watch
-    applies the policy to each reconnection, counting from its last event.
+    applies the policy to its reconnections, counting from its first
+    failure since its last event: at most ``max_attempts`` streams, none
+    opened after ``max_elapsed`` seconds.
     """
 
     max_attempts: int = 12
@@ -35,6 +38,8 @@ class RetryPolicy:
             raise ValueError(f"RetryPolicy.max_attempts must be at least 1, not {self.max_attempts}")
         if self.initial_backoff < 0 or self.max_backoff < self.initial_backoff:
             raise ValueError("RetryPolicy needs 0 <= initial_backoff <= max_backoff")
+        if self.max_elapsed < 0:
+            raise ValueError(f"RetryPolicy.max_elapsed must not be negative, not {self.max_elapsed}")
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th consecutive failure (from 1)."""
@@ -65,16 +70,55 @@ def _is_unavailable(error: BaseException) -> bool:
     return isinstance(error, Unavailable)
 
 
-def should_resume(error: BelayError, failures: int, policy: RetryPolicy) -> bool:
-    """Whether a watch reconnects after ``error``, its ``failures``-th in a row."""
-    return isinstance(error, Unavailable) and failures < policy.max_attempts
+class Reconnects:
+    """The failures of a watch in a row since its last event, bounded by the
+    policy as a unary call's attempts are: at most ``max_attempts`` streams
+    opened, and none after ``max_elapsed`` seconds since the first failure
+    (so a frozen engine that accepts connections but never answers ends
+    the watch in bounded time instead of keeping it reconnecting)."""
 
+    def __init__(self, policy: RetryPolicy, run_id: str, method: str) -> None:
+        self._policy = policy
+        self._run_id = run_id
+        self._method = method
+        self._failures = 0
+        self._since: float | None = None
 
-def check_empty_ends(run_id: str, failures: int, policy: RetryPolicy) -> None:
-    """Raise ``Unavailable`` when a watch's stream ended ``failures`` times in a
-    row with no event while the run goes on (an engine that keeps stopping)."""
-    if failures >= policy.max_attempts:
-        raise Unavailable(
-            f"watching run {run_id}: the stream ended {failures} times in a row without an event",
-            method="/belay.v1.RunService/WatchRun",
-        )
+    def progressed(self) -> None:
+        """An event arrived: the next failure starts a new streak."""
+        self._failures, self._since = 0, None
+
+    def failed(self, error: BelayError) -> float:
+        """Count ``error``; the seconds to wait before reconnecting, or raise
+        ``error`` when it is not ``UNAVAILABLE`` or the policy is spent."""
+        self._count()
+        if not isinstance(error, Unavailable) or self._spent():
+            raise error
+        return self._delay()
+
+    def ended_empty(self) -> float:
+        """Count a stream that ended without an event while the run goes on
+        (an engine that keeps stopping); the delay, or ``Unavailable`` once
+        the policy is spent."""
+        self._count()
+        if self._spent():
+            raise Unavailable(
+                f"watching run {self._run_id}: the stream ended {self._failures} times in a row without an event",
+                method=self._method,
+            )
+        return self._delay()
+
+    def _count(self) -> None:
+        self._failures += 1
+        if self._since is None:
+            self._since = time.monotonic()
+
+    def _elapsed(self) -> float:
+        return 0.0 if self._since is None else time.monotonic() - self._since
+
+    def _spent(self) -> bool:
+        return self._failures >= self._policy.max_attempts or self._elapsed() >= self._policy.max_elapsed
+
+    def _delay(self) -> float:
+        """The backoff, never past the end of ``max_elapsed``."""
+        return max(0.0, min(self._policy.delay(self._failures), self._policy.max_elapsed - self._elapsed()))

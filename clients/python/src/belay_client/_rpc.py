@@ -1,10 +1,10 @@
 """The ``belay.v1`` methods the clients call (path and response type) and
 the requests they send, built once here for the sync and the asyncio
-client alike. JSON arguments are encoded here (``*_json`` fields)."""
+client alike. JSON arguments are encoded here (``*_json`` fields, by
+:func:`belay_client._json.dumps`)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -13,20 +13,27 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 
 from ._gen.belay.v1 import belay_pb2 as pb
+from ._json import dumps
 
 Resp = TypeVar("Resp", bound=Message)
 
 
 @dataclass(frozen=True)
 class Method(Generic[Resp]):
-    """One RPC: its full path and the message it answers with."""
+    """One RPC: its name (``belay.v1.RunService/StartRun``, what errors
+    carry as ``method``) and the message it answers with."""
 
-    path: str
+    name: str
     response: type[Resp]
+
+    @property
+    def path(self) -> str:
+        """The HTTP/2 path gRPC calls it by (``/belay.v1.RunService/StartRun``)."""
+        return f"/{self.name}"
 
 
 def _run(name: str, response: type[Resp]) -> Method[Resp]:
-    return Method(f"/belay.v1.RunService/{name}", response)
+    return Method(f"belay.v1.RunService/{name}", response)
 
 
 START_RUN = _run("StartRun", pb.StartRunResponse)
@@ -40,23 +47,15 @@ RESUME_RUN = _run("ResumeRun", pb.ResumeRunResponse)
 SIGNAL_RUN = _run("SignalRun", pb.SignalRunResponse)
 DECIDE_APPROVAL = _run("DecideApproval", pb.DecideApprovalResponse)
 PROVIDE_TOOL_INPUT = _run("ProvideToolInput", pb.ProvideToolInputResponse)
-REGISTER_BUNDLE = Method("/belay.v1.DefinitionService/RegisterBundle", pb.RegisterBundleResponse)
-LIST_DEFINITIONS = Method("/belay.v1.DefinitionService/ListDefinitions", pb.ListDefinitionsResponse)
-SET_TENANT_GRANTS = Method("/belay.v1.TenantService/SetTenantGrants", pb.SetTenantGrantsResponse)
-GET_TENANT_GRANTS = Method("/belay.v1.TenantService/GetTenantGrants", pb.GetTenantGrantsResponse)
+REGISTER_BUNDLE = Method("belay.v1.DefinitionService/RegisterBundle", pb.RegisterBundleResponse)
+LIST_DEFINITIONS = Method("belay.v1.DefinitionService/ListDefinitions", pb.ListDefinitionsResponse)
+SET_TENANT_GRANTS = Method("belay.v1.TenantService/SetTenantGrants", pb.SetTenantGrantsResponse)
+GET_TENANT_GRANTS = Method("belay.v1.TenantService/GetTenantGrants", pb.GetTenantGrantsResponse)
 
 
 def serialize(message: Message) -> bytes:
     """The wire bytes of a request."""
     return message.SerializeToString()
-
-
-def dumps(value: Any, what: str) -> str:
-    """``value`` as JSON text, or a TypeError naming the argument."""
-    try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{what} is not a JSON document: {e}") from None
 
 
 def start_run(
