@@ -101,16 +101,20 @@ impl Authenticator {
         if principal.credential.starts_with("token:") {
             return Ok(());
         }
-        let key_id = principal
-            .credential
-            .strip_prefix("cert:")
-            .unwrap_or(&principal.credential);
+        self.stored(&principal.credential).await.map(|_| ())
+    }
+
+    /// The principal of a stored credential (`<key id>` or `cert:<key id>`)
+    /// looked up again. Errors: [`AuthError::Unauthenticated`] once it is
+    /// revoked, expired or gone; [`AuthError::Store`].
+    async fn stored(&self, credential: &str) -> Result<Principal, AuthError> {
+        let key_id = credential.strip_prefix("cert:").unwrap_or(credential);
         let row = self
             .store
             .principal_by_key_id(key_id)
             .await?
             .ok_or_else(|| AuthError::Unauthenticated(format!("API key {key_id} is gone")))?;
-        active(row, &format!("API key {key_id}")).map(|_| ())
+        active(row, &format!("API key {key_id}"))
     }
 
     /// The principal of a credential that authenticated earlier (a
@@ -138,13 +142,7 @@ impl Authenticator {
                     ))
                 });
         }
-        let key_id = credential.strip_prefix("cert:").unwrap_or(credential);
-        let row = self
-            .store
-            .principal_by_key_id(key_id)
-            .await?
-            .ok_or_else(|| AuthError::Unauthenticated(format!("API key {key_id} is gone")))?;
-        active(row, &format!("API key {key_id}"))
+        self.stored(credential).await
     }
 
     async fn api_key(&self, text: &str) -> Result<Principal, AuthError> {
