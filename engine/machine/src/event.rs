@@ -651,6 +651,15 @@ pub enum Event {
         /// The probe's `request_variants:` item, if any. Added for issue 4.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         variant: Option<String>,
+        /// The probe waits this long before it may be claimed (by the
+        /// engine's clock): after a lease expired, the uncertain call's
+        /// worker may have sent its request just before the lease ended,
+        /// and that request can reach the tool until the tool's timeout
+        /// passes; a probe sooner could find nothing and let the call run
+        /// twice. `None`: at once (the worker reported the failure, so it
+        /// stopped). Added for issue 22.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_ms: Option<u64>,
     },
     /// A reconcile probe answered.
     ReconcileProbeFinished {

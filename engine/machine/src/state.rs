@@ -1067,6 +1067,7 @@ impl RunState {
                 tool,
                 arguments,
                 variant,
+                ..
             } => {
                 let node = self
                     .tool_calls

@@ -14,7 +14,7 @@ use crate::{
     MAX_NOT_SENT_ATTEMPTS, TOOL_NODE_ATTEMPTS, idempotency_key, inject, normalize, policy_delay_ms,
     retry_delay_ms, state, variants,
 };
-use belay_definitions::model::{RepeatSafety, RetryPolicy};
+use belay_definitions::model::{RepeatSafety, RetryPolicy, ToolBindingDef};
 
 /// Whether a failed tool-call attempt is within its call's attempts, and
 /// the delay before the next one if it is retried.
@@ -285,15 +285,22 @@ impl Step {
                             &probe,
                             tool_spec(&probe, &arguments, &key, variant.as_deref())?,
                         )?;
+                        // A worker whose lease expired may have sent its
+                        // request just before: the probe waits until that
+                        // request has surely reached the tool or been given up.
+                        let after_ms = lease_expired
+                            .then(|| self.plan().ok()?.tools.get(&call.tool).map(|t| in_flight_ms(&t.def.binding)))
+                            .flatten();
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
                             probe_call_id: probe_call_id.clone(),
                             tool: probe.def.name.clone(),
                             arguments,
                             variant,
+                            after_ms,
                         });
                         self.command(Command::ScheduleTask {
-                            call_id: probe_call_id,
+                            call_id: probe_call_id.clone(),
                             kind: TaskKind::ToolCall,
                             spec,
                             idempotency_key: key,
@@ -301,6 +308,13 @@ impl Step {
                             runs_while_paused: true,
                             requires,
                         });
+                        if let Some(delay_ms) = after_ms {
+                            // The new task is ready only after the delay.
+                            self.command(Command::RetryTask {
+                                call_id: probe_call_id,
+                                delay_ms,
+                            });
+                        }
                         pause_reason =
                             format!("{pause_reason}; looking it up with `{}`", probe.def.name);
                     }
@@ -467,5 +481,24 @@ impl Step {
             self.notify_uncertain(target);
             Ok(())
         }
+    }
+}
+
+/// How long after its worker lost the lease a call's request may still
+/// reach the tool, ms: the binding's own timeout, after which the worker
+/// gives the request up (for an async webhook, the timeout of its
+/// request, not of the callback).
+fn in_flight_ms(binding: &ToolBindingDef) -> u64 {
+    match binding {
+        ToolBindingDef::Http { timeout_ms, .. }
+        | ToolBindingDef::AsyncWebhook { timeout_ms, .. }
+        | ToolBindingDef::Mcp { timeout_ms, .. }
+        | ToolBindingDef::McpResource { timeout_ms, .. } => *timeout_ms,
+        // A child run is the engine's own: nothing is in flight.
+        ToolBindingDef::Workflow { .. } => 0,
+        // Without a `timeout:` the worker's `--sandbox-timeout-ms` applies,
+        // which the engine does not know: a minute covers its default
+        // (10 s) and most settings.
+        ToolBindingDef::Sandbox(sandbox) => sandbox.timeout_ms.unwrap_or(60_000),
     }
 }

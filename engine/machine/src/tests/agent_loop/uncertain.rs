@@ -238,6 +238,53 @@ fn a_probe_that_finds_the_effect_resolves_it_without_an_operator() {
     assert_eq!(tool_results(&run), [r#"{"account_id":"acc_7"}"#]);
 }
 
+/// Issue 22 (found by the chaos run): after a lease expired, the worker
+/// may have sent its request just before the lease ended, and it can reach
+/// the tool until the tool's timeout passes: the probe waits that long
+/// (its task is ready only then), so it cannot find nothing and let the
+/// call run twice. A failure the worker reported (it stopped) is probed
+/// at once.
+#[test]
+fn a_probe_after_an_expired_lease_waits_out_the_tools_timeout() {
+    let (_, d) = uncertain_run(Opts {
+        probe: true,
+        ..Opts::default()
+    });
+    let delayed = d.commands.iter().find_map(|c| match c {
+        Command::RetryTask { call_id, delay_ms } if call_id == "intake.t1.p1" => Some(*delay_ms),
+        _ => None,
+    });
+    assert_eq!(delayed, Some(1000), "the tool's timeout: {:?}", d.commands);
+    let scheduled = d.events.iter().find_map(|e| match e {
+        Event::ReconcileProbeScheduled { after_ms, .. } => Some(*after_ms),
+        _ => None,
+    });
+    assert_eq!(scheduled, Some(Some(1000)), "the history says why it waits");
+
+    let (mut run, _) = Run::start(Opts {
+        probe: true,
+        ..Opts::default()
+    });
+    run.model("intake.m1", &[("create", r#"{"email":"e"}"#)], None);
+    dispatch(&mut run, "intake.t1", 1);
+    let d = run.step(Input::TaskFailed {
+        call_id: "intake.t1".into(),
+        attempt: 1,
+        error: "timed out".into(),
+        class: FailureClass::MayHaveActed,
+        dispatched: true,
+        status_code: None,
+    });
+    assert!(Run::kinds(&d).contains(&"reconcile_probe_scheduled"));
+    assert!(
+        !d.commands
+            .iter()
+            .any(|c| matches!(c, Command::RetryTask { call_id, .. } if call_id == "intake.t1.p1")),
+        "a reported failure is probed at once: {:?}",
+        d.commands
+    );
+}
+
 #[test]
 fn a_probe_answering_404_retries_with_the_same_key_and_an_undecided_probe_calls_the_operator() {
     let (mut run, _) = uncertain_run(Opts {
