@@ -141,6 +141,53 @@ impl Api {
     /// A worker key limited to tenants touches only their tasks:
     /// `PERMISSION_DENIED` naming the principal and the task's tenant. (A
     /// malformed or unknown task id is left for the coordinator to name.)
+    /// The tasks a report's `claim_next` claims for its worker once the
+    /// report is recorded: up to `max` (at most 64) ready tasks, without
+    /// waiting, as `ClaimTasks` claims them. A claim that fails (bad
+    /// capabilities, the database) hands out nothing and is logged: the
+    /// report it rides on is recorded, and the worker's claim loop asks
+    /// again.
+    async fn claim_next(
+        &self,
+        p: &crate::auth::Principal,
+        worker_id_sent: &str,
+        max: u32,
+        capabilities: Option<&v1::WorkerCapabilities>,
+    ) -> Vec<v1::Task> {
+        if max == 0 {
+            return Vec::new();
+        }
+        let claimed = async {
+            let capabilities = capability_tags(capabilities)?;
+            let tenants = p.tenants.to_stored();
+            let filter = crate::store::ClaimFilter {
+                tenants: tenants.as_deref(),
+                capabilities: capabilities.as_deref(),
+            };
+            let worker = worker_id(p, worker_id_sent);
+            Ok::<_, Status>(
+                self.coord
+                    .claim_matching(&worker, max.min(64), 0, filter)
+                    .await?,
+            )
+        }
+        .await;
+        match claimed {
+            Ok(tasks) => {
+                let lease_ms = self.coord.lease_ms();
+                tasks.into_iter().map(|t| task_message(t, lease_ms)).collect()
+            }
+            Err(status) => {
+                tracing::warn!(
+                    code = ?status.code(),
+                    error = status.message(),
+                    "claiming the next task with a report failed; the report is recorded"
+                );
+                Vec::new()
+            }
+        }
+    }
+
     async fn require_task_tenant(
         &self,
         p: &crate::auth::Principal,
@@ -645,6 +692,33 @@ fn mcp_report(definition_hash: &str, kind: i32) -> Result<crate::coordinator::Mc
     })
 }
 
+/// A claimed task as the worker protocol sends it.
+fn task_message(t: crate::store::ClaimedTask, lease_ms: u64) -> v1::Task {
+    v1::Task {
+        task_id: t.task_id.to_string(),
+        run_id: t.run_id.to_string(),
+        tenant: t.tenant,
+        kind: t.kind,
+        attempt: t.attempt as u32,
+        lease_ms,
+        spec_json: t.spec.to_string(),
+        idempotency_key: t.idempotency_key,
+        dispatched: false,
+    }
+}
+
+/// The capability tags of a claim (`belay_proto::pools`); a worker that
+/// sends none (older than worker pools) claims any task, as before.
+/// Errors: `INVALID_ARGUMENT` naming a malformed capability.
+fn capability_tags(
+    capabilities: Option<&v1::WorkerCapabilities>,
+) -> Result<Option<Vec<String>>, Status> {
+    Ok(capabilities
+        .map(belay_proto::pools::capability_tags)
+        .transpose()
+        .map_err(CoordinatorError::InvalidArgument)?)
+}
+
 #[tonic::async_trait]
 impl WorkerService for Api {
     async fn claim_tasks(
@@ -654,14 +728,7 @@ impl WorkerService for Api {
         let p = principal(&req)?;
         let r = req.into_inner();
         let lease_ms = self.coord.lease_ms();
-        // Tags, not the message, go to the store; a worker that sends none
-        // (older than worker pools) claims any task, as before.
-        let capabilities = r
-            .capabilities
-            .as_ref()
-            .map(belay_proto::pools::capability_tags)
-            .transpose()
-            .map_err(CoordinatorError::InvalidArgument)?;
+        let capabilities = capability_tags(r.capabilities.as_ref())?;
         let tenants = p.tenants.to_stored();
         let filter = crate::store::ClaimFilter {
             tenants: tenants.as_deref(),
@@ -681,16 +748,7 @@ impl WorkerService for Api {
         Ok(Response::new(v1::ClaimTasksResponse {
             tasks: tasks
                 .into_iter()
-                .map(|t| v1::Task {
-                    task_id: t.task_id.to_string(),
-                    run_id: t.run_id.to_string(),
-                    tenant: t.tenant,
-                    kind: t.kind,
-                    attempt: t.attempt as u32,
-                    lease_ms,
-                    spec_json: t.spec.to_string(),
-                    idempotency_key: t.idempotency_key,
-                })
+                .map(|t| task_message(t, lease_ms))
                 .collect(),
         }))
     }
@@ -820,7 +878,10 @@ impl WorkerService for Api {
                 )?,
             )
             .await?;
-        Ok(Response::new(v1::CompleteTaskResponse {}))
+        let tasks = self
+            .claim_next(&p, &r.worker_id, r.claim_next, r.capabilities.as_ref())
+            .await;
+        Ok(Response::new(v1::CompleteTaskResponse { tasks }))
     }
 
     async fn fail_task(

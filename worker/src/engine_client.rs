@@ -128,6 +128,22 @@ impl McpReport {
     }
 }
 
+/// A task's result as `CompleteTask` reports it
+/// ([`EngineClient::report_complete_claiming`]).
+#[derive(Debug, Clone, Default)]
+pub struct Completion {
+    /// `wire::ModelCallResult` for a model call; the tool's result for a
+    /// tool call.
+    pub result_json: String,
+    /// Values taken out of the result (its `RESULT_SECRETS`), by vault key.
+    pub vaulted: Vec<(String, String)>,
+    /// Model completions an MCP server asked for during the call.
+    pub sampling: Option<belay_proto::wire::SamplingUsage>,
+    /// Ready tasks to claim for this worker with the report (0..=64; 0:
+    /// none).
+    pub claim_next: u32,
+}
+
 /// Whether a failed call may succeed if sent again: transport failures and
 /// engine-side unavailability (restart, overload, deadline). Refusals about the
 /// task itself are final.
@@ -152,6 +168,9 @@ pub struct EngineClient {
     client: WorkerServiceClient<AuthChannel>,
     worker_id: String,
     retry: RetryPolicy,
+    /// When each held lease's side effect may last start: a dispatch
+    /// answered later is refused here ([`crate::lease_clock`]).
+    lease_clock: crate::lease_clock::LeaseClock,
     /// Sent with every claim ([`EngineClient::with_capabilities`]); `None`:
     /// none, so the engine hands out any task (as to a worker older than
     /// worker pools).
@@ -196,6 +215,7 @@ impl EngineClient {
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES),
             worker_id: worker_id.into(),
             retry: RetryPolicy::default(),
+            lease_clock: crate::lease_clock::LeaseClock::default(),
             capabilities: None,
         })
     }
@@ -212,6 +232,24 @@ impl EngineClient {
     pub fn with_capabilities(mut self, capabilities: WorkerCapabilities) -> Self {
         self.capabilities = Some(capabilities);
         self
+    }
+
+    /// The act-by moments of the leases this client's dispatches are
+    /// checked against (shared by its clones; the runner keeps it).
+    pub fn lease_clock(&self) -> &crate::lease_clock::LeaseClock {
+        &self.lease_clock
+    }
+
+    /// A dispatch's answer, unless it came too late to act on: after the
+    /// lease may have run out by this worker's clock, it is refused
+    /// (`DEADLINE_EXCEEDED`), and the worker must not act.
+    fn in_time(&self, task_id: &str, attempt: u32, dispatch: Dispatch) -> Result<Dispatch, Status> {
+        if self.lease_clock.may_act(task_id, attempt) {
+            return Ok(dispatch);
+        }
+        Err(Status::deadline_exceeded(format!(
+            "the dispatch of task {task_id} attempt {attempt} was answered after its lease may have run out (by this worker's clock); not acting: the engine judges the lease"
+        )))
     }
 
     /// The capabilities sent with every claim, if any.
@@ -269,16 +307,18 @@ impl EngineClient {
             attempt,
             mcp_definition_hash: String::new(),
         };
-        self.retrying("DispatchToolCall", task_id, attempt, |mut client| {
-            let request = request.clone();
-            async move {
-                client
-                    .dispatch_tool_call(with_deadline(request))
-                    .await
-                    .map(|r| Dispatch::from(r.into_inner()))
-            }
-        })
-        .await
+        let dispatch = self
+            .retrying("DispatchToolCall", task_id, attempt, |mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .dispatch_tool_call(with_deadline(request))
+                        .await
+                        .map(|r| Dispatch::from(r.into_inner()))
+                }
+            })
+            .await?;
+        self.in_time(task_id, attempt, dispatch)
     }
 
     /// `DispatchToolCall` for a `type: mcp` call, retried while transient:
@@ -298,16 +338,18 @@ impl EngineClient {
             attempt,
             mcp_definition_hash: listed_hash.to_owned(),
         };
-        self.retrying("DispatchToolCall", task_id, attempt, |mut client| {
-            let request = request.clone();
-            async move {
-                client
-                    .dispatch_tool_call(with_deadline(request))
-                    .await
-                    .map(|r| Dispatch::from(r.into_inner()))
-            }
-        })
-        .await
+        let dispatch = self
+            .retrying("DispatchToolCall", task_id, attempt, |mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .dispatch_tool_call(with_deadline(request))
+                        .await
+                        .map(|r| Dispatch::from(r.into_inner()))
+                }
+            })
+            .await?;
+        self.in_time(task_id, attempt, dispatch)
     }
 
     /// `ReportMcpTools`: what `server` lists, retried while transient.
@@ -381,6 +423,36 @@ impl EngineClient {
         sampling: Option<belay_proto::wire::SamplingUsage>,
         mcp: &McpReport,
     ) -> Result<(), Status> {
+        let report = Completion {
+            result_json,
+            vaulted,
+            sampling,
+            claim_next: 0,
+        };
+        self.report_complete_claiming(task_id, attempt, report, mcp)
+            .await
+            .map(drop)
+    }
+
+    /// `CompleteTask` with everything a completion can carry, retried while
+    /// transient; returns the tasks the engine claimed for this worker
+    /// with it (`report.claim_next`, sent with the first try only: a retry
+    /// after a lost reply asks for none, so a task claimed for the lost
+    /// reply is the only one left to its lease's expiry). An engine older
+    /// than `claim_next` returns none.
+    pub async fn report_complete_claiming(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        report: Completion,
+        mcp: &McpReport,
+    ) -> Result<Vec<Task>, Status> {
+        let Completion {
+            result_json,
+            vaulted,
+            sampling,
+            claim_next,
+        } = report;
         let request = CompleteTaskRequest {
             worker_id: self.worker_id.clone(),
             task_id: task_id.to_owned(),
@@ -392,10 +464,26 @@ impl EngineClient {
                 .collect(),
             sampling_usage: sampling.map(sampling_usage),
             mcp_definition_hash: mcp.hash(),
+            claim_next: claim_next.min(64),
+            capabilities: if claim_next > 0 {
+                self.capabilities.clone()
+            } else {
+                None
+            },
         };
+        let first_try = std::sync::atomic::AtomicBool::new(true);
         self.retrying("CompleteTask", task_id, attempt, |mut client| {
-            let request = request.clone();
-            async move { client.complete_task(with_deadline(request)).await.map(drop) }
+            let mut request = request.clone();
+            if !first_try.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                request.claim_next = 0;
+                request.capabilities = None;
+            }
+            async move {
+                client
+                    .complete_task(with_deadline(request))
+                    .await
+                    .map(|r| r.into_inner().tasks)
+            }
         })
         .await
     }

@@ -304,6 +304,7 @@ pub mod health;
 pub mod http_tool;
 mod http_util;
 pub mod json_text;
+pub mod lease_clock;
 pub mod mcp;
 pub mod mcp_tool;
 pub mod metrics;

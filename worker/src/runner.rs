@@ -4,7 +4,11 @@
 //!   free slots (a semaphore of `concurrency` permits bounds the tasks in
 //!   flight). While the engine is unreachable it backs off (100 ms doubling to
 //!   5 s) and logs once per outage.
-//! - Each claimed task runs in its own tokio task holding one permit.
+//! - Each claimed task runs in its own tokio task holding one permit. Its
+//!   `CompleteTask` asks the engine to claim one more task with the report
+//!   (`claim_next`, unless the worker is stopping): a task handed back so
+//!   runs next under the same permit, without a claim round trip, so a run
+//!   whose steps follow each other goes from step to step in one call.
 //! - One heartbeat loop renews every held lease in a single `Heartbeat`,
 //!   a third of the shortest lease after the last renewal. A lease the engine
 //!   reports as not held is dropped at once: if the task had not been
@@ -42,7 +46,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 use tracing::Instrument as _;
 
@@ -142,6 +146,7 @@ pub async fn run_with_engine(
         leases: Mutex::new(HashMap::new()),
         lease_added: Notify::new(),
         metrics: health.metrics().clone(),
+        stopping: AtomicBool::new(false),
     });
     let concurrency = config.concurrency.clamp(1, Semaphore::MAX_PERMITS);
     ctx.metrics.set_capacity(concurrency);
@@ -231,7 +236,7 @@ pub async fn run_with_engine(
                         );
                         continue;
                     };
-                    start_task(&ctx, &mut tasks, task, permit);
+                    start_task(&ctx, &mut tasks, task, permit, claim_started);
                 }
             }
             // Not an outage: the engine will not take this credential
@@ -269,6 +274,7 @@ pub async fn run_with_engine(
     }
 
     health.stopping();
+    ctx.stopping.store(true, Ordering::SeqCst);
     tracing::info!(
         in_flight = tasks.len(),
         "shutting down: stopped claiming, waiting for in-flight tasks"
@@ -354,9 +360,15 @@ struct Ctx {
     lease_added: Notify,
     /// The worker's metrics (served by the health listener).
     metrics: crate::metrics::WorkerMetrics,
+    /// Set once the claim loop stopped: reports claim no next task.
+    stopping: AtomicBool,
 }
 
 type LeaseKey = (String, u32);
+
+/// Tasks the engine claimed for this worker with a task's report
+/// (`claim_next`), to run next under the task's permit.
+type NextTasks = Arc<Mutex<Vec<(Task, Instant)>>>;
 
 struct HeldLease {
     /// The task's run and kind, for a report at shutdown.
@@ -367,12 +379,15 @@ struct HeldLease {
     /// When the last successful heartbeat (or the claim) was sent; the engine
     /// extended the lease no earlier than this.
     renewed_at: Instant,
-    /// Aborts the task's future.
-    abort: AbortHandle,
+    /// Aborts the future running the task (set once it is spawned; shared
+    /// by the tasks handed over to it).
+    abort: Arc<OnceLock<AbortHandle>>,
     /// Set once the engine allowed a tool call's side effect to start.
     dispatched: Arc<AtomicBool>,
     /// Set once the task started reporting its outcome.
     reporting: Arc<AtomicBool>,
+    /// What its report's `claim_next` claimed.
+    next: NextTasks,
 }
 
 /// A task still running when the shutdown grace period ended.
@@ -394,6 +409,38 @@ impl Ctx {
     fn reporting(&self, task: &Task) {
         if let Some(held) = self.leases().get(&(task.task_id.clone(), task.attempt)) {
             held.reporting.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// How many tasks `task`'s report asks the engine to claim with it:
+    /// one, unless the worker is stopping.
+    fn claim_next(&self) -> u32 {
+        u32::from(!self.stopping.load(Ordering::SeqCst))
+    }
+
+    /// Keeps the tasks claimed with `task`'s report for its future to run
+    /// next. A task whose lease is already gone (lost meanwhile) cannot run
+    /// them: they are left to their leases' expiry, and said so.
+    /// `sent`: when the report was sent (the claimed tasks' leases run
+    /// from no earlier).
+    fn hand_over(&self, task: &Task, claimed: Vec<Task>, sent: Instant) {
+        if claimed.is_empty() {
+            return;
+        }
+        match self.leases().get(&(task.task_id.clone(), task.attempt)) {
+            Some(held) => held
+                .next
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(claimed.into_iter().map(|t| (t, sent))),
+            None => {
+                for lost in claimed {
+                    tracing::warn!(
+                        task_id = %lost.task_id, attempt = lost.attempt,
+                        "a task claimed with a report arrived after its reporter's lease was gone; leaving it to lease expiry"
+                    );
+                }
+            }
         }
     }
 
@@ -443,15 +490,21 @@ impl Ctx {
                 held.renewed_at = sent_at;
             }
         }
+        let clock = self.engine.lease_clock();
         for status in statuses {
             let key = (status.task_id, status.attempt);
             if status.held {
-                if let Some(held) = leases.get_mut(&key)
-                    && status.lease_ms > 0
-                {
-                    held.lease_ms = status.lease_ms;
+                if let Some(held) = leases.get_mut(&key) {
+                    if status.lease_ms > 0 {
+                        held.lease_ms = status.lease_ms;
+                    }
+                    // Only a lease the engine says it extended may be acted
+                    // on for longer.
+                    clock.renewed(&key.0, key.1, sent_at, held.lease_ms);
                 }
             } else if let Some(lost) = leases.remove(&key) {
+                // Whatever the task does next, it starts no side effect.
+                clock.lost(&key.0, key.1);
                 if lost.dispatched.load(Ordering::SeqCst) {
                     // The side effect may be under way: finish it and report
                     // the real result late, so the engine can resolve an
@@ -463,7 +516,9 @@ impl Ctx {
                         "lease lost after dispatch; finishing the call to report its result late"
                     );
                 } else {
-                    lost.abort.abort();
+                    if let Some(abort) = lost.abort.get() {
+                        abort.abort();
+                    }
                     tracing::warn!(
                         task_id = %key.0,
                         attempt = key.1,
@@ -494,48 +549,120 @@ struct LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.ctx.leases().remove(&self.key);
+        self.ctx.engine.lease_clock().forget(&self.key.0, self.key.1);
     }
 }
 
-fn start_task(ctx: &Arc<Ctx>, tasks: &mut JoinSet<()>, task: Task, permit: OwnedSemaphorePermit) {
-    let key: LeaseKey = (task.task_id.clone(), task.attempt);
-    let lease_ms = task.lease_ms;
+/// Spawns `task` holding `permit`; when it ends, the task its report
+/// claimed ([`Ctx::hand_over`]) runs next in the same future, under the
+/// same permit, with a lease entry of its own.
+fn start_task(
+    ctx: &Arc<Ctx>,
+    tasks: &mut JoinSet<()>,
+    task: Task,
+    permit: OwnedSemaphorePermit,
+    claim_sent: Instant,
+) {
     // Hold the lock across the spawn so the task's guard cannot remove the
-    // lease before it is inserted.
+    // lease before it is inserted, and a lost lease cannot be aborted
+    // before the abort handle is set.
     let mut leases = ctx.leases();
-    let guard = LeaseGuard {
-        ctx: Arc::clone(ctx),
-        key: key.clone(),
-    };
-    let task_ctx = Arc::clone(ctx);
-    let dispatched = Arc::new(AtomicBool::new(false));
-    let task_dispatched = Arc::clone(&dispatched);
-    let (run_id, kind) = (task.run_id.clone(), task.kind.clone());
-    let abort = tasks.spawn(async move {
+    let abort = Arc::<OnceLock<AbortHandle>>::default();
+    let first = Running::register(ctx, &mut leases, &task, &abort, claim_sent);
+    let (task_ctx, task_abort) = (Arc::clone(ctx), Arc::clone(&abort));
+    let handle = tasks.spawn(async move {
         let _permit = permit;
-        let _guard = guard;
-        let started = Instant::now();
-        task_ctx.metrics.slot(true);
-        perform_task(&task_ctx, &task, &task_dispatched).await;
-        task_ctx.metrics.slot(false);
-        task_ctx
-            .metrics
-            .task_duration(&task.kind, started.elapsed());
+        let mut current = Some((task, first));
+        while let Some((task, running)) = current.take() {
+            let started = Instant::now();
+            task_ctx.metrics.slot(true);
+            perform_task(&task_ctx, &task, &running.dispatched).await;
+            task_ctx.metrics.slot(false);
+            task_ctx
+                .metrics
+                .task_duration(&task.kind, started.elapsed());
+            current = running.finish().map(|(next, report_sent)| {
+                let running = Running::register(
+                    &task_ctx,
+                    &mut task_ctx.leases(),
+                    &next,
+                    &task_abort,
+                    report_sent,
+                );
+                task_ctx.lease_added.notify_one();
+                (next, running)
+            });
+        }
     });
-    leases.insert(
-        key,
-        HeldLease {
-            run_id,
-            kind,
-            lease_ms,
-            renewed_at: Instant::now(),
-            abort,
-            dispatched,
-            reporting: Arc::new(AtomicBool::new(false)),
-        },
-    );
+    let _ = abort.set(handle);
     drop(leases);
     ctx.lease_added.notify_one();
+}
+
+/// What the future running a task holds of the task's lease entry.
+struct Running {
+    /// Removes the entry when dropped.
+    guard: LeaseGuard,
+    dispatched: Arc<AtomicBool>,
+    next: NextTasks,
+}
+
+impl Running {
+    /// Enters `task`'s lease into `leases` (the locked map of `ctx`); the
+    /// entry aborts the future `abort` names when the lease is lost.
+    /// `sent` is when the request that claimed it was sent (the lease runs
+    /// from no earlier).
+    fn register(
+        ctx: &Arc<Ctx>,
+        leases: &mut HashMap<LeaseKey, HeldLease>,
+        task: &Task,
+        abort: &Arc<OnceLock<AbortHandle>>,
+        sent: Instant,
+    ) -> Running {
+        let key: LeaseKey = (task.task_id.clone(), task.attempt);
+        ctx.engine
+            .lease_clock()
+            .renewed(&task.task_id, task.attempt, sent, task.lease_ms);
+        let running = Running {
+            guard: LeaseGuard {
+                ctx: Arc::clone(ctx),
+                key: key.clone(),
+            },
+            dispatched: Arc::new(AtomicBool::new(false)),
+            next: NextTasks::default(),
+        };
+        leases.insert(
+            key,
+            HeldLease {
+                run_id: task.run_id.clone(),
+                kind: task.kind.clone(),
+                lease_ms: task.lease_ms,
+                renewed_at: sent,
+                abort: Arc::clone(abort),
+                dispatched: Arc::clone(&running.dispatched),
+                reporting: Arc::new(AtomicBool::new(false)),
+                next: Arc::clone(&running.next),
+            },
+        );
+        running
+    }
+
+    /// Ends the task's lease entry; returns the task its report claimed,
+    /// if any (the worker asks for one: more are left to lease expiry),
+    /// with when that report was sent.
+    fn finish(self) -> Option<(Task, Instant)> {
+        let mut next =
+            std::mem::take(&mut *self.next.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(self.guard);
+        let first = (!next.is_empty()).then(|| next.remove(0));
+        for (extra, _) in next {
+            tracing::warn!(
+                task_id = %extra.task_id, attempt = extra.attempt,
+                "the engine claimed more tasks with a report than asked for; leaving this one to lease expiry"
+            );
+        }
+        first
+    }
 }
 
 /// Reports each task stopped at the end of the shutdown grace period as
@@ -1116,21 +1243,22 @@ async fn report_complete_vaulted(
     ctx.reporting(task);
     let task_id = &task.task_id;
     let attempt = task.attempt;
+    let completion = crate::engine_client::Completion {
+        result_json,
+        vaulted,
+        sampling: reported.sampling.clone(),
+        claim_next: ctx.claim_next(),
+    };
+    let sent = Instant::now();
     match ctx
         .engine
-        .report_complete_sampled(
-            task_id,
-            attempt,
-            result_json,
-            vaulted,
-            reported.sampling,
-            &reported.mcp,
-        )
+        .report_complete_claiming(task_id, attempt, completion, &reported.mcp)
         .await
     {
-        Ok(()) => {
+        Ok(claimed) => {
             ctx.metrics.task(&task.kind, "succeeded");
-            tracing::info!(%task_id, attempt, "task completed")
+            tracing::info!(%task_id, attempt, "task completed");
+            ctx.hand_over(task, claimed, sent);
         }
         // The engine will never accept this result (too large: OUT_OF_RANGE
         // is tonic's message-size refusal; or not valid for it); say so now rather than leave the task to lease expiry. The

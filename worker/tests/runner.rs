@@ -99,6 +99,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         lease_ms: 30_000,
         spec_json: serde_json::to_string(&spec).unwrap(),
         idempotency_key: format!("key-{task_id}"),
+        dispatched: false,
     }
 }
 
@@ -112,6 +113,7 @@ fn model_task(task_id: &str, attempt: u32, spec_json: String) -> Task {
         lease_ms: 30_000,
         spec_json,
         idempotency_key: format!("key-{task_id}"),
+        dispatched: false,
     }
 }
 
@@ -795,4 +797,57 @@ async fn readiness_follows_the_engine_and_shutdown_while_liveness_holds() {
     assert_eq!(status, 503);
     assert_eq!(body["reason"], "shutting down: no more claims");
     assert_eq!(probe(health_addr, "/livez").await.0, 200);
+}
+
+/// Issue 22 (found by the chaos run): a dispatch answered after the lease
+/// was lost (a stalled connection to the engine delivered the OK late,
+/// after the engine had judged the lease, probed the call and handed it to
+/// another attempt) is not acted on: the tool never hears of that attempt.
+#[tokio::test]
+async fn a_dispatch_answered_after_the_lease_was_lost_is_not_acted_on() {
+    let log = Log::default();
+    let (tools, recorded) = common::recording_server("/transfer", json!({"ok": true})).await;
+    let mut engine = FakeEngine::start(log.clone()).await;
+    // Every heartbeat stalls too (the same stalled connection): the worker
+    // never hears that the lease is lost, only that it was not renewed.
+    let (heartbeat_seen, release) = {
+        let mut state = engine.state.lock().unwrap();
+        state.hold_dispatch.insert("t1".into());
+        state.stall_heartbeats = u32::MAX;
+        (state.heartbeat_seen.clone(), state.dispatch_released.clone())
+    };
+    let mut late = tool_task("t1", 1, format!("http://{tools}/transfer"), "POST");
+    late.lease_ms = 300;
+    engine.push(late);
+    let worker = Worker::start(&engine, |c| c.concurrency = 1);
+    // The first heartbeat comes after the claim; heartbeats come a third of
+    // the lease apart: once one arrives 400 ms after the first, the 300 ms
+    // lease has run out by the worker's clock.
+    guard(heartbeat_seen.notified()).await;
+    let first = tokio::time::Instant::now();
+    loop {
+        guard(heartbeat_seen.notified()).await;
+        if first.elapsed() >= std::time::Duration::from_millis(400) {
+            break;
+        }
+    }
+    release.notify_one();
+    // One slot: t2 runs once t1's future has ended.
+    engine.push(tool_task("t2", 1, format!("http://{tools}/transfer"), "POST"));
+    let report = engine.next_report().await;
+    assert_eq!(report.task_id(), "t2", "{report:?}");
+    let keys: Vec<String> = recorded
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, headers, _)| {
+            headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(keys, vec!["key-t2".to_owned()], "t1 never reached the tool");
+    worker.stop().await;
 }

@@ -193,6 +193,11 @@ pub struct EngineState {
     pub stall_dispatch: HashSet<String>,
     /// Notified (one permit) when a dispatch of `stall_dispatch` arrives.
     pub dispatch_stalled: std::sync::Arc<tokio::sync::Notify>,
+    /// Task ids whose dispatch is answered (OK) only once
+    /// `dispatch_released` is notified.
+    pub hold_dispatch: HashSet<String>,
+    /// Releases the held dispatches (one permit each).
+    pub dispatch_released: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Handle of a running fake engine.
@@ -363,6 +368,16 @@ impl WorkerService for FakeService {
                 .push(format!("dispatch {} stalled", request.task_id));
             std::future::pending::<()>().await;
         }
+        let held = {
+            let state = self.state.lock().unwrap();
+            state
+                .hold_dispatch
+                .contains(&request.task_id)
+                .then(|| state.dispatch_released.clone())
+        };
+        if let Some(released) = held {
+            released.notified().await;
+        }
         let mut state = self.state.lock().unwrap();
         let refused = state.refuse_dispatch.contains(&request.task_id);
         self.log.push(format!(
@@ -419,7 +434,7 @@ impl WorkerService for FakeService {
         self.log
             .push(format!("complete {} {}", request.task_id, request.attempt));
         let _ = self.reports.send(Report::Complete(request));
-        Ok(Response::new(CompleteTaskResponse {}))
+        Ok(Response::new(CompleteTaskResponse::default()))
     }
 
     async fn fail_task(

@@ -1,0 +1,316 @@
+//! A report that claims the next task (issue 23), through the real gRPC
+//! API on both backends: `CompleteTask` with `claim_next` hands the worker
+//! the run's next step, leased to it at attempt 1, in the same reply (a
+//! claim afterwards finds nothing); without `claim_next` (a worker older
+//! than it) nothing is handed out and the next step waits for a claim; a
+//! worker key of another tenant is handed none of this tenant's tasks; a
+//! report refused (a stale attempt) claims nothing.
+
+mod common;
+use common::{Backend, TestDb};
+
+use belay_engine::auth::{self, Role, Tenants};
+use belay_engine::definitions::SourceFile;
+use belay_engine::server::{Engine, EngineOptions, Listeners};
+use belay_engine::store::Store;
+use belay_proto::connect::{AuthChannel, ConnectOptions};
+use belay_proto::v1;
+use belay_proto::v1::run_service_client::RunServiceClient;
+use belay_proto::v1::worker_service_client::WorkerServiceClient;
+
+const TOOLS: &str = r#"TOOLS:
+  noop(i: number) -> {ok: boolean}
+    description: "does nothing"
+    type: http
+    endpoint: "/noop"
+    permission: t.noop
+    repeat_safety: idempotent
+"#;
+
+/// Two tool steps, one after the other.
+const TWO_STEPS: &str = r#"kind: workflow
+name: two
+nodes:
+  - id: first
+    type: tool
+    tool: noop
+    args: {i: 1}
+    grants: [t.noop]
+    next: second
+  - id: second
+    type: tool
+    tool: noop
+    args: {i: 2}
+    grants: [t.noop]
+    next: done
+  - id: done
+    type: succeed
+    output: "${ .nodes.second.output }"
+"#;
+
+struct Fixture {
+    db: TestDb,
+    store: Store,
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl Fixture {
+    async fn start(backend: Backend) -> Fixture {
+        let db = TestDb::create(backend, "belay_handoff").await;
+        let engine = Engine::start(EngineOptions::new(db.url.clone(), 4))
+            .await
+            .expect("engine");
+        let store = engine.coordinator().store().clone();
+        for tenant in ["a", "b"] {
+            engine
+                .coordinator()
+                .register_bundle(
+                    tenant,
+                    vec![
+                        SourceFile {
+                            path: "t.tools.abl".into(),
+                            content: TOOLS.into(),
+                        },
+                        SourceFile {
+                            path: "two.yaml".into(),
+                            content: TWO_STEPS.into(),
+                        },
+                    ],
+                )
+                .await
+                .expect("register");
+            store
+                .set_tenant_grants(tenant, &["t.noop".to_owned()])
+                .await
+                .expect("grants");
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(async move {
+            engine
+                .serve(Listeners::grpc_only(listener), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("serve");
+        });
+        Fixture {
+            db,
+            store,
+            url,
+            stop,
+            served,
+        }
+    }
+
+    async fn key(&self, tenant: &str, role: Role) -> String {
+        auth::mint_key(
+            &self.store,
+            &format!("{tenant}-{role}"),
+            role,
+            Tenants::Only(vec![tenant.to_owned()]),
+            vec!["t.noop".into()],
+            "test",
+        )
+        .await
+        .expect("mint")
+    }
+
+    fn channel(&self, key: &str) -> AuthChannel {
+        ConnectOptions::new(self.url.clone())
+            .with_api_key(key)
+            .connect_lazy()
+            .expect("channel")
+    }
+
+    async fn start_run(&self, tenant: &str, key: &str) -> String {
+        RunServiceClient::new(self.channel(key))
+            .start_run(v1::StartRunRequest {
+                tenant: tenant.into(),
+                workflow: "two".into(),
+                input_json: "{}".into(),
+                idempotency_key: format!("{tenant}-run"),
+                ..Default::default()
+            })
+            .await
+            .expect("start")
+            .into_inner()
+            .run
+            .expect("run")
+            .run_id
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.served.await;
+        self.db.drop().await;
+    }
+}
+
+async fn claim(worker: &mut WorkerServiceClient<AuthChannel>, id: &str) -> Vec<v1::Task> {
+    worker
+        .claim_tasks(v1::ClaimTasksRequest {
+            worker_id: id.into(),
+            max_tasks: 8,
+            wait_ms: 0,
+            capabilities: None,
+        })
+        .await
+        .expect("claim")
+        .into_inner()
+        .tasks
+}
+
+async fn dispatch(worker: &mut WorkerServiceClient<AuthChannel>, id: &str, task: &v1::Task) {
+    worker
+        .dispatch_tool_call(v1::DispatchToolCallRequest {
+            worker_id: id.into(),
+            task_id: task.task_id.clone(),
+            attempt: task.attempt,
+            ..Default::default()
+        })
+        .await
+        .expect("dispatch");
+}
+
+fn completion(id: &str, task: &v1::Task, claim_next: u32) -> v1::CompleteTaskRequest {
+    v1::CompleteTaskRequest {
+        worker_id: id.into(),
+        task_id: task.task_id.clone(),
+        attempt: task.attempt,
+        result_json: r#"{"ok":true}"#.into(),
+        claim_next,
+        ..Default::default()
+    }
+}
+
+async fn a_report_hands_over_the_runs_next_step(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let run_id = f.start_run("a", &client).await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    assert_eq!(first.len(), 1, "the first step is ready");
+    dispatch(&mut worker, "w1", &first[0]).await;
+    let handed = worker
+        .complete_task(completion("w1", &first[0], 1))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert_eq!(handed.len(), 1, "the second step rides on the report");
+    let second = &handed[0];
+    assert_eq!(second.run_id, run_id);
+    assert_eq!(second.attempt, 1);
+    assert_ne!(second.task_id, first[0].task_id);
+    assert!(second.spec_json.contains("\"i\":2"), "{}", second.spec_json);
+    assert!(second.lease_ms > 0);
+    assert!(
+        claim(&mut worker, "w2").await.is_empty(),
+        "the handed-over step is leased to w1"
+    );
+    dispatch(&mut worker, "w1", second).await;
+    let after_last = worker
+        .complete_task(completion("w1", second, 1))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert!(after_last.is_empty(), "the run has no step left");
+    let run = RunServiceClient::new(f.channel(&client))
+        .get_run(v1::GetRunRequest {
+            tenant: "a".into(),
+            run_id: run_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .run
+        .expect("run");
+    assert_eq!(run.status, "completed");
+    f.stop().await;
+}
+
+async fn a_report_without_claim_next_hands_over_nothing(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    f.start_run("a", &client).await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    dispatch(&mut worker, "w1", &first[0]).await;
+    let handed = worker
+        .complete_task(completion("w1", &first[0], 0))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert!(handed.is_empty());
+    assert_eq!(claim(&mut worker, "w1").await.len(), 1, "the next step is ready");
+    f.stop().await;
+}
+
+async fn another_tenants_worker_is_handed_none_of_this_tenants_steps(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    // Tenant a's first step, claimed and left leased: its second step will
+    // not be ready, but a's other run's first step is.
+    let a_client = f.key("a", Role::Client).await;
+    f.start_run("a", &a_client).await;
+    let b_client = f.key("b", Role::Client).await;
+    f.start_run("b", &b_client).await;
+    let mut b_worker = WorkerServiceClient::new(f.channel(&f.key("b", Role::Worker).await));
+    let b_first = claim(&mut b_worker, "wb").await;
+    assert_eq!(b_first.len(), 1, "b's worker sees b's step only");
+    dispatch(&mut b_worker, "wb", &b_first[0]).await;
+    // Ready now: a's first step (never claimed) and b's second step.
+    let handed = b_worker
+        .complete_task(completion("wb", &b_first[0], 8))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert_eq!(handed.len(), 1, "only b's next step: {handed:?}");
+    assert_eq!(handed[0].tenant, "b");
+    let mut a_worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let a_ready = claim(&mut a_worker, "wa").await;
+    assert_eq!(a_ready.len(), 1, "a's step is still ready for a's workers");
+    assert_eq!(a_ready[0].tenant, "a");
+    f.stop().await;
+}
+
+async fn a_refused_report_claims_nothing(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    f.start_run("a", &client).await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    dispatch(&mut worker, "w1", &first[0]).await;
+    let mut stale = completion("w1", &first[0], 1);
+    stale.attempt += 1;
+    let refused = worker
+        .complete_task(stale)
+        .await
+        .expect_err("a stale attempt is refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    // The right report still works and hands over the second step.
+    let handed = worker
+        .complete_task(completion("w1", &first[0], 1))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert_eq!(handed.len(), 1);
+    f.stop().await;
+}
+
+on_both_backends!(
+    a_report_hands_over_the_runs_next_step,
+    a_report_without_claim_next_hands_over_nothing,
+    another_tenants_worker_is_handed_none_of_this_tenants_steps,
+    a_refused_report_claims_nothing,
+);
