@@ -25,6 +25,7 @@ pub mod cpu;
 pub mod fake;
 pub mod fleet;
 pub mod keys;
+pub mod peer;
 pub mod pg;
 pub mod waits;
 pub mod workload;

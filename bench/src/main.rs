@@ -110,6 +110,14 @@ struct BenchArgs {
     /// --database-url, --timeout-secs.
     #[arg(long)]
     waiting_runs: Option<u32>,
+    /// Also run the workload on this engine, in the same invocation: R runs
+    /// of K steps with C in flight, then --sequential-runs one at a time, on
+    /// Belay (--shape loop) and on the peer, and print both and their ratios.
+    #[arg(long, value_enum)]
+    peer: Option<belay_bench::peer::Peer>,
+    /// With --peer: runs of the sequential rounds.
+    #[arg(long, default_value_t = 100, requires = "peer")]
+    sequential_runs: u32,
 }
 
 #[derive(Subcommand)]
@@ -265,6 +273,13 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         println!("{line}");
     }
     println!();
+    if let Some(belay_bench::peer::Peer::Restate) = args.peer {
+        let comparison = belay_bench::peer::compare(&config, args.sequential_runs).await?;
+        for line in comparison.lines() {
+            println!("{line}");
+        }
+        return Ok(());
+    }
     let report = belay_bench::run(&config).await?;
     for line in report.lines() {
         println!("{line}");

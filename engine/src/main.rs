@@ -109,6 +109,12 @@ struct ServeArgs {
     #[arg(long, env = "BELAY_DB_STARTUP_WAIT", default_value = "60s",
           value_parser = humantime::parse_duration)]
     db_startup_wait: std::time::Duration,
+    /// How long a verified API key (one without an expiry) is kept before
+    /// it is looked up again, ms: the most a key revoked through another
+    /// engine replica takes to stop working on this one (a key revoked
+    /// through this one stops at once); 0: every request looks its key up.
+    #[arg(long, env = "BELAY_KEY_CACHE_MS", default_value_t = 1_000)]
+    key_cache_ms: u64,
     /// Admin HTTP listen address (keys, uncertain outcomes, run controls);
     /// port 0 picks a free port; empty: not served.
     #[arg(long, env = "BELAY_ADMIN_LISTEN", default_value = "127.0.0.1:50052")]
@@ -335,6 +341,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         database_url: database_url.to_owned(),
         db_connections: args.db_connections,
         db_startup_wait: args.db_startup_wait,
+        key_cache_ttl: std::time::Duration::from_millis(args.key_cache_ms),
         coordinator: CoordinatorConfig {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,

@@ -43,6 +43,12 @@ pub struct EngineOptions {
     /// recovery), with exponential backoff from 100 ms to 5 s; zero: fail
     /// at the first attempt. Any other failure ends the start at once.
     pub db_startup_wait: Duration,
+    /// How long a verified API key (without an expiry) is kept before it
+    /// is looked up again ([`crate::auth::key_cache`]): the most a
+    /// revocation through another replica, or straight in the database,
+    /// takes to reach this engine. Zero: every request looks its key up.
+    /// Default [`DEFAULT_KEY_CACHE_TTL`].
+    pub key_cache_ttl: Duration,
     /// Leases, sweeps, the tool cache and definition settings.
     pub coordinator: CoordinatorConfig,
     /// Key of the runs' secret vaults; `None`: a tool that needs the vault
@@ -65,6 +71,10 @@ pub struct EngineOptions {
     pub insecure: bool,
 }
 
+/// The default of [`EngineOptions::key_cache_ttl`] (`--key-cache-ms`):
+/// one second.
+pub const DEFAULT_KEY_CACHE_TTL: Duration = Duration::from_secs(1);
+
 impl EngineOptions {
     /// Options for `database_url` with `db_connections` connections and
     /// every other setting at its default.
@@ -73,6 +83,7 @@ impl EngineOptions {
             database_url: database_url.into(),
             db_connections,
             db_startup_wait: Duration::ZERO,
+            key_cache_ttl: DEFAULT_KEY_CACHE_TTL,
             coordinator: CoordinatorConfig::default(),
             vault_key: None,
             callback_base_url: None,
@@ -239,7 +250,8 @@ impl Engine {
             )),
             None => None,
         };
-        let auth = Authenticator::new(store.clone(), options.tokens);
+        let auth =
+            Authenticator::new(store.clone(), options.tokens).with_key_cache(options.key_cache_ttl);
         let coord = Coordinator::new(
             crate::telemetry::record_node_spans(store),
             options.coordinator,

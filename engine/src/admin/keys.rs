@@ -408,6 +408,7 @@ pub(super) async fn revoke_key(
         .await
         .map_err(CoordinatorError::from)?
         .ok_or_else(not_found)?;
+    state.auth.forget_key(&row.key_id);
     tracing::info!(key_id = %row.key_id, principal = %row.principal, by = %caller.id, "key revoked");
     Ok(Json(row.into()))
 }

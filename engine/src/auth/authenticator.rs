@@ -1,11 +1,14 @@
 //! From a request's credential to a [`Principal`]: API keys are looked up
-//! in the store on every request (so a revocation or an expiry takes effect
-//! on the next one, on every engine), configured tokens in memory, client
-//! certificates by their subject.
+//! in the store, or found in the [`KeyCache`] of the ones verified less
+//! than its time to live ago (so a revocation takes effect on the next
+//! request on the engine that revoked, within the time to live on the
+//! others; an expiring key is looked up every time), configured tokens in
+//! memory, client certificates by their subject (never cached).
 
 use axum::http::HeaderMap;
 
 use super::key::{self, KEY_PREFIX};
+use super::key_cache::KeyCache;
 use super::static_tokens::bearer;
 use super::{AdminAuth, AuthError, Principal, Role, Tenants};
 use crate::store::{PrincipalRow, Store};
@@ -50,16 +53,32 @@ impl Credentials {
 pub struct Authenticator {
     store: Store,
     tokens: std::sync::Arc<AdminAuth>,
+    keys: std::sync::Arc<KeyCache>,
 }
 
 impl Authenticator {
     /// An authenticator over the principals of `store` and the configured
-    /// `tokens` (may be empty).
+    /// `tokens` (may be empty), looking every key up
+    /// ([`Authenticator::with_key_cache`] keeps them).
     pub fn new(store: Store, tokens: AdminAuth) -> Authenticator {
         Authenticator {
             store,
             tokens: std::sync::Arc::new(tokens),
+            keys: std::sync::Arc::new(KeyCache::new(std::time::Duration::ZERO)),
         }
+    }
+
+    /// The same authenticator, keeping verified API keys for `ttl`
+    /// ([`KeyCache`]; zero: none).
+    pub fn with_key_cache(mut self, ttl: std::time::Duration) -> Authenticator {
+        self.keys = std::sync::Arc::new(KeyCache::new(ttl));
+        self
+    }
+
+    /// Forgets what the cache holds of `key_id`: call it when the key is
+    /// revoked through this engine, so it stops working here at once.
+    pub fn forget_key(&self, key_id: &str) {
+        self.keys.forget_key(key_id);
     }
 
     /// The configured tokens.
@@ -146,6 +165,9 @@ impl Authenticator {
     }
 
     async fn api_key(&self, text: &str) -> Result<Principal, AuthError> {
+        if let Some(principal) = self.keys.get(text) {
+            return Ok(principal);
+        }
         let presented = key::parse(text)?;
         let row = self
             .store
@@ -157,7 +179,14 @@ impl Authenticator {
                     .is_some_and(|stored| presented.matches(stored))
             })
             .ok_or_else(|| AuthError::Unauthenticated("invalid API key or token".into()))?;
-        active(row, &format!("API key {}", presented.key_id))
+        // An expiring key's expiry is judged by the database's clock on
+        // every request: it is not kept.
+        let keep = row.expires_at.is_none();
+        let principal = active(row, &format!("API key {}", presented.key_id))?;
+        if keep {
+            self.keys.put(text, &presented.key_id, &principal);
+        }
+        Ok(principal)
     }
 
     async fn certificate(&self, subject: &str) -> Result<Principal, AuthError> {

@@ -7,8 +7,10 @@
 //!   admin endpoint (`POST /admin/v1/keys`, `belay keys create`) and stored
 //!   only as the SHA-256 of its secret in the `principals` table, with its
 //!   principal's id, [`Role`], [`Tenants`] and grants; it may expire (by
-//!   the database clock) and be revoked, effective on the next request
-//!   (keys are looked up on every request, never cached);
+//!   the database clock) and be revoked, effective on the next request on
+//!   the engine that revoked it and within `--key-cache-ms` (default 1 s)
+//!   on the others ([`key_cache`]: verified keys without an expiry are
+//!   kept that long);
 //! - a configured token (`--admin-tokens`, `name:token[:tenant]`,
 //!   [`static_tokens`]): the bootstrap principals that create the first
 //!   keys; an admin for `*`, else an operator of its tenant;
@@ -24,6 +26,7 @@
 
 mod authenticator;
 pub mod key;
+pub mod key_cache;
 mod mint;
 pub mod policy;
 mod principal;
