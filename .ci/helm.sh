@@ -191,6 +191,13 @@ expect "the engine ServiceMonitor under TLS verifies the engine's certificate" t
   'ServiceMonitor/belay-engine:spec.endpoints[0].scheme="https"' \
   'ServiceMonitor/belay-engine:spec.endpoints[0].tlsConfig={"ca":{"secret":{"name":"belay-engine-tls","key":"ca.crt"}},"serverName":"belay-engine"}' \
   'ServiceMonitor/belay-worker:spec.endpoints[0].scheme=!'
+# Under TLS only the engines mount the whole TLS Secret (they serve with
+# tls.key); the workers (they run tools) and the helm test pod get ca.crt alone.
+expect "under TLS the engine's private key reaches no pod but the engines" everything \
+  'Deployment/belay-engine:spec.template.spec.volumes[name=tls].secret={"secretName":"tls"}' \
+  'Deployment/belay-worker:spec.template.spec.volumes[name=tls].secret={"secretName":"tls","items":[{"key":"ca.crt","path":"ca.crt"}]}' \
+  'Deployment/belay-worker-gpu:spec.template.spec.volumes[name=tls].secret={"secretName":"tls","items":[{"key":"ca.crt","path":"ca.crt"}]}' \
+  'Pod/belay-test-health:spec.volumes[name=tls].secret={"secretName":"tls","items":[{"key":"ca.crt","path":"ca.crt"}]}'
 render tls-override -f deploy/helm/examples/tls.yaml --set metrics.serviceMonitor.tlsConfig.insecureSkipVerify=true \
   --set metrics.serviceMonitor.tlsConfig.serverName=engine.example.com
 expect "metrics.serviceMonitor.tlsConfig keys replace the derived ones" tls-override \

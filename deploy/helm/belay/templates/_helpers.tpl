@@ -99,17 +99,29 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/*
 Volumes of a pod: a writable /tmp, the TLS Secret, then the pod's own
-extraVolumes. Include with (list $ extraVolumes); belay.volumeMounts the same
-with extraVolumeMounts.
+extraVolumes. Include with (list $ extraVolumes "engine") in the engine's
+pods, which serve with tls.crt and tls.key, and with (list $ extraVolumes
+"client") in every other pod (workers, the helm test), which only verify
+the engine and so get ca.crt alone: the engine's private key never reaches
+a pod that runs tools. belay.volumeMounts takes (list $ extraVolumeMounts).
 */}}
 {{- define "belay.volumes" -}}
 {{- $root := index . 0 -}}
+{{- $who := index . 2 -}}
+{{- if not (has $who (list "engine" "client")) }}
+{{- fail (printf "belay.volumes: the third element is %q, not \"engine\" or \"client\"" $who) }}
+{{- end }}
 - name: tmp
   emptyDir: {}
 {{- if $root.Values.engine.tls.enabled }}
 - name: tls
   secret:
     secretName: {{ $root.Values.engine.tls.existingSecret }}
+    {{- if eq $who "client" }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
 {{- end }}
 {{- with index . 1 }}
 {{ toYaml . }}
