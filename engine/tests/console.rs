@@ -4,7 +4,8 @@
 //! no redirects followed): every route refuses a caller without a session,
 //! a principal of another tenant and a role the route does not admit; every
 //! form without this session's CSRF token is refused with 403 and changes
-//! nothing; the run list's filters, counts and pages; the pages an
+//! nothing; the run list's filters, counts and pages (and a search text
+//! too long refused by name); the pages an
 //! operator sees, and an uncertain outcome resolved through the form; a
 //! tool call's confirmation decided (with an edit) through the form, also
 //! by an admin, which holds no grants but acts with the one asked; and
@@ -837,6 +838,37 @@ fn hidden_of(html: &str, name: &str) -> Option<String> {
     Some(html[start..start + end].to_owned())
 }
 
+/// A search text too long for a run id, an input or a key is refused with
+/// 400 naming `q` on both backends (SQLite refused its `LIKE` pattern, which
+/// the page told as "the engine's database is unavailable", 503).
+async fn a_search_text_too_long_is_refused_by_name(backend: Backend) {
+    let env = Env::new(backend).await;
+    env.start("acme", "k1", json!({"email": "e@example.com"}))
+        .await;
+    let viewer = env.key("reader", "client", "acme", &[]).await;
+    let s = env.sign_in(&viewer, "acme").await;
+    let long = "a".repeat(60_000);
+    for path in [
+        format!("/console/t/acme/runs?q={long}"),
+        format!("/console/t/acme/runs?partial=1&q={long}"),
+    ] {
+        let (status, body, _) = env.get(Some(&s.cookie), &path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(
+            body.contains("the search text `q` is 60000 characters long"),
+            "{body}"
+        );
+    }
+    let (status, body, _) = env
+        .get(
+            Some(&s.cookie),
+            &format!("/console/t/acme/runs?q={}", "a".repeat(500)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    env.finish().await;
+}
+
 /// Behind a TLS listener (`admin::router_for(…, true)`, as `Engine::serve`
 /// builds it when the engine serves TLS) the cookies are `Secure`.
 async fn cookies_are_secure_behind_tls(backend: Backend) {
@@ -1142,6 +1174,7 @@ fn base64_url(text: &str) -> String {
 on_both_backends!(
     a_confirmation_is_decided_from_the_page,
     an_admin_decides_what_the_page_offers_it,
+    a_search_text_too_long_is_refused_by_name,
     cookies_are_secure_behind_tls,
     every_route_refuses_the_wrong_principal,
     the_run_list_filters_counts_and_pages,
