@@ -4,9 +4,11 @@
 //! no redirects followed): every route refuses a caller without a session,
 //! a principal of another tenant and a role the route does not admit; every
 //! form without this session's CSRF token is refused with 403 and changes
-//! nothing; the run list's filters, counts and pages; the pages an
+//! nothing; the run list's filters, counts and pages (and a search text
+//! too long refused by name); the pages an
 //! operator sees, and an uncertain outcome resolved through the form; a
-//! tool call's confirmation decided (with an edit) through the form; and
+//! tool call's confirmation decided (with an edit) through the form, also
+//! by an admin, which holds no grants but acts with the one asked; and
 //! `Secure` cookies behind TLS.
 //! (The real browser, with a real engine, worker and CRM, is
 //! `tests/tests/console.rs`.)
@@ -754,6 +756,119 @@ async fn a_confirmation_is_decided_from_the_page(backend: Backend) {
     env.finish().await;
 }
 
+/// An admin holds no grants of its own, yet may act with any (it could
+/// make a key holding them): the approvals page offers it the form of a
+/// confirmation that needs `crm.write`, and sending that form decides it
+/// (it was refused: the form acted with the admin's own, empty, grants).
+async fn an_admin_decides_what_the_page_offers_it(backend: Backend) {
+    let env = Env::new(backend).await;
+    let files = vec![
+        belay_engine::definitions::SourceFile {
+            path: "pay.tools.abl".into(),
+            content: CONFIRMED_TOOL.into(),
+        },
+        belay_engine::definitions::SourceFile {
+            path: "payout.yaml".into(),
+            content: CONFIRMED_FLOW.into(),
+        },
+    ];
+    env.coord
+        .register_bundle("acme", files)
+        .await
+        .expect("register");
+    let (run, _) = env
+        .coord
+        .start_run(StartRun {
+            tenant: "acme".into(),
+            workflow: "payout".into(),
+            input_json: "{}".into(),
+            idempotency_key: "pay-admin".into(),
+            caller: "c".into(),
+            caller_grants: vec!["crm.write".into()],
+        })
+        .await
+        .expect("start");
+    assert_eq!(run.status, "waiting");
+    let s = env.sign_in(OPS, "acme").await;
+    let (status, page, _) = env.get(Some(&s.cookie), "/console/t/acme/approvals").await;
+    assert_eq!(status, StatusCode::OK);
+    let path = format!(
+        "/console/t/acme/runs/{}/approvals/pay.t1/decide",
+        run.run_id
+    );
+    assert!(
+        page.contains(&path),
+        "the admin is offered the form: {page}"
+    );
+    let mut fields = vec![
+        ("decision", "approve"),
+        ("reason", "ok"),
+        ("csrf", s.csrf.as_str()),
+    ];
+    let grant = hidden_of(&page, "grant");
+    if let Some(g) = grant.as_deref() {
+        fields.push(("grant", g));
+    }
+    let (status, body) = env.post(Some(&s.cookie), &path, &fields).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let tasks = env.coord.claim("w1", 4, 0).await.expect("claim");
+    assert_eq!(tasks.len(), 1, "the confirmed call runs");
+    let holder = env.key("narrow", "approver", "acme", &["crm.read"]).await;
+    let h = env.sign_in(&holder, "acme").await;
+    let tampered = [
+        ("decision", "approve"),
+        ("reason", "ok"),
+        ("grant", "crm.write"),
+        ("csrf", h.csrf.as_str()),
+    ];
+    let (status, body) = env.post(Some(&h.cookie), &path, &tampered).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "a key's form grant may only narrow its grants: {body}"
+    );
+    env.finish().await;
+}
+
+/// The value of the first hidden input `name` of `html`, if any.
+fn hidden_of(html: &str, name: &str) -> Option<String> {
+    let marker = format!(r#"type="hidden" name="{name}" value=""#);
+    let start = html.find(&marker)? + marker.len();
+    let end = html[start..].find('"')?;
+    Some(html[start..start + end].to_owned())
+}
+
+/// A search text too long for a run id, an input or a key is refused with
+/// 400 naming `q` on both backends (SQLite refused its `LIKE` pattern, which
+/// the page told as "the engine's database is unavailable", 503).
+async fn a_search_text_too_long_is_refused_by_name(backend: Backend) {
+    let env = Env::new(backend).await;
+    env.start("acme", "k1", json!({"email": "e@example.com"}))
+        .await;
+    let viewer = env.key("reader", "client", "acme", &[]).await;
+    let s = env.sign_in(&viewer, "acme").await;
+    let long = "a".repeat(60_000);
+    for path in [
+        format!("/console/t/acme/runs?q={long}"),
+        format!("/console/t/acme/runs?partial=1&q={long}"),
+    ] {
+        let (status, body, _) = env.get(Some(&s.cookie), &path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(
+            body.contains("the search text `q` is 60000 characters long"),
+            "{body}"
+        );
+    }
+    let (status, body, _) = env
+        .get(
+            Some(&s.cookie),
+            &format!("/console/t/acme/runs?q={}", "a".repeat(500)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    env.finish().await;
+}
+
 /// Behind a TLS listener (`admin::router_for(…, true)`, as `Engine::serve`
 /// builds it when the engine serves TLS) the cookies are `Secure`.
 async fn cookies_are_secure_behind_tls(backend: Backend) {
@@ -1058,6 +1173,8 @@ fn base64_url(text: &str) -> String {
 
 on_both_backends!(
     a_confirmation_is_decided_from_the_page,
+    an_admin_decides_what_the_page_offers_it,
+    a_search_text_too_long_is_refused_by_name,
     cookies_are_secure_behind_tls,
     every_route_refuses_the_wrong_principal,
     the_run_list_filters_counts_and_pages,

@@ -222,6 +222,12 @@ pub(crate) struct DecideForm {
     /// The subject as shown, to tell an edit from none.
     #[serde(default)]
     original: Option<String>,
+    /// The grant the page said deciding needs (empty: none). The decision
+    /// acts with it, as `belay run approve --grant` does: a key must hold
+    /// it (a request only narrows its key's grants), an admin's is taken as
+    /// given, so an admin may decide what the page offers it.
+    #[serde(default)]
+    grant: String,
 }
 
 impl DecideForm {
@@ -234,6 +240,18 @@ impl DecideForm {
                 "unknown decision {other:?}; approve or decline"
             ))),
         }
+    }
+
+    /// The grants the decision acts with: the form's grant, else the key's.
+    /// Errors: 403 when the key does not hold the form's grant.
+    fn grants(&self, p: &Principal) -> Result<Vec<String>, ConsoleError> {
+        let grant = self.grant.trim();
+        let requested: Vec<String> = if grant.is_empty() {
+            Vec::new()
+        } else {
+            vec![grant.to_owned()]
+        };
+        Ok(p.narrow_grants(&requested)?)
     }
 
     /// The edited subject's JSON text, or empty when it was not changed.
@@ -277,7 +295,7 @@ pub(crate) async fn decide(
         approve,
         edited_subject_json: f.edited()?,
         approver: p.actor("")?,
-        approver_grants: p.narrow_grants(&[])?,
+        approver_grants: f.grants(p)?,
         reason: page::reason(&f.reason)?,
     };
     state
@@ -336,6 +354,7 @@ mod tests {
             request_id: String::new(),
             subject: Some(subject.into()),
             original: Some("{\"plan\": \"pro\"}".into()),
+            grant: String::new(),
         };
         assert_eq!(f("{\n  \"plan\": \"pro\"\n}").edited().expect("same"), "");
         assert_eq!(

@@ -21,6 +21,9 @@ use crate::store::{RunRow, RunSearch};
 const PAGE_SIZE: i64 = 25;
 /// Most runs a page may show.
 const MAX_PAGE_SIZE: i64 = 200;
+/// The longest search text (`q`), in characters: a search names a run, not
+/// a document, and SQLite refuses a `LIKE` pattern over 50,000 bytes.
+const MAX_SEARCH_CHARS: usize = 500;
 
 /// The statuses a run can have, in the order the counts show them.
 pub(crate) const STATUSES: [&str; 7] = [
@@ -180,13 +183,20 @@ fn search<'a>(tenant: &'a str, q: &'a RunsQuery) -> Result<RunSearch<'a>, Consol
             STATUSES.join(", ")
         )));
     }
+    let text = RunsQuery::value(&q.q);
+    let chars = text.chars().count();
+    if chars > MAX_SEARCH_CHARS {
+        return Err(ConsoleError::bad_request(format!(
+            "the search text `q` is {chars} characters long; search with at most {MAX_SEARCH_CHARS}"
+        )));
+    }
     Ok(RunSearch {
         tenant,
         status,
         workflow: Some(RunsQuery::value(&q.workflow)).filter(|s| !s.is_empty()),
         created_from: parse_time("from", RunsQuery::value(&q.from))?,
         created_before: parse_time("to", RunsQuery::value(&q.to))?,
-        text: Some(RunsQuery::value(&q.q)).filter(|s| !s.is_empty()),
+        text: Some(text).filter(|s| !s.is_empty()),
         after: parse_page_token(RunsQuery::value(&q.page)).map_err(|_| {
             ConsoleError::bad_request(
                 "this page link is not valid (its `page` is not one this console made): go back to the first page",
