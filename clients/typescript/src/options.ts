@@ -10,10 +10,11 @@ import { readFileSync } from "node:fs";
 import type { SecureClientSessionOptions } from "node:http2";
 
 import type { Interceptor, Transport } from "@connectrpc/connect";
-import { Http2SessionManager, createGrpcTransport, type Http2SessionOptions } from "@connectrpc/connect-node";
+import { createGrpcTransport, type Http2SessionOptions } from "@connectrpc/connect-node";
 
 import { ConfigError } from "./errors.js";
 import { DEFAULT_RETRY, type RetryPolicy } from "./retry.js";
+import { SessionManager } from "./sessions.js";
 
 /** The engine the CLI and `belay dev` default to. */
 export const DEFAULT_URL = "http://127.0.0.1:50051";
@@ -72,7 +73,7 @@ export function envOptions(env: NodeJS.ProcessEnv = process.env): ClientOptions 
 export interface Resolved {
   transport: Transport;
   /** The HTTP/2 connection, closed by `BelayClient.close`. */
-  sessions: Http2SessionManager;
+  sessions: SessionManager;
   tenant: string;
   timeoutMs: number;
   retry: RetryPolicy;
@@ -160,7 +161,7 @@ export function resolve(options: ClientOptions): Resolved {
       return next(req);
     });
   }
-  const sessions = new Http2SessionManager(parsed.origin, keepalive(options), nodeOptions);
+  const sessions = new SessionManager(parsed.origin, keepalive(options), nodeOptions);
   const transport = createGrpcTransport({ baseUrl: parsed.origin, interceptors, sessionManager: sessions });
   return {
     transport,
