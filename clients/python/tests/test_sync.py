@@ -4,11 +4,13 @@ a watch that outlives an engine restart, and the error mapping."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import grpc
@@ -238,6 +240,23 @@ def test_options_are_checked_and_unavailable_is_retried_then_raised() -> None:
     # Three attempts, two waits of 0.1 to 0.2 s (half-jittered) between them.
     assert time.monotonic() - started >= 0.2
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: Client("http://127.0.0.1:1", timeout=0), "timeout must be a positive number of seconds, not 0"),
+        (lambda: Client("http://127.0.0.1:1", timeout=-1.5), "timeout must be a positive number of seconds, not -1.5"),
+        (lambda: Client("http://127.0.0.1:1", timeout=float("nan")), "timeout must be a positive number of seconds, not nan"),
+        (lambda: RetryPolicy(max_attempts=0), "max_attempts must be at least 1, not 0"),
+        (lambda: RetryPolicy(initial_backoff=-1), "0 <= initial_backoff <= max_backoff"),
+        (lambda: RetryPolicy(max_elapsed=-1), "max_elapsed must not be negative"),
+    ],
+)
+def test_a_timeout_or_retry_policy_that_cannot_work_is_a_config_error(make: Any, says: str) -> None:
+    # As in TypeScript (client.test.ts); a timeout of 0 used to fail each call CANCELLED.
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        make()
 
 
 def test_the_readme_example_runs_as_written() -> None:

@@ -13,7 +13,7 @@ import type { Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport, type Http2SessionOptions } from "@connectrpc/connect-node";
 
 import { ConfigError } from "./errors.js";
-import { DEFAULT_RETRY, type RetryPolicy } from "./retry.js";
+import { DEFAULT_RETRY, type RetryPolicy, checkRetry } from "./retry.js";
 import { SessionManager } from "./sessions.js";
 
 /** The engine the CLI and `belay dev` default to. */
@@ -148,10 +148,18 @@ function keepalive(options: ClientOptions): Http2SessionOptions {
   return { ...idle, pingIntervalMs: interval, pingTimeoutMs: timeout };
 }
 
+/** The bound of each unary call (`timeoutMs`) when it can work, else a `ConfigError` (connect takes 0 or less as no bound). */
+function callTimeout(timeoutMs: number): number {
+  if (!(timeoutMs > 0)) throw new ConfigError(`timeoutMs must be a positive number of milliseconds, not ${timeoutMs}`);
+  return timeoutMs;
+}
+
 /** Check `options` and make the gRPC transport; ConfigError for options that cannot work. */
 export function resolve(options: ClientOptions): Resolved {
   const url = options.url ?? DEFAULT_URL;
   const parsed = checkUrl(url);
+  const timeoutMs = callTimeout(options.timeoutMs ?? 30_000);
+  const retry = checkRetry(options.retry ?? DEFAULT_RETRY);
   const nodeOptions = tlsOptions(options, url, parsed.protocol === "https:");
   const interceptors: Interceptor[] = [];
   const apiKey = options.apiKey;
@@ -167,7 +175,7 @@ export function resolve(options: ClientOptions): Resolved {
     transport,
     sessions,
     tenant: options.tenant ?? "",
-    timeoutMs: options.timeoutMs ?? 30_000,
-    retry: options.retry ?? DEFAULT_RETRY,
+    timeoutMs,
+    retry,
   };
 }

@@ -103,6 +103,14 @@ def keepalive_options(time: float, timeout: float) -> list[tuple[str, Any]]:
     ]
 
 
+def call_timeout(timeout: float) -> float:
+    """``timeout`` (seconds, the bound of each unary call) when it can work,
+    else a :class:`ConfigError` (0 or less would fail every call at once)."""
+    if not timeout > 0:  # also NaN
+        raise ConfigError(f"timeout must be a positive number of seconds, not {timeout}")
+    return timeout
+
+
 def endpoint(
     url: str,
     *,
