@@ -242,6 +242,24 @@ def test_options_are_checked_and_unavailable_is_retried_then_raised() -> None:
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
 
 
+def test_answers_larger_than_grpcs_default_4_mib_are_read(client: Client) -> None:
+    # Two runs of 2.5 MB inputs: a page of both is over grpcio's default
+    # receive limit (4 MiB), which failed it RESOURCE_EXHAUSTED; the client
+    # reads up to 64 MiB, as the Rust SDK and the TypeScript client do.
+    notes = "x" * 2_500_000
+    runs = [
+        client.start_run("client_unclaimable", {"email": f"big{i}@example.com", "notes": notes}, caller_grants=GRANTS).run
+        for i in range(2)
+    ]
+    try:
+        page = client.list_runs(page_size=2)
+        assert {r.run_id for r in page.runs} == {r.run_id for r in runs}
+        assert all(r.input["notes"] == notes for r in page.runs)
+    finally:
+        for run in runs:
+            client.cancel(run.run_id)
+
+
 @pytest.mark.parametrize(
     ("make", "says"),
     [

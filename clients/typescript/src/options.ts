@@ -25,6 +25,13 @@ export const DEFAULT_KEEPALIVE_MS = 30_000;
 /** Milliseconds a keepalive ping may go unanswered before the connection is dropped (`keepaliveTimeoutMs`). */
 export const DEFAULT_KEEPALIVE_TIMEOUT_MS = 10_000;
 
+/**
+ * Largest message the client sends or reads, bytes (64 MiB, as the Rust
+ * SDK's `MAX_MESSAGE_BYTES` and the Python client; connect-node's default
+ * is 4 GiB).
+ */
+export const MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+
 /** Options of a client; see `BelayClient`. */
 export interface ClientOptions {
   /** `http://host:port` or `https://host:port`; default `http://127.0.0.1:50051`. */
@@ -170,7 +177,13 @@ export function resolve(options: ClientOptions): Resolved {
     });
   }
   const sessions = new SessionManager(parsed.origin, keepalive(options), nodeOptions);
-  const transport = createGrpcTransport({ baseUrl: parsed.origin, interceptors, sessionManager: sessions });
+  const transport = createGrpcTransport({
+    baseUrl: parsed.origin,
+    interceptors,
+    sessionManager: sessions,
+    readMaxBytes: MAX_MESSAGE_BYTES,
+    writeMaxBytes: MAX_MESSAGE_BYTES,
+  });
   return {
     transport,
     sessions,

@@ -206,6 +206,20 @@ test("options are checked, and UNAVAILABLE is retried then raised", async () => 
   await assert.rejects(nowhere.getRun("x"), (e: unknown) => e instanceof Unavailable && e.code === Code.Unavailable);
 });
 
+test("answers larger than gRPC's default 4 MiB are read (as in Python)", async () => {
+  const belay = admin();
+  const notes = "x".repeat(2_500_000);
+  const runs = [];
+  for (const i of [0, 1]) runs.push((await belay.startRun("client_unclaimable", { email: `big${i}@example.com`, notes }, { callerGrants: GRANTS })).run);
+  try {
+    const page = await belay.listRuns({ pageSize: 2 });
+    assert.deepEqual(new Set(page.runs.map((r) => r.runId)), new Set(runs.map((r) => r.runId)));
+    assert.ok(page.runs.every((r) => (r.input as { notes?: string }).notes === notes));
+  } finally {
+    for (const run of runs) await belay.cancel(run.runId);
+  }
+});
+
 test("a timeout or retry policy that cannot work is a ConfigError", () => {
   // As in Python (test_sync.py); a timeout of 0 used to mean none, a policy of 0 attempts one.
   const cases: [ClientOptions, string][] = [

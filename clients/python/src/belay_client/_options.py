@@ -26,6 +26,11 @@ DEFAULT_KEEPALIVE_TIME = 30.0
 #: dropped and its calls (an open watch too) fail ``UNAVAILABLE``.
 DEFAULT_KEEPALIVE_TIMEOUT = 10.0
 
+#: Largest message the client sends or reads, bytes (64 MiB, as the Rust
+#: SDK's ``MAX_MESSAGE_BYTES``): grpcio reads 4 MiB by default, less than a
+#: page of runs whose inputs (up to 4 MiB each) the engine accepted.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 # Reconnect quickly after an engine restart (gRPC's default backoff starts
 # at 1 s and grows to 120 s); the retry policy bounds how long calls wait.
 _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -33,6 +38,8 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),  # retries are the client's (RetryPolicy), not the channel's
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 
 
