@@ -4,11 +4,13 @@ a watch that outlives an engine restart, and the error mapping."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import grpc
@@ -238,6 +240,41 @@ def test_options_are_checked_and_unavailable_is_retried_then_raised() -> None:
     # Three attempts, two waits of 0.1 to 0.2 s (half-jittered) between them.
     assert time.monotonic() - started >= 0.2
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_answers_larger_than_grpcs_default_4_mib_are_read(client: Client) -> None:
+    # Two runs of 2.5 MB inputs: a page of both is over grpcio's default
+    # receive limit (4 MiB), which failed it RESOURCE_EXHAUSTED; the client
+    # reads up to 64 MiB, as the Rust SDK and the TypeScript client do.
+    notes = "x" * 2_500_000
+    runs = [
+        client.start_run("client_unclaimable", {"email": f"big{i}@example.com", "notes": notes}, caller_grants=GRANTS).run
+        for i in range(2)
+    ]
+    try:
+        page = client.list_runs(page_size=2)
+        assert {r.run_id for r in page.runs} == {r.run_id for r in runs}
+        assert all(r.input["notes"] == notes for r in page.runs)
+    finally:
+        for run in runs:
+            client.cancel(run.run_id)
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: Client("http://127.0.0.1:1", timeout=0), "timeout must be a positive number of seconds, not 0"),
+        (lambda: Client("http://127.0.0.1:1", timeout=-1.5), "timeout must be a positive number of seconds, not -1.5"),
+        (lambda: Client("http://127.0.0.1:1", timeout=float("nan")), "timeout must be a positive number of seconds, not nan"),
+        (lambda: RetryPolicy(max_attempts=0), "max_attempts must be at least 1, not 0"),
+        (lambda: RetryPolicy(initial_backoff=-1), "0 <= initial_backoff <= max_backoff"),
+        (lambda: RetryPolicy(max_elapsed=-1), "max_elapsed must not be negative"),
+    ],
+)
+def test_a_timeout_or_retry_policy_that_cannot_work_is_a_config_error(make: Any, says: str) -> None:
+    # As in TypeScript (client.test.ts); a timeout of 0 used to fail each call CANCELLED.
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        make()
 
 
 def test_the_readme_example_runs_as_written() -> None:

@@ -10,10 +10,11 @@ import { readFileSync } from "node:fs";
 import type { SecureClientSessionOptions } from "node:http2";
 
 import type { Interceptor, Transport } from "@connectrpc/connect";
-import { Http2SessionManager, createGrpcTransport, type Http2SessionOptions } from "@connectrpc/connect-node";
+import { createGrpcTransport, type Http2SessionOptions } from "@connectrpc/connect-node";
 
 import { ConfigError } from "./errors.js";
-import { DEFAULT_RETRY, type RetryPolicy } from "./retry.js";
+import { DEFAULT_RETRY, type RetryPolicy, checkRetry } from "./retry.js";
+import { SessionManager } from "./sessions.js";
 
 /** The engine the CLI and `belay dev` default to. */
 export const DEFAULT_URL = "http://127.0.0.1:50051";
@@ -23,6 +24,13 @@ export const DEFAULT_KEEPALIVE_MS = 30_000;
 
 /** Milliseconds a keepalive ping may go unanswered before the connection is dropped (`keepaliveTimeoutMs`). */
 export const DEFAULT_KEEPALIVE_TIMEOUT_MS = 10_000;
+
+/**
+ * Largest message the client sends or reads, bytes (64 MiB, as the Rust
+ * SDK's `MAX_MESSAGE_BYTES` and the Python client; connect-node's default
+ * is 4 GiB).
+ */
+export const MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
 
 /** Options of a client; see `BelayClient`. */
 export interface ClientOptions {
@@ -72,7 +80,7 @@ export function envOptions(env: NodeJS.ProcessEnv = process.env): ClientOptions 
 export interface Resolved {
   transport: Transport;
   /** The HTTP/2 connection, closed by `BelayClient.close`. */
-  sessions: Http2SessionManager;
+  sessions: SessionManager;
   tenant: string;
   timeoutMs: number;
   retry: RetryPolicy;
@@ -147,10 +155,18 @@ function keepalive(options: ClientOptions): Http2SessionOptions {
   return { ...idle, pingIntervalMs: interval, pingTimeoutMs: timeout };
 }
 
+/** The bound of each unary call (`timeoutMs`) when it can work, else a `ConfigError` (connect takes 0 or less as no bound). */
+function callTimeout(timeoutMs: number): number {
+  if (!(timeoutMs > 0)) throw new ConfigError(`timeoutMs must be a positive number of milliseconds, not ${timeoutMs}`);
+  return timeoutMs;
+}
+
 /** Check `options` and make the gRPC transport; ConfigError for options that cannot work. */
 export function resolve(options: ClientOptions): Resolved {
   const url = options.url ?? DEFAULT_URL;
   const parsed = checkUrl(url);
+  const timeoutMs = callTimeout(options.timeoutMs ?? 30_000);
+  const retry = checkRetry(options.retry ?? DEFAULT_RETRY);
   const nodeOptions = tlsOptions(options, url, parsed.protocol === "https:");
   const interceptors: Interceptor[] = [];
   const apiKey = options.apiKey;
@@ -160,13 +176,19 @@ export function resolve(options: ClientOptions): Resolved {
       return next(req);
     });
   }
-  const sessions = new Http2SessionManager(parsed.origin, keepalive(options), nodeOptions);
-  const transport = createGrpcTransport({ baseUrl: parsed.origin, interceptors, sessionManager: sessions });
+  const sessions = new SessionManager(parsed.origin, keepalive(options), nodeOptions);
+  const transport = createGrpcTransport({
+    baseUrl: parsed.origin,
+    interceptors,
+    sessionManager: sessions,
+    readMaxBytes: MAX_MESSAGE_BYTES,
+    writeMaxBytes: MAX_MESSAGE_BYTES,
+  });
   return {
     transport,
     sessions,
     tenant: options.tenant ?? "",
-    timeoutMs: options.timeoutMs ?? 30_000,
-    retry: options.retry ?? DEFAULT_RETRY,
+    timeoutMs,
+    retry,
   };
 }

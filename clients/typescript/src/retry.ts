@@ -7,7 +7,7 @@
  */
 import { backOff } from "exponential-backoff";
 
-import { BelayError, Unavailable } from "./errors.js";
+import { BelayError, ConfigError, Unavailable } from "./errors.js";
 
 /**
  * How long to keep trying while the engine is unavailable: `maxAttempts`
@@ -16,7 +16,8 @@ import { BelayError, Unavailable } from "./errors.js";
  * 30000, as Python's `max_elapsed`). `{maxAttempts: 1}` disables retries.
  * A watch applies the policy to its reconnections, counting from its first
  * failure since its last event: at most `maxAttempts` streams, none opened
- * after `maxElapsedMs`.
+ * after `maxElapsedMs`. Values that cannot work (no attempt, a negative
+ * delay) are a `ConfigError` when the client is made.
  */
 export interface RetryPolicy {
   maxAttempts: number;
@@ -30,6 +31,20 @@ export const DEFAULT_RETRY: RetryPolicy = { maxAttempts: 12, initialBackoffMs: 1
 
 function maxElapsedMs(policy: RetryPolicy): number {
   return policy.maxElapsedMs ?? 30_000;
+}
+
+/** `policy` when it can work, else a `ConfigError` naming what is wrong (the words of Python's `RetryPolicy`). */
+export function checkRetry(policy: RetryPolicy): RetryPolicy {
+  if (!Number.isInteger(policy.maxAttempts) || policy.maxAttempts < 1) {
+    throw new ConfigError(`RetryPolicy.maxAttempts must be at least 1, not ${policy.maxAttempts}`);
+  }
+  if (!(policy.initialBackoffMs >= 0 && policy.maxBackoffMs >= policy.initialBackoffMs)) {
+    throw new ConfigError("RetryPolicy needs 0 <= initialBackoffMs <= maxBackoffMs");
+  }
+  if (!(maxElapsedMs(policy) >= 0)) {
+    throw new ConfigError(`RetryPolicy.maxElapsedMs must not be negative, not ${maxElapsedMs(policy)}`);
+  }
+  return policy;
 }
 
 /** Run `call`, retrying `Unavailable` as `policy` says. */

@@ -24,6 +24,7 @@ import {
   PermissionDenied,
   Unauthenticated,
   Unavailable,
+  type ClientOptions,
   type RunEvent,
 } from "../src/index.js";
 import { GRANTS, admin, closeAll, customer, env, killEngine, newEngine, track } from "./harness.js";
@@ -203,6 +204,35 @@ test("options are checked, and UNAVAILABLE is retried then raised", async () => 
   assert.throws(() => new BelayClient({ url: "https://127.0.0.1:1", clientCert: "c.pem" }), /go together/);
   const nowhere = track(new BelayClient({ url: "http://127.0.0.1:1", retry: { maxAttempts: 3, initialBackoffMs: 100, maxBackoffMs: 100 } }));
   await assert.rejects(nowhere.getRun("x"), (e: unknown) => e instanceof Unavailable && e.code === Code.Unavailable);
+});
+
+test("answers larger than gRPC's default 4 MiB are read (as in Python)", async () => {
+  const belay = admin();
+  const notes = "x".repeat(2_500_000);
+  const runs = [];
+  for (const i of [0, 1]) runs.push((await belay.startRun("client_unclaimable", { email: `big${i}@example.com`, notes }, { callerGrants: GRANTS })).run);
+  try {
+    const page = await belay.listRuns({ pageSize: 2 });
+    assert.deepEqual(new Set(page.runs.map((r) => r.runId)), new Set(runs.map((r) => r.runId)));
+    assert.ok(page.runs.every((r) => (r.input as { notes?: string }).notes === notes));
+  } finally {
+    for (const run of runs) await belay.cancel(run.runId);
+  }
+});
+
+test("a timeout or retry policy that cannot work is a ConfigError", () => {
+  // As in Python (test_sync.py); a timeout of 0 used to mean none, a policy of 0 attempts one.
+  const cases: [ClientOptions, string][] = [
+    [{ timeoutMs: 0 }, "timeoutMs must be a positive number of milliseconds, not 0"],
+    [{ timeoutMs: -1.5 }, "timeoutMs must be a positive number of milliseconds, not -1.5"],
+    [{ timeoutMs: NaN }, "timeoutMs must be a positive number of milliseconds, not NaN"],
+    [{ retry: { maxAttempts: 0, initialBackoffMs: 100, maxBackoffMs: 100 } }, "maxAttempts must be at least 1, not 0"],
+    [{ retry: { maxAttempts: 3, initialBackoffMs: -1, maxBackoffMs: 100 } }, "0 <= initialBackoffMs <= maxBackoffMs"],
+    [{ retry: { maxAttempts: 3, initialBackoffMs: 1, maxBackoffMs: 1, maxElapsedMs: -1 } }, "maxElapsedMs must not be negative"],
+  ];
+  for (const [options, says] of cases) {
+    assert.throws(() => new BelayClient({ url: "http://127.0.0.1:1", ...options }), (e: unknown) => e instanceof ConfigError && e.message.includes(says), says);
+  }
 });
 
 test("the README's example runs as written", async () => {

@@ -121,3 +121,32 @@ export async function listener(tls: boolean): Promise<{ url: string; close: () =
     });
   return { url: `https://127.0.0.1:${port}`, close };
 }
+
+/**
+ * An `http://` URL on 127.0.0.1 where a frozen engine is: connections are
+ * accepted and read, nothing is ever answered (not even the HTTP/2
+ * settings or a ping). `disconnected` resolves once every connection a
+ * client made has closed; `close` stops the server.
+ */
+export async function silentServer(): Promise<{ url: string; disconnected: () => Promise<void>; close: () => Promise<void> }> {
+  const sockets = new Set<Socket>();
+  const closing: Promise<void>[] = [];
+  const server = createTcpServer((socket) => {
+    sockets.add(socket);
+    socket.on("data", () => undefined);
+    socket.on("error", () => undefined);
+    closing.push(new Promise((resolve) => socket.on("close", () => resolve())));
+    socket.on("close", () => sockets.delete(socket));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  const disconnected = async (): Promise<void> => {
+    await Promise.all(closing);
+  };
+  const close = (): Promise<void> =>
+    new Promise((resolve) => {
+      for (const socket of sockets) socket.destroy();
+      server.close(() => resolve());
+    });
+  return { url: `http://127.0.0.1:${port}`, disconnected, close };
+}

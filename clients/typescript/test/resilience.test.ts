@@ -9,7 +9,9 @@ import assert from "node:assert/strict";
 import { after, afterEach, test } from "node:test";
 
 import { BelayClient, Code, Unavailable, type RetryPolicy } from "../src/index.js";
-import { GRANTS, admin, closeAll, customer, freezeEngine, listener, pkiFile, thawEngine, track } from "./harness.js";
+import { setImmediate as nextTurn } from "node:timers/promises";
+
+import { GRANTS, admin, closeAll, customer, freezeEngine, listener, pkiFile, silentServer, thawEngine, track } from "./harness.js";
 
 after(closeAll);
 afterEach(thawEngine);
@@ -61,6 +63,22 @@ test("a unary call stops retrying after maxElapsedMs", async () => {
   const started = Date.now();
   await assert.rejects(nowhere.getRun("run-1"), Unavailable);
   assert.ok(Date.now() - started < 15_000);
+});
+
+test("close() right after a keepalive ping timed out leaves the process running", async () => {
+  // connect-node 2.1 drops its listener from a session it leaves, though a
+  // session a ping timeout destroyed emits its error only when the socket
+  // has closed: unheard, that error ended the process (exit code 1).
+  const server = await silentServer();
+  try {
+    const belay = new BelayClient({ url: server.url, keepaliveMs: 100, keepaliveTimeoutMs: 100, retry: { maxAttempts: 1, initialBackoffMs: 0, maxBackoffMs: 0 } });
+    await assert.rejects(belay.getRun("run-1"), (e: unknown) => e instanceof Unavailable && e.rawMessage.includes("PING timed out"));
+    belay.close();
+    await server.disconnected(); // the client's socket closed: its session has emitted what it had
+    await nextTurn();
+  } finally {
+    await server.close();
+  }
 });
 
 for (const [tls, name] of [

@@ -7,7 +7,15 @@ from __future__ import annotations
 import os
 from typing import Any, Generic, TypeVar
 
-from ._options import DEFAULT_KEEPALIVE_TIME, DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_URL, Endpoint, endpoint, env_options
+from ._options import (
+    DEFAULT_KEEPALIVE_TIME,
+    DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_URL,
+    Endpoint,
+    call_timeout,
+    endpoint,
+    env_options,
+)
 from ._retry import RetryPolicy
 
 ChannelT = TypeVar("ChannelT")
@@ -33,6 +41,7 @@ class ClientBase(Generic[ChannelT]):
         keepalive_time: float = DEFAULT_KEEPALIVE_TIME,
         keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT,
     ) -> None:
+        self._timeout = call_timeout(timeout)
         self._endpoint = endpoint(
             url,
             api_key=api_key,
@@ -44,7 +53,6 @@ class ClientBase(Generic[ChannelT]):
         )
         self._channel: ChannelT = self._open(self._endpoint)
         self.tenant = tenant
-        self._timeout = timeout
         self._retry = retry or RetryPolicy()
 
     def _open(self, e: Endpoint) -> ChannelT:

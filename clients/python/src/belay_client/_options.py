@@ -26,6 +26,11 @@ DEFAULT_KEEPALIVE_TIME = 30.0
 #: dropped and its calls (an open watch too) fail ``UNAVAILABLE``.
 DEFAULT_KEEPALIVE_TIMEOUT = 10.0
 
+#: Largest message the client sends or reads, bytes (64 MiB, as the Rust
+#: SDK's ``MAX_MESSAGE_BYTES``): grpcio reads 4 MiB by default, less than a
+#: page of runs whose inputs (up to 4 MiB each) the engine accepted.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 # Reconnect quickly after an engine restart (gRPC's default backoff starts
 # at 1 s and grows to 120 s); the retry policy bounds how long calls wait.
 _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -33,6 +38,8 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),  # retries are the client's (RetryPolicy), not the channel's
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 
 
@@ -101,6 +108,14 @@ def keepalive_options(time: float, timeout: float) -> list[tuple[str, Any]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+def call_timeout(timeout: float) -> float:
+    """``timeout`` (seconds, the bound of each unary call) when it can work,
+    else a :class:`ConfigError` (0 or less would fail every call at once)."""
+    if not timeout > 0:  # also NaN
+        raise ConfigError(f"timeout must be a positive number of seconds, not {timeout}")
+    return timeout
 
 
 def endpoint(

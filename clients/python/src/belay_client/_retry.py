@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import tenacity
 
-from ._errors import BelayError, Unavailable
+from ._errors import BelayError, ConfigError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class RetryPolicy:
     seconds. ``RetryPolicy(max_attempts=1)`` disables retries. A watch
     applies the policy to its reconnections, counting from its first
     failure since its last event: at most ``max_attempts`` streams, none
-    opened after ``max_elapsed`` seconds.
+    opened after ``max_elapsed`` seconds. Values that cannot work (no
+    attempt, a negative delay) raise :class:`ConfigError`.
     """
 
     max_attempts: int = 12
@@ -35,11 +36,11 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy.max_attempts must be at least 1, not {self.max_attempts}")
+            raise ConfigError(f"RetryPolicy.max_attempts must be at least 1, not {self.max_attempts}")
         if self.initial_backoff < 0 or self.max_backoff < self.initial_backoff:
-            raise ValueError("RetryPolicy needs 0 <= initial_backoff <= max_backoff")
+            raise ConfigError("RetryPolicy needs 0 <= initial_backoff <= max_backoff")
         if self.max_elapsed < 0:
-            raise ValueError(f"RetryPolicy.max_elapsed must not be negative, not {self.max_elapsed}")
+            raise ConfigError(f"RetryPolicy.max_elapsed must not be negative, not {self.max_elapsed}")
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th consecutive failure (from 1)."""
