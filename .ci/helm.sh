@@ -116,6 +116,12 @@ expect "the helm test pod and every worker group reach the engine's gRPC port" e
   'NetworkPolicy/belay-engine:spec.ingress[0].from[0].podSelector.matchExpressions[0].values=["worker","worker-gpu"]' \
   'NetworkPolicy/belay-worker:spec.podSelector.matchExpressions[0].values=["worker","worker-gpu"]'
 
+expect "the callback URL names the engine service in its namespace, so tool servers elsewhere in the cluster resolve it (https under TLS)" everything \
+  'Deployment/belay-engine:spec.template.spec.containers[name=engine].env[name=BELAY_CALLBACK_BASE_URL].value="https://belay-engine.belay.svc:50053"'
+
+expect "an unready worker (the engine unreachable) may be evicted: an outage does not block node drains" everything \
+  'PodDisruptionBudget/belay-worker:spec.unhealthyPodEvictionPolicy="AlwaysAllow"'
+
 # 1. Worker groups (deploy/helm/examples/pools.yaml): each its own
 # Deployment, HPA on its own pool's backlog, PDB and Service; the group's
 # values over worker's; the default group as before.
@@ -254,6 +260,7 @@ refused "a misspelt key" "'replcas' not allowed" --set engine.replcas=3
 refused "a vault key of the wrong length" "/secrets/vaultKey" --set secrets.vaultKey=0123
 refused "a database URL that is not postgres://" "/secrets/databaseUrl" --set secrets.databaseUrl=mysql://x
 refused "no database URL" "secrets.databaseUrl is empty" --set secrets.databaseUrl=
+refused "a LoadBalancer without TLS" "engine.service.type LoadBalancer without engine.tls.enabled" --set engine.service.type=LoadBalancer
 refused "minReplicas above maxReplicas" "minReplicas (5) is above maxReplicas (3)" \
   --set worker.autoscaling.minReplicas=5 --set worker.autoscaling.maxReplicas=3
 refused "TLS without its Secret" "engine.tls.enabled needs engine.tls.existingSecret" --set engine.tls.enabled=true

@@ -84,6 +84,10 @@ impl std::fmt::Debug for WorkerOptions {
 /// Errors: PostgreSQL unreachable, or a migration failing.
 pub async fn start_engine(options: &EngineOptions) -> Result<Engine> {
     Engine::start(server::EngineOptions {
+        key_cache_ttl: std::time::Duration::from_millis(env_u64(
+            "BELAY_KEY_CACHE_MS",
+            server::DEFAULT_KEY_CACHE_TTL.as_millis() as u64,
+        )?),
         coordinator: CoordinatorConfig {
             lease_ms: options.lease_ms,
             sweep_interval_ms: options.sweep_interval_ms,
@@ -141,7 +145,25 @@ pub async fn run_worker(
     // The no-op tool server runs on this machine.
     config.tool_network_policy = belay_worker::NetworkPolicy::allowing_loopback();
     config.shutdown_grace_ms = WORKER_SHUTDOWN_GRACE_MS;
+    config.claim_with_reports = env_u64("BELAY_CLAIM_WITH_REPORTS", 1)? != 0;
     belay_worker::run(config, shutdown).await
+}
+
+/// The bench's A/B switches, read by its engine and worker processes
+/// under the names `belay-engine` and `belay-worker` read them
+/// (`BELAY_KEY_CACHE_MS`, `BELAY_CLAIM_WITH_REPORTS`: `0` or `false` turns
+/// it off), so one build measures both sides of a change; `default` when
+/// unset. Errors: a value that is no number (or boolean), naming it.
+fn env_u64(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) if v.eq_ignore_ascii_case("true") => Ok(1),
+        Ok(v) if v.eq_ignore_ascii_case("false") => Ok(0),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .with_context(|| format!("{name}={v:?} is not a number of ms or a boolean")),
+    }
 }
 
 /// Completes when this process's stdin reaches end of file (the parent

@@ -268,16 +268,16 @@ pub struct Report {
     pub events: u64,
     /// Commits in the bench database during the workload, minus the bench's
     /// own monitoring statements. Includes the engines' API-key lookups
-    /// (one autocommit `SELECT` on `principals` per RPC): see
-    /// `key_lookups`.
+    /// (one autocommit `SELECT` on `principals` each): see `key_lookups`.
     pub commits: i64,
     /// Rollbacks in the bench database during the workload.
     pub rollbacks: i64,
     /// The bench's own statements during the workload (left out of `commits`).
     pub bench_statements: u64,
     /// Scans of `principals` during the workload: the engines' API-key
-    /// lookups, one per RPC, each its own transaction (nothing else reads
-    /// the table), so a part of `commits`.
+    /// lookups (once per key a second with the key cache; one per RPC with
+    /// `BELAY_KEY_CACHE_MS=0`), each its own transaction (nothing else
+    /// reads the table), so a part of `commits`.
     pub key_lookups: i64,
     /// Per-table activity during the workload (`pg_stat_user_tables`); the
     /// `runs` figures include the bench's own polling.
@@ -377,7 +377,7 @@ impl Report {
             self.transactions_per_step()
         ));
         lines.push(format!(
-            "of which API-key lookups per step (one per RPC): {:.2}",
+            "of which API-key lookups per step: {:.2}",
             self.key_lookups as f64 / self.steps.max(1) as f64
         ));
         lines.push(format!(

@@ -46,10 +46,11 @@ fn check(report: &Report) {
         "{} transactions per step",
         report.transactions_per_step()
     );
-    // Every RPC is authenticated by a key lookup, counted in the
-    // transactions: at least each step's CompleteTask.
+    // Keys are looked up when first seen and then at most once a
+    // second each (--key-cache-ms): some lookups, counted in the
+    // transactions, but not one per RPC as before.
     assert!(
-        report.key_lookups >= report.steps as i64,
+        report.key_lookups >= 1,
         "{} key lookups",
         report.key_lookups
     );

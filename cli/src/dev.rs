@@ -415,6 +415,7 @@ pub async fn run(
         http_base_url,
         tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
+        claim_with_reports: true,
         mcp,
         tool_config: belay_worker::placeholders::ConfigValues::from_env(),
         engine_auth: belay_worker::config::EngineAuth {

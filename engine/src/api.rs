@@ -175,7 +175,10 @@ impl Api {
         match claimed {
             Ok(tasks) => {
                 let lease_ms = self.coord.lease_ms();
-                tasks.into_iter().map(|t| task_message(t, lease_ms)).collect()
+                tasks
+                    .into_iter()
+                    .map(|t| task_message(t, lease_ms))
+                    .collect()
             }
             Err(status) => {
                 tracing::warn!(
@@ -507,6 +510,9 @@ impl RunService for Api {
     ) -> Result<Response<v1::DecideApprovalResponse>, Status> {
         let p = principal(&req)?;
         let r = req.into_inner();
+        // The tenant first: a key of another tenant is told that, not
+        // that it lacks the grants it asked for.
+        let tenant = p.tenant_for(&r.tenant)?;
         let decision = ApprovalDecision {
             approver: p.actor(&r.approver)?,
             approver_grants: p.narrow_grants(&r.approver_grants)?,
@@ -518,7 +524,7 @@ impl RunService for Api {
         };
         let (run, duplicate) = self
             .coord
-            .decide_approval(&p.tenant_for(&r.tenant)?, &r.run_id, decision)
+            .decide_approval(&tenant, &r.run_id, decision)
             .await?;
         Ok(Response::new(v1::DecideApprovalResponse {
             run: Some(run_msg(run)),
@@ -953,6 +959,16 @@ fn sampling_usage(u: v1::SamplingUsage) -> belay_proto::wire::SamplingUsage {
     }
 }
 
+/// How long a gRPC connection is kept before the engine asks the peer to
+/// reconnect (HTTP/2 GOAWAY): five minutes.
+pub const MAX_CONNECTION_AGE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long calls in flight on a connection past [`MAX_CONNECTION_AGE`]
+/// may go on before it is closed: a minute, longer than a claim's long
+/// poll (30 s); a `WatchRun` stream still open then breaks, and clients
+/// resume it from their last `seq`.
+pub const MAX_CONNECTION_AGE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Serve every service on `listener` until `shutdown` completes: a
 /// `TcpListener` serves plaintext, a [`crate::tls::Listener`] plaintext or
 /// TLS. Handlers find the caller's [`crate::tls::PeerInfo`] among the
@@ -1010,6 +1026,14 @@ pub async fn serve(
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, tls = listener.is_tls(), "gRPC serving");
     let server = tonic::transport::Server::builder()
+        // Connections are rebalanced over the replicas: each one is told
+        // to go away (HTTP/2 GOAWAY) after a while, and closed once its
+        // calls in flight end or the grace (longer than a claim's long
+        // poll) runs out; workers and clients reconnect through the
+        // Service, so a replica added by a scale-up or a rolling restart
+        // gets its share within minutes.
+        .max_connection_age(MAX_CONNECTION_AGE)
+        .max_connection_age_grace(MAX_CONNECTION_AGE_GRACE)
         // Every request is authenticated before it is routed; health and
         // reflection are public (crate::auth::policy).
         .layer(AuthLayer::new(auth))

@@ -226,7 +226,6 @@ async fn a_report_hands_over_the_runs_next_step(backend: Backend) {
         .get_run(v1::GetRunRequest {
             tenant: "a".into(),
             run_id: run_id.clone(),
-            ..Default::default()
         })
         .await
         .expect("get")
@@ -251,7 +250,11 @@ async fn a_report_without_claim_next_hands_over_nothing(backend: Backend) {
         .into_inner()
         .tasks;
     assert!(handed.is_empty());
-    assert_eq!(claim(&mut worker, "w1").await.len(), 1, "the next step is ready");
+    assert_eq!(
+        claim(&mut worker, "w1").await.len(),
+        1,
+        "the next step is ready"
+    );
     f.stop().await;
 }
 
@@ -296,7 +299,11 @@ async fn a_refused_report_claims_nothing(backend: Backend) {
         .complete_task(stale)
         .await
         .expect_err("a stale attempt is refused");
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
     // The right report still works and hands over the second step.
     let handed = worker
         .complete_task(completion("w1", &first[0], 1))

@@ -185,6 +185,20 @@ async fn an_approval_needs_the_approvers_own_grant(backend: Backend) {
             "{grants:?}: {refused:?}"
         );
     }
+    // Another tenant's approver asking for a grant it lacks is told the
+    // tenant is not its own (the real reason), not that it lacks the grant.
+    let mut other = decide(&["ops.approve"]);
+    other.tenant = "a".into();
+    let refused = runs
+        .decide_approval(authed(other, &f.key("b", Role::Approver)))
+        .await
+        .expect_err("another tenant");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        refused.message().contains("tenant") && !refused.message().contains("ops.approve"),
+        "{}",
+        refused.message()
+    );
     let store = f.store().clone();
     let holder = belay_engine::auth::mint_key(
         &store,

@@ -180,6 +180,11 @@ pub struct WorkerConfig {
     /// in ms. Dropped tasks are not reported; their leases expire. Default
     /// [`DEFAULT_SHUTDOWN_GRACE_MS`].
     pub shutdown_grace_ms: u64,
+    /// Ask the engine, with each `CompleteTask`, to claim the next ready
+    /// task in the same reply (`claim_next`). Default true; off, every
+    /// task comes from the claim loop (as before issue 23; the benchmark
+    /// compares the two).
+    pub claim_with_reports: bool,
     /// MCP servers by logical name and the values of their `{{config.X}}`
     /// placeholders (`--mcp-config FILE`, JSON; see [`crate::mcp::config`]).
     /// Empty by default.
@@ -221,6 +226,7 @@ impl WorkerConfig {
             http_base_url: None,
             tool_network_policy: NetworkPolicy::default(),
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+            claim_with_reports: true,
             mcp: McpConfig::default(),
             tool_config: ConfigValues::default(),
             tls_profiles: Default::default(),

@@ -240,6 +240,24 @@ impl EngineClient {
         &self.lease_clock
     }
 
+    /// `DispatchToolCall` with `request`, retried while transient, and
+    /// refused when answered too late ([`EngineClient::in_time`]).
+    async fn dispatch_request(&self, request: DispatchToolCallRequest) -> Result<Dispatch, Status> {
+        let (task_id, attempt) = (request.task_id.clone(), request.attempt);
+        let dispatch = self
+            .retrying("DispatchToolCall", &task_id, attempt, |mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .dispatch_tool_call(with_deadline(request))
+                        .await
+                        .map(|r| Dispatch::from(r.into_inner()))
+                }
+            })
+            .await?;
+        self.in_time(&task_id, attempt, dispatch)
+    }
+
     /// A dispatch's answer, unless it came too late to act on: after the
     /// lease may have run out by this worker's clock, it is refused
     /// (`DEADLINE_EXCEEDED`), and the worker must not act.
@@ -307,18 +325,7 @@ impl EngineClient {
             attempt,
             mcp_definition_hash: String::new(),
         };
-        let dispatch = self
-            .retrying("DispatchToolCall", task_id, attempt, |mut client| {
-                let request = request.clone();
-                async move {
-                    client
-                        .dispatch_tool_call(with_deadline(request))
-                        .await
-                        .map(|r| Dispatch::from(r.into_inner()))
-                }
-            })
-            .await?;
-        self.in_time(task_id, attempt, dispatch)
+        self.dispatch_request(request).await
     }
 
     /// `DispatchToolCall` for a `type: mcp` call, retried while transient:
@@ -338,18 +345,7 @@ impl EngineClient {
             attempt,
             mcp_definition_hash: listed_hash.to_owned(),
         };
-        let dispatch = self
-            .retrying("DispatchToolCall", task_id, attempt, |mut client| {
-                let request = request.clone();
-                async move {
-                    client
-                        .dispatch_tool_call(with_deadline(request))
-                        .await
-                        .map(|r| Dispatch::from(r.into_inner()))
-                }
-            })
-            .await?;
-        self.in_time(task_id, attempt, dispatch)
+        self.dispatch_request(request).await
     }
 
     /// `ReportMcpTools`: what `server` lists, retried while transient.

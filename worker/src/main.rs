@@ -93,6 +93,11 @@ struct Args {
     /// On shutdown, how long to wait for in-flight tasks, in ms.
     #[arg(long, env = "BELAY_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     shutdown_grace_ms: u64,
+    /// Ask the engine, with each task's report, for the next ready task in
+    /// the same reply (one round trip per step instead of two); `false`:
+    /// only the claim loop claims.
+    #[arg(long, env = "BELAY_CLAIM_WITH_REPORTS", default_value_t = true, action = clap::ArgAction::Set)]
+    claim_with_reports: bool,
     /// MCP servers (JSON: {"servers": {NAME: {"transport": "stdio"|"http", ...}},
     /// "config": {NAME: VALUE}}); checked at start. Empty: no MCP servers.
     /// Its `config` values also fill HTTP tools' `{{config.NAME}}`
@@ -244,6 +249,7 @@ async fn work(args: Args) -> anyhow::Result<()> {
         http_base_url: args.http_base_url.filter(|u| !u.is_empty()),
         tool_network_policy,
         shutdown_grace_ms: args.shutdown_grace_ms,
+        claim_with_reports: args.claim_with_reports,
         mcp,
         tool_config: ConfigValues::from_env(),
         tls_profiles,

@@ -146,7 +146,7 @@ pub async fn run_with_engine(
         leases: Mutex::new(HashMap::new()),
         lease_added: Notify::new(),
         metrics: health.metrics().clone(),
-        stopping: AtomicBool::new(false),
+        stopping: AtomicBool::new(!config.claim_with_reports),
     });
     let concurrency = config.concurrency.clamp(1, Semaphore::MAX_PERMITS);
     ctx.metrics.set_capacity(concurrency);
@@ -360,7 +360,8 @@ struct Ctx {
     lease_added: Notify,
     /// The worker's metrics (served by the health listener).
     metrics: crate::metrics::WorkerMetrics,
-    /// Set once the claim loop stopped: reports claim no next task.
+    /// Set once the claim loop stopped (or from the start, without
+    /// `claim_with_reports`): reports claim no next task.
     stopping: AtomicBool,
 }
 
@@ -413,9 +414,13 @@ impl Ctx {
     }
 
     /// How many tasks `task`'s report asks the engine to claim with it:
-    /// one, unless the worker is stopping.
-    fn claim_next(&self) -> u32 {
-        u32::from(!self.stopping.load(Ordering::SeqCst))
+    /// one, unless the worker is stopping or the task's lease is gone (a
+    /// late report after a lost lease has no entry to hand over to).
+    fn claim_next(&self, task: &Task) -> u32 {
+        let held = self
+            .leases()
+            .contains_key(&(task.task_id.clone(), task.attempt));
+        u32::from(held && !self.stopping.load(Ordering::SeqCst))
     }
 
     /// Keeps the tasks claimed with `task`'s report for its future to run
@@ -549,7 +554,10 @@ struct LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.ctx.leases().remove(&self.key);
-        self.ctx.engine.lease_clock().forget(&self.key.0, self.key.1);
+        self.ctx
+            .engine
+            .lease_clock()
+            .forget(&self.key.0, self.key.1);
     }
 }
 
@@ -1246,8 +1254,8 @@ async fn report_complete_vaulted(
     let completion = crate::engine_client::Completion {
         result_json,
         vaulted,
-        sampling: reported.sampling.clone(),
-        claim_next: ctx.claim_next(),
+        sampling: reported.sampling,
+        claim_next: ctx.claim_next(task),
     };
     let sent = Instant::now();
     match ctx

@@ -814,7 +814,10 @@ async fn a_dispatch_answered_after_the_lease_was_lost_is_not_acted_on() {
         let mut state = engine.state.lock().unwrap();
         state.hold_dispatch.insert("t1".into());
         state.stall_heartbeats = u32::MAX;
-        (state.heartbeat_seen.clone(), state.dispatch_released.clone())
+        (
+            state.heartbeat_seen.clone(),
+            state.dispatch_released.clone(),
+        )
     };
     let mut late = tool_task("t1", 1, format!("http://{tools}/transfer"), "POST");
     late.lease_ms = 300;
@@ -833,7 +836,12 @@ async fn a_dispatch_answered_after_the_lease_was_lost_is_not_acted_on() {
     }
     release.notify_one();
     // One slot: t2 runs once t1's future has ended.
-    engine.push(tool_task("t2", 1, format!("http://{tools}/transfer"), "POST"));
+    engine.push(tool_task(
+        "t2",
+        1,
+        format!("http://{tools}/transfer"),
+        "POST",
+    ));
     let report = engine.next_report().await;
     assert_eq!(report.task_id(), "t2", "{report:?}");
     let keys: Vec<String> = recorded

@@ -151,7 +151,13 @@ impl Restate {
         let [ingress, admin, fabric, service_port] = free_ports::<4>().await?;
         let mut server = Command::new(&server_bin);
         server
-            .args(["--no-logo", "--listen-mode", "tcp", "--bind-ip", "127.0.0.1"])
+            .args([
+                "--no-logo",
+                "--listen-mode",
+                "tcp",
+                "--bind-ip",
+                "127.0.0.1",
+            ])
             .arg("--bind-port")
             .arg(fabric.to_string())
             .arg("--base-dir")

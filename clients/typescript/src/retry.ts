@@ -26,8 +26,12 @@ export interface RetryPolicy {
   maxElapsedMs?: number;
 }
 
-/** The default policy: 12 attempts, 100 ms doubling to 2 s, for 30 s at most. */
-export const DEFAULT_RETRY: RetryPolicy = { maxAttempts: 12, initialBackoffMs: 100, maxBackoffMs: 2000, maxElapsedMs: 30_000 };
+/**
+ * The default policy: 100 ms doubling to 2 s, for 30 s (`maxAttempts` is
+ * high enough that `maxElapsedMs` decides: an engine restart of up to 30 s
+ * is ridden out).
+ */
+export const DEFAULT_RETRY: RetryPolicy = { maxAttempts: 100, initialBackoffMs: 100, maxBackoffMs: 2000, maxElapsedMs: 30_000 };
 
 function maxElapsedMs(policy: RetryPolicy): number {
   return policy.maxElapsedMs ?? 30_000;

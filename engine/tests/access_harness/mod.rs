@@ -124,6 +124,13 @@ impl Fixture {
         let db = TestDb::create(backend, "belay_acc").await;
         let engine = Engine::start(EngineOptions {
             tokens: auth::AdminAuth::parse(&format!("root:{ROOT_TOKEN}")).expect("tokens"),
+            // Longer than any run of the tests: the table snapshots they
+            // compare must not see the sweeper expire the seeded lease
+            // (seen at 32 s on a loaded machine with the default 30 s).
+            coordinator: belay_engine::coordinator::CoordinatorConfig {
+                lease_ms: 600_000,
+                ..Default::default()
+            },
             ..EngineOptions::new(db.url.clone(), 4)
         })
         .await

@@ -29,7 +29,9 @@ class RetryPolicy:
     attempt, a negative delay) raise :class:`ConfigError`.
     """
 
-    max_attempts: int = 12
+    # High enough that ``max_elapsed`` decides: an engine restart of up to
+    # 30 s is ridden out (12 attempts gave up after about 11 s).
+    max_attempts: int = 100
     initial_backoff: float = 0.1
     max_backoff: float = 2.0
     max_elapsed: float = 30.0

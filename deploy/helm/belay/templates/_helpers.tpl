@@ -95,6 +95,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and .Values.engine.tls.enabled (not .Values.engine.tls.existingSecret) }}
 {{- fail "engine.tls.enabled needs engine.tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt" }}
 {{- end }}
+{{- if and (ne .Values.engine.service.type "ClusterIP") (not .Values.engine.tls.enabled) (not .Values.engine.service.allowPlaintext) }}
+{{- fail (printf "engine.service.type %s without engine.tls.enabled would publish gRPC (API keys in plaintext), the admin endpoint and /metrics outside the cluster: turn TLS on, or set engine.service.allowPlaintext=true if a proxy in front terminates TLS" .Values.engine.service.type) }}
+{{- end }}
 {{- end }}
 
 {{/*

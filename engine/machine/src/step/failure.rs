@@ -289,7 +289,13 @@ impl Step {
                         // request just before: the probe waits until that
                         // request has surely reached the tool or been given up.
                         let after_ms = lease_expired
-                            .then(|| self.plan().ok()?.tools.get(&call.tool).map(|t| in_flight_ms(&t.def.binding)))
+                            .then(|| {
+                                self.plan()
+                                    .ok()?
+                                    .tools
+                                    .get(&call.tool)
+                                    .map(|t| in_flight_ms(&t.def.binding))
+                            })
                             .flatten();
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
