@@ -75,7 +75,7 @@ fn check(report: &Report) {
         "step latency p50: ",
         "step latency p99: ",
         "postgres transactions per step: ",
-        "of which API-key lookups per step (one per RPC): ",
+        "of which API-key lookups per step: ",
         "cpu ms per step: ",
         "engine peak RSS: ",
         "worker peak RSS: ",
