@@ -659,6 +659,33 @@ impl RunState {
         }
     }
 
+    /// A reconcile probe of `call_id` was scheduled: the probe becomes a
+    /// call of its own (`probe_call_id`, idempotent, on the uncertain
+    /// call's node), and the call counts one more probe.
+    fn probe_scheduled(
+        &mut self,
+        call_id: &str,
+        probe_call_id: &str,
+        tool: &str,
+        arguments: &Value,
+        variant: &Option<String>,
+    ) {
+        let node = self
+            .tool_calls
+            .get(call_id)
+            .map(|c| c.node.clone())
+            .unwrap_or_default();
+        let key = super::idempotency_key(&self.run_id, probe_call_id);
+        if let Some(call) = self.tool_calls.get_mut(call_id) {
+            call.probes += 1;
+        }
+        let mut probe =
+            ToolCallState::new(&node, "", tool, RepeatSafety::Idempotent, arguments, &key);
+        probe.probe_for = Some(call_id.to_owned());
+        probe.variant = variant.clone();
+        self.tool_calls.insert(probe_call_id.to_owned(), probe);
+    }
+
     /// Apply one event. Unknown references are ignored rather than panicking:
     /// the machine never emits them, and a fold must not crash on history.
     pub fn apply(&mut self, event: &Event) {
@@ -1067,23 +1094,8 @@ impl RunState {
                 tool,
                 arguments,
                 variant,
-                ..
-            } => {
-                let node = self
-                    .tool_calls
-                    .get(call_id)
-                    .map(|c| c.node.clone())
-                    .unwrap_or_default();
-                let key = super::idempotency_key(&self.run_id, probe_call_id);
-                if let Some(call) = self.tool_calls.get_mut(call_id) {
-                    call.probes += 1;
-                }
-                let mut probe =
-                    ToolCallState::new(&node, "", tool, RepeatSafety::Idempotent, arguments, &key);
-                probe.probe_for = Some(call_id.clone());
-                probe.variant = variant.clone();
-                self.tool_calls.insert(probe_call_id.clone(), probe);
-            }
+                after_ms: _,
+            } => self.probe_scheduled(call_id, probe_call_id, tool, arguments, variant),
             Event::ReconcileProbeFinished {
                 call_id,
                 outcome: super::event::ProbeOutcome::Undecided,

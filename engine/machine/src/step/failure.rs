@@ -285,18 +285,7 @@ impl Step {
                             &probe,
                             tool_spec(&probe, &arguments, &key, variant.as_deref())?,
                         )?;
-                        // A worker whose lease expired may have sent its
-                        // request just before: the probe waits until that
-                        // request has surely reached the tool or been given up.
-                        let after_ms = lease_expired
-                            .then(|| {
-                                self.plan()
-                                    .ok()?
-                                    .tools
-                                    .get(&call.tool)
-                                    .map(|t| in_flight_ms(&t.def.binding))
-                            })
-                            .flatten();
+                        let after_ms = lease_expired.then(|| self.in_flight_ms(&call.tool));
                         self.emit(Event::ReconcileProbeScheduled {
                             call_id: call_id.clone(),
                             probe_call_id: probe_call_id.clone(),
@@ -305,22 +294,7 @@ impl Step {
                             variant,
                             after_ms,
                         });
-                        self.command(Command::ScheduleTask {
-                            call_id: probe_call_id.clone(),
-                            kind: TaskKind::ToolCall,
-                            spec,
-                            idempotency_key: key,
-                            repeat_safety: Some(RepeatSafety::Idempotent),
-                            runs_while_paused: true,
-                            requires,
-                        });
-                        if let Some(delay_ms) = after_ms {
-                            // The new task is ready only after the delay.
-                            self.command(Command::RetryTask {
-                                call_id: probe_call_id,
-                                delay_ms,
-                            });
-                        }
+                        self.schedule_probe(probe_call_id, spec, key, requires, after_ms);
                         pause_reason =
                             format!("{pause_reason}; looking it up with `{}`", probe.def.name);
                     }
@@ -335,6 +309,45 @@ impl Step {
             }
         }
         Ok(())
+    }
+
+    /// How long after its worker lost the lease a call of `tool` may still
+    /// reach the tool ([`in_flight_ms`]): a probe sooner could find nothing
+    /// and let the call run twice. 0 for a tool the plan does not pin.
+    fn in_flight_ms(&self, tool: &str) -> u64 {
+        self.plan()
+            .ok()
+            .and_then(|plan| plan.tools.get(tool).map(|t| in_flight_ms(&t.def.binding)))
+            .unwrap_or(0)
+    }
+
+    /// Schedules the task of a reconcile probe (claimable while the run
+    /// is paused), ready only after `after_ms` when given: a request the
+    /// worker sent just before its lease ended has reached the tool or
+    /// been given up by then.
+    fn schedule_probe(
+        &mut self,
+        probe_call_id: String,
+        spec: Value,
+        idempotency_key: String,
+        requires: Vec<String>,
+        after_ms: Option<u64>,
+    ) {
+        self.command(Command::ScheduleTask {
+            call_id: probe_call_id.clone(),
+            kind: TaskKind::ToolCall,
+            spec,
+            idempotency_key,
+            repeat_safety: Some(RepeatSafety::Idempotent),
+            runs_while_paused: true,
+            requires,
+        });
+        if let Some(delay_ms) = after_ms {
+            self.command(Command::RetryTask {
+                call_id: probe_call_id,
+                delay_ms,
+            });
+        }
     }
 
     /// The retries of a failed attempt of `call`, whose tool declares
