@@ -117,14 +117,28 @@ pub async fn wait_settled(pool: &PgPool, timeout: Duration) -> bool {
     }
 }
 
-/// Reads every fact the checks need.
+/// Reads every fact the checks need, in one snapshot (a `REPEATABLE READ`
+/// read-only transaction): a late result recorded between two of the
+/// reads must not show a run still paused beside its resolved uncertain
+/// record.
 ///
 /// Errors: a query failing.
 pub async fn read_facts(pool: &PgPool) -> Result<Facts> {
+    let mut tx = pool.begin().await.context("starting the snapshot")?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await
+        .context("starting the snapshot")?;
+    let facts = read_facts_in(&mut tx).await?;
+    tx.commit().await.context("ending the snapshot")?;
+    Ok(facts)
+}
+
+async fn read_facts_in(pool: &mut sqlx::PgConnection) -> Result<Facts> {
     let runs = sqlx::query(
         "SELECT run_id, idempotency_key, status, status_reason, last_seq FROM runs ORDER BY created_at",
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *pool)
     .await
     .context("reading runs")?
     .iter()
@@ -140,11 +154,11 @@ pub async fn read_facts(pool: &PgPool) -> Result<Facts> {
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
     Ok(Facts {
         runs,
-        events: read_events(pool).await?,
-        tasks: read_tasks(pool).await?,
-        uncertain: read_uncertain(pool).await?,
+        events: read_events(&mut *pool).await?,
+        tasks: read_tasks(&mut *pool).await?,
+        uncertain: read_uncertain(&mut *pool).await?,
         wakeups: sqlx::query_scalar("SELECT run_id FROM timers UNION SELECT run_id FROM callbacks")
-            .fetch_all(pool)
+            .fetch_all(&mut *pool)
             .await
             .context("reading timers and callbacks")?
             .into_iter()
@@ -152,7 +166,7 @@ pub async fn read_facts(pool: &PgPool) -> Result<Facts> {
     })
 }
 
-async fn read_events(pool: &PgPool) -> Result<BTreeMap<Uuid, Vec<EventRow>>> {
+async fn read_events(pool: &mut sqlx::PgConnection) -> Result<BTreeMap<Uuid, Vec<EventRow>>> {
     let rows = sqlx::query("SELECT run_id, seq, kind, payload FROM events ORDER BY run_id, seq")
         .fetch_all(pool)
         .await
@@ -171,7 +185,7 @@ async fn read_events(pool: &PgPool) -> Result<BTreeMap<Uuid, Vec<EventRow>>> {
     Ok(events)
 }
 
-async fn read_tasks(pool: &PgPool) -> Result<Vec<TaskRow>> {
+async fn read_tasks(pool: &mut sqlx::PgConnection) -> Result<Vec<TaskRow>> {
     sqlx::query(
         "SELECT t.run_id, t.call_id, t.status, t.worker_id, t.attempt,
                 (EXTRACT(EPOCH FROM (belay_now() - GREATEST(t.lease_expires_at, h.lease_until)))
@@ -197,7 +211,7 @@ async fn read_tasks(pool: &PgPool) -> Result<Vec<TaskRow>> {
     .context("reading a task row")
 }
 
-async fn read_uncertain(pool: &PgPool) -> Result<Vec<UncertainRow>> {
+async fn read_uncertain(pool: &mut sqlx::PgConnection) -> Result<Vec<UncertainRow>> {
     sqlx::query("SELECT run_id, call_id, status, resolved_via FROM uncertain_outcomes")
         .fetch_all(pool)
         .await
