@@ -99,7 +99,6 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         lease_ms: 30_000,
         spec_json: serde_json::to_string(&spec).unwrap(),
         idempotency_key: format!("key-{task_id}"),
-        dispatched: false,
     }
 }
 
@@ -113,7 +112,6 @@ fn model_task(task_id: &str, attempt: u32, spec_json: String) -> Task {
         lease_ms: 30_000,
         spec_json,
         idempotency_key: format!("key-{task_id}"),
-        dispatched: false,
     }
 }
 
