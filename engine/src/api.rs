@@ -709,6 +709,7 @@ fn task_message(t: crate::store::ClaimedTask, lease_ms: u64) -> v1::Task {
         lease_ms,
         spec_json: t.spec.to_string(),
         idempotency_key: t.idempotency_key,
+        dispatched: false,
     }
 }
 

@@ -1944,6 +1944,7 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
             lease_ms: 30_000,
             spec_json: serde_json::to_string(&spec).unwrap(),
             idempotency_key: format!("run-1/{id}"),
+            dispatched: false,
         }
     };
     let mut config = belay_worker::WorkerConfig::new(engine.url(), "w-sampling");

@@ -99,6 +99,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         lease_ms: 30_000,
         spec_json: serde_json::to_string(&spec).unwrap(),
         idempotency_key: format!("key-{task_id}"),
+        dispatched: false,
     }
 }
 
@@ -112,6 +113,7 @@ fn model_task(task_id: &str, attempt: u32, spec_json: String) -> Task {
         lease_ms: 30_000,
         spec_json,
         idempotency_key: format!("key-{task_id}"),
+        dispatched: false,
     }
 }
 
