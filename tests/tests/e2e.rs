@@ -198,13 +198,24 @@ async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key(
     env.start_worker(0).await?;
     env.wait_for(0, &run_id, "run_completed", T).await?;
     let lookups = env.crm_requests("/customers/lookup").await?;
-    assert_eq!(lookups.len(), 2);
-    assert_eq!(lookups[0]["idempotency_key"], lookups[1]["idempotency_key"]);
-    assert_eq!(lookups[0]["idempotency_key"], format!("{run_id}/intake.t1"));
     let events = env.events(&run_id).await?;
-    let expired = of_kind(&events, "task_lease_expired");
-    assert_eq!(expired.len(), 1);
+    // The killed worker's lease expired after its dispatch. Under a loaded
+    // machine (CI) a later lease can expire as well, of this call's retry
+    // or of another call: each expired dispatched attempt of the lookup
+    // is at most one more request (none when its worker found the answer
+    // to its dispatch too late to act on), always with the same key.
+    let expired: Vec<_> = of_kind(&events, "task_lease_expired")
+        .into_iter()
+        .filter(|e| e["call_id"] == "intake.t1")
+        .collect();
+    assert!(!expired.is_empty(), "{events:#?}");
     assert_eq!(expired[0]["dispatched"], true);
+    let dispatched_expiries = expired.iter().filter(|e| e["dispatched"] == true).count();
+    assert!(lookups.len() <= dispatched_expiries + 1, "{events:#?}");
+    assert!(lookups.len() >= 2);
+    for lookup in &lookups {
+        assert_eq!(lookup["idempotency_key"], format!("{run_id}/intake.t1"));
+    }
     env.stop().await
 }
 
