@@ -363,6 +363,7 @@ pub async fn run(
             sweep_interval_ms: args.sweep_interval_ms,
             tool_cache_ttl_ms: args.tool_cache_ttl_ms,
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
+            ..CoordinatorConfig::default()
         },
         vault_key,
         insecure: args.insecure,

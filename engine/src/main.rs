@@ -93,6 +93,12 @@ struct ServeArgs {
     /// How often expired leases are looked for, ms.
     #[arg(long, env = "BELAY_SWEEP_INTERVAL_MS", default_value_t = 1_000)]
     sweep_interval_ms: u64,
+    /// How long every engine of the fleet must have run a newer release
+    /// before behaviour an older one would misread is used, ms (a rollback
+    /// within it is still possible; README "Rolling upgrades").
+    #[arg(long, env = "BELAY_FLEET_UPGRADE_HOLD_MS",
+          default_value_t = belay_engine::store::fleet_level::DEFAULT_UPGRADE_HOLD_MS)]
+    fleet_upgrade_hold_ms: u64,
     /// How long a result of a `hints.cacheable: true` tool is served from
     /// the tenant's result cache, ms, when the tool gives no
     /// `hints.cache_ttl`; 0: such tools are not cached.
@@ -345,6 +351,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
         coordinator: CoordinatorConfig {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,
+            fleet_upgrade_hold_ms: args.fleet_upgrade_hold_ms,
             tool_cache_ttl_ms: args.tool_cache_ttl_ms,
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },

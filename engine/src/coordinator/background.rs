@@ -30,6 +30,10 @@ pub const MAX_CHILD_DEPTH: u32 = 8;
 
 /// How often the sweeper deletes expired entries of the tool result cache.
 const TOOL_CACHE_PURGE_INTERVAL: Duration = Duration::from_secs(60);
+/// How often the sweep loop refreshes the fleet registration
+/// (`store::fleet_level`).
+const FLEET_REFRESH_INTERVAL: Duration =
+    Duration::from_millis(crate::store::fleet_level::REFRESH_INTERVAL_MS);
 
 /// Most expired entries of the tool result cache deleted by one statement.
 const TOOL_CACHE_PURGE_BATCH: i64 = 1_000;
@@ -52,6 +56,7 @@ impl Coordinator {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut purged_at: Option<tokio::time::Instant> = None;
                 let mut reach = Reach::starting();
+                let mut fleet_refreshed_at: Option<tokio::time::Instant> = None;
                 loop {
                     tick.tick().await;
                     // Histogram samples into buckets, scraped or not.
@@ -61,6 +66,12 @@ impl Coordinator {
                     if let Err(e) = this.record_fleet_alive(&mut reach).await {
                         tracing::warn!(error = %e, "recording the fleet's liveness failed");
                         continue;
+                    }
+                    if fleet_refreshed_at.is_none_or(|at| at.elapsed() >= FLEET_REFRESH_INTERVAL) {
+                        fleet_refreshed_at = Some(tokio::time::Instant::now());
+                        if let Err(e) = this.refresh_fleet_level().await {
+                            tracing::warn!(error = %e, "refreshing the fleet's behaviour level failed");
+                        }
                     }
                     if let Err(e) = this.sweep_expired_leases().await {
                         tracing::warn!(error = %e, "lease sweep failed");

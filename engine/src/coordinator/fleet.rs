@@ -69,4 +69,18 @@ impl Coordinator {
         reach.last_ok = Some(Instant::now());
         Ok(())
     }
+
+    /// Refresh this engine's registration in the fleet and the fleet's
+    /// behaviour level (`store::fleet_level`; every
+    /// [`REFRESH_INTERVAL_MS`](crate::store::fleet_level::REFRESH_INTERVAL_MS)
+    /// from the sweep loop). Returns the fleet's level.
+    pub async fn refresh_fleet_level(&self) -> Result<i32, CoordinatorError> {
+        Ok(self
+            .store
+            .refresh_fleet(crate::store::FleetRefresh {
+                level: crate::store::fleet_level::BEHAVIOUR_LEVEL,
+                hold_ms: self.config.fleet_upgrade_hold_ms,
+            })
+            .await?)
+    }
 }

@@ -223,6 +223,9 @@ pub struct CoordinatorConfig {
     pub lease_ms: u64,
     /// How often expired leases are looked for.
     pub sweep_interval_ms: u64,
+    /// How long the fleet must look upgraded before its behaviour level is
+    /// raised (`store::fleet_level`).
+    pub fleet_upgrade_hold_ms: u64,
     /// How long a result of a `hints.cacheable: true` tool is served from
     /// the tenant's result cache when the tool gives no `hints.cache_ttl`
     /// (pinned into each run's plan when it starts); 0: such tools are not
@@ -240,6 +243,7 @@ impl Default for CoordinatorConfig {
         CoordinatorConfig {
             lease_ms: 30_000,
             sweep_interval_ms: 1_000,
+            fleet_upgrade_hold_ms: crate::store::fleet_level::DEFAULT_UPGRADE_HOLD_MS,
             tool_cache_ttl_ms: machine::cache::DEFAULT_TOOL_CACHE_TTL_MS,
             definition_config: std::collections::BTreeMap::new(),
         }

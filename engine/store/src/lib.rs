@@ -120,6 +120,7 @@
 mod console_sessions;
 mod db_errors;
 mod fleet;
+pub mod fleet_level;
 mod gauges;
 mod pools;
 mod postgres;
@@ -138,6 +139,7 @@ use uuid::Uuid;
 pub use console_sessions::{ConsoleSessionRow, NewConsoleSession};
 pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
 pub use fleet::{FLEET_GRACE_MIN_MS, FleetReset, fleet_grace_ms};
+pub use fleet_level::FleetRefresh;
 pub use gauges::{GaugeCounts, POOL_TAG_PREFIX, PoolConnections, pool_of};
 pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
@@ -271,7 +273,12 @@ impl Store {
     }
 
     /// Apply pending migrations (embedded at build time from
-    /// `migrations/postgres/` or `migrations/sqlite/`).
+    /// `migrations/postgres/` or `migrations/sqlite/`), then join the
+    /// fleet at this build's behaviour level ([`Store::join_fleet`]).
+    ///
+    /// Errors: [`StoreError::Config`] when the database was migrated past
+    /// what this engine can run beside (`schema`) or its fleet was raised
+    /// past this engine's behaviour level (`fleet_level`).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         on_backend!(self, b => b.migrate().await)
     }
@@ -808,6 +815,32 @@ impl Store {
     /// judged expired ([`Store::expired_leases`]).
     pub async fn fleet_alive(&self, reset: FleetReset) -> Result<(), StoreError> {
         on_backend!(self, b => b.fleet_alive(reset).await)
+    }
+
+    /// Register this engine at behaviour level `own` (`fleet_level`) and
+    /// read the fleet's level, which gated behaviour follows from now on
+    /// ([`Store::migrate`] joins at [`fleet_level::BEHAVIOUR_LEVEL`]).
+    /// Returns the fleet's level. SQLite: `own` (nothing is gated).
+    ///
+    /// Errors: [`StoreError::Config`] naming both levels when the fleet's
+    /// level is above `own`.
+    pub async fn join_fleet(&self, own: i32) -> Result<i32, StoreError> {
+        on_backend!(self, b => b.join_fleet(own).await)
+    }
+
+    /// Refresh this engine's registration and raise the fleet's level to
+    /// the lowest live replica's once, for `refresh.hold_ms`, every live
+    /// replica was above it and no engine of a release before the registry
+    /// was connected (`fleet_level`); every
+    /// [`fleet_level::REFRESH_INTERVAL_MS`]. Returns the fleet's level.
+    pub async fn refresh_fleet(&self, refresh: FleetRefresh) -> Result<i32, StoreError> {
+        on_backend!(self, b => b.refresh_fleet(refresh).await)
+    }
+
+    /// The fleet's behaviour level as this store last read it; no
+    /// statement.
+    pub fn fleet_level(&self) -> i32 {
+        on_backend!(self, b => b.fleet_level())
     }
 
     /// Earliest time a `ready` task becomes claimable, in ms from now (0 if

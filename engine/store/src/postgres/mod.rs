@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -74,6 +75,7 @@ macro_rules! fleet_in_grace {
 mod console_sessions;
 mod definitions;
 mod fleet;
+mod fleet_level;
 mod gates;
 mod gauges;
 mod mcp_tools;
@@ -107,6 +109,12 @@ pub(crate) struct Pg {
     /// Wake-ups of committed transitions, sent after commit
     /// ([`wakes`]).
     wakes: WakeRelay,
+    /// This replica's id in `engine_replicas` (`fleet_level`), new for
+    /// every connect.
+    replica_id: uuid::Uuid,
+    /// The fleet's behaviour level as last read (`fleet_level`; 0, the
+    /// most cautious, until [`Pg::join_fleet`] read it).
+    fleet_level: Arc<AtomicI32>,
 }
 
 /// A pooled connection idle this long is pinged before it is handed out.
@@ -117,7 +125,13 @@ impl Pg {
     ///
     /// Errors: [`StoreError::Database`] when the database is unreachable.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Pg, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
+        let mut options: PgConnectOptions = url.parse()?;
+        // How the fleet tells engines that register (`fleet_level`) from
+        // engines of a release before the registry; a name the URL gives
+        // is kept.
+        if options.get_application_name().is_none() {
+            options = options.application_name(crate::fleet_level::ENGINE_APPLICATION_NAME);
+        }
         // One plain connection first: an unreachable server, a refused login
         // or a missing database is reported as itself, at once, instead of
         // as a pool timeout after 10 s.
@@ -158,6 +172,8 @@ impl Pg {
             wakes: WakeRelay::start(pool.clone()),
             pool,
             states: Arc::new(Mutex::new(StateCache::new(STATE_CACHE_RUNS))),
+            replica_id: uuid::Uuid::new_v4(),
+            fleet_level: Arc::new(AtomicI32::new(0)),
         })
     }
 
@@ -176,6 +192,8 @@ impl Pg {
         // expected during a rolling upgrade (`schema.rs`).
         migrator.set_ignore_missing(true);
         migrator.run(&self.pool).await?;
+        // Refuses an engine the fleet's behaviour level is past.
+        self.join_fleet(crate::fleet_level::BEHAVIOUR_LEVEL).await?;
         Ok(())
     }
 

@@ -108,14 +108,18 @@ impl Pg {
     ) -> Result<Vec<(Uuid, i32)>, StoreError> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
         let attempts: Vec<i32> = leases.iter().map(|l| l.1).collect();
-        // Written to `task_heartbeats` only (see `lease_holds!`). The task
-        // rows are read, not locked: a sweep that judges a lease expired
-        // while this commits may still expire it, and the worker, told
-        // "held", is refused at its next report by the attempt fence, as
-        // when a lease is lost between two heartbeats. An extension never
-        // goes back to an older attempt.
+        // Written to `task_heartbeats` (see `lease_holds!`), and, while
+        // the fleet is below behaviour level 1 (`fleet_level`: an engine of
+        // a release before that table may share the database and reads
+        // `tasks.lease_expires_at` alone), to the task's row too. The task
+        // rows are not locked by the insert: a sweep that judges a lease
+        // expired while this commits may still expire it, and the worker,
+        // told "held", is refused at its next report by the attempt fence,
+        // as when a lease is lost between two heartbeats. An extension
+        // never goes back to an older attempt nor shortens a lease.
         let rows: Vec<(Uuid, i32)> = sqlx::query_as(concat!(
-            "INSERT INTO task_heartbeats AS h (task_id, attempt, lease_until)
+            "WITH extended AS (
+             INSERT INTO task_heartbeats AS h (task_id, attempt, lease_until)
              SELECT t.task_id, t.attempt, belay_now() + make_interval(secs => $4::float8 / 1000.0)
              FROM UNNEST($2::uuid[], $3::int4[]) AS l(task_id, attempt)
              CROSS JOIN LATERAL (SELECT * FROM tasks t WHERE t.task_id = l.task_id) t
@@ -127,13 +131,20 @@ impl Pg {
             ")
              ON CONFLICT (task_id) DO UPDATE SET attempt = EXCLUDED.attempt, lease_until = EXCLUDED.lease_until
                 WHERE h.attempt <= EXCLUDED.attempt
-             RETURNING h.task_id, h.attempt"
+             RETURNING h.task_id, h.attempt, h.lease_until
+             ), on_rows AS (
+                 UPDATE tasks t SET lease_expires_at = GREATEST(t.lease_expires_at, e.lease_until)
+                 FROM extended e
+                 WHERE $6 AND t.task_id = e.task_id AND t.attempt = e.attempt AND t.status = 'leased'
+             )
+             SELECT task_id, attempt FROM extended"
         ))
         .bind(worker_id)
         .bind(&ids)
         .bind(&attempts)
         .bind(lease_ms as f64)
         .bind(crate::fleet_grace_ms(lease_ms) as f64)
+        .bind(crate::fleet_level::heartbeats_write_task_rows(self.fleet_level()))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)

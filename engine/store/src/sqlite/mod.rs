@@ -42,6 +42,7 @@ use crate::transition::{STATE_CACHE_RUNS, StateCache, TasksWakeSeq, Wake};
 mod console_sessions;
 mod definitions;
 mod fleet;
+mod fleet_level;
 mod gates;
 mod gauges;
 mod mcp_tools;

@@ -1,0 +1,194 @@
+//! Rolling upgrades across a behaviour change (issue 22, item 3), on
+//! PostgreSQL (SQLite runs one engine per file: no replica runs beside
+//! another, so nothing is gated there).
+//!
+//! The release before `task_heartbeats` judged a lease by
+//! `tasks.lease_expires_at` alone; since heartbeats moved to that table,
+//! such a replica sharing the database expired leases that workers kept
+//! alive through a new one. Here a replica of that release is its SQL,
+//! kept verbatim (`fixtures/release_20261205/`), run on a connection of its
+//! own beside the current engine: while it is connected the fleet stays at
+//! behaviour level 0 and heartbeats extend the task's row too, so it sees
+//! the lease held; once every engine has upgraded for the whole hold the
+//! fleet is raised to level 1, heartbeats stop rewriting the row (what an
+//! old replica would now misread), and an engine below the level is
+//! refused at start.
+
+mod common;
+use common::{Backend, TestDb, create_run};
+
+use belay_engine::coordinator::Coordinator;
+use belay_engine::store::FleetRefresh;
+use belay_engine::store::fleet_level::BEHAVIOUR_LEVEL;
+use sqlx::Connection;
+use uuid::Uuid;
+
+/// The previous release's lease sweeper (`$1`: limit).
+const OLD_SWEEP: &str = include_str!("fixtures/release_20261205/expired_leases.sql");
+/// The previous release's heartbeat.
+const OLD_HEARTBEAT: &str = include_str!("fixtures/release_20261205/heartbeat.sql");
+
+/// A replica of the previous release: a connection that, like it, names no
+/// `application_name`.
+async fn previous_release(db: &TestDb) -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(&db.url)
+        .await
+        .expect("previous release's connection")
+}
+
+/// The tasks the previous release's sweeper would judge expired now.
+async fn old_sweep(conn: &mut sqlx::PgConnection) -> Vec<Uuid> {
+    let rows: Vec<(Uuid, Uuid, i32)> = sqlx::query_as(OLD_SWEEP)
+        .bind(100_i64)
+        .fetch_all(conn)
+        .await
+        .expect("the previous release's sweep");
+    rows.into_iter().map(|r| r.0).collect()
+}
+
+/// `refresh_fleet` of the coordinator's store with `hold_ms`.
+async fn refresh(coord: &Coordinator, hold_ms: u64) -> i32 {
+    coord
+        .store()
+        .refresh_fleet(FleetRefresh {
+            level: BEHAVIOUR_LEVEL,
+            hold_ms,
+        })
+        .await
+        .expect("refresh")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_previous_release_beside_this_one_never_sees_a_heartbeated_lease_expire() {
+    let (db, coord, _run) = create_run(Backend::Postgres, "belay_upgrade").await;
+    assert_eq!(
+        coord.store().fleet_level(),
+        1,
+        "a new database has had no older engine"
+    );
+    // As the migration leaves a database the previous release used.
+    let raw = db.raw().await;
+    assert_eq!(
+        raw.execute("UPDATE fleet_level SET level = 0", None).await,
+        1
+    );
+    assert_eq!(
+        coord
+            .store()
+            .join_fleet(BEHAVIOUR_LEVEL)
+            .await
+            .expect("join"),
+        0
+    );
+    let mut old = previous_release(&db).await;
+    assert!(old_sweep(&mut old).await.is_empty());
+
+    // A worker holds a task (60 s leases) through the new engine and
+    // heartbeats it past the claim's lease.
+    let store = coord.store();
+    let task = coord.claim("w1", 1, 0).await.expect("claim").remove(0);
+    let id = task.task_id.to_string();
+    let attempt = u32::try_from(task.attempt).expect("attempt");
+    store.advance_clock(30_000).await.expect("clock");
+    let held = coord
+        .heartbeat("w1", &[(id.clone(), attempt)])
+        .await
+        .expect("heartbeat");
+    assert_eq!(held, vec![(id.clone(), attempt, true)]);
+    store.advance_clock(40_000).await.expect("clock");
+    assert_eq!(
+        refresh(&coord, 0).await,
+        0,
+        "the previous release is connected"
+    );
+    assert!(
+        old_sweep(&mut old).await.is_empty(),
+        "the previous release judged a heartbeated lease expired"
+    );
+    assert_eq!(coord.sweep_expired_leases().await.expect("sweep"), 0);
+
+    // Its heartbeats (a worker connected to it) are honoured here too.
+    let extended: Vec<(Uuid, i32)> = sqlx::query_as(OLD_HEARTBEAT)
+        .bind("w1")
+        .bind(vec![task.task_id])
+        .bind(vec![task.attempt])
+        .bind(60_000_f64)
+        .fetch_all(&mut old)
+        .await
+        .expect("the previous release's heartbeat");
+    assert_eq!(extended, vec![(task.task_id, task.attempt)]);
+    store.advance_clock(55_000).await.expect("clock");
+    assert_eq!(coord.sweep_expired_leases().await.expect("sweep"), 0);
+
+    // The previous release is gone: after the hold the fleet is raised.
+    old.close().await.expect("close");
+    let held = coord
+        .heartbeat("w1", &[(id.clone(), attempt)])
+        .await
+        .expect("heartbeat");
+    assert_eq!(held, vec![(id.clone(), attempt, true)]);
+    assert_eq!(refresh(&coord, 20_000).await, 0, "the hold begins");
+    store.advance_clock(21_000).await.expect("clock");
+    assert_eq!(refresh(&coord, 20_000).await, 1, "the hold has passed");
+    assert_eq!(store.fleet_level(), 1);
+
+    // Level 1: a heartbeat leaves the task's row alone, so a replica of
+    // the previous release would now misread the lease: the behaviour the
+    // level kept from it while it could run.
+    let row_version = "SELECT xmin::text || ':' || ctid::text FROM tasks WHERE task_id = $1";
+    let before = raw.fetch_texts(row_version, task.task_id).await;
+    let held = coord
+        .heartbeat("w1", &[(id.clone(), attempt)])
+        .await
+        .expect("heartbeat");
+    assert_eq!(held, vec![(id.clone(), attempt, true)]);
+    assert_eq!(raw.fetch_texts(row_version, task.task_id).await, before);
+    store.advance_clock(45_000).await.expect("clock");
+    assert_eq!(coord.sweep_expired_leases().await.expect("sweep"), 0);
+    let mut late = previous_release(&db).await;
+    assert_eq!(old_sweep(&mut late).await, vec![task.task_id]);
+    late.close().await.expect("close");
+
+    // The level never goes down: an engine below it is refused at start,
+    // and one at it joins.
+    let err = store
+        .join_fleet(0)
+        .await
+        .expect_err("below the fleet's level");
+    let text = err.to_string();
+    assert!(
+        text.contains("behaviour level 1") && text.contains("implements level 0"),
+        "{text}"
+    );
+    assert_eq!(store.join_fleet(BEHAVIOUR_LEVEL).await.expect("join"), 1);
+    assert_eq!(refresh(&coord, 0).await, 1);
+    raw.close().await;
+    db.drop().await;
+}
+
+/// A replica that registered at a lower level and is still live keeps the
+/// fleet's level, whatever the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_replica_of_a_lower_level_keeps_the_fleet_below_it() {
+    let (db, coord, _run) = create_run(Backend::Postgres, "belay_upgrade").await;
+    let raw = db.raw().await;
+    assert_eq!(
+        raw.execute("UPDATE fleet_level SET level = 0", None).await,
+        1
+    );
+    let older = db.store(1).await;
+    // Joined (and refreshing) at level 0, as a release of level 0 that
+    // knows the registry would.
+    assert_eq!(older.join_fleet(0).await.expect("join"), 0);
+    assert_eq!(refresh(&coord, 0).await, 0);
+    // It stops refreshing; once it is not live any more, the fleet rises.
+    older.close().await;
+    coord
+        .store()
+        .advance_clock(belay_engine::store::fleet_level::REPLICA_LIVE_MS + 1_000)
+        .await
+        .expect("clock");
+    assert_eq!(refresh(&coord, 0).await, 1);
+    raw.close().await;
+    db.drop().await;
+}
