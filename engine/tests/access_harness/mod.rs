@@ -720,17 +720,19 @@ async fn seed(coord: &Coordinator) -> (String, String, u32) {
     )
 }
 
-/// Every row of every table but the migrations' and `fleet_liveness`
-/// (which the engine's sweeper writes every tick, whatever is asked), sorted.
+/// Every row of every table but the migrations' and those the engine's
+/// sweeper writes whatever is asked (`fleet_liveness` every tick, the
+/// fleet registry `engine_replicas` and `fleet_level` every second),
+/// sorted.
 async fn snapshot(db: &TestDb) -> BTreeMap<String, Vec<String>> {
     let raw = db.raw().await;
     let mut out = BTreeMap::new();
-    for table in raw
-        .tables()
-        .await
-        .into_iter()
-        .filter(|t| t != "fleet_liveness")
-    {
+    for table in raw.tables().await.into_iter().filter(|t| {
+        !matches!(
+            t.as_str(),
+            "fleet_liveness" | "engine_replicas" | "fleet_level"
+        )
+    }) {
         let mut rows = raw.dump(&table, "1").await;
         rows.sort();
         out.insert(table, rows);
