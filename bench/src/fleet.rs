@@ -91,6 +91,7 @@ pub async fn start_engine(options: &EngineOptions) -> Result<Engine> {
         coordinator: CoordinatorConfig {
             lease_ms: options.lease_ms,
             sweep_interval_ms: options.sweep_interval_ms,
+            dispatch_with_claim: env_u64("BELAY_DISPATCH_WITH_CLAIM", 1)? != 0,
             ..CoordinatorConfig::default()
         },
         ..server::EngineOptions::new(options.database_url.clone(), options.db_connections)
@@ -151,8 +152,8 @@ pub async fn run_worker(
 
 /// The bench's A/B switches, read by its engine and worker processes
 /// under the names `belay-engine` and `belay-worker` read them
-/// (`BELAY_KEY_CACHE_MS`, `BELAY_CLAIM_WITH_REPORTS`: `0` or `false` turns
-/// it off), so one build measures both sides of a change; `default` when
+/// (`BELAY_KEY_CACHE_MS`, `BELAY_CLAIM_WITH_REPORTS`,
+/// `BELAY_DISPATCH_WITH_CLAIM`: `0` or `false` turns it off), so one build measures both sides of a change; `default` when
 /// unset. Errors: a value that is no number (or boolean), naming it.
 fn env_u64(name: &str, default: u64) -> Result<u64> {
     match std::env::var(name) {

@@ -153,6 +153,7 @@ impl Api {
         worker_id_sent: &str,
         max: u32,
         capabilities: Option<&v1::WorkerCapabilities>,
+        received: tokio::time::Instant,
     ) -> Vec<v1::Task> {
         if max == 0 {
             return Vec::new();
@@ -167,18 +168,15 @@ impl Api {
             let worker = worker_id(p, worker_id_sent);
             Ok::<_, Status>(
                 self.coord
-                    .claim_matching(&worker, max.min(64), 0, filter)
+                    .claim_timed(&worker, max.min(64), 0, filter)
                     .await?,
             )
         }
         .await;
         match claimed {
-            Ok(tasks) => {
-                let lease_ms = self.coord.lease_ms();
-                tasks
-                    .into_iter()
-                    .map(|t| task_message(t, lease_ms))
-                    .collect()
+            Ok(claimed) => {
+                self.task_messages(&worker_id(p, worker_id_sent), claimed, received)
+                    .await
             }
             Err(status) => {
                 tracing::warn!(
@@ -189,6 +187,33 @@ impl Api {
                 Vec::new()
             }
         }
+    }
+
+    /// The messages of the tasks a claim just leased to `worker` for a
+    /// request the handler began at `received`, each with its dispatch
+    /// recorded first where its spec allows
+    /// ([`Coordinator::dispatch_with_claim`]; `Task.dispatched`) and when
+    /// its lease began relative to `received` (`Task.lease_from_ms`,
+    /// rounded down: the worker's bound stays early).
+    async fn task_messages(
+        &self,
+        worker: &str,
+        claimed: crate::coordinator::Claimed,
+        received: tokio::time::Instant,
+    ) -> Vec<v1::Task> {
+        let lease = Lease {
+            ms: self.coord.lease_ms(),
+            from_ms: claimed
+                .began
+                .saturating_duration_since(received)
+                .as_millis() as u64,
+        };
+        let mut out = Vec::with_capacity(claimed.tasks.len());
+        for t in claimed.tasks {
+            let dispatched = self.coord.dispatch_with_claim(worker, &t).await;
+            out.push(task_message(t, lease, dispatched));
+        }
+        out
     }
 
     async fn require_task_tenant(
@@ -699,17 +724,26 @@ fn mcp_report(definition_hash: &str, kind: i32) -> Result<crate::coordinator::Mc
 }
 
 /// A claimed task as the worker protocol sends it.
-fn task_message(t: crate::store::ClaimedTask, lease_ms: u64) -> v1::Task {
+/// A lease as `Task` states it: its length, and from how long after the
+/// request was received it runs (`Task.lease_ms`, `Task.lease_from_ms`).
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    ms: u64,
+    from_ms: u64,
+}
+
+fn task_message(t: crate::store::ClaimedTask, lease: Lease, dispatched: bool) -> v1::Task {
     v1::Task {
         task_id: t.task_id.to_string(),
         run_id: t.run_id.to_string(),
         tenant: t.tenant,
         kind: t.kind,
         attempt: t.attempt as u32,
-        lease_ms,
+        lease_ms: lease.ms,
         spec_json: t.spec.to_string(),
         idempotency_key: t.idempotency_key,
-        dispatched: false,
+        dispatched,
+        lease_from_ms: lease.from_ms,
     }
 }
 
@@ -731,31 +765,30 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::ClaimTasksRequest>,
     ) -> Result<Response<v1::ClaimTasksResponse>, Status> {
+        let received = tokio::time::Instant::now();
         let p = principal(&req)?;
         let r = req.into_inner();
-        let lease_ms = self.coord.lease_ms();
         let capabilities = capability_tags(r.capabilities.as_ref())?;
         let tenants = p.tenants.to_stored();
         let filter = crate::store::ClaimFilter {
             tenants: tenants.as_deref(),
             capabilities: capabilities.as_deref(),
         };
-        let tasks = self
+        let claimed = self
             .coord
-            .claim_matching(&worker_id(&p, &r.worker_id), r.max_tasks, r.wait_ms, filter)
+            .claim_timed(&worker_id(&p, &r.worker_id), r.max_tasks, r.wait_ms, filter)
             .await?;
         // A long poll outlives its authentication: a key revoked while it
         // waited gets nothing. What it claimed stays leased to it, never
         // dispatched, until the lease expires and the sweeper hands it to
         // another worker (an undispatched task is safe to give again).
-        if r.wait_ms > 0 && !tasks.is_empty() {
+        if r.wait_ms > 0 && !claimed.tasks.is_empty() {
             self.auth.still_active(&p).await?;
         }
         Ok(Response::new(v1::ClaimTasksResponse {
-            tasks: tasks
-                .into_iter()
-                .map(|t| task_message(t, lease_ms))
-                .collect(),
+            tasks: self
+                .task_messages(&worker_id(&p, &r.worker_id), claimed, received)
+                .await,
         }))
     }
 
@@ -862,6 +895,7 @@ impl WorkerService for Api {
         &self,
         req: Request<v1::CompleteTaskRequest>,
     ) -> Result<Response<v1::CompleteTaskResponse>, Status> {
+        let received = tokio::time::Instant::now();
         let p = principal(&req)?;
         let r = req.into_inner();
         self.require_task_tenant(&p, &r.task_id).await?;
@@ -885,7 +919,13 @@ impl WorkerService for Api {
             )
             .await?;
         let tasks = self
-            .claim_next(&p, &r.worker_id, r.claim_next, r.capabilities.as_ref())
+            .claim_next(
+                &p,
+                &r.worker_id,
+                r.claim_next,
+                r.capabilities.as_ref(),
+                received,
+            )
             .await;
         Ok(Response::new(v1::CompleteTaskResponse { tasks }))
     }

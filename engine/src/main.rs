@@ -99,6 +99,12 @@ struct ServeArgs {
     #[arg(long, env = "BELAY_FLEET_UPGRADE_HOLD_MS",
           default_value_t = belay_engine::store::fleet_level::DEFAULT_UPGRADE_HOLD_MS)]
     fleet_upgrade_hold_ms: u64,
+    /// Record the dispatch of an `idempotent` HTTP call (no gates, vault
+    /// values or callback) when its task is leased, so the worker acts
+    /// without asking; `false`: every worker asks (`DispatchToolCall`).
+    #[arg(long, env = "BELAY_DISPATCH_WITH_CLAIM", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    dispatch_with_claim: bool,
     /// How long a result of a `hints.cacheable: true` tool is served from
     /// the tenant's result cache, ms, when the tool gives no
     /// `hints.cache_ttl`; 0: such tools are not cached.
@@ -352,6 +358,7 @@ async fn serve(database_url: &str, args: ServeArgs) -> anyhow::Result<()> {
             lease_ms: args.lease_ms,
             sweep_interval_ms: args.sweep_interval_ms,
             fleet_upgrade_hold_ms: args.fleet_upgrade_hold_ms,
+            dispatch_with_claim: args.dispatch_with_claim,
             tool_cache_ttl_ms: args.tool_cache_ttl_ms,
             definition_config: belay_engine::definitions::config_from_env(std::env::vars()),
         },

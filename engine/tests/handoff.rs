@@ -4,7 +4,12 @@
 //! claim afterwards finds nothing); without `claim_next` (a worker older
 //! than it) nothing is handed out and the next step waits for a claim; a
 //! worker key of another tenant is handed none of this tenant's tasks; a
-//! report refused (a stale attempt) claims nothing.
+//! report refused (a stale attempt) claims nothing. And the dispatch that
+//! rides on the claim: an `idempotent` HTTP call is handed out already
+//! dispatched (`Task.dispatched`), by a claim and by a report alike, and a
+//! worker that asks anyway is told OK; a `never` call is dispatched only
+//! when its worker asks; a grant withdrawn before the claim is refused at
+//! the claim, and the worker is told so when it asks.
 
 mod common;
 use common::{Backend, TestDb};
@@ -25,6 +30,27 @@ const TOOLS: &str = r#"TOOLS:
     endpoint: "/noop"
     permission: t.noop
     repeat_safety: idempotent
+  once(i: number) -> {ok: boolean}
+    description: "acts once"
+    type: http
+    endpoint: "/once"
+    permission: t.noop
+    repeat_safety: never
+"#;
+
+/// One `never` tool step.
+const ONCE: &str = r#"kind: workflow
+name: once
+nodes:
+  - id: only
+    type: tool
+    tool: once
+    args: {i: 1}
+    grants: [t.noop]
+    next: done
+  - id: done
+    type: succeed
+    output: "${ .nodes.only.output }"
 "#;
 
 /// Two tool steps, one after the other.
@@ -76,6 +102,10 @@ impl Fixture {
                         SourceFile {
                             path: "two.yaml".into(),
                             content: TWO_STEPS.into(),
+                        },
+                        SourceFile {
+                            path: "once.yaml".into(),
+                            content: ONCE.into(),
                         },
                     ],
                 )
@@ -129,12 +159,16 @@ impl Fixture {
     }
 
     async fn start_run(&self, tenant: &str, key: &str) -> String {
+        self.start_workflow(tenant, key, "two").await
+    }
+
+    async fn start_workflow(&self, tenant: &str, key: &str, workflow: &str) -> String {
         RunServiceClient::new(self.channel(key))
             .start_run(v1::StartRunRequest {
                 tenant: tenant.into(),
-                workflow: "two".into(),
+                workflow: workflow.into(),
                 input_json: "{}".into(),
-                idempotency_key: format!("{tenant}-run"),
+                idempotency_key: format!("{tenant}-{workflow}-run"),
                 ..Default::default()
             })
             .await
@@ -143,6 +177,18 @@ impl Fixture {
             .run
             .expect("run")
             .run_id
+    }
+
+    /// The kinds of run `run_id`'s events, in order.
+    async fn event_kinds(&self, run_id: &str) -> Vec<String> {
+        let id = uuid::Uuid::parse_str(run_id).expect("run id");
+        self.store
+            .list_events(id, 0, 1_000)
+            .await
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
     }
 
     async fn stop(self) {
@@ -315,9 +361,96 @@ async fn a_refused_report_claims_nothing(backend: Backend) {
     f.stop().await;
 }
 
+/// How many of `kinds` are `kind`.
+fn count(kinds: &[String], kind: &str) -> usize {
+    kinds.iter().filter(|k| *k == kind).count()
+}
+
+async fn an_idempotent_call_is_handed_out_dispatched(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let run_id = f.start_run("a", &client).await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    assert!(first[0].dispatched, "an idempotent HTTP call");
+    let kinds = f.event_kinds(&run_id).await;
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("tool_call_dispatched")
+    );
+    // A worker that asks anyway (one older than `dispatched`) is told OK,
+    // and nothing more is recorded.
+    dispatch(&mut worker, "w1", &first[0]).await;
+    assert_eq!(f.event_kinds(&run_id).await, kinds);
+    let handed = worker
+        .complete_task(completion("w1", &first[0], 1))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert!(handed[0].dispatched, "a report's next step too");
+    worker
+        .complete_task(completion("w1", &handed[0], 1))
+        .await
+        .expect("complete");
+    let kinds = f.event_kinds(&run_id).await;
+    assert_eq!(count(&kinds, "tool_call_dispatched"), 2, "{kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("run_completed"));
+    f.stop().await;
+}
+
+async fn a_never_call_is_dispatched_only_when_its_worker_asks(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let run_id = f.start_workflow("a", &client, "once").await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let task = claim(&mut worker, "w1").await;
+    assert!(!task[0].dispatched, "a `never` call");
+    assert_eq!(
+        count(&f.event_kinds(&run_id).await, "tool_call_dispatched"),
+        0
+    );
+    dispatch(&mut worker, "w1", &task[0]).await;
+    assert_eq!(
+        count(&f.event_kinds(&run_id).await, "tool_call_dispatched"),
+        1
+    );
+    f.stop().await;
+}
+
+async fn a_grant_withdrawn_before_the_claim_is_refused_there(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let run_id = f.start_run("a", &client).await;
+    f.store.set_tenant_grants("a", &[]).await.expect("withdraw");
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    assert!(!first[0].dispatched, "refused: not dispatched");
+    let kinds = f.event_kinds(&run_id).await;
+    assert_eq!(count(&kinds, "tool_call_dispatched"), 0, "{kinds:?}");
+    let refused = worker
+        .dispatch_tool_call(v1::DispatchToolCallRequest {
+            worker_id: "w1".into(),
+            task_id: first[0].task_id.clone(),
+            attempt: first[0].attempt,
+            ..Default::default()
+        })
+        .await
+        .expect_err("the attempt was refused at the claim");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    f.stop().await;
+}
+
 on_both_backends!(
     a_report_hands_over_the_runs_next_step,
     a_report_without_claim_next_hands_over_nothing,
     another_tenants_worker_is_handed_none_of_this_tenants_steps,
     a_refused_report_claims_nothing,
+    an_idempotent_call_is_handed_out_dispatched,
+    a_never_call_is_dispatched_only_when_its_worker_asks,
+    a_grant_withdrawn_before_the_claim_is_refused_there,
 );

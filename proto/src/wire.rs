@@ -646,6 +646,15 @@ pub struct ToolCallSpec {
     /// Added for issue 21 (traces).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace::CallTrace>,
+    /// The engine may record this call's dispatch when it leases the task
+    /// and say so in `Task.dispatched`: an `idempotent` `type: http` tool
+    /// with no gates (rate limit, circuit breaker), no vault values to read
+    /// or keep and no callback, for which the dispatch record changes no
+    /// decision (DESIGN: a call that is safe to repeat is retried whether
+    /// or not it was dispatched). Set by the machine when it builds the
+    /// spec; false in specs of older engines. Added for issue 23.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dispatch_with_claim: bool,
 }
 
 /// What an MCP server may ask of the run's model during one tool call

@@ -212,7 +212,7 @@ async fn worker_killed_during_an_idempotent_call_is_retried_with_the_same_key(
     assert_eq!(expired[0]["dispatched"], true);
     let dispatched_expiries = expired.iter().filter(|e| e["dispatched"] == true).count();
     assert!(lookups.len() <= dispatched_expiries + 1, "{events:#?}");
-    assert!(lookups.len() >= 2);
+    assert!(lookups.len() >= 2, "{lookups:#?} {events:#?}");
     for lookup in &lookups {
         assert_eq!(lookup["idempotency_key"], format!("{run_id}/intake.t1"));
     }

@@ -328,6 +328,18 @@ impl EngineClient {
         self.dispatch_request(request).await
     }
 
+    /// [`EngineClient::dispatch`] for `task`, unless the engine recorded its
+    /// dispatch when it leased it (`Task.dispatched`: an `idempotent` HTTP
+    /// call with nothing to hand out): then nothing is asked, and it is
+    /// refused only when the lease may have run out by this worker's clock,
+    /// as a late answer to `DispatchToolCall` is ([`EngineClient::in_time`]).
+    pub async fn dispatch_task(&self, task: &Task) -> Result<Dispatch, Status> {
+        if task.dispatched {
+            return self.in_time(&task.task_id, task.attempt, Dispatch::default());
+        }
+        self.dispatch(&task.task_id, task.attempt).await
+    }
+
     /// `DispatchToolCall` for a `type: mcp` call, retried while transient:
     /// sends the definition hash the worker's server lists for the tool now
     /// and returns the hash the engine pinned for the run's tenant (the one

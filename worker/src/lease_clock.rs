@@ -39,6 +39,25 @@ impl LeaseClock {
         self.map().insert((task_id.to_owned(), attempt), by);
     }
 
+    /// A claim the worker sent at `sent_at` leased `task_id`/`attempt` for
+    /// `lease_ms`, from `lease_from_ms` after the engine received it
+    /// (`Task.lease_from_ms`: what a long poll waited). The lease is
+    /// counted from `sent_at + lease_from_ms`, but never from later than
+    /// now (the lease began before its answer arrived).
+    pub fn leased(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        sent_at: Instant,
+        lease_from_ms: u64,
+        lease_ms: u64,
+    ) {
+        let from = sent_at
+            .checked_add(Duration::from_millis(lease_from_ms))
+            .map_or_else(Instant::now, |t| t.min(Instant::now()));
+        self.renewed(task_id, attempt, from, lease_ms);
+    }
+
     /// The engine says the lease is lost: no side effect of it may start
     /// any more.
     pub fn lost(&self, task_id: &str, attempt: u32) {
@@ -69,6 +88,24 @@ impl LeaseClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_polls_wait_moves_the_lease_on_but_never_past_now() {
+        let clock = LeaseClock::default();
+        // Sent 3 s ago; the engine waited 2.9 s before it leased: 2 s
+        // leases still have most of their length left.
+        let sent = Instant::now() - Duration::from_millis(3_000);
+        clock.leased("t", 1, sent, 2_900, 2_000);
+        assert!(clock.may_act("t", 1));
+        // Without the wait, the lease would look over.
+        clock.leased("t", 2, sent, 0, 2_000);
+        assert!(!clock.may_act("t", 2));
+        // A wait longer than the time since the send counts from now.
+        clock.leased("t", 3, sent, u64::MAX, 2_000);
+        assert!(clock.may_act("t", 3));
+        let by = clock.map()[&("t".to_owned(), 3)];
+        assert!(by <= Instant::now() + Duration::from_millis(2_000));
+    }
 
     #[test]
     fn a_lease_may_be_acted_on_until_its_margin_before_the_end() {

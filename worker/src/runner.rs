@@ -628,9 +628,13 @@ impl Running {
         sent: Instant,
     ) -> Running {
         let key: LeaseKey = (task.task_id.clone(), task.attempt);
-        ctx.engine
-            .lease_clock()
-            .renewed(&task.task_id, task.attempt, sent, task.lease_ms);
+        ctx.engine.lease_clock().leased(
+            &task.task_id,
+            task.attempt,
+            sent,
+            task.lease_from_ms,
+            task.lease_ms,
+        );
         let running = Running {
             guard: LeaseGuard {
                 ctx: Arc::clone(ctx),
@@ -927,7 +931,7 @@ async fn perform_tool_spec(
         Ok(request) => request,
         Err(e) => return report_failure(ctx, task, e.class(), e.to_string()).await,
     };
-    let dispatch = match ctx.engine.dispatch(task_id, attempt).await {
+    let dispatch = match ctx.engine.dispatch_task(task).await {
         Ok(dispatch) => dispatch,
         Err(status) => return log_dispatch_refused(task, &status),
     };

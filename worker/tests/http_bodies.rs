@@ -117,6 +117,7 @@ fn spec(
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     }
 }
 

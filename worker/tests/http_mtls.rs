@@ -200,6 +200,7 @@ fn spec(endpoint: &str, profile: Option<&str>) -> ToolCallSpec {
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     }
 }
 

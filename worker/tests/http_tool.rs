@@ -92,6 +92,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     }
 }
 
@@ -352,6 +353,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     }
 }
 

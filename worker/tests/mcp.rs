@@ -1169,6 +1169,7 @@ async fn call_through(
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     };
     let mut dispatched = false;
     let report = tools
@@ -1934,6 +1935,7 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
             variant: None,
             sampling,
             trace: None,
+            dispatch_with_claim: false,
         };
         belay_proto::v1::Task {
             task_id: id.into(),
@@ -1945,6 +1947,7 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
             spec_json: serde_json::to_string(&spec).unwrap(),
             idempotency_key: format!("run-1/{id}"),
             dispatched: false,
+            lease_from_ms: 0,
         }
     };
     let mut config = belay_worker::WorkerConfig::new(engine.url(), "w-sampling");
@@ -3089,6 +3092,7 @@ async fn read_through(
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     };
     let mut dispatched = false;
     let report = tools

@@ -89,6 +89,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         variant: None,
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
     };
     Task {
         task_id: task_id.into(),
@@ -100,6 +101,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         spec_json: serde_json::to_string(&spec).unwrap(),
         idempotency_key: format!("key-{task_id}"),
         dispatched: false,
+        lease_from_ms: 0,
     }
 }
 
@@ -114,6 +116,7 @@ fn model_task(task_id: &str, attempt: u32, spec_json: String) -> Task {
         spec_json,
         idempotency_key: format!("key-{task_id}"),
         dispatched: false,
+        lease_from_ms: 0,
     }
 }
 
@@ -158,6 +161,29 @@ async fn tool_call_is_dispatched_before_the_request_and_completed_with_its_attem
         assert_eq!(state.dispatches[0].worker_id, WORKER_ID);
         assert_eq!(state.dispatches[0].attempt, 3);
     }
+    worker.stop().await;
+}
+
+/// A task the engine leased already dispatched (`Task.dispatched`, issue
+/// 23) is acted on without `DispatchToolCall`.
+#[tokio::test]
+async fn a_task_handed_out_dispatched_is_acted_on_without_asking() {
+    let log = Log::default();
+    let tools = logging_tool_server(&log).await;
+    let mut engine = FakeEngine::start(log.clone()).await;
+    let mut task = tool_task("t1", 1, format!("{tools}/act"), "POST");
+    task.dispatched = true;
+    engine.push(task);
+    let worker = Worker::start(&engine, |_| {});
+    let Report::Complete(done) = engine.next_report().await else {
+        panic!("expected a completion");
+    };
+    assert_eq!(done.task_id, "t1");
+    assert_eq!(
+        log.entries(),
+        vec!["claim t1 1", "http /act", "complete t1 1"]
+    );
+    assert!(engine.state.lock().unwrap().dispatches.is_empty());
     worker.stop().await;
 }
 

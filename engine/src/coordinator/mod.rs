@@ -95,6 +95,7 @@ pub use results::{
 pub use runs::{ApprovalDecision, MAX_SIGNAL_BYTES, StartRun};
 
 pub use pools::LIVE_LEASES;
+pub use tasks::Claimed;
 pub use uncertain::UncertainFilter;
 
 /// Most bytes accepted in a run input or a task result.
@@ -226,6 +227,10 @@ pub struct CoordinatorConfig {
     /// How long the fleet must look upgraded before its behaviour level is
     /// raised (`store::fleet_level`).
     pub fleet_upgrade_hold_ms: u64,
+    /// Record the dispatch of a task whose spec allows it when it is
+    /// leased ([`Coordinator::dispatch_with_claim`]); on by default (off:
+    /// every worker asks, as before; for A/B measurements).
+    pub dispatch_with_claim: bool,
     /// How long a result of a `hints.cacheable: true` tool is served from
     /// the tenant's result cache when the tool gives no `hints.cache_ttl`
     /// (pinned into each run's plan when it starts); 0: such tools are not
@@ -244,6 +249,7 @@ impl Default for CoordinatorConfig {
             lease_ms: 30_000,
             sweep_interval_ms: 1_000,
             fleet_upgrade_hold_ms: crate::store::fleet_level::DEFAULT_UPGRADE_HOLD_MS,
+            dispatch_with_claim: true,
             tool_cache_ttl_ms: machine::cache::DEFAULT_TOOL_CACHE_TTL_MS,
             definition_config: std::collections::BTreeMap::new(),
         }

@@ -43,6 +43,17 @@ pub(super) struct NothingClaimable {
     next_ready: Option<tokio::time::Instant>,
 }
 
+/// What one claim leased ([`Coordinator::claim_timed`]).
+#[derive(Debug)]
+pub struct Claimed {
+    /// The tasks, leased to the claiming worker (none after a long poll
+    /// that found nothing).
+    pub tasks: Vec<ClaimedTask>,
+    /// When the statement that leased them began, by this process's clock:
+    /// their leases run from no earlier.
+    pub began: tokio::time::Instant,
+}
+
 impl NothingClaimable {
     /// Whether a claim at `now` with the wake count `seq` would surely find
     /// nothing; if so, when to look again at the latest.
@@ -94,6 +105,23 @@ impl Coordinator {
         wait_ms: u32,
         filter: ClaimFilter<'_>,
     ) -> Result<Vec<ClaimedTask>, CoordinatorError> {
+        Ok(self
+            .claim_timed(worker_id, max, wait_ms, filter)
+            .await?
+            .tasks)
+    }
+
+    /// [`Coordinator::claim_matching`], with when the statement that leased
+    /// the tasks began: their leases run from no earlier, however long the
+    /// claim waited before it (a long poll), which a worker must know to
+    /// judge, by its own clock, until when it may still act on them.
+    pub async fn claim_timed(
+        &self,
+        worker_id: &str,
+        max: u32,
+        wait_ms: u32,
+        filter: ClaimFilter<'_>,
+    ) -> Result<Claimed, CoordinatorError> {
         let tenants = filter.tenants;
         require("worker_id", worker_id)?;
         if !(1..=64).contains(&max) {
@@ -176,7 +204,10 @@ impl Coordinator {
                         for t in &tasks {
                             tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task claimed");
                         }
-                        return Ok(tasks);
+                        return Ok(Claimed {
+                            tasks,
+                            began: started,
+                        });
                     }
                     next_ready
                 }
@@ -184,7 +215,10 @@ impl Coordinator {
             let now = tokio::time::Instant::now();
             if now >= deadline || self.claims_stopped() {
                 self.metrics.claimed(&[]);
-                return Ok(Vec::new());
+                return Ok(Claimed {
+                    tasks: Vec::new(),
+                    began: now,
+                });
             }
             // Wake on NOTIFY, on the earliest delayed retry, or at the
             // deadline; re-check at least every second in case a

@@ -28,7 +28,7 @@ use crate::plan::{Pinned, RunPlan};
 use crate::state::{CallStatus, RunState, RunStatus};
 use crate::vault::SealedSecret;
 use crate::{inject, process, state, variants};
-use belay_definitions::model::{ToolBindingDef, ToolDef};
+use belay_definitions::model::{RepeatSafety, ToolBindingDef, ToolDef};
 
 mod child;
 mod decision;
@@ -485,8 +485,28 @@ pub(crate) fn tool_spec(
         variant: variant.map(str::to_owned),
         sampling: None,
         trace: None,
+        dispatch_with_claim: false,
+    };
+    let spec = ToolCallSpec {
+        dispatch_with_claim: dispatch_with_claim(&tool.def, &spec.binding),
+        ..spec
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
+}
+
+/// Whether a call of `def`, sent as `binding`, may have its dispatch
+/// recorded when its task is leased ([`ToolCallSpec::dispatch_with_claim`]):
+/// `idempotent` (retried whether or not it was dispatched, so the record
+/// changes no decision), a plain HTTP request (no callback to issue), no
+/// gates (their turn is taken at dispatch), and no vault values to read,
+/// fill or keep (handed out or checked at dispatch).
+fn dispatch_with_claim(def: &ToolDef, binding: &ToolBinding) -> bool {
+    def.repeat_safety == RepeatSafety::Idempotent
+        && matches!(binding, ToolBinding::Http(_))
+        && !crate::gates::ToolGates::of(def).any()
+        && def.secret_access.is_empty()
+        && def.result_secrets.is_empty()
+        && def.untraced.is_empty()
 }
 
 /// Fill absent top-level properties that declare a `default`, so the value
