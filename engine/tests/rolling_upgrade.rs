@@ -192,3 +192,50 @@ async fn a_live_replica_of_a_lower_level_keeps_the_fleet_below_it() {
     raw.close().await;
     db.drop().await;
 }
+
+/// A replica of the previous release that is idle but for its `LISTEN`
+/// connection (sqlx's `PgListener`, which both releases use, sends
+/// `LISTEN "belay_tasks";LISTEN "belay_events";`, the channel quoted) is
+/// recognised: the fleet stays below level 1 while it is connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_previous_releases_listen_connection_keeps_the_fleet_below_level_one() {
+    let (db, coord, _run) = create_run(Backend::Postgres, "belay_upgrade").await;
+    let raw = db.raw().await;
+    assert_eq!(
+        raw.execute("UPDATE fleet_level SET level = 0", None).await,
+        1
+    );
+    assert_eq!(
+        coord
+            .store()
+            .join_fleet(BEHAVIOUR_LEVEL)
+            .await
+            .expect("join"),
+        0
+    );
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
+        .await
+        .expect("the previous release's LISTEN connection");
+    listener
+        .listen_all(["belay_tasks", "belay_events"])
+        .await
+        .expect("listen");
+    assert_eq!(
+        refresh(&coord, 0).await,
+        0,
+        "the previous release's LISTEN connection is open"
+    );
+    drop(listener);
+    // Its backend goes once the server sees the connection closed.
+    let mut level = 0;
+    for _ in 0..50 {
+        level = refresh(&coord, 0).await;
+        if level == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(level, 1, "the previous release is gone");
+    raw.close().await;
+    db.drop().await;
+}

@@ -10,11 +10,14 @@ use crate::fleet_level::{FleetRefresh, REPLICA_LIVE_MS, judge_join};
 /// SQL: how many client connections to this database may be engines of a
 /// release before the registry (level 0): not named `belay-engine…`, and
 /// their last statement was an engine's, or one this user may not see.
+/// An engine's `LISTEN` connection (sqlx's `PgListener`) last sent
+/// `LISTEN "belay_tasks";…`, the channel quoted.
 const UNREGISTERED_ENGINES: &str = "SELECT count(*) FROM pg_stat_activity a
      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
        AND a.backend_type = 'client backend'
        AND a.application_name NOT LIKE 'belay-engine%'
-       AND (a.query LIKE '%belay_now()%' OR a.query LIKE 'LISTEN belay_%'
+       AND (a.query LIKE '%belay_now()%' OR a.query LIKE 'LISTEN belay%'
+            OR a.query LIKE 'LISTEN \"belay%'
             OR a.query LIKE '%_sqlx_migrations%' OR a.query = '<insufficient privilege>')";
 
 impl Pg {
