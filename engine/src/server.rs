@@ -172,6 +172,10 @@ pub enum ServeError {
     /// An endpoint would serve plaintext on a non-loopback address.
     #[error(transparent)]
     Exposed(ExposureError),
+    /// The fleet's behaviour level was raised past this engine's while it
+    /// ran (`store::fleet_level`): it stopped, as it would refuse to start.
+    #[error("{0}")]
+    Outranked(String),
     /// An endpoint failed, or ended before the shutdown.
     #[error("{endpoint}: {message}")]
     Endpoint {
@@ -363,6 +367,7 @@ impl Engine {
         let mut failed = tokio::select! {
             () = shutdown => None,
             Some(joined) = endpoints.join_next() => Some(ended_early(joined)),
+            reason = coord.fleet_outranked() => Some(ServeError::Outranked(reason)),
         };
         let _ = stop_tx.send(true);
         let drained = tokio::time::timeout(DRAIN_GRACE, async {

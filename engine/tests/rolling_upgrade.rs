@@ -239,3 +239,44 @@ async fn a_previous_releases_listen_connection_keeps_the_fleet_below_level_one()
     raw.close().await;
     db.drop().await;
 }
+
+/// An engine running when the fleet's level is raised past its own (it
+/// was not seen live for a whole hold: stopped, or cut off from the
+/// database) stops serving, naming both levels, as it would refuse to
+/// start; it does not go on beside a fleet whose behaviour it misreads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_engine_stops_once_the_fleet_is_raised_past_it() {
+    use belay_engine::server::{Engine, EngineOptions, Listeners, ServeError};
+    let db = common::TestDb::create(Backend::Postgres, "belay_upgrade").await;
+    let engine = Engine::start(EngineOptions::new(db.url.clone(), 4))
+        .await
+        .expect("engine");
+    let coord = std::sync::Arc::clone(engine.coordinator());
+    assert_eq!(coord.refresh_fleet_level().await.expect("refresh"), 1);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let served = tokio::spawn(async move {
+        engine
+            .serve(Listeners::grpc_only(listener), std::future::pending::<()>())
+            .await
+    });
+    let raw = db.raw().await;
+    let raised = format!("UPDATE fleet_level SET level = {}", BEHAVIOUR_LEVEL + 1);
+    assert_eq!(raw.execute(&raised, None).await, 1);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), served)
+        .await
+        .expect("the engine stopped")
+        .expect("joined");
+    match ended {
+        Err(ServeError::Outranked(text)) => assert!(
+            text.contains(&format!("behaviour level {}", BEHAVIOUR_LEVEL + 1))
+                && text.contains(&format!("implements level {BEHAVIOUR_LEVEL}")),
+            "{text}"
+        ),
+        other => panic!("expected the engine to stop outranked, got {other:?}"),
+    }
+    assert!(coord.refresh_fleet_level().await.is_err());
+    raw.close().await;
+    db.drop().await;
+}

@@ -70,6 +70,12 @@ impl Coordinator {
                     if fleet_refreshed_at.is_none_or(|at| at.elapsed() >= FLEET_REFRESH_INTERVAL) {
                         fleet_refreshed_at = Some(tokio::time::Instant::now());
                         if let Err(e) = this.refresh_fleet_level().await {
+                            if this.outranked.borrow().is_some() {
+                                // Judges nothing more; the engine stops
+                                // (`Coordinator::fleet_outranked`).
+                                tracing::error!(error = %e, "the fleet's behaviour level is past this engine's; stopping");
+                                return;
+                            }
                             tracing::warn!(error = %e, "refreshing the fleet's behaviour level failed");
                         }
                     }

@@ -74,13 +74,42 @@ impl Coordinator {
     /// behaviour level (`store::fleet_level`; every
     /// [`REFRESH_INTERVAL_MS`](crate::store::fleet_level::REFRESH_INTERVAL_MS)
     /// from the sweep loop). Returns the fleet's level.
+    ///
+    /// Errors: [`StoreError::Config`](crate::store::StoreError::Config)
+    /// naming both levels when the fleet's level was raised past this
+    /// engine's while it ran (it was not seen live for a whole hold, e.g.
+    /// stopped or cut off from the database): it would misread what the
+    /// fleet now does, so [`Coordinator::fleet_outranked`] resolves and the
+    /// engine stops, as one of its level is refused at start.
     pub async fn refresh_fleet_level(&self) -> Result<i32, CoordinatorError> {
-        Ok(self
+        let own = crate::store::fleet_level::BEHAVIOUR_LEVEL;
+        let level = self
             .store
             .refresh_fleet(crate::store::FleetRefresh {
-                level: crate::store::fleet_level::BEHAVIOUR_LEVEL,
+                level: own,
                 hold_ms: self.config.fleet_upgrade_hold_ms,
             })
-            .await?)
+            .await?;
+        if let Err(e) = crate::store::fleet_level::judge_join(own, level) {
+            self.outranked.send_replace(Some(e.to_string()));
+            return Err(e.into());
+        }
+        Ok(level)
+    }
+
+    /// Resolves, with the reason, once the fleet's behaviour level was
+    /// found raised past this engine's ([`Coordinator::refresh_fleet_level`]):
+    /// the engine must stop serving.
+    pub async fn fleet_outranked(&self) -> String {
+        let mut seen = self.outranked.subscribe();
+        let reason = seen
+            .wait_for(Option::is_some)
+            .await
+            .map(|reason| reason.clone().unwrap_or_default());
+        match reason {
+            Ok(reason) => reason,
+            // The sender lives as long as `self`.
+            Err(_) => std::future::pending().await,
+        }
     }
 }

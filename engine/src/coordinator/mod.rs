@@ -284,6 +284,10 @@ pub struct Coordinator {
     vault: std::sync::OnceLock<VaultKey>,
     /// This engine's metrics (`/metrics`), recorded by `observed.rs`.
     metrics: crate::metrics::EngineMetrics,
+    /// Set, with the reason, once the fleet's behaviour level was found
+    /// raised past this engine's while it ran
+    /// ([`Coordinator::refresh_fleet_level`]): it must stop.
+    outranked: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// A value as it may be echoed in an error: at most 64 bytes.
@@ -394,6 +398,7 @@ impl Coordinator {
             callback_base_url: std::sync::OnceLock::new(),
             vault: std::sync::OnceLock::new(),
             metrics: crate::metrics::EngineMetrics::new(),
+            outranked: tokio::sync::watch::Sender::new(None),
         })
     }
 

@@ -68,7 +68,9 @@ impl Pg {
         .fetch_one(&self.pool)
         .await?;
         let was = self.fleet_level.swap(level, Ordering::Relaxed);
-        if level > was {
+        if level > refresh.level {
+            // The caller stops (`judge_join`); nothing is claimed for it.
+        } else if level > was {
             tracing::info!(
                 level,
                 was,
