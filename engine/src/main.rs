@@ -17,10 +17,13 @@ use belay_proto::telemetry::{Telemetry, TelemetryOptions};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
+// A negative number is a value (refused by its type, naming the flag),
+// not an unknown flag.
 #[command(
     name = "belay-engine",
     version,
-    about = "Belay engine: coordinator, gRPC API, lease sweeper"
+    about = "Belay engine: coordinator, gRPC API, lease sweeper",
+    allow_negative_numbers = true
 )]
 struct Cli {
     /// Database URL: `postgres://…` (production; any number of engine

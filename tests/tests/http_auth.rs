@@ -1,6 +1,8 @@
 //! An HTTP tool with `auth: bearer` end to end, on both backends: the token
 //! is a `{{config.NAME}}` placeholder. A worker without its value fails the
-//! call `NOT_SENT` before dispatch and the CRM sees nothing; a worker with
+//! call `NOT_SENT` before sending it and the CRM sees nothing (the tool is
+//! `idempotent`, so its dispatch was recorded with its claim: `dispatched`
+//! says so, and the class that nothing was sent); a worker with
 //! the value (`BELAY_TOOL_CONFIG_<NAME>`) makes the call. The value appears
 //! in no event and no task spec: they hold the placeholder.
 
@@ -36,9 +38,10 @@ async fn a_bearer_token_is_resolved_by_the_worker_and_never_recorded(
     let events = env.events(&run.run_id).await?;
     let failed = of_kind(&events, "tool_call_attempt_failed");
     let failed = failed.first().context("no failed attempt")?;
+    ensure!(failed["class"] == "not_sent", "{failed}");
     ensure!(
-        failed["class"] == "not_sent" && failed["dispatched"] == false,
-        "{failed}"
+        !of_kind(&events, "tool_call_dispatched").is_empty() && failed["dispatched"] == true,
+        "an idempotent call is dispatched with its claim: {failed}"
     );
     let error = failed["error"].as_str().unwrap_or_default();
     ensure!(

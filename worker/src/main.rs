@@ -38,7 +38,9 @@ fn optional_addr(s: &str) -> Result<OptionalAddr, String> {
 
 /// Belay worker: claims model and tool calls from the engine and performs them.
 #[derive(Debug, Parser)]
-#[command(name = "belay-worker", version, about)]
+// A negative number is a value (refused by its type, naming the flag),
+// not an unknown flag.
+#[command(name = "belay-worker", version, about, allow_negative_numbers = true)]
 struct Args {
     /// Engine gRPC URL: http:// (plaintext) or https:// (TLS).
     #[arg(long, env = "BELAY_ENGINE_URL", default_value = DEFAULT_ENGINE_URL)]
@@ -279,6 +281,18 @@ async fn work(args: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_negative_number_is_refused_naming_its_flag() {
+        let Err(err) = Args::try_parse_from(["belay-worker", "--shutdown-grace-ms", "-5"]) else {
+            panic!("a negative grace was accepted");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("--shutdown-grace-ms") && text.contains("-5"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn an_empty_mcp_config_is_no_mcp_servers() {

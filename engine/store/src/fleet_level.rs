@@ -23,7 +23,9 @@
 //! fleet stays below level 1. Behind a connection pooler that does not
 //! pass `application_name` on, or with such connections of another tool,
 //! the fleet stays at its level: safe, and only the gated behaviour's
-//! gain is missed (logged at every hold).
+//! gain is missed (logged at debug level at every refresh; the fleet's
+//! level is in `fleet_level`). A name the database URL gives an engine's
+//! connections is kept after `belay-engine` ([`application_name`]).
 //!
 //! SQLite: one engine per database file, so no replica runs beside
 //! another and nothing is gated; its backend reports [`BEHAVIOUR_LEVEL`].
@@ -57,6 +59,17 @@ pub const REFRESH_INTERVAL_MS: u64 = 1_000;
 /// The `application_name` every engine's database connections carry (on
 /// PostgreSQL), unless the database URL names another.
 pub const ENGINE_APPLICATION_NAME: &str = "belay-engine";
+
+/// The `application_name` of an engine's connections, given the one its
+/// database URL names, if any: [`ENGINE_APPLICATION_NAME`], or that name
+/// after it (`belay-engine payments`) unless it already begins with it.
+pub fn application_name(from_url: Option<&str>) -> String {
+    match from_url {
+        Some(name) if name.starts_with(ENGINE_APPLICATION_NAME) => name.to_owned(),
+        Some(name) if !name.is_empty() => format!("{ENGINE_APPLICATION_NAME} {name}"),
+        _ => ENGINE_APPLICATION_NAME.to_owned(),
+    }
+}
 
 /// Whether a heartbeat must also extend the lease on the task's row (the
 /// behaviour of releases below level 1), given the fleet's level.
@@ -100,6 +113,14 @@ mod tests {
             text.contains("behaviour level 1") && text.contains("implements level 0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn an_engine_names_its_connections_belay_engine_before_any_name_of_the_url() {
+        assert_eq!(application_name(None), "belay-engine");
+        assert_eq!(application_name(Some("")), "belay-engine");
+        assert_eq!(application_name(Some("payments")), "belay-engine payments");
+        assert_eq!(application_name(Some("belay-engine-eu")), "belay-engine-eu");
     }
 
     #[test]

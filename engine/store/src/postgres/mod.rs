@@ -128,10 +128,11 @@ impl Pg {
         let mut options: PgConnectOptions = url.parse()?;
         // How the fleet tells engines that register (`fleet_level`) from
         // engines of a release before the registry; a name the URL gives
-        // is kept.
-        if options.get_application_name().is_none() {
-            options = options.application_name(crate::fleet_level::ENGINE_APPLICATION_NAME);
-        }
+        // is kept after it (without the prefix, this engine's own
+        // connections would look like an older engine's, and the fleet's
+        // level could never rise).
+        let name = crate::fleet_level::application_name(options.get_application_name());
+        options = options.application_name(&name);
         // One plain connection first: an unreachable server, a refused login
         // or a missing database is reported as itself, at once, instead of
         // as a pool timeout after 10 s.
