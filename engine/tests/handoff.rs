@@ -373,6 +373,9 @@ async fn an_idempotent_call_is_handed_out_dispatched(backend: Backend) {
     let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
     let first = claim(&mut worker, "w1").await;
     assert!(first[0].dispatched, "an idempotent HTTP call");
+    let spec: serde_json::Value = serde_json::from_str(&first[0].spec_json).expect("spec");
+    assert_eq!(spec["dispatch_with_claim"], true);
+    assert_eq!(spec["repeat_safety"], "idempotent", "for untraced logs too");
     let kinds = f.event_kinds(&run_id).await;
     assert_eq!(
         kinds.last().map(String::as_str),
@@ -406,6 +409,9 @@ async fn a_never_call_is_dispatched_only_when_its_worker_asks(backend: Backend) 
     let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
     let task = claim(&mut worker, "w1").await;
     assert!(!task[0].dispatched, "a `never` call");
+    let spec: serde_json::Value = serde_json::from_str(&task[0].spec_json).expect("spec");
+    assert_eq!(spec.get("dispatch_with_claim"), None, "false is left out");
+    assert_eq!(spec["repeat_safety"], "never");
     assert_eq!(
         count(&f.event_kinds(&run_id).await, "tool_call_dispatched"),
         0

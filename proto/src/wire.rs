@@ -655,6 +655,13 @@ pub struct ToolCallSpec {
     /// spec; false in specs of older engines. Added for issue 23.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dispatch_with_claim: bool,
+    /// The tool's repeat safety (`never`, `idempotent`, `reconcile`), for
+    /// the worker's logs and spans (`belay.repeat_safety`) whether or not
+    /// the run is traced; empty in specs of older engines (then only a
+    /// traced run's [`crate::trace::CallTrace::repeat_safety`] says it).
+    /// Added for issue 23.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub repeat_safety: String,
 }
 
 /// What an MCP server may ask of the run's model during one tool call

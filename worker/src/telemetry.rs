@@ -111,11 +111,11 @@ fn binding_kind(binding: &ToolBinding) -> &'static str {
 /// The span of one tool call (`execute_tool <tool>`, kind client).
 pub fn tool_call_span(task: &Task, spec: &ToolCallSpec) -> tracing::Span {
     let call = call_id(task, spec.trace.as_ref());
-    let repeat_safety = spec
-        .trace
-        .as_ref()
-        .map(|t| t.repeat_safety.as_str())
-        .unwrap_or_default();
+    // The spec says it; a spec of an older engine only in a traced run.
+    let repeat_safety = match (spec.repeat_safety.as_str(), spec.trace.as_ref()) {
+        ("", Some(t)) => t.repeat_safety.as_str(),
+        (own, _) => own,
+    };
     let span = tracing::info_span!(
         "tool call",
         otel.name = format!("execute_tool {}", spec.tool),

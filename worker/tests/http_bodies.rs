@@ -118,6 +118,7 @@ fn spec(
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     }
 }
 

@@ -201,6 +201,7 @@ fn spec(endpoint: &str, profile: Option<&str>) -> ToolCallSpec {
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     }
 }
 

@@ -93,6 +93,7 @@ fn spec(endpoint: &str, method: &str, arguments: Value) -> ToolCallSpec {
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     }
 }
 
@@ -354,6 +355,7 @@ fn webhook_spec(endpoint: &str, method: &str, field: &str, arguments: Value) -> 
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     }
 }
 

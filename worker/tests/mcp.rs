@@ -1170,6 +1170,7 @@ async fn call_through(
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     };
     let mut dispatched = false;
     let report = tools
@@ -1936,6 +1937,7 @@ async fn a_worker_reports_what_a_servers_sampling_used_with_the_result() {
             sampling,
             trace: None,
             dispatch_with_claim: false,
+            repeat_safety: String::new(),
         };
         belay_proto::v1::Task {
             task_id: id.into(),
@@ -3093,6 +3095,7 @@ async fn read_through(
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     };
     let mut dispatched = false;
     let report = tools

@@ -90,6 +90,7 @@ fn tool_task(task_id: &str, attempt: u32, endpoint: String, method: &str) -> Tas
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     };
     Task {
         task_id: task_id.into(),

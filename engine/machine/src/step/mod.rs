@@ -486,9 +486,11 @@ pub(crate) fn tool_spec(
         sampling: None,
         trace: None,
         dispatch_with_claim: false,
+        repeat_safety: String::new(),
     };
     let spec = ToolCallSpec {
         dispatch_with_claim: dispatch_with_claim(&tool.def, &spec.binding),
+        repeat_safety: tool.def.repeat_safety.as_str().to_owned(),
         ..spec
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
