@@ -723,7 +723,6 @@ fn mcp_report(definition_hash: &str, kind: i32) -> Result<crate::coordinator::Mc
     })
 }
 
-/// A claimed task as the worker protocol sends it.
 /// A lease as `Task` states it: its length, and from how long after the
 /// request was received it runs (`Task.lease_ms`, `Task.lease_from_ms`).
 #[derive(Debug, Clone, Copy)]
@@ -732,6 +731,7 @@ struct Lease {
     from_ms: u64,
 }
 
+/// A claimed task as the worker protocol sends it.
 fn task_message(t: crate::store::ClaimedTask, lease: Lease, dispatched: bool) -> v1::Task {
     v1::Task {
         task_id: t.task_id.to_string(),

@@ -240,7 +240,7 @@ impl Coordinator {
     /// (the grant withdrawn, the run paused) is what it is told then.
     pub async fn dispatch_with_claim(&self, worker_id: &str, task: &ClaimedTask) -> bool {
         if !self.config.dispatch_with_claim
-            || task.kind != "tool_call"
+            || task.kind != belay_proto::wire::TASK_KIND_TOOL_CALL
             || task.spec.get("dispatch_with_claim") != Some(&serde_json::Value::Bool(true))
         {
             return false;

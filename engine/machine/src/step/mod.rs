@@ -465,6 +465,7 @@ pub(crate) fn tool_spec(
             variants::apply(binding, chosen)
         }
     };
+    let dispatch_with_claim = dispatch_with_claim(&tool.def, &binding);
     let spec = ToolCallSpec {
         tool: tool.def.name.clone(),
         tool_version: tool.version,
@@ -485,13 +486,8 @@ pub(crate) fn tool_spec(
         variant: variant.map(str::to_owned),
         sampling: None,
         trace: None,
-        dispatch_with_claim: false,
-        repeat_safety: String::new(),
-    };
-    let spec = ToolCallSpec {
-        dispatch_with_claim: dispatch_with_claim(&tool.def, &spec.binding),
+        dispatch_with_claim,
         repeat_safety: tool.def.repeat_safety.as_str().to_owned(),
-        ..spec
     };
     serde_json::to_value(&spec).map_err(|e| MachineError::InvalidPlan(format!("tool spec: {e}")))
 }
