@@ -1151,8 +1151,18 @@ pub fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 /// Count of each call id's `tool_call_dispatched` events.
 pub fn dispatch_counts(events: &[Value]) -> std::collections::BTreeMap<String, usize> {
+    counts_by_call(events, "tool_call_dispatched")
+}
+
+/// Count of each call id's `task_lease_expired` events.
+pub fn lease_expiries(events: &[Value]) -> std::collections::BTreeMap<String, usize> {
+    counts_by_call(events, "task_lease_expired")
+}
+
+/// Count of each call id's events of `kind`.
+fn counts_by_call(events: &[Value], kind: &str) -> std::collections::BTreeMap<String, usize> {
     let mut counts = std::collections::BTreeMap::new();
-    for e in of_kind(events, "tool_call_dispatched") {
+    for e in of_kind(events, kind) {
         *counts
             .entry(e["call_id"].as_str().unwrap_or_default().to_owned())
             .or_insert(0) += 1;
