@@ -904,9 +904,23 @@ impl WorkerService for Api {
             .into_iter()
             .map(|s| (s.key, crate::vault::SecretText::new(s.value)))
             .collect();
-        self.coord
+        let worker = worker_id(&p, &r.worker_id);
+        // The filter a `claim_next` claims with, for the task the report's
+        // own transition may hand over (bad capabilities: none handed, and
+        // `claim_next` below says why in the log).
+        let capabilities = match r.claim_next {
+            0 => None,
+            _ => capability_tags(r.capabilities.as_ref()).ok(),
+        };
+        let tenants = p.tenants.to_stored();
+        let next = capabilities.as_ref().map(|c| crate::store::ClaimFilter {
+            tenants: tenants.as_deref(),
+            capabilities: c.as_deref(),
+        });
+        let handed = self
+            .coord
             .complete_sampled(
-                &worker_id(&p, &r.worker_id),
+                &worker,
                 &r.task_id,
                 r.attempt,
                 &r.result_json,
@@ -916,17 +930,22 @@ impl WorkerService for Api {
                     &r.mcp_definition_hash,
                     v1::ToolFailureKind::Unspecified as i32,
                 )?,
+                next,
             )
             .await?;
-        let tasks = self
-            .claim_next(
-                &p,
-                &r.worker_id,
-                r.claim_next,
-                r.capabilities.as_ref(),
-                received,
-            )
-            .await;
+        let tasks = match handed {
+            Some(claimed) => self.task_messages(&worker, claimed, received).await,
+            None => {
+                self.claim_next(
+                    &p,
+                    &r.worker_id,
+                    r.claim_next,
+                    r.capabilities.as_ref(),
+                    received,
+                )
+                .await
+            }
+        };
         Ok(Response::new(v1::CompleteTaskResponse { tasks }))
     }
 

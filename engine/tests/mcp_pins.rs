@@ -768,6 +768,7 @@ async fn mcp_failure_kinds_and_the_checked_definition_are_in_the_events_and_the_
                 definition_hash: Some(a.clone()),
                 kind: None,
             },
+            None,
         )
         .await
         .expect("complete");

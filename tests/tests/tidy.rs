@@ -42,11 +42,11 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/admin/openapi.rs::schemas", 284),
     (
         "engine/store/src/postgres/write_decision.rs::write_decision",
-        460,
+        444,
     ),
     (
         "engine/store/src/sqlite/write_decision.rs::write_decision",
-        467,
+        444,
     ),
     ("sdk/src/lib.rs::timeline_line", 267),
 ];

@@ -239,6 +239,10 @@ impl Coordinator {
     /// `DispatchToolCall` as for any task, and a refusal recorded here
     /// (the grant withdrawn, the run paused) is what it is told then.
     pub async fn dispatch_with_claim(&self, worker_id: &str, task: &ClaimedTask) -> bool {
+        if task.dispatched {
+            // Handed over by a report's transition, which dispatched it.
+            return true;
+        }
         if !self.config.dispatch_with_claim
             || task.kind != belay_proto::wire::TASK_KIND_TOOL_CALL
             || task.spec.get("dispatch_with_claim") != Some(&serde_json::Value::Bool(true))

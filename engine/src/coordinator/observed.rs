@@ -79,10 +79,26 @@ impl Coordinator {
     where
         F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
     {
+        self.transition_task_handing(task_id, provider, None, decide)
+            .await
+    }
+
+    /// [`Coordinator::transition_task`] for a report that asks for the
+    /// next task with it ([`Store::transition_task_handing`](crate::store::Store::transition_task_handing)).
+    pub(crate) async fn transition_task_handing<E, F>(
+        &self,
+        task_id: Uuid,
+        provider: Option<&str>,
+        hand: Option<&crate::store::HandOff<'_>>,
+        decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+    {
         let capture = Capture::default();
         let applied = self
             .store
-            .transition_task(task_id, |state, row| {
+            .transition_task_handing(task_id, hand, |state, row| {
                 let d = decide(state, row);
                 capture.keep(state, row, provider, &d);
                 d

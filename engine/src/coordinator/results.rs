@@ -6,13 +6,13 @@ use belay_proto::wire::{ModelCallResult, SamplingUsage};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::tasks::{fenced, leased_tool_call};
+use super::tasks::{Claimed, fenced, leased_tool_call};
 use super::{
     Coordinator, CoordinatorError, MAX_ID_BYTES, MAX_JSON_BYTES, check_text, json_arg, parse_uuid,
     require,
 };
 use crate::machine::{self, FailureClass, Input};
-use crate::store::{RunRow, StoreError};
+use crate::store::{ClaimFilter, HandOff, RunRow, StoreError};
 use crate::vault::SecretText;
 
 /// What `POST /callbacks/v1/{token}` did.
@@ -155,8 +155,10 @@ impl Coordinator {
             secrets,
             None,
             McpReport::default(),
+            None,
         )
         .await
+        .map(|_| ())
     }
 
     /// [`Coordinator::complete_with_secrets`] with the model completions
@@ -165,7 +167,13 @@ impl Coordinator {
     /// `tool_call_sampled` in the transition that records the result, and
     /// charged to the budgets (`machine/sampling.rs`). Usage reported with
     /// a late result, or for a model call, is not charged (logged). `mcp`:
-    /// what a `type: mcp` call adds ([`McpReport`]).
+    /// what a `type: mcp` call adds ([`McpReport`]). `next`: the worker
+    /// asks for its next task with the report (`claim_next`), claiming as
+    /// this filter allows; a task the report's decision schedules that it
+    /// may take is handed to it leased in the same transaction
+    /// ([`crate::store::HandOff`]) and returned, with when the
+    /// transition began (its lease runs from no earlier). `None` (nothing
+    /// handed): the caller claims as usual.
     #[allow(clippy::too_many_arguments)]
     pub async fn complete_sampled(
         &self,
@@ -176,7 +184,8 @@ impl Coordinator {
         secrets: Vec<(String, SecretText)>,
         sampling: Option<SamplingUsage>,
         mcp: McpReport,
-    ) -> Result<(), CoordinatorError> {
+        next: Option<ClaimFilter<'_>>,
+    ) -> Result<Option<Claimed>, CoordinatorError> {
         require("worker_id", worker_id)?;
         let mut value = json_arg("result_json", result_json)?;
         let task = parse_uuid("task_id", task_id)?;
@@ -187,7 +196,21 @@ impl Coordinator {
             .get(belay_proto::wire::MODEL_PROVIDER_FIELD)
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned);
-        self.transition_task(task, provider.as_deref(), |state, row| {
+        let hand = match next {
+            Some(filter) if !self.claims_stopped() => {
+                self.note_worker(worker_id, filter).await?;
+                Some(HandOff {
+                    worker_id,
+                    lease_ms: self.config.lease_ms as i64,
+                    filter,
+                    dispatch_tool_calls: self.config.dispatch_with_claim,
+                })
+            }
+            _ => None,
+        };
+        let began = tokio::time::Instant::now();
+        let applied = self
+            .transition_task_handing(task, provider.as_deref(), hand.as_ref(), |state, row| {
                 let row = row.ok_or_else(|| CoordinatorError::NotFound("task".into()))?;
                 let is_tool = row.kind == belay_proto::wire::TASK_KIND_TOOL_CALL;
                 let current = row.status == "leased" && row.attempt as u32 == attempt;
@@ -307,7 +330,12 @@ impl Coordinator {
             })
             .await?;
         tracing::info!(%task, attempt, worker_id, "task completed");
-        Ok(())
+        Ok(applied.handed.map(|t| {
+            tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task handed over with the report");
+            let tasks = vec![t];
+            self.metrics.claimed(&tasks);
+            Claimed { tasks, began }
+        }))
     }
 
     /// Record a task's failure.

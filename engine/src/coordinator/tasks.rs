@@ -244,7 +244,7 @@ impl Coordinator {
     }
 
     /// Whether [`Coordinator::stop_claims`] was called.
-    fn claims_stopped(&self) -> bool {
+    pub(super) fn claims_stopped(&self) -> bool {
         self.claims_stopped
             .load(std::sync::atomic::Ordering::SeqCst)
     }

@@ -122,6 +122,7 @@ mod db_errors;
 mod fleet;
 pub mod fleet_level;
 mod gauges;
+mod hand_off;
 mod pools;
 mod postgres;
 mod principals;
@@ -141,6 +142,7 @@ pub use db_errors::{DB_ERROR_CLASSES, db_error_counts};
 pub use fleet::{FLEET_GRACE_MIN_MS, FleetReset, fleet_grace_ms};
 pub use fleet_level::FleetRefresh;
 pub use gauges::{GaugeCounts, POOL_TAG_PREFIX, PoolConnections, pool_of};
+pub use hand_off::HandOff;
 pub use pools::{ClaimFilter, LiveWorker, UnclaimableTask};
 pub use postgres::wakes::{EVENTS_CHANNEL, TASKS_CHANNEL};
 pub use principals::{NewPrincipal, PrincipalRow};
@@ -574,7 +576,7 @@ impl Store {
     {
         let target = Target::Run(run_id, task_id);
         let decide = decide_once(decide);
-        let applied = on_backend!(self, b => b.transition_at(target, decide).await);
+        let applied = on_backend!(self, b => b.transition_at(target, None, decide).await);
         self.observed(applied)
     }
 
@@ -590,7 +592,27 @@ impl Store {
     {
         let target = Target::Task(task_id);
         let decide = decide_once(decide);
-        let applied = on_backend!(self, b => b.transition_at(target, decide).await);
+        let applied = on_backend!(self, b => b.transition_at(target, None, decide).await);
+        self.observed(applied)
+    }
+
+    /// [`Store::transition_task`] for a worker's report that asks for the
+    /// next task with it: when the decision schedules one `hand` may take,
+    /// it is written leased to `hand`'s worker (and a tool call dispatched)
+    /// in the same transaction, and returned in [`Applied::handed`]
+    /// ([`HandOff`]; module `hand_off`).
+    pub async fn transition_task_handing<E, F>(
+        &self,
+        task_id: Uuid,
+        hand: Option<&HandOff<'_>>,
+        decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
+    {
+        let target = Target::Task(task_id);
+        let decide = decide_once(decide);
+        let applied = on_backend!(self, b => b.transition_at(target, hand, decide).await);
         self.observed(applied)
     }
 
@@ -615,7 +637,7 @@ impl Store {
             move |state: &RunState, task: Option<&TaskRow>, verdict: Option<&GateVerdict>| {
                 decide(state, task, verdict).map_err(TransitionError::Refused)
             };
-        let applied = on_backend!(self, b => b.transition_at(target, decide).await);
+        let applied = on_backend!(self, b => b.transition_at(target, None, decide).await);
         self.observed(applied)
     }
 

@@ -202,6 +202,11 @@ pub struct ClaimedTask {
     /// How long the task had been ready (claimable) when this claim took
     /// it, ms by the database clock: the dispatch latency.
     pub waited_ms: f64,
+    /// Whether its dispatch was recorded with its lease (a task handed
+    /// over by a report's transition, [`crate::HandOff`]); a claim
+    /// statement leaves it false.
+    #[sqlx(default)]
+    pub dispatched: bool,
 }
 
 /// A definition as stored.

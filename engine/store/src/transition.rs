@@ -55,6 +55,10 @@ pub struct Applied {
     /// The node visits this transition ended, in order (traced runs only:
     /// empty when `trace` is `None`). For their spans.
     pub ended_nodes: Vec<EndedNode>,
+    /// The task this transition handed to the reporting worker, leased
+    /// (and, for a tool call, dispatched) in it ([`crate::HandOff`]);
+    /// `None` when none was asked for or none qualified.
+    pub handed: Option<crate::rows::ClaimedTask>,
 }
 
 /// A node visit a transition ended (completed, or cut short by the run's
@@ -187,17 +191,18 @@ pub(crate) struct Wakes {
 
 /// Whether a committed `decision` may have made tasks claimable: it
 /// schedules or re-queues one, or resumes its run (a paused run's ready
-/// tasks are not claimed until then).
-pub(crate) fn wakes_tasks(decision: &Decision) -> bool {
+/// tasks are not claimed until then). `handed`: the call of the task the
+/// transition handed over leased (no claimer needs waking for it).
+pub(crate) fn wakes_tasks(decision: &Decision, handed: Option<&str>) -> bool {
     use belay_machine::{Command, Event};
-    decision
-        .commands
+    decision.commands.iter().any(|c| match c {
+        Command::ScheduleTask { call_id, .. } => Some(call_id.as_str()) != handed,
+        Command::RetryTask { .. } => true,
+        _ => false,
+    }) || decision
+        .events
         .iter()
-        .any(|c| matches!(c, Command::ScheduleTask { .. } | Command::RetryTask { .. }))
-        || decision
-            .events
-            .iter()
-            .any(|e| matches!(e, Event::RunResumed { .. }))
+        .any(|e| matches!(e, Event::RunResumed { .. }))
 }
 
 /// How many times, as far as this process can tell, tasks may have become

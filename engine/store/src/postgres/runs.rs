@@ -87,8 +87,10 @@ impl Pg {
         for event in &decision.events {
             state.apply(event);
         }
-        let wakes =
-            write_decision(&mut tx, run_id, tenant, 0, decision, &state, None, None).await?;
+        let wakes = write_decision(
+            &mut tx, run_id, tenant, 0, decision, &state, None, None, None,
+        )
+        .await?;
         tx.commit().await?;
         self.wakes.send(run_id, wakes);
         let row = self

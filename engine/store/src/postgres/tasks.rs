@@ -273,6 +273,7 @@ impl ClaimOrNext {
             spec: self.spec.clone()?,
             idempotency_key: self.idempotency_key.clone()?,
             waited_ms: self.waited_ms.unwrap_or(0.0).max(0.0),
+            dispatched: false,
         })
     }
 }

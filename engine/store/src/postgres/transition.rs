@@ -12,6 +12,7 @@ use super::Pg;
 use super::gates::pass_tool_gates;
 use super::tool_cache::serve_from_cache;
 use super::write_decision::write_decision;
+use crate::hand_off::{HandOff, claimed, hand_off};
 use crate::rows::{StoreError, TaskRow};
 use crate::transition::{Applied, StateCache, Target, TransitionError};
 use belay_machine::gates::GateVerdict;
@@ -22,6 +23,7 @@ impl Pg {
     pub(crate) async fn transition_at<E, F>(
         &self,
         target: Target,
+        hand: Option<&HandOff<'_>>,
         mut decide: F,
     ) -> Result<Applied, TransitionError<E>>
     where
@@ -65,7 +67,7 @@ impl Pg {
         ))
         .bind(run_id)
         .bind(task_id)
-        .bind(dispatch)
+        .bind(dispatch || hand.is_some())
         .fetch_optional(&mut *tx)
         .await
         .map_err(StoreError::from)?;
@@ -116,9 +118,11 @@ impl Pg {
                 return Err(e);
             }
         };
-        let decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
+        let mut decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
         let mut after = state;
         let ended_nodes = crate::transition::apply_events(&mut after, &decision.events);
+        let grants = row.tenant_grants.as_deref().unwrap_or_default();
+        let handed = hand.and_then(|h| hand_off(h, &tenant, grants, &mut decision, &mut after));
         let mut wakes = write_decision(
             &mut tx,
             run_id,
@@ -128,11 +132,13 @@ impl Pg {
             &after,
             Some(row.now),
             task.as_ref().map(|t| (t.call_id.as_str(), t.task_id)),
+            handed.as_ref(),
         )
         .await?;
         let secrets = std::mem::take(&mut wakes.secrets);
         tx.commit().await.map_err(StoreError::from)?;
         self.wakes.send(run_id, wakes);
+        let handed = handed.and_then(|h| claimed(&h, &decision, run_id, &tenant));
         let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
@@ -143,6 +149,7 @@ impl Pg {
             trace: after.trace.clone(),
             now: row.now,
             ended_nodes,
+            handed,
         };
         // Only a committed state may be cached.
         self.cache().put(run_id, after);

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::gates::record_tool_outcome;
 use super::outbox::insert_outbox;
+use crate::hand_off::{HANDED_ATTEMPT, Handed, scheduled_task_id};
 use crate::rows::{StoreError, TOOL_CACHE_COLUMNS};
 use crate::transition::Wakes;
 use belay_machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
@@ -47,6 +48,9 @@ struct TaskWrites<'a> {
     /// calls are distinct), as `(task_id, write)`: by primary key, a scalar
     /// parameter.
     own: Option<(Uuid, OwnWrite)>,
+    /// The scheduled task written leased to the reporting worker, if any
+    /// ([`crate::hand_off`]).
+    handed: Option<&'a Handed>,
 }
 
 /// What the merged statement does to the transition's own task.
@@ -65,8 +69,15 @@ impl<'a> TaskWrites<'a> {
     /// statement (another command, one call touched twice, or an update of
     /// a task other than `own`, the transition's locked task as `(call_id,
     /// task_id)`).
-    fn of(commands: &'a [Command], own: Option<(&str, Uuid)>) -> Option<TaskWrites<'a>> {
-        let mut w = TaskWrites::default();
+    fn of(
+        commands: &'a [Command],
+        own: Option<(&str, Uuid)>,
+        handed: Option<&'a Handed>,
+    ) -> Option<TaskWrites<'a>> {
+        let mut w = TaskWrites {
+            handed,
+            ..TaskWrites::default()
+        };
         let own_id = |call_id: &str| own.filter(|(c, _)| *c == call_id).map(|(_, id)| id);
         let mut calls = std::collections::HashSet::new();
         for command in commands {
@@ -80,7 +91,7 @@ impl<'a> TaskWrites<'a> {
                     runs_while_paused,
                     requires,
                 } => {
-                    w.schedule_ids.push(Uuid::now_v7());
+                    w.schedule_ids.push(scheduled_task_id(call_id, handed));
                     w.schedule_requires.push(Value::from(requires.clone()));
                     w.schedule_calls.push(call_id);
                     w.schedule_kinds.push(kind.as_str());
@@ -157,12 +168,38 @@ impl TaskWrites<'_> {
         // belay-bench, on a table not yet analysed).
         let mut n = 10;
         if !self.schedule_ids.is_empty() {
+            // A handed task (`$h`: its id, worker, lease ms, dispatched) is
+            // inserted leased, as a claim would leave it.
+            let (leased_cols, leased_vals) = match self.handed {
+                None => ("", String::new()),
+                Some(_) => {
+                    let (h, w, l, d) = (n + 9, n + 10, n + 11, n + 12);
+                    (
+                        ", attempt, worker_id, lease_expires_at, dispatched, dispatched_attempt, dispatched_at",
+                        format!(
+                            ", CASE WHEN id = ${h}::uuid THEN {HANDED_ATTEMPT} ELSE 0 END,
+                        CASE WHEN id = ${h}::uuid THEN ${w}::text END,
+                        CASE WHEN id = ${h}::uuid THEN clock.now + make_interval(secs => ${l}::float8 / 1000.0) END,
+                        (id = ${h}::uuid AND ${d}::bool),
+                        CASE WHEN id = ${h}::uuid AND ${d}::bool THEN {HANDED_ATTEMPT} END,
+                        CASE WHEN id = ${h}::uuid AND ${d}::bool THEN clock.now END"
+                        ),
+                    )
+                }
+            };
+            let status = match self.handed {
+                None => "'ready'".to_owned(),
+                Some(_) => format!(
+                    "CASE WHEN id = ${}::uuid THEN 'leased' ELSE 'ready' END",
+                    n + 9
+                ),
+            };
             sql += &format!(
                 ", sched AS (
                  INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key,
-                                    repeat_safety, runs_while_paused, requires, available_at, created_at, updated_at)
-                 SELECT id, $1, $9, c, k, 'ready', sp, ik, rs, rp, ARRAY(SELECT jsonb_array_elements_text(rq)),
-                        clock.now, clock.now, clock.now
+                                    repeat_safety, runs_while_paused, requires, available_at, created_at, updated_at{leased_cols})
+                 SELECT id, $1, $9, c, k, {status}, sp, ik, rs, rp, ARRAY(SELECT jsonb_array_elements_text(rq)),
+                        clock.now, clock.now, clock.now{leased_vals}
                  FROM UNNEST(${}::uuid[], ${}::text[], ${}::text[], ${}::jsonb[], ${}::text[], ${}::text[],
                              ${}::bool[], ${}::jsonb[]) AS n(id, c, k, sp, ik, rs, rp, rq), clock)",
                 n + 1,
@@ -174,7 +211,7 @@ impl TaskWrites<'_> {
                 n + 7,
                 n + 8
             );
-            n += 8;
+            n += if self.handed.is_some() { 12 } else { 8 };
         }
         if let Some((_, write)) = self.own {
             let (id, value) = (n + 1, n + 2);
@@ -211,6 +248,77 @@ impl TaskWrites<'_> {
     }
 }
 
+/// Inserts the task a [`Command::ScheduleTask`] asks for, ready, or
+/// leased when it is the `handed` one (per-command path).
+async fn schedule_task(
+    tx: &mut Transaction<'static, Postgres>,
+    run_id: Uuid,
+    tenant: &str,
+    command: &Command,
+    handed: Option<&Handed>,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<(), StoreError> {
+    let Command::ScheduleTask {
+        call_id,
+        kind,
+        spec,
+        idempotency_key,
+        repeat_safety,
+        runs_while_paused,
+        requires,
+    } = command
+    else {
+        return Ok(());
+    };
+    sqlx::query(
+        "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
+                            runs_while_paused, requires)
+         VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8, $9, $10)",
+    )
+    .bind(scheduled_task_id(call_id, handed))
+    .bind(run_id)
+    .bind(tenant)
+    .bind(call_id)
+    .bind(kind.as_str())
+    .bind(spec)
+    .bind(idempotency_key)
+    .bind(repeat_safety.map(|r| r.as_str()))
+    .bind(runs_while_paused)
+    .bind(requires)
+    .execute(&mut **tx)
+    .await?;
+    match handed.filter(|h| h.call_id == *call_id) {
+        Some(h) => lease_handed(tx, h, now).await,
+        None => Ok(()),
+    }
+}
+
+/// Leases the task `handed` names (inserted ready by the per-command path)
+/// to its worker, as a claim would, from the transition's clock `now`.
+async fn lease_handed(
+    tx: &mut Transaction<'static, Postgres>,
+    handed: &Handed,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "WITH clock AS MATERIALIZED (SELECT COALESCE($5::timestamptz, belay_now()) AS now)
+         UPDATE tasks t SET status = 'leased', attempt = $2, worker_id = $3,
+                lease_expires_at = clock.now + make_interval(secs => $4::float8 / 1000.0),
+                dispatched = $6, dispatched_attempt = CASE WHEN $6 THEN $2 END,
+                dispatched_at = CASE WHEN $6 THEN clock.now END, updated_at = clock.now
+         FROM clock WHERE t.task_id = $1",
+    )
+    .bind(handed.task_id)
+    .bind(HANDED_ATTEMPT)
+    .bind(&handed.worker_id)
+    .bind(handed.lease_ms as f64)
+    .bind(now)
+    .bind(handed.dispatched)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// The `tasks.status` a task ends with.
 fn task_end_status(end: &TaskEnd) -> &'static str {
     match end {
@@ -238,9 +346,10 @@ pub(super) async fn write_decision(
     after: &RunState,
     now: Option<chrono::DateTime<chrono::Utc>>,
     own: Option<(&str, Uuid)>,
+    handed: Option<&Handed>,
 ) -> Result<Wakes, StoreError> {
     let mut wakes = Wakes {
-        tasks: crate::transition::wakes_tasks(decision),
+        tasks: crate::transition::wakes_tasks(decision, handed.map(|h| h.call_id.as_str())),
         events: !decision.events.is_empty(),
         outbox: decision.commands.iter().any(|c| {
             matches!(
@@ -270,7 +379,7 @@ pub(super) async fn write_decision(
         let new_seq = last_seq + decision.events.len() as i64;
         // Any other decision writes its commands one at a time below, with
         // no task writes here.
-        let hot = TaskWrites::of(&decision.commands, own);
+        let hot = TaskWrites::of(&decision.commands, own, handed);
         commands_written = hot.is_some();
         let w = hot.unwrap_or_default();
         // Only the CTEs this decision needs are in the statement (at most 16
@@ -298,6 +407,13 @@ pub(super) async fn write_decision(
                 .bind(&w.schedule_safety)
                 .bind(&w.schedule_paused)
                 .bind(&w.schedule_requires);
+            if let Some(h) = w.handed {
+                query = query
+                    .bind(h.task_id)
+                    .bind(&h.worker_id)
+                    .bind(h.lease_ms as f64)
+                    .bind(h.dispatched);
+            }
         }
         if let Some((task_id, write)) = w.own {
             query = query.bind(task_id);
@@ -317,32 +433,8 @@ pub(super) async fn write_decision(
     };
     for command in commands {
         match command {
-            Command::ScheduleTask {
-                call_id,
-                kind,
-                spec,
-                idempotency_key,
-                repeat_safety,
-                runs_while_paused,
-                requires,
-            } => {
-                sqlx::query(
-                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
-                                        runs_while_paused, requires)
-                     VALUES ($1, $2, $3, $4, $5, 'ready', $6, $7, $8, $9, $10)",
-                )
-                .bind(Uuid::now_v7())
-                .bind(run_id)
-                .bind(tenant)
-                .bind(call_id)
-                .bind(kind.as_str())
-                .bind(spec)
-                .bind(idempotency_key)
-                .bind(repeat_safety.map(|r| r.as_str()))
-                .bind(runs_while_paused)
-                .bind(requires)
-                .execute(&mut **tx)
-                .await?;
+            Command::ScheduleTask { .. } => {
+                schedule_task(tx, run_id, tenant, command, handed, now).await?;
             }
             Command::RetryTask { call_id, delay_ms } => {
                 sqlx::query(
@@ -719,11 +811,46 @@ mod tests {
     }
 
     #[test]
+    fn a_handed_task_is_inserted_leased_with_its_parameters_before_the_own_tasks() {
+        let commands = end_then_schedule();
+        let own = Some(("a.t1", Uuid::nil()));
+        let handed = Handed {
+            task_id: Uuid::from_u128(7),
+            call_id: "a.m2".to_owned(),
+            worker_id: "w1".to_owned(),
+            lease_ms: 30_000,
+            dispatched: false,
+        };
+        let w = TaskWrites::of(&commands, own, Some(&handed)).expect("hot path");
+        assert_eq!(w.schedule_ids, [handed.task_id], "the handed task's id");
+        let sql = w.statement();
+        assert!(
+            sql.contains("CASE WHEN id = $19::uuid THEN 'leased' ELSE 'ready' END")
+                && sql.contains("$20::text")
+                && sql.contains("$21::float8")
+                && sql.contains("$22::bool"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("t.task_id = $23::uuid") && sql.contains("status = $24::text"),
+            "{sql}"
+        );
+        assert!(!sql.contains("$25"), "{sql}");
+        // Another call's task keeps a fresh id.
+        let other = Handed {
+            call_id: "a.m9".to_owned(),
+            ..handed
+        };
+        let w = TaskWrites::of(&commands, own, Some(&other)).expect("hot path");
+        assert_ne!(w.schedule_ids, [other.task_id]);
+    }
+
+    #[test]
     fn the_hot_path_takes_only_task_writes_on_different_calls() {
         // End one call, schedule the next: one statement.
         let commands = end_then_schedule();
         let own = Some(("a.t1", Uuid::nil()));
-        let w = TaskWrites::of(&commands, own).expect("hot path");
+        let w = TaskWrites::of(&commands, own, None).expect("hot path");
         assert_eq!(w.own, Some((Uuid::nil(), OwnWrite::End("completed"))));
         assert_eq!(w.schedule_calls, ["a.m2"]);
         assert_eq!(w.schedule_kinds, ["tool_call"]);
@@ -738,23 +865,23 @@ mod tests {
                 end: TaskEnd::Failed,
             },
         ];
-        assert!(TaskWrites::of(&twice, own).is_none());
+        assert!(TaskWrites::of(&twice, own, None).is_none());
         // Any other command: written one at a time.
         let other = vec![schedule("a.m2"), Command::CancelOpenTasks];
-        assert!(TaskWrites::of(&other, own).is_none());
+        assert!(TaskWrites::of(&other, own, None).is_none());
         // Ending a task other than the transition's own (or with none
         // locked): written one at a time, by its call id.
-        assert!(TaskWrites::of(&commands, Some(("a.t9", Uuid::nil()))).is_none());
-        assert!(TaskWrites::of(&commands, None).is_none());
+        assert!(TaskWrites::of(&commands, Some(("a.t9", Uuid::nil())), None).is_none());
+        assert!(TaskWrites::of(&commands, None, None).is_none());
         // No command at all: nothing for the tasks table.
-        assert!(TaskWrites::of(&[], None).is_some_and(|w| w.schedule_ids.is_empty()));
+        assert!(TaskWrites::of(&[], None, None).is_some_and(|w| w.schedule_ids.is_empty()));
     }
 
     #[test]
     fn the_statement_holds_only_the_needed_ctes_numbered_on_from_11() {
         let commands = end_then_schedule();
         let own = Some(("a.t1", Uuid::nil()));
-        let sql = TaskWrites::of(&commands, own)
+        let sql = TaskWrites::of(&commands, own, None)
             .expect("hot path")
             .statement();
         assert!(
@@ -773,7 +900,7 @@ mod tests {
             call_id: "a.t1".to_owned(),
             attempt: 2,
         }];
-        let sql = TaskWrites::of(&dispatch, own)
+        let sql = TaskWrites::of(&dispatch, own, None)
             .expect("hot path")
             .statement();
         assert!(
@@ -786,7 +913,7 @@ mod tests {
             call_id: "a.t1".to_owned(),
             delay_ms: 250,
         }];
-        let w = TaskWrites::of(&retry, own).expect("hot path");
+        let w = TaskWrites::of(&retry, own, None).expect("hot path");
         assert_eq!(w.own, Some((Uuid::nil(), OwnWrite::Retry(250.0))));
         let sql = w.statement();
         assert!(

@@ -84,7 +84,7 @@ impl Lite {
         for event in &decision.events {
             state.apply(event);
         }
-        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state).await?;
+        let wakes = write_decision(&mut tx, run_id, tenant, 0, decision, &state, None).await?;
         tx.commit().await?;
         self.send_wakes(run_id, wakes);
         let row = self

@@ -14,6 +14,7 @@ use super::gates::pass_tool_gates;
 use super::tool_cache::serve_from_cache;
 use super::write_decision::write_decision;
 use super::{Lite, NOW};
+use crate::hand_off::{HandOff, claimed, hand_off};
 use crate::rows::{StoreError, TaskRow};
 use crate::transition::{Applied, StateCache, Target, TransitionError};
 use belay_machine::gates::GateVerdict;
@@ -23,6 +24,7 @@ impl Lite {
     pub(crate) async fn transition_at<E, F>(
         &self,
         target: Target,
+        hand: Option<&HandOff<'_>>,
         mut decide: F,
     ) -> Result<Applied, TransitionError<E>>
     where
@@ -84,7 +86,7 @@ impl Lite {
                 let mut row = row.ok_or_else(|| StoreError::NotFound(format!("task {task_id}")))?;
                 // The tenant's grants for the permission check at dispatch,
                 // in the same transaction (an embedded read, no round trip).
-                if dispatch {
+                if dispatch || hand.is_some() {
                     let grants: Option<(Value,)> =
                         sqlx::query_as("SELECT grants FROM tenants WHERE tenant = ?1")
                             .bind(&tenant)
@@ -130,14 +132,28 @@ impl Lite {
                 return Err(e);
             }
         };
-        let decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
+        let mut decision = serve_from_cache(&mut tx, &tenant, &state, decision).await?;
         let mut after = state;
         let ended_nodes = crate::transition::apply_events(&mut after, &decision.events);
-        let mut wakes =
-            write_decision(&mut tx, run_id, &tenant, last_seq, &decision, &after).await?;
+        let grants = task
+            .as_ref()
+            .map(|t| t.tenant_grants.as_slice())
+            .unwrap_or_default();
+        let handed = hand.and_then(|h| hand_off(h, &tenant, grants, &mut decision, &mut after));
+        let mut wakes = write_decision(
+            &mut tx,
+            run_id,
+            &tenant,
+            last_seq,
+            &decision,
+            &after,
+            handed.as_ref(),
+        )
+        .await?;
         tx.commit().await.map_err(StoreError::from)?;
         let secrets = std::mem::take(&mut wakes.secrets);
         self.send_wakes(run_id, wakes);
+        let handed = handed.and_then(|h| claimed(&h, &decision, run_id, &tenant));
         let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
@@ -148,6 +164,7 @@ impl Lite {
             trace: after.trace.clone(),
             now,
             ended_nodes,
+            handed,
         };
         self.cache().put(run_id, after);
         Ok(applied)

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::gates::record_tool_outcome;
 use super::outbox::insert_outbox;
 use super::{NOW, now_plus_ms, ts};
+use crate::hand_off::{HANDED_ATTEMPT, Handed, scheduled_task_id};
 use crate::rows::{StoreError, TOOL_CACHE_COLUMNS};
 use crate::transition::Wakes;
 use belay_machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
@@ -19,8 +20,77 @@ use belay_machine::{Command, Decision, RunState, SealedSecret, TaskEnd};
 const NEWEST_RECORD: &str = "(SELECT uncertain_id FROM uncertain_outcomes
      WHERE run_id = ?1 AND call_id = ?2 ORDER BY occurrence DESC LIMIT 1)";
 
+/// Inserts the task a [`Command::ScheduleTask`] asks for, ready, or
+/// leased when it is the `handed` one. Returns whether it is ready (a
+/// claimer may want waking).
+async fn schedule_task(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: Uuid,
+    tenant: &str,
+    command: &Command,
+    handed: Option<&Handed>,
+) -> Result<bool, StoreError> {
+    let Command::ScheduleTask {
+        call_id,
+        kind,
+        spec,
+        idempotency_key,
+        repeat_safety,
+        runs_while_paused,
+        requires,
+    } = command
+    else {
+        return Ok(false);
+    };
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
+             runs_while_paused, requires, available_at, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9, ?10, {NOW}, {NOW}, {NOW})"
+    )))
+    .bind(scheduled_task_id(call_id, handed))
+    .bind(run_id)
+    .bind(tenant)
+    .bind(call_id)
+    .bind(kind.as_str())
+    .bind(spec)
+    .bind(idempotency_key)
+    .bind(repeat_safety.map(|r| r.as_str()))
+    .bind(runs_while_paused)
+    .bind(Value::from(requires.clone()))
+    .execute(&mut **tx)
+    .await?;
+    match handed.filter(|h| h.call_id == *call_id) {
+        Some(h) => lease_handed(tx, h).await.map(|()| false),
+        None => Ok(true),
+    }
+}
+
+/// Leases the just inserted task `handed` names to its worker, as a claim
+/// would ([`crate::hand_off`]).
+async fn lease_handed(
+    tx: &mut Transaction<'static, Sqlite>,
+    handed: &Handed,
+) -> Result<(), StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE tasks SET status = 'leased', attempt = ?2, worker_id = ?3, lease_expires_at = {lease},
+                dispatched = ?5, dispatched_attempt = CASE WHEN ?5 THEN ?2 END,
+                dispatched_at = CASE WHEN ?5 THEN {NOW} END, updated_at = {NOW}
+         WHERE task_id = ?1",
+        lease = now_plus_ms(4)
+    )))
+    .bind(handed.task_id)
+    .bind(HANDED_ATTEMPT)
+    .bind(&handed.worker_id)
+    .bind(handed.lease_ms as f64)
+    .bind(handed.dispatched)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Append the decision's events after `last_seq`, perform its commands, and
-/// update the run row from the state `after` the events.
+/// update the run row from the state `after` the events. `handed`: the
+/// scheduled task to write leased to the reporting worker.
 pub(super) async fn write_decision(
     tx: &mut Transaction<'static, Sqlite>,
     run_id: Uuid,
@@ -28,9 +98,11 @@ pub(super) async fn write_decision(
     last_seq: i64,
     decision: &Decision,
     after: &RunState,
+    handed: Option<&Handed>,
 ) -> Result<Wakes, StoreError> {
+    let handed_call = handed.map(|h| h.call_id.as_str());
     let mut wakes = Wakes {
-        tasks: crate::transition::wakes_tasks(decision),
+        tasks: crate::transition::wakes_tasks(decision, handed_call),
         events: !decision.events.is_empty(),
         outbox: false,
         secrets: Vec::new(),
@@ -51,33 +123,8 @@ pub(super) async fn write_decision(
     }
     for command in &decision.commands {
         match command {
-            Command::ScheduleTask {
-                call_id,
-                kind,
-                spec,
-                idempotency_key,
-                repeat_safety,
-                runs_while_paused,
-                requires,
-            } => {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO tasks (task_id, run_id, tenant, call_id, kind, status, spec, idempotency_key, repeat_safety,
-                         runs_while_paused, requires, available_at, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'ready', ?6, ?7, ?8, ?9, ?10, {NOW}, {NOW}, {NOW})"
-                )))
-                .bind(Uuid::now_v7())
-                .bind(run_id)
-                .bind(tenant)
-                .bind(call_id)
-                .bind(kind.as_str())
-                .bind(spec)
-                .bind(idempotency_key)
-                .bind(repeat_safety.map(|r| r.as_str()))
-                .bind(runs_while_paused)
-                .bind(Value::from(requires.clone()))
-                .execute(&mut **tx)
-                .await?;
-                wakes.tasks = true;
+            Command::ScheduleTask { .. } => {
+                wakes.tasks |= schedule_task(tx, run_id, tenant, command, handed).await?;
             }
             Command::RetryTask { call_id, delay_ms } => {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
