@@ -143,14 +143,19 @@ impl TaskWrites<'_> {
     /// kinds, payloads, `$9` tenant), updates the run row (`$5..$8`), with
     /// the clock `$10`, and writes the tasks: the CTEs of the non-empty
     /// kinds only, their parameters numbered on from `$11` in the order
-    /// schedule (7), then the own task's update (2: its id, and the
+    /// schedule (8, and 4 more with a handed task: its id, worker, lease
+    /// ms, dispatched), then the own task's update (2: its id, and the
     /// retry's backoff ms, the dispatch's attempt or the end's status).
+    /// Every time written is the clock CTE's: the events' `recorded_at`
+    /// default, `belay_now()`, ran once per event row (an index scan of
+    /// `belay_clock` each: 9.4 a loop step in belay-bench).
     fn statement(&self) -> String {
         let mut sql = String::from(
             "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
              ins AS (
-                 INSERT INTO events (run_id, seq, kind, payload, tenant)
-                 SELECT $1, s, k, p, $9 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p)),
+                 INSERT INTO events (run_id, seq, kind, payload, tenant, recorded_at)
+                 SELECT $1, s, k, p, $9, clock.now
+                 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p), clock),
              upd AS (
                  UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
                         updated_at = (SELECT now FROM clock)
