@@ -933,19 +933,17 @@ impl WorkerService for Api {
                 next,
             )
             .await?;
-        let tasks = match handed {
+        let mut tasks = match handed {
             Some(claimed) => self.task_messages(&worker, claimed, received).await,
-            None => {
-                self.claim_next(
-                    &p,
-                    &r.worker_id,
-                    r.claim_next,
-                    r.capabilities.as_ref(),
-                    received,
-                )
-                .await
-            }
+            None => Vec::new(),
         };
+        // The rest of `claim_next` (all of it when nothing was handed) is
+        // claimed as `ClaimTasks` claims.
+        let rest = r.claim_next.saturating_sub(tasks.len() as u32);
+        tasks.extend(
+            self.claim_next(&p, &r.worker_id, rest, r.capabilities.as_ref(), received)
+                .await,
+        );
         Ok(Response::new(v1::CompleteTaskResponse { tasks }))
     }
 

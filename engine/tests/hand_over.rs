@@ -226,6 +226,32 @@ async fn the_next_idempotent_step_is_leased_and_dispatched_in_the_reports_transi
         .windows(2)
         .any(|w| w[1].1 == "tool_call_dispatched" && w[1].2 == dispatched[1].2 && w[0].2 == w[1].2);
     assert!(scheduled_then_dispatched, "{events:?}");
+    if backend == Backend::Postgres {
+        // Every event of one transition carries its clock: the next call's
+        // dispatch was recorded by the completion's transaction, not by a
+        // claim after it.
+        let rows = f
+            .coord
+            .store()
+            .list_events(run, 0, 1_000)
+            .await
+            .expect("events");
+        let at = |kind: &str, call: &str| {
+            rows.iter()
+                .find(|e| e.kind == kind && e.payload["call_id"] == call)
+                .map(|e| e.recorded_at)
+                .expect("event")
+        };
+        assert_eq!(
+            at("tool_call_completed", "first.t1"),
+            at("tool_call_dispatched", &dispatched[1].2)
+        );
+        assert_ne!(
+            at("tool_call_dispatched", "first.t1"),
+            at("tool_call_completed", "first.t1"),
+            "the first call's dispatch was a transaction of its own"
+        );
+    }
     // The handed task's fencing token is the one a claim would give.
     let after = f.complete("w1", second, OK, any()).await;
     assert!(after.is_empty(), "the run has no step left");
@@ -236,18 +262,31 @@ async fn the_next_idempotent_step_is_leased_and_dispatched_in_the_reports_transi
     f.stop().await;
 }
 
-async fn a_report_from_another_attempt_cannot_complete_the_handed_step(backend: Backend) {
+async fn only_its_worker_and_attempt_can_complete_the_handed_step(backend: Backend) {
     let f = Fixture::start(backend).await;
     f.run("two").await;
     let first = f.claim_dispatched("w1").await;
-    let mut second = f.complete("w1", &first, OK, any()).await.remove(0);
-    second.attempt = 2;
+    let second = f.complete("w1", &first, OK, any()).await.remove(0);
+    let id = second.task_id.to_string();
     let refused = f
         .coord
-        .complete("w1", &second.task_id.to_string(), 2, OK)
+        .complete("w1", &id, 2, OK)
         .await
         .expect_err("attempt 2 does not hold the task");
     assert!(refused.to_string().contains("attempt"), "{refused}");
+    let refused = f
+        .coord
+        .complete("w2", &id, 1, OK)
+        .await
+        .expect_err("w2 does not hold the task");
+    assert!(
+        refused.to_string().contains("leased by another worker"),
+        "{refused}"
+    );
+    f.coord
+        .complete("w1", &id, 1, OK)
+        .await
+        .expect("its holder completes it");
     f.stop().await;
 }
 
@@ -289,10 +328,6 @@ async fn a_never_step_is_left_for_a_claim_that_dispatches_it_when_asked(backend:
     assert!(f.complete("w1", &first, OK, any()).await.is_empty());
     let once = f.claim("w2").await;
     assert_eq!(once.len(), 1, "ready for any claim");
-    assert!(
-        !once[0].dispatched,
-        "a `never` call is dispatched when asked"
-    );
     assert_eq!(f.dispatches(run).await, 1, "only the first step's");
     f.stop().await;
 }
@@ -341,7 +376,6 @@ async fn a_step_whose_grant_was_withdrawn_is_refused_at_its_dispatch(backend: Ba
     assert!(f.complete("w1", &first, OK, any()).await.is_empty());
     let second = f.claim("w2").await;
     assert_eq!(second.len(), 1);
-    assert!(!second[0].dispatched);
     let refused = f
         .coord
         .dispatch("w2", &second[0].task_id.to_string(), 1)
@@ -357,7 +391,7 @@ async fn a_step_whose_grant_was_withdrawn_is_refused_at_its_dispatch(backend: Ba
 
 on_both_backends!(
     the_next_idempotent_step_is_leased_and_dispatched_in_the_reports_transition,
-    a_report_from_another_attempt_cannot_complete_the_handed_step,
+    only_its_worker_and_attempt_can_complete_the_handed_step,
     a_model_call_is_handed_leased_not_dispatched,
     a_never_step_is_left_for_a_claim_that_dispatches_it_when_asked,
     a_step_the_worker_may_not_take_is_left_ready,

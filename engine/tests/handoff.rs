@@ -3,6 +3,7 @@
 //! the run's next step, leased to it at attempt 1, in the same reply (a
 //! claim afterwards finds nothing); without `claim_next` (a worker older
 //! than it) nothing is handed out and the next step waits for a claim; a
+//! report asking for two gets its run's next step and another ready one; a
 //! worker key of another tenant is handed none of this tenant's tasks; a
 //! report refused (a stale attempt) claims nothing. And the dispatch that
 //! rides on the claim: an `idempotent` HTTP call is handed out already
@@ -282,6 +283,29 @@ async fn a_report_hands_over_the_runs_next_step(backend: Backend) {
     f.stop().await;
 }
 
+async fn a_report_asking_for_two_gets_its_runs_next_step_and_another_ready_one(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let first_run = f.start_run("a", &client).await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    let other_run = f.start_workflow("a", &client, "once").await;
+    let handed = worker
+        .complete_task(completion("w1", &first[0], 2))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    let runs: Vec<&str> = handed.iter().map(|t| t.run_id.as_str()).collect();
+    assert_eq!(
+        runs,
+        [first_run.as_str(), other_run.as_str()],
+        "the run's next step, handed by its transition, then the claim's"
+    );
+    assert!(handed[0].dispatched && !handed[1].dispatched, "{handed:?}");
+    f.stop().await;
+}
+
 async fn a_report_without_claim_next_hands_over_nothing(backend: Backend) {
     let f = Fixture::start(backend).await;
     let client = f.key("a", Role::Client).await;
@@ -454,6 +478,7 @@ async fn a_grant_withdrawn_before_the_claim_is_refused_there(backend: Backend) {
 on_both_backends!(
     a_report_hands_over_the_runs_next_step,
     a_report_without_claim_next_hands_over_nothing,
+    a_report_asking_for_two_gets_its_runs_next_step_and_another_ready_one,
     another_tenants_worker_is_handed_none_of_this_tenants_steps,
     a_refused_report_claims_nothing,
     an_idempotent_call_is_handed_out_dispatched,

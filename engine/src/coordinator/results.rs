@@ -196,18 +196,7 @@ impl Coordinator {
             .get(belay_proto::wire::MODEL_PROVIDER_FIELD)
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned);
-        let hand = match next {
-            Some(filter) if !self.claims_stopped() => {
-                self.note_worker(worker_id, filter).await?;
-                Some(HandOff {
-                    worker_id,
-                    lease_ms: self.config.lease_ms as i64,
-                    filter,
-                    dispatch_tool_calls: self.config.dispatch_with_claim,
-                })
-            }
-            _ => None,
-        };
+        let hand = self.hand_off_for(worker_id, next).await;
         let began = tokio::time::Instant::now();
         let applied = self
             .transition_task_handing(task, provider.as_deref(), hand.as_ref(), |state, row| {
@@ -331,11 +320,36 @@ impl Coordinator {
             .await?;
         tracing::info!(%task, attempt, worker_id, "task completed");
         Ok(applied.handed.map(|t| {
-            tracing::debug!(task_id = %t.task_id, attempt = t.attempt, worker_id, "task handed over with the report");
+            tracing::info!(
+                task_id = %t.task_id, attempt = t.attempt, worker_id, dispatched = t.dispatched,
+                "task handed over with the report"
+            );
             let tasks = vec![t];
             self.metrics.claimed(&tasks);
             Claimed { tasks, began }
         }))
+    }
+
+    /// What a report that asks for its next task (`next`, its claim's
+    /// filter) asks of its transition: nothing while claims are stopped
+    /// (shutting down), or when the worker's liveness record fails (logged:
+    /// the report is recorded all the same, and nothing is handed).
+    async fn hand_off_for<'a>(
+        &self,
+        worker_id: &'a str,
+        next: Option<ClaimFilter<'a>>,
+    ) -> Option<HandOff<'a>> {
+        let filter = next.filter(|_| !self.claims_stopped())?;
+        if let Err(e) = self.note_worker(worker_id, filter).await {
+            tracing::warn!(worker_id, error = %e, "recording the worker failed; its report hands over nothing");
+            return None;
+        }
+        Some(HandOff {
+            worker_id,
+            lease_ms: self.config.lease_ms as i64,
+            filter,
+            dispatch_tool_calls: self.config.dispatch_with_claim,
+        })
     }
 
     /// Record a task's failure.
