@@ -4,7 +4,9 @@
 //! to its worker at attempt 1 and dispatched, written by the same
 //! transition (its `tool_call_dispatched` right after the completion's
 //! events, no claim between), and leased so that no other worker can
-//! claim it; a model call is handed leased, not dispatched; a `never`
+//! claim it; a handed lease that expires is judged as any (the call
+//! retried at attempt 2 with its key); a model call is handed leased, not
+//! dispatched; a `never`
 //! step, a step the worker's capabilities do not cover, another tenant's
 //! step, and a step whose grant was withdrawn are handed nothing and stay
 //! ready for a claim (the last one refused when its worker asks for its
@@ -290,6 +292,39 @@ async fn only_its_worker_and_attempt_can_complete_the_handed_step(backend: Backe
     f.stop().await;
 }
 
+async fn a_handed_lease_that_expires_is_judged_and_the_call_retried_with_its_key(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let run = f.run("two").await;
+    let first = f.claim_dispatched("w1").await;
+    // The worker never learns of the handed task (its reply was lost).
+    let lost = f.complete("w1", &first, OK, any()).await.remove(0);
+    f.coord
+        .store()
+        .expire_task_timers(Some(lost.task_id))
+        .await
+        .expect("expire");
+    assert_eq!(f.coord.sweep_expired_leases().await.expect("sweep"), 1);
+    let events = f.events(run).await;
+    assert_eq!(
+        events.last().map(|e| (e.1.as_str(), e.2.as_str())),
+        Some(("task_lease_expired", "second.t1")),
+        "{events:?}"
+    );
+    // Its retry delay, waited out.
+    f.coord
+        .store()
+        .expire_task_timers(Some(lost.task_id))
+        .await
+        .expect("ready now");
+    let again = f.claim("w2").await.remove(0);
+    assert_eq!((again.task_id, again.attempt), (lost.task_id, 2));
+    assert_eq!(again.idempotency_key, lost.idempotency_key);
+    assert!(f.complete("w2", &again, OK, any()).await.is_empty());
+    let events = f.events(run).await;
+    assert_eq!(events.last().map(|e| e.1.as_str()), Some("run_completed"));
+    f.stop().await;
+}
+
 async fn a_model_call_is_handed_leased_not_dispatched(backend: Backend) {
     let f = Fixture::start(backend).await;
     let run = f.run("agent").await;
@@ -393,6 +428,7 @@ on_both_backends!(
     the_next_idempotent_step_is_leased_and_dispatched_in_the_reports_transition,
     only_its_worker_and_attempt_can_complete_the_handed_step,
     a_model_call_is_handed_leased_not_dispatched,
+    a_handed_lease_that_expires_is_judged_and_the_call_retried_with_its_key,
     a_never_step_is_left_for_a_claim_that_dispatches_it_when_asked,
     a_step_the_worker_may_not_take_is_left_ready,
     another_tenants_step_is_left_ready,
