@@ -590,10 +590,7 @@ impl Store {
     where
         F: FnOnce(&RunState, Option<&TaskRow>) -> Result<Decision, E>,
     {
-        let target = Target::Task(task_id);
-        let decide = decide_once(decide);
-        let applied = on_backend!(self, b => b.transition_at(target, None, decide).await);
-        self.observed(applied)
+        self.transition_task_handing(task_id, None, decide).await
     }
 
     /// [`Store::transition_task`] for a worker's report that asks for the
