@@ -231,8 +231,10 @@ fn per_call(n: u32, mut f: impl FnMut()) -> f64 {
 
 /// What an evaluation costs in process and in the sandbox (one evaluator
 /// process of the real `belay-engine` binary): an expression, a template
-/// of three, over a small and a 100 KB state document. Prints the figures;
-/// asserts only that both give the same values.
+/// of three, over a small and a 100 KB state document; and the same
+/// written in the part of jq the engine evaluates directly (no sandbox:
+/// `expr/direct.rs`). Prints the figures; asserts only that all give the
+/// same values.
 #[test]
 fn sandboxed_evaluation_cost() -> Result<()> {
     let small = json!({"input": {"email": "ada@example.com", "n": 3}, "nodes": {}, "vars": {}});
@@ -241,17 +243,35 @@ fn sandboxed_evaluation_cost() -> Result<()> {
         .collect();
     let large = json!({"input": {"email": "ada@example.com", "n": 3}, "nodes": {"list": {"output": rows}}, "vars": {}});
     ensure!(serde_json::to_vec(&large)?.len() > 50_000);
-    let expr = Expr::parse(".input.n + 1")?;
-    let template = Template::parse(&json!({
-        "to": "${ .input.email }",
-        "subject": "Hello ${ .input.n }",
-        "count": "${ .input.n * 2 }",
-    }))
-    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let measure = |label: &str| -> Result<Vec<(String, f64)>> {
+    let template = |to: &str, subject: &str, count: &str| {
+        Template::parse(&json!({"to": to, "subject": subject, "count": count}))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+    };
+    // Calls (`tostring`, `add`, `ascii_downcase`) are jaq's alone.
+    let jaq = (
+        Expr::parse(".input.n | tostring")?,
+        template(
+            "${ .input.email | ascii_downcase }",
+            "Hello ${ .input.n | tostring }",
+            "${ [.input.n, .input.n] | add }",
+        )?,
+        json!("3"),
+    );
+    let direct = (
+        Expr::parse(".input.n + 1")?,
+        template(
+            "${ .input.email }",
+            "Hello ${ .input.n }",
+            "${ .input.n * 2 }",
+        )?,
+        json!(4),
+    );
+    let measure = |label: &str,
+                   (expr, template, value): &(Expr, Template, Value)|
+     -> Result<Vec<(String, f64)>> {
         let mut figures = Vec::new();
         for (state_name, state, n) in [("small", &small, 2000), ("100 KB", &large, 300)] {
-            ensure!(expr.eval(state)? == json!(4));
+            ensure!(expr.eval(state)? == *value);
             let expected = json!({"to": "ada@example.com", "subject": "Hello 3", "count": 6});
             ensure!(template.render(state).map_err(|e| anyhow::anyhow!("{e}"))? == expected);
             figures.push((
@@ -275,17 +295,18 @@ fn sandboxed_evaluation_cost() -> Result<()> {
         println!("the sandbox was enabled by another test: no in-process figures");
         Vec::new()
     } else {
-        measure("in process")?
+        measure("in process", &jaq)?
     };
     belay_engine::expr_sandbox::enable_sandbox_with(belay_tests::bin("belay-engine")?);
     ensure!(belay_engine::expr_sandbox::sandbox_enabled());
     // The first evaluation starts the evaluator.
     let started = Instant::now();
-    ensure!(expr.eval(&small)? == json!(4));
+    ensure!(jaq.0.eval(&small)? == json!("3"));
     let first_ms = started.elapsed().as_secs_f64() * 1e3;
-    let sandboxed = measure("sandboxed")?;
+    let sandboxed = measure("sandboxed", &jaq)?;
+    let directly = measure("direct (sandbox on)", &direct)?;
     println!("expression evaluation cost (mean per call):");
-    for (label, us) in in_process.iter().chain(&sandboxed) {
+    for (label, us) in in_process.iter().chain(&sandboxed).chain(&directly) {
         println!("  {label:<45} {us:>9.1} µs");
     }
     println!("  first sandboxed call (starts the evaluator) {first_ms:>9.1} ms");
