@@ -94,9 +94,10 @@
 //!
 //! Before either, an expression written in a small part of jq (paths of
 //! literal keys, literals, `[…]`, `{…}`, `|`, `//`, `and`, `or`, `not`,
-//! integer `+ - *`, string `+`, comparisons, `if`; at most 64 nodes) is
-//! evaluated straight over the state, in the calling process, with no
-//! loop, generator or call to run away and its allocations charged
+//! `length`, integer `+ - *`, string `+`, comparisons, `if`; at most 64
+//! nodes) is evaluated straight over the state, in the calling process,
+//! with no loop, generator or definition to run away and its allocations
+//! charged
 //! (`direct.rs`, whose module doc proves the bound). It answers only with
 //! the value jaq would give, checked against jaq over generated
 //! expressions and states; anything else, every error included, goes on

@@ -11,7 +11,7 @@
 //! indices (`.a."b"[0][-1]`, no `?`, no slices, no `[]`); `null`, `true`,
 //! `false`, integer and plain string literals; `[a, b, ...]` and
 //! `{k: v, k}` with literal keys; `|` without a binding; `//`; `and`,
-//! `or`, `not`; `+`, `-`, `*`, unary `-`; the six comparisons;
+//! `or`, `not`, `length`; `+`, `-`, `*`, unary `-`; the six comparisons;
 //! `if … then … elif … else … end`. At most [`MAX_NODES`] nodes. The rest
 //! (definitions, variables, generators, folds, `try`, library calls,
 //! formats, interpolation) is left to jaq.
@@ -30,8 +30,9 @@
 //! # Why it may run in the engine
 //!
 //! The sandbox (parent module doc) exists because jaq can be made to loop
-//! or allocate without bound. Here there is no loop, recursion, call or
-//! generator: each node is evaluated at most once per evaluation. Values
+//! or allocate without bound. Here there is no loop, recursion, definition
+//! or generator (`not` and `length` are the only library filters, both
+//! linear): each node is evaluated at most once per evaluation. Values
 //! refer into the state instead of copying it, and a value made by `[…]`
 //! or `{…}` is a few words per element, so one evaluation makes at most a
 //! few thousand of them (a value can at most double per `|`, as in
@@ -75,6 +76,7 @@ enum Node {
     And(Box<Node>, Box<Node>),
     Or(Box<Node>, Box<Node>),
     Not,
+    Length,
     Neg(Box<Node>),
     Math(Arith, Box<Node>, Box<Node>),
     Cmp(Cmp, Box<Node>, Box<Node>),
@@ -137,6 +139,7 @@ fn node(term: &Term<&str>, left: &mut usize) -> Option<Node> {
             "true" => Node::Literal(Literal::Bool(true)),
             "false" => Node::Literal(Literal::Bool(false)),
             "not" => Node::Not,
+            "length" => Node::Length,
             _ => return None,
         },
         Term::Arr(None) => Node::Array(Vec::new()),
@@ -387,6 +390,7 @@ impl Eval {
                 V::Bool(self.node(l, input)?.truthy() || self.node(r, input)?.truthy())
             }
             Node::Not => V::Bool(!input.truthy()),
+            Node::Length => length(input)?,
             Node::Neg(inner) => match self.node(inner, input)?.scalar() {
                 Scalar::Int(i) => V::Int(i.checked_neg()?),
                 _ => return None,
@@ -430,6 +434,26 @@ impl Eval {
     }
 }
 
+/// jq's `length` (jaq-json's `Val::length`): 0 of `null`, the absolute
+/// value of an integer, the characters of a string, the elements of an
+/// array or object; `None` for the rest (a boolean fails, a float is left
+/// to jaq).
+fn length<'a>(value: &V<'a>) -> Option<V<'a>> {
+    let count = |n: usize| i64::try_from(n).ok().map(V::Int);
+    match value {
+        V::Ref(Value::Array(items)) => count(items.len()),
+        V::Array(items) => count(items.len()),
+        V::Ref(Value::Object(map)) => count(map.len()),
+        V::Object(map) => count(map.len()),
+        other => match other.scalar() {
+            Scalar::Null => Some(V::Int(0)),
+            Scalar::Int(i) => i.checked_abs().map(V::Int),
+            Scalar::Str(s) => count(s.chars().count()),
+            Scalar::Bool(_) | Scalar::Other => None,
+        },
+    }
+}
+
 /// jq's order of two scalars of the types compared here (null < false <
 /// true < numbers < strings); `None` for anything else.
 fn order(l: Scalar<'_>, r: Scalar<'_>) -> Option<Ordering> {
@@ -463,6 +487,7 @@ fn compare(cmp: Cmp, ordering: Ordering) -> bool {
 // ---------------------------------------------------------------------
 // The result as JSON, charged as jaq's results are (`val_to_json`).
 
+/// The value as JSON; `None` where jaq's conversion would fail.
 fn materialize(value: &V<'_>, depth: usize, left: &mut usize) -> Option<Value> {
     match value {
         V::Ref(value) => copy(value, depth, left),
@@ -473,62 +498,58 @@ fn materialize(value: &V<'_>, depth: usize, left: &mut usize) -> Option<Value> {
             charge(left, json_string_len(s)).ok()?;
             Some(Value::String(s.as_ref().to_owned()))
         }
-        V::Array(items) => {
-            let depth = nested(depth)?;
-            charge(left, items.len().max(1) + 1).ok()?;
-            items
-                .iter()
-                .map(|item| materialize(item, depth, left))
-                .collect::<Option<_>>()
-                .map(Value::Array)
-        }
-        V::Object(map) => {
-            let depth = nested(depth)?;
-            charge(left, object_punctuation(map.len())).ok()?;
-            let mut out = Map::new();
-            for (key, item) in map {
-                charge(left, json_string_len(key)).ok()?;
-                out.insert((*key).to_owned(), materialize(item, depth, left)?);
-            }
-            Some(Value::Object(out))
-        }
+        V::Array(items) => array(items, depth, left, materialize),
+        V::Object(map) => object(map.iter().map(|(k, v)| (*k, v)), depth, left, materialize),
     }
 }
 
 /// A copy of a part of the state, charged as it is made, so a copy past
 /// the budget stops early.
 fn copy(value: &Value, depth: usize, left: &mut usize) -> Option<Value> {
+    let scalar = |bytes: usize, left: &mut usize| charge(left, bytes).ok();
     match value {
-        Value::Null => charge(left, 4).ok().map(|()| Value::Null),
-        Value::Bool(b) => charge(left, if *b { 4 } else { 5 })
-            .ok()
-            .map(|()| Value::Bool(*b)),
-        Value::Number(n) => charge(left, n.to_string().len())
-            .ok()
-            .map(|()| Value::Number(n.clone())),
-        Value::String(s) => charge(left, json_string_len(s))
-            .ok()
-            .map(|()| Value::String(s.clone())),
-        Value::Array(items) => {
-            let depth = nested(depth)?;
-            charge(left, items.len().max(1) + 1).ok()?;
-            items
-                .iter()
-                .map(|item| copy(item, depth, left))
-                .collect::<Option<_>>()
-                .map(Value::Array)
-        }
-        Value::Object(map) => {
-            let depth = nested(depth)?;
-            charge(left, object_punctuation(map.len())).ok()?;
-            let mut out = Map::new();
-            for (key, item) in map {
-                charge(left, json_string_len(key)).ok()?;
-                out.insert(key.clone(), copy(item, depth, left)?);
-            }
-            Some(Value::Object(out))
-        }
+        Value::Null => scalar(4, left).map(|()| Value::Null),
+        Value::Bool(b) => scalar(if *b { 4 } else { 5 }, left).map(|()| Value::Bool(*b)),
+        Value::Number(n) => scalar(n.to_string().len(), left).map(|()| Value::Number(n.clone())),
+        Value::String(s) => scalar(json_string_len(s), left).map(|()| Value::String(s.clone())),
+        Value::Array(items) => array(items, depth, left, copy),
+        Value::Object(map) => object(map.iter().map(|(k, v)| (k.as_str(), v)), depth, left, copy),
     }
+}
+
+/// An array of `items`, each converted by `each`, charged as `val_to_json`
+/// charges one (brackets and commas first).
+fn array<T>(
+    items: &[T],
+    depth: usize,
+    left: &mut usize,
+    each: fn(&T, usize, &mut usize) -> Option<Value>,
+) -> Option<Value> {
+    let depth = nested(depth)?;
+    charge(left, items.len().max(1) + 1).ok()?;
+    items
+        .iter()
+        .map(|item| each(item, depth, left))
+        .collect::<Option<_>>()
+        .map(Value::Array)
+}
+
+/// An object of `entries`, each value converted by `each`, charged as
+/// `val_to_json` charges one (punctuation first, then each key).
+fn object<'e, T: 'e>(
+    entries: impl ExactSizeIterator<Item = (&'e str, &'e T)>,
+    depth: usize,
+    left: &mut usize,
+    each: fn(&T, usize, &mut usize) -> Option<Value>,
+) -> Option<Value> {
+    let depth = nested(depth)?;
+    charge(left, object_punctuation(entries.len())).ok()?;
+    let mut out = Map::new();
+    for (key, item) in entries {
+        charge(left, json_string_len(key)).ok()?;
+        out.insert(key.to_owned(), each(item, depth, left)?);
+    }
+    Some(Value::Object(out))
 }
 
 /// Braces, commas and colons of an object of `len` entries.

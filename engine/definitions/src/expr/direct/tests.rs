@@ -42,6 +42,7 @@ fn the_benchmark_and_example_expressions_are_direct() {
         r#"{"a b": 1, c: [1, 2, .x]}"#,
         ".a | not",
         "-(.a) * 2",
+        ".items | length > 0",
     ] {
         assert_eq!(direct(source), Some(true), "{source}");
     }
@@ -56,7 +57,8 @@ fn the_rest_of_jq_is_left_to_jaq() {
         "def f: 1; f",
         ".a as $x | $x",
         "range(3)",
-        "length",
+        "ascii_downcase",
+        "tostring",
         r#""n=\(.n)""#,
         "@base64",
         "1.5",
@@ -106,6 +108,11 @@ fn values_are_jaqs() {
             json!(true),
         ),
         ("if .missing then 1 end", state.clone()),
+        (".items | length", json!(3)),
+        (
+            r#"(.s | length) + ("\u00e9\u00e9" | length) + (null | length) + (-4 | length)"#,
+            json!(8),
+        ),
     ] {
         assert_eq!(eval_direct(source, &state), Some(want.clone()), "{source}");
         assert_eq!(jaq(source, &state).unwrap(), want, "{source}");
