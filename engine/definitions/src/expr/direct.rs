@@ -33,18 +33,21 @@
 //! or allocate without bound. Here there is no loop, recursion, definition
 //! or generator (`not` and `length` are the only library filters, both
 //! linear): each node is evaluated at most once per evaluation. Values
-//! refer into the state instead of copying it, and a value made by `[…]`
-//! or `{…}` is a few words per element, so one evaluation makes at most a
-//! few thousand of them (a value can at most double per `|`, as in
-//! `[., .] | [., .] | …`, and [`MAX_NODES`] bounds the `|`s). Strings made
-//! by `+` count against [`MAX_BUILT_BYTES`], and the result is copied out
-//! of the state against the [`super::MAX_VALUE_BYTES`] that jaq's results
-//! are held to, charged as it is copied. A budget exceeded is `None`: jaq
-//! decides, in the sandbox.
+//! refer into the state instead of copying it, and a value the expression
+//! made is shared, never copied, when it is used again (`[., ., .]` holds
+//! three references to one value), so an evaluation allocates a few words
+//! per node plus the strings `+` builds, which count against
+//! [`MAX_BUILT_BYTES`]. The result is copied out against the
+//! [`super::MAX_VALUE_BYTES`] that jaq's results are held to, charged
+//! before each part is written: a part shared many times over is charged
+//! each time it is written, and every part charges at least a byte, so
+//! the copy stops within the budget (a string past it is refused by its
+//! length, unread). A budget exceeded is `None`: jaq decides, in the
+//! sandbox.
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use jaq_core::load::lex::StrPart;
 use jaq_core::load::parse::{BinaryOp, Term};
@@ -267,16 +270,21 @@ fn plain_string(parts: &[StrPart<&str, Term<&str>>]) -> Option<String> {
 // Evaluating.
 
 /// A value while the expression is evaluated: a part of the state, or one
-/// the expression made.
+/// the expression made. Cloning one is O(1) (a value used twice, as in
+/// `[., .]`, is shared, never copied), so what an evaluation allocates is
+/// bounded by its nodes and by the strings `+` builds.
 #[derive(Debug, Clone)]
 enum V<'a> {
     Ref(&'a Value),
     Null,
     Bool(bool),
     Int(i64),
-    Str(Cow<'a, str>),
-    Array(Vec<V<'a>>),
-    Object(BTreeMap<&'a str, V<'a>>),
+    /// A string literal of the expression.
+    Lit(&'a str),
+    /// A string `+` built.
+    Str(Rc<str>),
+    Array(Rc<Vec<V<'a>>>),
+    Object(Rc<BTreeMap<&'a str, V<'a>>>),
 }
 
 /// A scalar view of a value, for arithmetic and comparisons. `Other`:
@@ -297,6 +305,7 @@ impl<'a> V<'a> {
             V::Bool(b) | V::Ref(Value::Bool(b)) => Scalar::Bool(*b),
             V::Int(i) => Scalar::Int(*i),
             V::Ref(Value::Number(n)) => n.as_i64().map_or(Scalar::Other, Scalar::Int),
+            V::Lit(s) => Scalar::Str(s),
             V::Str(s) => Scalar::Str(s),
             V::Ref(Value::String(s)) => Scalar::Str(s),
             V::Ref(Value::Array(_) | Value::Object(_)) | V::Array(_) | V::Object(_) => {
@@ -354,7 +363,7 @@ impl Eval {
             Node::Literal(Literal::Null) => V::Null,
             Node::Literal(Literal::Bool(b)) => V::Bool(*b),
             Node::Literal(Literal::Int(i)) => V::Int(*i),
-            Node::Literal(Literal::Str(s)) => V::Str(Cow::Borrowed(s)),
+            Node::Literal(Literal::Str(s)) => V::Lit(s),
             Node::Path(base, keys) => {
                 let mut value = self.node(base, input)?;
                 for key in keys {
@@ -362,18 +371,18 @@ impl Eval {
                 }
                 value
             }
-            Node::Array(items) => V::Array(
+            Node::Array(items) => V::Array(Rc::new(
                 items
                     .iter()
                     .map(|item| self.node(item, input))
                     .collect::<Option<_>>()?,
-            ),
+            )),
             Node::Object(entries) => {
                 let mut map = BTreeMap::new();
                 for (key, value) in entries {
                     map.insert(key.as_str(), self.node(value, input)?);
                 }
-                V::Object(map)
+                V::Object(Rc::new(map))
             }
             Node::Pipe(l, r) => {
                 let l = self.node(l, input)?;
@@ -427,7 +436,7 @@ impl Eval {
             (Arith::Add, Scalar::Str(a), Scalar::Str(b)) => {
                 let len = a.len().checked_add(b.len())?;
                 self.built_left = self.built_left.checked_sub(len)?;
-                Some(V::Str(Cow::Owned([a, b].concat())))
+                Some(V::Str(Rc::from([a, b].concat())))
             }
             _ => None,
         }
@@ -494,10 +503,8 @@ fn materialize(value: &V<'_>, depth: usize, left: &mut usize) -> Option<Value> {
         V::Null => copy(&Value::Null, depth, left),
         V::Bool(b) => copy(&Value::Bool(*b), depth, left),
         V::Int(i) => copy(&Value::Number(Number::from(*i)), depth, left),
-        V::Str(s) => {
-            charge(left, json_string_len(s)).ok()?;
-            Some(Value::String(s.as_ref().to_owned()))
-        }
+        V::Lit(s) => charge_str(left, s).map(|()| Value::String((*s).to_owned())),
+        V::Str(s) => charge_str(left, s).map(|()| Value::String(s.as_ref().to_owned())),
         V::Array(items) => array(items, depth, left, materialize),
         V::Object(map) => object(map.iter().map(|(k, v)| (*k, v)), depth, left, materialize),
     }
@@ -511,7 +518,7 @@ fn copy(value: &Value, depth: usize, left: &mut usize) -> Option<Value> {
         Value::Null => scalar(4, left).map(|()| Value::Null),
         Value::Bool(b) => scalar(if *b { 4 } else { 5 }, left).map(|()| Value::Bool(*b)),
         Value::Number(n) => scalar(n.to_string().len(), left).map(|()| Value::Number(n.clone())),
-        Value::String(s) => scalar(json_string_len(s), left).map(|()| Value::String(s.clone())),
+        Value::String(s) => charge_str(left, s).map(|()| Value::String(s.clone())),
         Value::Array(items) => array(items, depth, left, copy),
         Value::Object(map) => object(map.iter().map(|(k, v)| (k.as_str(), v)), depth, left, copy),
     }
@@ -546,10 +553,19 @@ fn object<'e, T: 'e>(
     charge(left, object_punctuation(entries.len())).ok()?;
     let mut out = Map::new();
     for (key, item) in entries {
-        charge(left, json_string_len(key)).ok()?;
+        charge_str(left, key)?;
         out.insert(key.to_owned(), each(item, depth, left)?);
     }
     Some(Value::Object(out))
+}
+
+/// Charge `s` as a JSON string; past the budget without reading all of a
+/// long string (its JSON is at least its bytes and two quotes).
+fn charge_str(left: &mut usize, s: &str) -> Option<()> {
+    if s.len().saturating_add(2) > *left {
+        return None;
+    }
+    charge(left, json_string_len(s)).ok()
 }
 
 /// Braces, commas and colons of an object of `len` entries.

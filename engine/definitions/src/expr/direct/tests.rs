@@ -270,3 +270,26 @@ fn direct_values_are_the_values_jaq_gives() {
     // The test compares something: most generated cases are answered.
     assert!(answered.get() > 1000, "only {} answered", answered.get());
 }
+
+/// A value used several times is shared, not copied: ten stages that
+/// each use their input four times (4^10 copies of a 1 MiB string, or of
+/// an object, if each use copied) allocate a few words a node, and the
+/// result, too large for jaq, is declined within the copy-out budget.
+/// Before values were shared this aborted on a failed allocation.
+#[test]
+fn values_used_again_are_shared_not_copied() {
+    let big = json!({ "s": "x".repeat((1 << 20) - 16) });
+    let arrays = format!(".s + \"\"{}", " | [., ., ., .]".repeat(10));
+    assert!(Direct::build(&parse(&arrays)).is_some(), "{arrays}");
+    assert_eq!(eval_direct(&arrays, &big), None);
+    let objects = format!("null{}", " | {a: ., b: ., c: ., d: .}".repeat(10));
+    assert!(Direct::build(&parse(&objects)).is_some(), "{objects}");
+    assert_eq!(eval_direct(&objects, &Value::Null), None);
+    assert!(matches!(
+        jaq(&objects, &Value::Null),
+        Err(ExprError::TooLarge { .. })
+    ));
+    // A string past the budget is declined by its length, unread.
+    let huge = json!({ "s": "x".repeat(8 << 20) });
+    assert_eq!(eval_direct(".s", &huge), None);
+}
