@@ -42,8 +42,11 @@
 //! before each part is written: a part shared many times over is charged
 //! each time it is written, and every part charges at least a byte, so
 //! the copy stops within the budget (a string past it is refused by its
-//! length, unread). A budget exceeded is `None`: jaq decides, in the
-//! sandbox.
+//! length, unread). It is sized in a first pass that allocates nothing,
+//! so a result past the budget is declined without being built. `length`
+//! and comparisons leave strings longer than that budget to jaq, so no
+//! node's work grows with the state. A budget exceeded is `None`: jaq
+//! decides, in the sandbox.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -122,8 +125,7 @@ impl Direct {
             built_left: MAX_BUILT_BYTES,
         };
         let value = eval.node(&self.0, &V::Ref(state))?;
-        let mut left = MAX_VALUE_BYTES;
-        materialize(&value, 0, &mut left)
+        result_json(&value)
     }
 }
 
@@ -457,7 +459,10 @@ fn length<'a>(value: &V<'a>) -> Option<V<'a>> {
         other => match other.scalar() {
             Scalar::Null => Some(V::Int(0)),
             Scalar::Int(i) => i.checked_abs().map(V::Int),
-            Scalar::Str(s) => count(s.chars().count()),
+            // A string longer than a result may be is left to jaq (in the
+            // sandbox): counting it is work proportional to the state.
+            Scalar::Str(s) if s.len() <= MAX_VALUE_BYTES => count(s.chars().count()),
+            Scalar::Str(_) => None,
             Scalar::Bool(_) | Scalar::Other => None,
         },
     }
@@ -473,6 +478,11 @@ fn order(l: Scalar<'_>, r: Scalar<'_>) -> Option<Ordering> {
         Scalar::Str(_) => Some(3),
         Scalar::Other => None,
     };
+    // Strings longer than a result may be are left to jaq, as `length`.
+    let long = |s: &Scalar<'_>| matches!(s, Scalar::Str(s) if s.len() > MAX_VALUE_BYTES);
+    if long(&l) || long(&r) {
+        return None;
+    }
     let by_rank = rank(&l)?.cmp(&rank(&r)?);
     Some(match (l, r) {
         (Scalar::Bool(a), Scalar::Bool(b)) => a.cmp(&b),
@@ -496,31 +506,85 @@ fn compare(cmp: Cmp, ordering: Ordering) -> bool {
 // ---------------------------------------------------------------------
 // The result as JSON, charged as jaq's results are (`val_to_json`).
 
-/// The value as JSON; `None` where jaq's conversion would fail.
-fn materialize(value: &V<'_>, depth: usize, left: &mut usize) -> Option<Value> {
+/// Where a result is written, and what it may still use.
+struct Out {
+    /// Bytes of compact JSON left ([`MAX_VALUE_BYTES`] at first).
+    left: usize,
+    /// Whether to build the value, or only charge for it (a sizing pass:
+    /// a result past the budget is declined before anything is
+    /// allocated; a `serde_json` map of one entry takes some hundred
+    /// bytes of memory for a few of JSON).
+    build: bool,
+}
+
+impl Out {
+    fn charge(&mut self, bytes: usize) -> Option<()> {
+        charge(&mut self.left, bytes).ok()
+    }
+
+    /// Charge `s` as a JSON string; past the budget without reading all
+    /// of a long string (its JSON is at least its bytes and two quotes).
+    fn charge_str(&mut self, s: &str) -> Option<()> {
+        if s.len().saturating_add(2) > self.left {
+            return None;
+        }
+        self.charge(json_string_len(s))
+    }
+
+    /// `value` once charged `bytes` (`null` in a sizing pass).
+    fn scalar(&mut self, bytes: usize, value: impl FnOnce() -> Value) -> Option<Value> {
+        self.charge(bytes)?;
+        Some(if self.build { value() } else { Value::Null })
+    }
+
+    fn string(&mut self, s: &str) -> Option<Value> {
+        self.charge_str(s)?;
+        Some(if self.build {
+            Value::String(s.to_owned())
+        } else {
+            Value::Null
+        })
+    }
+}
+
+/// The value as JSON, sized first; `None` where jaq's conversion would
+/// fail.
+fn result_json(value: &V<'_>) -> Option<Value> {
+    let mut sizing = Out {
+        left: MAX_VALUE_BYTES,
+        build: false,
+    };
+    materialize(value, 0, &mut sizing)?;
+    let mut out = Out {
+        left: MAX_VALUE_BYTES,
+        build: true,
+    };
+    materialize(value, 0, &mut out)
+}
+
+fn materialize(value: &V<'_>, depth: usize, out: &mut Out) -> Option<Value> {
     match value {
-        V::Ref(value) => copy(value, depth, left),
-        V::Null => copy(&Value::Null, depth, left),
-        V::Bool(b) => copy(&Value::Bool(*b), depth, left),
-        V::Int(i) => copy(&Value::Number(Number::from(*i)), depth, left),
-        V::Lit(s) => charge_str(left, s).map(|()| Value::String((*s).to_owned())),
-        V::Str(s) => charge_str(left, s).map(|()| Value::String(s.as_ref().to_owned())),
-        V::Array(items) => array(items, depth, left, materialize),
-        V::Object(map) => object(map.iter().map(|(k, v)| (*k, v)), depth, left, materialize),
+        V::Ref(value) => copy(value, depth, out),
+        V::Null => copy(&Value::Null, depth, out),
+        V::Bool(b) => copy(&Value::Bool(*b), depth, out),
+        V::Int(i) => copy(&Value::Number(Number::from(*i)), depth, out),
+        V::Lit(s) => out.string(s),
+        V::Str(s) => out.string(s),
+        V::Array(items) => array(items, depth, out, materialize),
+        V::Object(map) => object(map.iter().map(|(k, v)| (*k, v)), depth, out, materialize),
     }
 }
 
 /// A copy of a part of the state, charged as it is made, so a copy past
 /// the budget stops early.
-fn copy(value: &Value, depth: usize, left: &mut usize) -> Option<Value> {
-    let scalar = |bytes: usize, left: &mut usize| charge(left, bytes).ok();
+fn copy(value: &Value, depth: usize, out: &mut Out) -> Option<Value> {
     match value {
-        Value::Null => scalar(4, left).map(|()| Value::Null),
-        Value::Bool(b) => scalar(if *b { 4 } else { 5 }, left).map(|()| Value::Bool(*b)),
-        Value::Number(n) => scalar(n.to_string().len(), left).map(|()| Value::Number(n.clone())),
-        Value::String(s) => charge_str(left, s).map(|()| Value::String(s.clone())),
-        Value::Array(items) => array(items, depth, left, copy),
-        Value::Object(map) => object(map.iter().map(|(k, v)| (k.as_str(), v)), depth, left, copy),
+        Value::Null => out.scalar(4, || Value::Null),
+        Value::Bool(b) => out.scalar(if *b { 4 } else { 5 }, || Value::Bool(*b)),
+        Value::Number(n) => out.scalar(n.to_string().len(), || Value::Number(n.clone())),
+        Value::String(s) => out.string(s),
+        Value::Array(items) => array(items, depth, out, copy),
+        Value::Object(map) => object(map.iter().map(|(k, v)| (k.as_str(), v)), depth, out, copy),
     }
 }
 
@@ -529,14 +593,20 @@ fn copy(value: &Value, depth: usize, left: &mut usize) -> Option<Value> {
 fn array<T>(
     items: &[T],
     depth: usize,
-    left: &mut usize,
-    each: fn(&T, usize, &mut usize) -> Option<Value>,
+    out: &mut Out,
+    each: fn(&T, usize, &mut Out) -> Option<Value>,
 ) -> Option<Value> {
     let depth = nested(depth)?;
-    charge(left, items.len().max(1) + 1).ok()?;
+    out.charge(items.len().max(1) + 1)?;
+    if !out.build {
+        for item in items {
+            each(item, depth, out)?;
+        }
+        return Some(Value::Null);
+    }
     items
         .iter()
-        .map(|item| each(item, depth, left))
+        .map(|item| each(item, depth, out))
         .collect::<Option<_>>()
         .map(Value::Array)
 }
@@ -546,26 +616,24 @@ fn array<T>(
 fn object<'e, T: 'e>(
     entries: impl ExactSizeIterator<Item = (&'e str, &'e T)>,
     depth: usize,
-    left: &mut usize,
-    each: fn(&T, usize, &mut usize) -> Option<Value>,
+    out: &mut Out,
+    each: fn(&T, usize, &mut Out) -> Option<Value>,
 ) -> Option<Value> {
     let depth = nested(depth)?;
-    charge(left, object_punctuation(entries.len())).ok()?;
-    let mut out = Map::new();
+    out.charge(object_punctuation(entries.len()))?;
+    let mut map = Map::new();
     for (key, item) in entries {
-        charge_str(left, key)?;
-        out.insert(key.to_owned(), each(item, depth, left)?);
+        out.charge_str(key)?;
+        let value = each(item, depth, out)?;
+        if out.build {
+            map.insert(key.to_owned(), value);
+        }
     }
-    Some(Value::Object(out))
-}
-
-/// Charge `s` as a JSON string; past the budget without reading all of a
-/// long string (its JSON is at least its bytes and two quotes).
-fn charge_str(left: &mut usize, s: &str) -> Option<()> {
-    if s.len().saturating_add(2) > *left {
-        return None;
-    }
-    charge(left, json_string_len(s)).ok()
+    Some(if out.build {
+        Value::Object(map)
+    } else {
+        Value::Null
+    })
 }
 
 /// Braces, commas and colons of an object of `len` entries.

@@ -293,3 +293,24 @@ fn values_used_again_are_shared_not_copied() {
     let huge = json!({ "s": "x".repeat(8 << 20) });
     assert_eq!(eval_direct(".s", &huge), None);
 }
+
+/// A result past the budget is declined by a sizing pass before it is
+/// built, and strings longer than a result may be are not counted or
+/// compared here (found by review: 99 MB built for a declined result;
+/// 0.7 s of `length`s over a 256 MiB string).
+#[test]
+fn oversized_results_and_strings_are_left_to_jaq_unbuilt() {
+    let objects = format!("{{\"\": 0}}{}", " | [., ., ., .]".repeat(10));
+    assert!(Direct::build(&parse(&objects)).is_some());
+    assert_eq!(eval_direct(&objects, &Value::Null), None);
+    let fits = format!("{{\"\": 0}}{}", " | [., ., ., .]".repeat(4));
+    assert_eq!(
+        eval_direct(&fits, &Value::Null),
+        Some(jaq(&fits, &Value::Null).unwrap())
+    );
+    let long = json!({ "s": "é".repeat(1 << 20), "t": "x" });
+    for source in [".s | length", ".s == .s", ".t < .s", ".s != null"] {
+        assert_eq!(eval_direct(source, &long), None, "{source}");
+    }
+    assert_eq!(eval_direct(".t | length", &long), Some(json!(1)));
+}
