@@ -97,9 +97,8 @@
 //! `length`, integer `+ - *`, string `+`, comparisons, `if`; at most 64
 //! nodes) is evaluated straight over the state, in the calling process,
 //! with no loop, generator or definition to run away and its allocations
-//! charged
-//! (`direct.rs`, whose module doc proves the bound). It answers only with
-//! the value jaq would give, checked against jaq over generated
+//! charged (`direct.rs`, whose module doc proves the bound). It answers
+//! only with the value jaq would give, checked against jaq over generated
 //! expressions and states; anything else, every error included, goes on
 //! to jaq (in the sandbox when it is enabled). Most expressions of
 //! workflows (`.vars.n // 0`, `.vars.n < 10`, `{n: .vars.n}`) take this
@@ -440,9 +439,8 @@ impl Expr {
     /// here whatever the sandbox (module doc, "Direct evaluation").
     /// Otherwise, with the sandbox enabled (see the module doc), the
     /// expression is compiled here and evaluated in an evaluator process,
-    /// which may also
-    /// give [`ExprError::TimedOut`], [`ExprError::ResourceLimit`] or
-    /// [`ExprError::Sandbox`].
+    /// which may also give [`ExprError::TimedOut`],
+    /// [`ExprError::ResourceLimit`] or [`ExprError::Sandbox`].
     pub fn eval(&self, state: &Value) -> Result<Value, ExprError> {
         if let Some(value) = self.eval_direct(state) {
             return Ok(value);
@@ -905,7 +903,10 @@ fn collect_exprs<'n>(node: &'n Node, out: &mut Vec<&'n Located>) {
 }
 
 /// The values of every expression of `node`, in [`render_node`]'s order,
-/// when all are evaluated directly (`direct.rs`); `None` when one is not.
+/// when all are evaluated directly (`direct.rs`); `None` when one is not
+/// (the template is then rendered as before, the direct ones evaluated
+/// again: a template mixes the two rarely, and one request to the sandbox
+/// keeps its single deadline).
 fn render_direct(root: &Node, state: &Value) -> Option<Vec<Value>> {
     let mut located = Vec::new();
     collect_exprs(root, &mut located);
