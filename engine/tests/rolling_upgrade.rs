@@ -12,7 +12,9 @@
 //! the lease held; once every engine has upgraded for the whole hold the
 //! fleet is raised to level 1, heartbeats stop rewriting the row (what an
 //! old replica would now misread), and an engine below the level is
-//! refused at start.
+//! refused at start. Level 2 (issue 23): a node that starts and ends in
+//! one decision is one `node_passed` event, which a level-1 replica cannot
+//! fold; below it, the `node_started` and `node_completed` it reads.
 
 mod common;
 use common::{Backend, TestDb, create_run};
@@ -63,7 +65,7 @@ async fn a_previous_release_beside_this_one_never_sees_a_heartbeated_lease_expir
     let (db, coord, _run) = create_run(Backend::Postgres, "belay_upgrade").await;
     assert_eq!(
         coord.store().fleet_level(),
-        1,
+        BEHAVIOUR_LEVEL,
         "a new database has had no older engine"
     );
     // As the migration leaves a database the previous release used.
@@ -129,8 +131,12 @@ async fn a_previous_release_beside_this_one_never_sees_a_heartbeated_lease_expir
     assert_eq!(held, vec![(id.clone(), attempt, true)]);
     assert_eq!(refresh(&coord, 20_000).await, 0, "the hold begins");
     store.advance_clock(21_000).await.expect("clock");
-    assert_eq!(refresh(&coord, 20_000).await, 1, "the hold has passed");
-    assert_eq!(store.fleet_level(), 1);
+    assert_eq!(
+        refresh(&coord, 20_000).await,
+        BEHAVIOUR_LEVEL,
+        "the hold has passed"
+    );
+    assert_eq!(store.fleet_level(), BEHAVIOUR_LEVEL);
 
     // Level 1: a heartbeat leaves the task's row alone, so a replica of
     // the previous release would now misread the lease: the behaviour the
@@ -157,11 +163,15 @@ async fn a_previous_release_beside_this_one_never_sees_a_heartbeated_lease_expir
         .expect_err("below the fleet's level");
     let text = err.to_string();
     assert!(
-        text.contains("behaviour level 1") && text.contains("implements level 0"),
+        text.contains(&format!("behaviour level {BEHAVIOUR_LEVEL}"))
+            && text.contains("implements level 0"),
         "{text}"
     );
-    assert_eq!(store.join_fleet(BEHAVIOUR_LEVEL).await.expect("join"), 1);
-    assert_eq!(refresh(&coord, 0).await, 1);
+    assert_eq!(
+        store.join_fleet(BEHAVIOUR_LEVEL).await.expect("join"),
+        BEHAVIOUR_LEVEL
+    );
+    assert_eq!(refresh(&coord, 0).await, BEHAVIOUR_LEVEL);
     raw.close().await;
     db.drop().await;
 }
@@ -188,7 +198,7 @@ async fn a_live_replica_of_a_lower_level_keeps_the_fleet_below_it() {
         .advance_clock(belay_engine::store::fleet_level::REPLICA_LIVE_MS + 1_000)
         .await
         .expect("clock");
-    assert_eq!(refresh(&coord, 0).await, 1);
+    assert_eq!(refresh(&coord, 0).await, BEHAVIOUR_LEVEL);
     raw.close().await;
     db.drop().await;
 }
@@ -230,12 +240,12 @@ async fn a_previous_releases_listen_connection_keeps_the_fleet_below_level_one()
     let mut level = 0;
     for _ in 0..50 {
         level = refresh(&coord, 0).await;
-        if level == 1 {
+        if level == BEHAVIOUR_LEVEL {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(level, 1, "the previous release is gone");
+    assert_eq!(level, BEHAVIOUR_LEVEL, "the previous release is gone");
     raw.close().await;
     db.drop().await;
 }
@@ -252,7 +262,10 @@ async fn a_running_engine_stops_once_the_fleet_is_raised_past_it() {
         .await
         .expect("engine");
     let coord = std::sync::Arc::clone(engine.coordinator());
-    assert_eq!(coord.refresh_fleet_level().await.expect("refresh"), 1);
+    assert_eq!(
+        coord.refresh_fleet_level().await.expect("refresh"),
+        BEHAVIOUR_LEVEL
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -277,6 +290,125 @@ async fn a_running_engine_stops_once_the_fleet_is_raised_past_it() {
         other => panic!("expected the engine to stop outranked, got {other:?}"),
     }
     assert!(coord.refresh_fleet_level().await.is_err());
+    raw.close().await;
+    db.drop().await;
+}
+
+/// Nodes that pass in one decision on either side of a wait: the first
+/// in the run's start (the coordinator's), the others in the signal's
+/// transition (the store's).
+const PASSING: &str = r#"kind: workflow
+name: passing
+nodes:
+  - {id: first, type: set, values: {a: 1}, next: hold}
+  - {id: hold, type: wait, signal: go, next: second}
+  - {id: second, type: set, values: {b: 2}, next: done}
+  - {id: done, type: succeed, output: "${ .vars }"}
+"#;
+
+/// Start a `PASSING` run, signal it, and return its event kinds.
+async fn passing_run(coord: &Coordinator, key: &str) -> Vec<String> {
+    let (run, _) = coord
+        .start_run(belay_engine::coordinator::StartRun {
+            tenant: "t".into(),
+            workflow: "passing".into(),
+            input_json: "{}".into(),
+            idempotency_key: key.into(),
+            caller: "c".into(),
+            caller_grants: vec![],
+        })
+        .await
+        .expect("start");
+    let id = run.run_id.to_string();
+    let (done, _) = coord
+        .signal_run("t", &id, "go", "s1", "{}", "test")
+        .await
+        .expect("signal");
+    assert_eq!(done.status, "completed");
+    assert_eq!(done.output, Some(serde_json::json!({"a": 1, "b": 2})));
+    coord
+        .store()
+        .list_events(run.run_id, 0, 100)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+/// Behaviour level 2 (issue 23): a node that starts and ends in one
+/// decision is one `node_passed` event, which a replica of level 1 cannot
+/// fold; below level 2 it is a `node_started` and a `node_completed`, as
+/// every release writes, and both runs end alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_level_two_a_node_is_started_and_completed_and_from_it_passes() {
+    let db = TestDb::create(Backend::Postgres, "belay_upgrade").await;
+    let coord = Coordinator::new(
+        db.store(4).await,
+        belay_engine::coordinator::CoordinatorConfig::default(),
+    );
+    coord
+        .register_bundle(
+            "t",
+            vec![belay_engine::definitions::SourceFile {
+                path: "passing.yaml".into(),
+                content: PASSING.into(),
+            }],
+        )
+        .await
+        .expect("register");
+    let raw = db.raw().await;
+    assert_eq!(
+        raw.execute("UPDATE fleet_level SET level = 1", None).await,
+        1
+    );
+    assert_eq!(
+        coord
+            .store()
+            .join_fleet(BEHAVIOUR_LEVEL)
+            .await
+            .expect("join"),
+        1
+    );
+    let wait = [
+        "node_started",
+        "wait_started",
+        "signal_received",
+        "signal_consumed",
+        "node_completed",
+    ];
+    let pair = ["node_started", "node_completed"];
+    let level_one: Vec<&str> = [
+        &["run_started"][..],
+        &pair,
+        &wait,
+        &pair,
+        &pair,
+        &["run_completed"],
+    ]
+    .concat();
+    assert_eq!(passing_run(&coord, "k1").await, level_one);
+
+    // The fleet raised (as after the hold): the same run, three events fewer.
+    assert_eq!(
+        raw.execute("UPDATE fleet_level SET level = 2", None).await,
+        1
+    );
+    assert_eq!(
+        coord
+            .store()
+            .join_fleet(BEHAVIOUR_LEVEL)
+            .await
+            .expect("join"),
+        2
+    );
+    let level_two: Vec<&str> = [
+        &["run_started", "node_passed"][..],
+        &wait,
+        &["node_passed", "node_passed", "run_completed"],
+    ]
+    .concat();
+    assert_eq!(passing_run(&coord, "k2").await, level_two);
     raw.close().await;
     db.drop().await;
 }

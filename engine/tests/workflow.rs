@@ -284,8 +284,7 @@ async fn a_signal_sent_before_its_wait_is_kept_and_taken_at_once(backend: Backen
             "node_started",
             "signal_consumed",
             "node_completed",
-            "node_started",
-            "node_completed",
+            "node_passed",
             "run_completed"
         ]
     );

@@ -969,7 +969,7 @@ pub fn timeline_line(event: &RunEvent) -> String {
             s("result"),
             s("discrepancy")
         ),
-        "node_completed" => match p.get("next").and_then(Value::as_str) {
+        "node_completed" | "node_passed" => match p.get("next").and_then(Value::as_str) {
             Some(next) => format!("node={} output={} next={next}", s("node"), s("output")),
             None => format!("node={} output={}", s("node"), s("output")),
         },

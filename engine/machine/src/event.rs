@@ -696,6 +696,24 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<String>,
     },
+    /// A node that starts and ends in the same decision (`set`, `branch`,
+    /// `succeed`) passed: one event for what [`Event::NodeStarted`] (input
+    /// `null`, no deadline) followed by [`Event::NodeCompleted`] records,
+    /// and folds to the same state. Added for issue 23 (a loop step wrote
+    /// two events for each of its `set` and `branch` nodes); written only
+    /// once every engine of the fleet reads it (behaviour level 2,
+    /// `RunState::node_passed`), the two events otherwise.
+    NodePassed {
+        /// Node id.
+        node: String,
+        /// Its output (a `set`'s values, a `branch`'s `{case, next}`, a
+        /// `succeed`'s output).
+        output: Value,
+        /// The node chosen to go to (a branch case); `None`: the node's
+        /// `next`, or the end of the run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+    },
     /// A signal was delivered to the run (kept until a wait takes it).
     SignalReceived {
         /// The sender's id for this signal; a second signal with the same id
@@ -891,6 +909,7 @@ impl Event {
             Event::ReconcileProbeFinished { .. } => "reconcile_probe_finished",
             Event::LateResultRecorded { .. } => "late_result_recorded",
             Event::NodeCompleted { .. } => "node_completed",
+            Event::NodePassed { .. } => "node_passed",
             Event::SignalReceived { .. } => "signal_received",
             Event::SignalConsumed { .. } => "signal_consumed",
             Event::WaitStarted { .. } => "wait_started",

@@ -561,9 +561,17 @@ pub struct RunState {
     pub now: Option<chrono::DateTime<chrono::Utc>>,
     /// The run's W3C trace context (`RunStarted.trace`).
     pub trace: Option<belay_proto::trace::TraceContext>,
-    /// Seq of the latest `NodeStarted` (0 before the first): where the
-    /// open node's span begins.
+    /// Seq of the latest `NodeStarted` or `NodePassed` (0 before the
+    /// first): where the open node's span begins.
     pub node_started_seq: u64,
+    /// Whether the machine may write [`Event::NodePassed`] for a node that
+    /// starts and ends in one decision: every engine that may read this
+    /// run's history reads it (the fleet's behaviour level is 2 or more,
+    /// `belay_store::fleet_level`). Set by the store or the coordinator
+    /// right before it asks the machine, like [`RunState::now`]; not part
+    /// of the fold (`false` in a folded history: the two events
+    /// `NodeStarted` and `NodeCompleted`, which every release reads).
+    pub node_passed: bool,
 }
 
 impl Default for RunState {
@@ -597,6 +605,7 @@ impl Default for RunState {
             now: None,
             trace: None,
             node_started_seq: 0,
+            node_passed: false,
         }
     }
 }
@@ -1175,6 +1184,23 @@ impl RunState {
                     self.status = RunStatus::Running;
                     self.status_reason.clear();
                 }
+            }
+            Event::NodePassed { node, output, next } => {
+                // The node's start and end as one seq: both folded, the
+                // start at this event's seq (where its span begins).
+                let seq = self.last_seq;
+                self.last_seq = seq - 1;
+                self.apply(&Event::NodeStarted {
+                    node: node.clone(),
+                    input: Value::Null,
+                    deadline: None,
+                });
+                self.apply(&Event::NodeCompleted {
+                    node: node.clone(),
+                    output: output.clone(),
+                    next: next.clone(),
+                });
+                self.last_seq = seq;
             }
             Event::SignalReceived {
                 signal_id,

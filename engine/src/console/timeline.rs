@@ -181,6 +181,15 @@ fn summary(kind: &str, p: &Value) -> String {
                 t("next")
             }
         ),
+        "node_passed" => format!(
+            "node {} passed → {}",
+            t("node"),
+            if t("next").is_empty() {
+                "its next".into()
+            } else {
+                t("next")
+            }
+        ),
         "run_completed" => format!("completed: {}", short(&p["output"], 160)),
         "run_failed" => format!("failed: {}", cut(&t("error"), 200)),
         "run_cancelled" => format!("cancelled: {}", cut(&t("reason"), 200)),
@@ -300,7 +309,10 @@ impl Builder {
             self.sections.push(Section::Run(item(e)));
             return;
         }
-        let section = self.visit(&node, e.kind == "node_started");
+        let section = self.visit(
+            &node,
+            matches!(e.kind.as_str(), "node_started" | "node_passed"),
+        );
         if let Section::Node(v) = &mut self.sections[section] {
             v.events.push(item(e));
         }
@@ -451,5 +463,40 @@ mod tests {
         );
         assert!(call.attempts[0].ended.ends_with("lease expired"));
         assert!(matches!(&sections[2], Section::Run(i) if i.summary == "paused: uncertain"));
+    }
+
+    #[test]
+    fn each_node_passed_is_a_visit_of_its_own() {
+        let events = [
+            ev(1, json!({"type": "run_started", "caller": "c"})),
+            ev(
+                2,
+                json!({"type": "node_passed", "node": "count", "output": {"n": 1}}),
+            ),
+            ev(
+                3,
+                json!({"type": "node_passed", "node": "again", "output": {"case": 1, "next": "count"}, "next": "count"}),
+            ),
+            ev(
+                4,
+                json!({"type": "node_passed", "node": "count", "output": {"n": 2}}),
+            ),
+        ];
+        let sections = build(&events);
+        let visits: Vec<(&str, u32, usize)> = sections
+            .iter()
+            .filter_map(|s| match s {
+                Section::Node(v) => Some((v.node.as_str(), v.visit, v.events.len())),
+                Section::Run(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            visits,
+            vec![("count", 1, 1), ("again", 1, 1), ("count", 2, 1)]
+        );
+        let Section::Node(again) = &sections[2] else {
+            panic!("a visit")
+        };
+        assert_eq!(again.events[0].summary, "node again passed → count");
     }
 }

@@ -217,7 +217,8 @@ impl Coordinator {
     /// The state a run starts from: empty, with the engine's clock when a
     /// tool of `plan` fills a parameter with the time (`source: runtime`
     /// `time`, `date`, `unix_ms`), since its first node may call it (the
-    /// one round trip is spent only then).
+    /// one round trip is spent only then), and whether every engine of the
+    /// fleet reads `node_passed` (`store::fleet_level`).
     pub(super) async fn start_state(
         &self,
         plan: &RunPlan,
@@ -234,6 +235,7 @@ impl Coordinator {
         };
         Ok(machine::RunState {
             now,
+            node_passed: crate::store::fleet_level::node_passed_readable(self.store.fleet_level()),
             ..machine::RunState::default()
         })
     }

@@ -36,11 +36,12 @@
 //! |---|---|
 //! | 0 | releases before the registry |
 //! | 1 | a heartbeat extends a lease in `task_heartbeats` alone ([`heartbeats_write_task_rows`]); below, it also extends `tasks.lease_expires_at`, which is all a release before migration `20261206000090` reads |
+//! | 2 | a node that starts and ends in one decision is one `node_passed` event ([`node_passed_readable`]); below, a `node_started` and a `node_completed`, the only kinds a release of level 1 folds. A database that has run nothing and seen no engine starts at level 2 (migration `20261212000200`) |
 
 use crate::StoreError;
 
 /// The behaviour level this build implements.
-pub const BEHAVIOUR_LEVEL: i32 = 1;
+pub const BEHAVIOUR_LEVEL: i32 = 2;
 
 /// How long (ms) the fleet must have looked upgraded before its level is
 /// raised, by default: 10 minutes, longer than a rolling upgrade's pods
@@ -75,6 +76,13 @@ pub fn application_name(from_url: Option<&str>) -> String {
 /// behaviour of releases below level 1), given the fleet's level.
 pub fn heartbeats_write_task_rows(fleet_level: i32) -> bool {
     fleet_level < 1
+}
+
+/// Whether every engine of a fleet at `fleet_level` reads the
+/// `node_passed` event (level 2), so the machine may write it
+/// (`RunState::node_passed`).
+pub fn node_passed_readable(fleet_level: i32) -> bool {
+    fleet_level >= 2
 }
 
 /// What [`crate::Store::refresh_fleet`] asks: this engine's level, and how
@@ -128,5 +136,13 @@ mod tests {
         assert!(heartbeats_write_task_rows(0));
         assert!(!heartbeats_write_task_rows(1));
         assert!(!heartbeats_write_task_rows(BEHAVIOUR_LEVEL));
+    }
+
+    #[test]
+    fn node_passed_is_written_from_level_two_only() {
+        assert!(!node_passed_readable(0));
+        assert!(!node_passed_readable(1));
+        assert!(node_passed_readable(2));
+        assert!(node_passed_readable(BEHAVIOUR_LEVEL));
     }
 }

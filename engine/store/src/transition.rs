@@ -111,8 +111,28 @@ pub(crate) fn apply_events(state: &mut RunState, events: &[Event]) -> Vec<EndedN
                 completed: matches!(event, Event::NodeCompleted { .. }),
             });
         }
+        // A node that passed opened and ended its visit in this one event.
+        if state.trace.is_some()
+            && let Event::NodePassed { node, .. } = event
+        {
+            ended.push(EndedNode {
+                node: node.clone(),
+                visit: visit_prefix(state, node),
+                started_seq: state.last_seq,
+                completed: true,
+            });
+        }
     }
     ended
+}
+
+/// The prefix of the latest visit of node `id` in `state` (the fold's
+/// rule: `<node>` on the first visit, `<node>~<n>` on the n-th).
+fn visit_prefix(state: &RunState, id: &str) -> String {
+    match state.visits.get(id).copied().unwrap_or(1) {
+        1 => id.to_owned(),
+        visit => format!("{id}~{visit}"),
+    }
 }
 
 /// A bounded map of run states; when full, an arbitrary entry is dropped.

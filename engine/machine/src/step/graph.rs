@@ -344,11 +344,6 @@ impl Step {
                 }
             }
             NodeKind::Branch { cases, default } => {
-                self.emit(Event::NodeStarted {
-                    node: id.to_owned(),
-                    input: Value::Null,
-                    deadline: None,
-                });
                 let mut chosen: Option<(usize, String)> = None;
                 for (i, case) in cases.iter().enumerate() {
                     match case.when.eval(&doc) {
@@ -358,6 +353,12 @@ impl Step {
                         }
                         Ok(_) => {}
                         Err(e) => {
+                            // The node started, and failed the run.
+                            self.emit(Event::NodeStarted {
+                                node: id.to_owned(),
+                                input: Value::Null,
+                                deadline: None,
+                            });
                             return Err(Halt::Fail(format!(
                                 "node `{id}`: `when` of case {}: {e}",
                                 i + 1
@@ -372,11 +373,7 @@ impl Step {
                         default.clone(),
                     ),
                 };
-                self.emit(Event::NodeCompleted {
-                    node: id.to_owned(),
-                    output,
-                    next,
-                });
+                self.pass_node(id, output, next);
             }
             NodeKind::Set { values } => {
                 let values = match render(values, "values")? {
@@ -387,16 +384,7 @@ impl Step {
                         )));
                     }
                 };
-                self.emit(Event::NodeStarted {
-                    node: id.to_owned(),
-                    input: Value::Null,
-                    deadline: None,
-                });
-                self.emit(Event::NodeCompleted {
-                    node: id.to_owned(),
-                    output: values,
-                    next: None,
-                });
+                self.pass_node(id, values, None);
             }
             NodeKind::Fail { error } => {
                 self.emit(Event::NodeStarted {
@@ -417,19 +405,29 @@ impl Step {
                     Some(t) => render(t, "output")?,
                     None => self.previous_output().unwrap_or(Value::Null),
                 };
-                self.emit(Event::NodeStarted {
-                    node: id.to_owned(),
-                    input: Value::Null,
-                    deadline: None,
-                });
-                self.emit(Event::NodeCompleted {
-                    node: id.to_owned(),
-                    output,
-                    next: None,
-                });
+                self.pass_node(id, output, None);
             }
         }
         Ok(())
+    }
+
+    /// Record node `id` starting and ending in this decision (input `null`):
+    /// one [`Event::NodePassed`] where every engine reads it
+    /// ([`RunState::node_passed`](crate::RunState::node_passed)), a
+    /// `NodeStarted` and a `NodeCompleted` otherwise; both fold to the same
+    /// state.
+    fn pass_node(&mut self, id: &str, output: Value, next: Option<String>) {
+        let node = id.to_owned();
+        if self.state.node_passed {
+            self.emit(Event::NodePassed { node, output, next });
+            return;
+        }
+        self.emit(Event::NodeStarted {
+            node: node.clone(),
+            input: Value::Null,
+            deadline: None,
+        });
+        self.emit(Event::NodeCompleted { node, output, next });
     }
 
     /// The output of the latest completed node, if any.

@@ -45,7 +45,7 @@ impl Run {
     /// round trip, and folding the history gives the live state.
     fn try_step(&mut self, input: Input) -> Result<Decision, MachineError> {
         let d = decide(&self.state, input)?;
-        let now = self.state.now;
+        let (now, node_passed) = (self.state.now, self.state.node_passed);
         for e in &d.events {
             self.state.apply(e);
             self.history.push(e.clone());
@@ -54,14 +54,16 @@ impl Run {
                 .expect("deserialise");
             assert_eq!(&back, e);
         }
-        // Replay equals live, the transition's time (`now`) aside: the
-        // store hands it in before each transition (a test may too, as
-        // `cache.rs` does) and it is no part of the fold, so a folded
-        // history has none. No event may set it; all the rest must agree.
-        assert_eq!(self.state.now, now);
+        // Replay equals live, the transition's time (`now`) and whether
+        // `node_passed` may be written aside: the store hands them in
+        // before each transition (a test may too, as `cache.rs` does) and
+        // they are no part of the fold, so a folded history has neither. No
+        // event may set them; all the rest must agree.
+        assert_eq!((self.state.now, self.state.node_passed), (now, node_passed));
         let mut replayed = RunState::fold(&self.history);
-        assert_eq!(replayed.now, None);
+        assert_eq!((replayed.now, replayed.node_passed), (None, false));
         replayed.now = self.state.now;
+        replayed.node_passed = self.state.node_passed;
         assert_eq!(replayed, self.state);
         Ok(d)
     }

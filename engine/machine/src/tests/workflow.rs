@@ -13,6 +13,7 @@ use crate::*;
 
 mod children;
 mod decisions;
+mod passed;
 mod webhook;
 
 const TOOLS: &str = r#"TOOLS:
