@@ -5,8 +5,7 @@
 
 use serde_json::json;
 
-use super::plan_with;
-use crate::tests::Run;
+use crate::tests::{Run, plan_files};
 use crate::*;
 
 const NOOP: &str = r#"TOOLS:
@@ -17,6 +16,9 @@ const NOOP: &str = r#"TOOLS:
     permission: crm.write
     repeat_safety: idempotent
 "#;
+
+const AGENT: &str =
+    "kind: agent\nname: a\nmodel: m\ninstructions: i\ntools: [noop]\ngrants: [crm.write]\n";
 
 /// The benchmark's loop shape: a tool node, a `set` and a `branch`, three
 /// times round, then `succeed`.
@@ -60,7 +62,7 @@ fn start(workflow: &str, node_passed: bool) -> (Run, Decision) {
         caller_grants: vec!["crm.write".into()],
         tenant_grants: vec!["crm.write".into()],
         input: json!({}),
-        plan: Box::new(plan_with(NOOP, workflow)),
+        plan: Box::new(plan_files(NOOP, AGENT, workflow)),
         trace: None,
     });
     (run, d)
@@ -153,7 +155,7 @@ fn below_the_level_a_node_is_started_and_completed_and_both_fold_alike() {
 
 #[test]
 fn a_branch_whose_case_fails_is_started_and_fails_the_run_as_before() {
-    let wf = "kind: workflow\nname: w\nnodes:\n  - id: b\n    type: branch\n    cases:\n      - when: \"${ .input.x + 1 }\"\n        next: b\n";
+    let wf = "kind: workflow\nname: w\nnodes:\n  - id: b\n    type: branch\n    cases:\n      - when: \"${ .input + 1 }\"\n        next: done\n  - {id: done, type: succeed}\n";
     for node_passed in [false, true] {
         let (run, d) = start(wf, node_passed);
         assert_eq!(
