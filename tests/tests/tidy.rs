@@ -31,14 +31,13 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ),
     ("engine/definitions/src/lib.rs::parse_bundle", 255),
     ("engine/definitions/src/yaml.rs::parse_node", 248),
-    ("engine/machine/src/state.rs::apply", 621),
+    ("engine/machine/src/state.rs::apply", 538),
     ("engine/machine/src/decide.rs::decide", 383),
     (
         "engine/machine/src/step/proposal.rs::check_and_schedule",
         287,
     ),
     ("engine/machine/src/step/failure.rs::on_failure", 278),
-    ("engine/machine/src/step/graph.rs::try_start_node", 205),
     ("engine/src/admin/openapi.rs::schemas", 284),
     (
         "engine/store/src/postgres/write_decision.rs::write_decision",

@@ -726,67 +726,7 @@ impl RunState {
                 node,
                 input,
                 deadline,
-            } => {
-                self.node_started_seq = self.last_seq;
-                let visit = {
-                    let v = self.visits.entry(node.clone()).or_insert(0);
-                    *v += 1;
-                    *v
-                };
-                let prefix = if visit == 1 {
-                    node.clone()
-                } else {
-                    format!("{node}~{visit}")
-                };
-                self.node_io
-                    .insert(node.clone(), json!({"input": input, "output": null}));
-                self.chosen_next = None;
-                let kind = self
-                    .plan
-                    .as_ref()
-                    .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
-                    .map(|n| n.kind.clone());
-                let Some(NodeKind::Agent { agent, .. }) = kind else {
-                    self.step = Some(StepState {
-                        id: node.clone(),
-                        prefix,
-                        kind: StepKind::Started,
-                    });
-                    return;
-                };
-                let instructions = self
-                    .plan
-                    .as_ref()
-                    .and_then(|p| p.agents.get(&agent))
-                    .map(|a| a.def.instructions.clone())
-                    .unwrap_or_default();
-                let user = match input {
-                    Value::String(text) => text.clone(),
-                    other => other.to_string(),
-                };
-                self.node = Some(NodeState {
-                    id: node.clone(),
-                    prefix,
-                    agent,
-                    transcript: vec![
-                        ChatMessage::System {
-                            content: instructions,
-                        },
-                        ChatMessage::User { content: user },
-                    ],
-                    model_steps: 0,
-                    tool_calls: 0,
-                    tokens: 0,
-                    input_tokens: 0,
-                    output_tokens: 0,
-                    cost_usd: 0.0,
-                    last_call: None,
-                    model_call: None,
-                    pending: Vec::new(),
-                    deadline: deadline.clone(),
-                    pii: Vec::new(),
-                });
-            }
+            } => self.start_node(node, input, deadline),
             Event::ModelCallScheduled { call_id, .. } => {
                 if let Some(node) = self.node.as_mut() {
                     node.model_steps += 1;
@@ -1156,51 +1096,11 @@ impl RunState {
                     call.result = None;
                 }
             }
-            Event::NodeCompleted { node, output, next } => {
-                let is_set = self
-                    .plan
-                    .as_ref()
-                    .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
-                    .is_some_and(|n| matches!(n.kind, NodeKind::Set { .. }));
-                if is_set && let Value::Object(values) = output {
-                    for (k, v) in values {
-                        self.vars.insert(k.clone(), v.clone());
-                    }
-                }
-                if let Some(Value::Object(io)) = self.node_io.get_mut(node) {
-                    io.insert("output".into(), output.clone());
-                }
-                // A tool node's result is its output now.
-                if let Some(StepKind::Tool { call_id }) = self.step.as_ref().map(|s| &s.kind)
-                    && let Some(call) = self.tool_calls.get_mut(call_id)
-                {
-                    call.result = None;
-                }
-                self.node = None;
-                self.step = None;
-                self.chosen_next = next.clone();
-                self.last_completed = Some((node.clone(), output.clone()));
-                if self.status == RunStatus::Waiting {
-                    self.status = RunStatus::Running;
-                    self.status_reason.clear();
-                }
-            }
+            Event::NodeCompleted { node, output, next } => self.complete_node(node, output, next),
             Event::NodePassed { node, output, next } => {
-                // The node's start and end as one seq: both folded, the
-                // start at this event's seq (where its span begins).
-                let seq = self.last_seq;
-                self.last_seq = seq - 1;
-                self.apply(&Event::NodeStarted {
-                    node: node.clone(),
-                    input: Value::Null,
-                    deadline: None,
-                });
-                self.apply(&Event::NodeCompleted {
-                    node: node.clone(),
-                    output: output.clone(),
-                    next: next.clone(),
-                });
-                self.last_seq = seq;
+                // The node's start and end in one event.
+                self.start_node(node, &Value::Null, &None);
+                self.complete_node(node, output, next);
             }
             Event::SignalReceived {
                 signal_id,
@@ -1333,6 +1233,103 @@ impl RunState {
                     });
                 }
             }
+        }
+    }
+
+    /// Fold a node's start ([`Event::NodeStarted`], or the start of an
+    /// [`Event::NodePassed`]: input `null`, no deadline), at the seq of the
+    /// event being applied.
+    fn start_node(&mut self, node: &str, input: &Value, deadline: &Option<TimerSpec>) {
+        self.node_started_seq = self.last_seq;
+        let visit = {
+            let v = self.visits.entry(node.to_owned()).or_insert(0);
+            *v += 1;
+            *v
+        };
+        let prefix = if visit == 1 {
+            node.to_owned()
+        } else {
+            format!("{node}~{visit}")
+        };
+        self.node_io
+            .insert(node.to_owned(), json!({"input": input, "output": null}));
+        self.chosen_next = None;
+        let kind = self
+            .plan
+            .as_ref()
+            .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
+            .map(|n| n.kind.clone());
+        let Some(NodeKind::Agent { agent, .. }) = kind else {
+            self.step = Some(StepState {
+                id: node.to_owned(),
+                prefix,
+                kind: StepKind::Started,
+            });
+            return;
+        };
+        let instructions = self
+            .plan
+            .as_ref()
+            .and_then(|p| p.agents.get(&agent))
+            .map(|a| a.def.instructions.clone())
+            .unwrap_or_default();
+        let user = match input {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        self.node = Some(NodeState {
+            id: node.to_owned(),
+            prefix,
+            agent,
+            transcript: vec![
+                ChatMessage::System {
+                    content: instructions,
+                },
+                ChatMessage::User { content: user },
+            ],
+            model_steps: 0,
+            tool_calls: 0,
+            tokens: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_usd: 0.0,
+            last_call: None,
+            model_call: None,
+            pending: Vec::new(),
+            deadline: deadline.clone(),
+            pii: Vec::new(),
+        });
+    }
+
+    /// Fold a node's end ([`Event::NodeCompleted`], or the end of an
+    /// [`Event::NodePassed`]).
+    fn complete_node(&mut self, node: &str, output: &Value, next: &Option<String>) {
+        let is_set = self
+            .plan
+            .as_ref()
+            .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
+            .is_some_and(|n| matches!(n.kind, NodeKind::Set { .. }));
+        if is_set && let Value::Object(values) = output {
+            for (k, v) in values {
+                self.vars.insert(k.clone(), v.clone());
+            }
+        }
+        if let Some(Value::Object(io)) = self.node_io.get_mut(node) {
+            io.insert("output".into(), output.clone());
+        }
+        // A tool node's result is its output now.
+        if let Some(StepKind::Tool { call_id }) = self.step.as_ref().map(|s| &s.kind)
+            && let Some(call) = self.tool_calls.get_mut(call_id)
+        {
+            call.result = None;
+        }
+        self.node = None;
+        self.step = None;
+        self.chosen_next = next.clone();
+        self.last_completed = Some((node.to_owned(), output.clone()));
+        if self.status == RunStatus::Waiting {
+            self.status = RunStatus::Running;
+            self.status_reason.clear();
         }
     }
 

@@ -544,3 +544,54 @@ pub(crate) fn gate_row(
     };
     Ok((row, now_ms))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use belay_machine::RunStatus;
+    use serde_json::json;
+
+    /// A `node_passed` opens and ends its visit in its one event: each is
+    /// a visit of its own, the second visit of a node prefixed `~2`, its
+    /// span starting at that event.
+    #[test]
+    fn a_passed_node_ends_a_visit_of_its_own_at_its_event() {
+        let mut state = RunState {
+            status: RunStatus::Running,
+            last_seq: 4,
+            trace: Some(belay_proto::trace::TraceContext {
+                traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+                tracestate: String::new(),
+            }),
+            ..RunState::default()
+        };
+        let passed = |output: Value| Event::NodePassed {
+            node: "count".into(),
+            output,
+            next: None,
+        };
+        let ended = apply_events(
+            &mut state,
+            &[passed(json!({"n": 1})), passed(json!({"n": 2}))],
+        );
+        let visits: Vec<(&str, &str, u64, bool)> = ended
+            .iter()
+            .map(|e| {
+                (
+                    e.node.as_str(),
+                    e.visit.as_str(),
+                    e.started_seq,
+                    e.completed,
+                )
+            })
+            .collect();
+        assert_eq!(
+            visits,
+            vec![("count", "count", 5, true), ("count", "count~2", 6, true)]
+        );
+        assert_eq!(state.vars.get("n"), None, "no plan: not a set node");
+        // Untraced: no span, nothing to name.
+        state.trace = None;
+        assert!(apply_events(&mut state, &[passed(json!({}))]).is_empty());
+    }
+}
