@@ -306,6 +306,15 @@ nodes:
   - {id: done, type: succeed, output: "${ .vars }"}
 "#;
 
+/// Put the fleet at `level` (as a migration or a raise after the hold
+/// leaves it) and have the coordinator's engine read it.
+async fn set_level(raw: &common::Raw, coord: &Coordinator, level: i32) {
+    let sql = format!("UPDATE fleet_level SET level = {level}");
+    assert_eq!(raw.execute(&sql, None).await, 1);
+    let joined = coord.store().join_fleet(BEHAVIOUR_LEVEL).await;
+    assert_eq!(joined.expect("join"), level);
+}
+
 /// Start a `PASSING` run, signal it, and return its event kinds.
 async fn passing_run(coord: &Coordinator, key: &str) -> Vec<String> {
     let (run, _) = coord
@@ -358,18 +367,7 @@ async fn below_level_two_a_node_is_started_and_completed_and_from_it_passes() {
         .await
         .expect("register");
     let raw = db.raw().await;
-    assert_eq!(
-        raw.execute("UPDATE fleet_level SET level = 1", None).await,
-        1
-    );
-    assert_eq!(
-        coord
-            .store()
-            .join_fleet(BEHAVIOUR_LEVEL)
-            .await
-            .expect("join"),
-        1
-    );
+    set_level(&raw, &coord, 1).await;
     let wait = [
         "node_started",
         "wait_started",
@@ -390,18 +388,7 @@ async fn below_level_two_a_node_is_started_and_completed_and_from_it_passes() {
     assert_eq!(passing_run(&coord, "k1").await, level_one);
 
     // The fleet raised (as after the hold): the same run, three events fewer.
-    assert_eq!(
-        raw.execute("UPDATE fleet_level SET level = 2", None).await,
-        1
-    );
-    assert_eq!(
-        coord
-            .store()
-            .join_fleet(BEHAVIOUR_LEVEL)
-            .await
-            .expect("join"),
-        2
-    );
+    set_level(&raw, &coord, 2).await;
     let level_two: Vec<&str> = [
         &["run_started", "node_passed"][..],
         &wait,

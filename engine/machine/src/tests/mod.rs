@@ -405,8 +405,14 @@ fn plan_files(tools: &str, agent: &str, workflow: &str) -> RunPlan {
 impl Run {
     /// Starts run `r1` of `plan` with `input`; caller and tenant hold `crm.write`.
     fn start_plan(plan: RunPlan, input: Value) -> (Run, Decision) {
+        Self::start_plan_on(RunState::default(), plan, input)
+    }
+
+    /// [`Run::start_plan`] from `state` (what the store hands in: `now`,
+    /// `node_passed`).
+    fn start_plan_on(state: RunState, plan: RunPlan, input: Value) -> (Run, Decision) {
         let mut run = Run {
-            state: RunState::default(),
+            state,
             history: vec![],
         };
         let d = run.step(Input::Start {

@@ -48,24 +48,11 @@ nodes:
 
 /// Start `workflow` on a state that may (or may not) write `node_passed`.
 fn start(workflow: &str, node_passed: bool) -> (Run, Decision) {
-    let mut run = Run {
-        state: RunState {
-            node_passed,
-            ..RunState::default()
-        },
-        history: vec![],
+    let state = RunState {
+        node_passed,
+        ..RunState::default()
     };
-    let d = run.step(Input::Start {
-        run_id: "r1".into(),
-        tenant: "acme".into(),
-        caller: "app".into(),
-        caller_grants: vec!["crm.write".into()],
-        tenant_grants: vec!["crm.write".into()],
-        input: json!({}),
-        plan: Box::new(plan_files(NOOP, AGENT, workflow)),
-        trace: None,
-    });
-    (run, d)
+    Run::start_plan_on(state, plan_files(NOOP, AGENT, workflow), json!({}))
 }
 
 /// Run the loop to its end, completing each call; the kinds of each
