@@ -1257,7 +1257,7 @@ impl RunState {
         let kind = self
             .plan
             .as_ref()
-            .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
+            .and_then(|p| p.workflow.def.nodes.iter().find(|n| n.id == node))
             .map(|n| n.kind.clone());
         let Some(NodeKind::Agent { agent, .. }) = kind else {
             self.step = Some(StepState {
@@ -1307,7 +1307,7 @@ impl RunState {
         let is_set = self
             .plan
             .as_ref()
-            .and_then(|p| p.workflow.def.nodes.iter().find(|n| &n.id == node))
+            .and_then(|p| p.workflow.def.nodes.iter().find(|n| n.id == node))
             .is_some_and(|n| matches!(n.kind, NodeKind::Set { .. }));
         if is_set && let Value::Object(values) = output {
             for (k, v) in values {
