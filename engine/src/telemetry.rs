@@ -102,7 +102,7 @@ struct Ended {
 /// `store`, recording a node span for every node visit a committed
 /// transition ends, when spans are exported (otherwise `store` as it is).
 /// The spans are made by a task of their own (it reads the visit's
-/// `NodeStarted` time), so a transition only queues them. Call inside a
+/// `NodeStarted` or `NodePassed` time), so a transition only queues them. Call inside a
 /// Tokio runtime, before the store is handed to the coordinator.
 pub fn record_node_spans(store: Store) -> Store {
     if !telemetry::exporting() {

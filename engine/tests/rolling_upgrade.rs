@@ -138,7 +138,7 @@ async fn a_previous_release_beside_this_one_never_sees_a_heartbeated_lease_expir
     );
     assert_eq!(store.fleet_level(), BEHAVIOUR_LEVEL);
 
-    // Level 1: a heartbeat leaves the task's row alone, so a replica of
+    // Level 1 and up: a heartbeat leaves the task's row alone, so a replica of
     // the previous release would now misread the lease: the behaviour the
     // level kept from it while it could run.
     let row_version = "SELECT xmin::text || ':' || ctid::text FROM tasks WHERE task_id = $1";
@@ -396,6 +396,31 @@ async fn below_level_two_a_node_is_started_and_completed_and_from_it_passes() {
     ]
     .concat();
     assert_eq!(passing_run(&coord, "k2").await, level_two);
+    raw.close().await;
+    db.drop().await;
+}
+
+/// A live replica of level 1 (the previous release, which cannot fold
+/// `node_passed`) keeps the fleet at level 1, so nothing is written in
+/// the new form beside it; once it is gone the fleet rises to level 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_level_one_replica_keeps_the_fleet_from_writing_node_passed() {
+    use belay_engine::store::fleet_level::{REPLICA_LIVE_MS, node_passed_readable};
+    let (db, coord, _run) = create_run(Backend::Postgres, "belay_upgrade").await;
+    let raw = db.raw().await;
+    set_level(&raw, &coord, 1).await;
+    let older = db.store(1).await;
+    assert_eq!(older.join_fleet(1).await.expect("join"), 1);
+    assert_eq!(refresh(&coord, 0).await, 1);
+    assert!(!node_passed_readable(coord.store().fleet_level()));
+    older.close().await;
+    coord
+        .store()
+        .advance_clock(REPLICA_LIVE_MS + 1_000)
+        .await
+        .expect("clock");
+    assert_eq!(refresh(&coord, 0).await, 2);
+    assert!(node_passed_readable(coord.store().fleet_level()));
     raw.close().await;
     db.drop().await;
 }

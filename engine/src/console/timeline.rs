@@ -181,15 +181,10 @@ fn summary(kind: &str, p: &Value) -> String {
                 t("next")
             }
         ),
-        "node_passed" => format!(
-            "node {} passed → {}",
-            t("node"),
-            if t("next").is_empty() {
-                "its next".into()
-            } else {
-                t("next")
-            }
-        ),
+        "node_passed" => match t("next") {
+            next if next.is_empty() => format!("node {} passed", t("node")),
+            next => format!("node {} passed → {next}", t("node")),
+        },
         "run_completed" => format!("completed: {}", short(&p["output"], 160)),
         "run_failed" => format!("failed: {}", cut(&t("error"), 200)),
         "run_cancelled" => format!("cancelled: {}", cut(&t("reason"), 200)),

@@ -69,10 +69,10 @@ pub struct EndedNode {
     pub node: String,
     /// The visit's prefix (`<node>` or `<node>~<n>`).
     pub visit: String,
-    /// Seq of its `NodeStarted` event (its span's start time is that
-    /// event's `recorded_at`).
+    /// Seq of its `NodeStarted` or `NodePassed` event (its span's start
+    /// time is that event's `recorded_at`).
     pub started_seq: u64,
-    /// `NodeCompleted` ended it; otherwise the run ended (failed,
+    /// `NodeCompleted` or `NodePassed` ended it; otherwise the run ended (failed,
     /// cancelled) with the node open.
     pub completed: bool,
 }
