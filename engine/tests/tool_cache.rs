@@ -229,6 +229,13 @@ async fn a_second_run_is_served_from_the_cache_until_the_entry_expires(backend: 
         !kinds.iter().any(|k| k == "tool_call_dispatched"),
         "{kinds:?}"
     );
+    // The `succeed` after the hit passed in the start's transition too, as
+    // one event (the fleet of a new database reads `node_passed`).
+    assert_eq!(
+        &kinds[kinds.len() - 3..],
+        ["node_completed", "node_passed", "run_completed"],
+        "{kinds:?}"
+    );
     let cached = env.cached(second).await;
     assert_eq!(cached.len(), 1);
     assert_eq!(cached[0]["key"], json!(entry.cache_key));

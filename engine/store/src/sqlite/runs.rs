@@ -76,8 +76,13 @@ impl Lite {
         let decision = if crate::transition::cache_lookups(&decision.commands).is_empty() {
             decision
         } else {
-            served =
-                serve_from_cache(&mut tx, tenant, &RunState::default(), decision.clone()).await?;
+            // The start's state as the coordinator built it: whether the
+            // fleet reads `node_passed` (the rest is empty at a start).
+            let start = RunState {
+                node_passed: crate::fleet_level::node_passed_readable(self.fleet_level()),
+                ..RunState::default()
+            };
+            served = serve_from_cache(&mut tx, tenant, &start, decision.clone()).await?;
             &served
         };
         let mut state = RunState::default();
