@@ -313,6 +313,16 @@ pub fn full_jitter_ms(base: u64, run_id: &str, call_id: &str, attempt: u32) -> u
     u64::from_be_bytes(first) % base.saturating_add(1)
 }
 
+/// The prefix of the `visit`-th visit (1-based) of node `node`, which names
+/// the visit's calls and timers: `<node>` on the first visit, `<node>~<n>`
+/// on the n-th.
+pub fn visit_prefix(node: &str, visit: u32) -> String {
+    match visit {
+        0 | 1 => node.to_owned(),
+        visit => format!("{node}~{visit}"),
+    }
+}
+
 /// Idempotency key of a call: belongs to run + call, never to an attempt.
 pub fn idempotency_key(run_id: &str, call_id: &str) -> String {
     format!("{run_id}/{call_id}")

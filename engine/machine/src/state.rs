@@ -1246,11 +1246,7 @@ impl RunState {
             *v += 1;
             *v
         };
-        let prefix = if visit == 1 {
-            node.to_owned()
-        } else {
-            format!("{node}~{visit}")
-        };
+        let prefix = crate::visit_prefix(node, visit);
         self.node_io
             .insert(node.to_owned(), json!({"input": input, "output": null}));
         self.chosen_next = None;

@@ -117,22 +117,16 @@ pub(crate) fn apply_events(state: &mut RunState, events: &[Event]) -> Vec<EndedN
         {
             ended.push(EndedNode {
                 node: node.clone(),
-                visit: visit_prefix(state, node),
+                visit: belay_machine::visit_prefix(
+                    node,
+                    state.visits.get(node).copied().unwrap_or(1),
+                ),
                 started_seq: state.last_seq,
                 completed: true,
             });
         }
     }
     ended
-}
-
-/// The prefix of the latest visit of node `id` in `state` (the fold's
-/// rule: `<node>` on the first visit, `<node>~<n>` on the n-th).
-fn visit_prefix(state: &RunState, id: &str) -> String {
-    match state.visits.get(id).copied().unwrap_or(1) {
-        1 => id.to_owned(),
-        visit => format!("{id}~{visit}"),
-    }
 }
 
 /// A bounded map of run states; when full, an arbitrary entry is dropped.

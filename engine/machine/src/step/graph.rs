@@ -445,10 +445,7 @@ impl Step {
     /// The prefix the next visit of node `id` gets (the fold's rule:
     /// `<node>` on the first visit, `<node>~<n>` on the n-th).
     fn next_prefix(&self, id: &str) -> String {
-        match self.state.visits.get(id).copied().unwrap_or(0) + 1 {
-            1 => id.to_owned(),
-            visit => format!("{id}~{visit}"),
-        }
+        crate::visit_prefix(id, self.state.visits.get(id).copied().unwrap_or(0) + 1)
     }
 
     /// The call/timer id prefix of the step being started.
