@@ -15,6 +15,7 @@
 //! refused at start. Level 2 (issue 23): a node that starts and ends in
 //! one decision is one `node_passed` event, which a level-1 replica cannot
 //! fold; below it, the `node_started` and `node_completed` it reads.
+//! Level 3: a tool node's start and end ride on its call's events.
 
 mod common;
 use common::{Backend, TestDb, create_run};
@@ -315,19 +316,31 @@ async fn set_level(raw: &common::Raw, coord: &Coordinator, level: i32) {
     assert_eq!(joined.expect("join"), level);
 }
 
-/// Start a `PASSING` run, signal it, and return its event kinds.
-async fn passing_run(coord: &Coordinator, key: &str) -> Vec<String> {
+/// Start a run of `workflow` for tenant `t` (input `{}`), by caller `c`
+/// holding `grants`.
+async fn start(
+    coord: &Coordinator,
+    workflow: &str,
+    key: &str,
+    grants: &[&str],
+) -> belay_engine::store::RunRow {
     let (run, _) = coord
         .start_run(belay_engine::coordinator::StartRun {
             tenant: "t".into(),
-            workflow: "passing".into(),
+            workflow: workflow.into(),
             input_json: "{}".into(),
             idempotency_key: key.into(),
             caller: "c".into(),
-            caller_grants: vec![],
+            caller_grants: grants.iter().map(|g| (*g).to_owned()).collect(),
         })
         .await
         .expect("start");
+    run
+}
+
+/// Start a `PASSING` run, signal it, and return its event kinds.
+async fn passing_run(coord: &Coordinator, key: &str) -> Vec<String> {
+    let run = start(coord, "passing", key, &[]).await;
     let id = run.run_id.to_string();
     let (done, _) = coord
         .signal_run("t", &id, "go", "s1", "{}", "test")
@@ -400,27 +413,101 @@ async fn below_level_two_a_node_is_started_and_completed_and_from_it_passes() {
     db.drop().await;
 }
 
+/// A tool node, then `succeed`.
+const CALLING: &str = r#"kind: workflow
+name: calling
+nodes:
+  - {id: call, type: tool, tool: noop, args: {i: 1}, grants: [crm.write], next: done}
+  - {id: done, type: succeed}
+"#;
+
+/// The idempotent tool `CALLING` calls.
+const NOOP: &str = r#"TOOLS:
+  noop(i: number) -> {ok: boolean}
+    description: "Does nothing"
+    type: http
+    endpoint: "/noop"
+    permission: crm.write
+    repeat_safety: idempotent
+"#;
+
+/// Start a `CALLING` run, have worker `w` claim, dispatch and complete its
+/// call, and return its event kinds.
+async fn calling_run(coord: &Coordinator, key: &str) -> Vec<String> {
+    let run = start(coord, "calling", key, &["crm.write"]).await;
+    let task = common::claim_of(coord, "w", run.run_id, "tool_call").await;
+    let id = task.task_id.to_string();
+    let attempt = u32::try_from(task.attempt).expect("attempt");
+    coord.dispatch("w", &id, attempt).await.expect("dispatch");
+    coord
+        .complete("w", &id, attempt, r#"{"ok": true}"#)
+        .await
+        .expect("complete");
+    let events = coord
+        .store()
+        .list_events(run.run_id, 0, 100)
+        .await
+        .expect("events");
+    assert_eq!(
+        events.last().map(|e| e.kind.as_str()),
+        Some("run_completed")
+    );
+    events.into_iter().map(|e| e.kind).collect()
+}
+
+/// Behaviour level 3 (issue 23): a tool node's start rides on its call's
+/// `tool_call_scheduled` (the coordinator's start) and its end on the
+/// call's `tool_call_completed` (the store's transition), which a replica
+/// of level 2 would not read as the node's; below level 3 the node's own
+/// `node_started` and `node_completed` are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_level_three_a_tool_node_is_started_and_completed_and_from_it_folds() {
+    let db = TestDb::create(Backend::Postgres, "belay_upgrade").await;
+    let coord = common::coordinator(db.store(4).await, &["t"], NOOP, CALLING, &["crm.write"]).await;
+    let raw = db.raw().await;
+    let call = ["tool_call_dispatched", "tool_call_completed"];
+    set_level(&raw, &coord, 2).await;
+    let level_two: Vec<&str> = [
+        &["run_started", "node_started", "tool_call_scheduled"][..],
+        &call,
+        &["node_completed", "node_passed", "run_completed"],
+    ]
+    .concat();
+    assert_eq!(calling_run(&coord, "k2").await, level_two);
+    set_level(&raw, &coord, 3).await;
+    let level_three: Vec<&str> = [
+        &["run_started", "tool_call_scheduled"][..],
+        &call,
+        &["node_passed", "run_completed"],
+    ]
+    .concat();
+    assert_eq!(calling_run(&coord, "k3").await, level_three);
+    raw.close().await;
+    db.drop().await;
+}
+
 /// A live replica of level 1 (the previous release, which cannot fold
 /// `node_passed`) keeps the fleet at level 1, so nothing is written in
-/// the new form beside it; once it is gone the fleet rises to level 2.
+/// the new form beside it; once it is gone the fleet rises to this build's level.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_level_one_replica_keeps_the_fleet_from_writing_node_passed() {
-    use belay_engine::store::fleet_level::{REPLICA_LIVE_MS, node_passed_readable};
+    use belay_engine::machine::level::NODE_PASSED;
+    use belay_engine::store::fleet_level::{REPLICA_LIVE_MS, machine_level};
     let (db, coord, _run) = create_run(Backend::Postgres, "belay_upgrade").await;
     let raw = db.raw().await;
     set_level(&raw, &coord, 1).await;
     let older = db.store(1).await;
     assert_eq!(older.join_fleet(1).await.expect("join"), 1);
     assert_eq!(refresh(&coord, 0).await, 1);
-    assert!(!node_passed_readable(coord.store().fleet_level()));
+    assert!(machine_level(coord.store().fleet_level()) < NODE_PASSED);
     older.close().await;
     coord
         .store()
         .advance_clock(REPLICA_LIVE_MS + 1_000)
         .await
         .expect("clock");
-    assert_eq!(refresh(&coord, 0).await, 2);
-    assert!(node_passed_readable(coord.store().fleet_level()));
+    assert_eq!(refresh(&coord, 0).await, BEHAVIOUR_LEVEL);
+    assert!(machine_level(coord.store().fleet_level()) >= NODE_PASSED);
     raw.close().await;
     db.drop().await;
 }

@@ -229,11 +229,19 @@ async fn a_second_run_is_served_from_the_cache_until_the_entry_expires(backend: 
         !kinds.iter().any(|k| k == "tool_call_dispatched"),
         "{kinds:?}"
     );
-    // The `succeed` after the hit passed in the start's transition too, as
-    // one event (the fleet of a new database reads `node_passed`).
+    // The whole run is its start's transition, where the fleet of a new
+    // database reads every form: the tool node starts with its call's
+    // scheduling and ends with the cached result, and the `succeed` after
+    // it passes in one event.
     assert_eq!(
-        &kinds[kinds.len() - 3..],
-        ["node_completed", "node_passed", "run_completed"],
+        kinds,
+        [
+            "run_started",
+            "tool_call_scheduled",
+            "tool_call_completed",
+            "node_passed",
+            "run_completed"
+        ],
         "{kinds:?}"
     );
     let cached = env.cached(second).await;

@@ -1022,8 +1022,21 @@ pub fn timeline_line(event: &RunEvent) -> String {
         "run_completed" => format!("output={}", s("output")),
         "run_failed" => format!("error={}", s("error")),
         _ => short(&p, 200),
-    };
+    } + folded_node(&p);
     format!("{:>4}  {:<27} {}", event.seq, event.kind, detail)
+}
+
+/// ` starts_node` or ` ends_node` when a call's event also starts or ends
+/// its tool node (`tool_call_scheduled.starts_node`,
+/// `tool_call_completed.ends_node`: the node's own event folded in, issue
+/// 23), else nothing.
+fn folded_node(p: &Value) -> &'static str {
+    let set = |field: &str| p.get(field) == Some(&Value::Bool(true));
+    match (set("starts_node"), set("ends_node")) {
+        (true, _) => " starts_node",
+        (_, true) => " ends_node",
+        _ => "",
+    }
 }
 
 /// The most bytes of definition files one registration may carry: the
@@ -1111,6 +1124,28 @@ mod tests {
             serde_json::json!({"call_id": "pay.t1", "tool": "charge", "from": "on_error", "values": {}, "errors": {"code": "not a number"}}),
         ));
         assert!(line.contains("errors="), "{line}");
+    }
+
+    #[test]
+    fn a_call_that_starts_or_ends_its_node_says_so() {
+        let line = timeline_line(&event(
+            "tool_call_scheduled",
+            serde_json::json!({"call_id": "call.t1", "tool": "noop", "arguments": {"i": 0}, "idempotency_key": "k", "repeat_safety": "idempotent", "starts_node": true}),
+        ));
+        assert!(
+            line.ends_with("repeat_safety=idempotent starts_node"),
+            "{line}"
+        );
+        let line = timeline_line(&event(
+            "tool_call_completed",
+            serde_json::json!({"call_id": "call.t1", "attempt": 1, "result": {"ok": true}, "ends_node": true}),
+        ));
+        assert!(line.ends_with(r#"result={"ok":true} ends_node"#), "{line}");
+        let line = timeline_line(&event(
+            "tool_call_completed",
+            serde_json::json!({"call_id": "call.t1", "attempt": 1, "result": {"ok": true}}),
+        ));
+        assert!(line.ends_with(r#"result={"ok":true}"#), "{line}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ),
     ("engine/definitions/src/lib.rs::parse_bundle", 255),
     ("engine/definitions/src/yaml.rs::parse_node", 248),
-    ("engine/machine/src/state.rs::apply", 538),
+    ("engine/machine/src/state.rs::fold_event", 536),
     ("engine/machine/src/decide.rs::decide", 383),
     (
         "engine/machine/src/step/proposal.rs::check_and_schedule",

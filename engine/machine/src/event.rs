@@ -266,6 +266,14 @@ pub enum Event {
         /// the one that runs). Added for issue 4.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         variant: Option<String>,
+        /// Also the start of tool node `node` with `arguments` as its
+        /// input: what a [`Event::NodeStarted`] right before this event
+        /// (no deadline) records, folded in. Added for issue 23 (a loop
+        /// step wrote the node's input twice); written only once every
+        /// engine of the fleet reads it (behaviour level
+        /// [`crate::level::FOLDED_TOOL_NODE`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        starts_node: bool,
     },
     /// A worker was allowed to start the side effect of an attempt.
     ToolCallDispatched {
@@ -474,6 +482,14 @@ pub enum Event {
         /// cache).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cached: Option<super::cache::CachedResult>,
+        /// Also the end of the tool node whose call this is, with the
+        /// call's result (after its `process.after` stage) as the node's
+        /// output and the node's `next`: what a [`Event::NodeCompleted`]
+        /// right after this event records, folded in. Added for issue 23;
+        /// written only from behaviour level
+        /// [`crate::level::FOLDED_TOOL_NODE`].
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ends_node: bool,
     },
     /// The tool call failed for good; the model sees `error`.
     ToolCallFailed {

@@ -194,14 +194,14 @@
 //! `Command::RecordToolOutcome`.
 //! **Invariant:** no I/O, no clock, no randomness; imports no sqlx, tonic,
 //! reqwest or tokio. Replaying a history gives the same state and decisions
-//! (given the same `RunState::now` and `RunState::node_passed`, which the
+//! (given the same `RunState::now` and `RunState::fleet_level`, which the
 //! store hands in and every event that depends on records).
 //! One exception, hidden behind a process-wide service like the compiled
 //! filter cache: with the expression sandbox on, evaluating a template or a
 //! `when` in `decide` waits (at most 1 s) for an evaluator process. The
 //! machine stays synchronous and deterministic in what it records: every
-//! evaluated value lands in an event (`node_started` input, `node_completed`
-//! or `node_passed` output, a branch's `{case, next}`, `wait_started` timers, `run_failed`
+//! evaluated value lands in an event (`node_started` input or a
+//! `tool_call_scheduled`'s arguments, `node_completed` or `node_passed` output, a branch's `{case, next}`, `wait_started` timers, `run_failed`
 //! error), and `RunState::apply` (`state.rs`, the fold used by replay and
 //! by the store) never evaluates an expression, so replaying a history never
 //! evaluates again; only a new decision can differ in how an evaluation
@@ -210,6 +210,7 @@
 pub mod cache;
 pub mod event;
 pub mod gates;
+pub mod level;
 pub mod normalize;
 pub mod pii;
 pub mod plan;

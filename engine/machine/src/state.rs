@@ -564,14 +564,13 @@ pub struct RunState {
     /// Seq of the latest `NodeStarted` or `NodePassed` (0 before the
     /// first): where the open node's span begins.
     pub node_started_seq: u64,
-    /// Whether the machine may write [`Event::NodePassed`] for a node that
-    /// starts and ends in one decision: every engine that may read this
-    /// run's history reads it (the fleet's behaviour level is 2 or more,
-    /// `belay_store::fleet_level`). Set by the store or the coordinator
+    /// The behaviour level every engine that may read this run's history
+    /// implements (the fleet's, `belay_store::fleet_level`): the machine
+    /// writes an event form of [`crate::level`] only at or above its
+    /// level, the older form below. Set by the store or the coordinator
     /// right before it asks the machine, like [`RunState::now`]; not part
-    /// of the fold (`false` in a folded history: the two events
-    /// `NodeStarted` and `NodeCompleted`, which every release reads).
-    pub node_passed: bool,
+    /// of the fold (0 in a folded history: the forms every release reads).
+    pub fleet_level: u32,
 }
 
 impl Default for RunState {
@@ -605,7 +604,7 @@ impl Default for RunState {
             now: None,
             trace: None,
             node_started_seq: 0,
-            node_passed: false,
+            fleet_level: 0,
         }
     }
 }
@@ -699,6 +698,18 @@ impl RunState {
     /// the machine never emits them, and a fold must not crash on history.
     pub fn apply(&mut self, event: &Event) {
         self.last_seq += 1;
+        self.fold_event(event);
+    }
+
+    /// Fold `event` as a part of the event before it, at that event's seq:
+    /// the machine writing two events as one ([`crate::level`]) after it
+    /// folded the first.
+    pub(crate) fn apply_within_last(&mut self, event: &Event) {
+        self.fold_event(event);
+    }
+
+    /// [`RunState::apply`] but for the seq.
+    fn fold_event(&mut self, event: &Event) {
         match event {
             Event::RunStarted {
                 run_id,
@@ -808,8 +819,12 @@ impl RunState {
                 idempotency_key,
                 repeat_safety,
                 variant,
+                starts_node,
                 ..
             } => {
+                if *starts_node {
+                    self.start_node(node, arguments, &None);
+                }
                 if let Some(step) = self.step.as_mut()
                     && &step.id == node
                 {
@@ -962,14 +977,9 @@ impl RunState {
                 call_id,
                 attempt,
                 result,
+                ends_node,
                 ..
-            } => {
-                if let Some(call) = self.tool_calls.get_mut(call_id) {
-                    call.completed_by_attempt = Some(*attempt);
-                }
-                self.complete_call(call_id, result);
-                self.end_child_wait(call_id);
-            }
+            } => self.fold_tool_call_completed(call_id, *attempt, result, *ends_node),
             Event::ToolCallFailed { call_id, error, .. } => {
                 self.fail_call(call_id, error);
                 self.end_child_wait(call_id);
@@ -1236,9 +1246,10 @@ impl RunState {
         }
     }
 
-    /// Fold a node's start ([`Event::NodeStarted`], or the start of an
-    /// [`Event::NodePassed`]: input `null`, no deadline), at the seq of the
-    /// event being applied.
+    /// Fold a node's start ([`Event::NodeStarted`], the start of an
+    /// [`Event::NodePassed`]: input `null`, no deadline, or of a
+    /// `ToolCallScheduled` that `starts_node`: its arguments, no deadline),
+    /// at the seq of the event being applied.
     fn start_node(&mut self, node: &str, input: &Value, deadline: &Option<TimerSpec>) {
         self.node_started_seq = self.last_seq;
         let visit = {
@@ -1297,8 +1308,9 @@ impl RunState {
         });
     }
 
-    /// Fold a node's end ([`Event::NodeCompleted`], or the end of an
-    /// [`Event::NodePassed`]).
+    /// Fold a node's end ([`Event::NodeCompleted`], the end of an
+    /// [`Event::NodePassed`], or of a `ToolCallCompleted` that
+    /// `ends_node`).
     fn complete_node(&mut self, node: &str, output: &Value, next: &Option<String>) {
         let is_set = self
             .plan
@@ -1327,6 +1339,35 @@ impl RunState {
             self.status = RunStatus::Running;
             self.status_reason.clear();
         }
+    }
+
+    /// Fold a [`Event::ToolCallCompleted`]: the call's result, and the end
+    /// of its tool node when the event `ends_node`.
+    fn fold_tool_call_completed(
+        &mut self,
+        call_id: &str,
+        attempt: u32,
+        result: &Value,
+        ends_node: bool,
+    ) {
+        if let Some(call) = self.tool_calls.get_mut(call_id) {
+            call.completed_by_attempt = Some(attempt);
+        }
+        self.complete_call(call_id, result);
+        self.end_child_wait(call_id);
+        if ends_node && let Some((node, output)) = self.tool_node_end(call_id) {
+            self.complete_node(&node, &output, &None);
+        }
+    }
+
+    /// The end a completed `call_id` gives the tool node it is the call
+    /// of, as `(node, output)`: the call's result (after its
+    /// `process.after` stage), what `ToolCallCompleted.ends_node` folds
+    /// in. `None`: no tool node is waiting for that call.
+    pub(crate) fn tool_node_end(&self, call_id: &str) -> Option<(String, Value)> {
+        let step = self.step.as_ref().filter(|_| self.is_step_call(call_id))?;
+        let output = self.tool_calls.get(call_id)?.result.clone();
+        Some((step.id.clone(), output.unwrap_or(Value::Null)))
     }
 
     /// Whether `call_id` is the call of the tool node being executed.

@@ -109,7 +109,16 @@ fn summary(kind: &str, p: &Value) -> String {
             t("check"),
             cut(&t("reason"), 160)
         ),
-        "tool_call_scheduled" => format!("{} scheduled ({})", t("tool"), t("repeat_safety")),
+        "tool_call_scheduled" => format!(
+            "{}{} scheduled ({})",
+            if p["starts_node"] == true {
+                format!("node {} started: ", t("node"))
+            } else {
+                String::new()
+            },
+            t("tool"),
+            t("repeat_safety")
+        ),
         "tool_call_dispatched" => {
             format!("attempt {} dispatched to {}", t("attempt"), t("worker_id"))
         }
@@ -121,9 +130,14 @@ fn summary(kind: &str, p: &Value) -> String {
             cut(&t("error"), 160)
         ),
         "tool_call_completed" => format!(
-            "attempt {} completed: {}",
+            "attempt {} completed: {}{}",
             t("attempt"),
-            short(&p["result"], 120)
+            short(&p["result"], 120),
+            if p["ends_node"] == true {
+                "; its node completed"
+            } else {
+                ""
+            }
         ),
         "tool_call_failed" => format!("failed: {}", cut(&t("error"), 160)),
         "task_lease_expired" => format!(
@@ -288,7 +302,8 @@ impl Builder {
         ) {
             (Some(at), _, _) => Some(at),
             (None, false, false) => {
-                let section = self.visit(&node, false);
+                // A call that starts its node (`starts_node`) opens a visit.
+                let section = self.visit(&node, p["starts_node"] == true);
                 self.open_call(section, &call_id, e)
             }
             _ => None,
@@ -458,6 +473,53 @@ mod tests {
         );
         assert!(call.attempts[0].ended.ends_with("lease expired"));
         assert!(matches!(&sections[2], Section::Run(i) if i.summary == "paused: uncertain"));
+    }
+
+    #[test]
+    fn a_call_that_starts_its_node_opens_a_visit_and_its_result_ends_it() {
+        let scheduled = |seq, call: &str| {
+            ev(
+                seq,
+                json!({"type": "tool_call_scheduled", "node": "call", "call_id": call, "tool": "noop", "arguments": {}, "idempotency_key": "k", "repeat_safety": "idempotent", "starts_node": true}),
+            )
+        };
+        let completed = |seq, call: &str| {
+            ev(
+                seq,
+                json!({"type": "tool_call_completed", "call_id": call, "attempt": 1, "result": {"ok": true}, "ends_node": true}),
+            )
+        };
+        let events = [
+            ev(1, json!({"type": "run_started", "caller": "c"})),
+            scheduled(2, "call.t1"),
+            completed(3, "call.t1"),
+            scheduled(4, "call~2.t1"),
+            completed(5, "call~2.t1"),
+        ];
+        let sections = build(&events);
+        let visits: Vec<(&str, u32, usize)> = sections
+            .iter()
+            .filter_map(|s| match s {
+                Section::Node(v) => Some((v.node.as_str(), v.visit, v.calls.len())),
+                Section::Run(_) => None,
+            })
+            .collect();
+        assert_eq!(visits, vec![("call", 1, 1), ("call", 2, 1)]);
+        let Section::Node(second) = &sections[2] else {
+            panic!("a visit")
+        };
+        let lines: Vec<&str> = second.calls[0]
+            .events
+            .iter()
+            .map(|i| i.summary.as_str())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "node call started: noop scheduled (idempotent)",
+                "attempt 1 completed: {\"ok\":true}; its node completed"
+            ]
+        );
     }
 
     #[test]

@@ -218,7 +218,8 @@ impl Coordinator {
     /// tool of `plan` fills a parameter with the time (`source: runtime`
     /// `time`, `date`, `unix_ms`), since its first node may call it (the
     /// one round trip is spent only then), and whether every engine of the
-    /// fleet reads `node_passed` (`store::fleet_level`).
+    /// level of the event forms every engine of the fleet reads
+    /// (`store::fleet_level::machine_level`).
     pub(super) async fn start_state(
         &self,
         plan: &RunPlan,
@@ -235,7 +236,7 @@ impl Coordinator {
         };
         Ok(machine::RunState {
             now,
-            node_passed: crate::store::fleet_level::node_passed_readable(self.store.fleet_level()),
+            fleet_level: crate::store::fleet_level::machine_level(self.store.fleet_level()),
             ..machine::RunState::default()
         })
     }

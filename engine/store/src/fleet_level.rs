@@ -36,12 +36,16 @@
 //! |---|---|
 //! | 0 | releases before the registry |
 //! | 1 | a heartbeat extends a lease in `task_heartbeats` alone ([`heartbeats_write_task_rows`]); below, it also extends `tasks.lease_expires_at`, which is all a release before migration `20261206000090` reads |
-//! | 2 | a node that starts and ends in one decision is one `node_passed` event ([`node_passed_readable`]); below, a `node_started` and a `node_completed`, the only kinds a release of level 1 folds. A database that has run nothing and seen no engine starts at level 2 (migration `20261212000200`) |
+//! | 2 | a node that starts and ends in one decision is one `node_passed` event (`belay_machine::level::NODE_PASSED`); below, a `node_started` and a `node_completed`, the only kinds a release of level 1 folds. A database that has run nothing and seen no engine starts at level 2 (migration `20261212000200`) |
+//! | 3 | a tool node's start rides on its call's `tool_call_scheduled` (`starts_node`) and its end on the call's `tool_call_completed` (`ends_node`) where they carry the same arguments and result (`belay_machine::level::FOLDED_TOOL_NODE`); below, its own `node_started` and `node_completed`, which a release of level 2 needs. A database that has run nothing and seen no engine starts at level 3 (migration `20261213000210`) |
+//!
+//! The machine picks the forms (`RunState::fleet_level`, from
+//! [`machine_level`]); the levels of its forms are `belay_machine::level`'s.
 
 use crate::StoreError;
 
 /// The behaviour level this build implements.
-pub const BEHAVIOUR_LEVEL: i32 = 2;
+pub const BEHAVIOUR_LEVEL: i32 = 3;
 
 /// How long (ms) the fleet must have looked upgraded before its level is
 /// raised, by default: 10 minutes, longer than a rolling upgrade's pods
@@ -78,11 +82,12 @@ pub fn heartbeats_write_task_rows(fleet_level: i32) -> bool {
     fleet_level < 1
 }
 
-/// Whether every engine of a fleet at `fleet_level` reads the
-/// `node_passed` event (level 2), so the machine may write it
-/// (`RunState::node_passed`).
-pub fn node_passed_readable(fleet_level: i32) -> bool {
-    fleet_level >= 2
+/// The level of the event forms the machine may write for a fleet at
+/// `fleet_level` (`RunState::fleet_level`): the fleet's, never above this
+/// build's own ([`BEHAVIOUR_LEVEL`]); 0 for a level the database should
+/// never hold (below 0).
+pub fn machine_level(fleet_level: i32) -> u32 {
+    u32::try_from(fleet_level.min(BEHAVIOUR_LEVEL)).unwrap_or(0)
 }
 
 /// What [`crate::Store::refresh_fleet`] asks: this engine's level, and how
@@ -139,10 +144,12 @@ mod tests {
     }
 
     #[test]
-    fn node_passed_is_written_from_level_two_only() {
-        assert!(!node_passed_readable(0));
-        assert!(!node_passed_readable(1));
-        assert!(node_passed_readable(2));
-        assert!(node_passed_readable(BEHAVIOUR_LEVEL));
+    fn the_machine_writes_the_forms_of_the_fleets_level_up_to_its_own() {
+        use belay_machine::level::{FOLDED_TOOL_NODE, NODE_PASSED};
+        assert!(machine_level(1) < NODE_PASSED);
+        assert_eq!(machine_level(2), NODE_PASSED);
+        assert_eq!(machine_level(3), FOLDED_TOOL_NODE);
+        assert_eq!(machine_level(BEHAVIOUR_LEVEL + 1), FOLDED_TOOL_NODE);
+        assert_eq!(machine_level(-1), 0);
     }
 }

@@ -108,7 +108,14 @@ pub(crate) fn apply_events(state: &mut RunState, events: &[Event]) -> Vec<EndedN
                 node,
                 visit,
                 started_seq,
-                completed: matches!(event, Event::NodeCompleted { .. }),
+                completed: matches!(
+                    event,
+                    Event::NodeCompleted { .. }
+                        | Event::ToolCallCompleted {
+                            ends_node: true,
+                            ..
+                        }
+                ),
             });
         }
         // A node that passed opened and ended its visit in this one event.

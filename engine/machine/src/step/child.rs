@@ -106,6 +106,7 @@ impl Step {
                 attempt: 0,
                 result: json!({"run_id": child_run_id}),
                 cached: None,
+                ends_node: false,
             });
         }
     }
@@ -149,6 +150,7 @@ impl Step {
                     attempt: 0,
                     result: output.unwrap_or(Value::Null),
                     cached: None,
+                    ends_node: false,
                 });
             } else {
                 self.emit(Event::ToolCallFailed {

@@ -275,6 +275,7 @@ impl Step {
                 stored_at: at(entry.stored_at),
                 expires_at: at(entry.expires_at),
             }),
+            ends_node: false,
         });
         Ok(())
     }

@@ -413,12 +413,12 @@ impl Step {
 
     /// Record node `id` starting and ending in this decision (input `null`):
     /// one [`Event::NodePassed`] where every engine reads it
-    /// ([`RunState::node_passed`](crate::RunState::node_passed)), a
+    /// ([`crate::level::NODE_PASSED`]), a
     /// `NodeStarted` and a `NodeCompleted` otherwise; both fold to the same
     /// state.
     fn pass_node(&mut self, id: &str, output: Value, next: Option<String>) {
         let node = id.to_owned();
-        if self.state.node_passed {
+        if self.state.fleet_level >= crate::level::NODE_PASSED {
             self.emit(Event::NodePassed { node, output, next });
             return;
         }
@@ -595,6 +595,7 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
             variant,
+            starts_node: false,
         });
         if let Some((outcome, message, why)) = before_skipped {
             self.emit(Event::ToolCallProcessed {

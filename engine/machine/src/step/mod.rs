@@ -114,6 +114,9 @@ impl Step {
             self.state.apply(&processed);
             self.out.events.push(processed);
         }
+        if self.fold_into_last(&event) {
+            return;
+        }
         self.state.apply(&event);
         let vars = self.outcome_vars(&event);
         if let Some(keep) = self.cache_store(&event) {
@@ -124,6 +127,69 @@ impl Step {
             self.state.apply(&vars);
             self.out.events.push(vars);
         }
+    }
+
+    /// Where the fleet reads it ([`crate::level::FOLDED_TOOL_NODE`]), write
+    /// `event` as a part of the decision's last event, which the fold then
+    /// reads as both: a tool node's `NodeStarted` followed by its call's
+    /// `ToolCallScheduled` with those arguments becomes the
+    /// `ToolCallScheduled` (`starts_node`), and a call's
+    /// `ToolCallCompleted` followed by its node's `NodeCompleted` with that
+    /// result becomes the `ToolCallCompleted` (`ends_node`). `true`: done
+    /// (folded into the state and into the last event).
+    fn fold_into_last(&mut self, event: &Event) -> bool {
+        if self.state.fleet_level < crate::level::FOLDED_TOOL_NODE {
+            return false;
+        }
+        let folds = match (self.out.events.last(), event) {
+            (
+                Some(Event::NodeStarted {
+                    node: started,
+                    input,
+                    deadline: None,
+                }),
+                Event::ToolCallScheduled {
+                    node, arguments, ..
+                },
+            ) => started == node && input == arguments,
+            (
+                Some(Event::ToolCallCompleted {
+                    call_id,
+                    ends_node: false,
+                    ..
+                }),
+                Event::NodeCompleted {
+                    node,
+                    output,
+                    next: None,
+                },
+            ) => self
+                .state
+                .tool_node_end(call_id)
+                .is_some_and(|(n, o)| &n == node && &o == output),
+            _ => false,
+        };
+        if !folds {
+            return false;
+        }
+        self.state.apply_within_last(event);
+        match (self.out.events.pop(), event) {
+            (Some(Event::NodeStarted { .. }), Event::ToolCallScheduled { .. }) => {
+                let mut scheduled = event.clone();
+                if let Event::ToolCallScheduled { starts_node, .. } = &mut scheduled {
+                    *starts_node = true;
+                }
+                self.out.events.push(scheduled);
+            }
+            (Some(mut completed), _) => {
+                if let Event::ToolCallCompleted { ends_node, .. } = &mut completed {
+                    *ends_node = true;
+                }
+                self.out.events.push(completed);
+            }
+            (None, _) => {}
+        }
+        true
     }
 
     /// Before a call's result is recorded: its tool's `process.after`,

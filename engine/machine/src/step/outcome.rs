@@ -97,6 +97,7 @@ impl Step {
                     attempt,
                     result: payload,
                     cached: None,
+                    ends_node: false,
                 });
                 // The worker may not have reported the acceptance yet: its
                 // task ends here, and its report finds the call completed.
@@ -187,6 +188,7 @@ impl Step {
             attempt,
             result: result.clone(),
             cached: None,
+            ends_node: false,
         });
         self.command(Command::EndTask {
             call_id: call_id.clone(),

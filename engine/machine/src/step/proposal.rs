@@ -296,9 +296,9 @@ impl Step {
             idempotency_key: key.clone(),
             repeat_safety,
             variant,
+            starts_node: false,
         };
-        let confirmation = tool.def.confirmation.clone();
-        let tool_name = tool.def.name.clone();
+        let (confirmation, tool_name) = (tool.def.confirmation.clone(), tool.def.name.clone());
         self.emit(event);
         self.vault_arguments(&call_id, &tool_name, untraced_values);
         if let Some((outcome, message, why)) = before_skipped {

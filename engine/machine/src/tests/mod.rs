@@ -45,7 +45,7 @@ impl Run {
     /// round trip, and folding the history gives the live state.
     fn try_step(&mut self, input: Input) -> Result<Decision, MachineError> {
         let d = decide(&self.state, input)?;
-        let (now, node_passed) = (self.state.now, self.state.node_passed);
+        let (now, level) = (self.state.now, self.state.fleet_level);
         for e in &d.events {
             self.state.apply(e);
             self.history.push(e.clone());
@@ -54,16 +54,16 @@ impl Run {
                 .expect("deserialise");
             assert_eq!(&back, e);
         }
-        // Replay equals live, the transition's time (`now`) and whether
-        // `node_passed` may be written aside: the store hands them in
+        // Replay equals live, the transition's time (`now`) and the level
+        // of the forms it may write (`fleet_level`) aside: the store hands them in
         // before each transition (a test may too, as `cache.rs` does) and
         // they are no part of the fold, so a folded history has neither. No
         // event may set them; all the rest must agree.
-        assert_eq!((self.state.now, self.state.node_passed), (now, node_passed));
+        assert_eq!((self.state.now, self.state.fleet_level), (now, level));
         let mut replayed = RunState::fold(&self.history);
-        assert_eq!((replayed.now, replayed.node_passed), (None, false));
+        assert_eq!((replayed.now, replayed.fleet_level), (None, 0));
         replayed.now = self.state.now;
-        replayed.node_passed = self.state.node_passed;
+        replayed.fleet_level = self.state.fleet_level;
         assert_eq!(replayed, self.state);
         Ok(d)
     }
@@ -409,7 +409,7 @@ impl Run {
     }
 
     /// [`Run::start_plan`] from `state` (what the store hands in: `now`,
-    /// `node_passed`).
+    /// `fleet_level`).
     fn start_plan_on(state: RunState, plan: RunPlan, input: Value) -> (Run, Decision) {
         let mut run = Run {
             state,

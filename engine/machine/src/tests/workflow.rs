@@ -13,6 +13,8 @@ use crate::*;
 
 mod children;
 mod decisions;
+mod folded;
+mod loop_shape;
 mod passed;
 mod webhook;
 

@@ -76,10 +76,10 @@ impl Lite {
         let decision = if crate::transition::cache_lookups(&decision.commands).is_empty() {
             decision
         } else {
-            // The start's state as the coordinator built it: whether the
-            // fleet reads `node_passed` (the rest is empty at a start).
+            // The start's state as the coordinator built it: the level of
+            // the forms the fleet reads (the rest is empty at a start).
             let start = RunState {
-                node_passed: crate::fleet_level::node_passed_readable(self.fleet_level()),
+                fleet_level: crate::fleet_level::machine_level(self.fleet_level()),
                 ..RunState::default()
             };
             served = serve_from_cache(&mut tx, tenant, &start, decision.clone()).await?;

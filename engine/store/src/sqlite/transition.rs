@@ -116,7 +116,7 @@ impl Lite {
             .into());
         }
         state.now = Some(now);
-        state.node_passed = crate::fleet_level::node_passed_readable(self.fleet_level());
+        state.fleet_level = crate::fleet_level::machine_level(self.fleet_level());
         let mut decision = decide(&state, task.as_ref(), None);
         if let Ok(first) = &decision
             && let Some(asked) = crate::transition::gates_asked(first)
