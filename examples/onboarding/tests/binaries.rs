@@ -206,7 +206,9 @@ async fn onboarding_runner_plays_documents_reminder_and_approval_to_completion()
         "kyc_check",
         "approval_requested",
         "approval_decided",
-        "node=welcome input={\"account_id\":\"acct_000001\",\"email\":\"margaret@example.com\",\"plan\":\"enterprise\"}",
+        // The welcome node starts with its call (behaviour level 3), on
+        // the plan the approver chose.
+        "welcome.t1 send_welcome_email args={\"account_id\":\"acct_000001\",\"email\":\"margaret@example.com\",\"plan\":\"enterprise\"}",
         "run_completed",
         "status: completed",
         "1 reminder(s), 1 KYC check(s), 1 welcome email(s) (plan enterprise)",
