@@ -75,6 +75,16 @@ nodes:
     output: "${ .nodes.second.output }"
 "#;
 
+/// Three tool steps, one after the other.
+const THREE_STEPS: &str = r#"kind: workflow
+name: three
+nodes:
+  - {id: first, type: tool, tool: noop, args: {i: 1}, grants: [t.noop], next: second}
+  - {id: second, type: tool, tool: noop, args: {i: 2}, grants: [t.noop], next: third}
+  - {id: third, type: tool, tool: noop, args: {i: 3}, grants: [t.noop], next: done}
+  - {id: done, type: succeed}
+"#;
+
 struct Fixture {
     db: TestDb,
     store: Store,
@@ -107,6 +117,10 @@ impl Fixture {
                         SourceFile {
                             path: "once.yaml".into(),
                             content: ONCE.into(),
+                        },
+                        SourceFile {
+                            path: "three.yaml".into(),
+                            content: THREE_STEPS.into(),
                         },
                     ],
                 )
@@ -475,7 +489,95 @@ async fn a_grant_withdrawn_before_the_claim_is_refused_there(backend: Backend) {
     f.stop().await;
 }
 
+/// A report of a step this engine handed over is decided without the
+/// run's lock on PostgreSQL (`postgres/optimistic.rs`): when the hand-off
+/// it makes would dispatch the next step on grants withdrawn since, its
+/// one statement writes nothing and the report is answered ABORTED; sent
+/// again, it is decided under the lock: recorded, and the next step, no
+/// longer dispatchable, is claimed by the reply undispatched.
+/// SQLite decides under the lock at once.
+async fn a_report_racing_a_grant_withdrawal_is_decided_again(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let run_id = f.start_workflow("a", &client, "three").await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let first = claim(&mut worker, "w1").await;
+    let handed = worker
+        .complete_task(completion("w1", &first[0], 1))
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    assert!(handed.len() == 1 && handed[0].dispatched, "{handed:?}");
+    f.store.set_tenant_grants("a", &[]).await.expect("withdraw");
+    let report = completion("w1", &handed[0], 1);
+    if backend == Backend::Postgres {
+        let raced = worker
+            .complete_task(report.clone())
+            .await
+            .expect_err("the rows changed under the report");
+        assert_eq!(raced.code(), tonic::Code::Aborted, "{raced:?}");
+        let kinds = f.event_kinds(&run_id).await;
+        assert_eq!(count(&kinds, "tool_call_completed"), 1, "{kinds:?}");
+    }
+    let again = worker
+        .complete_task(report)
+        .await
+        .expect("complete")
+        .into_inner()
+        .tasks;
+    // The third step is claimed by the reply's `claim_next`, undispatched.
+    assert!(again.len() == 1 && !again[0].dispatched, "{again:?}");
+    let kinds = f.event_kinds(&run_id).await;
+    assert_eq!(count(&kinds, "tool_call_completed"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "tool_call_dispatched"), 2, "{kinds:?}");
+    f.stop().await;
+}
+
+/// Every step of a run handed over by the reports before it, the middle
+/// one's report decided without the run's lock on PostgreSQL: the run
+/// completes with the history the locking transition writes.
+async fn a_run_of_handed_steps_completes_alike(backend: Backend) {
+    let f = Fixture::start(backend).await;
+    let client = f.key("a", Role::Client).await;
+    let run_id = f.start_workflow("a", &client, "three").await;
+    let mut worker = WorkerServiceClient::new(f.channel(&f.key("a", Role::Worker).await));
+    let mut task = claim(&mut worker, "w1").await.remove(0);
+    for step in 1..=3 {
+        let handed = worker
+            .complete_task(completion("w1", &task, 1))
+            .await
+            .expect("complete")
+            .into_inner()
+            .tasks;
+        if step == 3 {
+            assert!(handed.is_empty(), "{handed:?}");
+            break;
+        }
+        assert!(handed.len() == 1 && handed[0].dispatched, "{handed:?}");
+        task = handed[0].clone();
+    }
+    let kinds = f.event_kinds(&run_id).await;
+    let call = [
+        "tool_call_scheduled",
+        "tool_call_dispatched",
+        "tool_call_completed",
+    ];
+    let expected: Vec<&str> = [
+        &["run_started"][..],
+        &call,
+        &call,
+        &call,
+        &["node_passed", "run_completed"],
+    ]
+    .concat();
+    assert_eq!(kinds, expected);
+    f.stop().await;
+}
+
 on_both_backends!(
+    a_report_racing_a_grant_withdrawal_is_decided_again,
+    a_run_of_handed_steps_completes_alike,
     a_report_hands_over_the_runs_next_step,
     a_report_without_claim_next_hands_over_nothing,
     a_report_asking_for_two_gets_its_runs_next_step_and_another_ready_one,

@@ -29,3 +29,16 @@ pub struct RunPlan {
     /// Tools by name.
     pub tools: BTreeMap<String, Pinned<ToolDef>>,
 }
+
+impl RunPlan {
+    /// Whether a tool of the plan fills a parameter with the time
+    /// (`source: runtime` `time`, `date`, `unix_ms`): a decision of such a
+    /// run may read the transition's time ([`crate::RunState::now`]).
+    pub fn reads_time(&self) -> bool {
+        self.tools.values().any(|t| {
+            t.def.injected.iter().any(|p| {
+                matches!(p.source, belay_definitions::model::ParamSource::Runtime { field } if field.is_time())
+            })
+        })
+    }
+}

@@ -149,6 +149,9 @@ impl From<TransitionError<CoordinatorError>> for CoordinatorError {
     fn from(e: TransitionError<CoordinatorError>) -> Self {
         match e {
             TransitionError::Store(StoreError::NotFound(what)) => CoordinatorError::NotFound(what),
+            // A report decided without the run's lock raced a change:
+            // nothing was written, and the worker sends it again (ABORTED).
+            TransitionError::Store(StoreError::Raced(what)) => CoordinatorError::Conflict(what),
             TransitionError::Store(e) => CoordinatorError::Store(e),
             TransitionError::Refused(e) => e,
         }

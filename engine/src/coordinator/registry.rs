@@ -224,12 +224,7 @@ impl Coordinator {
         &self,
         plan: &RunPlan,
     ) -> Result<machine::RunState, CoordinatorError> {
-        let reads_time = plan.tools.values().any(|t| {
-            t.def.injected.iter().any(|p| {
-                matches!(p.source, definitions::model::ParamSource::Runtime { field } if field.is_time())
-            })
-        });
-        let now = if reads_time {
+        let now = if plan.reads_time() {
             Some(self.store.clock_now().await?)
         } else {
             None

@@ -19,7 +19,7 @@ use belay_machine::{Command, Decision, Event, Input, RunState, RunStatus, TaskKi
 use uuid::Uuid;
 
 use crate::pools::ClaimFilter;
-use crate::rows::ClaimedTask;
+use crate::rows::{ClaimedTask, TaskRow};
 
 /// What a worker's report asks of its transition: the next task for
 /// `worker_id`, leased for `lease_ms` (> 0) by the database clock, among
@@ -52,6 +52,84 @@ pub(crate) struct Handed {
     pub(crate) lease_ms: i64,
     /// Whether its dispatch is recorded with it.
     pub(crate) dispatched: bool,
+}
+
+/// What an engine knows of a task it handed over, as its transition
+/// committed: enough to decide the worker's report of it on the cached
+/// state without reading the run and task rows first, the decision then
+/// written only if they are still as recorded here (the optimistic
+/// transition, `postgres/optimistic.rs`).
+#[derive(Debug, Clone)]
+pub(crate) struct HandedLease {
+    /// The task row as the transition wrote it (leased, attempt 1).
+    pub(crate) task: TaskRow,
+    /// The run's tenant.
+    pub(crate) tenant: String,
+    /// The run's `last_seq` once the transition committed.
+    pub(crate) last_seq: u64,
+    /// The tenant's grants as the transition read them.
+    pub(crate) grants: Vec<String>,
+    /// The database clock of the transition, and this engine's monotonic
+    /// clock when it committed: the report's time is estimated from them.
+    pub(crate) at: (chrono::DateTime<chrono::Utc>, std::time::Instant),
+}
+
+impl HandedLease {
+    /// The lease `handed` (of `kind`) is, as a transition of `run_id`
+    /// (`tenant`, `grants`) that committed at `now` with `last_seq` left it.
+    pub(crate) fn of(
+        handed: &Handed,
+        kind: &str,
+        run: (Uuid, &str, u64),
+        grants: &[String],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> HandedLease {
+        let (run_id, tenant, last_seq) = run;
+        HandedLease {
+            task: TaskRow {
+                task_id: handed.task_id,
+                run_id,
+                call_id: handed.call_id.clone(),
+                kind: kind.to_owned(),
+                status: "leased".to_owned(),
+                attempt: HANDED_ATTEMPT,
+                worker_id: Some(handed.worker_id.clone()),
+                dispatched: handed.dispatched,
+                dispatched_at: handed.dispatched.then_some(now),
+                lease_expired: false,
+                available_at: Some(now),
+                tenant_grants: Vec::new(),
+            },
+            tenant: tenant.to_owned(),
+            last_seq,
+            grants: grants.to_vec(),
+            at: (now, std::time::Instant::now()),
+        }
+    }
+
+    /// The report's time by the database clock, estimated: the
+    /// transition's time and what this engine's clock counted since.
+    pub(crate) fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        let elapsed = chrono::Duration::from_std(self.at.1.elapsed()).unwrap_or_default();
+        self.at.0 + elapsed
+    }
+
+    /// Whether `row`, read under lock, is the task as recorded here (its
+    /// grants aside: only a dispatch reads them).
+    pub(crate) fn matches(&self, row: &TaskRow) -> bool {
+        let t = &self.task;
+        (
+            t.task_id, t.run_id, &t.call_id, &t.kind, &t.status, t.attempt,
+        ) == (
+            row.task_id,
+            row.run_id,
+            &row.call_id,
+            &row.kind,
+            &row.status,
+            row.attempt,
+        ) && (&t.worker_id, t.dispatched, t.lease_expired)
+            == (&row.worker_id, row.dispatched, row.lease_expired)
+    }
 }
 
 /// The attempt a handed task holds (its first claim).

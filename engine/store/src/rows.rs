@@ -35,6 +35,12 @@ pub enum StoreError {
     /// written.
     #[error("{0}")]
     Conflict(String),
+    /// A transition decided without the run's lock (a worker's report of
+    /// a task this engine handed over) found the run, the task or the
+    /// tenant's grants changed when it came to write: nothing was written,
+    /// and the same report sent again is decided afresh.
+    #[error("{0}")]
+    Raced(String),
     /// The store cannot be opened as configured (URL scheme, a SQLite file
     /// held by another engine process, an unusable path).
     #[error("{0}")]

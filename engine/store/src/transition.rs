@@ -137,9 +137,12 @@ pub(crate) fn apply_events(state: &mut RunState, events: &[Event]) -> Vec<EndedN
 }
 
 /// A bounded map of run states; when full, an arbitrary entry is dropped.
+/// Beside them, the tasks this engine handed over and has not seen
+/// reported yet ([`crate::hand_off::HandedLease`]), bounded alike.
 #[derive(Debug, Default)]
 pub(crate) struct StateCache {
     map: HashMap<Uuid, RunState>,
+    leases: HashMap<Uuid, crate::hand_off::HandedLease>,
     capacity: usize,
 }
 
@@ -147,12 +150,31 @@ impl StateCache {
     pub(crate) fn new(capacity: usize) -> StateCache {
         StateCache {
             map: HashMap::new(),
+            leases: HashMap::new(),
             capacity,
         }
     }
 
     pub(crate) fn take(&mut self, run_id: &Uuid) -> Option<RunState> {
         self.map.remove(run_id)
+    }
+
+    /// What this engine handed over as task `task_id`, if it still knows.
+    pub(crate) fn take_lease(&mut self, task_id: &Uuid) -> Option<crate::hand_off::HandedLease> {
+        self.leases.remove(task_id)
+    }
+
+    /// Keep what a committed transition handed over.
+    pub(crate) fn put_lease(&mut self, lease: crate::hand_off::HandedLease) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.leases.len() >= self.capacity
+            && let Some(victim) = self.leases.keys().next().copied()
+        {
+            self.leases.remove(&victim);
+        }
+        self.leases.insert(lease.task.task_id, lease);
     }
 
     pub(crate) fn put(&mut self, run_id: Uuid, state: RunState) {
@@ -360,6 +382,23 @@ pub(crate) struct GatesAsked<'a> {
     pub holds_turn: bool,
 }
 
+/// A transition's decision function as the backends take it: the run's
+/// state, its locked task row if any, and the verdict of the tool's gates
+/// when they held the first decision back (`None` first).
+pub(crate) trait DecideFn<E>:
+    FnMut(&RunState, Option<&TaskRow>, Option<&GateVerdict>) -> Result<Decision, TransitionError<E>>
+{
+}
+
+impl<E, F> DecideFn<E> for F where
+    F: FnMut(
+        &RunState,
+        Option<&TaskRow>,
+        Option<&GateVerdict>,
+    ) -> Result<Decision, TransitionError<E>>
+{
+}
+
 /// The decision to write after `first` asked for the tool's gates and they
 /// said `verdict` (`None`: they let the call go): `first`, or `decide`'s
 /// second decision, which may not ask again.
@@ -371,11 +410,7 @@ pub(crate) fn after_gates<E, F>(
     decide: &mut F,
 ) -> Result<Decision, TransitionError<E>>
 where
-    F: FnMut(
-        &RunState,
-        Option<&TaskRow>,
-        Option<&GateVerdict>,
-    ) -> Result<Decision, TransitionError<E>>,
+    F: DecideFn<E>,
 {
     let Some(verdict) = verdict else {
         return Ok(first);

@@ -80,6 +80,7 @@ mod gates;
 mod gauges;
 mod mcp_tools;
 mod notifications;
+mod optimistic;
 mod outbox;
 mod principals;
 mod run_search;

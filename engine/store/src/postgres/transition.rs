@@ -10,16 +10,21 @@ use uuid::Uuid;
 
 use super::Pg;
 use super::gates::pass_tool_gates;
+use super::optimistic::{Optimistic, raced};
 use super::tool_cache::serve_from_cache;
 use super::write_decision::write_decision;
-use crate::hand_off::{HandOff, claimed, hand_off};
+use crate::hand_off::{HandOff, HandedLease, claimed, hand_off};
 use crate::rows::{StoreError, TaskRow};
-use crate::transition::{Applied, StateCache, Target, TransitionError};
+use crate::transition::{Applied, DecideFn, StateCache, Target, TransitionError};
+use belay_machine::RunState;
 use belay_machine::gates::GateVerdict;
-use belay_machine::{Decision, RunState};
 
 impl Pg {
-    /// See [`Store::transition`](crate::Store::transition).
+    /// See [`Store::transition`](crate::Store::transition). A worker's
+    /// report of a task this engine handed over is first tried without the
+    /// lock statement (`optimistic.rs`); a decision made that way that
+    /// one statement cannot write is written by the locking transition,
+    /// if the rows it locks are as that decision assumed.
     pub(crate) async fn transition_at<E, F>(
         &self,
         target: Target,
@@ -27,11 +32,41 @@ impl Pg {
         mut decide: F,
     ) -> Result<Applied, TransitionError<E>>
     where
-        F: FnMut(
-            &RunState,
-            Option<&TaskRow>,
-            Option<&GateVerdict>,
-        ) -> Result<Decision, TransitionError<E>>,
+        F: DecideFn<E>,
+    {
+        let (Target::Task(task_id), Some(hand)) = (target, hand) else {
+            return self.transition_locked(target, hand, decide).await;
+        };
+        match self.optimistic(task_id, hand, &mut decide).await? {
+            Optimistic::NotTried => self.transition_locked(target, Some(hand), decide).await,
+            Optimistic::Written(applied) => Ok(applied),
+            Optimistic::Decided(lease, decided) => {
+                let mut decided = Some(decided);
+                let premade = move |state: &RunState,
+                                    task: Option<&TaskRow>,
+                                    verdict: Option<&GateVerdict>| {
+                    let same = verdict.is_none()
+                        && state.last_seq == lease.last_seq
+                        && task.is_some_and(|t| lease.matches(t));
+                    match decided.take() {
+                        Some(decided) if same => decided,
+                        _ => Err(raced(lease.task.run_id).into()),
+                    }
+                };
+                self.transition_locked(target, Some(hand), premade).await
+            }
+        }
+    }
+
+    /// [`Pg::transition_at`] with the run (and task) rows locked first.
+    async fn transition_locked<E, F>(
+        &self,
+        target: Target,
+        hand: Option<&HandOff<'_>>,
+        mut decide: F,
+    ) -> Result<Applied, TransitionError<E>>
+    where
+        F: DecideFn<E>,
     {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         // Lock order everywhere: run row, then task row. Both are locked by
@@ -139,7 +174,13 @@ impl Pg {
         let secrets = std::mem::take(&mut wakes.secrets);
         tx.commit().await.map_err(StoreError::from)?;
         self.wakes.send(run_id, wakes);
-        let handed = handed.and_then(|h| claimed(&h, &decision, run_id, &tenant));
+        let handed = handed.and_then(|h| {
+            let claimed = claimed(&h, &decision, run_id, &tenant)?;
+            let run = (run_id, tenant.as_str(), after.last_seq);
+            self.cache()
+                .put_lease(HandedLease::of(&h, &claimed.kind, run, grants, row.now));
+            Some(claimed)
+        });
         let applied = Applied {
             first_seq: last_seq as u64 + 1,
             events: decision.events.len(),
@@ -157,7 +198,7 @@ impl Pg {
         Ok(applied)
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, StateCache> {
+    pub(super) fn cache(&self) -> std::sync::MutexGuard<'_, StateCache> {
         // The cache holds no invariant a panic could break: ignore poisoning.
         self.states
             .lock()

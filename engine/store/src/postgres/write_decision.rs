@@ -33,7 +33,7 @@ fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
 /// a call twice, updates another task, or has any other command, is written
 /// one command at a time instead ([`TaskWrites::of`] answers `None`).
 #[derive(Default)]
-struct TaskWrites<'a> {
+pub(super) struct TaskWrites<'a> {
     schedule_ids: Vec<Uuid>,
     schedule_calls: Vec<&'a str>,
     schedule_kinds: Vec<&'static str>,
@@ -51,6 +51,24 @@ struct TaskWrites<'a> {
     /// The scheduled task written leased to the reporting worker, if any
     /// ([`crate::hand_off`]).
     handed: Option<&'a Handed>,
+    /// Without the run's lock: what must still hold for anything to be
+    /// written (the optimistic transition, `optimistic.rs`).
+    pub(super) guard: Option<Guard<'a>>,
+}
+
+/// What an optimistic transition decided on, checked by its one statement
+/// under the rows' locks before it writes anything ([`TaskWrites::guard`]):
+/// the run row's `last_seq`, the reported task still leased as handed
+/// over (attempt, worker, dispatched, lease held by the database clock),
+/// and the tenant's grants as the hand-off read them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Guard<'a> {
+    pub(super) last_seq: i64,
+    pub(super) task_id: Uuid,
+    pub(super) attempt: i32,
+    pub(super) worker_id: &'a str,
+    pub(super) dispatched: bool,
+    pub(super) grants: &'a [String],
 }
 
 /// What the merged statement does to the transition's own task.
@@ -69,7 +87,7 @@ impl<'a> TaskWrites<'a> {
     /// statement (another command, one call touched twice, or an update of
     /// a task other than `own`, the transition's locked task as `(call_id,
     /// task_id)`).
-    fn of(
+    pub(super) fn of(
         commands: &'a [Command],
         own: Option<(&str, Uuid)>,
         handed: Option<&'a Handed>,
@@ -149,17 +167,47 @@ impl TaskWrites<'_> {
     /// Every time written is the clock CTE's: the events' `recorded_at`
     /// default, `belay_now()`, ran once per event row (an index scan of
     /// `belay_clock` each: 9.4 a loop step in belay-bench).
-    fn statement(&self) -> String {
-        let mut sql = String::from(
-            "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now),
+    ///
+    /// With a [`Guard`], its parameters come last (6: the task's id, the
+    /// run's `last_seq`, the attempt, worker, dispatched, the grants), its
+    /// CTE locks the run and task rows, and every write is made only if it
+    /// found them as guarded. The statement answers the run's parent, whether
+    /// it wrote (always, without a guard), and its clock.
+    pub(super) fn statement(&self) -> String {
+        let g = self.guard_parameter();
+        let (guard_cte, held) = match g {
+            None => (String::new(), ""),
+            Some(g) => (
+                format!(
+                    ",
+             guard AS MATERIALIZED (
+                 SELECT r.run_id FROM runs r JOIN tasks t ON t.task_id = ${g}::uuid AND t.run_id = r.run_id
+                 WHERE r.run_id = $1 AND r.last_seq = ${}::int8 AND t.status = 'leased'
+                   AND t.attempt = ${}::int4 AND t.worker_id = ${}::text AND t.dispatched = ${}::bool
+                   AND {}
+                   AND COALESCE((SELECT grants FROM tenants WHERE tenant = $9), '{{}}') = ${}::text[]
+                 FOR UPDATE OF r, t)",
+                    g + 1,
+                    g + 2,
+                    g + 3,
+                    g + 4,
+                    lease_holds!("(SELECT now FROM clock)"),
+                    g + 5
+                ),
+                " AND EXISTS (SELECT 1 FROM guard)",
+            ),
+        };
+        let mut sql = format!(
+            "WITH clock AS MATERIALIZED (SELECT COALESCE($10::timestamptz, belay_now()) AS now){guard_cte},
              ins AS (
                  INSERT INTO events (run_id, seq, kind, payload, tenant, recorded_at)
                  SELECT $1, s, k, p, $9, clock.now
-                 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p), clock),
+                 FROM UNNEST($2::int8[], $3::text[], $4::jsonb[]) AS e(s, k, p), clock
+                 WHERE true{held}),
              upd AS (
                  UPDATE runs SET status = $5, status_reason = $6, output = $7, last_seq = $8,
                         updated_at = (SELECT now FROM clock)
-                 WHERE run_id = $1 RETURNING parent_run_id)",
+                 WHERE run_id = $1{held} RETURNING parent_run_id)",
         );
         // The own task's update finds its row by primary key, a scalar
         // parameter. Finding it by call id let a generic plan read the run's
@@ -206,7 +254,8 @@ impl TaskWrites<'_> {
                  SELECT id, $1, $9, c, k, {status}, sp, ik, rs, rp, ARRAY(SELECT jsonb_array_elements_text(rq)),
                         clock.now, clock.now, clock.now{leased_vals}
                  FROM UNNEST(${}::uuid[], ${}::text[], ${}::text[], ${}::jsonb[], ${}::text[], ${}::text[],
-                             ${}::bool[], ${}::jsonb[]) AS n(id, c, k, sp, ik, rs, rp, rq), clock)",
+                             ${}::bool[], ${}::jsonb[]) AS n(id, c, k, sp, ik, rs, rp, rq), clock
+                 WHERE true{held})",
                 n + 1,
                 n + 2,
                 n + 3,
@@ -245,12 +294,128 @@ impl TaskWrites<'_> {
             sql += &format!(
                 ", {cte} AS (
                  UPDATE tasks t SET {set}, updated_at = (SELECT now FROM clock)
-                 WHERE t.task_id = ${id}::uuid{filter})"
+                 WHERE t.task_id = ${id}::uuid{filter}{held})"
             );
         }
-        sql += " SELECT (SELECT parent_run_id FROM upd)";
+        sql += &format!(
+            " SELECT (SELECT parent_run_id FROM upd), {}, (SELECT now FROM clock)",
+            if g.is_some() {
+                "EXISTS (SELECT 1 FROM guard)"
+            } else {
+                "true"
+            }
+        );
         sql
     }
+
+    /// The number of the guard's first parameter (after the schedule's and
+    /// the own task's), if there is a guard.
+    fn guard_parameter(&self) -> Option<usize> {
+        self.guard?;
+        let schedule = match (self.schedule_ids.is_empty(), self.handed) {
+            (true, _) => 0,
+            (false, None) => 8,
+            (false, Some(_)) => 12,
+        };
+        Some(11 + schedule + if self.own.is_some() { 2 } else { 0 })
+    }
+}
+
+/// What the merged statement answers: the run's parent, whether it wrote
+/// (false only when its [`Guard`] did not hold), and its clock.
+pub(super) type HotRow = (Option<Uuid>, bool, chrono::DateTime<chrono::Utc>);
+
+/// A decision's events as the merged statement's arrays.
+pub(super) struct EventArrays {
+    seqs: Vec<i64>,
+    kinds: Vec<&'static str>,
+    payloads: Vec<Value>,
+    /// The run's `last_seq` after them.
+    new_seq: i64,
+}
+
+impl EventArrays {
+    /// The events of `decision`, numbered on from `last_seq`.
+    ///
+    /// Errors: [`StoreError::Corrupt`] for an event that does not serialise.
+    pub(super) fn of(decision: &Decision, last_seq: i64) -> Result<EventArrays, StoreError> {
+        let mut payloads = Vec::with_capacity(decision.events.len());
+        for event in &decision.events {
+            payloads.push(
+                serde_json::to_value(event)
+                    .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
+            );
+        }
+        Ok(EventArrays {
+            seqs: (1..=decision.events.len() as i64)
+                .map(|i| last_seq + i)
+                .collect(),
+            kinds: decision.events.iter().map(|e| e.kind()).collect(),
+            payloads,
+            new_seq: last_seq + decision.events.len() as i64,
+        })
+    }
+}
+
+/// The merged statement `sql` of `w` ([`TaskWrites::statement`]) with its
+/// parameters bound: the events, the run row as `after` has it, the clock
+/// `now` (`None`: the database's), the task writes, then the guard's.
+pub(super) fn hot_query<'q>(
+    sql: &'q str,
+    w: &'q TaskWrites<'q>,
+    run_id: Uuid,
+    tenant: &'q str,
+    events: &'q EventArrays,
+    after: &'q RunState,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+) -> sqlx::query::QueryAs<'q, Postgres, HotRow, sqlx::postgres::PgArguments> {
+    let mut query = sqlx::query_as::<_, HotRow>(sqlx::AssertSqlSafe(sql))
+        .bind(run_id)
+        .bind(&events.seqs)
+        .bind(&events.kinds)
+        .bind(&events.payloads)
+        .bind(after.status.as_str())
+        .bind(&after.status_reason)
+        .bind(after.output.as_ref())
+        .bind(events.new_seq)
+        .bind(tenant)
+        .bind(now);
+    if !w.schedule_ids.is_empty() {
+        query = query
+            .bind(&w.schedule_ids)
+            .bind(&w.schedule_calls)
+            .bind(&w.schedule_kinds)
+            .bind(&w.schedule_specs)
+            .bind(&w.schedule_keys)
+            .bind(&w.schedule_safety)
+            .bind(&w.schedule_paused)
+            .bind(&w.schedule_requires);
+        if let Some(h) = w.handed {
+            query = query
+                .bind(h.task_id)
+                .bind(&h.worker_id)
+                .bind(h.lease_ms as f64)
+                .bind(h.dispatched);
+        }
+    }
+    if let Some((task_id, write)) = w.own {
+        query = query.bind(task_id);
+        query = match write {
+            OwnWrite::Retry(ms) => query.bind(ms),
+            OwnWrite::Dispatch(attempt) => query.bind(attempt),
+            OwnWrite::End(status) => query.bind(status),
+        };
+    }
+    if let Some(g) = &w.guard {
+        query = query
+            .bind(g.task_id)
+            .bind(g.last_seq)
+            .bind(g.attempt)
+            .bind(g.worker_id)
+            .bind(g.dispatched)
+            .bind(g.grants);
+    }
+    query
 }
 
 /// Inserts the task a [`Command::ScheduleTask`] asks for, ready, or
@@ -368,20 +533,9 @@ pub(super) async fn write_decision(
     // Whether the task writes went with the events ([`TaskWrites`]).
     let mut commands_written = false;
     if !decision.events.is_empty() {
-        let mut seqs = Vec::with_capacity(decision.events.len());
-        let mut kinds = Vec::with_capacity(decision.events.len());
-        let mut payloads = Vec::with_capacity(decision.events.len());
-        for (i, event) in decision.events.iter().enumerate() {
-            seqs.push(last_seq + 1 + i as i64);
-            kinds.push(event.kind().to_owned());
-            payloads.push(
-                serde_json::to_value(event)
-                    .map_err(|e| StoreError::Corrupt(format!("event does not serialise: {e}")))?,
-            );
-        }
+        let events = EventArrays::of(decision, last_seq)?;
         // One round trip: the events and the run row (a projection of them),
         // and on the hot path the task writes too.
-        let new_seq = last_seq + decision.events.len() as i64;
         // Any other decision writes its commands one at a time below, with
         // no task writes here.
         let hot = TaskWrites::of(&decision.commands, own, handed);
@@ -391,44 +545,9 @@ pub(super) async fn write_decision(
         // texts, each prepared once per connection): an empty CTE still
         // costs its plan's start-up on every execution.
         let sql = w.statement();
-        let mut query = sqlx::query_as::<_, (Option<Uuid>,)>(sqlx::AssertSqlSafe(sql))
-            .bind(run_id)
-            .bind(&seqs)
-            .bind(&kinds)
-            .bind(&payloads)
-            .bind(after.status.as_str())
-            .bind(&after.status_reason)
-            .bind(after.output.as_ref())
-            .bind(new_seq)
-            .bind(tenant)
-            .bind(now);
-        if !w.schedule_ids.is_empty() {
-            query = query
-                .bind(&w.schedule_ids)
-                .bind(&w.schedule_calls)
-                .bind(&w.schedule_kinds)
-                .bind(&w.schedule_specs)
-                .bind(&w.schedule_keys)
-                .bind(&w.schedule_safety)
-                .bind(&w.schedule_paused)
-                .bind(&w.schedule_requires);
-            if let Some(h) = w.handed {
-                query = query
-                    .bind(h.task_id)
-                    .bind(&h.worker_id)
-                    .bind(h.lease_ms as f64)
-                    .bind(h.dispatched);
-            }
-        }
-        if let Some((task_id, write)) = w.own {
-            query = query.bind(task_id);
-            query = match write {
-                OwnWrite::Retry(ms) => query.bind(ms),
-                OwnWrite::Dispatch(attempt) => query.bind(attempt),
-                OwnWrite::End(status) => query.bind(status),
-            };
-        }
-        let (parent,) = query.fetch_one(&mut **tx).await?;
+        let (parent, _, _) = hot_query(&sql, &w, run_id, tenant, &events, after, now)
+            .fetch_one(&mut **tx)
+            .await?;
         parent_run_id = parent;
     }
     let commands = if commands_written {
@@ -927,5 +1046,50 @@ mod tests {
         );
         let none = TaskWrites::default().statement();
         assert!(!none.contains("tasks"), "{none}");
+    }
+
+    /// A guarded statement numbers the guard's six parameters after the
+    /// task writes' and holds every write to the guard's rows.
+    #[test]
+    fn a_guarded_statement_writes_only_what_its_guard_found() {
+        let commands = end_then_schedule();
+        let own = Some(("a.t1", Uuid::nil()));
+        let grants = vec!["g".to_owned()];
+        let mut w = TaskWrites::of(&commands, own, None).expect("hot path");
+        w.guard = Some(Guard {
+            last_seq: 4,
+            task_id: Uuid::nil(),
+            attempt: 1,
+            worker_id: "w",
+            dispatched: true,
+            grants: &grants,
+        });
+        let sql = w.statement();
+        for p in [
+            "$21::uuid",
+            "$22::int8",
+            "$23::int4",
+            "$24::text",
+            "$25::bool",
+            "$26::text[]",
+        ] {
+            assert!(sql.contains(p), "{p}: {sql}");
+        }
+        assert!(!sql.contains("$27"), "{sql}");
+        assert!(sql.contains("FOR UPDATE OF r, t"), "{sql}");
+        // events, the run row, the scheduled task and the own task's end.
+        assert_eq!(
+            sql.matches("AND EXISTS (SELECT 1 FROM guard)").count(),
+            4,
+            "{sql}"
+        );
+        assert!(
+            sql.ends_with("EXISTS (SELECT 1 FROM guard), (SELECT now FROM clock)"),
+            "{sql}"
+        );
+        let unguarded = TaskWrites::of(&commands, own, None)
+            .expect("hot path")
+            .statement();
+        assert!(!unguarded.contains("guard"), "{unguarded}");
     }
 }

@@ -16,9 +16,8 @@ use super::write_decision::write_decision;
 use super::{Lite, NOW};
 use crate::hand_off::{HandOff, claimed, hand_off};
 use crate::rows::{StoreError, TaskRow};
-use crate::transition::{Applied, StateCache, Target, TransitionError};
-use belay_machine::gates::GateVerdict;
-use belay_machine::{Decision, RunState};
+use crate::transition::{Applied, DecideFn, StateCache, Target, TransitionError};
+use belay_machine::RunState;
 
 impl Lite {
     pub(crate) async fn transition_at<E, F>(
@@ -28,11 +27,7 @@ impl Lite {
         mut decide: F,
     ) -> Result<Applied, TransitionError<E>>
     where
-        F: FnMut(
-            &RunState,
-            Option<&TaskRow>,
-            Option<&GateVerdict>,
-        ) -> Result<Decision, TransitionError<E>>,
+        F: DecideFn<E>,
     {
         // BEGIN IMMEDIATE on the one writer connection: the whole database
         // is locked for writing, which covers the run-row and task-row locks.
