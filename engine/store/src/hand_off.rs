@@ -70,20 +70,24 @@ pub(crate) struct HandedLease {
     /// The tenant's grants as the transition read them.
     pub(crate) grants: Vec<String>,
     /// The database clock of the transition, and this engine's monotonic
-    /// clock when it committed: the report's time is estimated from them.
+    /// clock when that was read: the report's time is estimated from them
+    /// (a change of the test clock `belay_clock` in between is missed; only
+    /// the step-duration metric reads the estimate, [`HandedLease::now`]).
     pub(crate) at: (chrono::DateTime<chrono::Utc>, std::time::Instant),
 }
 
 impl HandedLease {
     /// The lease `handed` (of `kind`) is, as a transition of `run_id`
-    /// (`tenant`, `grants`) that committed at `now` with `last_seq` left it.
+    /// (`tenant`, `grants`) left it with `last_seq`; `at`: the
+    /// transition's database clock and this engine's clock when it was read.
     pub(crate) fn of(
         handed: &Handed,
         kind: &str,
         run: (Uuid, &str, u64),
         grants: &[String],
-        now: chrono::DateTime<chrono::Utc>,
+        at: (chrono::DateTime<chrono::Utc>, std::time::Instant),
     ) -> HandedLease {
+        let now = at.0;
         let (run_id, tenant, last_seq) = run;
         HandedLease {
             task: TaskRow {
@@ -103,7 +107,7 @@ impl HandedLease {
             tenant: tenant.to_owned(),
             last_seq,
             grants: grants.to_vec(),
-            at: (now, std::time::Instant::now()),
+            at,
         }
     }
 

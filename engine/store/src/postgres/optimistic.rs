@@ -11,7 +11,11 @@
 //! grants are those the hand-off used. Every write of the statement is
 //! conditional on that check, so the statement writes all or nothing, in
 //! its own (implicit) transaction: the same rows, locks and fencing as
-//! the locking transition, three round trips fewer.
+//! the locking transition, three round trips fewer. The check is stricter
+//! than the locking transition in two ways, each costing only a retry: it
+//! wants the lease held by the clock (the locking transition accepts a
+//! report whose lease ran out but was not swept yet), and the grants
+//! unchanged even when nothing is dispatched.
 //!
 //! Only the hot path takes it: a decision whose task writes merge into
 //! one statement (`write_decision.rs`'s `TaskWrites`), that passes no
@@ -115,8 +119,11 @@ impl Pg {
             &mut after,
         );
         let own = Some((task.call_id.as_str(), task.task_id));
-        let mut writes = TaskWrites::of(&decision.commands, own, handed.as_ref())
-            .ok_or_else(|| raced(run_id))?;
+        // The hand-off adds events only: the writes merged before it still do.
+        let mut writes =
+            TaskWrites::of(&decision.commands, own, handed.as_ref()).ok_or_else(|| {
+                StoreError::Corrupt(format!("run {run_id}: a hand-off unmerged the task writes"))
+            })?;
         writes.guard = Some(Guard {
             last_seq: lease.last_seq as i64,
             task_id: task.task_id,
@@ -127,6 +134,10 @@ impl Pg {
         });
         let events = EventArrays::of(&decision, lease.last_seq as i64)?;
         let sql = writes.statement();
+        let sent = std::time::Instant::now();
+        // A race leaves the run's state out of the cache: the retry folds its
+        // history from the database (a clone kept for it would cost every
+        // report what only a race needs).
         let (_, wrote, now) =
             hot_query(&sql, &writes, run_id, &lease.tenant, &events, &after, None)
                 .fetch_one(&self.pool)
@@ -147,8 +158,13 @@ impl Pg {
         let handed = handed.and_then(|h| {
             let claimed = claimed(&h, &decision, run_id, &lease.tenant)?;
             let run = (run_id, lease.tenant.as_str(), after.last_seq);
-            self.cache()
-                .put_lease(HandedLease::of(&h, &claimed.kind, run, &lease.grants, now));
+            self.cache().put_lease(HandedLease::of(
+                &h,
+                &claimed.kind,
+                run,
+                &lease.grants,
+                (now, sent),
+            ));
             Some(claimed)
         });
         let applied = Applied {

@@ -48,6 +48,8 @@ impl Pg {
                     let same = verdict.is_none()
                         && state.last_seq == lease.last_seq
                         && task.is_some_and(|t| lease.matches(t));
+                    // A verdict means the gates held the decision back: it
+                    // would have to be made again, which it cannot.
                     match decided.take() {
                         Some(decided) if same => decided,
                         _ => Err(raced(lease.task.run_id).into()),
@@ -69,6 +71,9 @@ impl Pg {
         F: DecideFn<E>,
     {
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        // When the clock below is read, by this engine's clock (a handed
+        // lease's time is estimated from both).
+        let began = std::time::Instant::now();
         // Lock order everywhere: run row, then task row. Both are locked by
         // one statement (one round trip): the CTE locks the run row, then the
         // lateral sub-select locks the task row of that run. The task is
@@ -81,6 +86,13 @@ impl Pg {
             Target::Run(run_id, task_id) => (Some(run_id), task_id),
             Target::Task(task_id) | Target::Dispatch(task_id) => (None, Some(task_id)),
         };
+        // A task's lease this engine recorded is of no more use once the
+        // task is reported or changed under the lock (a dispatch of a
+        // handed task changes nothing the record holds, or changes the
+        // run's `last_seq`, which the record is checked against).
+        if let (Some(task_id), false) = (task_id, dispatch) {
+            self.cache().take_lease(&task_id);
+        }
         let row: Option<LockedRow> = sqlx::query_as(concat!(
             "WITH clock AS MATERIALIZED (SELECT belay_now() AS now),
              r AS (
@@ -177,8 +189,13 @@ impl Pg {
         let handed = handed.and_then(|h| {
             let claimed = claimed(&h, &decision, run_id, &tenant)?;
             let run = (run_id, tenant.as_str(), after.last_seq);
-            self.cache()
-                .put_lease(HandedLease::of(&h, &claimed.kind, run, grants, row.now));
+            self.cache().put_lease(HandedLease::of(
+                &h,
+                &claimed.kind,
+                run,
+                grants,
+                (row.now, began),
+            ));
             Some(claimed)
         });
         let applied = Applied {
