@@ -41,7 +41,7 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/admin/openapi.rs::schemas", 284),
     (
         "engine/store/src/postgres/write_decision.rs::write_decision",
-        398,
+        388,
     ),
     (
         "engine/store/src/sqlite/write_decision.rs::write_decision",

@@ -232,6 +232,28 @@ pub(crate) struct Wakes {
     pub(crate) secrets: Vec<belay_machine::SealedSecret>,
 }
 
+impl Wakes {
+    /// What committing `decision` wakes on PostgreSQL, before its commands
+    /// add vault reads or an ended child's outbox row: claimers when it
+    /// may have made tasks claimable (`handed`: the call of the task it
+    /// handed over leased, [`wakes_tasks`]), watchers when it has events,
+    /// the outbox relay when it starts or cancels a child run.
+    pub(crate) fn of(decision: &Decision, handed: Option<&str>) -> Wakes {
+        use belay_machine::Command;
+        Wakes {
+            tasks: wakes_tasks(decision, handed),
+            events: !decision.events.is_empty(),
+            outbox: decision.commands.iter().any(|c| {
+                matches!(
+                    c,
+                    Command::StartChildRun { .. } | Command::CancelChildRun { .. }
+                )
+            }),
+            secrets: Vec::new(),
+        }
+    }
+}
+
 /// Whether a committed `decision` may have made tasks claimable: it
 /// schedules or re-queues one, or resumes its run (a paused run's ready
 /// tasks are not claimed until then). `handed`: the call of the task the

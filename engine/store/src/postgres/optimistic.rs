@@ -146,14 +146,7 @@ impl Pg {
         if !wrote {
             return Err(raced(run_id).into());
         }
-        let wakes = Wakes {
-            tasks: crate::transition::wakes_tasks(
-                &decision,
-                handed.as_ref().map(|h| h.call_id.as_str()),
-            ),
-            events: true,
-            ..Wakes::default()
-        };
+        let wakes = Wakes::of(&decision, handed.as_ref().map(|h| h.call_id.as_str()));
         self.wakes.send(run_id, wakes);
         let handed = handed.and_then(|h| {
             let claimed = claimed(&h, &decision, run_id, &lease.tenant)?;

@@ -518,17 +518,7 @@ pub(super) async fn write_decision(
     own: Option<(&str, Uuid)>,
     handed: Option<&Handed>,
 ) -> Result<Wakes, StoreError> {
-    let mut wakes = Wakes {
-        tasks: crate::transition::wakes_tasks(decision, handed.map(|h| h.call_id.as_str())),
-        events: !decision.events.is_empty(),
-        outbox: decision.commands.iter().any(|c| {
-            matches!(
-                c,
-                Command::StartChildRun { .. } | Command::CancelChildRun { .. }
-            )
-        }),
-        secrets: Vec::new(),
-    };
+    let mut wakes = Wakes::of(decision, handed.map(|h| h.call_id.as_str()));
     let mut parent_run_id: Option<Uuid> = None;
     // Whether the task writes went with the events ([`TaskWrites`]).
     let mut commands_written = false;
